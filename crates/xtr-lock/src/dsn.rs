@@ -1,0 +1,176 @@
+//! [`StoreFactory`]: stores from connection strings (DSNs).
+
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::store::{InMemoryStore, NullStore, Store};
+
+/// Builds stores from DSNs, so where a lock lives can be configuration.
+///
+/// | DSN | store |
+/// |---|---|
+/// | `in-memory` | a **new** [`InMemoryStore`] on each call |
+/// | `null` | [`NullStore`] |
+///
+/// Keywords are case-sensitive. Each store issue adds its schemes here (`flock`, `redis://`,
+/// …); a known scheme whose store is not in this build is refused saying so.
+///
+/// Errors never echo a credential: a refused DSN is shown as its scheme and colon only
+/// (`mysql:`), and a colon-less input is echoed only when it looks like a keyword.
+///
+/// # Examples
+///
+/// ```
+/// let store = xtr_lock::StoreFactory::create_store("in-memory")?;
+/// assert_eq!(store.to_string(), "in-memory");
+/// let err = xtr_lock::StoreFactory::validate("mysql://app:hunter2@db/app").unwrap_err();
+/// assert_eq!(err.to_string(), r#"unsupported connection "mysql:""#);
+/// # Ok::<(), xtr_lock::Error>(())
+/// ```
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StoreFactory;
+
+/// A parsed DSN.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Dsn {
+    InMemory,
+    Null,
+}
+
+/// Schemes that name stores this build does not contain yet, with the store's name.
+const KNOWN_ELSEWHERE: &[(&str, &str)] = &[
+    ("flock", "flock"),
+    ("redis", "redis"),
+    ("rediss", "redis"),
+    ("valkey", "redis"),
+    ("valkeys", "redis"),
+    ("unix", "redis"),
+    ("postgres", "postgresql"),
+    ("postgresql", "postgresql"),
+    ("mysql", "mysql"),
+    ("mariadb", "mysql"),
+    ("sqlite", "sqlite"),
+    ("etcd", "etcd"),
+];
+
+impl StoreFactory {
+    /// Builds the store `dsn` names. Never touches the network.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument) for a DSN that names no
+    /// store, [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported) for a store this build
+    /// lacks; both show the scheme only.
+    pub fn create_store(dsn: &str) -> Result<Arc<dyn Store>> {
+        Ok(match parse(dsn)? {
+            Dsn::InMemory => Arc::new(InMemoryStore::new()),
+            Dsn::Null => Arc::new(NullStore::new()),
+        })
+    }
+
+    /// Whether [`create_store`](StoreFactory::create_store) would accept `dsn`, without building
+    /// anything.
+    ///
+    /// # Errors
+    ///
+    /// The same errors as [`create_store`](StoreFactory::create_store).
+    pub fn validate(dsn: &str) -> Result<()> {
+        parse(dsn).map(|_| ())
+    }
+}
+
+fn parse(dsn: &str) -> Result<Dsn> {
+    match dsn {
+        "in-memory" => return Ok(Dsn::InMemory),
+        "null" => return Ok(Dsn::Null),
+        _ => {}
+    }
+    let scheme = dsn.split_once(':').map(|(s, _)| s.to_ascii_lowercase());
+    let keyword = scheme.as_deref().unwrap_or(dsn);
+    if let Some((_, store)) = KNOWN_ELSEWHERE.iter().find(|(s, _)| *s == keyword) {
+        // `flock` is case-sensitive like the other keywords; schemes with a colon are not.
+        if scheme.is_some() || keyword == dsn {
+            return Err(Error::unsupported(format!(
+                "unsupported connection {}: this build of xtr-lock has no {store} store",
+                redact(dsn)
+            )));
+        }
+    }
+    Err(Error::invalid_argument(format!(
+        "unsupported connection {}",
+        redact(dsn)
+    )))
+}
+
+/// How a DSN may be shown: its scheme and colon, or a keyword-looking word, never more.
+pub(crate) fn redact(dsn: &str) -> String {
+    match dsn.split_once(':') {
+        Some((scheme, _)) if looks_like_keyword(scheme) => format!("\"{scheme}:\""),
+        Some(_) => "(a connection string, redacted)".to_owned(),
+        None if looks_like_keyword(dsn) => format!("\"{dsn}\""),
+        None => "(a connection string, redacted)".to_owned(),
+    }
+}
+
+fn looks_like_keyword(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 32
+        && s
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'+' || b == b'.')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ErrorKind;
+
+    #[test]
+    fn keywords_build_their_stores() {
+        assert_eq!(parse("in-memory").unwrap(), Dsn::InMemory);
+        assert_eq!(parse("null").unwrap(), Dsn::Null);
+        let a = StoreFactory::create_store("in-memory").unwrap();
+        assert_eq!(a.to_string(), "in-memory");
+        assert_eq!(StoreFactory::create_store("null").unwrap().to_string(), "null");
+    }
+
+    #[test]
+    fn refusals_name_the_scheme_only() {
+        let cases: &[(&str, ErrorKind, &str)] = &[
+            ("mysql://user:secret@db/app", ErrorKind::Unsupported, "\"mysql:\""),
+            ("MYSQL://user:secret@db/app", ErrorKind::Unsupported, "\"MYSQL:\""),
+            ("redis://:pw@localhost:6379/0", ErrorKind::Unsupported, "\"redis:\""),
+            ("flock", ErrorKind::Unsupported, "\"flock\""),
+            ("flock:///var/lock", ErrorKind::Unsupported, "\"flock:\""),
+            ("FLOCK", ErrorKind::InvalidArgument, "\"FLOCK\""),
+            ("IN-MEMORY", ErrorKind::InvalidArgument, "\"IN-MEMORY\""),
+            ("semaphore", ErrorKind::InvalidArgument, "\"semaphore\""),
+            ("my_redis_service", ErrorKind::InvalidArgument, "\"my_redis_service\""),
+            ("memcache://h", ErrorKind::InvalidArgument, "\"memcache:\""),
+            ("", ErrorKind::InvalidArgument, "redacted"),
+            ("hunter2 pasted secret", ErrorKind::InvalidArgument, "redacted"),
+            ("user:pa ss@host", ErrorKind::InvalidArgument, "\"user:\""),
+            ("p@ss:word", ErrorKind::InvalidArgument, "redacted"),
+        ];
+        for (dsn, kind, shown) in cases {
+            let err = StoreFactory::create_store(dsn).unwrap_err();
+            let msg = err.to_string();
+            assert_eq!(err.kind(), *kind, "{dsn}: {msg}");
+            assert!(msg.contains(shown), "{dsn}: {msg}");
+            for secret in ["secret", "pw@", "hunter2", "pa ss", "word"] {
+                assert!(!msg.contains(secret), "{dsn}: {msg}");
+            }
+            // validate refuses exactly what create_store refuses.
+            assert_eq!(StoreFactory::validate(dsn).unwrap_err().kind(), *kind);
+        }
+        assert!(StoreFactory::validate("in-memory").is_ok());
+        assert!(StoreFactory::validate("null").is_ok());
+    }
+
+    #[test]
+    fn in_memory_gives_a_new_store_each_time() {
+        let a = StoreFactory::create_store("in-memory").unwrap();
+        let b = StoreFactory::create_store("in-memory").unwrap();
+        assert!(!Arc::ptr_eq(&a, &b));
+    }
+}

@@ -1,0 +1,88 @@
+//! Exclusive and shared (read/write) locks around named resources, in memory, in files, in
+//! Redis, in SQL databases or across a quorum of stores, behind one API.
+//!
+//! For workers, cron jobs and services that must not do the same work twice. Where the lock
+//! lives is a constructor argument (or a DSN); the lock stays the same. Waiters are woken on
+//! release instead of polling, exclusive acquisitions carry fencing tokens, dropped futures
+//! leave nothing held, and the formats are shared with the Python (`xtr-lock` 4.1.0) and PHP
+//! (Symfony Lock) peers so processes in all three languages exclude each other.
+//!
+//! # Quick start
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> xtr_lock::Result<()> {
+//! use std::time::Duration;
+//! use xtr_lock::{LockFactory, StoreFactory};
+//!
+//! let store = StoreFactory::create_store("in-memory")?;
+//! let factory = LockFactory::from_arc(store);
+//!
+//! let lock = factory.create_lock("nightly-report").with_ttl(Some(Duration::from_secs(60)));
+//! if lock.try_acquire().await? {
+//!     // ... only one worker gets here ...
+//!     lock.release().await?;
+//! }
+//!
+//! // Or scoped: wait, run, release on the way out (also on error, panic, cancellation).
+//! let rows = lock.scoped(async { Ok::<_, xtr_lock::Error>(42) }).await?;
+//! assert_eq!(rows, 42);
+//! # Ok(()) }
+//! ```
+//!
+//! # Stores
+//!
+//! | store | scope | blocking wait | shared | expiring | fencing | wakes on release | crash release |
+//! |---|---|---|---|---|---|---|---|
+//! | [`InMemoryStore`] | tasks and threads of one process using one store | emulated | yes | opt-in ([`InMemoryStore::expiring`]) | yes | yes | with the process |
+//! | [`NullStore`] | no one (locks nothing) | yes (no-op) | yes | no | no | — | — |
+//!
+//! File, Redis, SQL and quorum stores follow; see the README.
+//!
+//! # What a lock does and does not guarantee
+//!
+//! - It excludes the holders that use the same store (see each store's scope): two holders
+//!   never both believe they hold a write lock *according to the store*.
+//! - It does **not** stop a holder that lost its lock (expired while paused, for example) from
+//!   carrying on: pass the [fencing token](Lock::fencing_token) downstream so stale writers can
+//!   be refused, and keep ttls well above your pauses.
+//! - Locks are not counted: one release lets go for every task of the holder.
+//! - Waiters are not served in order; readers are preferred (a stream of readers can starve a
+//!   writer), as in the peers' layouts.
+//! - A dropped guard or cancelled acquire cleans up in the background, ordered before the
+//!   holder's next operation, but another holder may see the lock for a moment longer.
+//!
+//! # Features
+//!
+//! | feature | what |
+//! |---|---|
+//! | `conformance` | the reusable store conformance suite, [`conformance`] |
+//!
+//! # Logging
+//!
+//! With [`tracing`], target `xtr_lock`: successes at debug, contention at info, failures at
+//! warn, always with the `resource` field.
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod clock;
+mod dsn;
+mod error;
+mod factory;
+mod guard;
+mod key;
+mod lock;
+mod lockable;
+pub mod store;
+
+#[cfg(any(test, feature = "conformance"))]
+pub mod conformance;
+
+pub use clock::{BoxFuture, Clock, ManualClock, MonotonicClock};
+pub use dsn::StoreFactory;
+pub use error::{BoxError, Error, ErrorKind, Result};
+pub use factory::{DEFAULT_TTL, LockFactory};
+pub use guard::LockGuard;
+pub use key::{Key, Mode, WRITE_MARKER, validate_token};
+pub use lock::{Lock, Release};
+pub use lockable::{Lockable, NoLock};
+pub use store::{InMemoryStore, NullStore, Store};

@@ -1,0 +1,113 @@
+//! [`NullStore`]: a store that locks nothing.
+
+use std::fmt;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::{Acquired, Capabilities, Store};
+use crate::error::Result;
+use crate::key::Key;
+
+/// A store that locks nothing: every save and wait succeeds at once for every holder, put-off
+/// and delete do nothing, and [`exists`](Store::exists) is always `false`.
+///
+/// For turning locking off by configuration (`null` DSN) while keeping the code that locks.
+///
+/// A [`Lock`](crate::Lock) on it therefore acquires (`true`, blocking too) but
+/// [`is_acquired`](crate::Lock::is_acquired) answers `false`, and a scoped exit never calls
+/// delete. This asymmetry with [`NoLock`](crate::NoLock), whose `is_acquired` is `true`, is the
+/// Python peer's, kept on purpose: `NoLock` pretends to be a held lock, `NullStore` is a store
+/// that holds nothing.
+///
+/// # Guarantees
+///
+/// None: it excludes no one.
+///
+/// # Failure modes
+///
+/// None.
+///
+/// # Clock assumptions
+///
+/// None: nothing expires.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NullStore;
+
+impl NullStore {
+    /// The null store.
+    pub fn new() -> Self {
+        NullStore
+    }
+}
+
+impl fmt::Display for NullStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("null")
+    }
+}
+
+#[async_trait]
+impl Store for NullStore {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            excludes: false,
+            shared: true,
+            blocking: true,
+            blocking_shared: true,
+            expiring: false,
+            fencing: false,
+            notifies: false,
+            serializable_keys: true,
+        }
+    }
+
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: does nothing.
+    async fn save(&self, _key: &Key, _ttl: Option<Duration>) -> Result<Acquired> {
+        Ok(Acquired::new())
+    }
+
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: does nothing.
+    async fn save_read(&self, _key: &Key, _ttl: Option<Duration>) -> Result<Acquired> {
+        Ok(Acquired::new())
+    }
+
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: completes at once and does nothing.
+    async fn wait_and_save(&self, _key: &Key, _ttl: Option<Duration>) -> Result<Acquired> {
+        Ok(Acquired::new())
+    }
+
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: completes at once and does nothing.
+    async fn wait_and_save_read(&self, _key: &Key, _ttl: Option<Duration>) -> Result<Acquired> {
+        Ok(Acquired::new())
+    }
+
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: does nothing.
+    async fn put_off_expiration(&self, _key: &Key, _ttl: Duration) -> Result<()> {
+        Ok(())
+    }
+
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: does nothing.
+    async fn delete(&self, _key: &Key) -> Result<bool> {
+        Ok(false)
+    }
+
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: does nothing.
+    async fn exists(&self, _key: &Key) -> Result<bool> {
+        Ok(false)
+    }
+}

@@ -16,15 +16,15 @@ use crate::store::{InMemoryStore, NullStore, Store};
 /// …); a known scheme whose store is not in this build is refused saying so.
 ///
 /// Errors never echo a credential: a refused DSN is shown as its scheme and colon only
-/// (`mysql:`), and a colon-less input is echoed only when it looks like a keyword.
+/// (`memcache:`), and a colon-less input is echoed only when it looks like a keyword.
 ///
 /// # Examples
 ///
 /// ```
 /// let store = xtr_lock::StoreFactory::create_store("in-memory")?;
 /// assert_eq!(store.to_string(), "in-memory");
-/// let err = xtr_lock::StoreFactory::validate("mysql://app:hunter2@db/app").unwrap_err();
-/// assert_eq!(err.to_string(), r#"unsupported connection "mysql:""#);
+/// let err = xtr_lock::StoreFactory::validate("memcache://app:hunter2@cache:11211").unwrap_err();
+/// assert_eq!(err.to_string(), r#"unsupported connection "memcache:""#);
 /// # Ok::<(), xtr_lock::Error>(())
 /// ```
 #[derive(Debug, Clone, Copy, Default)]
@@ -115,8 +115,7 @@ pub(crate) fn redact(dsn: &str) -> String {
 fn looks_like_keyword(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 32
-        && s
-            .bytes()
+        && s.bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'+' || b == b'.')
 }
 
@@ -131,24 +130,47 @@ mod tests {
         assert_eq!(parse("null").unwrap(), Dsn::Null);
         let a = StoreFactory::create_store("in-memory").unwrap();
         assert_eq!(a.to_string(), "in-memory");
-        assert_eq!(StoreFactory::create_store("null").unwrap().to_string(), "null");
+        assert_eq!(
+            StoreFactory::create_store("null").unwrap().to_string(),
+            "null"
+        );
     }
 
     #[test]
     fn refusals_name_the_scheme_only() {
         let cases: &[(&str, ErrorKind, &str)] = &[
-            ("mysql://user:secret@db/app", ErrorKind::Unsupported, "\"mysql:\""),
-            ("MYSQL://user:secret@db/app", ErrorKind::Unsupported, "\"MYSQL:\""),
-            ("redis://:pw@localhost:6379/0", ErrorKind::Unsupported, "\"redis:\""),
+            (
+                "mysql://user:secret@db/app",
+                ErrorKind::Unsupported,
+                "\"mysql:\"",
+            ),
+            (
+                "MYSQL://user:secret@db/app",
+                ErrorKind::Unsupported,
+                "\"MYSQL:\"",
+            ),
+            (
+                "redis://:pw@localhost:6379/0",
+                ErrorKind::Unsupported,
+                "\"redis:\"",
+            ),
             ("flock", ErrorKind::Unsupported, "\"flock\""),
             ("flock:///var/lock", ErrorKind::Unsupported, "\"flock:\""),
             ("FLOCK", ErrorKind::InvalidArgument, "\"FLOCK\""),
             ("IN-MEMORY", ErrorKind::InvalidArgument, "\"IN-MEMORY\""),
             ("semaphore", ErrorKind::InvalidArgument, "\"semaphore\""),
-            ("my_redis_service", ErrorKind::InvalidArgument, "\"my_redis_service\""),
+            (
+                "my_redis_service",
+                ErrorKind::InvalidArgument,
+                "\"my_redis_service\"",
+            ),
             ("memcache://h", ErrorKind::InvalidArgument, "\"memcache:\""),
             ("", ErrorKind::InvalidArgument, "redacted"),
-            ("hunter2 pasted secret", ErrorKind::InvalidArgument, "redacted"),
+            (
+                "hunter2 pasted secret",
+                ErrorKind::InvalidArgument,
+                "redacted",
+            ),
             ("user:pa ss@host", ErrorKind::InvalidArgument, "\"user:\""),
             ("p@ss:word", ErrorKind::InvalidArgument, "redacted"),
         ];

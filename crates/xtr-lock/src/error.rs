@@ -232,7 +232,10 @@ impl Error {
 
     /// Whether this is an invalid argument, an invalid ttl included.
     pub fn is_invalid_argument(&self) -> bool {
-        matches!(self.kind, ErrorKind::InvalidArgument | ErrorKind::InvalidTtl)
+        matches!(
+            self.kind,
+            ErrorKind::InvalidArgument | ErrorKind::InvalidTtl
+        )
     }
 
     /// Wraps `cause` into an error of `kind` about `resource`, giving `reason`; the store id and
@@ -262,18 +265,21 @@ impl fmt::Display for Error {
                 f,
                 "the key for {r} holds state its store keeps in this process only, so it cannot be serialized"
             ),
-            (ErrorKind::Acquiring, Some(r), None) => write!(f, "lock {r}: failed to acquire the lock"),
-            (ErrorKind::Releasing, Some(r), None) => write!(f, "lock {r}: failed to release the lock"),
+            (ErrorKind::Acquiring, Some(r), None) => {
+                write!(f, "lock {r}: failed to acquire the lock")
+            }
+            (ErrorKind::Releasing, Some(r), None) => {
+                write!(f, "lock {r}: failed to release the lock")
+            }
             (_, Some(r), Some(reason)) => write!(f, "lock {r}: {reason}"),
             (_, None, Some(reason)) => f.write_str(reason),
             (kind, Some(r), None) => write!(f, "lock {r}: {kind} error"),
             (kind, None, None) => write!(f, "{kind} error"),
         }?;
         // Storage and unsupported errors are about a store; say which one.
-        if matches!(self.kind, ErrorKind::Storage | ErrorKind::Unsupported) {
-            if let Some(store) = &self.store {
-                write!(f, " (store {store})")?;
-            }
+        if let (ErrorKind::Storage | ErrorKind::Unsupported, Some(store)) = (self.kind, &self.store)
+        {
+            write!(f, " (store {store})")?;
         }
         Ok(())
     }
@@ -307,7 +313,9 @@ impl fmt::Debug for Error {
 
 impl StdError for Error {
     fn source(&self) -> Option<&(dyn StdError + 'static)> {
-        self.source.as_deref().map(|e| e as &(dyn StdError + 'static))
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn StdError + 'static))
     }
 }
 
@@ -363,7 +371,12 @@ mod tests {
     #[test]
     fn source_is_chained_and_flags_carry_over() {
         let cause = Error::storage("timeout").with_store("s").temporary();
-        let err = Error::wrap(ErrorKind::Acquiring, "r", "failed to acquire the lock", cause);
+        let err = Error::wrap(
+            ErrorKind::Acquiring,
+            "r",
+            "failed to acquire the lock",
+            cause,
+        );
         assert!(err.is_temporary());
         assert_eq!(err.store(), Some("s"));
         let src = err.source().expect("chained");

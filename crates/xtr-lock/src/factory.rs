@@ -157,4 +157,3 @@ impl fmt::Debug for LockFactory {
             .finish()
     }
 }
-

@@ -127,7 +127,11 @@ async fn exit(lock: &(impl Lockable + ?Sized), took: bool) -> Result<()> {
 }
 
 /// Runs `body`; on the way out (result, error, panic or drop) releases as [`exit`] says.
-pub(crate) async fn run_scope<L, T, E, F>(lock: &L, took: bool, body: F) -> std::result::Result<T, E>
+pub(crate) async fn run_scope<L, T, E, F>(
+    lock: &L,
+    took: bool,
+    body: F,
+) -> std::result::Result<T, E>
 where
     L: Lockable + ?Sized,
     F: Future<Output = std::result::Result<T, E>>,
@@ -171,7 +175,12 @@ where
 /// Releases on the way out of a dropped future: runs `store.delete(key)` to completion in the
 /// background, ordered before the holder's next store operation. Skipped when another task of
 /// the same holder completed an acquisition since `acquisitions` was read: that lock is theirs.
-pub(crate) fn schedule_cleanup(key: Key, store: Arc<dyn Store>, acquisitions: u64, why: &'static str) {
+pub(crate) fn schedule_cleanup(
+    key: Key,
+    store: Arc<dyn Store>,
+    acquisitions: u64,
+    why: &'static str,
+) {
     if key.acquisitions() != acquisitions {
         return;
     }

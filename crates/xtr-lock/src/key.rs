@@ -225,7 +225,9 @@ impl Key {
     }
 
     pub(crate) fn end_cleanup(&self) {
-        self.inner.cleanups.send_modify(|n| *n = n.saturating_sub(1));
+        self.inner
+            .cleanups
+            .send_modify(|n| *n = n.saturating_sub(1));
     }
 
     // ---- serialization ---------------------------------------------------------------------
@@ -494,7 +496,10 @@ mod tests {
         let cases: Vec<(String, &str)> = vec![
             ("not json".into(), "malformed serialized key"),
             (r#"{"v":1,"resource":5}"#.into(), "malformed serialized key"),
-            (r#"{"v":1,"resource":null}"#.into(), "malformed serialized key"),
+            (
+                r#"{"v":1,"resource":null}"#.into(),
+                "malformed serialized key",
+            ),
             (r#"{"v":1}"#.into(), "missing field `resource`"),
             (r#"{"v":2,"resource":"r"}"#.into(), "version 2"),
             (
@@ -513,7 +518,10 @@ mod tests {
                 r#"{"v":1,"resource":"r","tokens":{"Bad Kind":"x"}}"#.into(),
                 "store kind",
             ),
-            (json.replace("\"memory\":\"", "\"memory\":\"!"), "44 characters"),
+            (
+                json.replace("\"memory\":\"", "\"memory\":\"!"),
+                "44 characters",
+            ),
             (
                 r#"{"v":1,"resource":"r","remaining_ms":-5}"#.into(),
                 "malformed serialized key",

@@ -7,19 +7,18 @@ use std::time::Duration;
 use async_trait::async_trait;
 use rand::Rng as _;
 
+use crate::Lockable;
 use crate::clock::Clock;
 use crate::error::{Error, ErrorKind, Result, ShownResource};
 use crate::guard::{LockGuard, schedule_cleanup};
 use crate::key::{Key, Mode};
 use crate::store::{Acquired, Capabilities, Store, check_expiry};
-use crate::Lockable;
 
 /// The log target of this crate.
 pub(crate) const TARGET: &str = "xtr_lock";
 
 /// What [`Lock::release`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[must_use = "a release can report that the lock had been lost"]
 pub enum Release {
     /// The holder held the lock and now does not.
     Released,
@@ -671,7 +670,12 @@ impl Drop for CancelGuard<'_> {
 
 impl fmt::Display for Lock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Lock({}, {})", ShownResource(self.resource()), self.store)
+        write!(
+            f,
+            "Lock({}, {})",
+            ShownResource(self.resource()),
+            self.store
+        )
     }
 }
 

@@ -1,0 +1,216 @@
+//! The store conformance suite: every scenario written once, run against every store.
+//!
+//! Each scenario is a `pub async fn(Harness) -> Outcome`. It checks what its store's
+//! [`Capabilities`] say applies and returns
+//! [`Outcome::NotApplicable`] (printed, never silent) otherwise. The
+//! [`conformance_tests!`](crate::conformance_tests) macro expands into one `#[tokio::test]` per
+//! scenario, so one failure never hides another:
+//!
+//! ```ignore
+//! xtr_lock::conformance_tests!(|| async {
+//!     xtr_lock::conformance::Harness::new(std::sync::Arc::new(MyStore::connect().await))
+//! });
+//! ```
+//!
+//! Scenarios use unique resource names and never touch what they did not create, so they can
+//! share a server. They panic on failure, with a message saying what was expected.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::clock::{Clock, MonotonicClock};
+use crate::factory::LockFactory;
+use crate::key::Key;
+use crate::lock::Lock;
+use crate::store::{Capabilities, Store};
+
+mod basic;
+mod expiring;
+mod shared;
+mod waiting;
+
+pub use basic::*;
+pub use expiring::*;
+pub use shared::*;
+pub use waiting::*;
+
+/// What a scenario runs against: a store, and the clock its keys use.
+#[derive(Clone)]
+pub struct Harness {
+    /// The store under test.
+    pub store: Arc<dyn Store>,
+    /// The clock of the keys and locks the scenarios make. Expiring stores must measure their
+    /// lifetimes on the same time line (the monotonic clock for real servers).
+    pub clock: Arc<dyn Clock>,
+    /// A generous bound on how long something expected to happen "at once" may take on a loaded
+    /// machine (default 10 s). Never a speed target.
+    pub patience: Duration,
+}
+
+impl Harness {
+    /// A harness on the monotonic clock.
+    pub fn new(store: Arc<dyn Store>) -> Self {
+        Self::with_clock(store, Arc::new(MonotonicClock))
+    }
+
+    /// A harness whose keys use `clock`.
+    pub fn with_clock(store: Arc<dyn Store>, clock: Arc<dyn Clock>) -> Self {
+        Harness {
+            store,
+            clock,
+            patience: Duration::from_secs(10),
+        }
+    }
+
+    /// The store's capabilities.
+    pub fn caps(&self) -> Capabilities {
+        self.store.capabilities()
+    }
+
+    /// A resource name no other test uses: `name` plus a random suffix.
+    pub fn resource(&self, name: &str) -> String {
+        let mut bytes = [0u8; 6];
+        getrandom::fill(&mut bytes).expect("random source");
+        let suffix: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        format!("xtr-conformance:{name}:{suffix}")
+    }
+
+    /// A new holder for `resource`.
+    pub fn key(&self, resource: &str) -> Key {
+        Key::with_clock(resource, self.clock.clone())
+    }
+
+    /// A factory on the store and clock, without a default ttl.
+    pub fn factory(&self) -> LockFactory {
+        LockFactory::from_arc(self.store.clone())
+            .with_clock(self.clock.clone())
+            .with_default_ttl(None)
+    }
+
+    /// A lock with a new holder for `resource`, with `ttl`.
+    pub fn lock(&self, resource: &str, ttl: Option<Duration>) -> Lock {
+        self.factory().create_lock(resource).with_ttl(ttl)
+    }
+
+    /// Sleeps `d` on the harness clock.
+    pub async fn sleep(&self, d: Duration) {
+        self.clock.sleep(d).await;
+    }
+
+    /// Awaits `fut`, failing the scenario with `what` if it takes longer than the patience.
+    pub async fn within<T>(&self, what: &str, fut: impl Future<Output = T>) -> T {
+        match tokio::time::timeout(self.patience, fut).await {
+            Ok(v) => v,
+            Err(_) => panic!("{what}: did not happen within {:?}", self.patience),
+        }
+    }
+}
+
+impl fmt::Debug for Harness {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Harness")
+            .field("store", &format_args!("{}", self.store))
+            .field("clock", &self.clock)
+            .finish()
+    }
+}
+
+/// How a scenario ended, when it did not fail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The scenario ran and its assertions held.
+    Ran,
+    /// The store lacks what the scenario is about; the reason is printed.
+    NotApplicable(&'static str),
+}
+
+/// Runs one scenario and reports a not-applicable one on stderr, so it is never silent.
+pub async fn run(name: &str, scenario: impl Future<Output = Outcome>) {
+    match scenario.await {
+        Outcome::Ran => {}
+        Outcome::NotApplicable(why) => {
+            eprintln!("conformance scenario {name}: not applicable to this store: {why}");
+        }
+    }
+}
+
+/// Returns [`Outcome::NotApplicable`] from the scenario unless `cond` holds.
+macro_rules! require {
+    ($cond:expr, $why:literal) => {
+        if !$cond {
+            return $crate::conformance::Outcome::NotApplicable($why);
+        }
+    };
+}
+pub(crate) use require;
+
+/// Expands into one `#[tokio::test]` per conformance scenario for the store that `$make` (an
+/// async closure returning a [`Harness`]) builds. Every scenario is listed here once.
+#[macro_export]
+macro_rules! conformance_tests {
+    ($make:expr) => {
+        $crate::conformance_tests!(@each $make;
+            // basic
+            save_exists_delete,
+            independent_resources,
+            second_holder_conflicts_until_the_first_deletes,
+            same_holder_saves_twice,
+            delete_on_another_resource_leaves_the_lock,
+            deserialized_key_is_the_same_holder,
+            key_is_unserializable_after_save,
+            odd_resource_names,
+            reentrant_acquire_and_no_counting,
+            refresh_of_a_lock_never_acquired_is_a_conflict,
+            refresh_on_a_non_expiring_store_checks_the_hold,
+            release_reports_what_it_found,
+            scoped_use_releases_on_error_and_panic,
+            // shared
+            readers_coexist_and_a_writer_waits_for_both,
+            writer_excludes_readers,
+            read_release_then_write_with_the_same_holder,
+            promotion_with_other_readers_conflicts_and_keeps_the_read_lock,
+            sole_reader_promotes,
+            writer_demotes_and_a_reader_joins,
+            read_falls_back_to_write_without_shared_locks,
+            // expiring
+            put_off_lock_expires,
+            tiny_put_off_raises_expired,
+            refresh_keeps_alive_then_expires,
+            remaining_lifetime_after_put_off,
+            pre_expired_key_stores_nothing,
+            expired_reader_cannot_revive_itself,
+            waiter_takes_over_an_abandoned_lock,
+            long_wait_ends_with_a_full_lease,
+            release_after_expiry_and_takeover_reports_lost,
+            // waiting, cancellation, races, fencing
+            native_wait_returns_after_release,
+            cancelled_native_wait_holds_nothing,
+            native_read_wait_returns_after_writer_release,
+            readers_do_not_wait_for_each_other,
+            blocking_acquire_wakes_on_release,
+            waiters_wake_on_release_without_polling,
+            cancelled_wait_holds_nothing,
+            cancelled_reacquire_keeps_the_lock,
+            cancellation_at_random_points_leaves_nothing,
+            acquire_timeout_gives_up_and_holds_nothing,
+            counter_race_under_the_lock,
+            many_waiters_all_get_their_turn,
+            fencing_tokens_strictly_increase,
+        );
+    };
+    (@each $make:expr; $($name:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                let harness: $crate::conformance::Harness = ($make)().await;
+                $crate::conformance::run(
+                    stringify!($name),
+                    $crate::conformance::$name(harness),
+                )
+                .await;
+            }
+        )*
+    };
+}

@@ -450,7 +450,10 @@ mod tests {
     async fn a_lifetime_never_expires_by_default() {
         let store = InMemoryStore::new();
         let key = Key::new("r");
-        store.save(&key, Some(Duration::from_millis(1))).await.unwrap();
+        store
+            .save(&key, Some(Duration::from_millis(1)))
+            .await
+            .unwrap();
         tokio::time::sleep(Duration::from_millis(5)).await;
         assert!(store.exists(&key).await.unwrap());
         assert_eq!(key.remaining_lifetime(), None);
@@ -501,7 +504,10 @@ mod tests {
         let b = Key::with_clock("r", Arc::new(clock.clone()));
         store.save(&a, Some(Duration::from_secs(10))).await.unwrap();
         clock.advance(Duration::from_secs(4));
-        let err = store.save(&b, Some(Duration::from_secs(10))).await.unwrap_err();
+        let err = store
+            .save(&b, Some(Duration::from_secs(10)))
+            .await
+            .unwrap_err();
         assert_eq!(err.retry_after(), Some(Duration::from_secs(6)));
         clock.advance(Duration::from_secs(6));
         store.save(&b, Some(Duration::from_secs(10))).await.unwrap();
@@ -514,8 +520,14 @@ mod tests {
         let store = InMemoryStore::expiring(Arc::new(clock.clone()));
         let short = Key::with_clock("r", Arc::new(clock.clone()));
         let long = Key::with_clock("r", Arc::new(clock.clone()));
-        store.save_read(&short, Some(Duration::from_millis(300))).await.unwrap();
-        store.save_read(&long, Some(Duration::from_secs(10))).await.unwrap();
+        store
+            .save_read(&short, Some(Duration::from_millis(300)))
+            .await
+            .unwrap();
+        store
+            .save_read(&long, Some(Duration::from_secs(10)))
+            .await
+            .unwrap();
         clock.advance(Duration::from_millis(500));
         short.reset_lifetime();
         let err = store

@@ -1,0 +1,56 @@
+//! The conformance suite, once per store: one test per scenario per store.
+
+mod support;
+
+use std::sync::Arc;
+
+use xtr_lock::conformance::Harness;
+use xtr_lock::{InMemoryStore, MonotonicClock, NullStore};
+
+mod memory {
+    use super::*;
+    xtr_lock::conformance_tests!(|| async { Harness::new(Arc::new(InMemoryStore::new())) });
+}
+
+mod memory_expiring {
+    use super::*;
+    xtr_lock::conformance_tests!(|| async {
+        Harness::new(Arc::new(InMemoryStore::expiring(Arc::new(MonotonicClock))))
+    });
+}
+
+mod null {
+    use super::*;
+    xtr_lock::conformance_tests!(|| async { Harness::new(Arc::new(NullStore::new())) });
+}
+
+/// The in-memory store behind a wrapper that adds native waits (emulated over the store), so the
+/// native-wait scenarios and the Lock's native path run before a store with its own native wait
+/// (flock) lands.
+mod memory_native_wait {
+    use super::*;
+    xtr_lock::conformance_tests!(|| async {
+        Harness::new(support::Scripted::with_caps(
+            InMemoryStore::new(),
+            |mut c| {
+                c.blocking = true;
+                c.blocking_shared = true;
+                c
+            },
+        ))
+    });
+}
+
+/// The in-memory store without its change notifications: the Lock must fall back to polling.
+mod memory_polling {
+    use super::*;
+    xtr_lock::conformance_tests!(|| async {
+        Harness::new(support::Scripted::with_caps(
+            InMemoryStore::new(),
+            |mut c| {
+                c.notifies = false;
+                c
+            },
+        ))
+    });
+}

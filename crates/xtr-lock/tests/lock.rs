@@ -1,0 +1,822 @@
+//! Lock-level behaviour: waiting, lifetimes, errors, logging, scopes, holders, factory.
+//! Stores are real (in-memory, null), wrapped by `support::Scripted` where a test needs to see
+//! or perturb the calls.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use support::{Capture, Scripted, When};
+use xtr_lock::{
+    Error, ErrorKind, InMemoryStore, Key, Lock, LockFactory, Lockable, ManualClock, Mode, NoLock,
+    NullStore, Release, Store,
+};
+
+fn secs(s: f64) -> Duration {
+    Duration::from_secs_f64(s)
+}
+
+/// A factory on `store` with an auto-advancing manual clock and no default ttl.
+fn manual(store: Arc<dyn Store>) -> (LockFactory, ManualClock) {
+    let clock = ManualClock::new();
+    let factory = LockFactory::from_arc(store)
+        .with_clock(Arc::new(clock.clone()))
+        .with_default_ttl(None);
+    (factory, clock)
+}
+
+fn expiring_memory(clock: &ManualClock) -> InMemoryStore {
+    InMemoryStore::expiring(Arc::new(clock.clone()))
+}
+
+// ---- acquire ------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn a_non_blocking_acquire_calls_save_once_and_never_waits() {
+    let store = Scripted::new(InMemoryStore::new());
+    let (factory, clock) = manual(store.clone());
+    let holder = factory.create_lock("r");
+    assert!(holder.try_acquire().await.unwrap());
+    store.clear_ops();
+    let other = factory.create_lock("r");
+    assert!(!other.try_acquire().await.unwrap());
+    assert_eq!(store.op_names(), ["save"]);
+    assert_eq!(clock.slept(), Duration::ZERO);
+    assert_eq!(other.held_mode(), None);
+}
+
+#[tokio::test]
+async fn a_blocking_acquire_on_a_store_without_notifications_polls_90_to_110_ms() {
+    let store = Scripted::with_caps(InMemoryStore::new(), |mut c| {
+        c.notifies = false;
+        c
+    });
+    let (factory, clock) = manual(store.clone());
+    for _ in 0..2 {
+        store.fail_next("save", When::Before, Error::conflict("r"));
+    }
+    let lock = factory.create_lock("r");
+    lock.acquire().await.unwrap();
+    assert_eq!(store.op_names(), ["save", "save", "save"]);
+    let sleeps = clock.sleeps();
+    assert_eq!(sleeps.len(), 2);
+    for s in &sleeps {
+        assert!(*s >= secs(0.090) && *s <= secs(0.110), "{s:?}");
+        assert_eq!(s.subsec_nanos() % 1_000_000, 0, "whole milliseconds");
+    }
+    let total = clock.slept();
+    assert!(total >= secs(0.18) && total <= secs(0.22), "{total:?}");
+}
+
+#[tokio::test]
+async fn polling_waiters_yield_to_other_tasks() {
+    let store = Scripted::with_caps(InMemoryStore::new(), |mut c| {
+        c.notifies = false;
+        c
+    });
+    let factory = LockFactory::from_arc(store).with_default_ttl(None);
+    let holder = factory.create_lock("r");
+    holder.acquire().await.unwrap();
+    let waiter = factory.create_lock("r");
+    // On a current-thread runtime, the release below can only run if the wait yields.
+    let wait = tokio::spawn(async move { waiter.acquire().await });
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    holder.release().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), wait)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_blocking_store_gets_its_native_wait_and_its_conflict_comes_back_unchanged() {
+    let store = Scripted::with_caps(InMemoryStore::new(), |mut c| {
+        c.blocking = true;
+        c
+    });
+    let (factory, _) = manual(store.clone());
+    let lock = factory.create_lock("r");
+    lock.acquire().await.unwrap();
+    assert_eq!(store.op_names(), ["wait_and_save"]);
+    lock.release().await.unwrap();
+
+    store.fail_next(
+        "wait_and_save",
+        When::Before,
+        Error::conflict("r").with_reason("native conflict"),
+    );
+    let err = lock.acquire().await.unwrap_err();
+    assert!(err.is_conflict());
+    assert_eq!(
+        err.reason(),
+        Some("native conflict"),
+        "the same error, not wrapped"
+    );
+    assert_eq!(lock.held_mode(), None);
+}
+
+#[tokio::test]
+async fn the_ttl_goes_into_the_save_and_zero_means_none() {
+    let store = Scripted::new(InMemoryStore::new());
+    let factory = LockFactory::from_arc(store.clone());
+    let lock = factory.create_lock("r");
+    assert_eq!(
+        lock.ttl(),
+        Some(Duration::from_secs(300)),
+        "the default ttl"
+    );
+    lock.try_acquire().await.unwrap();
+    lock.with_ttl(Some(Duration::from_secs(10)))
+        .try_acquire()
+        .await
+        .unwrap();
+    factory
+        .create_lock("z")
+        .with_ttl(Some(Duration::ZERO))
+        .try_acquire()
+        .await
+        .unwrap();
+    assert_eq!(
+        store.ops(),
+        [
+            "save(ttl=Some(300s))",
+            "save(ttl=Some(10s))",
+            "save(ttl=None)"
+        ]
+    );
+}
+
+#[tokio::test]
+async fn acquiring_twice_with_a_ttl_works() {
+    let clock = ManualClock::new();
+    let (factory, _) = manual(Arc::new(expiring_memory(&clock)));
+    let factory = factory.with_clock(Arc::new(clock.clone()));
+    let lock = factory.create_lock("r").with_ttl(Some(secs(10.0)));
+    assert!(lock.try_acquire().await.unwrap());
+    clock.advance(secs(4.0));
+    assert!(lock.try_acquire().await.unwrap());
+    assert_eq!(
+        lock.remaining_lifetime(),
+        Some(secs(10.0)),
+        "one write of now + ttl"
+    );
+}
+
+#[tokio::test]
+async fn an_acquire_that_expires_on_the_way_is_taken_back_and_reported_expired() {
+    let clock = ManualClock::new();
+    let store = Scripted::new(expiring_memory(&clock));
+    let factory = LockFactory::from_arc(store.clone()).with_clock(Arc::new(clock.clone()));
+    // The store is slower than the lifetime: 2 s pass while a 1 s lock is saved.
+    store.advance_after("save", clock.clone(), secs(2.0));
+    let lock = factory.create_lock("r").with_ttl(Some(secs(1.0)));
+    let err = lock.try_acquire().await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Expired, "not wrapped: {err:?}");
+    assert!(store.op_names().contains(&"delete".to_owned()));
+    assert!(!lock.is_acquired().await.unwrap(), "never reported held");
+    assert!(!store.inner().exists(lock.key()).await.unwrap());
+
+    // Reported even when the delete that takes it back fails.
+    store.fail_next("delete", When::Before, Error::storage("delete failed"));
+    let err = lock.try_acquire().await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Expired);
+}
+
+#[tokio::test]
+async fn other_acquire_failures_are_wrapped_once_logged_and_taken_back() {
+    let capture = Capture::default();
+    let _log = capture.install();
+    let store = Scripted::new(InMemoryStore::new());
+    let (factory, _) = manual(store.clone());
+    let lock = factory.create_lock("r");
+    // The store applied the save, then the reply was lost (DEF-1: must not leak).
+    store.fail_next(
+        "save",
+        When::After,
+        Error::storage("connection reset").temporary(),
+    );
+    let err = lock.try_acquire().await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Acquiring);
+    assert_eq!(err.to_string(), "lock 'r': failed to acquire the lock");
+    assert!(err.is_temporary(), "the hint carries over");
+    let source = std::error::Error::source(&err).unwrap().to_string();
+    assert_eq!(source, "connection reset");
+    // The take-back runs before the holder's next operation.
+    assert!(!lock.is_acquired().await.unwrap());
+    assert!(
+        !store.inner().exists(lock.key()).await.unwrap(),
+        "nothing left stored"
+    );
+    assert!(factory.create_lock("r").try_acquire().await.unwrap());
+    let warns: Vec<_> = capture
+        .records()
+        .into_iter()
+        .filter(|r| r.level == tracing::Level::WARN && r.message == "failed to acquire the lock")
+        .collect();
+    assert_eq!(warns.len(), 1);
+    assert_eq!(warns[0].fields["resource"], "r");
+    assert_eq!(warns[0].fields["error"], "connection reset");
+    assert_eq!(warns[0].target, "xtr_lock");
+}
+
+#[tokio::test]
+async fn two_tasks_acquiring_one_shared_lock_both_get_it() {
+    let (factory, _) = manual(Arc::new(InMemoryStore::new()));
+    let lock = factory.create_lock("r");
+    let (a, b) = tokio::join!(lock.try_acquire(), lock.try_acquire());
+    assert!(a.unwrap() && b.unwrap());
+    assert!(lock.is_acquired().await.unwrap());
+}
+
+#[tokio::test]
+async fn a_waiters_lifetime_starts_when_it_wins() {
+    // DEF-7 with a deterministic clock: the holder's 0.5 s lock runs out while the waiter polls,
+    // and the waiter's lease is the full 0.5 s from the attempt that won.
+    let clock = ManualClock::new();
+    let store = Arc::new(expiring_memory(&clock));
+    let factory = LockFactory::from_arc(store).with_clock(Arc::new(clock.clone()));
+    let holder = factory.create_lock("r").with_ttl(Some(secs(0.5)));
+    holder.acquire().await.unwrap();
+    let waiter = factory.create_lock("r").with_ttl(Some(secs(0.5)));
+    waiter.acquire().await.unwrap();
+    assert!(
+        clock.elapsed() >= secs(0.5),
+        "the waiter waited {:?}",
+        clock.elapsed()
+    );
+    assert_eq!(waiter.remaining_lifetime(), Some(secs(0.5)));
+    assert!(!holder.is_acquired().await.unwrap());
+}
+
+#[tokio::test]
+async fn the_expiration_matrix_holds_on_the_factory_clock() {
+    for (ttl, elapsed, expired) in [
+        (5.0, 0.0, false),
+        (5.0, 4.999, false),
+        (5.0, 5.0, true),
+        (5.0, 6.0, true),
+        (0.5, 0.25, false),
+        (0.5, 0.75, true),
+    ] {
+        let clock = ManualClock::new();
+        let factory = LockFactory::from_arc(Arc::new(expiring_memory(&clock)))
+            .with_clock(Arc::new(clock.clone()));
+        let lock = factory.create_lock("r").with_ttl(Some(secs(ttl)));
+        lock.try_acquire().await.unwrap();
+        clock.advance(secs(elapsed));
+        assert_eq!(lock.is_expired(), expired, "ttl {ttl} after {elapsed}");
+        assert_eq!(
+            lock.is_acquired().await.unwrap(),
+            !expired,
+            "ttl {ttl} after {elapsed}"
+        );
+        let left = lock.remaining_lifetime().unwrap();
+        assert_eq!(left, secs(ttl).saturating_sub(secs(elapsed)));
+    }
+}
+
+// ---- read locks ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn acquire_read_uses_save_read_on_shared_stores() {
+    let capture = Capture::default();
+    let _log = capture.install();
+    let store = Scripted::new(InMemoryStore::new());
+    let (factory, _) = manual(store.clone());
+    let lock = factory.create_lock("r");
+    assert!(lock.try_acquire_read().await.unwrap());
+    assert_eq!(store.op_names(), ["save_read"]);
+    assert_eq!(lock.held_mode(), Some(Mode::Read));
+    assert!(
+        capture
+            .records()
+            .iter()
+            .any(|r| r.level == tracing::Level::DEBUG
+                && r.message == "acquired the lock for reading")
+    );
+}
+
+#[tokio::test]
+async fn acquire_read_falls_back_to_write_on_stores_without_shared_locks() {
+    let capture = Capture::default();
+    let _log = capture.install();
+    let store = Scripted::with_caps(InMemoryStore::new(), |mut c| {
+        c.shared = false;
+        c
+    });
+    let (factory, _) = manual(store.clone());
+    let lock = factory.create_lock("r");
+    assert!(lock.try_acquire_read().await.unwrap());
+    assert_eq!(store.op_names(), ["save"]);
+    assert_eq!(lock.held_mode(), Some(Mode::Write));
+    assert!(
+        capture
+            .records()
+            .iter()
+            .any(|r| r.level == tracing::Level::DEBUG
+                && r.message == "store does not support read locks, falling back to a write lock")
+    );
+}
+
+#[tokio::test]
+async fn read_conflicts_return_false_or_wait_and_other_failures_are_wrapped() {
+    let (factory, _) = manual(Arc::new(InMemoryStore::new()));
+    let writer = factory.create_lock("r");
+    writer.acquire().await.unwrap();
+    let reader = factory.create_lock("r");
+    assert!(!reader.try_acquire_read().await.unwrap());
+    assert!(!reader.acquire_read_timeout(secs(1.0)).await.unwrap());
+
+    let store = Scripted::new(InMemoryStore::new());
+    let (factory, _) = manual(store.clone());
+    store.fail_next("save_read", When::Before, Error::storage("boom"));
+    let err = factory
+        .create_lock("r")
+        .try_acquire_read()
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Acquiring);
+}
+
+// ---- refresh ------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn refresh_needs_a_positive_duration_and_checks_before_any_store_call() {
+    let store = Scripted::new(InMemoryStore::new());
+    let factory = LockFactory::from_arc(store.clone());
+    for (lock_ttl, arg) in [
+        (None, None),
+        (Some(secs(10.0)), Some(Duration::ZERO)),
+        (None, Some(Duration::ZERO)),
+        (Some(Duration::ZERO), None),
+    ] {
+        let lock = factory.create_lock("r").with_ttl(lock_ttl);
+        let err = lock.refresh(arg).await.unwrap_err();
+        assert!(
+            err.is_invalid_argument(),
+            "({lock_ttl:?}, {arg:?}): {err:?}"
+        );
+        assert_eq!(err.resource(), Some("r"));
+    }
+    assert_eq!(
+        factory
+            .create_lock("r")
+            .refresh(Some(Duration::ZERO))
+            .await
+            .unwrap_err()
+            .kind(),
+        ErrorKind::InvalidTtl
+    );
+    assert!(store.ops().is_empty(), "no store call: {:?}", store.ops());
+}
+
+#[tokio::test]
+async fn refresh_uses_the_lock_ttl_or_the_argument() {
+    let store = Scripted::new(InMemoryStore::new());
+    let factory = LockFactory::from_arc(store.clone());
+    let lock = factory.create_lock("r").with_ttl(Some(secs(10.0)));
+    lock.try_acquire().await.unwrap();
+    lock.refresh(None).await.unwrap();
+    lock.refresh(Some(secs(3.0))).await.unwrap();
+    assert_eq!(
+        store.ops()[1..],
+        ["put_off(ttl=10s)".to_owned(), "put_off(ttl=3s)".to_owned()]
+    );
+}
+
+#[tokio::test]
+async fn a_refresh_conflict_comes_back_unchanged_and_a_later_scope_exit_asks_nothing() {
+    let capture = Capture::default();
+    let _log = capture.install();
+    let store = Scripted::new(InMemoryStore::new());
+    let (factory, _) = manual(store.clone());
+    let lock = factory.create_lock("r").with_ttl(Some(secs(10.0)));
+    let guard = lock.lock().await.unwrap();
+    store.fail_next(
+        "put_off",
+        When::Before,
+        Error::conflict("r").with_reason("taken over"),
+    );
+    let err = lock.refresh(None).await.unwrap_err();
+    assert_eq!(err.reason(), Some("taken over"), "the same error");
+    assert_eq!(lock.held_mode(), None);
+    assert!(
+        capture
+            .records()
+            .iter()
+            .any(|r| r.level == tracing::Level::WARN
+                && r.message
+                    == "failed to define an expiration for the lock, someone else holds it"
+                && r.fields["resource"] == "r")
+    );
+    store.clear_ops();
+    guard.unlock().await.unwrap();
+    assert!(
+        store.ops().is_empty(),
+        "the exit asked nothing: {:?}",
+        store.ops()
+    );
+}
+
+#[tokio::test]
+async fn other_refresh_failures_are_wrapped_and_expiry_passes_through() {
+    let store = Scripted::new(InMemoryStore::new());
+    let (factory, _) = manual(store.clone());
+    let lock = factory.create_lock("r").with_ttl(Some(secs(10.0)));
+    lock.acquire().await.unwrap();
+    store.fail_next("put_off", When::Before, Error::storage("boom"));
+    let err = lock.refresh(None).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Acquiring);
+    assert_eq!(err.to_string(), "lock 'r': failed to define an expiration");
+    assert_eq!(std::error::Error::source(&err).unwrap().to_string(), "boom");
+
+    let clock = ManualClock::new();
+    let store = Scripted::new(expiring_memory(&clock));
+    let factory = LockFactory::from_arc(store.clone()).with_clock(Arc::new(clock.clone()));
+    let lock = factory.create_lock("r").with_ttl(Some(secs(10.0)));
+    lock.acquire().await.unwrap();
+    store.advance_after("put_off", clock.clone(), secs(2.0));
+    let err = lock.refresh(Some(secs(1.0))).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Expired);
+    assert!(
+        !store.inner().exists(lock.key()).await.unwrap(),
+        "taken back"
+    );
+}
+
+// ---- release ------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn release_failures_are_releasing_errors() {
+    let capture = Capture::default();
+    let _log = capture.install();
+    let store = Scripted::new(InMemoryStore::new());
+    let (factory, _) = manual(store.clone());
+    let lock = factory.create_lock("r");
+    lock.acquire().await.unwrap();
+    store.fail_next("delete", When::Before, Error::storage("boom"));
+    let err = lock.release().await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Releasing);
+    assert_eq!(err.to_string(), "lock 'r': failed to release the lock");
+    assert_eq!(std::error::Error::source(&err).unwrap().to_string(), "boom");
+    let warn = capture
+        .records()
+        .into_iter()
+        .find(|r| r.level == tracing::Level::WARN)
+        .unwrap();
+    assert_eq!(warn.message, "failed to release the lock");
+    assert!(!warn.fields.contains_key("error"), "resource only");
+
+    let releasing = Error::new(ErrorKind::Releasing)
+        .with_resource("r")
+        .with_reason("still locked");
+    store.fail_next("delete", When::Before, releasing);
+    let err = lock.release().await.unwrap_err();
+    assert_eq!(
+        err.reason(),
+        Some("still locked"),
+        "passed through unchanged"
+    );
+    assert_eq!(lock.release().await.unwrap(), Release::Released);
+    assert!(
+        capture
+            .records()
+            .iter()
+            .any(|r| r.level == tracing::Level::DEBUG && r.message == "released the lock")
+    );
+}
+
+// ---- holders and turns --------------------------------------------------------------------
+
+#[tokio::test]
+async fn operations_of_one_holder_take_turns_but_a_wait_never_blocks_them() {
+    let store = Scripted::new(InMemoryStore::new());
+    let factory = LockFactory::from_arc(store.clone()).with_default_ttl(None);
+    let lock = factory.create_lock("r");
+    store.hold_replies("save");
+    let saving = tokio::spawn({
+        let lock = lock.clone();
+        async move { lock.try_acquire().await }
+    });
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let releasing = tokio::spawn({
+        let lock = lock.clone();
+        async move { lock.release().await }
+    });
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let asking = tokio::spawn({
+        let lock = lock.clone();
+        async move { lock.is_acquired().await }
+    });
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(
+        store.op_names(),
+        ["save"],
+        "delete and exists wait their turn"
+    );
+    store.release_replies();
+    assert!(saving.await.unwrap().unwrap());
+    assert_eq!(releasing.await.unwrap().unwrap(), Release::Released);
+    assert!(!asking.await.unwrap().unwrap());
+    assert_eq!(store.op_names(), ["save", "delete", "exists"]);
+
+    // A blocking wait of the holder does not hold its turn: a release still gets through.
+    let (factory, _) = (LockFactory::from_arc(Arc::new(InMemoryStore::new())), ());
+    let other = factory.create_lock("w");
+    other.acquire().await.unwrap();
+    let me = factory.create_lock("w");
+    let wait = tokio::spawn({
+        let me = me.clone();
+        async move { me.acquire().await }
+    });
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    tokio::time::timeout(Duration::from_secs(5), me.release())
+        .await
+        .expect("a release is not blocked by the holder's own wait")
+        .unwrap();
+    wait.abort();
+}
+
+#[test]
+fn a_key_keeps_working_on_a_second_runtime() {
+    let store = Arc::new(InMemoryStore::new());
+    let factory = LockFactory::from_arc(store);
+    let lock = factory.create_lock("r");
+    let rt1 = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    assert!(rt1.block_on(lock.try_acquire()).unwrap());
+    drop(rt1);
+    let rt2 = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let other = factory.create_lock("r");
+    rt2.block_on(async {
+        assert!(lock.is_acquired().await.unwrap());
+        assert!(!other.try_acquire().await.unwrap());
+        lock.release().await.unwrap();
+        assert!(other.try_acquire().await.unwrap());
+    });
+}
+
+#[tokio::test]
+async fn factory_locks_are_new_holders_and_from_key_is_the_same_holder() {
+    let factory = LockFactory::new(InMemoryStore::new());
+    let a = factory.create_lock("r");
+    let b = factory.create_lock("r");
+    assert!(!Key::same_holder(a.key(), b.key()));
+    let a2 = factory.create_lock_from_key(a.key().clone());
+    assert!(Key::same_holder(a.key(), a2.key()));
+    assert!(a.try_acquire().await.unwrap());
+    assert!(a2.is_acquired().await.unwrap());
+    assert!(!b.try_acquire().await.unwrap());
+}
+
+#[tokio::test]
+async fn a_lock_displays_resource_and_store_and_cannot_be_serialized() {
+    let factory = LockFactory::new(InMemoryStore::new());
+    let lock = factory.create_lock("r");
+    assert_eq!(lock.to_string(), "Lock('r', in-memory)");
+    // `Lock` does not implement `Serialize`; its key does, the lock is a process-local handle.
+    fn not_serialize<T>(_: &T) {}
+    not_serialize(&lock);
+}
+
+// ---- scoped use, guards, run ----------------------------------------------------------------
+
+#[tokio::test]
+async fn the_body_error_wins_over_a_release_error_which_is_returned_after_success() {
+    let capture = Capture::default();
+    let _log = capture.install();
+    let store = Scripted::new(InMemoryStore::new());
+    let (factory, _) = manual(store.clone());
+    let lock = factory.create_lock("r");
+
+    store.fail_next("delete", When::Before, Error::storage("boom"));
+    let err = lock
+        .scoped(async { Err::<(), _>(Error::invalid_argument("body")) })
+        .await
+        .unwrap_err();
+    assert_eq!(err.reason(), Some("body"));
+    assert!(
+        capture
+            .records()
+            .iter()
+            .any(|r| r.level == tracing::Level::WARN
+                && r.message == "failed to release the lock after the scope failed")
+    );
+    lock.release().await.unwrap();
+
+    store.fail_next("delete", When::Before, Error::storage("boom"));
+    let err = lock.scoped(async { Ok::<_, Error>(1) }).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Releasing);
+}
+
+#[tokio::test]
+async fn a_scope_leaves_a_lock_lost_meanwhile_alone() {
+    let store = Scripted::new(InMemoryStore::new());
+    let (factory, _) = manual(store.clone());
+    let lock = factory.create_lock("r");
+    lock.scoped(async {
+        // Lost behind the scope's back: a copy of the holder released it, another took it.
+        let copy = Key::from_json(&lock.key().to_json().unwrap()).unwrap();
+        store.inner().delete(&copy).await.unwrap();
+        assert!(factory.create_lock("r").try_acquire().await.unwrap());
+        store.clear_ops();
+        Ok::<_, Error>(())
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        store.op_names(),
+        ["exists"],
+        "asked, found it lost, deleted nothing"
+    );
+}
+
+#[tokio::test]
+async fn a_dropped_guard_schedules_the_release() {
+    let (factory, _) = manual(Arc::new(InMemoryStore::new()));
+    let lock = factory.create_lock("r");
+    let guard = lock.lock().await.unwrap();
+    assert!(guard.took());
+    let nested = lock.lock().await.unwrap();
+    assert!(!nested.took());
+    drop(nested);
+    assert!(
+        lock.is_acquired().await.unwrap(),
+        "a nested guard leaves the lock held"
+    );
+    drop(guard);
+    assert!(
+        !lock.is_acquired().await.unwrap(),
+        "released before the next operation"
+    );
+    assert!(factory.create_lock("r").try_acquire().await.unwrap());
+}
+
+#[test]
+fn a_guard_dropped_outside_any_runtime_still_releases() {
+    let store = Arc::new(InMemoryStore::new());
+    let factory = LockFactory::from_arc(store);
+    let lock = factory.create_lock("r");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let guard = rt.block_on(lock.lock()).unwrap();
+    drop(guard); // no runtime here: a thread runs the release
+    let other = factory.create_lock("r");
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(10), other.acquire())
+            .await
+            .expect("released by the background thread")
+            .unwrap();
+    });
+}
+
+#[tokio::test]
+async fn keep_leaves_the_lock_held() {
+    let (factory, _) = manual(Arc::new(InMemoryStore::new()));
+    let lock = factory.create_lock("r").lock().await.unwrap().keep();
+    tokio::task::yield_now().await;
+    assert!(lock.is_acquired().await.unwrap());
+}
+
+#[tokio::test]
+async fn run_waits_then_fails_naming_the_resource() {
+    let (factory, _) = manual(Arc::new(InMemoryStore::new()));
+    let holder = factory.create_lock("nightly");
+    holder.acquire().await.unwrap();
+    let err = factory
+        .run("nightly", None, None, || async { Ok::<_, Error>(()) })
+        .await
+        .unwrap_err();
+    assert!(err.is_conflict());
+    assert_eq!(err.resource(), Some("nightly"));
+    assert!(err.to_string().contains("'nightly'"));
+    let err = factory
+        .run("nightly", None, Some(secs(1.0)), || async {
+            Ok::<_, Error>(())
+        })
+        .await
+        .unwrap_err();
+    assert!(err.is_conflict());
+    holder.release().await.unwrap();
+    let out = factory
+        .run("nightly", Some(secs(30.0)), Some(secs(1.0)), || async {
+            Ok::<_, Error>(7)
+        })
+        .await
+        .unwrap();
+    assert_eq!(out, 7);
+    assert!(
+        factory.create_lock("nightly").try_acquire().await.unwrap(),
+        "released"
+    );
+}
+
+// ---- NoLock and NullStore -------------------------------------------------------------------
+
+#[tokio::test]
+async fn nolock_always_succeeds_and_reports_held() {
+    let lock = NoLock::new("r");
+    assert!(lock.try_acquire().await.unwrap());
+    assert!(lock.try_acquire_read().await.unwrap());
+    lock.acquire().await.unwrap();
+    assert!(lock.is_acquired().await.unwrap());
+    lock.refresh(None).await.unwrap();
+    assert_eq!(lock.release().await.unwrap(), Release::Released);
+    assert!(!lock.is_expired());
+    assert_eq!(lock.remaining_lifetime(), None);
+    assert_eq!(lock.scoped(async { Ok::<_, Error>(5) }).await.unwrap(), 5);
+}
+
+#[tokio::test]
+async fn code_taking_a_lockable_accepts_lock_and_nolock() {
+    async fn guarded(lock: &dyn Lockable) -> xtr_lock::Result<u32> {
+        lock.scoped(async { Ok(1) }).await
+    }
+    let factory = LockFactory::new(InMemoryStore::new());
+    assert_eq!(guarded(&factory.create_lock("r")).await.unwrap(), 1);
+    assert_eq!(guarded(&NoLock::new("r")).await.unwrap(), 1);
+}
+
+#[tokio::test]
+async fn a_lock_on_the_null_store_acquires_but_is_never_reported_held() {
+    let store = Scripted::new(NullStore::new());
+    let factory = LockFactory::from_arc(store.clone());
+    let (a, b) = (factory.create_lock("r"), factory.create_lock("r"));
+    assert!(a.try_acquire().await.unwrap());
+    assert!(b.try_acquire().await.unwrap(), "excludes no one");
+    a.acquire().await.unwrap();
+    a.acquire_read().await.unwrap();
+    assert!(!a.is_acquired().await.unwrap());
+    assert_eq!(a.release().await.unwrap(), Release::Released);
+    a.refresh(Some(secs(1.0))).await.unwrap();
+    store.clear_ops();
+    a.scoped(async { Ok::<_, Error>(()) }).await.unwrap();
+    assert!(
+        !store.op_names().contains(&"delete".to_owned()),
+        "{:?}",
+        store.ops()
+    );
+    let caps = NullStore.capabilities();
+    assert!(caps.blocking && caps.blocking_shared && !caps.excludes);
+}
+
+// ---- logging ------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn successes_log_at_debug_contention_at_info_with_the_resource() {
+    let capture = Capture::default();
+    let _log = capture.install();
+    let (factory, _) = manual(Arc::new(InMemoryStore::new()));
+    let a = factory.create_lock("reports");
+    a.try_acquire().await.unwrap();
+    factory.create_lock("reports").try_acquire().await.unwrap();
+    a.release().await.unwrap();
+    let records = capture.records();
+    let find = |level, message: &str| {
+        records
+            .iter()
+            .find(|r| r.level == level && r.message == message)
+            .unwrap_or_else(|| panic!("no {level} record {message:?} in {records:#?}"))
+    };
+    let acquired = find(tracing::Level::DEBUG, "acquired the lock");
+    assert_eq!(acquired.fields["resource"], "reports");
+    assert!(acquired.fields.contains_key("fencing_token"));
+    find(
+        tracing::Level::INFO,
+        "failed to acquire the lock, someone else holds it",
+    );
+    find(tracing::Level::DEBUG, "released the lock");
+    assert!(records.iter().all(|r| r.target == "xtr_lock"));
+    assert!(records.iter().all(|r| r.fields.contains_key("resource")));
+}
+
+#[tokio::test]
+async fn refresh_logs_the_ttl_at_debug() {
+    let capture = Capture::default();
+    let _log = capture.install();
+    let (factory, _) = manual(Arc::new(InMemoryStore::new()));
+    let lock = factory.create_lock("r").with_ttl(Some(secs(10.0)));
+    lock.try_acquire().await.unwrap();
+    lock.refresh(None).await.unwrap();
+    let rec = capture
+        .records()
+        .into_iter()
+        .find(|r| r.message == "expiration defined for the lock")
+        .unwrap();
+    assert_eq!(rec.level, tracing::Level::DEBUG);
+    assert_eq!(rec.fields["ttl"], "10s");
+}
+
+#[allow(dead_code)]
+fn lock_is_send_sync_clone(l: Lock) -> impl Send + Sync + Clone {
+    l
+}

@@ -1,0 +1,319 @@
+//! Test support: a store wrapper that records and perturbs what a real store does, and a log
+//! capture.
+//!
+//! `Scripted` wraps a real store (the in-memory one): every operation reaches it. The wrapper
+//! only records the calls, injects errors where a test asks for one, holds a reply "in flight"
+//! after the real operation completed (what a network round trip looks like to a cancelled
+//! caller), and can hide or add abilities. It never stands in for a server.
+
+#![allow(dead_code)]
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::Semaphore;
+use xtr_lock::store::{Acquired, Capabilities, Watcher};
+use xtr_lock::{Error, Key, ManualClock, Result, Store};
+
+/// Where an injected error strikes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum When {
+    /// Instead of the operation: nothing reaches the store.
+    Before,
+    /// After the store applied the operation: the reply is lost.
+    After,
+}
+
+#[derive(Default)]
+struct Script {
+    ops: Vec<String>,
+    errors: HashMap<&'static str, VecDeque<(When, Error)>>,
+    /// Operations whose reply is held after the store applied them, until `release_replies`.
+    hold: Vec<&'static str>,
+    /// Advance this clock by this much after the named operation applied.
+    advance: Option<(&'static str, ManualClock, Duration)>,
+}
+
+pub struct Scripted<S> {
+    inner: S,
+    script: Mutex<Script>,
+    replies: Semaphore,
+    caps: Box<dyn Fn(Capabilities) -> Capabilities + Send + Sync>,
+}
+
+impl<S: Store> Scripted<S> {
+    pub fn new(inner: S) -> Arc<Self> {
+        Self::with_caps(inner, |c| c)
+    }
+
+    /// Reports the capabilities `f` makes of the inner store's. With `blocking` or
+    /// `blocking_shared` turned on, native waits are emulated over the inner store.
+    pub fn with_caps(
+        inner: S,
+        f: impl Fn(Capabilities) -> Capabilities + Send + Sync + 'static,
+    ) -> Arc<Self> {
+        Arc::new(Scripted {
+            inner,
+            script: Mutex::new(Script::default()),
+            replies: Semaphore::new(0),
+            caps: Box::new(f),
+        })
+    }
+
+    pub fn inner(&self) -> &S {
+        &self.inner
+    }
+
+    fn script(&self) -> std::sync::MutexGuard<'_, Script> {
+        self.script.lock().unwrap()
+    }
+
+    /// The operations called so far, like `save(ttl=Some(10s))`, `delete`.
+    pub fn ops(&self) -> Vec<String> {
+        self.script().ops.clone()
+    }
+
+    pub fn op_names(&self) -> Vec<String> {
+        self.ops()
+            .into_iter()
+            .map(|o| o.split('(').next().unwrap().to_owned())
+            .collect()
+    }
+
+    pub fn clear_ops(&self) {
+        self.script().ops.clear();
+    }
+
+    /// The next call of `op` fails with `err`, before or after reaching the store.
+    pub fn fail_next(&self, op: &'static str, when: When, err: Error) {
+        self.script()
+            .errors
+            .entry(op)
+            .or_default()
+            .push_back((when, err));
+    }
+
+    /// Replies of `op` are held after the store applied it, until `release_replies`.
+    pub fn hold_replies(&self, op: &'static str) {
+        self.script().hold.push(op);
+    }
+
+    pub fn release_replies(&self) {
+        self.script().hold.clear();
+        self.replies.add_permits(1_000);
+    }
+
+    /// After `op` applied, advance `clock` by `d` (a store slower than the lifetime).
+    pub fn advance_after(&self, op: &'static str, clock: ManualClock, d: Duration) {
+        self.script().advance = Some((op, clock, d));
+    }
+
+    async fn call<T>(
+        &self,
+        op: &'static str,
+        detail: String,
+        run: impl Future<Output = Result<T>>,
+    ) -> Result<T> {
+        let injected = {
+            let mut s = self.script();
+            s.ops.push(if detail.is_empty() {
+                op.to_owned()
+            } else {
+                format!("{op}({detail})")
+            });
+            s.errors.get_mut(op).and_then(VecDeque::pop_front)
+        };
+        if let Some((When::Before, err)) = injected {
+            return Err(err);
+        }
+        let out = run.await;
+        let (hold, advance) = {
+            let s = self.script();
+            let advance = s
+                .advance
+                .as_ref()
+                .filter(|(o, _, _)| *o == op)
+                .map(|(_, c, d)| (c.clone(), *d));
+            (s.hold.contains(&op), advance)
+        };
+        if let Some((clock, d)) = advance {
+            clock.advance(d);
+        }
+        if hold {
+            self.replies.acquire().await.unwrap().forget();
+        }
+        match injected {
+            Some((When::After, err)) => Err(err),
+            _ => out,
+        }
+    }
+
+    async fn emulated_wait(
+        &self,
+        key: &Key,
+        ttl: Option<Duration>,
+        read: bool,
+    ) -> Result<Acquired> {
+        loop {
+            let watcher = self.inner.watch(key.resource()).await?;
+            let saved = if read {
+                self.inner.save_read(key, ttl).await
+            } else {
+                self.inner.save(key, ttl).await
+            };
+            match saved {
+                Err(e) if e.is_conflict() => match watcher {
+                    Some(w) => w.await,
+                    None => tokio::time::sleep(Duration::from_millis(5)).await,
+                },
+                other => return other,
+            }
+        }
+    }
+}
+
+impl<S: Store> fmt::Display for Scripted<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "scripted({})", self.inner)
+    }
+}
+
+impl<S: Store> fmt::Debug for Scripted<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Scripted({:?})", self.inner)
+    }
+}
+
+fn ttl_detail(ttl: Option<Duration>) -> String {
+    format!("ttl={ttl:?}")
+}
+
+#[async_trait]
+impl<S: Store> Store for Scripted<S> {
+    fn capabilities(&self) -> Capabilities {
+        (self.caps)(self.inner.capabilities())
+    }
+    async fn save(&self, key: &Key, ttl: Option<Duration>) -> Result<Acquired> {
+        self.call("save", ttl_detail(ttl), self.inner.save(key, ttl))
+            .await
+    }
+    async fn save_read(&self, key: &Key, ttl: Option<Duration>) -> Result<Acquired> {
+        self.call("save_read", ttl_detail(ttl), self.inner.save_read(key, ttl))
+            .await
+    }
+    async fn wait_and_save(&self, key: &Key, ttl: Option<Duration>) -> Result<Acquired> {
+        if !self.capabilities().blocking {
+            return Err(self.unsupported(key, "native blocking waits"));
+        }
+        self.call(
+            "wait_and_save",
+            ttl_detail(ttl),
+            self.emulated_wait(key, ttl, false),
+        )
+        .await
+    }
+    async fn wait_and_save_read(&self, key: &Key, ttl: Option<Duration>) -> Result<Acquired> {
+        if !self.capabilities().blocking_shared {
+            return Err(self.unsupported(key, "native blocking read waits"));
+        }
+        self.call(
+            "wait_and_save_read",
+            ttl_detail(ttl),
+            self.emulated_wait(key, ttl, true),
+        )
+        .await
+    }
+    async fn put_off_expiration(&self, key: &Key, ttl: Duration) -> Result<()> {
+        self.call(
+            "put_off",
+            format!("ttl={ttl:?}"),
+            self.inner.put_off_expiration(key, ttl),
+        )
+        .await
+    }
+    async fn delete(&self, key: &Key) -> Result<bool> {
+        self.call("delete", String::new(), self.inner.delete(key))
+            .await
+    }
+    async fn exists(&self, key: &Key) -> Result<bool> {
+        self.call("exists", String::new(), self.inner.exists(key))
+            .await
+    }
+    async fn watch(&self, resource: &str) -> Result<Option<Watcher>> {
+        if !self.capabilities().notifies {
+            return Ok(None);
+        }
+        self.inner.watch(resource).await
+    }
+}
+
+// ---- log capture -------------------------------------------------------------------------
+
+/// One captured tracing event.
+#[derive(Debug, Clone)]
+pub struct Record {
+    pub level: tracing::Level,
+    pub target: String,
+    pub message: String,
+    pub fields: HashMap<String, String>,
+}
+
+#[derive(Clone, Default)]
+pub struct Capture(Arc<Mutex<Vec<Record>>>);
+
+impl Capture {
+    pub fn records(&self) -> Vec<Record> {
+        self.0.lock().unwrap().clone()
+    }
+
+    /// Installs the capture for this thread until the guard drops.
+    pub fn install(&self) -> tracing::subscriber::DefaultGuard {
+        use tracing_subscriber::layer::SubscriberExt as _;
+        let subscriber = tracing_subscriber::registry().with(CaptureLayer(self.clone()));
+        tracing::subscriber::set_default(subscriber)
+    }
+}
+
+struct CaptureLayer(Capture);
+
+struct Visitor<'a>(&'a mut Record);
+
+impl tracing::field::Visit for Visitor<'_> {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn fmt::Debug) {
+        let v = format!("{value:?}");
+        if field.name() == "message" {
+            self.0.message = v;
+        } else {
+            self.0.fields.insert(field.name().to_owned(), v);
+        }
+    }
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        if field.name() == "message" {
+            self.0.message = value.to_owned();
+        } else {
+            self.0
+                .fields
+                .insert(field.name().to_owned(), value.to_owned());
+        }
+    }
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for CaptureLayer {
+    fn on_event(
+        &self,
+        event: &tracing::Event<'_>,
+        _ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        let mut record = Record {
+            level: *event.metadata().level(),
+            target: event.metadata().target().to_owned(),
+            message: String::new(),
+            fields: HashMap::new(),
+        };
+        event.record(&mut Visitor(&mut record));
+        self.0.0.lock().unwrap().push(record);
+    }
+}

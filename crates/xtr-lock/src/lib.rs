@@ -86,3 +86,8 @@ pub use key::{Key, Mode, WRITE_MARKER, validate_token};
 pub use lock::{Lock, Release};
 pub use lockable::{Lockable, NoLock};
 pub use store::{InMemoryStore, NullStore, Store};
+
+/// The README's examples are compiled and run as doc tests, so they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;

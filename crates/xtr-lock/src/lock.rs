@@ -352,23 +352,26 @@ impl Lock {
                 return Ok(false);
             }
             tracing::debug!(target: TARGET, resource = self.resource(), "waiting for the lock");
-            let hint = conflict.retry_after();
-            match watcher {
-                // The store observes every release: wait for one, or for the holders' expiry.
-                Some(watcher) => match hint {
-                    Some(d) => {
-                        tokio::select! {
-                            () = watcher => {}
-                            () = self.clock().sleep(d) => {}
-                        }
+            // Sleep until the holders' lifetimes end, if the store said when; poll unless the
+            // watcher sees every release.
+            let poll = match &watcher {
+                Some(w) if w.sees_every_release() => None,
+                _ => Some(Duration::from_millis(rand::rng().random_range(90..=110))),
+            };
+            let sleep = match (conflict.retry_after(), poll) {
+                (Some(hint), Some(poll)) => Some(hint.min(poll)),
+                (hint, poll) => hint.or(poll),
+            };
+            match (watcher, sleep) {
+                (Some(watcher), Some(d)) => {
+                    tokio::select! {
+                        () = watcher => {}
+                        () = self.clock().sleep(d) => {}
                     }
-                    None => watcher.await,
-                },
-                None => {
-                    let poll = Duration::from_millis(rand::rng().random_range(90..=110));
-                    let d = hint.map_or(poll, |h| h.min(poll));
-                    self.clock().sleep(d).await;
                 }
+                (Some(watcher), None) => watcher.await,
+                (None, Some(d)) => self.clock().sleep(d).await,
+                (None, None) => unreachable!("without a watcher the lock always polls"),
             }
         }
     }

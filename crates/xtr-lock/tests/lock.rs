@@ -70,6 +70,27 @@ async fn a_blocking_acquire_on_a_store_without_notifications_polls_90_to_110_ms(
 }
 
 #[tokio::test]
+async fn a_best_effort_watcher_keeps_the_poll_and_a_complete_one_replaces_it() {
+    // Conflicts injected before the store: nothing changes, so no watcher ever fires.
+    let store = Scripted::new(InMemoryStore::new());
+    store.best_effort_watch();
+    let (factory, clock) = manual(store.clone());
+    for _ in 0..2 {
+        store.fail_next("save", When::Before, Error::conflict("r"));
+    }
+    factory.create_lock("r").acquire().await.unwrap();
+    assert_eq!(clock.sleeps().len(), 2, "polled past the silent watcher");
+
+    let store = Scripted::new(InMemoryStore::new());
+    let (factory, clock) = manual(store.clone());
+    store.fail_next("save", When::Before, Error::conflict("r"));
+    let waiting = factory.create_lock("r");
+    let stuck = tokio::time::timeout(Duration::from_millis(100), waiting.acquire()).await;
+    assert!(stuck.is_err(), "a complete watcher is trusted: no poll");
+    assert!(clock.sleeps().is_empty());
+}
+
+#[tokio::test]
 async fn polling_waiters_yield_to_other_tasks() {
     let store = Scripted::with_caps(InMemoryStore::new(), |mut c| {
         c.notifies = false;

@@ -6,7 +6,7 @@
 //! [`conformance_tests!`](crate::conformance_tests) macro expands into one `#[tokio::test]` per
 //! scenario, so one failure never hides another:
 //!
-//! ```ignore
+//! ```text
 //! xtr_lock::conformance_tests!(|| async {
 //!     xtr_lock::conformance::Harness::new(std::sync::Arc::new(MyStore::connect().await))
 //! });

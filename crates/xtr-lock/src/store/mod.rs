@@ -94,15 +94,37 @@ impl Acquired {
 /// It is registered when [`Store::watch`] returns, so a change that happens between that moment
 /// and the moment it is awaited is not lost. It may also complete spuriously: waiters always try
 /// again and watch again.
+///
+/// A watcher either sees **every** release ([`Watcher::new`]: the lock then does not poll), or
+/// only some ([`Watcher::best_effort`]: for example Redis, where peers in other languages release
+/// without publishing; the lock then keeps polling as a safety net).
 #[must_use = "a watcher does nothing unless awaited"]
 pub struct Watcher {
     fut: BoxFuture<'static, ()>,
+    complete: bool,
 }
 
 impl Watcher {
-    /// Wraps a future that completes on the next change.
+    /// Wraps a future that completes on the next change; the store observes every release.
     pub fn new(fut: impl Future<Output = ()> + Send + 'static) -> Self {
-        Watcher { fut: Box::pin(fut) }
+        Watcher {
+            fut: Box::pin(fut),
+            complete: true,
+        }
+    }
+
+    /// Wraps a future that completes on the next change the store happens to observe; some
+    /// releases go unseen, so waiters also poll.
+    pub fn best_effort(fut: impl Future<Output = ()> + Send + 'static) -> Self {
+        Watcher {
+            fut: Box::pin(fut),
+            complete: false,
+        }
+    }
+
+    /// Whether every release on the resource completes this watcher.
+    pub fn sees_every_release(&self) -> bool {
+        self.complete
     }
 }
 
@@ -115,7 +137,9 @@ impl Future for Watcher {
 
 impl fmt::Debug for Watcher {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Watcher")
+        f.debug_struct("Watcher")
+            .field("sees_every_release", &self.complete)
+            .finish_non_exhaustive()
     }
 }
 

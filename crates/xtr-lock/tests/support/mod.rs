@@ -35,6 +35,8 @@ struct Script {
     hold: Vec<&'static str>,
     /// Advance this clock by this much after the named operation applied.
     advance: Option<(&'static str, ManualClock, Duration)>,
+    /// Hand out the inner store's watchers as best-effort ones.
+    best_effort_watch: bool,
 }
 
 pub struct Scripted<S> {
@@ -104,6 +106,11 @@ impl<S: Store> Scripted<S> {
     pub fn release_replies(&self) {
         self.script().hold.clear();
         self.replies.add_permits(1_000);
+    }
+
+    /// Hands out the inner store's watchers as best-effort (some releases unseen).
+    pub fn best_effort_watch(&self) {
+        self.script().best_effort_watch = true;
     }
 
     /// After `op` applied, advance `clock` by `d` (a store slower than the lifetime).
@@ -246,7 +253,11 @@ impl<S: Store> Store for Scripted<S> {
         if !self.capabilities().notifies {
             return Ok(None);
         }
-        self.inner.watch(resource).await
+        let watcher = self.inner.watch(resource).await?;
+        if self.script().best_effort_watch {
+            return Ok(watcher.map(Watcher::best_effort));
+        }
+        Ok(watcher)
     }
 }
 

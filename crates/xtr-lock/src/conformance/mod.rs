@@ -14,6 +14,11 @@
 //!
 //! Scenarios use unique resource names and never touch what they did not create, so they can
 //! share a server. They panic on failure, with a message saying what was expected.
+//!
+//! # Cancel safety
+//!
+//! Scenarios are not cancel-safe: one dropped midway may leave locks on its own unique
+//! resources behind. Run each to completion (the macro does).
 
 use std::fmt;
 use std::future::Future;
@@ -95,11 +100,19 @@ impl Harness {
     }
 
     /// Sleeps `d` on the harness clock.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe.
     pub async fn sleep(&self, d: Duration) {
         self.clock.sleep(d).await;
     }
 
     /// Awaits `fut`, failing the scenario with `what` if it takes longer than the patience.
+    ///
+    /// # Cancel safety
+    ///
+    /// As cancel-safe as `fut`.
     pub async fn within<T>(&self, what: &str, fut: impl Future<Output = T>) -> T {
         match tokio::time::timeout(self.patience, fut).await {
             Ok(v) => v,
@@ -127,6 +140,11 @@ pub enum Outcome {
 }
 
 /// Runs one scenario and reports a not-applicable one on stderr, so it is never silent.
+///
+/// # Cancel safety
+///
+/// Not cancel-safe, like the scenarios: a scenario dropped midway may leave locks on its own
+/// unique resources behind. Run each to completion.
 pub async fn run(name: &str, scenario: impl Future<Output = Outcome>) {
     match scenario.await {
         Outcome::Ran => {}

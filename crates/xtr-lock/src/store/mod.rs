@@ -167,6 +167,11 @@ pub trait Store: Send + Sync + fmt::Debug + fmt::Display + 'static {
     ///
     /// A conflict when someone else holds the resource (a reader that cannot promote keeps its
     /// read lock); an expiry if the key's lifetime ran out before the store confirmed.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped mid-flight, the lock may or may not have been stored; a `delete` for the same key
+    /// must then remove it. The [`Lock`](crate::Lock) relies on that to take it back.
     async fn save(&self, key: &Key, ttl: Option<Duration>) -> Result<Acquired>;
 
     /// Takes a read lock for `key`, joins the current readers, or demotes the holder's write
@@ -175,6 +180,11 @@ pub trait Store: Send + Sync + fmt::Debug + fmt::Display + 'static {
     /// # Errors
     ///
     /// A conflict when another holder writes; `Unsupported` without shared locks.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped mid-flight, the lock may or may not have been stored; a `delete` for the same key
+    /// must then remove it. The [`Lock`](crate::Lock) relies on that to take it back.
     async fn save_read(&self, key: &Key, ttl: Option<Duration>) -> Result<Acquired> {
         let _ = ttl;
         Err(self.unsupported(key, "shared locks"))
@@ -185,6 +195,11 @@ pub trait Store: Send + Sync + fmt::Debug + fmt::Display + 'static {
     /// # Errors
     ///
     /// `Unsupported` unless [`Capabilities::blocking`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped while waiting, it must hold nothing and leave no waiter state behind; dropped
+    /// after taking the lock, `delete` for the same key must remove it.
     async fn wait_and_save(&self, key: &Key, ttl: Option<Duration>) -> Result<Acquired> {
         let _ = ttl;
         Err(self.unsupported(key, "native blocking waits"))
@@ -195,6 +210,11 @@ pub trait Store: Send + Sync + fmt::Debug + fmt::Display + 'static {
     /// # Errors
     ///
     /// `Unsupported` unless [`Capabilities::blocking_shared`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped while waiting, it must hold nothing and leave no waiter state behind; dropped
+    /// after taking the lock, `delete` for the same key must remove it.
     async fn wait_and_save_read(&self, key: &Key, ttl: Option<Duration>) -> Result<Acquired> {
         let _ = ttl;
         Err(self.unsupported(key, "native blocking read waits"))
@@ -206,18 +226,35 @@ pub trait Store: Send + Sync + fmt::Debug + fmt::Display + 'static {
     /// # Errors
     ///
     /// A conflict when the holder does not hold (never did, released, expired, taken over).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped mid-flight, the lock keeps either its old or its new lifetime.
     async fn put_off_expiration(&self, key: &Key, ttl: Duration) -> Result<()>;
 
     /// Releases what `key` holds on its resource, in either mode. Returns whether something was
     /// removed: `false` when the holder held nothing (never held, released, or lost it).
     /// Never touches another holder's lock.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped mid-flight, the lock may or may not have been released; calling it again is
+    /// harmless.
     async fn delete(&self, key: &Key) -> Result<bool>;
 
     /// Whether `key` holds its resource (either mode), without changing anything.
+    ///
+    /// # Cancel safety
+    ///
+    /// Must be cancel-safe: it changes nothing.
     async fn exists(&self, key: &Key) -> Result<bool>;
 
     /// Registers interest in the next change on `resource`. `Ok(None)` when the store cannot
     /// observe changes (the Lock then polls).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped mid-flight, nothing is registered; a dropped [`Watcher`] unregisters itself.
     async fn watch(&self, resource: &str) -> Result<Option<Watcher>> {
         let _ = resource;
         Ok(None)

@@ -25,8 +25,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use async_trait::async_trait;
-
 use crate::clock::BoxFuture;
 use crate::error::{Error, Result};
 use crate::key::Key;
@@ -34,6 +32,8 @@ use crate::key::Key;
 mod memory;
 mod null;
 
+/// Re-exported so store implementors need no direct dependency on `async-trait`.
+pub use async_trait::async_trait;
 pub use memory::InMemoryStore;
 pub use null::NullStore;
 

@@ -1,7 +1,7 @@
 //! Quick start: three workers want to build the same nightly report; only one may.
 //!
 //! Run with `cargo run -p xtr-lock --example quickstart`. Pass a DSN as the first argument to
-//! use another store (default `in-memory`).
+//! use another store (default `flock`: lock files in `<tmp>/xtr-lock-<uid>`, no server).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,7 +12,7 @@ use xtr_lock::{LockFactory, StoreFactory};
 async fn main() -> xtr_lock::Result<()> {
     let dsn = std::env::args()
         .nth(1)
-        .unwrap_or_else(|| "in-memory".to_owned());
+        .unwrap_or_else(|| "flock".to_owned());
     let store = StoreFactory::create_store(&dsn)?;
     let factory = LockFactory::from_arc(store.clone());
     println!("store: {store}");

@@ -11,6 +11,8 @@ use crate::store::{InMemoryStore, NullStore, Store};
 /// |---|---|
 /// | `in-memory` | a **new** [`InMemoryStore`] on each call |
 /// | `null` | [`NullStore`] |
+/// | `flock`, `flock://` | [`FlockStore`](crate::FlockStore) in the default directory, `<tempdir>/xtr-lock-<uid>` |
+/// | `flock://<path>` | [`FlockStore`](crate::FlockStore) in `<path>`, taken literally (`flock:///var/lock/app`) |
 ///
 /// Keywords are case-sensitive. Each store issue adds its schemes here (`flock`, `redis://`,
 /// …); a known scheme whose store is not in this build is refused saying so.
@@ -35,11 +37,13 @@ pub struct StoreFactory;
 enum Dsn {
     InMemory,
     Null,
+    /// `flock` or `flock://`: the default directory; `flock://<path>`: that directory.
+    #[cfg_attr(not(all(feature = "flock", target_os = "linux")), allow(dead_code))]
+    Flock(Option<String>),
 }
 
 /// Schemes that name stores this build does not contain yet, with the store's name.
 const KNOWN_ELSEWHERE: &[(&str, &str)] = &[
-    ("flock", "flock"),
     ("redis", "redis"),
     ("rediss", "redis"),
     ("valkey", "redis"),
@@ -65,6 +69,16 @@ impl StoreFactory {
         Ok(match parse(dsn)? {
             Dsn::InMemory => Arc::new(InMemoryStore::new()),
             Dsn::Null => Arc::new(NullStore::new()),
+            #[cfg(all(feature = "flock", target_os = "linux"))]
+            Dsn::Flock(None) => Arc::new(crate::store::FlockStore::new()?),
+            #[cfg(all(feature = "flock", target_os = "linux"))]
+            Dsn::Flock(Some(path)) => Arc::new(crate::store::FlockStore::in_dir(path)?),
+            #[cfg(not(all(feature = "flock", target_os = "linux")))]
+            Dsn::Flock(_) => {
+                return Err(Error::unsupported(
+                    "unsupported connection \"flock\": this build of xtr-lock has no flock store (enable the `flock` feature, Linux only)",
+                ));
+            }
         })
     }
 
@@ -83,7 +97,12 @@ fn parse(dsn: &str) -> Result<Dsn> {
     match dsn {
         "in-memory" => return Ok(Dsn::InMemory),
         "null" => return Ok(Dsn::Null),
+        "flock" | "flock://" => return Ok(Dsn::Flock(None)),
         _ => {}
+    }
+    // Everything after `flock://`, taken literally, as the Python peer does.
+    if let Some(path) = dsn.strip_prefix("flock://") {
+        return Ok(Dsn::Flock(Some(path.to_owned())));
     }
     let scheme = dsn.split_once(':').map(|(s, _)| s.to_ascii_lowercase());
     let keyword = scheme.as_deref().unwrap_or(dsn);
@@ -154,8 +173,6 @@ mod tests {
                 ErrorKind::Unsupported,
                 "\"redis:\"",
             ),
-            ("flock", ErrorKind::Unsupported, "\"flock\""),
-            ("flock:///var/lock", ErrorKind::Unsupported, "\"flock:\""),
             ("FLOCK", ErrorKind::InvalidArgument, "\"FLOCK\""),
             ("IN-MEMORY", ErrorKind::InvalidArgument, "\"IN-MEMORY\""),
             ("semaphore", ErrorKind::InvalidArgument, "\"semaphore\""),
@@ -187,6 +204,25 @@ mod tests {
         }
         assert!(StoreFactory::validate("in-memory").is_ok());
         assert!(StoreFactory::validate("null").is_ok());
+    }
+
+    #[test]
+    fn flock_dsns_name_the_directory_literally() {
+        assert_eq!(parse("flock").unwrap(), Dsn::Flock(None));
+        assert_eq!(parse("flock://").unwrap(), Dsn::Flock(None));
+        assert_eq!(
+            parse("flock:///var/lock/app").unwrap(),
+            Dsn::Flock(Some("/var/lock/app".into()))
+        );
+        assert_eq!(
+            parse("flock://rel/dir").unwrap(),
+            Dsn::Flock(Some("rel/dir".into()))
+        );
+        assert_eq!(
+            parse("flock:///a%20b?x=1").unwrap(),
+            Dsn::Flock(Some("/a%20b?x=1".into())),
+            "no decoding, no query"
+        );
     }
 
     #[test]

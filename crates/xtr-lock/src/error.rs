@@ -72,6 +72,7 @@ pub struct Error {
     store: Option<String>,
     reason: Option<String>,
     temporary: bool,
+    lost_hold: bool,
     retry_after: Option<Duration>,
     source: Option<BoxError>,
 }
@@ -110,6 +111,7 @@ impl Error {
             store: None,
             reason: None,
             temporary: false,
+            lost_hold: false,
             retry_after: None,
             source: None,
         }
@@ -183,6 +185,18 @@ impl Error {
         self
     }
 
+    /// For a conflict: the holder also lost what it held before (for example a read lock that a
+    /// failed, non-atomic promotion gave up). The [`Lock`](crate::Lock) then reports it not held.
+    pub fn with_lost_hold(mut self) -> Self {
+        self.lost_hold = true;
+        self
+    }
+
+    /// Whether the holder lost what it held before (see [`Error::with_lost_hold`]).
+    pub fn is_lost_hold(&self) -> bool {
+        self.lost_hold
+    }
+
     /// For a conflict: the store knows that the current holders' lifetimes end within `d`, so a
     /// waiter should try again no later than that.
     pub fn with_retry_after(mut self, d: Duration) -> Self {
@@ -247,6 +261,7 @@ impl Error {
             store: cause.store.clone(),
             reason: Some(reason.to_owned()),
             temporary: cause.temporary,
+            lost_hold: false,
             retry_after: None,
             source: Some(Box::new(cause)),
         }
@@ -257,7 +272,10 @@ impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let resource = self.resource.as_deref().map(ShownResource);
         match (self.kind, &resource, &self.reason) {
-            (ErrorKind::Conflict, Some(r), _) => write!(f, "lock {r} is held by someone else"),
+            (ErrorKind::Conflict, Some(r), None) => write!(f, "lock {r} is held by someone else"),
+            (ErrorKind::Conflict, Some(r), Some(reason)) => {
+                write!(f, "lock {r} is held by someone else; {reason}")
+            }
             (ErrorKind::Expired, Some(r), _) => {
                 write!(f, "lock {r} expired before the store could confirm it")
             }
@@ -300,6 +318,9 @@ impl fmt::Debug for Error {
         }
         if self.temporary {
             d.field("temporary", &true);
+        }
+        if self.lost_hold {
+            d.field("lost_hold", &true);
         }
         if let Some(ra) = &self.retry_after {
             d.field("retry_after", ra);

@@ -1,6 +1,7 @@
 //! [`Key`]: the holder of a lock.
 
-use std::collections::BTreeMap;
+use std::any::Any;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -58,6 +59,8 @@ struct KeyInner {
 struct KeyState {
     deadline: Option<Instant>,
     tokens: BTreeMap<String, String>,
+    /// Process-local state per store instance (an open file), dropped with the key.
+    local: HashMap<u64, Box<dyn Any + Send>>,
     unserializable: bool,
     held: Option<Mode>,
     fencing_token: Option<u64>,
@@ -124,6 +127,30 @@ impl Key {
     /// Whether this key already has a token for stores of `kind`.
     pub fn has_token(&self, kind: &str) -> bool {
         self.state().tokens.contains_key(kind)
+    }
+
+    /// Runs `f` on the process-local state that the store instance `owner` keeps on this key
+    /// (for example an open lock file), under the key's state lock: keep `f` short and do not
+    /// call other methods of this key from it. State left in the slot stays on the key until it
+    /// is taken out or the key (every clone) is dropped.
+    ///
+    /// State of another type under the same owner is discarded.
+    pub fn with_local_state<T: Any + Send, R>(
+        &self,
+        owner: u64,
+        f: impl FnOnce(&mut Option<T>) -> R,
+    ) -> R {
+        let mut st = self.state();
+        let mut slot = st
+            .local
+            .remove(&owner)
+            .and_then(|b| b.downcast::<T>().ok())
+            .map(|b| *b);
+        let out = f(&mut slot);
+        if let Some(value) = slot {
+            st.local.insert(owner, Box::new(value));
+        }
+        out
     }
 
     /// Marks the key as holding process-local state (an open file): from now on it refuses to

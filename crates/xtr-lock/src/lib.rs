@@ -85,6 +85,8 @@ pub use guard::LockGuard;
 pub use key::{Key, Mode, WRITE_MARKER, validate_token};
 pub use lock::{Lock, Release};
 pub use lockable::{Lockable, NoLock};
+#[cfg(all(feature = "flock", target_os = "linux"))]
+pub use store::FlockStore;
 pub use store::{InMemoryStore, NullStore, Store};
 
 /// The README's examples are compiled and run as doc tests, so they stay true.

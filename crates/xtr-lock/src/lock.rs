@@ -289,6 +289,9 @@ impl Lock {
             Err(err) => {
                 // The guard stays armed: whatever the failed save may have stored is taken back
                 // (DEF-1) before this holder's next store operation.
+                if err.is_lost_hold() {
+                    self.key.mark_still_held(false);
+                }
                 tracing::warn!(target: TARGET, resource = self.resource(), error = %err,
                     "failed to acquire the lock");
                 Err(Error::wrap(
@@ -321,8 +324,13 @@ impl Lock {
                 Ok(None)
             }
             Err(err) if err.is_conflict() => {
-                // A failed promotion keeps the read lock (DEF-2): the believed state stays.
-                if self.key.held() != Some(Mode::Read) {
+                // A failed promotion keeps the read lock (DEF-2): the believed state stays,
+                // unless the store says the read lock went too.
+                if err.is_lost_hold() {
+                    tracing::warn!(target: TARGET, resource = self.resource(), error = %err,
+                        "the lock was lost while trying to change its mode");
+                    self.key.mark_still_held(false);
+                } else if self.key.held() != Some(Mode::Read) {
                     self.key.mark_still_held(false);
                 }
                 Ok(Some(err))

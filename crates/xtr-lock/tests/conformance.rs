@@ -54,3 +54,12 @@ mod memory_polling {
         ))
     });
 }
+
+mod flock {
+    use super::*;
+    xtr_lock::conformance_tests!(|| async {
+        let dir = tempfile::tempdir().unwrap();
+        let store = xtr_lock::FlockStore::in_dir(dir.path()).unwrap();
+        Harness::new(Arc::new(store)).keep_alive(dir)
+    });
+}

@@ -52,6 +52,8 @@ pub struct Harness {
     /// A generous bound on how long something expected to happen "at once" may take on a loaded
     /// machine (default 10 s). Never a speed target.
     pub patience: Duration,
+    /// Whatever must live as long as the harness: a temporary directory, a server process.
+    keep_alive: Vec<Arc<dyn std::any::Any + Send + Sync>>,
 }
 
 impl Harness {
@@ -66,7 +68,14 @@ impl Harness {
             store,
             clock,
             patience: Duration::from_secs(10),
+            keep_alive: Vec::new(),
         }
+    }
+
+    /// Keeps `thing` (a temporary directory, a server) alive as long as the harness.
+    pub fn keep_alive(mut self, thing: impl std::any::Any + Send + Sync) -> Self {
+        self.keep_alive.push(Arc::new(thing));
+        self
     }
 
     /// The store's capabilities.

@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use tokio::sync::watch;
 
-use super::{Acquired, Capabilities, Store, Watcher, check_expiry};
+use super::{Acquired, Capabilities, HolderInfo, Store, Watcher, check_expiry};
 use crate::clock::Clock;
 use crate::error::{Error, Result};
-use crate::key::Key;
+use crate::key::{Key, Mode};
 
 /// The token kind in-memory stores use: one token per key for all of them.
 const KIND: &str = "memory";
@@ -252,6 +252,7 @@ impl Store for InMemoryStore {
             fencing: true,
             notifies: true,
             serializable_keys: true,
+            introspection: true,
         }
     }
 
@@ -413,6 +414,34 @@ impl Store for InMemoryStore {
             .is_some_and(|w| w.token == token && alive(w.expires));
         let reads = entry.readers.get(&token).is_some_and(|e| alive(*e));
         Ok(writes || reads)
+    }
+
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: read-only and synchronous.
+    async fn holders(&self, resource: &str) -> Result<Vec<HolderInfo>> {
+        let (now, _) = self.times(None);
+        let pid = Some(std::process::id());
+        let left = |e: Option<Instant>| e.map(|e| e.saturating_duration_since(now));
+        let st = self.state();
+        let Some(entry) = st.resources.get(resource) else {
+            return Ok(Vec::new());
+        };
+        let alive = |e: Option<Instant>| e.is_none_or(|e| e > now);
+        let mut out: Vec<HolderInfo> = entry
+            .writer
+            .iter()
+            .filter(|w| alive(w.expires))
+            .map(|w| HolderInfo::new(Mode::Write, pid, left(w.expires)))
+            .collect();
+        out.extend(
+            entry
+                .readers
+                .values()
+                .filter(|e| alive(**e))
+                .map(|e| HolderInfo::new(Mode::Read, pid, left(*e))),
+        );
+        Ok(out)
     }
 
     /// # Cancel safety

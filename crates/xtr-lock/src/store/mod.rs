@@ -27,13 +27,17 @@ use std::time::Duration;
 
 use crate::clock::BoxFuture;
 use crate::error::{Error, Result};
-use crate::key::Key;
+use crate::key::{Key, Mode};
 
+#[cfg(all(feature = "flock", target_os = "linux"))]
+mod flock;
 mod memory;
 mod null;
 
 /// Re-exported so store implementors need no direct dependency on `async-trait`.
 pub use async_trait::async_trait;
+#[cfg(all(feature = "flock", target_os = "linux"))]
+pub use flock::FlockStore;
 pub use memory::InMemoryStore;
 pub use null::NullStore;
 
@@ -63,6 +67,31 @@ pub struct Capabilities {
     pub notifies: bool,
     /// Keys used with this store can be serialized and used by another process.
     pub serializable_keys: bool,
+    /// [`Store::holders`] tells who holds a resource.
+    pub introspection: bool,
+}
+
+/// Someone holding a resource, as far as the store can tell (see [`Store::holders`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HolderInfo {
+    /// The mode it holds the resource in.
+    pub mode: Mode,
+    /// The process holding it, when the store knows (flock: from `/proc/locks`).
+    pub pid: Option<u32>,
+    /// The lifetime left, on stores with expiry.
+    pub remaining: Option<Duration>,
+}
+
+impl HolderInfo {
+    /// A holder in `mode`.
+    pub fn new(mode: Mode, pid: Option<u32>, remaining: Option<Duration>) -> Self {
+        HolderInfo {
+            mode,
+            pid,
+            remaining,
+        }
+    }
 }
 
 /// What a successful save reports.
@@ -260,6 +289,21 @@ pub trait Store: Send + Sync + fmt::Debug + fmt::Display + 'static {
         Ok(None)
     }
 
+    /// Who holds `resource` right now (any holder, in any process the store can see). Read-only.
+    ///
+    /// # Errors
+    ///
+    /// `Unsupported` unless [`Capabilities::introspection`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it changes nothing.
+    async fn holders(&self, resource: &str) -> Result<Vec<HolderInfo>> {
+        Err(Error::unsupported("the store cannot tell who holds a lock")
+            .with_resource(resource)
+            .with_store(self))
+    }
+
     /// An `Unsupported` error about `what`, naming this store and the key's resource.
     #[doc(hidden)]
     fn unsupported(&self, key: &Key, what: &str) -> Error {
@@ -323,6 +367,9 @@ macro_rules! forward_store {
             }
             async fn watch(&self, resource: &str) -> Result<Option<Watcher>> {
                 (**self).watch(resource).await
+            }
+            async fn holders(&self, resource: &str) -> Result<Vec<HolderInfo>> {
+                (**self).holders(resource).await
             }
             fn unsupported(&self, key: &Key, what: &str) -> Error {
                 (**self).unsupported(key, what)

@@ -59,6 +59,7 @@ impl Store for NullStore {
             fencing: false,
             notifies: false,
             serializable_keys: true,
+            introspection: false,
         }
     }
 

@@ -1,0 +1,6 @@
+//! Test support for xtr-lock: the real peers and servers the tests talk to, set up on demand.
+//!
+//! Nothing here is a mock. Each helper either provides the real thing or fails with a message
+//! saying what is missing and how to install it; no test is ever skipped silently.
+
+pub mod python;

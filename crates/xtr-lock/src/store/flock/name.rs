@@ -1,0 +1,104 @@
+//! Lock file names, shared with Python xtr-lock 4.1.0 (and, with the `sf.` prefix, Symfony).
+
+use base64::Engine as _;
+use sha2::{Digest, Sha256};
+
+/// The prefix Python xtr-lock uses.
+pub(crate) const XTR_PREFIX: &str = "xtr.";
+
+/// How many characters of the readable part are kept.
+const READABLE_CHARS: usize = 50;
+
+/// `<prefix><readable>.<digest7>.lock`:
+/// - readable: every maximal run of code points outside `[A-Za-z0-9._-]` becomes one `-`, then
+///   the first 50 characters are kept (fold first, cut second);
+/// - digest7: standard base64 of SHA-256 of the whole resource, first 7 characters, `/` → `_`.
+pub(crate) fn file_name(prefix: &str, resource: &str) -> String {
+    let mut readable = String::with_capacity(resource.len().min(64));
+    let mut in_run = false;
+    for c in resource.chars() {
+        if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+            readable.push(c);
+            in_run = false;
+        } else if !in_run {
+            readable.push('-');
+            in_run = true;
+        }
+    }
+    // ASCII only, so characters are bytes.
+    readable.truncate(READABLE_CHARS);
+    let digest = Sha256::digest(resource.as_bytes());
+    let encoded = base64::engine::general_purpose::STANDARD.encode(digest);
+    let digest7: String = encoded[..7].replace('/', "_");
+    format!("{prefix}{readable}.{digest7}.lock")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The vectors of interop-formats §4.3, each produced by Python's own `file_for`.
+    #[test]
+    fn python_vectors() {
+        let x80 = "x".repeat(80);
+        let a49 = format!("{}éb", "a".repeat(49));
+        let cases: Vec<(&str, String)> = vec![
+            ("reports:nightly", "xtr.reports-nightly.4JXv6FB.lock".into()),
+            ("", "xtr..47DEQpj.lock".into()),
+            ("a/b/../c", "xtr.a-b-..-c.9cmlgf_.lock".into()),
+            ("héllo wörld", "xtr.h-llo-w-rld.oQA_fQS.lock".into()),
+            (&x80, format!("xtr.{}.2SnN7qf.lock", "x".repeat(50))),
+            ("invoice:42", "xtr.invoice-42.XNI+szs.lock".into()),
+            ("ÄÖÜ", "xtr.-.Hsyq8MT.lock".into()),
+            ("..", "xtr....XsH35wD.lock".into()),
+            ("a  b\t\nc", "xtr.a-b-c.NHuQvP9.lock".into()),
+            ("\u{212A}elvin-\u{0131}", "xtr.-elvin--.H7rbeR8.lock".into()),
+            ("emoji🔒lock", "xtr.emoji-lock.OGo8fMa.lock".into()),
+            (
+                "<?py echo \"% hello word ! %\" ?>",
+                "xtr.-py-echo-hello-word-.nX7LFGo.lock".into(),
+            ),
+            (&a49, format!("xtr.{}-.q9XxmLH.lock", "a".repeat(49))),
+            ("/", "xtr.-.il7asoJ.lock".into()),
+            ("UPPER_lower-1.2", "xtr.UPPER_lower-1.2.vMVyhvP.lock".into()),
+            ("res1", "xtr.res1.DkBbmGn.lock".into()),
+            ("ключ", "xtr.-.HeNqMq9.lock".into()),
+        ];
+        for (resource, want) in cases {
+            assert_eq!(file_name(XTR_PREFIX, resource), want, "{resource:?}");
+        }
+    }
+
+    /// The Symfony vectors: same formula, prefix `sf.`.
+    #[test]
+    fn symfony_vectors() {
+        for (resource, want) in [
+            ("res1", "sf.res1.DkBbmGn.lock"),
+            ("invoice:29685295", "sf.invoice-29685295.MB4w6xN.lock"),
+            ("invoice:32060020", "sf.invoice-32060020.RkHKaGz.lock"),
+            ("my/resource name:1", "sf.my-resource-name-1.YZNL6Yt.lock"),
+            ("", "sf..47DEQpj.lock"),
+            ("ключ", "sf.-.HeNqMq9.lock"),
+        ] {
+            assert_eq!(file_name("sf.", resource), want, "{resource:?}");
+        }
+    }
+
+    #[test]
+    fn names_are_short_ascii_and_never_a_path() {
+        for resource in [
+            "",
+            "..",
+            "/",
+            "nul\0byte",
+            &"é".repeat(10_000),
+            "../../etc/passwd",
+        ] {
+            let name = file_name(XTR_PREFIX, resource);
+            assert!(name.len() <= 67, "{name}");
+            assert!(name.is_ascii());
+            assert!(!name.contains('/') && !name.contains('\0'), "{name}");
+            assert!(name != "." && name != "..");
+        }
+    }
+}

@@ -1,0 +1,176 @@
+//! Waking flock waiters when a lock file is let go: in-process notification, plus inotify close
+//! events on the lock directory for releases by other processes (Python, flock(1), crashes).
+//!
+//! One hub per lock directory per process, shared by every store on that directory; one thread
+//! per hub reads inotify (never one per waiter). A closed lock file is the only release another
+//! process makes visible, and every way of letting go of a flock lock closes the file except an
+//! explicit `LOCK_UN` or a demotion by a process that keeps it open; the waiters' safety-net
+//! poll covers those.
+
+use std::collections::HashMap;
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd as _, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::time::Duration;
+
+use rustix::event::{PollFd, PollFlags, Timespec};
+use rustix::fs::inotify;
+use tokio::sync::watch;
+
+pub(crate) struct Hub {
+    files: Mutex<Files>,
+    /// Whether releases by other processes are observed (inotify works here).
+    observes_other_processes: bool,
+}
+
+#[derive(Default)]
+struct Files {
+    senders: HashMap<String, watch::Sender<u64>>,
+    sweep_at: usize,
+}
+
+/// How often the reader thread checks whether its hub is still in use.
+const IDLE_CHECK: Duration = Duration::from_millis(500);
+
+fn registry() -> MutexGuard<'static, HashMap<PathBuf, Weak<Hub>>> {
+    static HUBS: OnceLock<Mutex<HashMap<PathBuf, Weak<Hub>>>> = OnceLock::new();
+    HUBS.get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+}
+
+impl Hub {
+    /// The hub of `dir`, started if no store in this process uses it yet.
+    pub(crate) fn for_dir(dir: &Path) -> Arc<Hub> {
+        let mut hubs = registry();
+        if let Some(hub) = hubs.get(dir).and_then(Weak::upgrade) {
+            return hub;
+        }
+        hubs.retain(|_, w| w.strong_count() > 0);
+        let inotify = start_inotify(dir);
+        let hub = Arc::new(Hub {
+            files: Mutex::new(Files::default()),
+            observes_other_processes: inotify.is_some(),
+        });
+        if let Some(fd) = inotify {
+            let weak = Arc::downgrade(&hub);
+            let spawned = std::thread::Builder::new()
+                .name("xtr-lock-inotify".into())
+                .spawn(move || read_events(&fd, &weak));
+            if let Err(err) = spawned {
+                tracing::warn!(target: "xtr_lock", error = %err,
+                    "cannot start the inotify thread; flock waiters will poll");
+            }
+        }
+        hubs.insert(dir.to_path_buf(), Arc::downgrade(&hub));
+        hub
+    }
+
+    pub(crate) fn observes_other_processes(&self) -> bool {
+        self.observes_other_processes
+    }
+
+    fn files(&self) -> MutexGuard<'_, Files> {
+        self.files.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A receiver that changes on the next release of `name` (registered now).
+    pub(crate) fn subscribe(&self, name: &str) -> watch::Receiver<u64> {
+        let mut files = self.files();
+        if files.senders.len() > files.sweep_at {
+            files.senders.retain(|_, tx| tx.receiver_count() > 0);
+            files.sweep_at = (files.senders.len() * 2).max(64);
+        }
+        let mut rx = match files.senders.get(name) {
+            Some(tx) => tx.subscribe(),
+            None => {
+                let (tx, rx) = watch::channel(0);
+                files.senders.insert(name.to_owned(), tx);
+                rx
+            }
+        };
+        rx.mark_unchanged();
+        rx
+    }
+
+    /// Wakes the waiters of `name`.
+    pub(crate) fn notify(&self, name: &str) {
+        let mut files = self.files();
+        if let Some(tx) = files.senders.get(name) {
+            tx.send_modify(|v| *v = v.wrapping_add(1));
+            if tx.receiver_count() == 0 {
+                files.senders.remove(name);
+            }
+        }
+    }
+
+    /// Wakes every waiter (the kernel dropped events).
+    fn notify_all(&self) {
+        let files = self.files();
+        for tx in files.senders.values() {
+            tx.send_modify(|v| *v = v.wrapping_add(1));
+        }
+    }
+}
+
+fn start_inotify(dir: &Path) -> Option<OwnedFd> {
+    let started = inotify::init(inotify::CreateFlags::CLOEXEC | inotify::CreateFlags::NONBLOCK)
+        .and_then(|fd| {
+            inotify::add_watch(
+                &fd,
+                dir,
+                inotify::WatchFlags::CLOSE_WRITE
+                    | inotify::WatchFlags::CLOSE_NOWRITE
+                    | inotify::WatchFlags::ONLYDIR,
+            )?;
+            Ok(fd)
+        });
+    match started {
+        Ok(fd) => Some(fd),
+        Err(err) => {
+            tracing::warn!(target: "xtr_lock", error = %err, dir = %dir.display(),
+                "cannot watch the lock directory with inotify; flock waiters will poll");
+            None
+        }
+    }
+}
+
+fn read_events(fd: &OwnedFd, hub: &Weak<Hub>) {
+    let mut buf = [MaybeUninit::<u8>::uninit(); 8192];
+    let timeout = Timespec::try_from(IDLE_CHECK).expect("a small duration fits a timespec");
+    loop {
+        let mut fds = [PollFd::new(fd, PollFlags::IN)];
+        let ready = rustix::event::poll(&mut fds, Some(&timeout));
+        let Some(hub) = hub.upgrade() else {
+            return; // no store uses this directory any more
+        };
+        match ready {
+            Ok(0) | Err(rustix::io::Errno::INTR) => continue,
+            Ok(_) => {}
+            Err(err) => {
+                tracing::warn!(target: "xtr_lock", error = %err,
+                    "inotify poll failed; flock waiters fall back to polling");
+                return;
+            }
+        }
+        let mut reader = inotify::Reader::new(fd.as_fd(), &mut buf);
+        loop {
+            match reader.next() {
+                Ok(event) => {
+                    if event.events().contains(inotify::ReadFlags::QUEUE_OVERFLOW) {
+                        hub.notify_all();
+                    } else if let Some(name) = event.file_name().and_then(|n| n.to_str().ok()) {
+                        hub.notify(name);
+                    }
+                }
+                Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => break,
+                Err(err) => {
+                    tracing::warn!(target: "xtr_lock", error = %err,
+                        "reading inotify events failed; flock waiters fall back to polling");
+                    return;
+                }
+            }
+        }
+    }
+}

@@ -101,26 +101,36 @@ struct Inner {
     hub: Arc<Hub>,
 }
 
-/// A holder's open lock file, and the mode it holds it in (none while waiting).
+/// A holder's lock file: its name (kept, so a re-acquire does not hash the resource again), the
+/// descriptor while open, and the mode it holds it in (none while waiting or released).
 struct HeldFile {
+    name: String,
     fd: Option<OwnedFd>,
     mode: Option<Mode>,
     hub: Arc<Hub>,
-    name: String,
+}
+
+impl HeldFile {
+    /// Unlocks (also covering descriptors a child inherited) and closes; wakes local waiters.
+    /// Returns whether a lock was held.
+    fn close(&mut self) -> bool {
+        let held = self.mode.take().is_some();
+        if let Some(fd) = self.fd.take() {
+            if held {
+                let _ = rustix::fs::flock(&fd, FlockOperation::NonBlockingUnlock);
+            }
+            drop(fd);
+            if held {
+                self.hub.notify(&self.name);
+            }
+        }
+        held
+    }
 }
 
 impl Drop for HeldFile {
     fn drop(&mut self) {
-        if let Some(fd) = self.fd.take() {
-            if self.mode.is_some() {
-                // Also covers descriptors a child inherited: unlock, then close.
-                let _ = rustix::fs::flock(&fd, FlockOperation::NonBlockingUnlock);
-            }
-            drop(fd);
-            if self.mode.is_some() {
-                self.hub.notify(&self.name);
-            }
-        }
+        self.close();
     }
 }
 
@@ -231,23 +241,22 @@ impl FlockStore {
     /// One non-blocking attempt to hold `key`'s file in `mode`. With `keep_fd`, a descriptor
     /// opened for the attempt stays open after a conflict (a waiter retries on it).
     fn attempt(&self, key: &Key, mode: Mode, keep_fd: bool) -> Result<Outcome> {
-        let name = self.file_name(key.resource());
-        let path = self.inner.dir.join(&name);
         let outcome = key.with_local_state::<HeldFile, _>(self.inner.id, |slot| {
-            if slot.as_ref().is_some_and(|h| h.mode == Some(mode)) {
+            let held = slot.get_or_insert_with(|| HeldFile {
+                name: self.file_name(key.resource()),
+                fd: None,
+                mode: None,
+                hub: self.inner.hub.clone(),
+            });
+            if held.mode == Some(mode) {
                 return Ok(Outcome::Locked); // already held in this mode: no system call
             }
-            if slot.as_ref().is_none_or(|h| h.fd.is_none()) {
-                let fd = open_lock_file(&path)
+            let path = || self.inner.dir.join(&held.name);
+            if held.fd.is_none() {
+                let fd = open_lock_file(&path())
                     .map_err(|e| e.with_resource(key.resource()).with_store(self))?;
-                *slot = Some(HeldFile {
-                    fd: Some(fd),
-                    mode: None,
-                    hub: self.inner.hub.clone(),
-                    name: name.clone(),
-                });
+                held.fd = Some(fd);
             }
-            let held = slot.as_mut().expect("opened above");
             let fd = held.fd.as_ref().expect("opened above");
             let before = held.mode;
             match rustix::fs::flock(fd, operation(mode)) {
@@ -255,14 +264,14 @@ impl FlockStore {
                     held.mode = Some(mode);
                     if before == Some(Mode::Write) {
                         // A demotion lets waiting readers in.
-                        self.inner.hub.notify(&name);
+                        self.inner.hub.notify(&held.name);
                     }
                     Ok(Outcome::Locked)
                 }
                 Err(Errno::WOULDBLOCK) => match before {
                     None => {
                         if !keep_fd {
-                            *slot = None;
+                            held.close();
                         }
                         Ok(Outcome::Conflict)
                     }
@@ -271,15 +280,15 @@ impl FlockStore {
                         Ok(()) => Ok(Outcome::Conflict),
                         Err(_) => {
                             held.mode = None;
-                            *slot = None;
+                            held.close();
                             Ok(Outcome::LostHold)
                         }
                     },
                 },
                 Err(errno) => {
                     let lost = before.is_some();
-                    held.mode = None;
-                    *slot = None;
+                    let path = path();
+                    held.close();
                     let err = Error::storage(format!("cannot lock {}: {errno}", shown(&path)))
                         .with_resource(key.resource())
                         .with_store(self)
@@ -497,8 +506,9 @@ impl Store for FlockStore {
     ///
     /// Cancel-safe: it completes at its first poll.
     async fn delete(&self, key: &Key) -> Result<bool> {
-        let held = key.with_local_state::<HeldFile, _>(self.inner.id, Option::take);
-        Ok(held.is_some_and(|h| h.mode.is_some()))
+        Ok(key.with_local_state::<HeldFile, _>(self.inner.id, |slot| {
+            slot.as_mut().is_some_and(HeldFile::close)
+        }))
     }
 
     /// From this holder's own state: the kernel keeps a `flock` lock for as long as the

@@ -6,6 +6,11 @@
 //! process makes visible, and every way of letting go of a flock lock closes the file except an
 //! explicit `LOCK_UN` or a demotion by a process that keeps it open; the waiters' safety-net
 //! poll covers those.
+//!
+//! The directory is watched only while someone waits: a watch makes every open and close in it
+//! generate an event (measured: +2 µs on an uncontended acquire + release), which uncontended
+//! locking should not pay. The watch is added before a waiter's first attempt, so no close is
+//! missed, and removed by the reader thread once no waiter is left.
 
 use std::collections::HashMap;
 use std::mem::MaybeUninit;
@@ -19,15 +24,18 @@ use rustix::fs::inotify;
 use tokio::sync::watch;
 
 pub(crate) struct Hub {
+    dir: PathBuf,
     files: Mutex<Files>,
-    /// Whether releases by other processes are observed (inotify works here).
-    observes_other_processes: bool,
+    /// The inotify instance, when this system has one for us.
+    inotify: Option<Arc<OwnedFd>>,
 }
 
 #[derive(Default)]
 struct Files {
     senders: HashMap<String, watch::Sender<u64>>,
     sweep_at: usize,
+    /// The watch descriptor while the directory is watched.
+    watching: Option<i32>,
 }
 
 /// How often the reader thread checks whether its hub is still in use.
@@ -48,10 +56,11 @@ impl Hub {
             return hub;
         }
         hubs.retain(|_, w| w.strong_count() > 0);
-        let inotify = start_inotify(dir);
+        let inotify = start_inotify(dir).map(Arc::new);
         let hub = Arc::new(Hub {
+            dir: dir.to_path_buf(),
             files: Mutex::new(Files::default()),
-            observes_other_processes: inotify.is_some(),
+            inotify: inotify.clone(),
         });
         if let Some(fd) = inotify {
             let weak = Arc::downgrade(&hub);
@@ -68,7 +77,7 @@ impl Hub {
     }
 
     pub(crate) fn observes_other_processes(&self) -> bool {
-        self.observes_other_processes
+        self.inotify.is_some()
     }
 
     fn files(&self) -> MutexGuard<'_, Files> {
@@ -91,7 +100,26 @@ impl Hub {
             }
         };
         rx.mark_unchanged();
+        if let (None, Some(fd)) = (files.watching, &self.inotify) {
+            match inotify::add_watch(fd.as_fd(), &self.dir, WATCHED) {
+                Ok(wd) => files.watching = Some(wd),
+                Err(err) => tracing::warn!(target: "xtr_lock", error = %err,
+                    dir = %self.dir.display(),
+                    "cannot watch the lock directory; waiters fall back to polling"),
+            }
+        }
         rx
+    }
+
+    /// Stops watching the directory when nobody waits any more.
+    fn unwatch_if_idle(&self) {
+        let mut files = self.files();
+        files.senders.retain(|_, tx| tx.receiver_count() > 0);
+        if files.senders.is_empty()
+            && let (Some(wd), Some(fd)) = (files.watching.take(), &self.inotify)
+        {
+            let _ = inotify::remove_watch(fd.as_fd(), wd);
+        }
     }
 
     /// Wakes the waiters of `name`.
@@ -114,16 +142,17 @@ impl Hub {
     }
 }
 
+/// A lock file closed, by anyone: the only release another process makes visible.
+const WATCHED: inotify::WatchFlags = inotify::WatchFlags::CLOSE_WRITE
+    .union(inotify::WatchFlags::CLOSE_NOWRITE)
+    .union(inotify::WatchFlags::ONLYDIR);
+
 fn start_inotify(dir: &Path) -> Option<OwnedFd> {
+    // Checked once now, so a directory inotify cannot watch says so up front.
     let started = inotify::init(inotify::CreateFlags::CLOEXEC | inotify::CreateFlags::NONBLOCK)
         .and_then(|fd| {
-            inotify::add_watch(
-                &fd,
-                dir,
-                inotify::WatchFlags::CLOSE_WRITE
-                    | inotify::WatchFlags::CLOSE_NOWRITE
-                    | inotify::WatchFlags::ONLYDIR,
-            )?;
+            let wd = inotify::add_watch(&fd, dir, WATCHED)?;
+            inotify::remove_watch(&fd, wd)?;
             Ok(fd)
         });
     match started {
@@ -146,7 +175,11 @@ fn read_events(fd: &OwnedFd, hub: &Weak<Hub>) {
             return; // no store uses this directory any more
         };
         match ready {
-            Ok(0) | Err(rustix::io::Errno::INTR) => continue,
+            Ok(0) => {
+                hub.unwatch_if_idle();
+                continue;
+            }
+            Err(rustix::io::Errno::INTR) => continue,
             Ok(_) => {}
             Err(err) => {
                 tracing::warn!(target: "xtr_lock", error = %err,

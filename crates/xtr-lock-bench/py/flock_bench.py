@@ -1,0 +1,103 @@
+"""The Python half of flock-bench: xtr-lock 4.1.0's FlockStore, measured like the Rust side.
+
+Usage: python flock_bench.py DIR CYCLES HANDOFFS   (prints one JSON object)
+       python flock_bench.py --child DIR RESOURCE  (the cross-process waiter)
+"""
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+
+from xtr_lock import FlockStore, LockFactory
+
+
+def summary(samples_ns):
+    samples = sorted(samples_ns)
+    at = lambda q: samples[round((len(samples) - 1) * q)] / 1000.0
+    return {"n": len(samples), "p50_us": at(0.5), "p99_us": at(0.99)}
+
+
+async def cycle(factory, n):
+    lock = factory.create_lock("bench:py-uncontended", ttl=None)
+    samples = []
+    for _ in range(n):
+        t = time.perf_counter_ns()
+        assert await lock.acquire()
+        await lock.release()
+        samples.append(time.perf_counter_ns() - t)
+    return summary(samples)
+
+
+async def handoff_in(factory, n):
+    holder = factory.create_lock("bench:py-handoff", ttl=None)
+    samples = []
+    for _ in range(n):
+        assert await holder.acquire(blocking=True)
+        waiter = factory.create_lock("bench:py-handoff", ttl=None)
+
+        async def wait():
+            await waiter.acquire(blocking=True)
+            got = time.monotonic_ns()
+            await waiter.release()
+            return got
+
+        task = asyncio.create_task(wait())
+        await asyncio.sleep(0.002)
+        released = time.monotonic_ns()
+        await holder.release()
+        samples.append(await task - released)
+    return summary(samples)
+
+
+def handoff_x(directory, factory, n):
+    child = subprocess.Popen(
+        [sys.executable, __file__, "--child", directory, "bench:py-xproc"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
+    )
+    holder = factory.create_lock("bench:py-xproc", ttl=None)
+    samples = []
+    for _ in range(n):
+        assert asyncio.run(holder.acquire(blocking=True))
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == "waiting"
+        time.sleep(0.005)
+        released = time.monotonic_ns()
+        asyncio.run(holder.release())
+        got = int(child.stdout.readline())
+        samples.append(got - released)
+    child.stdin.close()
+    child.wait()
+    return summary(samples)
+
+
+def child(directory, resource):
+    factory = LockFactory(FlockStore(directory))
+    for line in sys.stdin:
+        if line.strip() != "go":
+            break
+        waiter = factory.create_lock(resource, ttl=None)
+        print("waiting", flush=True)
+        asyncio.run(waiter.acquire(blocking=True))
+        got = time.monotonic_ns()
+        asyncio.run(waiter.release())
+        print(got, flush=True)
+
+
+def main():
+    if sys.argv[1] == "--child":
+        child(sys.argv[2], sys.argv[3])
+        return
+    directory, cycles, handoffs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    factory = LockFactory(FlockStore(directory))
+    result = {
+        "cycle": asyncio.run(cycle(factory, cycles)),
+        "handoff_in": asyncio.run(handoff_in(factory, handoffs)),
+        "handoff_x": handoff_x(directory, factory, handoffs),
+    }
+    print(json.dumps(result))
+
+
+main()

@@ -1,0 +1,260 @@
+//! FlockStore against Python xtr-lock's FlockStore and the bare system calls, side by side in
+//! one run, on one machine and one directory kind (a temp dir).
+//!
+//! `cargo run --release -p xtr-lock-bench --bin flock-bench` prints a Markdown table of
+//! p50 (p99) latencies:
+//! - uncontended acquire+release, against the floors: the `flock` pair on an open descriptor,
+//!   and open + flock + unlock + close (what any holder-per-acquisition lock must do);
+//! - hand-off (holder releases → waiter holds) within one process and across two processes.
+
+use std::io::{BufRead as _, BufReader, Write as _};
+use std::os::fd::OwnedFd;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rustix::fs::{FlockOperation, Mode, OFlags};
+use xtr_lock::{FlockStore, LockFactory};
+use xtr_lock_bench::{Summary, cell, human, monotonic_ns};
+
+const CYCLES: usize = 20_000;
+const HANDOFFS: usize = 200;
+const PY_HANDOFFS: usize = 60;
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("child-waiter") {
+        child_waiter(Path::new(&args[2]), &args[3]);
+        return;
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    eprintln!("directory: {}", dir.path().display());
+
+    let pair = flock_pair(dir.path());
+    let open_cycle = open_flock_close(dir.path());
+    let ours_cycle = rt.block_on(uncontended(dir.path()));
+    let ours_in = rt.block_on(handoff_in_process(dir.path()));
+    let ours_x = handoff_across_processes(dir.path());
+    let py = python(dir.path());
+
+    println!("| flock store, p50 (p99) | xtr-lock (Rust) | Python xtr-lock 4.1.0 | floor |");
+    println!("|---|---|---|---|");
+    println!(
+        "| uncontended acquire + release | {} | {} | flock pair {}; open+flock+unlock+close {} |",
+        cell(&ours_cycle),
+        cell(&py.cycle),
+        cell(&pair),
+        cell(&open_cycle)
+    );
+    println!(
+        "| hand-off, same process | {} | {} | — |",
+        cell(&ours_in),
+        cell(&py.handoff_in)
+    );
+    println!(
+        "| hand-off, across processes | {} | {} | — |",
+        cell(&ours_x),
+        cell(&py.handoff_x)
+    );
+    println!();
+    println!(
+        "Ratios (p50): uncontended cycle = {:.2}× the flock pair, {:.2}× open+flock+close; \
+         Python's cycle = {:.1}× ours; hand-off in process {:.0}× faster than Python, across \
+         processes {:.0}× faster. Samples: {CYCLES} cycles, {HANDOFFS} Rust and {PY_HANDOFFS} \
+         Python hand-offs.",
+        ratio(ours_cycle.p50, pair.p50),
+        ratio(ours_cycle.p50, open_cycle.p50),
+        ratio(py.cycle.p50, ours_cycle.p50),
+        ratio(py.handoff_in.p50, ours_in.p50),
+        ratio(py.handoff_x.p50, ours_x.p50),
+    );
+    eprintln!(
+        "(p50s: pair {}, open cycle {}, ours {})",
+        human(pair.p50),
+        human(open_cycle.p50),
+        human(ours_cycle.p50)
+    );
+}
+
+fn ratio(a: Duration, b: Duration) -> f64 {
+    a.as_secs_f64() / b.as_secs_f64()
+}
+
+fn open_file(path: &Path) -> OwnedFd {
+    rustix::fs::open(
+        path,
+        OFlags::RDWR | OFlags::CREATE | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+        Mode::from_raw_mode(0o666),
+    )
+    .unwrap()
+}
+
+/// The floor: LOCK_EX|LOCK_NB then LOCK_UN on a descriptor kept open.
+fn flock_pair(dir: &Path) -> Summary {
+    let fd = open_file(&dir.join("floor.lock"));
+    let mut samples = Vec::with_capacity(CYCLES);
+    for _ in 0..CYCLES {
+        let t = Instant::now();
+        rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive).unwrap();
+        rustix::fs::flock(&fd, FlockOperation::NonBlockingUnlock).unwrap();
+        samples.push(t.elapsed());
+    }
+    Summary::of(samples)
+}
+
+/// What a lock that opens a descriptor per acquisition must at least do.
+fn open_flock_close(dir: &Path) -> Summary {
+    let path = dir.join("floor-open.lock");
+    let mut samples = Vec::with_capacity(CYCLES);
+    for _ in 0..CYCLES {
+        let t = Instant::now();
+        let fd = open_file(&path);
+        rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive).unwrap();
+        rustix::fs::flock(&fd, FlockOperation::NonBlockingUnlock).unwrap();
+        drop(fd);
+        samples.push(t.elapsed());
+    }
+    Summary::of(samples)
+}
+
+async fn uncontended(dir: &Path) -> Summary {
+    let factory = LockFactory::new(FlockStore::in_dir(dir).unwrap());
+    let lock = factory.create_lock("bench:uncontended");
+    let mut samples = Vec::with_capacity(CYCLES);
+    for _ in 0..CYCLES {
+        let t = Instant::now();
+        assert!(lock.try_acquire().await.unwrap());
+        lock.release().await.unwrap();
+        samples.push(t.elapsed());
+    }
+    Summary::of(samples)
+}
+
+async fn handoff_in_process(dir: &Path) -> Summary {
+    let factory = LockFactory::new(FlockStore::in_dir(dir).unwrap());
+    let holder = factory.create_lock("bench:handoff");
+    let mut samples = Vec::with_capacity(HANDOFFS);
+    for _ in 0..HANDOFFS {
+        holder.acquire().await.unwrap();
+        let waiter = factory.create_lock("bench:handoff");
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(async move {
+            let _ = ready_tx.send(());
+            waiter.acquire().await.unwrap();
+            let got = Instant::now();
+            waiter.release().await.unwrap();
+            got
+        });
+        ready_rx.await.unwrap();
+        tokio::time::sleep(Duration::from_millis(2)).await; // the waiter is parked
+        let released = Instant::now();
+        holder.release().await.unwrap();
+        let got = task.await.unwrap();
+        samples.push(got - released);
+    }
+    Summary::of(samples)
+}
+
+/// The parent holds; a child process (this binary) waits; the hand-off is measured on
+/// CLOCK_MONOTONIC, which both processes share.
+fn handoff_across_processes(dir: &Path) -> Summary {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .arg("child-waiter")
+        .arg(dir)
+        .arg("bench:xproc")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut to_child = child.stdin.take().unwrap();
+    let mut from_child = BufReader::new(child.stdout.take().unwrap());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let factory = LockFactory::new(FlockStore::in_dir(dir).unwrap());
+    let holder = factory.create_lock("bench:xproc");
+    let mut samples = Vec::with_capacity(HANDOFFS);
+    let mut line = String::new();
+    for _ in 0..HANDOFFS {
+        rt.block_on(holder.acquire()).unwrap();
+        writeln!(to_child, "go").unwrap();
+        line.clear();
+        from_child.read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "waiting");
+        std::thread::sleep(Duration::from_millis(5)); // the child is parked in its wait
+        let released = monotonic_ns();
+        rt.block_on(holder.release()).unwrap();
+        line.clear();
+        from_child.read_line(&mut line).unwrap();
+        let got: u64 = line.trim().parse().unwrap();
+        samples.push(Duration::from_nanos(got.saturating_sub(released)));
+    }
+    drop(to_child);
+    child.wait().unwrap();
+    Summary::of(samples)
+}
+
+fn child_waiter(dir: &Path, resource: &str) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let factory = LockFactory::new(FlockStore::in_dir(dir).unwrap());
+    let stdin = std::io::stdin();
+    let mut out = std::io::stdout();
+    for line in stdin.lock().lines() {
+        if line.unwrap() != "go" {
+            break;
+        }
+        let waiter = factory.create_lock(resource);
+        writeln!(out, "waiting").unwrap();
+        out.flush().unwrap();
+        rt.block_on(waiter.acquire()).unwrap();
+        let got = monotonic_ns();
+        rt.block_on(waiter.release()).unwrap();
+        writeln!(out, "{got}").unwrap();
+        out.flush().unwrap();
+    }
+}
+
+struct Python {
+    cycle: Summary,
+    handoff_in: Summary,
+    handoff_x: Summary,
+}
+
+fn python(dir: &Path) -> Python {
+    let python = xtr_lock_testkit::python::python_with_peers();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("py/flock_bench.py");
+    let out = Command::new(python)
+        .arg(script)
+        .arg(dir)
+        .arg(CYCLES.to_string())
+        .arg(PY_HANDOFFS.to_string())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "the Python benchmark failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let get = |k: &str| {
+        Summary::from_us(
+            v[k]["n"].as_u64().unwrap() as usize,
+            v[k]["p50_us"].as_f64().unwrap(),
+            v[k]["p99_us"].as_f64().unwrap(),
+        )
+    };
+    Python {
+        cycle: get("cycle"),
+        handoff_in: get("handoff_in"),
+        handoff_x: get("handoff_x"),
+    }
+}

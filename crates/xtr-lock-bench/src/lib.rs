@@ -1,0 +1,61 @@
+//! Shared pieces of the benchmark binaries: a clock comparable across processes, latency
+//! summaries, and the side-by-side table.
+
+use std::time::Duration;
+
+/// `CLOCK_MONOTONIC` in nanoseconds: the same clock in every process of the machine (Python's
+/// `time.monotonic_ns()` reads it too), so a release in one process and an acquisition in
+/// another can be compared.
+pub fn monotonic_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    u64::try_from(t.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(t.tv_nsec).unwrap_or(0)
+}
+
+/// Percentiles of a set of samples.
+#[derive(Debug, Clone, Copy)]
+pub struct Summary {
+    /// How many samples.
+    pub n: usize,
+    /// The median.
+    pub p50: Duration,
+    /// The 99th percentile.
+    pub p99: Duration,
+}
+
+impl Summary {
+    /// Summarises `samples` (consumed, sorted here).
+    pub fn of(mut samples: Vec<Duration>) -> Summary {
+        assert!(!samples.is_empty(), "no samples");
+        samples.sort_unstable();
+        let at = |q: f64| samples[((samples.len() - 1) as f64 * q).round() as usize];
+        Summary {
+            n: samples.len(),
+            p50: at(0.50),
+            p99: at(0.99),
+        }
+    }
+
+    /// From microsecond percentiles measured elsewhere (the Python side).
+    pub fn from_us(n: usize, p50_us: f64, p99_us: f64) -> Summary {
+        Summary {
+            n,
+            p50: Duration::from_secs_f64(p50_us / 1e6),
+            p99: Duration::from_secs_f64(p99_us / 1e6),
+        }
+    }
+}
+
+/// A duration as a short human string in µs or ms.
+pub fn human(d: Duration) -> String {
+    let us = d.as_secs_f64() * 1e6;
+    if us < 1000.0 {
+        format!("{us:.1} µs")
+    } else {
+        format!("{:.2} ms", us / 1000.0)
+    }
+}
+
+/// `p50 (p99)`.
+pub fn cell(s: &Summary) -> String {
+    format!("{} ({})", human(s.p50), human(s.p99))
+}

@@ -34,9 +34,10 @@
 //! | store | scope | blocking wait | shared | expiring | fencing | wakes on release | crash release |
 //! |---|---|---|---|---|---|---|---|
 //! | [`InMemoryStore`] | tasks and threads of one process using one store | emulated | yes | opt-in ([`InMemoryStore::expiring`]) | yes | yes | with the process |
+//! | [`FlockStore`] (feature `flock`, Linux) | processes on one machine, with Python xtr-lock and `flock(1)` | yes | yes | no | no | yes (inotify across processes) | yes (kernel) |
 //! | [`NullStore`] | no one (locks nothing) | yes (no-op) | yes | no | no | — | — |
 //!
-//! File, Redis, SQL and quorum stores follow; see the README.
+//! Redis, SQL and quorum stores follow; see the README.
 //!
 //! # What a lock does and does not guarantee
 //!
@@ -55,6 +56,7 @@
 //!
 //! | feature | what |
 //! |---|---|
+//! | `flock` (default) | [`FlockStore`]: lock files with `flock(2)`, Linux |
 //! | `conformance` | the reusable store conformance suite, [`conformance`] |
 //!
 //! # Logging

@@ -787,3 +787,25 @@ async fn python_waits_for_rust() {
     );
     assert!(!lock.try_acquire().await.unwrap());
 }
+
+#[tokio::test]
+async fn dsns_build_flock_stores() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dsn = format!("flock://{}", tmp.path().display());
+    let store = xtr_lock::StoreFactory::create_store(&dsn).unwrap();
+    assert_eq!(store.to_string(), dsn);
+    let factory = LockFactory::from_arc(store);
+    assert!(factory.create_lock("dsn").try_acquire().await.unwrap());
+    assert!(
+        FlockStore::in_dir(tmp.path())
+            .unwrap()
+            .path_for("dsn")
+            .exists()
+    );
+    let default = xtr_lock::StoreFactory::create_store("flock").unwrap();
+    assert_eq!(
+        default.to_string(),
+        format!("flock://{}", FlockStore::new().unwrap().dir().display())
+    );
+    assert!(!default.capabilities().serializable_keys);
+}

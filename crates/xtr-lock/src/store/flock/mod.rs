@@ -1,7 +1,6 @@
 //! [`FlockStore`]: lock files with `flock(2)`, shared with Python xtr-lock and `flock(1)`.
 
 use std::fmt;
-use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -9,7 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use rand::Rng as _;
-use rustix::fs::{FlockOperation, Mode as FileMode, OFlags};
+
 use rustix::io::Errno;
 
 use super::{Acquired, Capabilities, HolderInfo, Store, Watcher};
@@ -17,11 +16,13 @@ use crate::error::{Error, Result};
 use crate::key::{Key, Mode};
 
 mod dir;
+mod file;
 mod name;
 mod proc_locks;
 mod wake;
 
 use dir::shown;
+use file::{HeldFile, open_lock_file, operation};
 use wake::Hub;
 
 /// Each store instance keeps its own descriptor per holder: state on the key is keyed by this.
@@ -99,39 +100,6 @@ struct Inner {
     prefix: String,
     poll: Duration,
     hub: Arc<Hub>,
-}
-
-/// A holder's lock file: its name (kept, so a re-acquire does not hash the resource again), the
-/// descriptor while open, and the mode it holds it in (none while waiting or released).
-struct HeldFile {
-    name: String,
-    fd: Option<OwnedFd>,
-    mode: Option<Mode>,
-    hub: Arc<Hub>,
-}
-
-impl HeldFile {
-    /// Unlocks (also covering descriptors a child inherited) and closes; wakes local waiters.
-    /// Returns whether a lock was held.
-    fn close(&mut self) -> bool {
-        let held = self.mode.take().is_some();
-        if let Some(fd) = self.fd.take() {
-            if held {
-                let _ = rustix::fs::flock(&fd, FlockOperation::NonBlockingUnlock);
-            }
-            drop(fd);
-            if held {
-                self.hub.notify(&self.name);
-            }
-        }
-        held
-    }
-}
-
-impl Drop for HeldFile {
-    fn drop(&mut self) {
-        self.close();
-    }
 }
 
 /// What one non-blocking attempt found.
@@ -352,14 +320,23 @@ impl FlockStore {
     /// observed, the poll is only a safety net; without them, Python's backoff (10, 20, 40, 80,
     /// then 100 ms, each × 1.00–1.10).
     fn nap(&self, tries: u32) -> Duration {
-        let mut rng = rand::rng();
-        if self.inner.hub.observes_other_processes() {
-            let poll = self.inner.poll.as_secs_f64();
-            return Duration::from_secs_f64(poll * rng.random_range(0.9..=1.1));
-        }
-        let base = Duration::from_millis(10u64 << tries.min(3)).min(self.inner.poll);
-        base.mul_f64(1.0 + f64::from(rng.random_range(0..=10u8)) / 100.0)
+        nap(
+            self.inner.hub.observes_other_processes(),
+            self.inner.poll,
+            tries,
+        )
     }
+}
+
+fn nap(observed: bool, poll: Duration, tries: u32) -> Duration {
+    let mut rng = rand::rng();
+    if observed {
+        return poll.mul_f64(rng.random_range(0.9..=1.1));
+    }
+    let base = Duration::from_millis(10u64 << tries.min(4))
+        .min(Duration::from_millis(100))
+        .min(poll);
+    base.mul_f64(1.0 + f64::from(rng.random_range(0..=10u8)) / 100.0)
 }
 
 /// Closes a descriptor that a dropped wait left open without a lock on it.
@@ -377,46 +354,6 @@ impl Drop for CloseIfWaiting<'_> {
                 }
             });
     }
-}
-
-fn operation(mode: Mode) -> FlockOperation {
-    match mode {
-        Mode::Write => FlockOperation::NonBlockingLockExclusive,
-        Mode::Read => FlockOperation::NonBlockingLockShared,
-    }
-}
-
-/// Opens (or creates, 0666 whatever the umask) the lock file, never following a symlink, falling
-/// back to read-only for a file another user created.
-fn open_lock_file(path: &Path) -> Result<OwnedFd> {
-    let common = OFlags::CLOEXEC | OFlags::NOFOLLOW;
-    let fail = |errno: Errno| {
-        Error::storage(format!("cannot open lock file {}: {errno}", shown(path)))
-            .with_source(std::io::Error::from(errno))
-    };
-    // Bounded: each round either opens, or loses a create race to a file that then exists.
-    for _ in 0..8 {
-        match rustix::fs::open(path, OFlags::RDWR | common, FileMode::empty()) {
-            Ok(fd) => return Ok(fd),
-            Err(Errno::ACCESS | Errno::PERM) => {
-                return rustix::fs::open(path, OFlags::RDONLY | common, FileMode::empty())
-                    .map_err(fail);
-            }
-            Err(Errno::NOENT) => {}
-            Err(errno) => return Err(fail(errno)),
-        }
-        let create = OFlags::RDWR | OFlags::CREATE | OFlags::EXCL | common;
-        match rustix::fs::open(path, create, FileMode::from_raw_mode(0o666)) {
-            Ok(fd) => {
-                // Undo the umask, so other users' processes can open it too.
-                let _ = rustix::fs::fchmod(&fd, FileMode::from_raw_mode(0o666));
-                return Ok(fd);
-            }
-            Err(Errno::EXIST) => continue,
-            Err(errno) => return Err(fail(errno)),
-        }
-    }
-    Err(fail(Errno::AGAIN))
 }
 
 impl fmt::Display for FlockStore {
@@ -572,5 +509,40 @@ impl Store for FlockStore {
             .into_iter()
             .map(|e| HolderInfo::new(e.mode, e.pid, None))
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_close_events_waiters_back_off_like_the_python_peer() {
+        let ms = |x: f64| Duration::from_secs_f64(x / 1000.0);
+        let bounds = [
+            (10.0, 11.0),
+            (20.0, 22.0),
+            (40.0, 44.0),
+            (80.0, 88.0),
+            (100.0, 110.0),
+            (100.0, 110.0),
+        ];
+        for _ in 0..200 {
+            for (tries, (lo, hi)) in bounds.iter().enumerate() {
+                let d = nap(false, DEFAULT_POLL, tries as u32);
+                assert!(d >= ms(*lo) && d <= ms(*hi), "try {tries}: {d:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn with_close_events_the_poll_is_only_a_safety_net() {
+        for tries in 0..10 {
+            let d = nap(true, DEFAULT_POLL, tries);
+            assert!(
+                d >= Duration::from_millis(90) && d <= Duration::from_millis(110),
+                "{d:?}"
+            );
+        }
     }
 }

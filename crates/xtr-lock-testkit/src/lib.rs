@@ -4,3 +4,4 @@
 //! saying what is missing and how to install it; no test is ever skipped silently.
 
 pub mod python;
+pub mod redis;

@@ -37,6 +37,9 @@ pub struct StoreFactory;
 enum Dsn {
     InMemory,
     Null,
+    /// A Redis DSN (checked when parsed).
+    #[cfg(feature = "redis")]
+    Redis(String),
     /// `flock` or `flock://`: the default directory; `flock://<path>`: that directory.
     #[cfg_attr(not(all(feature = "flock", target_os = "linux")), allow(dead_code))]
     Flock(Option<String>),
@@ -44,10 +47,15 @@ enum Dsn {
 
 /// Schemes that name stores this build does not contain yet, with the store's name.
 const KNOWN_ELSEWHERE: &[(&str, &str)] = &[
+    #[cfg(not(feature = "redis"))]
     ("redis", "redis"),
+    #[cfg(not(feature = "redis"))]
     ("rediss", "redis"),
+    #[cfg(not(feature = "redis"))]
     ("valkey", "redis"),
+    #[cfg(not(feature = "redis"))]
     ("valkeys", "redis"),
+    #[cfg(not(feature = "redis"))]
     ("unix", "redis"),
     ("postgres", "postgresql"),
     ("postgresql", "postgresql"),
@@ -69,6 +77,8 @@ impl StoreFactory {
         Ok(match parse(dsn)? {
             Dsn::InMemory => Arc::new(InMemoryStore::new()),
             Dsn::Null => Arc::new(NullStore::new()),
+            #[cfg(feature = "redis")]
+            Dsn::Redis(dsn) => Arc::new(crate::store::RedisStore::from_dsn(&dsn)?),
             #[cfg(all(feature = "flock", target_os = "linux"))]
             Dsn::Flock(None) => Arc::new(crate::store::FlockStore::new()?),
             #[cfg(all(feature = "flock", target_os = "linux"))]
@@ -99,6 +109,11 @@ fn parse(dsn: &str) -> Result<Dsn> {
         "null" => return Ok(Dsn::Null),
         "flock" | "flock://" => return Ok(Dsn::Flock(None)),
         _ => {}
+    }
+    #[cfg(feature = "redis")]
+    if crate::store::redis::is_redis_dsn(dsn) {
+        crate::store::redis::validate_dsn(dsn)?;
+        return Ok(Dsn::Redis(dsn.to_owned()));
     }
     // Everything after `flock://`, taken literally, as the Python peer does.
     if let Some(path) = dsn.strip_prefix("flock://") {
@@ -168,11 +183,6 @@ mod tests {
                 ErrorKind::Unsupported,
                 "\"MYSQL:\"",
             ),
-            (
-                "redis://:pw@localhost:6379/0",
-                ErrorKind::Unsupported,
-                "\"redis:\"",
-            ),
             ("FLOCK", ErrorKind::InvalidArgument, "\"FLOCK\""),
             ("IN-MEMORY", ErrorKind::InvalidArgument, "\"IN-MEMORY\""),
             ("semaphore", ErrorKind::InvalidArgument, "\"semaphore\""),
@@ -223,6 +233,16 @@ mod tests {
             Dsn::Flock(Some("/a%20b?x=1".into())),
             "no decoding, no query"
         );
+    }
+
+    #[cfg(feature = "redis")]
+    #[test]
+    fn redis_dsns_build_redis_stores_without_touching_the_network() {
+        let store = StoreFactory::create_store("redis://:pw@localhost:1/0?prefix=app:").unwrap();
+        assert_eq!(store.to_string(), "redis://localhost:1/0");
+        assert!(store.capabilities().expiring);
+        let err = StoreFactory::validate("redis://:pw@localhost:notaport").unwrap_err();
+        assert!(!err.to_string().contains("pw"), "{err}");
     }
 
     #[test]

@@ -209,10 +209,14 @@ impl Key {
     /// Records a completed acquisition in `mode`, with the fencing token the store gave.
     pub(crate) fn mark_acquired(&self, mode: Mode, fencing: Option<u64>) {
         let mut st = self.state();
+        let was = st.held;
         st.held = Some(mode);
         st.acquisitions += 1;
+        // A re-save by the holder that already writes keeps its token (a store may then
+        // report none: nothing new was granted).
+        let kept = st.fencing_token.filter(|_| was == Some(Mode::Write));
         st.fencing_token = match mode {
-            Mode::Write => fencing,
+            Mode::Write => fencing.or(kept),
             Mode::Read => None,
         };
     }

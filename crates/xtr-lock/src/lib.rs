@@ -89,6 +89,8 @@ pub use lock::{Lock, Release};
 pub use lockable::{Lockable, NoLock};
 #[cfg(all(feature = "flock", target_os = "linux"))]
 pub use store::FlockStore;
+#[cfg(feature = "redis")]
+pub use store::RedisStore;
 pub use store::{InMemoryStore, NullStore, Store};
 
 /// The README's examples are compiled and run as doc tests, so they stay true.

@@ -63,3 +63,12 @@ mod flock {
         Harness::new(Arc::new(store)).keep_alive(dir)
     });
 }
+
+mod redis {
+    use super::*;
+    xtr_lock::conformance_tests!(|| async {
+        let server = xtr_lock_testkit::redis::RedisServer::start();
+        let store = xtr_lock::RedisStore::from_dsn(&server.url(0)).unwrap();
+        Harness::new(Arc::new(store)).keep_alive(server)
+    });
+}

@@ -14,7 +14,7 @@ pub async fn save_exists_delete(h: Harness) -> Outcome {
     let r = h.resource("basic");
     let k = h.key(&r);
     assert!(!h.store.exists(&k).await.unwrap(), "exists before save");
-    h.store.save(&k, None).await.unwrap();
+    h.store.save(&k, h.ttl).await.unwrap();
     assert!(h.store.exists(&k).await.unwrap(), "exists after save");
     assert!(h.store.delete(&k).await.unwrap(), "delete removes the lock");
     assert!(!h.store.exists(&k).await.unwrap(), "exists after delete");
@@ -29,8 +29,8 @@ pub async fn save_exists_delete(h: Harness) -> Outcome {
 pub async fn independent_resources(h: Harness) -> Outcome {
     require!(h.caps().excludes, "the store locks nothing");
     let (a, b) = (h.key(&h.resource("a")), h.key(&h.resource("b")));
-    h.store.save(&a, None).await.unwrap();
-    h.store.save(&b, None).await.unwrap();
+    h.store.save(&a, h.ttl).await.unwrap();
+    h.store.save(&b, h.ttl).await.unwrap();
     assert!(h.store.exists(&a).await.unwrap());
     assert!(h.store.exists(&b).await.unwrap());
     h.store.delete(&a).await.unwrap();
@@ -45,8 +45,8 @@ pub async fn second_holder_conflicts_until_the_first_deletes(h: Harness) -> Outc
     require!(h.caps().excludes, "the store locks nothing");
     let r = h.resource("conflict");
     let (a, b) = (h.key(&r), h.key(&r));
-    h.store.save(&a, None).await.unwrap();
-    let err = h.store.save(&b, None).await.unwrap_err();
+    h.store.save(&a, h.ttl).await.unwrap();
+    let err = h.store.save(&b, h.ttl).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Conflict, "{err:?}");
     assert_eq!(
         err.resource(),
@@ -67,7 +67,7 @@ pub async fn second_holder_conflicts_until_the_first_deletes(h: Harness) -> Outc
         "b's delete left a's lock"
     );
     h.store.delete(&a).await.unwrap();
-    h.store.save(&b, None).await.unwrap();
+    h.store.save(&b, h.ttl).await.unwrap();
     assert!(h.store.exists(&b).await.unwrap());
     h.store.delete(&b).await.unwrap();
     Outcome::Ran
@@ -77,8 +77,8 @@ pub async fn second_holder_conflicts_until_the_first_deletes(h: Harness) -> Outc
 pub async fn same_holder_saves_twice(h: Harness) -> Outcome {
     let r = h.resource("twice");
     let k = h.key(&r);
-    h.store.save(&k, None).await.unwrap();
-    h.store.save(&k, None).await.unwrap();
+    h.store.save(&k, h.ttl).await.unwrap();
+    h.store.save(&k, h.ttl).await.unwrap();
     assert_eq!(h.store.exists(&k).await.unwrap(), h.caps().excludes);
     h.store.delete(&k).await.unwrap();
     Outcome::Ran
@@ -89,7 +89,7 @@ pub async fn delete_on_another_resource_leaves_the_lock(h: Harness) -> Outcome {
     require!(h.caps().excludes, "the store locks nothing");
     let a = h.key(&h.resource("mine"));
     let other = h.key(&h.resource("other"));
-    h.store.save(&a, None).await.unwrap();
+    h.store.save(&a, h.ttl).await.unwrap();
     h.store.delete(&other).await.unwrap();
     assert!(h.store.exists(&a).await.unwrap());
     h.store.delete(&a).await.unwrap();
@@ -106,10 +106,10 @@ pub async fn deserialized_key_is_the_same_holder(h: Harness) -> Outcome {
     );
     let r = h.resource("travel");
     let k = h.key(&r);
-    h.store.save(&k, None).await.unwrap();
+    h.store.save(&k, h.ttl).await.unwrap();
     let copy = Key::from_json_with_clock(&k.to_json().unwrap(), h.clock.clone()).unwrap();
     assert!(h.store.exists(&copy).await.unwrap(), "the copy holds");
-    h.store.save(&copy, None).await.unwrap();
+    h.store.save(&copy, h.ttl).await.unwrap();
     assert!(h.store.delete(&copy).await.unwrap(), "the copy releases");
     assert!(!h.store.exists(&k).await.unwrap(), "for the original too");
     Outcome::Ran
@@ -119,7 +119,7 @@ pub async fn deserialized_key_is_the_same_holder(h: Harness) -> Outcome {
 pub async fn key_is_unserializable_after_save(h: Harness) -> Outcome {
     require!(!h.caps().serializable_keys, "keys of this store serialize");
     let k = h.key(&h.resource("local"));
-    h.store.save(&k, None).await.unwrap();
+    h.store.save(&k, h.ttl).await.unwrap();
     let err = k.to_json().unwrap_err();
     assert_eq!(err.kind(), ErrorKind::UnserializableKey);
     h.store.delete(&k).await.unwrap();
@@ -172,9 +172,9 @@ pub async fn odd_resource_names(h: Harness) -> Outcome {
 pub async fn reentrant_acquire_and_no_counting(h: Harness) -> Outcome {
     require!(h.caps().excludes, "the store locks nothing");
     let r = h.resource("reentrant");
-    let a = h.lock(&r, None);
+    let a = h.lock(&r, h.ttl);
     let a_too = h.factory().create_lock_from_key(a.key().clone());
-    let b = h.lock(&r, None);
+    let b = h.lock(&r, h.ttl);
     assert!(a.try_acquire().await.unwrap());
     assert!(a.try_acquire().await.unwrap(), "re-acquire");
     h.within("re-acquire by a blocking acquire", a_too.acquire())
@@ -197,7 +197,7 @@ pub async fn reentrant_acquire_and_no_counting(h: Harness) -> Outcome {
 /// Refreshing a lock that was never acquired is a conflict (the holder is then not held).
 pub async fn refresh_of_a_lock_never_acquired_is_a_conflict(h: Harness) -> Outcome {
     require!(h.caps().excludes, "the store locks nothing");
-    let lock = h.lock(&h.resource("refresh-never"), None);
+    let lock = h.lock(&h.resource("refresh-never"), h.ttl);
     let err = lock
         .refresh(Some(Duration::from_secs(5)))
         .await
@@ -229,7 +229,7 @@ pub async fn refresh_on_a_non_expiring_store_checks_the_hold(h: Harness) -> Outc
 pub async fn release_reports_what_it_found(h: Harness) -> Outcome {
     require!(h.caps().excludes, "the store locks nothing");
     let r = h.resource("release");
-    let lock = h.lock(&r, None);
+    let lock = h.lock(&r, h.ttl);
     assert_eq!(lock.release().await.unwrap(), Release::NotHeld);
     assert!(lock.try_acquire().await.unwrap());
     assert_eq!(lock.release().await.unwrap(), Release::Released);
@@ -244,7 +244,7 @@ pub async fn release_reports_what_it_found(h: Harness) -> Outcome {
         let copy =
             Key::from_json_with_clock(&lock.key().to_json().unwrap(), h.clock.clone()).unwrap();
         h.store.delete(&copy).await.unwrap();
-        let other = h.lock(&r, None);
+        let other = h.lock(&r, h.ttl);
         assert!(other.try_acquire().await.unwrap());
         assert_eq!(lock.release().await.unwrap(), Release::Lost);
         assert!(
@@ -261,8 +261,8 @@ pub async fn release_reports_what_it_found(h: Harness) -> Outcome {
 pub async fn scoped_use_releases_on_error_and_panic(h: Harness) -> Outcome {
     require!(h.caps().excludes, "the store locks nothing");
     let r = h.resource("scoped");
-    let lock = h.lock(&r, None);
-    let other = h.lock(&r, None);
+    let lock = h.lock(&r, h.ttl);
+    let other = h.lock(&r, h.ttl);
 
     let out: Result<(), crate::Error> = lock
         .scoped(async { Err(crate::Error::invalid_argument("body failed")) })

@@ -12,7 +12,7 @@ const STEP: Duration = Duration::from_millis(250);
 pub async fn put_off_lock_expires(h: Harness) -> Outcome {
     require!(h.caps().expiring, "locks do not expire");
     let k = h.key(&h.resource("put-off"));
-    h.store.save(&k, None).await.unwrap();
+    h.store.save(&k, h.ttl).await.unwrap();
     h.store.put_off_expiration(&k, 2 * STEP).await.unwrap();
     h.sleep(STEP).await;
     assert!(h.store.exists(&k).await.unwrap(), "alive after 0.25 s");
@@ -27,7 +27,7 @@ pub async fn tiny_put_off_raises_expired(h: Harness) -> Outcome {
     require!(h.caps().expiring, "locks do not expire");
     let r = h.resource("tiny");
     let k = h.key(&r);
-    h.store.save(&k, None).await.unwrap();
+    h.store.save(&k, h.ttl).await.unwrap();
     let err = h
         .store
         .put_off_expiration(&k, Duration::from_nanos(1))
@@ -37,7 +37,7 @@ pub async fn tiny_put_off_raises_expired(h: Harness) -> Outcome {
     assert!(k.is_expired());
     assert!(!h.store.exists(&k).await.unwrap(), "taken back");
     let other = h.key(&r);
-    h.store.save(&other, None).await.unwrap();
+    h.store.save(&other, h.ttl).await.unwrap();
     h.store.delete(&other).await.unwrap();
     Outcome::Ran
 }

@@ -52,6 +52,9 @@ pub struct Harness {
     /// A generous bound on how long something expected to happen "at once" may take on a loaded
     /// machine (default 10 s). Never a speed target.
     pub patience: Duration,
+    /// The ttl scenarios give locks and saves when the lifetime is not what they test: 30 s on
+    /// expiring stores (which refuse a lock without one), none elsewhere.
+    pub ttl: Option<Duration>,
     /// Whatever must live as long as the harness: a temporary directory, a server process.
     keep_alive: Vec<Arc<dyn std::any::Any + Send + Sync>>,
 }
@@ -64,9 +67,14 @@ impl Harness {
 
     /// A harness whose keys use `clock`.
     pub fn with_clock(store: Arc<dyn Store>, clock: Arc<dyn Clock>) -> Self {
+        let ttl = store
+            .capabilities()
+            .expiring
+            .then_some(Duration::from_secs(30));
         Harness {
             store,
             clock,
+            ttl,
             patience: Duration::from_secs(10),
             keep_alive: Vec::new(),
         }
@@ -96,11 +104,11 @@ impl Harness {
         Key::with_clock(resource, self.clock.clone())
     }
 
-    /// A factory on the store and clock, without a default ttl.
+    /// A factory on the store and clock, with [`ttl`](Harness::ttl) as its default.
     pub fn factory(&self) -> LockFactory {
         LockFactory::from_arc(self.store.clone())
             .with_clock(self.clock.clone())
-            .with_default_ttl(None)
+            .with_default_ttl(self.ttl)
     }
 
     /// A lock with a new holder for `resource`, with `ttl`.

@@ -10,20 +10,20 @@ pub async fn readers_coexist_and_a_writer_waits_for_both(h: Harness) -> Outcome 
     require!(h.caps().shared, "no shared locks");
     let r = h.resource("readers");
     let (a, b, w) = (h.key(&r), h.key(&r), h.key(&r));
-    h.store.save_read(&a, None).await.unwrap();
-    h.store.save_read(&b, None).await.unwrap();
+    h.store.save_read(&a, h.ttl).await.unwrap();
+    h.store.save_read(&b, h.ttl).await.unwrap();
     assert!(h.store.exists(&a).await.unwrap() && h.store.exists(&b).await.unwrap());
     assert_eq!(
-        h.store.save(&w, None).await.unwrap_err().kind(),
+        h.store.save(&w, h.ttl).await.unwrap_err().kind(),
         ErrorKind::Conflict
     );
     h.store.delete(&a).await.unwrap();
     assert!(
-        h.store.save(&w, None).await.unwrap_err().is_conflict(),
+        h.store.save(&w, h.ttl).await.unwrap_err().is_conflict(),
         "one reader left"
     );
     h.store.delete(&b).await.unwrap();
-    h.store.save(&w, None).await.unwrap();
+    h.store.save(&w, h.ttl).await.unwrap();
     assert!(h.store.exists(&w).await.unwrap());
     h.store.delete(&w).await.unwrap();
     Outcome::Ran
@@ -35,10 +35,10 @@ pub async fn writer_excludes_readers(h: Harness) -> Outcome {
     require!(h.caps().shared, "no shared locks");
     let r = h.resource("writer-first");
     let (w, rd) = (h.key(&r), h.key(&r));
-    h.store.save(&w, None).await.unwrap();
+    h.store.save(&w, h.ttl).await.unwrap();
     assert!(
         h.store
-            .save_read(&rd, None)
+            .save_read(&rd, h.ttl)
             .await
             .unwrap_err()
             .is_conflict()
@@ -56,12 +56,12 @@ pub async fn read_release_then_write_with_the_same_holder(h: Harness) -> Outcome
     require!(h.caps().shared, "no shared locks");
     let r = h.resource("read-then-write");
     let (k, other) = (h.key(&r), h.key(&r));
-    h.store.save_read(&k, None).await.unwrap();
+    h.store.save_read(&k, h.ttl).await.unwrap();
     h.store.delete(&k).await.unwrap();
-    h.store.save(&k, None).await.unwrap();
+    h.store.save(&k, h.ttl).await.unwrap();
     assert!(
         h.store
-            .save_read(&other, None)
+            .save_read(&other, h.ttl)
             .await
             .unwrap_err()
             .is_conflict()
@@ -79,8 +79,8 @@ pub async fn promotion_with_other_readers_conflicts_and_keeps_the_read_lock(h: H
     require!(h.caps().excludes, "the store locks nothing");
     require!(h.caps().shared, "no shared locks");
     let r = h.resource("promotion-conflict");
-    let a = h.lock(&r, None);
-    let b = h.lock(&r, None);
+    let a = h.lock(&r, h.ttl);
+    let b = h.lock(&r, h.ttl);
     assert!(a.try_acquire_read().await.unwrap());
     assert!(b.try_acquire_read().await.unwrap());
     assert!(!a.try_acquire().await.unwrap(), "promotion conflicts");
@@ -89,7 +89,7 @@ pub async fn promotion_with_other_readers_conflicts_and_keeps_the_read_lock(h: H
         a.is_acquired().await.unwrap(),
         "still reads, says the store"
     );
-    let w = h.lock(&r, None);
+    let w = h.lock(&r, h.ttl);
     assert!(
         !w.try_acquire().await.unwrap(),
         "a's read lock still excludes writers"
@@ -107,17 +107,17 @@ pub async fn sole_reader_promotes(h: Harness) -> Outcome {
     require!(h.caps().shared, "no shared locks");
     let r = h.resource("promote");
     let (k, other) = (h.key(&r), h.key(&r));
-    h.store.save_read(&k, None).await.unwrap();
-    h.store.save(&k, None).await.unwrap();
+    h.store.save_read(&k, h.ttl).await.unwrap();
+    h.store.save(&k, h.ttl).await.unwrap();
     assert!(
         h.store
-            .save_read(&other, None)
+            .save_read(&other, h.ttl)
             .await
             .unwrap_err()
             .is_conflict()
     );
     assert!(h.store.delete(&k).await.unwrap());
-    h.store.save_read(&other, None).await.unwrap();
+    h.store.save_read(&other, h.ttl).await.unwrap();
     h.store.delete(&other).await.unwrap();
     Outcome::Ran
 }
@@ -128,14 +128,20 @@ pub async fn writer_demotes_and_a_reader_joins(h: Harness) -> Outcome {
     require!(h.caps().shared, "no shared locks");
     let r = h.resource("demote");
     let (k, reader, writer) = (h.key(&r), h.key(&r), h.key(&r));
-    h.store.save(&k, None).await.unwrap();
-    h.store.save_read(&k, None).await.unwrap();
-    h.store.save_read(&reader, None).await.unwrap();
+    h.store.save(&k, h.ttl).await.unwrap();
+    h.store.save_read(&k, h.ttl).await.unwrap();
+    h.store.save_read(&reader, h.ttl).await.unwrap();
     assert!(h.store.exists(&k).await.unwrap());
-    assert!(h.store.save(&writer, None).await.unwrap_err().is_conflict());
+    assert!(
+        h.store
+            .save(&writer, h.ttl)
+            .await
+            .unwrap_err()
+            .is_conflict()
+    );
     h.store.delete(&k).await.unwrap();
     h.store.delete(&reader).await.unwrap();
-    h.store.save(&writer, None).await.unwrap();
+    h.store.save(&writer, h.ttl).await.unwrap();
     h.store.delete(&writer).await.unwrap();
     Outcome::Ran
 }
@@ -146,7 +152,7 @@ pub async fn read_falls_back_to_write_without_shared_locks(h: Harness) -> Outcom
     require!(h.caps().excludes, "the store locks nothing");
     require!(!h.caps().shared, "the store has shared locks");
     let r = h.resource("read-fallback");
-    let (a, b) = (h.lock(&r, None), h.lock(&r, None));
+    let (a, b) = (h.lock(&r, h.ttl), h.lock(&r, h.ttl));
     assert!(a.try_acquire_read().await.unwrap());
     assert_eq!(a.held_mode(), Some(Mode::Write));
     assert!(!b.try_acquire_read().await.unwrap());

@@ -20,10 +20,10 @@ pub async fn native_wait_returns_after_release(h: Harness) -> Outcome {
     require!(h.caps().blocking, "no native wait");
     let r = h.resource("native-wait");
     let (holder, waiter) = (h.key(&r), h.key(&r));
-    h.store.save(&holder, None).await.unwrap();
+    h.store.save(&holder, h.ttl).await.unwrap();
     let store = h.store.clone();
     let w = waiter.clone();
-    let wait = tokio::spawn(async move { store.wait_and_save(&w, None).await });
+    let wait = tokio::spawn(async move { store.wait_and_save(&w, h.ttl).await });
     tokio::time::sleep(SETTLE).await;
     assert!(
         !wait.is_finished(),
@@ -45,8 +45,8 @@ pub async fn cancelled_native_wait_holds_nothing(h: Harness) -> Outcome {
     require!(h.caps().blocking, "no native wait");
     let r = h.resource("native-cancel");
     let (holder, waiter) = (h.key(&r), h.key(&r));
-    h.store.save(&holder, None).await.unwrap();
-    let timed_out = tokio::time::timeout(SETTLE, h.store.wait_and_save(&waiter, None)).await;
+    h.store.save(&holder, h.ttl).await.unwrap();
+    let timed_out = tokio::time::timeout(SETTLE, h.store.wait_and_save(&waiter, h.ttl)).await;
     assert!(
         timed_out.is_err(),
         "the wait did not finish while the lock was held"
@@ -58,7 +58,7 @@ pub async fn cancelled_native_wait_holds_nothing(h: Harness) -> Outcome {
         "the cancelled waiter holds nothing"
     );
     let third = h.key(&r);
-    h.store.save(&third, None).await.unwrap();
+    h.store.save(&third, h.ttl).await.unwrap();
     h.store.delete(&third).await.unwrap();
     Outcome::Ran
 }
@@ -69,10 +69,10 @@ pub async fn native_read_wait_returns_after_writer_release(h: Harness) -> Outcom
     require!(h.caps().blocking_shared, "no native read wait");
     let r = h.resource("native-read-wait");
     let (writer, reader) = (h.key(&r), h.key(&r));
-    h.store.save(&writer, None).await.unwrap();
+    h.store.save(&writer, h.ttl).await.unwrap();
     let store = h.store.clone();
     let rd = reader.clone();
-    let wait = tokio::spawn(async move { store.wait_and_save_read(&rd, None).await });
+    let wait = tokio::spawn(async move { store.wait_and_save_read(&rd, h.ttl).await });
     tokio::time::sleep(SETTLE).await;
     assert!(!wait.is_finished(), "the reader waits for the writer");
     h.store.delete(&writer).await.unwrap();
@@ -90,10 +90,10 @@ pub async fn readers_do_not_wait_for_each_other(h: Harness) -> Outcome {
     require!(h.caps().blocking_shared, "no native read wait");
     let r = h.resource("readers-no-wait");
     let (a, b) = (h.key(&r), h.key(&r));
-    h.store.save_read(&a, None).await.unwrap();
+    h.store.save_read(&a, h.ttl).await.unwrap();
     h.within(
         "a second reader gets in",
-        h.store.wait_and_save_read(&b, None),
+        h.store.wait_and_save_read(&b, h.ttl),
     )
     .await
     .unwrap();
@@ -106,7 +106,7 @@ pub async fn readers_do_not_wait_for_each_other(h: Harness) -> Outcome {
 pub async fn blocking_acquire_wakes_on_release(h: Harness) -> Outcome {
     require!(h.caps().excludes, "the store locks nothing");
     let r = h.resource("wake");
-    let (holder, waiter) = (h.lock(&r, None), h.lock(&r, None));
+    let (holder, waiter) = (h.lock(&r, h.ttl), h.lock(&r, h.ttl));
     holder.acquire().await.unwrap();
     let wait = tokio::spawn({
         let waiter = waiter.clone();
@@ -132,7 +132,7 @@ pub async fn waiters_wake_on_release_without_polling(h: Harness) -> Outcome {
     let frozen = ManualClock::frozen();
     let factory = LockFactory::from_arc(h.store.clone())
         .with_clock(Arc::new(frozen.clone()))
-        .with_default_ttl(None);
+        .with_default_ttl(h.ttl);
     let r = h.resource("no-polling");
     let holder = factory.create_lock(r.as_str());
     holder.acquire().await.unwrap();
@@ -169,7 +169,7 @@ pub async fn waiters_wake_on_release_without_polling(h: Harness) -> Outcome {
 pub async fn cancelled_wait_holds_nothing(h: Harness) -> Outcome {
     require!(h.caps().excludes, "the store locks nothing");
     let r = h.resource("cancel-wait");
-    let (holder, waiter) = (h.lock(&r, None), h.lock(&r, None));
+    let (holder, waiter) = (h.lock(&r, h.ttl), h.lock(&r, h.ttl));
     holder.acquire().await.unwrap();
     assert!(
         tokio::time::timeout(SETTLE, waiter.acquire())
@@ -192,7 +192,7 @@ pub async fn cancelled_wait_holds_nothing(h: Harness) -> Outcome {
         "the holder is untouched"
     );
     holder.release().await.unwrap();
-    let third = h.lock(&r, None);
+    let third = h.lock(&r, h.ttl);
     assert!(third.try_acquire().await.unwrap());
     assert!(!waiter.is_acquired().await.unwrap());
     third.release().await.unwrap();
@@ -205,13 +205,13 @@ pub async fn cancelled_reacquire_keeps_the_lock(h: Harness) -> Outcome {
     require!(h.caps().excludes, "the store locks nothing");
     require!(h.caps().shared, "no shared locks to promote");
     let r = h.resource("cancel-promotion");
-    let (a, b) = (h.lock(&r, None), h.lock(&r, None));
+    let (a, b) = (h.lock(&r, h.ttl), h.lock(&r, h.ttl));
     assert!(a.try_acquire_read().await.unwrap());
     assert!(b.try_acquire_read().await.unwrap());
     assert!(tokio::time::timeout(SETTLE, a.acquire()).await.is_err());
     assert!(a.is_acquired().await.unwrap(), "the read lock is kept");
     assert_eq!(a.held_mode(), Some(Mode::Read));
-    let w = h.lock(&r, None);
+    let w = h.lock(&r, h.ttl);
     assert!(
         !w.try_acquire().await.unwrap(),
         "and still excludes writers"
@@ -227,13 +227,13 @@ pub async fn cancelled_reacquire_keeps_the_lock(h: Harness) -> Outcome {
 pub async fn cancellation_at_random_points_leaves_nothing(h: Harness) -> Outcome {
     require!(h.caps().excludes, "the store locks nothing");
     let r = h.resource("cancel-random");
-    let holder = h.lock(&r, None);
+    let holder = h.lock(&r, h.ttl);
     for i in 0..40 {
         let held = i % 2 == 0;
         if held {
             holder.acquire().await.unwrap();
         }
-        let waiter = h.lock(&r, None);
+        let waiter = h.lock(&r, h.ttl);
         let budget = Duration::from_micros(rand::rng().random_range(0..3_000));
         let read = h.caps().shared && i % 4 >= 2;
         let done = if read {
@@ -267,7 +267,7 @@ pub async fn cancellation_at_random_points_leaves_nothing(h: Harness) -> Outcome
             holder.release().await.unwrap();
         }
     }
-    let fresh = h.lock(&r, None);
+    let fresh = h.lock(&r, h.ttl);
     assert!(
         fresh.try_acquire().await.unwrap(),
         "nothing was left behind"
@@ -280,7 +280,7 @@ pub async fn cancellation_at_random_points_leaves_nothing(h: Harness) -> Outcome
 pub async fn acquire_timeout_gives_up_and_holds_nothing(h: Harness) -> Outcome {
     require!(h.caps().excludes, "the store locks nothing");
     let r = h.resource("timeout");
-    let (holder, waiter) = (h.lock(&r, None), h.lock(&r, None));
+    let (holder, waiter) = (h.lock(&r, h.ttl), h.lock(&r, h.ttl));
     holder.acquire().await.unwrap();
     let wait = Duration::from_millis(300);
     assert!(!waiter.acquire_timeout(wait).await.unwrap());
@@ -305,7 +305,7 @@ pub async fn counter_race_under_the_lock(h: Harness) -> Outcome {
     let (tasks, rounds) = (8, 20);
     let mut handles = Vec::new();
     for _ in 0..tasks {
-        let lock = h.lock(&r, None);
+        let lock = h.lock(&r, h.ttl);
         let (counter, inside) = (counter.clone(), inside.clone());
         handles.push(tokio::spawn(async move {
             for _ in 0..rounds {
@@ -338,7 +338,7 @@ pub async fn many_waiters_all_get_their_turn(h: Harness) -> Outcome {
     let served = Arc::new(AtomicUsize::new(0));
     let mut handles = Vec::new();
     for _ in 0..100 {
-        let lock = h.lock(&r, None);
+        let lock = h.lock(&r, h.ttl);
         let (inside, served) = (inside.clone(), served.clone());
         handles.push(tokio::spawn(async move {
             lock.acquire().await.unwrap();
@@ -365,7 +365,7 @@ pub async fn many_waiters_all_get_their_turn(h: Harness) -> Outcome {
 pub async fn fencing_tokens_strictly_increase(h: Harness) -> Outcome {
     require!(h.caps().fencing, "no fencing tokens");
     let r = h.resource("fencing");
-    let a = h.lock(&r, None);
+    let a = h.lock(&r, h.ttl);
     assert_eq!(a.fencing_token(), None, "no token before acquiring");
     assert!(a.try_acquire().await.unwrap());
     let t1 = a.fencing_token().expect("a token");
@@ -374,7 +374,7 @@ pub async fn fencing_tokens_strictly_increase(h: Harness) -> Outcome {
     a.release().await.unwrap();
     assert_eq!(a.fencing_token(), None, "no token after release");
 
-    let b = h.lock(&r, None);
+    let b = h.lock(&r, h.ttl);
     assert!(b.try_acquire().await.unwrap());
     let t2 = b.fencing_token().expect("a token");
     assert!(t2 > t1, "{t2} > {t1}");
@@ -394,7 +394,7 @@ pub async fn fencing_tokens_strictly_increase(h: Harness) -> Outcome {
     let order = Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut handles = Vec::new();
     for _ in 0..8 {
-        let lock = h.lock(&r, None);
+        let lock = h.lock(&r, h.ttl);
         let order = order.clone();
         handles.push(tokio::spawn(async move {
             for _ in 0..5 {

@@ -36,10 +36,15 @@ mod null;
 
 /// Re-exported so store implementors need no direct dependency on `async-trait`.
 pub use async_trait::async_trait;
+#[cfg(feature = "redis")]
+pub(crate) mod redis;
+
 #[cfg(all(feature = "flock", target_os = "linux"))]
 pub use flock::FlockStore;
 pub use memory::InMemoryStore;
 pub use null::NullStore;
+#[cfg(feature = "redis")]
+pub use redis::RedisStore;
 
 /// What a store does natively. Plain booleans, as OpenDAL does it.
 ///

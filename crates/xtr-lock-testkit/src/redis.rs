@@ -1,0 +1,165 @@
+//! Throwaway `redis-server` processes: a free port, a temp dir, no persistence; killed, paused
+//! and restarted by fault tests; stopped on drop.
+
+use std::io::{Read as _, Write as _};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rustix::process::{Pid, Signal, kill_process};
+
+/// A `redis-server` this test started. Dropping it kills it and removes its directory.
+pub struct RedisServer {
+    child: Option<Child>,
+    port: u16,
+    dir: tempfile::TempDir,
+    extra: Vec<String>,
+}
+
+impl RedisServer {
+    /// Starts a server on a free port of 127.0.0.1, with a unix socket in its directory.
+    ///
+    /// # Panics
+    ///
+    /// When `redis-server` is not installed (`apt-get install redis-server`; the README's test
+    /// command does it) or does not come up within 10 s.
+    pub fn start() -> RedisServer {
+        Self::start_with(&[])
+    }
+
+    /// Like [`start`](RedisServer::start), with extra `redis-server` arguments (`--requirepass x`).
+    pub fn start_with(extra: &[&str]) -> RedisServer {
+        let dir = tempfile::Builder::new()
+            .prefix("xtr-testkit-redis-")
+            .tempdir()
+            .expect("a temp dir for redis-server");
+        let mut server = RedisServer {
+            child: None,
+            port: free_port(),
+            dir,
+            extra: extra.iter().map(|s| (*s).to_owned()).collect(),
+        };
+        server.spawn();
+        server
+    }
+
+    fn spawn(&mut self) {
+        let sock = self.socket_path();
+        let child = Command::new("redis-server")
+            .args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
+            .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .arg("--unixsocket")
+            .arg(&sock)
+            .args(["--unixsocketperm", "700"])
+            .arg("--logfile")
+            .arg(self.dir.path().join("redis.log"))
+            .args(&self.extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("cannot start redis-server ({e}): install it with `apt-get install redis-server`")
+            });
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !self.answers_ping() {
+            assert!(
+                Instant::now() < deadline,
+                "redis-server on port {} did not come up; its log: {}",
+                self.port,
+                std::fs::read_to_string(self.dir.path().join("redis.log")).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn answers_ping(&self) -> bool {
+        let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) else {
+            return false;
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
+        let mut buf = [0u8; 64];
+        // A password-protected server answers NOAUTH: it is up all the same.
+        s.write_all(b"PING\r\n").is_ok() && s.read(&mut buf).is_ok_and(|n| n > 0)
+    }
+
+    /// The TCP port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `redis://127.0.0.1:<port>/<db>`.
+    pub fn url(&self, db: u32) -> String {
+        format!("redis://127.0.0.1:{}/{db}", self.port)
+    }
+
+    /// The unix socket.
+    pub fn socket_path(&self) -> PathBuf {
+        self.dir.path().join("redis.sock")
+    }
+
+    /// The server's directory.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn pid(&self) -> Pid {
+        let id = self.child.as_ref().expect("the server runs").id();
+        Pid::from_raw(i32::try_from(id).expect("a pid")).expect("a pid")
+    }
+
+    /// SIGKILL: the server dies at once, with every lock in it (no persistence).
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts it again on the same port (empty: nothing persists).
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    /// SIGSTOP: the server keeps its connections but answers nothing.
+    pub fn pause(&self) {
+        kill_process(self.pid(), Signal::STOP).expect("SIGSTOP redis-server");
+    }
+
+    /// SIGCONT after [`pause`](RedisServer::pause).
+    pub fn resume(&self) {
+        kill_process(self.pid(), Signal::CONT).expect("SIGCONT redis-server");
+    }
+
+    /// Runs `redis-cli` against this server with `args`, returning its output (trimmed).
+    pub fn cli(&self, args: &[&str]) -> String {
+        let out = Command::new("redis-cli")
+            .args(["-p", &self.port.to_string()])
+            .args(args)
+            .output()
+            .expect("redis-cli (package redis-tools)");
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        if let Some(child) = &self.child {
+            // A paused server must be woken to die cleanly.
+            let _ = kill_process(self.pid(), Signal::CONT);
+            let _ = child;
+        }
+        self.kill();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port on 127.0.0.1")
+}

@@ -1,0 +1,404 @@
+//! Redis DSNs: `redis://`, `rediss://` (TLS), `valkey://`, `valkeys://`, `unix://`, with the
+//! options the Python peer reads (`prefix`, `socket_timeout`, `socket_connect_timeout`, `db`).
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+
+/// The schemes a Redis DSN may use (case-insensitive).
+pub(crate) const SCHEMES: &[&str] = &["redis", "rediss", "valkey", "valkeys", "unix"];
+
+/// Default connect and read/write timeouts, as the Python peer's.
+pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A parsed Redis DSN. Its `Debug` and `Display` never show credentials.
+#[derive(Clone)]
+pub(crate) struct RedisConfig {
+    /// The URL handed to redis-rs (may hold credentials: never shown).
+    pub(crate) client_url: String,
+    /// A credential-free description: `redis://host:6379/0`, `unix:///path?db=0`.
+    pub(crate) shown: String,
+    pub(crate) prefix: String,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) response_timeout: Duration,
+}
+
+impl fmt::Debug for RedisConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisConfig")
+            .field("server", &self.shown)
+            .field("prefix", &self.prefix)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("response_timeout", &self.response_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Whether `dsn` names a Redis server (by its scheme).
+pub(crate) fn is_redis_dsn(dsn: &str) -> bool {
+    dsn.split_once(':')
+        .is_some_and(|(scheme, _)| SCHEMES.contains(&scheme.to_ascii_lowercase().as_str()))
+}
+
+fn invalid(scheme: &str, what: impl fmt::Display) -> Error {
+    Error::invalid_argument(format!(
+        "invalid Redis connection string \"{scheme}:\": {what}"
+    ))
+}
+
+/// Parses a DSN. Errors show the scheme only.
+pub(crate) fn parse(dsn: &str) -> Result<RedisConfig> {
+    let Some((raw_scheme, rest)) = dsn.split_once(':') else {
+        return Err(Error::invalid_argument(
+            "a Redis connection string needs a scheme (redis://, rediss://, unix://)",
+        ));
+    };
+    let scheme = raw_scheme.to_ascii_lowercase();
+    let (tls, unix) = match scheme.as_str() {
+        "redis" | "valkey" => (false, false),
+        "rediss" | "valkeys" => (true, false),
+        "unix" => (false, true),
+        _ => {
+            return Err(Error::invalid_argument(format!(
+                "\"{}\" is not a Redis scheme; expected one of redis, rediss, valkey, valkeys, unix",
+                crate::dsn::redact(raw_scheme).trim_matches('"')
+            )));
+        }
+    };
+    let Some(rest) = rest.strip_prefix("//") else {
+        return Err(invalid(raw_scheme, "expected \"//\" after the scheme"));
+    };
+    let (before_query, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let (before_query, fragment) = match before_query.split_once('#') {
+        Some((b, f)) => (b, Some(f)),
+        None => (before_query, None),
+    };
+    let query = query.split_once('#').map_or(query, |(q, _)| q);
+
+    // Options: form-decoded, blank values kept, the last one wins.
+    let mut prefix = String::new();
+    let mut connect_timeout = DEFAULT_TIMEOUT;
+    let mut response_timeout = DEFAULT_TIMEOUT;
+    let mut db_option: Option<String> = None;
+    let mut passed_on: Vec<(String, String)> = Vec::new();
+    for (name, value) in url::form_urlencoded::parse(query.as_bytes()) {
+        match name.as_ref() {
+            "prefix" => prefix = value.into_owned(),
+            "socket_timeout" => response_timeout = seconds(raw_scheme, "socket_timeout", &value)?,
+            "socket_connect_timeout" => {
+                connect_timeout = seconds(raw_scheme, "socket_connect_timeout", &value)?;
+            }
+            "db" => db_option = Some(value.into_owned()),
+            "protocol" => passed_on.push(("protocol".into(), value.into_owned())),
+            _ => {} // options of the Python client that redis-rs has no use for
+        }
+    }
+
+    let (userinfo, location) = match before_query.rsplit_once('@') {
+        Some((u, l)) => (Some(u), l),
+        None => (None, before_query),
+    };
+    let (user, password) = match userinfo {
+        Some(u) => match u.split_once(':') {
+            Some((user, pw)) => (decode(raw_scheme, user)?, Some(decode(raw_scheme, pw)?)),
+            None => (decode(raw_scheme, u)?, None),
+        },
+        None => (String::new(), None),
+    };
+
+    let (client_url, shown) = if unix {
+        if !location.starts_with('/') {
+            return Err(invalid(raw_scheme, "expected an absolute socket path"));
+        }
+        let db = parse_db(raw_scheme, db_option.as_deref().unwrap_or("0"))?;
+        let mut q = url::form_urlencoded::Serializer::new(String::new());
+        q.append_pair("db", &db.to_string());
+        if !user.is_empty() {
+            q.append_pair("user", &user);
+        }
+        if let Some(pw) = &password {
+            q.append_pair("pass", pw);
+        }
+        for (k, v) in &passed_on {
+            q.append_pair(k, v);
+        }
+        let path = decode(raw_scheme, location)?;
+        (
+            format!("unix://{location}?{}", q.finish()),
+            format!("unix://{path}?db={db}"),
+        )
+    } else {
+        let (hostport, path) = match location.split_once('/') {
+            Some((h, p)) => (h, p),
+            None => (location, ""),
+        };
+        if hostport.is_empty() {
+            return Err(invalid(raw_scheme, "missing host"));
+        }
+        let (host, port) = split_port(raw_scheme, hostport)?;
+        let db = parse_db(
+            raw_scheme,
+            db_option.as_deref().unwrap_or(match path {
+                "" => "0",
+                p => p,
+            }),
+        )?;
+        let mut auth = String::new();
+        if !user.is_empty() || password.is_some() {
+            auth.push_str(&encode(&user));
+            if let Some(pw) = &password {
+                auth.push(':');
+                auth.push_str(&encode(pw));
+            }
+            auth.push('@');
+        }
+        let scheme_out = if tls { "rediss" } else { "redis" };
+        let mut client_url = format!("{scheme_out}://{auth}{host}:{port}/{db}");
+        if !passed_on.is_empty() {
+            let mut q = url::form_urlencoded::Serializer::new(String::new());
+            for (k, v) in &passed_on {
+                q.append_pair(k, v);
+            }
+            client_url.push('?');
+            client_url.push_str(&q.finish());
+        }
+        match fragment {
+            Some("insecure") if tls => client_url.push_str("#insecure"),
+            Some(_) => {
+                return Err(invalid(
+                    raw_scheme,
+                    "only #insecure may follow a rediss DSN",
+                ));
+            }
+            None => {}
+        }
+        (client_url, format!("{scheme_out}://{host}:{port}/{db}"))
+    };
+    // Let redis-rs check what it will see, so a bad DSN fails now and not at first use.
+    redis::Client::open(client_url.as_str()).map_err(|e| {
+        invalid(
+            raw_scheme,
+            format!("the client refuses it ({})", e.kind_str()),
+        )
+    })?;
+    Ok(RedisConfig {
+        client_url,
+        shown,
+        prefix,
+        connect_timeout,
+        response_timeout,
+    })
+}
+
+trait KindStr {
+    fn kind_str(&self) -> String;
+}
+
+impl KindStr for redis::RedisError {
+    fn kind_str(&self) -> String {
+        // The kind only: a client error's text could echo what it was given.
+        format!("{:?}", self.kind())
+    }
+}
+
+fn seconds(scheme: &str, option: &str, value: &str) -> Result<Duration> {
+    match value.parse::<f64>() {
+        Ok(s) if s.is_finite() && s > 0.0 => Ok(Duration::from_secs_f64(s)),
+        _ => Err(invalid(
+            scheme,
+            format!("{option} must be a positive number of seconds"),
+        )),
+    }
+}
+
+fn parse_db(scheme: &str, db: &str) -> Result<u32> {
+    db.parse::<u32>()
+        .map_err(|_| invalid(scheme, "the database must be a number"))
+}
+
+fn split_port<'a>(scheme: &str, hostport: &'a str) -> Result<(&'a str, u16)> {
+    // [v6]:port, [v6], host:port, host
+    if let Some(rest) = hostport.strip_prefix('[') {
+        let Some((v6, after)) = rest.split_once(']') else {
+            return Err(invalid(scheme, "unclosed IPv6 address"));
+        };
+        let port = match after.strip_prefix(':') {
+            Some(p) => p
+                .parse()
+                .map_err(|_| invalid(scheme, "the port must be a number"))?,
+            None => 6379,
+        };
+        return Ok((&hostport[..v6.len() + 2], port));
+    }
+    match hostport.rsplit_once(':') {
+        Some((host, port)) => Ok((
+            host,
+            port.parse()
+                .map_err(|_| invalid(scheme, "the port must be a number"))?,
+        )),
+        None => Ok((hostport, 6379)),
+    }
+}
+
+fn decode(scheme: &str, s: &str) -> Result<String> {
+    percent_decode(s)
+        .ok_or_else(|| invalid(scheme, "credentials are not valid percent-encoded UTF-8"))
+}
+
+fn percent_decode(s: &str) -> Option<String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = s.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+fn encode(s: &str) -> String {
+    url::form_urlencoded::byte_serialize(s.as_bytes())
+        .collect::<String>()
+        .replace('+', "%20")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dsns_parse_into_what_the_client_sees() {
+        let cases = [
+            (
+                "redis://localhost",
+                "redis://localhost:6379/0",
+                "redis://localhost:6379/0",
+                "",
+            ),
+            (
+                "REDIS://h:7000/3",
+                "redis://h:7000/3",
+                "redis://h:7000/3",
+                "",
+            ),
+            ("valkey://h/2", "redis://h:6379/2", "redis://h:6379/2", ""),
+            ("valkeys://h", "rediss://h:6379/0", "rediss://h:6379/0", ""),
+            ("VALKEY://h", "redis://h:6379/0", "redis://h:6379/0", ""),
+            (
+                "redis://app:s%40cret@h:6380/1?db=4",
+                "redis://app:s%40cret@h:6380/4",
+                "redis://h:6380/4",
+                "",
+            ),
+            (
+                "rediss://:pw@h?prefix=app%3Alocks%3A&socket_timeout=30",
+                "rediss://:pw@h:6379/0",
+                "rediss://h:6379/0",
+                "app:locks:",
+            ),
+            (
+                "redis://h?prefix=a&prefix=b",
+                "redis://h:6379/0",
+                "redis://h:6379/0",
+                "b",
+            ),
+            (
+                "redis://h?prefix=",
+                "redis://h:6379/0",
+                "redis://h:6379/0",
+                "",
+            ),
+            (
+                "redis://h?prefix=a+b",
+                "redis://h:6379/0",
+                "redis://h:6379/0",
+                "a b",
+            ),
+            (
+                "redis://[::1]:7000",
+                "redis://[::1]:7000/0",
+                "redis://[::1]:7000/0",
+                "",
+            ),
+            (
+                "unix:///run/redis.sock?db=2",
+                "unix:///run/redis.sock?db=2",
+                "unix:///run/redis.sock?db=2",
+                "",
+            ),
+            (
+                "unix://u:p@/run/redis.sock",
+                "unix:///run/redis.sock?db=0&user=u&pass=p",
+                "unix:///run/redis.sock?db=0",
+                "",
+            ),
+        ];
+        for (dsn, client, shown, prefix) in cases {
+            let c = parse(dsn).unwrap_or_else(|e| panic!("{dsn}: {e}"));
+            assert_eq!(c.client_url, client, "{dsn}");
+            assert_eq!(c.shown, shown, "{dsn}");
+            assert_eq!(c.prefix, prefix, "{dsn}");
+        }
+    }
+
+    #[test]
+    fn timeouts_default_to_5_s_and_can_be_overridden() {
+        let c = parse("redis://h").unwrap();
+        assert_eq!(
+            (c.connect_timeout, c.response_timeout),
+            (DEFAULT_TIMEOUT, DEFAULT_TIMEOUT)
+        );
+        let c = parse("redis://h?socket_connect_timeout=2&socket_timeout=30").unwrap();
+        assert_eq!(c.connect_timeout, Duration::from_secs(2));
+        assert_eq!(c.response_timeout, Duration::from_secs(30));
+    }
+
+    #[test]
+    fn bad_dsns_are_refused_without_echoing_secrets() {
+        for dsn in [
+            "mysql://u:hunter2@h/db",
+            "redis:h",
+            "redis://u:hunter2@",
+            "redis://u:hunter2@h:notaport",
+            "redis://u:hunter2@h/notadb",
+            "redis://u:hunter2@h?socket_timeout=-1",
+            "redis://u:hunter2@h?socket_timeout=abc",
+            "redis://u:hunter2@h#fragment",
+            "unix://u:hunter2@relative",
+        ] {
+            let err = parse(dsn).unwrap_err();
+            let msg = err.to_string();
+            assert!(err.is_invalid_argument(), "{dsn}: {msg}");
+            assert!(!msg.contains("hunter2"), "{dsn}: {msg}");
+            assert!(!format!("{err:?}").contains("hunter2"), "{dsn}");
+        }
+        assert!(parse("mysql://x").unwrap_err().to_string().starts_with(
+            "\"mysql\" is not a Redis scheme; expected one of redis, rediss, valkey, valkeys, unix"
+        ));
+        let c = parse("redis://u:hunter2@h").unwrap();
+        assert!(!format!("{c:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn redis_schemes_are_recognised_case_insensitively() {
+        for dsn in [
+            "redis://h",
+            "REDISS://h",
+            "valkey://h",
+            "Valkeys://h",
+            "unix:///s",
+        ] {
+            assert!(is_redis_dsn(dsn), "{dsn}");
+        }
+        for dsn in ["flock", "in-memory", "mysql://h", "redis"] {
+            assert!(!is_redis_dsn(dsn), "{dsn}");
+        }
+    }
+}

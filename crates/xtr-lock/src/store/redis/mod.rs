@@ -1,0 +1,545 @@
+//! [`RedisStore`]: locks in Redis or Valkey, in the layout shared with Python xtr-lock 4.1.0 and
+//! Symfony Lock, one round trip per operation, woken on release, fenced.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+
+use super::{Acquired, Capabilities, HolderInfo, Store, Watcher, check_expiry};
+use crate::error::{Error, Result};
+use crate::key::{Key, Mode, WRITE_MARKER};
+
+mod config;
+mod notify;
+mod scripts;
+
+pub(crate) use config::is_redis_dsn;
+
+/// Checks a Redis DSN without building anything.
+pub(crate) fn validate_dsn(dsn: &str) -> Result<()> {
+    config::parse(dsn).map(|_| ())
+}
+use config::RedisConfig;
+use notify::Notifier;
+use scripts::Scripts;
+
+/// The token kind of Redis stores: one token per key for every Redis store (a quorum over
+/// several servers sees one holder).
+const KIND: &str = "redis";
+
+/// The probe key, as the Python peer names it (so ACLs written for it cover us).
+const PROBE_KEY: &str = "__xtr_lock_time_probe__";
+
+/// The fencing counter: one per prefix, shared by every resource (strictly increasing for each).
+const FENCE_KEY: &str = "__xtr_lock_fence__";
+
+/// Error texts by which a server refuses `TIME` followed by a write in a script.
+const CLOCK_REFUSALS: &[&str] = &[
+    "commands not allowed after non deterministic",
+    "is not allowed from script",
+];
+
+/// Locks in Redis (or Valkey): one sorted set per resource, shared with Python xtr-lock 4.1.0's
+/// and Symfony Lock's `RedisStore`, so Rust, Python and PHP processes exclude each other.
+///
+/// - **One round trip** per acquire (the ttl goes into the save), refresh and release (the
+///   release script says what it removed). The peers need two for acquire and release.
+/// - **Woken on release**: releases publish on a channel from inside the release script; waiters
+///   of this store share one subscriber connection, and a release wakes **one** of them (a
+///   reader that gets in passes the turn on). A waiter also sleeps only until the earliest
+///   current lease ends (the refusal says when), so a crashed holder's lock is taken the moment
+///   it expires. Releases by Python or PHP peers publish nothing, so a 90–110 ms poll remains.
+/// - **Fencing tokens** from a counter in a separate key, `<prefix>__xtr_lock_fence__`,
+///   incremented atomically with each new exclusive acquisition. Peers neither read nor touch
+///   it; their acquisitions do not advance it, so fence only among processes of this library.
+/// - `exists` / [`is_acquired`](crate::Lock::is_acquired) is **read-only** (a `no-writes` script
+///   on Redis ≥ 7), so it works on replicas and with read-only ACLs.
+/// - An expired reader cannot revive itself with a refresh; its entry is removed instead.
+///
+/// # Guarantees
+///
+/// Excludes everyone using this layout on the same server and key: other processes, other
+/// machines, Python and PHP peers. A lock outlives a crashed holder only until its ttl.
+///
+/// # Failure modes
+///
+/// - An unreachable or silent server gives a storage error (marked temporary) within the
+///   socket timeouts (5 s by default), never a hang.
+/// - Without `WAIT`, a failover to a replica that had not received the lock loses it; use a
+///   quorum of independent servers where that matters.
+/// - A string at the key is read as someone else's lock (conflict); any other type is a storage
+///   error naming the resource.
+/// - A lock needs a ttl: an acquire without one is refused (there is no silent 300 s).
+///
+/// # Clock assumptions
+///
+/// Scores are in milliseconds on the **server's** clock (`TIME`), so clients' clocks do not
+/// matter. Servers that refuse `TIME` in scripts get the client's wall clock instead, as the
+/// peers do, and then every client's clock must be right. The local deadline is measured on the
+/// key's monotonic clock from before the round trip, so it is never later than the server's.
+///
+/// # Examples
+///
+/// ```no_run
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> xtr_lock::Result<()> {
+/// use std::time::Duration;
+/// use xtr_lock::{LockFactory, RedisStore};
+///
+/// let store = RedisStore::from_dsn("redis://localhost:6379/0?prefix=app:")?;
+/// let lock = LockFactory::new(store).create_lock("invoice:42").with_ttl(Some(Duration::from_secs(30)));
+/// if lock.try_acquire().await? {
+///     println!("fencing token {:?}", lock.fencing_token());
+///     lock.release().await?;
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    shown: String,
+    prefix: String,
+    client: redis::Client,
+    connect_timeout: Option<Duration>,
+    response_timeout: Option<Duration>,
+    conn: tokio::sync::OnceCell<ConnectionManager>,
+    scripts: Scripts,
+    /// `Some(true)`: the client's clock (the server refused); `Some(false)`: the server's.
+    client_clock: std::sync::Mutex<Option<bool>>,
+    /// The server does not know script flags (Redis < 7): use the plain `exists` script.
+    legacy_exists: AtomicBool,
+    notifier: Notifier,
+}
+
+impl RedisStore {
+    /// A store on the server `dsn` names: `redis://[user[:password]@]host[:port][/db]`,
+    /// `rediss://…` (TLS), `valkey://`, `valkeys://`, `unix:///path/to/socket[?db=N]`, with the
+    /// options `prefix`, `db`, `socket_timeout` and `socket_connect_timeout` (seconds, default 5).
+    /// Touches no network: the connection opens on first use.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument) for a malformed DSN,
+    /// showing its scheme only.
+    pub fn from_dsn(dsn: &str) -> Result<Self> {
+        let config = config::parse(dsn)?;
+        let client = redis::Client::open(config.client_url.as_str()).map_err(|e| {
+            Error::invalid_argument("invalid Redis connection string").with_source(e)
+        })?;
+        Ok(Self::build(
+            client,
+            &config,
+            Some(config.connect_timeout),
+            Some(config.response_timeout),
+        ))
+    }
+
+    /// A store over a client you built, with no prefix and no timeouts of ours (the client's
+    /// connection settings apply).
+    pub fn from_client(client: redis::Client) -> Self {
+        let shown = describe(client.get_connection_info());
+        let config = RedisConfig {
+            client_url: String::new(),
+            shown,
+            prefix: String::new(),
+            connect_timeout: config::DEFAULT_TIMEOUT,
+            response_timeout: config::DEFAULT_TIMEOUT,
+        };
+        Self::build(client, &config, None, None)
+    }
+
+    fn build(
+        client: redis::Client,
+        config: &RedisConfig,
+        connect_timeout: Option<Duration>,
+        response_timeout: Option<Duration>,
+    ) -> Self {
+        let notifier = Notifier::new(
+            client.clone(),
+            connect_timeout.unwrap_or(config::DEFAULT_TIMEOUT),
+        );
+        RedisStore {
+            inner: Arc::new(Inner {
+                shown: config.shown.clone(),
+                prefix: config.prefix.clone(),
+                client,
+                connect_timeout,
+                response_timeout,
+                conn: tokio::sync::OnceCell::new(),
+                scripts: Scripts::new(),
+                client_clock: std::sync::Mutex::new(None),
+                legacy_exists: AtomicBool::new(false),
+                notifier,
+            }),
+        }
+    }
+
+    /// The same server with another key prefix (`"app:locks:"`). Keys are prefix + resource,
+    /// verbatim; to share locks with Symfony, the prefix must be empty or equal phpredis's
+    /// `OPT_PREFIX`.
+    pub fn with_prefix(&self, prefix: impl Into<String>) -> Self {
+        let config = RedisConfig {
+            client_url: String::new(),
+            shown: self.inner.shown.clone(),
+            prefix: prefix.into(),
+            connect_timeout: config::DEFAULT_TIMEOUT,
+            response_timeout: config::DEFAULT_TIMEOUT,
+        };
+        Self::build(
+            self.inner.client.clone(),
+            &config,
+            self.inner.connect_timeout,
+            self.inner.response_timeout,
+        )
+    }
+
+    /// The key prefix.
+    pub fn prefix(&self) -> &str {
+        &self.inner.prefix
+    }
+
+    /// The Redis key of `resource`: prefix + resource.
+    pub fn key_for(&self, resource: &str) -> String {
+        format!("{}{resource}", self.inner.prefix)
+    }
+
+    async fn conn(&self) -> Result<ConnectionManager> {
+        let inner = &self.inner;
+        let conn = inner
+            .conn
+            .get_or_try_init(|| async {
+                let mut cfg = ConnectionManagerConfig::new().set_number_of_retries(1);
+                cfg = cfg
+                    .set_connection_timeout(inner.connect_timeout)
+                    .set_response_timeout(inner.response_timeout);
+                let connecting = ConnectionManager::new_with_config(inner.client.clone(), cfg);
+                // The manager retries on its own; bound the whole first connection too.
+                let bound = inner.connect_timeout.unwrap_or(Duration::from_secs(30)) * 2;
+                match tokio::time::timeout(bound, connecting).await {
+                    Ok(result) => result.map_err(|e| self.redis_error(e, None)),
+                    Err(_) => Err(
+                        Error::storage("cannot connect to the Redis server: timed out")
+                            .with_store(self)
+                            .temporary(),
+                    ),
+                }
+            })
+            .await?;
+        Ok(conn.clone())
+    }
+
+    fn redis_error(&self, err: redis::RedisError, resource: Option<&str>) -> Error {
+        let temporary = err.is_io_error()
+            || err.is_timeout()
+            || err.is_connection_refusal()
+            || err.is_connection_dropped();
+        let reason = if err.is_timeout() {
+            "the Redis server did not answer in time".to_owned()
+        } else if err.is_connection_refusal() || err.is_io_error() || err.is_connection_dropped() {
+            format!("cannot reach the Redis server: {err}")
+        } else {
+            format!("the Redis server refused: {err}")
+        };
+        let mut out = Error::storage(reason).with_store(self).with_source(err);
+        if let Some(r) = resource {
+            out = out.with_resource(r);
+        }
+        if temporary { out.temporary() } else { out }
+    }
+
+    /// Whether scripts must be given the client's clock; probes once per store.
+    async fn client_clock(&self, conn: &mut ConnectionManager) -> Result<bool> {
+        if let Some(mode) = *self
+            .inner
+            .client_clock
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+        {
+            return Ok(mode);
+        }
+        let probe_key = format!("{}{PROBE_KEY}", self.inner.prefix);
+        let outcome: redis::RedisResult<i64> = self
+            .inner
+            .scripts
+            .probe
+            .key(&probe_key)
+            .invoke_async(conn)
+            .await;
+        let mode = match outcome {
+            Ok(_) => false,
+            Err(e) if CLOCK_REFUSALS.iter().any(|t| e.to_string().contains(t)) => true,
+            Err(e) => return Err(self.redis_error(e, None)),
+        };
+        *self
+            .inner
+            .client_clock
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(mode);
+        Ok(mode)
+    }
+
+    /// Runs `script` for `key`: ARGV = client time or "", token, duration ms, release channel.
+    async fn eval<T: redis::FromRedisValue>(
+        &self,
+        script: &redis::Script,
+        key: &Key,
+        ttl: Option<Duration>,
+        with_fence_key: bool,
+    ) -> Result<T> {
+        let mut conn = self
+            .conn()
+            .await
+            .map_err(|e| e.with_resource(key.resource()))?;
+        let client_clock = self
+            .client_clock(&mut conn)
+            .await
+            .map_err(|e| e.with_resource(key.resource()))?;
+        let lock_key = self.key_for(key.resource());
+        let mut invocation = script.key(&lock_key);
+        if with_fence_key {
+            invocation.key(format!("{}{FENCE_KEY}", self.inner.prefix));
+        }
+        let now = if client_clock {
+            let t = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or_default();
+            format!("{:.6}", t.as_secs_f64())
+        } else {
+            String::new()
+        };
+        invocation
+            .arg(now)
+            .arg(key.token(KIND))
+            .arg(ttl.map_or(0, duration_ms))
+            .arg(notify::channel(&lock_key));
+        invocation
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.redis_error(e, Some(key.resource())))
+    }
+
+    fn ttl(&self, key: &Key, ttl: Option<Duration>) -> Result<Duration> {
+        ttl.ok_or_else(|| {
+            Error::invalid_argument(
+                "a lock on Redis needs a ttl (there is no silent default): give the lock one",
+            )
+            .with_resource(key.resource())
+            .with_store(self)
+        })
+    }
+
+    async fn save_mode(&self, key: &Key, ttl: Option<Duration>, mode: Mode) -> Result<Acquired> {
+        let ttl = self.ttl(key, ttl)?;
+        // The local deadline is never later than the server's: shortened before the trip.
+        key.reduce_lifetime(ttl);
+        let script = match mode {
+            Mode::Write => &self.inner.scripts.save,
+            Mode::Read => &self.inner.scripts.save_read,
+        };
+        let (granted, value): (i64, i64) = self
+            .eval(script, key, Some(ttl), mode == Mode::Write)
+            .await?;
+        if granted != 1 {
+            let err = Error::conflict(key.resource()).with_store(self);
+            return Err(match u64::try_from(value) {
+                Ok(ms) if ms > 0 => err.with_retry_after(Duration::from_millis(ms)),
+                _ => err,
+            });
+        }
+        if mode == Mode::Read {
+            // Other readers waiting here may come in too: pass the turn on.
+            self.inner.notifier.pass_turn(&self.key_for(key.resource()));
+        }
+        check_expiry(self, key).await?;
+        Ok(match u64::try_from(value) {
+            Ok(fence) if fence > 0 && mode == Mode::Write => Acquired::fenced(fence),
+            _ => Acquired::new(),
+        })
+    }
+}
+
+/// Integer milliseconds, rounded up, as the peers put durations on the wire.
+fn duration_ms(d: Duration) -> u64 {
+    let ms = d.as_nanos().div_ceil(1_000_000);
+    u64::try_from(ms).unwrap_or(u64::MAX).max(1)
+}
+
+/// A credential-free description of a client's server.
+fn describe(info: &redis::ConnectionInfo) -> String {
+    let db = info.redis_settings().db();
+    match info.addr() {
+        redis::ConnectionAddr::Tcp(host, port) => format!("redis://{host}:{port}/{db}"),
+        redis::ConnectionAddr::TcpTls { host, port, .. } => format!("rediss://{host}:{port}/{db}"),
+        redis::ConnectionAddr::Unix(path) => format!("unix://{}?db={db}", path.display()),
+        _ => "redis".to_owned(),
+    }
+}
+
+impl fmt::Display for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.inner.shown)
+    }
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("server", &self.inner.shown)
+            .field("prefix", &self.inner.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+#[async_trait]
+impl Store for RedisStore {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            excludes: true,
+            shared: true,
+            blocking: false,
+            blocking_shared: false,
+            expiring: true,
+            fencing: true,
+            notifies: true,
+            serializable_keys: true,
+            introspection: true,
+        }
+    }
+
+    /// One round trip: prune, admit (new writer on an empty set, re-save, or the sole reader's
+    /// promotion), write now + ttl, advance the fence for a new writer.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped mid-flight, the server may or may not have stored the lock; `delete` removes it
+    /// (the [`Lock`](crate::Lock) does this for you).
+    async fn save(&self, key: &Key, ttl: Option<Duration>) -> Result<Acquired> {
+        self.save_mode(key, ttl, Mode::Write).await
+    }
+
+    /// One round trip: prune, join readers or demote the caller's write lock.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`save`](RedisStore::save).
+    async fn save_read(&self, key: &Key, ttl: Option<Duration>) -> Result<Acquired> {
+        self.save_mode(key, ttl, Mode::Read).await
+    }
+
+    /// One round trip; refuses (and removes) an entry whose lease already ended.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped mid-flight, the lease is either the old or the new one.
+    async fn put_off_expiration(&self, key: &Key, ttl: Duration) -> Result<()> {
+        key.reduce_lifetime(ttl);
+        let granted: i64 = self
+            .eval(&self.inner.scripts.put_off, key, Some(ttl), false)
+            .await?;
+        if granted != 1 {
+            return Err(Error::conflict(key.resource()).with_store(self));
+        }
+        check_expiry(self, key).await
+    }
+
+    /// One round trip; `true` only if a live lease was removed (an ended one counts as lost).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped mid-flight, the lock may or may not be released; calling it again is harmless.
+    async fn delete(&self, key: &Key) -> Result<bool> {
+        let removed: i64 = self
+            .eval(&self.inner.scripts.delete, key, None, false)
+            .await?;
+        Ok(removed == 1)
+    }
+
+    /// Read-only: the token's score is later than the server's now.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it changes nothing.
+    async fn exists(&self, key: &Key) -> Result<bool> {
+        if !self.inner.legacy_exists.load(Ordering::Relaxed) {
+            match self
+                .eval::<i64>(&self.inner.scripts.exists, key, None, false)
+                .await
+            {
+                Ok(found) => return Ok(found == 1),
+                // Redis < 7 does not know script flags: use the same script without them.
+                Err(e) if e.to_string().contains("shebang") || e.to_string().contains("flag") => {
+                    self.inner.legacy_exists.store(true, Ordering::Relaxed);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let found: i64 = self
+            .eval(&self.inner.scripts.exists_legacy, key, None, false)
+            .await?;
+        Ok(found == 1)
+    }
+
+    /// Subscribes (once per resource, on the store's one subscriber connection) to releases.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: a dropped call unregisters its interest.
+    async fn watch(&self, resource: &str) -> Result<Option<Watcher>> {
+        Ok(self.inner.notifier.watch(&self.key_for(resource)).await)
+    }
+
+    /// The holders of `resource` and their remaining leases, from the sorted set.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: read-only.
+    async fn holders(&self, resource: &str) -> Result<Vec<HolderInfo>> {
+        let mut conn = self.conn().await.map_err(|e| e.with_resource(resource))?;
+        let key = self.key_for(resource);
+        let kind: String = redis::cmd("TYPE")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.redis_error(e, Some(resource)))?;
+        match kind.as_str() {
+            "none" => return Ok(Vec::new()),
+            // Someone else's lock in another format (a SET NX lock): held, nothing more known.
+            "string" => return Ok(vec![HolderInfo::new(Mode::Write, None, None)]),
+            "zset" => {}
+            other => {
+                return Err(Error::storage(format!(
+                    "the Redis key of this lock holds a {other}, not a lock"
+                ))
+                .with_resource(resource)
+                .with_store(self));
+            }
+        }
+        let (members, time): (Vec<(String, f64)>, (u64, u64)) = redis::pipe()
+            .cmd("ZRANGE")
+            .arg(&key)
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES")
+            .cmd("TIME")
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.redis_error(e, Some(resource)))?;
+        let now_ms = time.0 * 1000 + time.1 / 1000;
+        let writing = members.iter().any(|(m, _)| m == WRITE_MARKER);
+        Ok(members
+            .into_iter()
+            .filter(|(m, s)| m != WRITE_MARKER && *s > now_ms as f64)
+            .map(|(_, s)| {
+                let left = Duration::from_millis((s as u64).saturating_sub(now_ms));
+                let mode = if writing { Mode::Write } else { Mode::Read };
+                HolderInfo::new(mode, None, Some(left))
+            })
+            .collect())
+    }
+}

@@ -1,0 +1,168 @@
+//! The Lua scripts: one atomic script per operation on one lock key, in the ZSET layout shared
+//! with Python xtr-lock 4.1.0 and Symfony Lock (interop-formats §1–2). Written for this crate.
+//!
+//! Arguments, for every script: `KEYS[1]` the lock key (prefix + resource); `ARGV[1]` the client's
+//! Unix time in seconds, or `""` to read the server's `TIME`; `ARGV[2]` the holder's token;
+//! `ARGV[3]` a duration in ms; `ARGV[4]` the release channel. `save` also takes `KEYS[2]`, the
+//! fencing counter.
+//!
+//! Members are only holder tokens and `__write__` (§2.8): the peers decide admission by counting
+//! members, so nothing else may go in the set.
+
+/// Shared helpers, prepended to each script.
+const PRELUDE: &str = r#"
+local function now_ms()
+  if ARGV[1] ~= '' then return math.floor(tonumber(ARGV[1]) * 1000) end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function key_type(key) return redis.call('TYPE', key)['ok'] end
+-- The key lives as long as its longest-lived member (it may be in the past: then it goes now).
+local function expire_at_max(key)
+  local top = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  if top[2] then redis.call('PEXPIREAT', key, top[2]) end
+end
+-- How long until another holder's lease ends: when a waiter should try again at the latest.
+local function wait_hint(key, token, now)
+  local low = redis.call('ZRANGE', key, 0, 2, 'WITHSCORES')
+  for i = 1, #low, 2 do
+    if low[i] ~= token and low[i] ~= '__write__' then
+      return math.max(tonumber(low[i + 1]) - now, 1)
+    end
+  end
+  return -1
+end
+"#;
+
+/// Write lock: re-save by the writer, promotion of the sole reader, or a new writer on an empty
+/// set (after pruning). Replies `{1, fence}` (fence 0: the writer re-saved and keeps its token),
+/// or `{0, ms until another lease ends, or -1}`. A string at the key refuses (someone else's
+/// lock in another format); another type fails with WRONGTYPE.
+const SAVE: &str = r#"
+local key, fence_key = KEYS[1], KEYS[2]
+local token, dur = ARGV[2], tonumber(ARGV[3])
+if key_type(key) == 'string' then return {0, -1} end
+local now = now_ms()
+redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+local mine = redis.call('ZSCORE', key, token)
+local writing = redis.call('ZSCORE', key, '__write__')
+local count = redis.call('ZCARD', key)
+if mine then
+  if (not writing) and count > 1 then return {0, wait_hint(key, token, now)} end
+elseif count > 0 then
+  return {0, wait_hint(key, token, now)}
+end
+local score = now + dur
+redis.call('ZADD', key, score, token, score, '__write__')
+expire_at_max(key)
+if mine and writing then return {1, 0} end
+return {1, redis.call('INCR', fence_key)}
+"#;
+
+/// Read lock: joins readers, or demotes the caller's write lock (and tells waiting readers).
+/// Refused only when another holder writes.
+const SAVE_READ: &str = r#"
+local key = KEYS[1]
+local token, dur, channel = ARGV[2], tonumber(ARGV[3]), ARGV[4]
+if key_type(key) == 'string' then return {0, -1} end
+local now = now_ms()
+redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+local mine = redis.call('ZSCORE', key, token)
+local writing = redis.call('ZSCORE', key, '__write__')
+if (not mine) and writing then return {0, wait_hint(key, token, now)} end
+redis.call('ZADD', key, now + dur, token)
+if writing then
+  redis.call('ZREM', key, '__write__')
+  redis.call('PUBLISH', channel, 'demoted')
+end
+expire_at_max(key)
+return {1, 0}
+"#;
+
+/// Refresh: only a live member is extended (an expired one is removed, never revived: the
+/// Python peer's DEF-4). Replies 1 or 0.
+const PUT_OFF: &str = r#"
+local key = KEYS[1]
+local token, dur = ARGV[2], tonumber(ARGV[3])
+local kind = key_type(key)
+if kind == 'none' or kind == 'string' then return 0 end
+local now = now_ms()
+local mine = redis.call('ZSCORE', key, token)
+if not mine then return 0 end
+local writing = redis.call('ZSCORE', key, '__write__')
+if tonumber(mine) <= now then
+  redis.call('ZREM', key, token)
+  if writing then redis.call('ZREM', key, '__write__') end
+  expire_at_max(key)
+  return 0
+end
+local score = now + dur
+redis.call('ZADD', key, score, token)
+if writing then redis.call('ZADD', key, score, '__write__') end
+expire_at_max(key)
+return 1
+"#;
+
+/// Release: token-scoped. Replies 0 (held nothing), 1 (released a live lock) or 2 (removed an
+/// entry whose lease had already ended: the lock had been lost). Tells waiters.
+const DELETE: &str = r#"
+local key = KEYS[1]
+local token, channel = ARGV[2], ARGV[4]
+local kind = key_type(key)
+if kind == 'none' or kind == 'string' then return 0 end
+local score = redis.call('ZSCORE', key, token)
+if not score then return 0 end
+local now = now_ms()
+redis.call('ZREM', key, token)
+redis.call('ZREM', key, '__write__')
+expire_at_max(key)
+redis.call('PUBLISH', channel, 'released')
+if tonumber(score) <= now then return 2 end
+return 1
+"#;
+
+/// Does the holder hold (either mode)? Read-only: no pruning, so it runs on replicas and needs
+/// no write permission (Redis ≥ 7 reads the flag; older servers get [`EXISTS_LEGACY`]).
+const EXISTS_BODY: &str = r#"
+local key = KEYS[1]
+local token = ARGV[2]
+local kind = key_type(key)
+if kind == 'none' or kind == 'string' then return 0 end
+local score = redis.call('ZSCORE', key, token)
+if not score then return 0 end
+if tonumber(score) > now_ms() then return 1 end
+return 0
+"#;
+
+/// The time probe, on `<prefix>__xtr_lock_time_probe__` like the Python peer (so the same ACLs
+/// cover both): can a script read `TIME` and then write?
+pub(super) const PROBE: &str = r#"
+redis.call('TIME')
+redis.call('SET', KEYS[1], '1', 'PX', 1)
+return 1
+"#;
+
+pub(super) struct Scripts {
+    pub(super) save: redis::Script,
+    pub(super) save_read: redis::Script,
+    pub(super) put_off: redis::Script,
+    pub(super) delete: redis::Script,
+    pub(super) exists: redis::Script,
+    pub(super) exists_legacy: redis::Script,
+    pub(super) probe: redis::Script,
+}
+
+impl Scripts {
+    pub(super) fn new() -> Self {
+        let with = |body: &str| redis::Script::new(&format!("{PRELUDE}{body}"));
+        Scripts {
+            save: with(SAVE),
+            save_read: with(SAVE_READ),
+            put_off: with(PUT_OFF),
+            delete: with(DELETE),
+            exists: redis::Script::new(&format!("#!lua flags=no-writes\n{PRELUDE}{EXISTS_BODY}")),
+            exists_legacy: with(EXISTS_BODY),
+            probe: redis::Script::new(PROBE),
+        }
+    }
+}

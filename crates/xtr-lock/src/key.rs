@@ -198,6 +198,15 @@ impl Key {
 
     // ---- holder bookkeeping (crate-internal) -----------------------------------------------
 
+    /// The deadline, to put back if an operation that reset it did not go through.
+    pub(crate) fn deadline(&self) -> Option<Instant> {
+        self.state().deadline
+    }
+
+    pub(crate) fn restore_deadline(&self, deadline: Option<Instant>) {
+        self.state().deadline = deadline;
+    }
+
     pub(crate) fn held(&self) -> Option<Mode> {
         self.state().held
     }

@@ -11,6 +11,7 @@ use crate::Lockable;
 use crate::clock::Clock;
 use crate::error::{Error, ErrorKind, Result, ShownResource};
 use crate::guard::{LockGuard, schedule_cleanup};
+use crate::keepalive::KeepAlive;
 use crate::key::{Key, Mode};
 use crate::store::{Acquired, Capabilities, Store, check_expiry};
 
@@ -309,11 +310,16 @@ impl Lock {
         let _turn = self.key.turn().await;
         guard.at_attempt();
         // A waiter's lifetime starts with the attempt that wins, never earlier (DEF-7).
+        let before = self.key.deadline();
         self.key.reset_lifetime();
         let saved = match mode {
             Mode::Write => self.store.save(&self.key, self.ttl).await,
             Mode::Read => self.store.save_read(&self.key, self.ttl).await,
         };
+        if saved.as_ref().is_err_and(|e| !e.is_expired()) {
+            // Not granted: a holder that held keeps the lease the store knows.
+            self.key.restore_deadline(before);
+        }
         self.record(mode, saved)
     }
 
@@ -443,8 +449,14 @@ impl Lock {
         }
         let result = {
             let _turn = self.key.turn().await;
+            let before = self.key.deadline();
             self.key.reset_lifetime();
-            self.store.put_off_expiration(&self.key, ttl).await
+            let result = self.store.put_off_expiration(&self.key, ttl).await;
+            if result.as_ref().is_err_and(|e| !e.is_expired()) {
+                // Not confirmed: the lease the store knows is still the old one.
+                self.key.restore_deadline(before);
+            }
+            result
         };
         match result {
             Ok(()) => {
@@ -623,6 +635,19 @@ impl Lock {
     {
         let guard = self.lock().await?;
         guard.run(body).await
+    }
+
+    /// Starts renewing this lock in the background at a third of its ttl, until it is released
+    /// or the returned [`KeepAlive`] is dropped, and tells when the lock is lost (a refresh
+    /// found it taken over, or the store stayed unreachable until the lease ran out). Call it
+    /// once the lock is held.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::InvalidArgument`] for a lock without a ttl; [`ErrorKind::Unsupported`]
+    /// outside a tokio runtime.
+    pub fn keep_alive(&self) -> Result<KeepAlive> {
+        KeepAlive::start(self)
     }
 
     /// Schedules a release of what this holder holds, ordered before its next store operation.

@@ -4,15 +4,16 @@
 
 #![cfg(target_os = "linux")]
 
+mod support;
+
 use std::fs;
-use std::io::{BufRead as _, BufReader, Write as _};
 use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde_json::{Value, json};
+use support::peer::Peer;
 use xtr_lock::{ErrorKind, FlockStore, Key, LockFactory, Mode, Release, Store};
 
 const PATIENCE: Duration = Duration::from_secs(10);
@@ -624,67 +625,11 @@ async fn a_reader_in_another_process_admits_our_readers_and_excludes_our_writers
 
 // ---- Python xtr-lock 4.1.0 --------------------------------------------------------------------
 
-struct PyPeer {
-    child: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
-}
-
-impl PyPeer {
-    fn flock(dir: &Path) -> PyPeer {
-        let python = xtr_lock_testkit::python::python_with_peers();
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/lock_peer.py");
-        let mut child = Command::new(python)
-            .arg(script)
-            .arg("flock")
-            .arg(dir)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stdin = child.stdin.take().unwrap();
-        let stdout = BufReader::new(child.stdout.take().unwrap());
-        let mut peer = PyPeer {
-            child,
-            stdin,
-            stdout,
-        };
-        assert_eq!(peer.read()["result"], "ready");
-        peer
-    }
-
-    fn read(&mut self) -> Value {
-        let mut line = String::new();
-        self.stdout.read_line(&mut line).unwrap();
-        serde_json::from_str(&line).unwrap_or_else(|e| panic!("peer said {line:?}: {e}"))
-    }
-
-    fn send(&mut self, op: &str, resource: &str) {
-        writeln!(self.stdin, "{}", json!({"op": op, "resource": resource})).unwrap();
-        self.stdin.flush().unwrap();
-    }
-
-    /// Sends a command and returns its result (panics on a peer error).
-    fn call(&mut self, op: &str, resource: &str) -> Value {
-        self.send(op, resource);
-        let answer = self.read();
-        assert_eq!(answer["ok"], true, "python {op} {resource:?}: {answer}");
-        answer["result"].clone()
-    }
-}
-
-impl Drop for PyPeer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 #[tokio::test]
 async fn python_and_rust_name_the_same_files() {
     let tmp = tempfile::tempdir().unwrap();
     let store = FlockStore::in_dir(tmp.path()).unwrap();
-    let mut py = PyPeer::flock(tmp.path());
+    let mut py = Peer::python("flock", tmp.path().to_str().unwrap());
     for resource in [
         "reports:nightly",
         "",
@@ -707,7 +652,7 @@ async fn python_holds_and_rust_waits_woken_by_the_release() {
     let tmp = tempfile::tempdir().unwrap();
     let store = no_poll(tmp.path());
     let factory = LockFactory::new(store.clone());
-    let mut py = PyPeer::flock(tmp.path());
+    let mut py = Peer::python("flock", tmp.path().to_str().unwrap());
     assert_eq!(py.call("try_write", "invoice:42"), true);
     let lock = factory.create_lock("invoice:42");
     assert!(!lock.try_acquire().await.unwrap());
@@ -738,7 +683,7 @@ async fn python_holds_and_rust_waits_woken_by_the_release() {
 async fn readers_in_both_languages_share_and_exclude_writers() {
     let tmp = tempfile::tempdir().unwrap();
     let factory = LockFactory::new(FlockStore::in_dir(tmp.path()).unwrap());
-    let mut py = PyPeer::flock(tmp.path());
+    let mut py = Peer::python("flock", tmp.path().to_str().unwrap());
     let ours = factory.create_lock("report");
     assert!(ours.try_acquire_read().await.unwrap());
     assert_eq!(
@@ -773,10 +718,10 @@ async fn readers_in_both_languages_share_and_exclude_writers() {
 async fn python_waits_for_rust() {
     let tmp = tempfile::tempdir().unwrap();
     let factory = LockFactory::new(FlockStore::in_dir(tmp.path()).unwrap());
-    let mut py = PyPeer::flock(tmp.path());
+    let mut py = Peer::python("flock", tmp.path().to_str().unwrap());
     let lock = factory.create_lock("cron");
     lock.acquire().await.unwrap();
-    py.send("wait_write", "cron");
+    py.send("wait_write", "cron", None);
     tokio::time::sleep(Duration::from_millis(200)).await;
     lock.release().await.unwrap();
     let answer = py.read();

@@ -1,6 +1,7 @@
 """A Python xtr-lock 4.1.0 peer driven line by line over stdin, for the interop tests.
 
 Usage: python lock_peer.py flock <dir>
+       python lock_peer.py redis <dsn>
 
 Each command is one line of JSON: {"op": ..., "resource": ...}; each answer is one line of JSON:
 {"ok": true, "result": ...} or {"ok": false, "error": "..."}. Operations: try_write, try_read,
@@ -13,14 +14,17 @@ import json
 import sys
 import time
 
-from xtr_lock import FlockStore, Key, LockFactory
+from xtr_lock import FlockStore, Key, LockFactory, StoreFactory
 
 
 async def main() -> None:
     kind, location = sys.argv[1], sys.argv[2]
-    if kind != "flock":
+    if kind == "flock":
+        store = FlockStore(location)
+    elif kind == "redis":
+        store = StoreFactory.create_store(location)
+    else:
         raise SystemExit(f"unknown store kind {kind}")
-    store = FlockStore(location)
     factory = LockFactory(store)
     locks = {}
     loop = asyncio.get_running_loop()
@@ -31,7 +35,9 @@ async def main() -> None:
             return
         cmd = json.loads(line)
         op, resource = cmd["op"], cmd.get("resource", "")
-        lock = locks.setdefault(resource, factory.create_lock(resource, ttl=None))
+        if resource not in locks:
+            locks[resource] = factory.create_lock(resource, ttl=cmd.get("ttl"))
+        lock = locks[resource]
         try:
             if op == "try_write":
                 result = await lock.acquire(blocking=False)
@@ -44,6 +50,9 @@ async def main() -> None:
             elif op == "release":
                 await lock.release()
                 result = time.monotonic_ns()
+            elif op == "refresh":
+                await lock.refresh(cmd.get("ttl"))
+                result = True
             elif op == "is_acquired":
                 result = await lock.is_acquired()
             elif op == "file_for":

@@ -8,6 +8,8 @@
 
 #![allow(dead_code)]
 
+pub mod peer;
+
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::sync::{Arc, Mutex};

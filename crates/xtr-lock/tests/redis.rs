@@ -1,0 +1,581 @@
+//! RedisStore beyond the conformance suite, against real throwaway servers: the layout on the
+//! wire, foreign values, faults (killed, paused, unreachable), DSNs, the keep-alive, fencing,
+//! waking without a thundering herd, cancellation, and interop with Python xtr-lock 4.1.0 and
+//! Symfony Lock 5.4.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use support::peer::Peer;
+use xtr_lock::{
+    ErrorKind, Key, Lock, LockFactory, LostReason, ManualClock, Mode, RedisStore, Release, Store,
+};
+use xtr_lock_testkit::redis::RedisServer;
+
+const TTL: Duration = Duration::from_secs(30);
+
+fn store(server: &RedisServer) -> RedisStore {
+    RedisStore::from_dsn(&server.url(0)).unwrap()
+}
+
+fn lock(store: &RedisStore, resource: &str, ttl: Duration) -> Lock {
+    LockFactory::new(store.clone())
+        .create_lock(resource)
+        .with_ttl(Some(ttl))
+}
+
+/// `ZRANGE key 0 -1 WITHSCORES`, as (member, score) pairs.
+fn zset(server: &RedisServer, key: &str) -> Vec<(String, u64)> {
+    let out = server.cli(&["ZRANGE", key, "0", "-1", "WITHSCORES"]);
+    let lines: Vec<&str> = out.lines().filter(|l| !l.is_empty()).collect();
+    lines
+        .chunks(2)
+        .map(|c| (c[0].to_owned(), c[1].parse().unwrap()))
+        .collect()
+}
+
+fn server_ms(server: &RedisServer) -> u64 {
+    let t = server.cli(&["TIME"]);
+    let mut parts = t.lines();
+    let s: u64 = parts.next().unwrap().parse().unwrap();
+    let us: u64 = parts.next().unwrap().parse().unwrap();
+    s * 1000 + us / 1000
+}
+
+// ---- the layout on the wire --------------------------------------------------------------------
+
+#[tokio::test]
+async fn the_lock_is_the_peers_sorted_set_under_prefix_plus_resource() {
+    let server = RedisServer::start();
+    let store = RedisStore::from_dsn(&format!("{}?prefix=app%3Alocks%3A", server.url(0))).unwrap();
+    assert_eq!(store.prefix(), "app:locks:");
+    let lock = lock(&store, "invoice:42", Duration::from_secs(2));
+    assert!(lock.try_acquire().await.unwrap());
+    let token = lock.key().token("redis");
+    let members = zset(&server, "app:locks:invoice:42");
+    assert_eq!(members.len(), 2, "{members:?}");
+    assert!(members.iter().any(|(m, _)| m == "__write__"));
+    assert!(members.iter().any(|(m, _)| *m == token));
+    assert_eq!(
+        members[0].1, members[1].1,
+        "the marker has the writer's score"
+    );
+    let left = members[0].1.saturating_sub(server_ms(&server));
+    assert!(
+        left > 0 && left <= 2000,
+        "score = server now + ttl: {left} ms left"
+    );
+    let pttl: i64 = server
+        .cli(&["PTTL", "app:locks:invoice:42"])
+        .parse()
+        .unwrap();
+    assert!(
+        pttl > 0 && pttl <= 2000,
+        "the key expires with its last lease: {pttl}"
+    );
+    assert_eq!(token.len(), 44);
+
+    lock.try_acquire_read().await.unwrap();
+    let members = zset(&server, "app:locks:invoice:42");
+    assert_eq!(members.len(), 1, "demoted: the marker is gone: {members:?}");
+    assert_eq!(lock.release().await.unwrap(), Release::Released);
+    assert_eq!(
+        server.cli(&["EXISTS", "app:locks:invoice:42"]),
+        "0",
+        "gone after release"
+    );
+    // A conflict names the resource, not the key.
+    let other = lock_from(&store, "invoice:42");
+    lock.try_acquire().await.unwrap();
+    let err = store.save(other.key(), Some(TTL)).await.unwrap_err();
+    assert_eq!(err.resource(), Some("invoice:42"));
+}
+
+fn lock_from(store: &RedisStore, resource: &str) -> Lock {
+    lock(store, resource, TTL)
+}
+
+#[tokio::test]
+async fn one_round_trip_per_acquire_refresh_and_release() {
+    let server = RedisServer::start();
+    let store = store(&server);
+    let lock = lock(&store, "trips", TTL);
+    // Warm up: connect, probe the clock, load each script once (NOSCRIPT, SCRIPT LOAD).
+    lock.try_acquire().await.unwrap();
+    lock.refresh(None).await.unwrap();
+    lock.release().await.unwrap();
+    server.cli(&["CONFIG", "RESETSTAT"]);
+    lock.try_acquire().await.unwrap();
+    lock.refresh(None).await.unwrap();
+    lock.release().await.unwrap();
+    let stats = server.cli(&["INFO", "commandstats"]);
+    let calls = |cmd: &str| -> u64 {
+        stats
+            .lines()
+            .find(|l| l.starts_with(&format!("cmdstat_{cmd}:")))
+            .and_then(|l| l.split("calls=").nth(1))
+            .and_then(|v| v.split(',').next())
+            .map_or(0, |v| v.parse().unwrap())
+    };
+    assert_eq!(calls("evalsha"), 3, "{stats}");
+    assert_eq!(calls("eval"), 0);
+}
+
+#[tokio::test]
+async fn foreign_values_at_the_key() {
+    let server = RedisServer::start();
+    let store = store(&server);
+    server.cli(&["SET", "someone-else", "their-token"]);
+    let lock = lock(&store, "someone-else", TTL);
+    assert!(
+        !lock.try_acquire().await.unwrap(),
+        "a string is someone else's lock"
+    );
+    assert!(!lock.try_acquire_read().await.unwrap());
+    assert!(!lock.is_acquired().await.unwrap());
+    assert_eq!(lock.release().await.unwrap(), Release::NotHeld);
+    assert_eq!(
+        server.cli(&["GET", "someone-else"]),
+        "their-token",
+        "untouched"
+    );
+    assert_eq!(store.holders("someone-else").await.unwrap().len(), 1);
+
+    server.cli(&["HSET", "a-hash", "f", "v"]);
+    let err = store
+        .save(&Key::new("a-hash"), Some(TTL))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Storage);
+    assert_eq!(err.resource(), Some("a-hash"));
+    assert!(err.to_string().contains("WRONGTYPE"), "{err}");
+    let err = lock_from(&store, "a-hash").try_acquire().await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Acquiring);
+    assert_eq!(server.cli(&["HGET", "a-hash", "f"]), "v");
+}
+
+#[tokio::test]
+async fn a_lock_needs_a_ttl_on_redis() {
+    let server = RedisServer::start();
+    let lock = LockFactory::new(store(&server))
+        .create_lock("no-ttl")
+        .with_ttl(None);
+    let err = lock.try_acquire().await.unwrap_err();
+    let cause = std::error::Error::source(&err).unwrap().to_string();
+    assert!(cause.contains("needs a ttl"), "{cause}");
+}
+
+// ---- faults ------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn a_killed_server_gives_clear_temporary_errors_and_works_again_after_restart() {
+    let mut server = RedisServer::start();
+    let store = store(&server);
+    let lock = lock(&store, "crash", TTL);
+    assert!(lock.try_acquire().await.unwrap());
+    server.kill();
+    let err = lock.release().await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Releasing);
+    assert!(err.is_temporary(), "{err:?}");
+    let err = lock.refresh(None).await.unwrap_err();
+    assert!(err.is_temporary(), "{err:?}");
+    server.restart();
+    // The server forgot everything (no persistence); the store reconnects.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let again = lock_from(&store, "crash");
+    loop {
+        match again.try_acquire().await {
+            Ok(got) => {
+                assert!(got);
+                break;
+            }
+            Err(e) => assert!(Instant::now() < deadline, "never reconnected: {e:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_paused_server_times_out_within_the_socket_timeout() {
+    let server = RedisServer::start();
+    let store = RedisStore::from_dsn(&format!("{}?socket_timeout=0.5", server.url(0))).unwrap();
+    let lock = lock(&store, "pause", TTL);
+    assert!(lock.try_acquire().await.unwrap());
+    server.pause();
+    let started = Instant::now();
+    let err = lock_from(&store, "pause").try_acquire().await.unwrap_err();
+    let took = started.elapsed();
+    server.resume();
+    assert!(err.is_temporary(), "{err:?}");
+    let cause = std::error::Error::source(&err).unwrap().to_string();
+    assert!(cause.contains("did not answer in time"), "{cause}");
+    assert!(
+        took < Duration::from_secs(5),
+        "a bounded wait, not a hang: {took:?}"
+    );
+}
+
+#[tokio::test]
+async fn an_unreachable_server_is_a_storage_error_naming_no_secret() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let dsn = format!("redis://user:hunter2@127.0.0.1:{port}/0?socket_connect_timeout=1");
+    let store = RedisStore::from_dsn(&dsn).unwrap();
+    assert_eq!(store.to_string(), format!("redis://127.0.0.1:{port}/0"));
+    let started = Instant::now();
+    let err = store.save(&Key::new("r"), Some(TTL)).await.unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(err.kind(), ErrorKind::Storage);
+    assert!(err.is_temporary());
+    let shown = format!("{err} {err:?} {store:?}");
+    assert!(!shown.contains("hunter2"), "{shown}");
+}
+
+#[tokio::test]
+async fn acl_users_and_unix_sockets_connect() {
+    let server = RedisServer::start_with(&["--requirepass", "s3cret"]);
+    server.cli(&[
+        "-a",
+        "s3cret",
+        "--no-auth-warning",
+        "ACL",
+        "SETUSER",
+        "locker",
+        "on",
+        ">p@ss",
+        "~*",
+        "&*",
+        "+@all",
+    ]);
+    let store = RedisStore::from_dsn(&format!(
+        "redis://locker:p%40ss@127.0.0.1:{}/0",
+        server.port()
+    ))
+    .unwrap();
+    assert!(lock(&store, "acl", TTL).try_acquire().await.unwrap());
+    let wrong = RedisStore::from_dsn(&format!(
+        "redis://locker:nope@127.0.0.1:{}/0",
+        server.port()
+    ))
+    .unwrap();
+    let err = wrong.save(&Key::new("acl"), Some(TTL)).await.unwrap_err();
+    assert!(!format!("{err:?}").contains("nope"));
+    let unix = RedisStore::from_dsn(&format!(
+        "unix://:s3cret@{}?db=1",
+        server.socket_path().display()
+    ))
+    .unwrap();
+    assert!(lock(&unix, "sock", TTL).try_acquire().await.unwrap());
+}
+
+// ---- keep-alive, fencing, waking -----------------------------------------------------------------
+
+#[tokio::test]
+async fn keep_alive_holds_a_lock_past_several_ttls_and_signals_its_loss() {
+    let server = RedisServer::start();
+    let store = store(&server);
+    let ttl = Duration::from_millis(300);
+    let held = lock(&store, "kept", ttl);
+    assert!(held.try_acquire().await.unwrap());
+    let mut alive = held.keep_alive().unwrap();
+    tokio::time::sleep(ttl * 5).await;
+    assert!(held.is_acquired().await.unwrap(), "kept past five ttls");
+    assert!(!lock(&store, "kept", ttl).try_acquire().await.unwrap());
+    assert!(!alive.is_lost());
+    server.cli(&["DEL", "kept"]); // behind its back
+    let lost = tokio::time::timeout(Duration::from_secs(5), alive.lost())
+        .await
+        .expect("the loss is signalled within a refresh period");
+    assert_eq!(lost.reason, LostReason::TakenOver);
+    assert!(lost.to_string().contains("'kept' was lost"), "{lost}");
+    assert!(!held.is_acquired().await.unwrap());
+}
+
+#[tokio::test]
+async fn keep_alive_stops_on_release_and_on_drop() {
+    let server = RedisServer::start();
+    let store = store(&server);
+    let ttl = Duration::from_millis(300);
+    let held = lock(&store, "stop", ttl);
+    held.try_acquire().await.unwrap();
+    let alive = held.keep_alive().unwrap();
+    drop(alive);
+    tokio::time::sleep(ttl * 2).await;
+    assert!(
+        !held.is_acquired().await.unwrap(),
+        "dropped: no more refreshes, it expired"
+    );
+    held.try_acquire().await.unwrap();
+    let mut alive = held.keep_alive().unwrap();
+    held.release().await.unwrap();
+    tokio::time::sleep(ttl).await;
+    assert!(!alive.is_lost(), "a release is not a loss");
+    assert!(
+        tokio::time::timeout(Duration::from_millis(100), alive.lost())
+            .await
+            .is_err(),
+        "lost() stays pending after a release"
+    );
+    assert!(!held.is_acquired().await.unwrap(), "and nothing re-took it");
+}
+
+#[tokio::test]
+async fn fencing_tokens_increase_across_stores_and_connections() {
+    let server = RedisServer::start();
+    let (a, b) = (store(&server), store(&server));
+    let mut last = 0;
+    for i in 0..20 {
+        let s = if i % 2 == 0 { &a } else { &b };
+        let l = lock(s, "fenced", TTL);
+        assert!(l.try_acquire().await.unwrap());
+        let t = l.fencing_token().unwrap();
+        assert!(t > last, "{t} > {last}");
+        assert!(l.try_acquire().await.unwrap());
+        assert_eq!(l.fencing_token(), Some(t), "a re-save keeps the token");
+        last = t;
+        l.release().await.unwrap();
+    }
+    // The counter is a separate key, never a member of the lock's set.
+    assert_eq!(server.cli(&["TYPE", "__xtr_lock_fence__"]), "string");
+}
+
+#[tokio::test]
+async fn a_release_wakes_one_waiter_not_all_of_them() {
+    let server = RedisServer::start();
+    let store = store(&server);
+    // A frozen clock: no poll and no retry sleep ever ends, so only notifications wake.
+    let factory = LockFactory::new(store.clone())
+        .with_clock(Arc::new(ManualClock::frozen()))
+        .with_default_ttl(Some(TTL));
+    let holder = factory.create_lock("herd");
+    holder.acquire().await.unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut waiters = Vec::new();
+    for i in 0..100 {
+        let lock = factory.create_lock("herd");
+        let tx = tx.clone();
+        waiters.push(tokio::spawn(async move {
+            lock.acquire().await.unwrap();
+            tx.send((i, lock)).unwrap();
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await; // all of them are waiting
+    server.cli(&["CONFIG", "RESETSTAT"]);
+    holder.release().await.unwrap();
+    let (_, first) = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let stats = server.cli(&["INFO", "commandstats"]);
+    let evals: u64 = stats
+        .lines()
+        .find(|l| l.starts_with("cmdstat_evalsha:"))
+        .and_then(|l| l.split("calls=").nth(1))
+        .and_then(|v| v.split(',').next())
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        evals <= 5,
+        "one release caused {evals} scripts, not ~100 retries"
+    );
+    assert!(rx.try_recv().is_err(), "exactly one waiter got the lock");
+    // The rest still get their turn, one release at a time.
+    first.release().await.unwrap();
+    for _ in 0..99 {
+        let (_, next) = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+            .await
+            .expect("the next waiter is woken")
+            .unwrap();
+        next.release().await.unwrap();
+    }
+    for w in waiters {
+        w.await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn cancellation_at_random_points_leaves_no_member_behind() {
+    let server = RedisServer::start();
+    let store = store(&server);
+    let holder = lock(&store, "cancel", TTL);
+    for i in 0..60u64 {
+        let held = i % 3 == 0;
+        if held {
+            holder.acquire().await.unwrap();
+        }
+        let waiter = lock(&store, "cancel", TTL);
+        let budget = Duration::from_micros((i * 97) % 1500);
+        let done = if i % 2 == 0 {
+            tokio::time::timeout(budget, waiter.acquire()).await
+        } else {
+            tokio::time::timeout(budget, waiter.acquire_read()).await
+        };
+        let completed = matches!(done, Ok(Ok(())));
+        // The holder's next operation runs after any clean-up.
+        let still = waiter.is_acquired().await.unwrap();
+        assert_eq!(still, completed, "round {i}");
+        if completed {
+            waiter.release().await.unwrap();
+        }
+        if held {
+            holder.release().await.unwrap();
+        }
+        let token = waiter.key().token("redis");
+        assert!(
+            !zset(&server, "cancel").iter().any(|(m, _)| *m == token),
+            "round {i}: the cancelled waiter's member is gone"
+        );
+    }
+    assert_eq!(
+        server.cli(&["EXISTS", "cancel"]),
+        "0",
+        "nothing left behind"
+    );
+}
+
+#[tokio::test]
+async fn a_waiter_takes_a_crashed_holders_lock_when_it_expires() {
+    let server = RedisServer::start();
+    let store = store(&server);
+    let crashed = lock(&store, "expiry", Duration::from_millis(500));
+    crashed.try_acquire().await.unwrap();
+    drop(crashed); // never released
+    let waiter = lock(&store, "expiry", TTL);
+    let started = Instant::now();
+    waiter.acquire().await.unwrap();
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert!(waiter.is_acquired().await.unwrap());
+}
+
+// ---- Python xtr-lock 4.1.0 -------------------------------------------------------------------------
+
+#[tokio::test]
+async fn python_and_rust_exclude_each_other_both_ways() {
+    let server = RedisServer::start();
+    let store = store(&server);
+    let mut py = Peer::python("redis", &server.url(0));
+    assert_eq!(py.call_ttl("try_write", "py-first", Some(30.0)), true);
+    let ours = lock(&store, "py-first", TTL);
+    assert!(!ours.try_acquire().await.unwrap());
+    assert!(!ours.try_acquire_read().await.unwrap());
+    // Python never publishes: our waiter finds the release by polling.
+    let wait = tokio::spawn({
+        let ours = ours.clone();
+        async move { ours.acquire().await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    py.call("release", "py-first");
+    tokio::time::timeout(Duration::from_secs(10), wait)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(py.call("is_acquired", "py-first"), false);
+    assert_eq!(
+        py.call("try_write", "py-first"),
+        false,
+        "Python is excluded by our lock"
+    );
+    assert_eq!(py.call("try_read", "py-first"), false);
+    ours.release().await.unwrap();
+    assert_eq!(py.call("try_write", "py-first"), true);
+}
+
+#[tokio::test]
+async fn python_and_rust_readers_share_and_promote_and_demote() {
+    let server = RedisServer::start();
+    let store = store(&server);
+    let mut py = Peer::python("redis", &server.url(0));
+    let ours = lock(&store, "rw", TTL);
+    assert!(ours.try_acquire_read().await.unwrap());
+    assert_eq!(
+        py.call_ttl("try_read", "rw", Some(30.0)),
+        true,
+        "readers share"
+    );
+    assert!(
+        !ours.try_acquire().await.unwrap(),
+        "no promotion while Python reads"
+    );
+    assert_eq!(ours.held_mode(), Some(Mode::Read));
+    assert!(ours.is_acquired().await.unwrap());
+    assert_eq!(
+        py.call("try_write", "rw"),
+        false,
+        "Python cannot promote either"
+    );
+    py.call("release", "rw");
+    assert!(
+        ours.try_acquire().await.unwrap(),
+        "the sole reader promotes"
+    );
+    assert_eq!(py.call("try_read", "rw"), false);
+    assert!(ours.try_acquire_read().await.unwrap(), "demoted");
+    assert_eq!(
+        py.call("try_read", "rw"),
+        true,
+        "Python joins after the demotion"
+    );
+    ours.release().await.unwrap();
+    py.call("release", "rw");
+    assert_eq!(server.cli(&["EXISTS", "rw"]), "0");
+}
+
+#[tokio::test]
+async fn an_expired_python_lock_is_taken_over_and_a_python_key_holds_for_rust() {
+    let server = RedisServer::start();
+    let store = store(&server);
+    let mut py = Peer::python("redis", &server.url(0));
+    assert_eq!(py.call_ttl("try_write", "py-expiry", Some(0.3)), true);
+    let ours = lock(&store, "py-expiry", TTL);
+    let started = Instant::now();
+    ours.acquire().await.unwrap();
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(
+        py.call("is_acquired", "py-expiry"),
+        false,
+        "Python sees its lock lost"
+    );
+    ours.release().await.unwrap();
+}
+
+// ---- Symfony Lock 5.4 ------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn symfony_and_rust_exclude_each_other_both_ways() {
+    let server = RedisServer::start();
+    let store = store(&server);
+    let mut php = Peer::symfony(server.port());
+    assert_eq!(php.call_ttl("try_write", "sf", Some(30.0)), true);
+    let ours = lock(&store, "sf", TTL);
+    assert!(!ours.try_acquire().await.unwrap());
+    assert!(!ours.try_acquire_read().await.unwrap());
+    php.call("release", "sf");
+    assert!(ours.try_acquire().await.unwrap());
+    assert_eq!(
+        php.call("try_write", "sf"),
+        false,
+        "Symfony is excluded by our lock"
+    );
+    assert_eq!(php.call("try_read", "sf"), false);
+    assert!(ours.try_acquire_read().await.unwrap());
+    assert_eq!(
+        php.call("try_read", "sf"),
+        true,
+        "readers share across languages"
+    );
+    assert!(
+        !ours.try_acquire().await.unwrap(),
+        "no promotion while Symfony reads"
+    );
+    php.call("release", "sf");
+    assert!(ours.try_acquire().await.unwrap());
+    ours.release().await.unwrap();
+    assert_eq!(server.cli(&["EXISTS", "sf"]), "0");
+}

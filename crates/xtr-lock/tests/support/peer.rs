@@ -1,0 +1,91 @@
+//! Real peers in other languages (Python xtr-lock 4.1.0, Symfony Lock 5.4), driven one JSON line
+//! at a time over their stdin and stdout (`tests/py/lock_peer.{py,php}`).
+
+use std::io::{BufRead as _, BufReader, Write as _};
+use std::path::Path;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+
+use serde_json::{Value, json};
+
+pub struct Peer {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+fn script(name: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/py")
+        .join(name)
+}
+
+impl Peer {
+    /// Python xtr-lock 4.1.0 on `store` (`flock` with a directory, or `redis` with a DSN).
+    pub fn python(kind: &str, location: &str) -> Peer {
+        let python = xtr_lock_testkit::python::python_with_peers();
+        let mut cmd = Command::new(python);
+        cmd.arg(script("lock_peer.py")).arg(kind).arg(location);
+        Peer::spawn(cmd)
+    }
+
+    /// Symfony Lock's RedisStore (php-cli, php-symfony-lock, php-redis) on `127.0.0.1:port`.
+    pub fn symfony(port: u16) -> Peer {
+        let mut cmd = Command::new("php");
+        cmd.arg(script("lock_peer.php"))
+            .arg("127.0.0.1")
+            .arg(port.to_string());
+        Peer::spawn(cmd)
+    }
+
+    fn spawn(mut cmd: Command) -> Peer {
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start the peer {cmd:?}: {e}"));
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut peer = Peer {
+            child,
+            stdin,
+            stdout,
+        };
+        assert_eq!(peer.read()["result"], "ready");
+        peer
+    }
+
+    pub fn read(&mut self) -> Value {
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).unwrap();
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("the peer said {line:?}: {e}"))
+    }
+
+    pub fn send(&mut self, op: &str, resource: &str, ttl: Option<f64>) {
+        let mut cmd = json!({"op": op, "resource": resource});
+        if let Some(ttl) = ttl {
+            cmd["ttl"] = json!(ttl);
+        }
+        writeln!(self.stdin, "{cmd}").unwrap();
+        self.stdin.flush().unwrap();
+    }
+
+    /// Sends a command and returns its result (panics on a peer error).
+    pub fn call(&mut self, op: &str, resource: &str) -> Value {
+        self.call_ttl(op, resource, None)
+    }
+
+    /// Like [`call`](Peer::call), with a ttl (used when the lock object is first made).
+    pub fn call_ttl(&mut self, op: &str, resource: &str, ttl: Option<f64>) -> Value {
+        self.send(op, resource, ttl);
+        let answer = self.read();
+        assert_eq!(answer["ok"], true, "peer {op} {resource:?}: {answer}");
+        answer["result"].clone()
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -579,3 +579,37 @@ async fn symfony_and_rust_exclude_each_other_both_ways() {
     ours.release().await.unwrap();
     assert_eq!(server.cli(&["EXISTS", "sf"]), "0");
 }
+
+#[tokio::test]
+async fn is_acquired_writes_nothing_and_works_on_a_replica() {
+    let primary = RedisServer::start();
+    let replica =
+        RedisServer::start_with(&["--replicaof", "127.0.0.1", &primary.port().to_string()]);
+    let store = store(&primary);
+    let held = lock(&store, "replicated", TTL);
+    held.try_acquire().await.unwrap();
+    // Wait for the replica to have the key.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while replica.cli(&["EXISTS", "replicated"]) != "1" {
+        assert!(Instant::now() < deadline, "replication never caught up");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let on_replica = store_on(&replica);
+    let copy = Key::from_json(&held.key().to_json().unwrap()).unwrap();
+    assert!(
+        on_replica.exists(&copy).await.unwrap(),
+        "read-only: runs on a replica"
+    );
+    assert!(!on_replica.exists(&Key::new("replicated")).await.unwrap());
+    // A write is refused there, which is what makes the replica a proof.
+    assert!(
+        on_replica
+            .save(&Key::new("other"), Some(TTL))
+            .await
+            .is_err()
+    );
+}
+
+fn store_on(server: &RedisServer) -> RedisStore {
+    store(server)
+}

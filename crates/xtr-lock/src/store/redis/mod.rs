@@ -291,15 +291,25 @@ impl RedisStore {
         key: &Key,
         ttl: Option<Duration>,
         with_fence_key: bool,
+        read_only: bool,
     ) -> Result<T> {
         let mut conn = self
             .conn()
             .await
             .map_err(|e| e.with_resource(key.resource()))?;
-        let client_clock = self
-            .client_clock(&mut conn)
-            .await
-            .map_err(|e| e.with_resource(key.resource()))?;
+        let client_clock = if read_only {
+            // Reading TIME without writing needs no probe (and must work on a replica, where
+            // the probe's write is refused): the probe's verdict if known, else the server's.
+            self.inner
+                .client_clock
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .unwrap_or(false)
+        } else {
+            self.client_clock(&mut conn)
+                .await
+                .map_err(|e| e.with_resource(key.resource()))?
+        };
         let lock_key = self.key_for(key.resource());
         let mut invocation = script.key(&lock_key);
         if with_fence_key {
@@ -343,7 +353,7 @@ impl RedisStore {
             Mode::Read => &self.inner.scripts.save_read,
         };
         let (granted, value): (i64, i64) = self
-            .eval(script, key, Some(ttl), mode == Mode::Write)
+            .eval(script, key, Some(ttl), mode == Mode::Write, false)
             .await?;
         if granted != 1 {
             let err = Error::conflict(key.resource()).with_store(self);
@@ -440,7 +450,7 @@ impl Store for RedisStore {
     async fn put_off_expiration(&self, key: &Key, ttl: Duration) -> Result<()> {
         key.reduce_lifetime(ttl);
         let granted: i64 = self
-            .eval(&self.inner.scripts.put_off, key, Some(ttl), false)
+            .eval(&self.inner.scripts.put_off, key, Some(ttl), false, false)
             .await?;
         if granted != 1 {
             return Err(Error::conflict(key.resource()).with_store(self));
@@ -455,7 +465,7 @@ impl Store for RedisStore {
     /// Dropped mid-flight, the lock may or may not be released; calling it again is harmless.
     async fn delete(&self, key: &Key) -> Result<bool> {
         let removed: i64 = self
-            .eval(&self.inner.scripts.delete, key, None, false)
+            .eval(&self.inner.scripts.delete, key, None, false, false)
             .await?;
         Ok(removed == 1)
     }
@@ -468,7 +478,7 @@ impl Store for RedisStore {
     async fn exists(&self, key: &Key) -> Result<bool> {
         if !self.inner.legacy_exists.load(Ordering::Relaxed) {
             match self
-                .eval::<i64>(&self.inner.scripts.exists, key, None, false)
+                .eval::<i64>(&self.inner.scripts.exists, key, None, false, true)
                 .await
             {
                 Ok(found) => return Ok(found == 1),
@@ -480,7 +490,7 @@ impl Store for RedisStore {
             }
         }
         let found: i64 = self
-            .eval(&self.inner.scripts.exists_legacy, key, None, false)
+            .eval(&self.inner.scripts.exists_legacy, key, None, false, true)
             .await?;
         Ok(found == 1)
     }

@@ -7,7 +7,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 /// The Python peers the interop tests install, pinned.
-pub const PEERS: &[&str] = &["xtr-lock[redis]==4.1.0"];
+pub const PEERS: &[&str] = &["xtr-lock[redis]==4.1.0", "redis==8.1.0"];
 
 /// The `python` of a virtual environment holding [`PEERS`], creating it on first use.
 ///

@@ -35,9 +35,10 @@
 //! |---|---|---|---|---|---|---|---|
 //! | [`InMemoryStore`] | tasks and threads of one process using one store | emulated | yes | opt-in ([`InMemoryStore::expiring`]) | yes | yes | with the process |
 //! | [`FlockStore`] (feature `flock`, Linux) | processes on one machine, with Python xtr-lock and `flock(1)` | yes | yes | no | no | yes (inotify across processes) | yes (kernel) |
+//! | `RedisStore` (feature `redis`) | anyone reaching the server, with Python xtr-lock and Symfony Lock | emulated | yes | yes | yes | yes (pub/sub) | at ttl |
 //! | [`NullStore`] | no one (locks nothing) | yes (no-op) | yes | no | no | — | — |
 //!
-//! Redis, SQL and quorum stores follow; see the README.
+//! SQL and quorum stores follow; see the README.
 //!
 //! # What a lock does and does not guarantee
 //!
@@ -57,6 +58,7 @@
 //! | feature | what |
 //! |---|---|
 //! | `flock` (default) | [`FlockStore`]: lock files with `flock(2)`, Linux |
+//! | `redis` | `RedisStore`: Redis and Valkey, on redis-rs (tokio, rustls) |
 //! | `conformance` | the reusable store conformance suite, [`conformance`] |
 //!
 //! # Logging

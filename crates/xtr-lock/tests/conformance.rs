@@ -72,3 +72,16 @@ mod redis {
         Harness::new(Arc::new(store)).keep_alive(server)
     });
 }
+
+/// The same server with scores on the client's clock: the mode the time probe picks when a
+/// server refuses `TIME` in scripts (the Lua scripts' other branch).
+mod redis_client_clock {
+    use super::*;
+    xtr_lock::conformance_tests!(|| async {
+        let server = xtr_lock_testkit::redis::RedisServer::start();
+        let store = xtr_lock::RedisStore::from_dsn(&server.url(0))
+            .unwrap()
+            .force_client_clock();
+        Harness::new(Arc::new(store)).keep_alive(server)
+    });
+}

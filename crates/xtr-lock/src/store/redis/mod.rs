@@ -199,6 +199,18 @@ impl RedisStore {
         )
     }
 
+    /// Uses the client's wall clock for scores from now on, as the probe does when the server
+    /// refuses `TIME` in scripts. For tests of that mode; production stores let the probe decide.
+    #[doc(hidden)]
+    pub fn force_client_clock(self) -> Self {
+        *self
+            .inner
+            .client_clock
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(true);
+        self
+    }
+
     /// The key prefix.
     pub fn prefix(&self) -> &str {
         &self.inner.prefix

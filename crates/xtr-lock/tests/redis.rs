@@ -687,7 +687,10 @@ async fn a_store_over_a_client_you_built() {
     let server = RedisServer::start();
     let client = redis::Client::open(server.url(0)).unwrap();
     let store = RedisStore::from_client(client).with_prefix("mine:");
-    assert_eq!(store.to_string(), format!("redis://127.0.0.1:{}/0", server.port()));
+    assert_eq!(
+        store.to_string(),
+        format!("redis://127.0.0.1:{}/0", server.port())
+    );
     let l = lock(&store, "r", TTL);
     assert!(l.try_acquire().await.unwrap());
     assert_eq!(server.cli(&["TYPE", "mine:r"]), "zset");

@@ -1,0 +1,88 @@
+//! Raw arguments turned into checked settings, with errors that name the flag at fault.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, anyhow};
+use xtr_lock::{Lock, LockFactory, Store, StoreFactory};
+
+use crate::cli::{StoreArgs, WaitArgs};
+
+/// Parses a humantime duration (`30s`, `2m`, `1h30m`, `500ms`), naming the flag on error.
+pub fn duration(flag: &str, text: &str) -> Result<Duration> {
+    humantime::parse_duration(text).map_err(|e| {
+        anyhow!("{flag} {text:?} is not a duration ({e}); write it like 30s, 2m, 1h30m or 500ms")
+    })
+}
+
+/// How to take a lock.
+#[derive(Debug, Clone)]
+pub struct Wait {
+    pub nonblock: bool,
+    pub wait: Option<Duration>,
+    pub shared: bool,
+    pub ttl: Duration,
+    pub conflict_exit_code: u8,
+    pub quiet: bool,
+}
+
+/// The default lifetime on stores where locks expire: renewed while a command runs.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(60);
+
+impl Wait {
+    pub fn from_args(args: &WaitArgs) -> Result<Wait> {
+        let ttl = match &args.ttl {
+            Some(t) => duration("--ttl", t)?,
+            None => DEFAULT_TTL,
+        };
+        if ttl.is_zero() {
+            return Err(anyhow!("--ttl must be more than zero"));
+        }
+        Ok(Wait {
+            nonblock: args.nonblock,
+            wait: args
+                .wait
+                .as_deref()
+                .map(|w| duration("--wait", w))
+                .transpose()?,
+            shared: args.shared,
+            ttl,
+            conflict_exit_code: args.conflict_exit_code,
+            quiet: args.quiet,
+        })
+    }
+}
+
+/// The store a DSN names. Errors show the scheme only, never the DSN.
+pub struct StoreConfig {
+    pub store: Arc<dyn Store>,
+    /// What the command may be told about the store: its scheme only.
+    pub scheme: String,
+    /// Whether a key from this store can be used by another process.
+    pub keys_travel: bool,
+}
+
+impl StoreConfig {
+    pub fn from_args(args: &StoreArgs) -> Result<StoreConfig> {
+        let dsn = args.store.as_str();
+        let scheme = dsn.split_once(':').map_or(dsn, |(s, _)| s).to_owned();
+        let store = StoreFactory::create_store(dsn)
+            .with_context(|| "--store (or XTR_LOCK_STORE) names no usable store".to_owned())?;
+        let caps = store.capabilities();
+        // In-memory locks die with this process; flock keys hold an open file.
+        let keys_travel = caps.serializable_keys && scheme != "in-memory";
+        Ok(StoreConfig {
+            store,
+            scheme,
+            keys_travel,
+        })
+    }
+
+    pub fn factory(&self) -> LockFactory {
+        LockFactory::from_arc(self.store.clone())
+    }
+
+    pub fn lock(&self, resource: &str, ttl: Duration) -> Lock {
+        self.factory().create_lock(resource).with_ttl(Some(ttl))
+    }
+}

@@ -1,0 +1,46 @@
+//! Exit codes: the command's own status where there is a command, and these otherwise.
+
+/// What `xtr-lock` exits with when it is not passing on a command's status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    /// Success.
+    Ok,
+    /// The lock is held by someone else (`-n`, or `-w` ran out); `-E` changes the number.
+    Conflict(u8),
+    /// Bad usage or configuration, or the store failed: the message says what and how to fix.
+    Error,
+    /// The lock was lost while the command ran (the command was terminated), or a key handed
+    /// in names a lock that is no longer held.
+    Lost,
+    /// The command could not be run (`126`: not executable, `127`: not found, as shells do).
+    CannotRun(u8),
+    /// The command's own status (128 + N when killed by signal N).
+    Command(u8),
+}
+
+/// The lock was lost.
+pub const LOST: u8 = 3;
+/// Usage, configuration or store error.
+pub const ERROR: u8 = 2;
+
+impl Exit {
+    pub fn code(self) -> u8 {
+        match self {
+            Exit::Ok => 0,
+            Exit::Conflict(n) | Exit::CannotRun(n) | Exit::Command(n) => n,
+            Exit::Error => ERROR,
+            Exit::Lost => LOST,
+        }
+    }
+}
+
+/// The exit-code table of `--help` and the README.
+pub const TABLE: &str = "\
+Exit codes:
+  0        success (for run: the command succeeded)
+  1        the lock is held by someone else (-n, or -w ran out); -E/--conflict-exit-code changes it
+  2        usage, configuration or store error (bad DSN, duration, unreachable server, ...)
+  3        the lock was lost while the command ran (it was terminated), or a handed-in key's
+           lock is no longer held
+  126/127  the command cannot be executed / was not found
+  N        otherwise run exits with the command's own status; 128+N if it was killed by signal N";

@@ -1,0 +1,487 @@
+//! The `xtr-lock` command as users run it: exit codes, exclusion between concurrent runs, shared
+//! mode, signals, keys handed between processes, status, bench.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use assert_cmd::cargo::CommandCargoExt as _;
+use predicates::prelude::*;
+use xtr_lock_testkit::redis::RedisServer;
+
+fn xtr() -> assert_cmd::Command {
+    assert_cmd::Command::cargo_bin("xtr-lock").unwrap()
+}
+
+fn spawn(args: &[&str]) -> Child {
+    Command::cargo_bin("xtr-lock")
+        .unwrap()
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+fn flock_dsn(dir: &Path) -> String {
+    format!("flock://{}", dir.display())
+}
+
+/// Waits until `status` says the resource is held (by anyone).
+fn wait_held(store: &str, resource: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = xtr()
+            .args(["status", "--store", store, resource])
+            .output()
+            .unwrap();
+        if String::from_utf8_lossy(&out.stdout).contains("held by") {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{resource} never got held");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+// ---- exit codes ---------------------------------------------------------------------------------
+
+#[test]
+fn run_passes_the_commands_status_and_environment_on() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = flock_dsn(tmp.path());
+    xtr()
+        .args(["run", "--store", &store, "job", "--", "sh", "-c"])
+        .arg("echo \"$XTR_LOCK_RESOURCE $XTR_LOCK_STORE ${XTR_LOCK_FENCING_TOKEN:-none}\"; exit 7")
+        .assert()
+        .code(7)
+        .stdout("job flock none\n");
+    xtr()
+        .args(["run", "--store", &store, "job", "--", "true"])
+        .assert()
+        .success();
+    xtr()
+        .args([
+            "run",
+            "--store",
+            "in-memory",
+            "job",
+            "--",
+            "sh",
+            "-c",
+            "echo $XTR_LOCK_FENCING_TOKEN",
+        ])
+        .assert()
+        .success()
+        .stdout("1\n");
+}
+
+#[test]
+fn a_held_lock_gives_exit_1_with_nonblock_or_e_or_after_wait() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = flock_dsn(tmp.path());
+    let mut holder = spawn(&["run", "--store", &store, "busy", "--", "sleep", "5"]);
+    wait_held(&store, "busy");
+    xtr()
+        .args(["run", "-n", "--store", &store, "busy", "--", "true"])
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("\"busy\" is held by someone else"));
+    xtr()
+        .args([
+            "run", "-n", "-E", "42", "--store", &store, "busy", "--", "true",
+        ])
+        .assert()
+        .code(42);
+    let started = Instant::now();
+    xtr()
+        .args([
+            "run", "-w", "300ms", "-q", "--store", &store, "busy", "--", "true",
+        ])
+        .assert()
+        .code(1)
+        .stderr("");
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+}
+
+#[test]
+fn usage_and_configuration_errors_exit_2_with_one_clear_line_and_no_secret() {
+    xtr().args(["run", "r"]).assert().code(2); // no command
+    xtr()
+        .args([
+            "run",
+            "--store",
+            "mysql://app:hunter2@db/x",
+            "r",
+            "--",
+            "true",
+        ])
+        .assert()
+        .code(2)
+        .stderr(
+            predicate::str::contains("xtr-lock: error: --store")
+                .and(predicate::str::contains("hunter2").not()),
+        );
+    xtr()
+        .args([
+            "run",
+            "--store",
+            "redis://u:hunter2@h:notaport",
+            "r",
+            "--",
+            "true",
+        ])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("hunter2").not());
+    xtr()
+        .args(["run", "-w", "soon", "r", "--", "true"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains(
+            "--wait \"soon\" is not a duration",
+        ));
+    xtr()
+        .args([
+            "run",
+            "--store",
+            "redis://127.0.0.1:1/0?socket_connect_timeout=1",
+            "r",
+            "--",
+            "true",
+        ])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::starts_with("xtr-lock: error: "));
+    xtr()
+        .args(["run", "r", "--", "/no/such/command"])
+        .assert()
+        .code(127);
+}
+
+// ---- exclusion ------------------------------------------------------------------------------------
+
+/// Runs `n` concurrent `run`s whose commands log `start NS` / `end NS`, and returns the
+/// intervals.
+fn intervals(store: &str, extra: &[&str], n: usize, log: &Path) -> Vec<(u128, u128)> {
+    let script = format!(
+        "echo start $(date +%s%N) $$ >> {0}; sleep 0.2; echo end $(date +%s%N) $$ >> {0}",
+        log.display()
+    );
+    let children: Vec<Child> = (0..n)
+        .map(|_| {
+            let mut args = vec!["run", "--store", store];
+            args.extend_from_slice(extra);
+            args.extend_from_slice(&["shared-work", "--", "sh", "-c", &script]);
+            spawn(&args)
+        })
+        .collect();
+    for mut c in children {
+        assert!(c.wait().unwrap().success());
+    }
+    let text = std::fs::read_to_string(log).unwrap();
+    let mut starts = std::collections::HashMap::new();
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let parts: Vec<&str> = line.split_whitespace().collect();
+        let (what, at, pid) = (parts[0], parts[1].parse::<u128>().unwrap(), parts[2]);
+        if what == "start" {
+            starts.insert(pid.to_owned(), at);
+        } else {
+            out.push((starts[pid], at));
+        }
+    }
+    out.sort_unstable();
+    out
+}
+
+#[test]
+fn concurrent_runs_on_one_resource_never_overlap() {
+    let tmp = tempfile::tempdir().unwrap();
+    let log = tmp.path().join("log");
+    let spans = intervals(&flock_dsn(tmp.path()), &[], 4, &log);
+    assert_eq!(spans.len(), 4);
+    for w in spans.windows(2) {
+        assert!(w[0].1 <= w[1].0, "overlap: {spans:?}");
+    }
+}
+
+#[test]
+fn shared_runs_overlap_and_exclude_a_writer() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = flock_dsn(tmp.path());
+    let log = tmp.path().join("log");
+    let spans = intervals(&store, &["-s"], 3, &log);
+    let latest_start = spans.iter().map(|s| s.0).max().unwrap();
+    let earliest_end = spans.iter().map(|s| s.1).min().unwrap();
+    assert!(
+        latest_start < earliest_end,
+        "readers ran together: {spans:?}"
+    );
+
+    let mut reader = spawn(&["run", "-s", "--store", &store, "rw", "--", "sleep", "5"]);
+    wait_held(&store, "rw");
+    xtr()
+        .args(["run", "-n", "-s", "--store", &store, "rw", "--", "true"])
+        .assert()
+        .success();
+    xtr()
+        .args(["run", "-n", "--store", &store, "rw", "--", "true"])
+        .assert()
+        .code(1);
+    reader.kill().unwrap();
+    reader.wait().unwrap();
+}
+
+// ---- signals --------------------------------------------------------------------------------------
+
+#[test]
+fn the_lock_is_released_when_the_command_is_killed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = flock_dsn(tmp.path());
+    let pidfile = tmp.path().join("pid");
+    let mut run = spawn(&[
+        "run",
+        "--store",
+        &store,
+        "victim",
+        "--",
+        "sh",
+        "-c",
+        &format!("echo $$ > {}; exec sleep 30", pidfile.display()),
+    ]);
+    wait_held(&store, "victim");
+    let pid: i32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(pid).unwrap(),
+        rustix::process::Signal::KILL,
+    )
+    .unwrap();
+    let status = run.wait().unwrap();
+    assert_eq!(status.code(), Some(128 + 9), "128 + SIGKILL");
+    xtr()
+        .args(["run", "-n", "--store", &store, "victim", "--", "true"])
+        .assert()
+        .success();
+}
+
+#[test]
+fn sigterm_to_xtr_lock_is_forwarded_and_the_lock_released() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = flock_dsn(tmp.path());
+    let mut run = spawn(&["run", "--store", &store, "term", "--", "sleep", "30"]);
+    wait_held(&store, "term");
+    let pid = rustix::process::Pid::from_raw(run.id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    let status = run.wait().unwrap();
+    assert_eq!(
+        status.code(),
+        Some(128 + 15),
+        "the command died of the forwarded SIGTERM"
+    );
+    xtr()
+        .args(["run", "-n", "--store", &store, "term", "--", "true"])
+        .assert()
+        .success();
+}
+
+#[test]
+fn a_lost_lock_stops_the_command_and_exits_3() {
+    let server = RedisServer::start();
+    let store = server.url(0);
+    let run = spawn(&[
+        "run",
+        "--store",
+        &store,
+        "--ttl",
+        "600ms",
+        "--kill-after",
+        "1s",
+        "lost",
+        "--",
+        "sleep",
+        "30",
+    ]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while server.cli(&["EXISTS", "lost"]) != "1" {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    server.cli(&["DEL", "lost"]); // taken behind its back
+    let started = Instant::now();
+    let out = run.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(3));
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("was lost") && stderr.contains("SIGTERM"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn run_keeps_an_expiring_lock_alive_while_the_command_runs() {
+    let server = RedisServer::start();
+    let store = server.url(0);
+    xtr()
+        .args([
+            "run", "--store", &store, "--ttl", "300ms", "long", "--", "sleep", "1.2",
+        ])
+        .assert()
+        .success();
+    assert_eq!(server.cli(&["EXISTS", "long"]), "0", "released at the end");
+}
+
+// ---- keys between processes -----------------------------------------------------------------------
+
+#[test]
+fn acquire_in_one_process_release_in_another() {
+    let server = RedisServer::start();
+    let store = format!("redis://127.0.0.1:{}/0", server.port());
+    let out = xtr()
+        .args(["acquire", "--store", &store, "--ttl", "1m", "handed"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let key = String::from_utf8(out.stdout).unwrap();
+    xtr()
+        .args(["acquire", "-n", "--store", &store, "handed"])
+        .assert()
+        .code(1);
+    xtr()
+        .args(["status", "--store", &store, "--key", key.trim()])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("held by this key"));
+    xtr()
+        .args(["refresh", "--store", &store, "--ttl", "2m"])
+        .write_stdin(key.clone())
+        .assert()
+        .success();
+    xtr()
+        .args(["release", "--store", &store])
+        .write_stdin(key.clone())
+        .assert()
+        .success();
+    xtr()
+        .args(["status", "--store", &store, "handed"])
+        .assert()
+        .success()
+        .stdout("\"handed\": free\n");
+    xtr()
+        .args(["release", "--store", &store, key.trim()])
+        .assert()
+        .code(3);
+    xtr()
+        .args(["release", "--store", &store, "{\"v\":1}"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains(
+            "is not one `xtr-lock acquire` printed",
+        ));
+}
+
+#[test]
+fn keys_of_process_local_stores_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    for store in [flock_dsn(tmp.path()), "in-memory".to_owned()] {
+        xtr()
+            .args(["acquire", "--store", &store, "local"])
+            .assert()
+            .code(2)
+            .stderr(predicate::str::contains(
+                "cannot be handed to another process",
+            ));
+    }
+}
+
+// ---- status, bench, help ----------------------------------------------------------------------------
+
+#[test]
+fn status_shows_the_holders_pid_and_mode() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = flock_dsn(tmp.path());
+    let mut holder = spawn(&["run", "--store", &store, "watched", "--", "sleep", "5"]);
+    wait_held(&store, "watched");
+    xtr()
+        .args(["status", "--store", &store, "watched"])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains(format!(
+            "pid {} (write)",
+            holder.id()
+        )));
+    let out = xtr()
+        .args(["status", "--json", "--store", &store, "watched"])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["state"], "held");
+    assert_eq!(v["holders"][0]["pid"], holder.id());
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+}
+
+#[test]
+fn bench_prints_sane_numbers_for_memory_and_flock() {
+    let tmp = tempfile::tempdir().unwrap();
+    for store in ["in-memory".to_owned(), flock_dsn(tmp.path())] {
+        let out = xtr()
+            .args([
+                "bench",
+                "--json",
+                "--duration",
+                "300ms",
+                "--clients",
+                "4",
+                "--resources",
+                "2",
+                "--store",
+                &store,
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        for what in ["uncontended_us", "handoff_us"] {
+            let p50 = v[what]["p50"].as_f64().unwrap();
+            let p99 = v[what]["p99"].as_f64().unwrap();
+            assert!(p50 > 0.0 && p50 <= p99 && p99 < 1e6, "{store} {what}: {v}");
+        }
+        assert!(
+            v["throughput"]["per_second"].as_f64().unwrap() > 100.0,
+            "{store}: {v}"
+        );
+    }
+    xtr()
+        .args(["bench", "--store", "in-memory", "--duration", "100ms"])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("uncontended acquire + release"));
+}
+
+#[test]
+fn help_has_examples_and_the_exit_codes_and_completions_work() {
+    xtr().arg("--help").assert().success().stdout(
+        predicate::str::contains("Exit codes:")
+            .and(predicate::str::contains("xtr-lock run nightly-report")),
+    );
+    xtr()
+        .args(["completions", "bash"])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("xtr-lock"));
+}

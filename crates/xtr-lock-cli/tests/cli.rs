@@ -23,6 +23,14 @@ fn spawn(args: &[&str]) -> Child {
         .unwrap()
 }
 
+/// Stops a running `xtr-lock run` as a user would (SIGTERM, forwarded to its command), so no
+/// orphaned command outlives the test.
+fn stop(mut run: Child) {
+    let pid = rustix::process::Pid::from_raw(run.id() as i32).unwrap();
+    let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+    run.wait().unwrap();
+}
+
 fn flock_dsn(dir: &Path) -> String {
     format!("flock://{}", dir.display())
 }
@@ -79,7 +87,7 @@ fn run_passes_the_commands_status_and_environment_on() {
 fn a_held_lock_gives_exit_1_with_nonblock_or_e_or_after_wait() {
     let tmp = tempfile::tempdir().unwrap();
     let store = flock_dsn(tmp.path());
-    let mut holder = spawn(&["run", "--store", &store, "busy", "--", "sleep", "5"]);
+    let holder = spawn(&["run", "--store", &store, "busy", "--", "sleep", "5"]);
     wait_held(&store, "busy");
     xtr()
         .args(["run", "-n", "--store", &store, "busy", "--", "true"])
@@ -101,8 +109,7 @@ fn a_held_lock_gives_exit_1_with_nonblock_or_e_or_after_wait() {
         .code(1)
         .stderr("");
     assert!(started.elapsed() >= Duration::from_millis(300));
-    holder.kill().unwrap();
-    holder.wait().unwrap();
+    stop(holder);
 }
 
 #[test]
@@ -220,7 +227,7 @@ fn shared_runs_overlap_and_exclude_a_writer() {
         "readers ran together: {spans:?}"
     );
 
-    let mut reader = spawn(&["run", "-s", "--store", &store, "rw", "--", "sleep", "5"]);
+    let reader = spawn(&["run", "-s", "--store", &store, "rw", "--", "sleep", "5"]);
     wait_held(&store, "rw");
     xtr()
         .args(["run", "-n", "-s", "--store", &store, "rw", "--", "true"])
@@ -230,8 +237,7 @@ fn shared_runs_overlap_and_exclude_a_writer() {
         .args(["run", "-n", "--store", &store, "rw", "--", "true"])
         .assert()
         .code(1);
-    reader.kill().unwrap();
-    reader.wait().unwrap();
+    stop(reader);
 }
 
 // ---- signals --------------------------------------------------------------------------------------
@@ -274,8 +280,22 @@ fn the_lock_is_released_when_the_command_is_killed() {
 fn sigterm_to_xtr_lock_is_forwarded_and_the_lock_released() {
     let tmp = tempfile::tempdir().unwrap();
     let store = flock_dsn(tmp.path());
-    let mut run = spawn(&["run", "--store", &store, "term", "--", "sleep", "30"]);
-    wait_held(&store, "term");
+    let started = tmp.path().join("started");
+    let mut run = spawn(&[
+        "run",
+        "--store",
+        &store,
+        "term",
+        "--",
+        "sh",
+        "-c",
+        &format!("touch {}; exec sleep 30", started.display()),
+    ]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !started.exists() {
+        assert!(Instant::now() < deadline, "the command never started");
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let pid = rustix::process::Pid::from_raw(run.id() as i32).unwrap();
     rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
     let status = run.wait().unwrap();
@@ -286,6 +306,34 @@ fn sigterm_to_xtr_lock_is_forwarded_and_the_lock_released() {
     );
     xtr()
         .args(["run", "-n", "--store", &store, "term", "--", "true"])
+        .assert()
+        .success();
+}
+
+#[test]
+fn sigterm_while_waiting_ends_the_wait_and_leaves_nothing_held() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = flock_dsn(tmp.path());
+    let holder = spawn(&["run", "--store", &store, "queue", "--", "sleep", "30"]);
+    wait_held(&store, "queue");
+    let marker = tmp.path().join("ran");
+    let mut waiter = spawn(&[
+        "run",
+        "--store",
+        &store,
+        "queue",
+        "--",
+        "touch",
+        marker.to_str().unwrap(),
+    ]);
+    std::thread::sleep(Duration::from_millis(300)); // waiting (its signal handlers are set first)
+    let pid = rustix::process::Pid::from_raw(waiter.id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    assert_eq!(waiter.wait().unwrap().code(), Some(128 + 15));
+    assert!(!marker.exists(), "the command never ran");
+    stop(holder);
+    xtr()
+        .args(["run", "-n", "--store", &store, "queue", "--", "true"])
         .assert()
         .success();
 }
@@ -410,7 +458,7 @@ fn keys_of_process_local_stores_are_refused() {
 fn status_shows_the_holders_pid_and_mode() {
     let tmp = tempfile::tempdir().unwrap();
     let store = flock_dsn(tmp.path());
-    let mut holder = spawn(&["run", "--store", &store, "watched", "--", "sleep", "5"]);
+    let holder = spawn(&["run", "--store", &store, "watched", "--", "sleep", "5"]);
     wait_held(&store, "watched");
     xtr()
         .args(["status", "--store", &store, "watched"])
@@ -427,8 +475,7 @@ fn status_shows_the_holders_pid_and_mode() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["state"], "held");
     assert_eq!(v["holders"][0]["pid"], holder.id());
-    holder.kill().unwrap();
-    holder.wait().unwrap();
+    stop(holder);
 }
 
 #[test]

@@ -20,15 +20,55 @@ pub struct RunArgs {
     pub command: Vec<OsString>,
 }
 
+/// SIGINT, SIGTERM and SIGHUP, caught from the start: while waiting they end the wait cleanly,
+/// while the command runs they are forwarded to it.
+struct Signals {
+    int: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn new() -> Result<Signals> {
+        Ok(Signals {
+            int: signal(SignalKind::interrupt())?,
+            term: signal(SignalKind::terminate())?,
+            hup: signal(SignalKind::hangup())?,
+        })
+    }
+
+    async fn recv(&mut self) -> Signal {
+        tokio::select! {
+            _ = self.int.recv() => Signal::INT,
+            _ = self.term.recv() => Signal::TERM,
+            _ = self.hup.recv() => Signal::HUP,
+        }
+    }
+}
+
+fn killed_by(sig: Signal) -> Exit {
+    Exit::Command(u8::try_from(128 + sig.as_raw()).unwrap_or(255))
+}
+
 pub async fn run(args: RunArgs) -> Result<Exit> {
+    let mut signals = Signals::new()?;
     let lock = args.store.lock(&args.resource, args.wait.ttl);
-    if !super::take(&lock, &args.store, &args.wait).await? {
+    let taken = tokio::select! {
+        taken = super::take(&lock, &args.store, &args.wait) => taken?,
+        sig = signals.recv() => {
+            // Interrupted while waiting: whatever the dropped wait stored is taken back (the
+            // release runs after that clean-up), and nothing runs.
+            let _ = lock.release().await;
+            return Ok(killed_by(sig));
+        }
+    };
+    if !taken {
         if !args.wait.quiet {
             eprintln!("{}", super::conflict_message(&lock, &args.wait));
         }
         return Ok(Exit::Conflict(args.wait.conflict_exit_code));
     }
-    let outcome = supervise(&args, &lock).await;
+    let outcome = supervise(&args, &lock, &mut signals).await;
     // Released whatever happened to the command; a failed release is reported, not hidden.
     if let Err(err) = lock.release().await {
         eprintln!("xtr-lock: error: {err:#}");
@@ -39,7 +79,7 @@ pub async fn run(args: RunArgs) -> Result<Exit> {
     outcome
 }
 
-async fn supervise(args: &RunArgs, lock: &xtr_lock::Lock) -> Result<Exit> {
+async fn supervise(args: &RunArgs, lock: &xtr_lock::Lock, signals: &mut Signals) -> Result<Exit> {
     // Renewed while the command runs, on stores where locks expire.
     let mut alive = if args.store.store.capabilities().expiring {
         Some(lock.keep_alive()?)
@@ -70,9 +110,6 @@ async fn supervise(args: &RunArgs, lock: &xtr_lock::Lock) -> Result<Exit> {
         .id()
         .and_then(|id| Pid::from_raw(id as i32))
         .ok_or_else(|| anyhow!("the command has no pid"))?;
-    let mut sigint = signal(SignalKind::interrupt())?;
-    let mut sigterm = signal(SignalKind::terminate())?;
-    let mut sighup = signal(SignalKind::hangup())?;
     let lost = async {
         match alive.as_mut() {
             Some(a) => a.lost().await,
@@ -85,9 +122,7 @@ async fn supervise(args: &RunArgs, lock: &xtr_lock::Lock) -> Result<Exit> {
         tokio::select! {
             status = child.wait() => break status?,
             // Forwarded: the command decides how to stop; the lock is released after it exits.
-            _ = sigint.recv() => forward(pid, Signal::INT),
-            _ = sigterm.recv() => forward(pid, Signal::TERM),
-            _ = sighup.recv() => forward(pid, Signal::HUP),
+            sig = signals.recv() => forward(pid, sig),
             why = &mut lost, if !lost_lock => {
                 lost_lock = true;
                 eprintln!(
@@ -109,11 +144,11 @@ async fn supervise(args: &RunArgs, lock: &xtr_lock::Lock) -> Result<Exit> {
     if lost_lock {
         return Ok(Exit::Lost);
     }
-    Ok(Exit::Command(match (status.code(), status.signal()) {
-        (Some(code), _) => u8::try_from(code).unwrap_or(1),
-        (None, Some(sig)) => u8::try_from(128 + sig).unwrap_or(255),
-        (None, None) => 1,
-    }))
+    Ok(match (status.code(), status.signal()) {
+        (Some(code), _) => Exit::Command(u8::try_from(code).unwrap_or(1)),
+        (None, Some(sig)) => Exit::Command(u8::try_from(128 + sig).unwrap_or(255)),
+        (None, None) => Exit::Command(1),
+    })
 }
 
 fn forward(pid: Pid, sig: Signal) {

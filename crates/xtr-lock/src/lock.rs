@@ -365,6 +365,9 @@ impl Lock {
             if !blocking {
                 return Ok(false);
             }
+            // However quickly a watcher fires, give the scheduler (and a caller's deadline) a
+            // turn between attempts: a wait must never spin without yielding.
+            tokio::task::yield_now().await;
             tracing::debug!(target: TARGET, resource = self.resource(), "waiting for the lock");
             // Sleep until the holders' lifetimes end, if the store said when; poll unless the
             // watcher sees every release.

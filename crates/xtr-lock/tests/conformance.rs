@@ -85,3 +85,35 @@ mod redis_client_clock {
         Harness::new(Arc::new(store)).keep_alive(server)
     });
 }
+
+mod combined_memory {
+    use super::*;
+    use xtr_lock::store::{CombinedStore, ConsensusStrategy};
+    xtr_lock::conformance_tests!(|| async {
+        let stores: Vec<Arc<dyn xtr_lock::Store>> = (0..3)
+            .map(|_| Arc::new(InMemoryStore::new()) as Arc<dyn xtr_lock::Store>)
+            .collect();
+        Harness::new(Arc::new(CombinedStore::new(stores, ConsensusStrategy).unwrap()))
+    });
+}
+
+fn redis_quorum(n: usize) -> Harness {
+    use xtr_lock::store::{CombinedStore, ConsensusStrategy};
+    let servers: Vec<_> = (0..n)
+        .map(|_| xtr_lock_testkit::redis::RedisServer::start())
+        .collect();
+    let dsns: Vec<String> = servers.iter().map(|s| s.url(0)).collect();
+    let dsns: Vec<&str> = dsns.iter().map(String::as_str).collect();
+    let store = CombinedStore::from_dsns(&dsns, ConsensusStrategy).unwrap();
+    Harness::new(Arc::new(store)).keep_alive(servers)
+}
+
+mod combined_redis_3 {
+    use super::*;
+    xtr_lock::conformance_tests!(|| async { redis_quorum(3) });
+}
+
+mod combined_redis_5 {
+    use super::*;
+    xtr_lock::conformance_tests!(|| async { redis_quorum(5) });
+}

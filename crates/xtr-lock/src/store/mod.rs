@@ -29,6 +29,7 @@ use crate::clock::BoxFuture;
 use crate::error::{Error, Result};
 use crate::key::{Key, Mode};
 
+mod combined;
 #[cfg(all(feature = "flock", target_os = "linux"))]
 mod flock;
 mod memory;
@@ -41,6 +42,7 @@ pub(crate) mod redis;
 
 #[cfg(all(feature = "flock", target_os = "linux"))]
 pub use flock::FlockStore;
+pub use combined::{CombinedStore, ConsensusStrategy, Strategy, UnanimousStrategy};
 pub use memory::InMemoryStore;
 pub use null::NullStore;
 #[cfg(feature = "redis")]

@@ -32,14 +32,15 @@ pub struct Cli {
 
 #[derive(Debug, Args, Clone)]
 pub struct StoreArgs {
-    /// Where locks live: flock, flock:///dir, redis://host:6379/0, rediss://…, unix:///sock, in-memory, null.
+    /// Where locks live: flock, flock:///dir, redis://host:6379/0, rediss://…, unix:///sock,
+    /// in-memory, null. Repeated: a quorum (strict majority) over those stores.
     #[arg(
         long,
         env = "XTR_LOCK_STORE",
         default_value = "flock",
         value_name = "DSN"
     )]
-    pub store: String,
+    pub store: Vec<String>,
 }
 
 #[derive(Debug, Args, Clone)]

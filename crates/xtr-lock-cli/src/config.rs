@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, anyhow};
+use xtr_lock::store::{CombinedStore, ConsensusStrategy};
 use xtr_lock::{Lock, LockFactory, Store, StoreFactory};
 
 use crate::cli::{StoreArgs, WaitArgs};
@@ -64,13 +65,28 @@ pub struct StoreConfig {
 
 impl StoreConfig {
     pub fn from_args(args: &StoreArgs) -> Result<StoreConfig> {
-        let dsn = args.store.as_str();
-        let scheme = dsn.split_once(':').map_or(dsn, |(s, _)| s).to_owned();
-        let store = StoreFactory::create_store(dsn)
-            .with_context(|| "--store (or XTR_LOCK_STORE) names no usable store".to_owned())?;
+        let scheme_of = |dsn: &str| dsn.split_once(':').map_or(dsn, |(s, _)| s).to_owned();
+        let (store, scheme): (Arc<dyn Store>, String) = match args.store.as_slice() {
+            [dsn] => (
+                StoreFactory::create_store(dsn).with_context(|| {
+                    "--store (or XTR_LOCK_STORE) names no usable store".to_owned()
+                })?,
+                scheme_of(dsn),
+            ),
+            dsns => {
+                let refs: Vec<&str> = dsns.iter().map(String::as_str).collect();
+                let combined = CombinedStore::from_dsns(&refs, ConsensusStrategy)
+                    .with_context(|| "a --store names no usable store".to_owned())?;
+                let schemes: Vec<String> = dsns.iter().map(|d| scheme_of(d)).collect();
+                (
+                    Arc::new(combined),
+                    format!("combined({})", schemes.join(",")),
+                )
+            }
+        };
         let caps = store.capabilities();
         // In-memory locks die with this process; flock keys hold an open file.
-        let keys_travel = caps.serializable_keys && scheme != "in-memory";
+        let keys_travel = caps.serializable_keys && !args.store.iter().any(|d| d == "in-memory");
         Ok(StoreConfig {
             store,
             scheme,

@@ -257,12 +257,19 @@ fn the_lock_is_released_when_the_command_is_killed() {
         "-c",
         &format!("echo $$ > {}; exec sleep 30", pidfile.display()),
     ]);
-    wait_held(&store, "victim");
-    let pid: i32 = std::fs::read_to_string(&pidfile)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    // The lock is taken before the command starts: wait for the command itself.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let pid: i32 = loop {
+        if let Ok(pid) = std::fs::read_to_string(&pidfile)
+            .unwrap_or_default()
+            .trim()
+            .parse()
+        {
+            break pid;
+        }
+        assert!(Instant::now() < deadline, "the command never started");
+        std::thread::sleep(Duration::from_millis(10));
+    };
     rustix::process::kill_process(
         rustix::process::Pid::from_raw(pid).unwrap(),
         rustix::process::Signal::KILL,
@@ -531,4 +538,36 @@ fn help_has_examples_and_the_exit_codes_and_completions_work() {
         .assert()
         .success()
         .stdout(predicate::str::contains("xtr-lock"));
+}
+
+#[test]
+fn a_repeated_store_is_a_quorum() {
+    let mut servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let dsns: Vec<String> = servers
+        .iter()
+        .map(|s| format!("{}?socket_connect_timeout=0.5&socket_timeout=0.5", s.url(0)))
+        .collect();
+    let mut args = vec!["run".to_owned()];
+    for d in &dsns {
+        args.push("--store".into());
+        args.push(d.clone());
+    }
+    args.extend([
+        "q".into(),
+        "--".into(),
+        "sh".into(),
+        "-c".into(),
+        "echo $XTR_LOCK_STORE".into(),
+    ]);
+    xtr()
+        .args(&args)
+        .assert()
+        .success()
+        .stdout("combined(redis,redis,redis)\n");
+    servers[0].kill();
+    xtr().args(&args).assert().success();
+    servers[1].kill();
+    let mut nonblock = args.clone();
+    nonblock.insert(1, "-n".into());
+    xtr().args(&nonblock).assert().code(1);
 }

@@ -93,7 +93,9 @@ mod combined_memory {
         let stores: Vec<Arc<dyn xtr_lock::Store>> = (0..3)
             .map(|_| Arc::new(InMemoryStore::new()) as Arc<dyn xtr_lock::Store>)
             .collect();
-        Harness::new(Arc::new(CombinedStore::new(stores, ConsensusStrategy).unwrap()))
+        Harness::new(Arc::new(
+            CombinedStore::new(stores, ConsensusStrategy).unwrap(),
+        ))
     });
 }
 

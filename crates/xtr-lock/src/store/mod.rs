@@ -40,9 +40,9 @@ pub use async_trait::async_trait;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
 
+pub use combined::{CombinedStore, ConsensusStrategy, Strategy, UnanimousStrategy};
 #[cfg(all(feature = "flock", target_os = "linux"))]
 pub use flock::FlockStore;
-pub use combined::{CombinedStore, ConsensusStrategy, Strategy, UnanimousStrategy};
 pub use memory::InMemoryStore;
 pub use null::NullStore;
 #[cfg(feature = "redis")]

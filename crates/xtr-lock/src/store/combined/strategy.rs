@@ -55,7 +55,13 @@ mod tests {
     #[test]
     fn consensus_truth_table() {
         let s = ConsensusStrategy;
-        for (succ, n, want) in [(2, 3, true), (1, 2, false), (1, 1, true), (3, 4, true), (2, 4, false)] {
+        for (succ, n, want) in [
+            (2, 3, true),
+            (1, 2, false),
+            (1, 1, true),
+            (3, 4, true),
+            (2, 4, false),
+        ] {
             assert_eq!(s.is_met(succ, n), want, "is_met({succ}, {n})");
         }
         for (fail, n, want) in [(1, 3, true), (1, 2, false), (0, 2, true), (2, 4, false)] {

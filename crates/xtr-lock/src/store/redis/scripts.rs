@@ -54,7 +54,8 @@ elseif count > 0 then
 end
 local score = now + dur
 redis.call('ZADD', key, score, token, score, '__write__')
-expire_at_max(key)
+-- Admitted: the set is exactly {token, marker}, so the key lives as long as this score.
+redis.call('PEXPIREAT', key, score)
 if mine and writing then return {1, 0} end
 return {1, redis.call('INCR', fence_key)}
 "#;
@@ -113,8 +114,7 @@ if kind == 'none' or kind == 'string' then return 0 end
 local score = redis.call('ZSCORE', key, token)
 if not score then return 0 end
 local now = now_ms()
-redis.call('ZREM', key, token)
-redis.call('ZREM', key, '__write__')
+redis.call('ZREM', key, token, '__write__')
 expire_at_max(key)
 redis.call('PUBLISH', channel, 'released')
 if tonumber(score) <= now then return 2 end

@@ -1,0 +1,270 @@
+//! CombinedStore: deterministic checks with perturbed members (real in-memory stores behind
+//! `support::Scripted`), and faults on real redis-servers.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use support::{Scripted, When};
+use xtr_lock::store::{CombinedStore, ConsensusStrategy, UnanimousStrategy};
+use xtr_lock::{Error, ErrorKind, InMemoryStore, Key, LockFactory, LostReason, ManualClock, Store};
+use xtr_lock_testkit::redis::RedisServer;
+
+const TTL: Duration = Duration::from_secs(30);
+
+fn members(n: usize) -> Vec<Arc<Scripted<InMemoryStore>>> {
+    (0..n)
+        .map(|_| Scripted::new(InMemoryStore::new()))
+        .collect()
+}
+
+fn combined(members: &[Arc<Scripted<InMemoryStore>>]) -> CombinedStore {
+    let stores = members
+        .iter()
+        .map(|m| m.clone() as Arc<dyn Store>)
+        .collect();
+    CombinedStore::new(stores, ConsensusStrategy).unwrap()
+}
+
+#[test]
+fn construction_needs_a_store_and_names_bad_dsns_by_scheme() {
+    let err = CombinedStore::new(Vec::new(), ConsensusStrategy).unwrap_err();
+    assert!(err.to_string().contains("at least one store"), "{err}");
+    let err = CombinedStore::from_dsns(&["in-memory", "mysql://u:hunter2@h/db"], ConsensusStrategy)
+        .unwrap_err();
+    assert!(err.to_string().contains("\"mysql:\"") && !err.to_string().contains("hunter2"));
+    let store =
+        CombinedStore::from_dsns(&["in-memory", "in-memory", "null"], UnanimousStrategy).unwrap();
+    assert_eq!(store.to_string(), "combined(3, unanimous)");
+}
+
+#[tokio::test]
+async fn a_failing_member_is_a_vote_against_and_is_left_alone_when_the_quorum_is_met() {
+    let m = members(3);
+    m[0].fail_next("save", When::Before, Error::storage("down"));
+    let store = combined(&m);
+    let key = Key::new("r");
+    store.save(&key, Some(TTL)).await.unwrap();
+    assert_eq!(m[0].op_names(), ["save"], "not deleted");
+    assert!(store.exists(&key).await.unwrap());
+}
+
+#[tokio::test]
+async fn a_miss_is_taken_back_from_every_member() {
+    let m = members(3);
+    m[0].fail_next("save", When::Before, Error::conflict("r"));
+    m[1].fail_next("save", When::Before, Error::storage("down"));
+    let store = combined(&m);
+    let key = Key::new("r");
+    let err = store.save(&key, Some(TTL)).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Conflict);
+    for (i, member) in m.iter().enumerate() {
+        assert!(
+            member.op_names().contains(&"delete".to_owned()),
+            "member {i}: {:?}",
+            member.ops()
+        );
+        assert!(
+            !member.inner().exists(&key).await.unwrap(),
+            "member {i} holds nothing"
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_quorum_is_decided_without_waiting_for_a_slow_member() {
+    let m = members(3);
+    m[2].hold_replies("save");
+    let store = combined(&m);
+    let key = Key::new("r");
+    tokio::time::timeout(Duration::from_secs(2), store.save(&key, Some(TTL)))
+        .await
+        .expect("two fast members make the quorum")
+        .unwrap();
+    m[2].hold_replies("exists");
+    let held = tokio::time::timeout(Duration::from_secs(2), store.exists(&key))
+        .await
+        .expect("exists stops at the first decisive answers")
+        .unwrap();
+    assert!(held);
+    m[2].release_replies();
+}
+
+#[tokio::test]
+async fn delete_goes_on_past_failures() {
+    let m = members(3);
+    let store = combined(&m);
+    let key = Key::new("r");
+    store.save(&key, Some(TTL)).await.unwrap();
+    // Make every member hold (the quorum may have been decided before the third answered).
+    for member in &m {
+        member.inner().save(&key, None).await.unwrap();
+    }
+    m[0].fail_next("delete", When::Before, Error::storage("down"));
+    assert!(
+        store.delete(&key).await.unwrap(),
+        "two of three released: the lock was held"
+    );
+    assert!(
+        m[0].inner().exists(&key).await.unwrap(),
+        "the failing member still holds"
+    );
+    assert!(!m[1].inner().exists(&key).await.unwrap());
+    assert!(!m[2].inner().exists(&key).await.unwrap());
+}
+
+#[tokio::test]
+async fn a_deadline_passing_midway_reports_expiry_and_leaves_nothing() {
+    let clock = ManualClock::new();
+    let m: Vec<_> = (0..3)
+        .map(|_| Scripted::new(InMemoryStore::expiring(Arc::new(clock.clone()))))
+        .collect();
+    // One member is slower than the whole lease.
+    m[0].advance_after("save", clock.clone(), Duration::from_secs(20));
+    let stores = m.iter().map(|s| s.clone() as Arc<dyn Store>).collect();
+    let store = CombinedStore::new(stores, ConsensusStrategy).unwrap();
+    let factory = LockFactory::new(store).with_clock(Arc::new(clock.clone()));
+    let lock = factory
+        .create_lock("r")
+        .with_ttl(Some(Duration::from_secs(10)));
+    let err = lock.try_acquire().await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Expired);
+    for member in &m {
+        assert!(!member.inner().exists(lock.key()).await.unwrap());
+    }
+}
+
+#[tokio::test]
+async fn every_member_gets_the_ttl_and_read_locks_fall_back_per_member() {
+    let shared = Scripted::new(InMemoryStore::new());
+    let exclusive = Scripted::with_caps(InMemoryStore::new(), |mut c| {
+        c.shared = false;
+        c
+    });
+    let stores: Vec<Arc<dyn Store>> = vec![shared.clone(), exclusive.clone()];
+    let store = CombinedStore::new(stores, UnanimousStrategy).unwrap();
+    let key = Key::new("r");
+    store.save_read(&key, Some(TTL)).await.unwrap();
+    assert_eq!(shared.op_names(), ["save_read"]);
+    assert_eq!(exclusive.op_names(), ["save"], "falls back to a write lock");
+    store
+        .put_off_expiration(&key, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert!(shared.ops().contains(&"put_off(ttl=10s)".to_owned()));
+    assert!(exclusive.ops().contains(&"put_off(ttl=10s)".to_owned()));
+}
+
+// ---- faults on real servers ----------------------------------------------------------------------
+
+struct Quorum {
+    servers: Vec<RedisServer>,
+    store: Arc<CombinedStore>,
+}
+
+fn quorum(extra: &str) -> Quorum {
+    let servers: Vec<_> = (0..3).map(|_| RedisServer::start()).collect();
+    let dsns: Vec<String> = servers
+        .iter()
+        .map(|s| format!("{}{extra}", s.url(0)))
+        .collect();
+    let dsns: Vec<&str> = dsns.iter().map(String::as_str).collect();
+    let store = Arc::new(CombinedStore::from_dsns(&dsns, ConsensusStrategy).unwrap());
+    Quorum { servers, store }
+}
+
+impl Quorum {
+    fn factory(&self) -> LockFactory {
+        LockFactory::from_arc(self.store.clone()).with_default_ttl(Some(TTL))
+    }
+}
+
+#[tokio::test]
+async fn one_server_of_three_down_still_locks_and_refreshes() {
+    let mut q = quorum("?socket_connect_timeout=0.5&socket_timeout=0.5");
+    q.servers[0].kill();
+    let lock = q.factory().create_lock("r");
+    assert!(lock.try_acquire().await.unwrap());
+    lock.refresh(None).await.unwrap();
+    assert!(!q.factory().create_lock("r").try_acquire().await.unwrap());
+    lock.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn two_servers_of_three_down_refuse_and_leave_nothing_on_the_survivor() {
+    let mut q = quorum("?socket_connect_timeout=0.5&socket_timeout=0.5");
+    q.servers[0].kill();
+    q.servers[1].kill();
+    let lock = q.factory().create_lock("r");
+    assert!(!lock.try_acquire().await.unwrap(), "no majority");
+    assert_eq!(
+        q.servers[2].cli(&["EXISTS", "r"]),
+        "0",
+        "taken back from the survivor"
+    );
+    // Servers restarted (empty): it works again.
+    q.servers[0].restart();
+    q.servers[1].restart();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if lock.try_acquire().await.unwrap_or(false) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never recovered");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_paused_server_is_a_vote_against_within_the_socket_timeout() {
+    let q = quorum("?socket_timeout=0.5");
+    let lock = q.factory().create_lock("r");
+    lock.try_acquire().await.unwrap(); // connect everywhere first
+    lock.release().await.unwrap();
+    q.servers[1].pause();
+    let started = Instant::now();
+    assert!(lock.try_acquire().await.unwrap());
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    lock.release().await.unwrap();
+    q.servers[2].pause(); // two of three paused now: no majority
+
+    let started = Instant::now();
+    assert!(!lock.try_acquire().await.unwrap());
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    q.servers[1].resume();
+    q.servers[2].resume();
+}
+
+#[tokio::test]
+async fn a_holder_whose_majority_is_lost_gets_the_lost_signal() {
+    let mut q = quorum("?socket_connect_timeout=0.3&socket_timeout=0.3");
+    let lock = q
+        .factory()
+        .create_lock("kept")
+        .with_ttl(Some(Duration::from_millis(900)));
+    assert!(lock.try_acquire().await.unwrap());
+    let mut alive = lock.keep_alive().unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(!alive.is_lost(), "kept alive past its ttl");
+    q.servers[0].kill();
+    q.servers[1].kill();
+    let lost = tokio::time::timeout(Duration::from_secs(10), alive.lost())
+        .await
+        .expect("the loss is signalled");
+    assert!(
+        matches!(
+            lost.reason,
+            LostReason::TakenOver | LostReason::Unreachable | LostReason::Expired
+        ),
+        "{lost:?}"
+    );
+}

@@ -36,9 +36,10 @@
 //! | [`InMemoryStore`] | tasks and threads of one process using one store | emulated | yes | opt-in ([`InMemoryStore::expiring`]) | yes | yes | with the process |
 //! | [`FlockStore`] (feature `flock`, Linux) | processes on one machine, with Python xtr-lock and `flock(1)` | yes | yes | no | no | yes (inotify across processes) | yes (kernel) |
 //! | `RedisStore` (feature `redis`) | anyone reaching the server, with Python xtr-lock and Symfony Lock | emulated | yes | yes | yes | yes (pub/sub) | at ttl |
+//! | [`CombinedStore`](store::CombinedStore) | a quorum of any stores, asked concurrently | emulated | yes | if members do | no | yes (a quorum of members) | as its members |
 //! | [`NullStore`] | no one (locks nothing) | yes (no-op) | yes | no | no | — | — |
 //!
-//! SQL and quorum stores follow; see the README.
+//! SQL stores follow; see the README.
 //!
 //! # What a lock does and does not guarantee
 //!

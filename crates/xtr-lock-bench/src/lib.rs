@@ -35,12 +35,13 @@ impl Summary {
         }
     }
 
-    /// From microsecond percentiles measured elsewhere (the Python side).
-    pub fn from_us(n: usize, p50_us: f64, p99_us: f64) -> Summary {
+    /// From `{"n": …, "p50_us": …, "p99_us": …}`, as the Python and PHP halves print it.
+    pub fn from_json(v: &serde_json::Value) -> Summary {
+        let us = |k: &str| Duration::from_secs_f64(v[k].as_f64().expect("a latency") / 1e6);
         Summary {
-            n,
-            p50: Duration::from_secs_f64(p50_us / 1e6),
-            p99: Duration::from_secs_f64(p99_us / 1e6),
+            n: v["n"].as_u64().expect("a sample count") as usize,
+            p50: us("p50_us"),
+            p99: us("p99_us"),
         }
     }
 }

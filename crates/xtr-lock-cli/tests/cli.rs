@@ -431,7 +431,7 @@ fn acquire_in_one_process_release_in_another() {
         .args(["status", "--store", &store, "handed"])
         .assert()
         .success()
-        .stdout("\"handed\": free\n");
+        .stdout("\"handed\": free\nfencing counter: 1\n");
     xtr()
         .args(["release", "--store", &store, key.trim()])
         .assert()

@@ -245,16 +245,9 @@ fn python(dir: &Path) -> Python {
         String::from_utf8_lossy(&out.stderr)
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let get = |k: &str| {
-        Summary::from_us(
-            v[k]["n"].as_u64().unwrap() as usize,
-            v[k]["p50_us"].as_f64().unwrap(),
-            v[k]["p99_us"].as_f64().unwrap(),
-        )
-    };
     Python {
-        cycle: get("cycle"),
-        handoff_in: get("handoff_in"),
-        handoff_x: get("handoff_x"),
+        cycle: Summary::from_json(&v["cycle"]),
+        handoff_in: Summary::from_json(&v["handoff_in"]),
+        handoff_x: Summary::from_json(&v["handoff_x"]),
     }
 }

@@ -290,14 +290,7 @@ fn python(dsn: &str) -> (Summary, Summary, Summary, Summary) {
         String::from_utf8_lossy(&out.stderr)
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let get = |who: &str, what: &str| {
-        let s = &v[who][what];
-        Summary::from_us(
-            s["n"].as_u64().unwrap() as usize,
-            s["p50_us"].as_f64().unwrap(),
-            s["p99_us"].as_f64().unwrap(),
-        )
-    };
+    let get = |who: &str, what: &str| Summary::from_json(&v[who][what]);
     (
         get("xtr", "cycle"),
         get("xtr", "handoff"),
@@ -322,12 +315,7 @@ fn symfony_cycle(server: &RedisServer) -> Summary {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    Summary::from_us(
-        v["n"].as_u64().unwrap() as usize,
-        v["p50_us"].as_f64().unwrap(),
-        v["p99_us"].as_f64().unwrap(),
-    )
+    Summary::from_json(&serde_json::from_slice(&out.stdout).unwrap())
 }
 
 /// A Symfony waiter in a php process; the holder is ours (same layout), released on

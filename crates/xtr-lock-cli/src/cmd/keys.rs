@@ -129,6 +129,7 @@ pub async fn status(
     } else {
         None
     };
+    let fencing = store.store.fencing_counter(&resource).await?;
     if json_out {
         let list: Option<Vec<_>> = holders.as_ref().map(|hs| {
             hs.iter()
@@ -147,8 +148,14 @@ pub async fn status(
             None => "unknown",
         };
         print(
-            &json!({"resource": resource, "store": store.scheme, "state": state, "holders": list})
-                .to_string(),
+            &json!({
+                "resource": resource,
+                "store": store.scheme,
+                "state": state,
+                "holders": list,
+                "fencing_counter": fencing,
+            })
+            .to_string(),
         )?;
     } else {
         match &holders {
@@ -161,6 +168,9 @@ pub async fn status(
                 "{resource:?}: held by {}",
                 crate::output::holders(h)
             ))?,
+        }
+        if let Some(counter) = fencing {
+            print(&format!("fencing counter: {counter}"))?;
         }
     }
     Ok(Exit::Ok)

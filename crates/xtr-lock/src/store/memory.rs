@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use tokio::sync::watch;
 
+use super::channels::Channels;
 use super::{Acquired, Capabilities, HolderInfo, Store, Watcher, check_expiry};
 use crate::clock::Clock;
 use crate::error::{Error, Result};
@@ -70,8 +70,7 @@ struct Shared {
 struct State {
     resources: HashMap<String, Entry>,
     /// One change channel per watched resource.
-    watchers: HashMap<String, watch::Sender<u64>>,
-    sweep_at: usize,
+    watchers: Channels,
     last_fence: u64,
 }
 
@@ -209,12 +208,7 @@ impl State {
     }
 
     fn notify(&mut self, resource: &str) {
-        if let Some(tx) = self.watchers.get(resource) {
-            tx.send_modify(|v| *v = v.wrapping_add(1));
-            if tx.receiver_count() == 0 {
-                self.watchers.remove(resource);
-            }
-        }
+        self.watchers.notify(resource);
     }
 }
 
@@ -416,6 +410,15 @@ impl Store for InMemoryStore {
         Ok(writes || reads)
     }
 
+    /// One counter for the whole store, so strictly increasing for every resource.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: read-only and synchronous.
+    async fn fencing_counter(&self, _resource: &str) -> Result<Option<u64>> {
+        Ok(Some(self.state().last_fence))
+    }
+
     /// # Cancel safety
     ///
     /// Cancel-safe: read-only and synchronous.
@@ -448,21 +451,7 @@ impl Store for InMemoryStore {
     ///
     /// Cancel-safe: registration is synchronous.
     async fn watch(&self, resource: &str) -> Result<Option<Watcher>> {
-        let mut st = self.state();
-        if st.watchers.len() > st.sweep_at {
-            // Channels whose watchers all left without a change would pile up otherwise.
-            st.watchers.retain(|_, tx| tx.receiver_count() > 0);
-            st.sweep_at = (st.watchers.len() * 2).max(64);
-        }
-        let mut rx = match st.watchers.get(resource) {
-            Some(tx) => tx.subscribe(),
-            None => {
-                let (tx, rx) = watch::channel(0);
-                st.watchers.insert(resource.to_owned(), tx);
-                rx
-            }
-        };
-        rx.mark_unchanged();
+        let mut rx = self.state().watchers.subscribe(resource);
         Ok(Some(Watcher::new(async move {
             // An error means the store is gone: nothing will change any more, so wake up.
             let _ = rx.changed().await;

@@ -29,6 +29,7 @@ use crate::clock::BoxFuture;
 use crate::error::{Error, Result};
 use crate::key::{Key, Mode};
 
+mod channels;
 mod combined;
 #[cfg(all(feature = "flock", target_os = "linux"))]
 mod flock;
@@ -311,6 +312,17 @@ pub trait Store: Send + Sync + fmt::Debug + fmt::Display + 'static {
             .with_store(self))
     }
 
+    /// The fencing counter behind `resource`'s tokens: every later exclusive acquisition gets a
+    /// larger token. `Ok(None)` for stores without fencing.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it changes nothing.
+    async fn fencing_counter(&self, resource: &str) -> Result<Option<u64>> {
+        let _ = resource;
+        Ok(None)
+    }
+
     /// An `Unsupported` error about `what`, naming this store and the key's resource.
     #[doc(hidden)]
     fn unsupported(&self, key: &Key, what: &str) -> Error {
@@ -377,6 +389,9 @@ macro_rules! forward_store {
             }
             async fn holders(&self, resource: &str) -> Result<Vec<HolderInfo>> {
                 (**self).holders(resource).await
+            }
+            async fn fencing_counter(&self, resource: &str) -> Result<Option<u64>> {
+                (**self).fencing_counter(resource).await
             }
             fn unsupported(&self, key: &Key, what: &str) -> Error {
                 (**self).unsupported(key, what)

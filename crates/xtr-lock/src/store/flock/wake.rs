@@ -23,6 +23,8 @@ use rustix::event::{PollFd, PollFlags, Timespec};
 use rustix::fs::inotify;
 use tokio::sync::watch;
 
+use crate::store::channels::Channels;
+
 pub(crate) struct Hub {
     dir: PathBuf,
     files: Mutex<Files>,
@@ -32,8 +34,7 @@ pub(crate) struct Hub {
 
 #[derive(Default)]
 struct Files {
-    senders: HashMap<String, watch::Sender<u64>>,
-    sweep_at: usize,
+    channels: Channels,
     /// The watch descriptor while the directory is watched.
     watching: Option<i32>,
 }
@@ -87,19 +88,7 @@ impl Hub {
     /// A receiver that changes on the next release of `name` (registered now).
     pub(crate) fn subscribe(&self, name: &str) -> watch::Receiver<u64> {
         let mut files = self.files();
-        if files.senders.len() > files.sweep_at {
-            files.senders.retain(|_, tx| tx.receiver_count() > 0);
-            files.sweep_at = (files.senders.len() * 2).max(64);
-        }
-        let mut rx = match files.senders.get(name) {
-            Some(tx) => tx.subscribe(),
-            None => {
-                let (tx, rx) = watch::channel(0);
-                files.senders.insert(name.to_owned(), tx);
-                rx
-            }
-        };
-        rx.mark_unchanged();
+        let rx = files.channels.subscribe(name);
         if let (None, Some(fd)) = (files.watching, &self.inotify) {
             match inotify::add_watch(fd.as_fd(), &self.dir, WATCHED) {
                 Ok(wd) => files.watching = Some(wd),
@@ -114,8 +103,7 @@ impl Hub {
     /// Stops watching the directory when nobody waits any more.
     fn unwatch_if_idle(&self) {
         let mut files = self.files();
-        files.senders.retain(|_, tx| tx.receiver_count() > 0);
-        if files.senders.is_empty()
+        if !files.channels.retain_listened()
             && let (Some(wd), Some(fd)) = (files.watching.take(), &self.inotify)
         {
             let _ = inotify::remove_watch(fd.as_fd(), wd);
@@ -124,21 +112,12 @@ impl Hub {
 
     /// Wakes the waiters of `name`.
     pub(crate) fn notify(&self, name: &str) {
-        let mut files = self.files();
-        if let Some(tx) = files.senders.get(name) {
-            tx.send_modify(|v| *v = v.wrapping_add(1));
-            if tx.receiver_count() == 0 {
-                files.senders.remove(name);
-            }
-        }
+        self.files().channels.notify(name);
     }
 
     /// Wakes every waiter (the kernel dropped events).
     fn notify_all(&self) {
-        let files = self.files();
-        for tx in files.senders.values() {
-            tx.send_modify(|v| *v = v.wrapping_add(1));
-        }
+        self.files().channels.notify_all();
     }
 }
 

@@ -516,6 +516,21 @@ impl Store for RedisStore {
         Ok(self.inner.notifier.watch(&self.key_for(resource)).await)
     }
 
+    /// `GET <prefix>__xtr_lock_fence__` (one counter per prefix).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: read-only.
+    async fn fencing_counter(&self, resource: &str) -> Result<Option<u64>> {
+        let mut conn = self.conn().await.map_err(|e| e.with_resource(resource))?;
+        let value: Option<u64> = redis::cmd("GET")
+            .arg(format!("{}{FENCE_KEY}", self.inner.prefix))
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.redis_error(e, Some(resource)))?;
+        Ok(Some(value.unwrap_or(0)))
+    }
+
     /// The holders of `resource` and their remaining leases, from the sorted set.
     ///
     /// # Cancel safety

@@ -46,6 +46,26 @@ impl Summary {
     }
 }
 
+/// Runs `py/<script>` with the peers' Python (the testkit's venv) and `args`, and reads the JSON
+/// object it prints.
+pub fn run_python(script: &str, args: &[String]) -> serde_json::Value {
+    let python = xtr_lock_testkit::python::python_with_peers();
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("py")
+        .join(script);
+    let out = std::process::Command::new(python)
+        .arg(path)
+        .args(args)
+        .output()
+        .expect("the peers' Python runs");
+    assert!(
+        out.status.success(),
+        "the Python benchmark {script} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("the Python benchmark prints JSON")
+}
+
 /// A duration as a short human string in µs or ms.
 pub fn human(d: Duration) -> String {
     let us = d.as_secs_f64() * 1e6;

@@ -230,21 +230,14 @@ struct Python {
 }
 
 fn python(dir: &Path) -> Python {
-    let python = xtr_lock_testkit::python::python_with_peers();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("py/flock_bench.py");
-    let out = Command::new(python)
-        .arg(script)
-        .arg(dir)
-        .arg(CYCLES.to_string())
-        .arg(PY_HANDOFFS.to_string())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "the Python benchmark failed: {}",
-        String::from_utf8_lossy(&out.stderr)
+    let v = xtr_lock_bench::run_python(
+        "flock_bench.py",
+        &[
+            dir.display().to_string(),
+            CYCLES.to_string(),
+            PY_HANDOFFS.to_string(),
+        ],
     );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     Python {
         cycle: Summary::from_json(&v["cycle"]),
         handoff_in: Summary::from_json(&v["handoff_in"]),

@@ -275,21 +275,14 @@ async fn rslock_handoff(dsn: &str) -> Summary {
 
 /// (xtr-lock cycle, xtr-lock hand-off, redis-py cycle, redis-py hand-off).
 fn python(dsn: &str) -> (Summary, Summary, Summary, Summary) {
-    let python = xtr_lock_testkit::python::python_with_peers();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("py/redis_bench.py");
-    let out = Command::new(python)
-        .arg(script)
-        .arg(dsn)
-        .arg(PEER_CYCLES.to_string())
-        .arg(PEER_HANDOFFS.to_string())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "the Python benchmark failed: {}",
-        String::from_utf8_lossy(&out.stderr)
+    let v = xtr_lock_bench::run_python(
+        "redis_bench.py",
+        &[
+            dsn.to_owned(),
+            PEER_CYCLES.to_string(),
+            PEER_HANDOFFS.to_string(),
+        ],
     );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let get = |who: &str, what: &str| Summary::from_json(&v[who][what]);
     (
         get("xtr", "cycle"),

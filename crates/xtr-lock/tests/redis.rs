@@ -44,6 +44,21 @@ fn server_ms(server: &RedisServer) -> u64 {
     s * 1000 + us / 1000
 }
 
+/// How often `command` ran since the last `CONFIG RESETSTAT` (`INFO commandstats`).
+fn command_calls(server: &RedisServer, command: &str) -> u64 {
+    server
+        .cli(&["INFO", "commandstats"])
+        .lines()
+        .find(|l| l.starts_with(&format!("cmdstat_{command}:")))
+        .and_then(|l| l.split("calls=").nth(1))
+        .and_then(|v| v.split(',').next())
+        .map_or(0, |v| v.parse().unwrap())
+}
+
+fn evalsha_calls(server: &RedisServer) -> u64 {
+    command_calls(server, "evalsha")
+}
+
 // ---- the layout on the wire --------------------------------------------------------------------
 
 #[tokio::test]
@@ -110,17 +125,13 @@ async fn one_round_trip_per_acquire_refresh_and_release() {
     lock.try_acquire().await.unwrap();
     lock.refresh(None).await.unwrap();
     lock.release().await.unwrap();
-    let stats = server.cli(&["INFO", "commandstats"]);
-    let calls = |cmd: &str| -> u64 {
-        stats
-            .lines()
-            .find(|l| l.starts_with(&format!("cmdstat_{cmd}:")))
-            .and_then(|l| l.split("calls=").nth(1))
-            .and_then(|v| v.split(',').next())
-            .map_or(0, |v| v.parse().unwrap())
-    };
-    assert_eq!(calls("evalsha"), 3, "{stats}");
-    assert_eq!(calls("eval"), 0);
+    assert_eq!(command_calls(&server, "evalsha"), 3);
+    assert_eq!(command_calls(&server, "eval"), 0);
+    assert_eq!(
+        command_calls(&server, "script"),
+        0,
+        "no script loaded again"
+    );
 }
 
 #[tokio::test]
@@ -363,7 +374,13 @@ async fn a_release_wakes_one_waiter_not_all_of_them() {
             tx.send((i, lock)).unwrap();
         }));
     }
-    tokio::time::sleep(Duration::from_millis(500)).await; // all of them are waiting
+    // Every waiter has made its first attempt (then it only waits: the clock never moves):
+    // the holder's save and 100 refused ones.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while evalsha_calls(&server) < 101 {
+        assert!(Instant::now() < deadline, "the waiters never all tried");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     server.cli(&["CONFIG", "RESETSTAT"]);
     holder.release().await.unwrap();
     let (_, first) = tokio::time::timeout(Duration::from_secs(10), rx.recv())

@@ -274,9 +274,9 @@ impl Lock {
                 Ok(false)
             }
             Err(err) if err.is_conflict() => {
-                // Only a native wait or an unexpected conflict gets here: nothing was stored.
+                // Only a native wait's conflict gets here: nothing was stored, and `record` has
+                // already set what the holder still holds (a kept read lock, or nothing).
                 guard.disarm();
-                self.key.mark_still_held(false);
                 tracing::info!(target: TARGET, resource = self.resource(),
                     "failed to acquire the lock, someone else holds it");
                 Err(err)

@@ -240,6 +240,20 @@ fn shared_runs_overlap_and_exclude_a_writer() {
     stop(reader);
 }
 
+/// Waits until the command under `run` wrote its pid to `pidfile` (the lock is taken before the
+/// command starts, so "held" is not "started"), and returns it.
+fn command_pid(pidfile: &Path) -> i32 {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = std::fs::read_to_string(pidfile).unwrap_or_default();
+        if let Ok(pid) = text.trim().parse() {
+            return pid;
+        }
+        assert!(Instant::now() < deadline, "the command never started");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 // ---- signals --------------------------------------------------------------------------------------
 
 #[test]
@@ -257,19 +271,7 @@ fn the_lock_is_released_when_the_command_is_killed() {
         "-c",
         &format!("echo $$ > {}; exec sleep 30", pidfile.display()),
     ]);
-    // The lock is taken before the command starts: wait for the command itself.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let pid: i32 = loop {
-        if let Ok(pid) = std::fs::read_to_string(&pidfile)
-            .unwrap_or_default()
-            .trim()
-            .parse()
-        {
-            break pid;
-        }
-        assert!(Instant::now() < deadline, "the command never started");
-        std::thread::sleep(Duration::from_millis(10));
-    };
+    let pid: i32 = command_pid(&pidfile);
     rustix::process::kill_process(
         rustix::process::Pid::from_raw(pid).unwrap(),
         rustix::process::Signal::KILL,
@@ -287,7 +289,7 @@ fn the_lock_is_released_when_the_command_is_killed() {
 fn sigterm_to_xtr_lock_is_forwarded_and_the_lock_released() {
     let tmp = tempfile::tempdir().unwrap();
     let store = flock_dsn(tmp.path());
-    let started = tmp.path().join("started");
+    let pidfile = tmp.path().join("pid");
     let mut run = spawn(&[
         "run",
         "--store",
@@ -296,13 +298,9 @@ fn sigterm_to_xtr_lock_is_forwarded_and_the_lock_released() {
         "--",
         "sh",
         "-c",
-        &format!("touch {}; exec sleep 30", started.display()),
+        &format!("echo $$ > {}; exec sleep 30", pidfile.display()),
     ]);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !started.exists() {
-        assert!(Instant::now() < deadline, "the command never started");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    command_pid(&pidfile);
     let pid = rustix::process::Pid::from_raw(run.id() as i32).unwrap();
     rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
     let status = run.wait().unwrap();

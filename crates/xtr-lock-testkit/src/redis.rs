@@ -15,6 +15,8 @@ pub struct RedisServer {
     port: u16,
     dir: tempfile::TempDir,
     extra: Vec<String>,
+    tls_port: Option<u16>,
+    _certs: Option<tempfile::TempDir>,
 }
 
 impl RedisServer {
@@ -28,6 +30,63 @@ impl RedisServer {
         Self::start_with(&[])
     }
 
+    /// Like [`start`](RedisServer::start), also listening with TLS on [`tls_port`] with a
+    /// self-signed certificate for 127.0.0.1 made by `openssl` in the server's directory.
+    ///
+    /// [`tls_port`]: RedisServer::tls_port
+    ///
+    /// # Panics
+    ///
+    /// When `openssl` is missing (`apt-get install openssl`) or the server does not come up.
+    pub fn start_tls() -> RedisServer {
+        let certs = tempfile::Builder::new()
+            .prefix("xtr-testkit-tls-")
+            .tempdir()
+            .expect("a temp dir for certificates");
+        let (cert, key) = (certs.path().join("cert.pem"), certs.path().join("key.pem"));
+        let made = Command::new("openssl")
+            .args([
+                "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+            ])
+            .args([
+                "-subj",
+                "/CN=127.0.0.1",
+                "-addext",
+                "subjectAltName=IP:127.0.0.1",
+            ])
+            .arg("-keyout")
+            .arg(&key)
+            .arg("-out")
+            .arg(&cert)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .unwrap_or_else(|e| panic!("cannot run openssl ({e}): apt-get install openssl"));
+        assert!(made.success(), "openssl could not make a certificate");
+        let tls_port = free_port().to_string();
+        let (cert, key) = (cert.display().to_string(), key.display().to_string());
+        let mut server = Self::start_with(&[
+            "--tls-port",
+            &tls_port,
+            "--tls-cert-file",
+            &cert,
+            "--tls-key-file",
+            &key,
+            "--tls-ca-cert-file",
+            &cert,
+            "--tls-auth-clients",
+            "no",
+        ]);
+        server.tls_port = tls_port.parse().ok();
+        server._certs = Some(certs);
+        server
+    }
+
+    /// The TLS port, for a server made by [`start_tls`](RedisServer::start_tls).
+    pub fn tls_port(&self) -> Option<u16> {
+        self.tls_port
+    }
+
     /// Like [`start`](RedisServer::start), with extra `redis-server` arguments (`--requirepass x`).
     pub fn start_with(extra: &[&str]) -> RedisServer {
         let dir = tempfile::Builder::new()
@@ -39,6 +98,8 @@ impl RedisServer {
             port: free_port(),
             dir,
             extra: extra.iter().map(|s| (*s).to_owned()).collect(),
+            tls_port: None,
+            _certs: None,
         };
         server.spawn();
         server

@@ -713,3 +713,29 @@ async fn a_store_over_a_client_you_built() {
     assert_eq!(server.cli(&["TYPE", "mine:r"]), "zset");
     l.release().await.unwrap();
 }
+
+#[tokio::test]
+async fn rediss_connects_over_tls_and_checks_the_certificate() {
+    let server = RedisServer::start_tls();
+    let port = server.tls_port().unwrap();
+    // A self-signed certificate: trusted only when told to skip verification.
+    let insecure = RedisStore::from_dsn(&format!("rediss://127.0.0.1:{port}/0#insecure")).unwrap();
+    assert_eq!(insecure.to_string(), format!("rediss://127.0.0.1:{port}/0"));
+    let l = lock(&insecure, "tls", TTL);
+    assert!(l.try_acquire().await.unwrap());
+    assert_eq!(
+        server.cli(&["TYPE", "tls"]),
+        "zset",
+        "the same server, reached over TLS"
+    );
+    l.release().await.unwrap();
+    let verified = RedisStore::from_dsn(&format!(
+        "rediss://127.0.0.1:{port}/0?socket_connect_timeout=2"
+    ))
+    .unwrap();
+    let err = verified
+        .save(&Key::new("tls"), Some(TTL))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Storage, "{err:?}");
+}

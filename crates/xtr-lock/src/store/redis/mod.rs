@@ -251,7 +251,9 @@ impl RedisStore {
             || err.is_timeout()
             || err.is_connection_refusal()
             || err.is_connection_dropped();
-        let reason = if err.is_timeout() {
+        let reason = if err.kind() == redis::ErrorKind::InvalidClientConfig {
+            format!("the Redis client refuses its configuration: {err}")
+        } else if err.is_timeout() {
             "the Redis server did not answer in time".to_owned()
         } else if err.is_connection_refusal() || err.is_io_error() || err.is_connection_dropped() {
             format!("cannot reach the Redis server: {err}")

@@ -122,14 +122,19 @@ impl Notifier {
             Some(sink) => sink,
             None => self.connect().await?,
         };
-        match tokio::time::timeout(self.connect_timeout, sink.subscribe(name)).await {
-            Ok(result) => result?,
-            Err(_) => {
-                return Err(redis::RedisError::from((
+        let subscribed =
+            match tokio::time::timeout(self.connect_timeout, sink.subscribe(name)).await {
+                Ok(result) => result,
+                Err(_) => Err(redis::RedisError::from((
                     redis::ErrorKind::Io,
                     "subscribe timed out",
-                )));
-            }
+                ))),
+            };
+        if let Err(err) = subscribed {
+            // The connection is no good (its reader may have died with another runtime): the
+            // next waiter opens a new one.
+            self.state().sink = None;
+            return Err(err);
         }
         if let Some(chan) = self.state().channels.get_mut(name) {
             chan.subscribed = true;

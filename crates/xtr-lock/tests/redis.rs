@@ -739,3 +739,27 @@ async fn rediss_connects_over_tls_and_checks_the_certificate() {
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Storage, "{err:?}");
 }
+
+#[test]
+fn a_store_keeps_working_on_a_second_runtime() {
+    let server = RedisServer::start();
+    let store = store(&server);
+    let lock = lock(&store, "runtimes", TTL);
+    let first = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    assert!(first.block_on(lock.try_acquire()).unwrap());
+    drop(first); // the connection's driver task dies with it
+    let second = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    second.block_on(async {
+        assert!(
+            lock.is_acquired().await.unwrap(),
+            "no error on the new runtime"
+        );
+        lock.release().await.unwrap();
+    });
+}

@@ -108,7 +108,8 @@ struct Inner {
     client: redis::Client,
     connect_timeout: Option<Duration>,
     response_timeout: Option<Duration>,
-    conn: tokio::sync::OnceCell<ConnectionManager>,
+    /// Opened on first use; replaced when its driver task is gone (see `eval`).
+    conn: tokio::sync::Mutex<Option<ConnectionManager>>,
     scripts: Scripts,
     /// `Some(true)`: the client's clock (the server refused); `Some(false)`: the server's.
     client_clock: std::sync::Mutex<Option<bool>>,
@@ -171,7 +172,7 @@ impl RedisStore {
                 client,
                 connect_timeout,
                 response_timeout,
-                conn: tokio::sync::OnceCell::new(),
+                conn: tokio::sync::Mutex::new(None),
                 scripts: Scripts::new(),
                 client_clock: std::sync::Mutex::new(None),
                 legacy_exists: AtomicBool::new(false),
@@ -223,27 +224,34 @@ impl RedisStore {
 
     async fn conn(&self) -> Result<ConnectionManager> {
         let inner = &self.inner;
-        let conn = inner
-            .conn
-            .get_or_try_init(|| async {
-                let mut cfg = ConnectionManagerConfig::new().set_number_of_retries(1);
-                cfg = cfg
-                    .set_connection_timeout(inner.connect_timeout)
-                    .set_response_timeout(inner.response_timeout);
-                let connecting = ConnectionManager::new_with_config(inner.client.clone(), cfg);
-                // The manager retries on its own; bound the whole first connection too.
-                let bound = inner.connect_timeout.unwrap_or(Duration::from_secs(30)) * 2;
-                match tokio::time::timeout(bound, connecting).await {
-                    Ok(result) => result.map_err(|e| self.redis_error(e, None)),
-                    Err(_) => Err(
-                        Error::storage("cannot connect to the Redis server: timed out")
-                            .with_store(self)
-                            .temporary(),
-                    ),
-                }
-            })
-            .await?;
-        Ok(conn.clone())
+        let mut slot = inner.conn.lock().await;
+        if let Some(conn) = slot.as_ref() {
+            return Ok(conn.clone());
+        }
+        let cfg = ConnectionManagerConfig::new()
+            .set_number_of_retries(1)
+            .set_connection_timeout(inner.connect_timeout)
+            .set_response_timeout(inner.response_timeout);
+        let connecting = ConnectionManager::new_with_config(inner.client.clone(), cfg);
+        // The manager retries on its own; bound the whole first connection too.
+        let bound = inner.connect_timeout.unwrap_or(Duration::from_secs(30)) * 2;
+        let conn = match tokio::time::timeout(bound, connecting).await {
+            Ok(result) => result.map_err(|e| self.redis_error(e, None))?,
+            Err(_) => {
+                return Err(
+                    Error::storage("cannot connect to the Redis server: timed out")
+                        .with_store(self)
+                        .temporary(),
+                );
+            }
+        };
+        *slot = Some(conn.clone());
+        Ok(conn)
+    }
+
+    /// Forgets the connection, so the next operation opens a new one on the runtime it runs on.
+    async fn forget_conn(&self) {
+        *self.inner.conn.lock().await = None;
     }
 
     fn redis_error(&self, err: redis::RedisError, resource: Option<&str>) -> Error {
@@ -342,10 +350,26 @@ impl RedisStore {
             .arg(key.token(KIND))
             .arg(ttl.map_or(0, duration_ms))
             .arg(notify::channel(&lock_key));
-        invocation
-            .invoke_async(&mut conn)
-            .await
-            .map_err(|e| self.redis_error(e, Some(key.resource())))
+        match invocation.invoke_async(&mut conn).await {
+            // The connection's driver task ran on a runtime that has ended (a store used from a
+            // second runtime: HOLD-6), so the request never left. Reconnect here and retry once;
+            // the scripts are idempotent for one token, so a retry cannot double an effect
+            // (except that a save granted twice reports its fencing token only the first time).
+            Err(e)
+                if e.is_io_error() && !e.is_timeout() && e.to_string().contains("broken pipe") =>
+            {
+                self.forget_conn().await;
+                let mut conn = self
+                    .conn()
+                    .await
+                    .map_err(|e| e.with_resource(key.resource()))?;
+                invocation
+                    .invoke_async(&mut conn)
+                    .await
+                    .map_err(|e| self.redis_error(e, Some(key.resource())))
+            }
+            other => other.map_err(|e| self.redis_error(e, Some(key.resource()))),
+        }
     }
 
     fn ttl(&self, key: &Key, ttl: Option<Duration>) -> Result<Duration> {

@@ -109,7 +109,9 @@ struct Inner {
     connect_timeout: Option<Duration>,
     response_timeout: Option<Duration>,
     /// Opened on first use; replaced when its driver task is gone (see `eval`).
-    conn: tokio::sync::Mutex<Option<ConnectionManager>>,
+    conn: std::sync::Mutex<Option<ConnectionManager>>,
+    /// One connection attempt at a time.
+    connecting: tokio::sync::Mutex<()>,
     scripts: Scripts,
     /// `Some(true)`: the client's clock (the server refused); `Some(false)`: the server's.
     client_clock: std::sync::Mutex<Option<bool>>,
@@ -172,7 +174,8 @@ impl RedisStore {
                 client,
                 connect_timeout,
                 response_timeout,
-                conn: tokio::sync::Mutex::new(None),
+                conn: std::sync::Mutex::new(None),
+                connecting: tokio::sync::Mutex::new(()),
                 scripts: Scripts::new(),
                 client_clock: std::sync::Mutex::new(None),
                 legacy_exists: AtomicBool::new(false),
@@ -222,11 +225,22 @@ impl RedisStore {
         format!("{}{resource}", self.inner.prefix)
     }
 
+    fn cached_conn(&self) -> Option<ConnectionManager> {
+        self.inner
+            .conn
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
     async fn conn(&self) -> Result<ConnectionManager> {
+        if let Some(conn) = self.cached_conn() {
+            return Ok(conn);
+        }
         let inner = &self.inner;
-        let mut slot = inner.conn.lock().await;
-        if let Some(conn) = slot.as_ref() {
-            return Ok(conn.clone());
+        let _one = inner.connecting.lock().await;
+        if let Some(conn) = self.cached_conn() {
+            return Ok(conn);
         }
         let cfg = ConnectionManagerConfig::new()
             .set_number_of_retries(1)
@@ -245,13 +259,13 @@ impl RedisStore {
                 );
             }
         };
-        *slot = Some(conn.clone());
+        *inner.conn.lock().unwrap_or_else(|e| e.into_inner()) = Some(conn.clone());
         Ok(conn)
     }
 
     /// Forgets the connection, so the next operation opens a new one on the runtime it runs on.
-    async fn forget_conn(&self) {
-        *self.inner.conn.lock().await = None;
+    fn forget_conn(&self) {
+        *self.inner.conn.lock().unwrap_or_else(|e| e.into_inner()) = None;
     }
 
     fn redis_error(&self, err: redis::RedisError, resource: Option<&str>) -> Error {
@@ -358,7 +372,7 @@ impl RedisStore {
             Err(e)
                 if e.is_io_error() && !e.is_timeout() && e.to_string().contains("broken pipe") =>
             {
-                self.forget_conn().await;
+                self.forget_conn();
                 let mut conn = self
                     .conn()
                     .await

@@ -17,6 +17,17 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 local function key_type(key) return redis.call('TYPE', key)['ok'] end
+-- Runs a sorted-set read; on a key of another type, a string (someone else's lock in another
+-- format) gives `refusal`, anything else the server's WRONGTYPE error. The common path pays no
+-- TYPE call.
+local function zcall(refusal, ...)
+  local reply = redis.pcall(...)
+  if type(reply) == 'table' and reply.err then
+    if key_type(KEYS[1]) == 'string' then return nil, refusal end
+    return nil, reply
+  end
+  return reply
+end
 -- The key lives as long as its longest-lived member (it may be in the past: then it goes now).
 local function expire_at_max(key)
   local top = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
@@ -41,9 +52,9 @@ end
 const SAVE: &str = r#"
 local key, fence_key = KEYS[1], KEYS[2]
 local token, dur = ARGV[2], tonumber(ARGV[3])
-if key_type(key) == 'string' then return {0, -1} end
 local now = now_ms()
-redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+local _, stop = zcall({0, -1}, 'ZREMRANGEBYSCORE', key, '-inf', now)
+if stop then return stop end
 local mine = redis.call('ZSCORE', key, token)
 local writing = redis.call('ZSCORE', key, '__write__')
 local count = redis.call('ZCARD', key)
@@ -65,9 +76,9 @@ return {1, redis.call('INCR', fence_key)}
 const SAVE_READ: &str = r#"
 local key = KEYS[1]
 local token, dur, channel = ARGV[2], tonumber(ARGV[3]), ARGV[4]
-if key_type(key) == 'string' then return {0, -1} end
 local now = now_ms()
-redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+local _, stop = zcall({0, -1}, 'ZREMRANGEBYSCORE', key, '-inf', now)
+if stop then return stop end
 local mine = redis.call('ZSCORE', key, token)
 local writing = redis.call('ZSCORE', key, '__write__')
 if (not mine) and writing then return {0, wait_hint(key, token, now)} end
@@ -85,11 +96,10 @@ return {1, 0}
 const PUT_OFF: &str = r#"
 local key = KEYS[1]
 local token, dur = ARGV[2], tonumber(ARGV[3])
-local kind = key_type(key)
-if kind == 'none' or kind == 'string' then return 0 end
-local now = now_ms()
-local mine = redis.call('ZSCORE', key, token)
+local mine, stop = zcall(0, 'ZSCORE', key, token)
+if stop then return stop end
 if not mine then return 0 end
+local now = now_ms()
 local writing = redis.call('ZSCORE', key, '__write__')
 if tonumber(mine) <= now then
   redis.call('ZREM', key, token)
@@ -109,9 +119,8 @@ return 1
 const DELETE: &str = r#"
 local key = KEYS[1]
 local token, channel = ARGV[2], ARGV[4]
-local kind = key_type(key)
-if kind == 'none' or kind == 'string' then return 0 end
-local score = redis.call('ZSCORE', key, token)
+local score, stop = zcall(0, 'ZSCORE', key, token)
+if stop then return stop end
 if not score then return 0 end
 local now = now_ms()
 redis.call('ZREM', key, token, '__write__')
@@ -126,9 +135,8 @@ return 1
 const EXISTS_BODY: &str = r#"
 local key = KEYS[1]
 local token = ARGV[2]
-local kind = key_type(key)
-if kind == 'none' or kind == 'string' then return 0 end
-local score = redis.call('ZSCORE', key, token)
+local score, stop = zcall(0, 'ZSCORE', key, token)
+if stop then return stop end
 if not score then return 0 end
 if tonumber(score) > now_ms() then return 1 end
 return 0

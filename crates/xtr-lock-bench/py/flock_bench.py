@@ -10,13 +10,9 @@ import subprocess
 import sys
 import time
 
+from benchlib import park, summary
+
 from xtr_lock import FlockStore, LockFactory
-
-
-def summary(samples_ns):
-    samples = sorted(samples_ns)
-    at = lambda q: samples[round((len(samples) - 1) * q)] / 1000.0
-    return {"n": len(samples), "p50_us": at(0.5), "p99_us": at(0.99)}
 
 
 async def cycle(factory, n):
@@ -33,7 +29,7 @@ async def cycle(factory, n):
 async def handoff_in(factory, n):
     holder = factory.create_lock("bench:py-handoff", ttl=None)
     samples = []
-    for _ in range(n):
+    for i in range(n):
         assert await holder.acquire(blocking=True)
         waiter = factory.create_lock("bench:py-handoff", ttl=None)
 
@@ -44,7 +40,7 @@ async def handoff_in(factory, n):
             return got
 
         task = asyncio.create_task(wait())
-        await asyncio.sleep(0.002)
+        await asyncio.sleep(park(i))
         released = time.monotonic_ns()
         await holder.release()
         samples.append(await task - released)
@@ -58,12 +54,12 @@ def handoff_x(directory, factory, n):
     )
     holder = factory.create_lock("bench:py-xproc", ttl=None)
     samples = []
-    for _ in range(n):
+    for i in range(n):
         assert asyncio.run(holder.acquire(blocking=True))
         child.stdin.write("go\n")
         child.stdin.flush()
         assert child.stdout.readline().strip() == "waiting"
-        time.sleep(0.005)
+        time.sleep(park(i))
         released = time.monotonic_ns()
         asyncio.run(holder.release())
         got = int(child.stdout.readline())

@@ -10,19 +10,10 @@ import json
 import sys
 import time
 
+from benchlib import park, summary
+
 import redis.asyncio as aioredis
 from xtr_lock import LockFactory, StoreFactory
-
-
-def park(i):
-    # As the Rust side: 5-104 ms, so pollers are caught at every phase of their poll.
-    return (5 + (i * 37) % 100) / 1000
-
-
-def summary(samples_ns):
-    samples = sorted(samples_ns)
-    at = lambda q: samples[round((len(samples) - 1) * q)] / 1000.0
-    return {"n": len(samples), "p50_us": at(0.5), "p99_us": at(0.99)}
 
 
 async def xtr(dsn, cycles, handoffs):

@@ -1,7 +1,9 @@
 //! Shared pieces of the benchmark binaries: a clock comparable across processes, latency
 //! summaries, and the side-by-side table.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use xtr_lock::{Lock, LockFactory};
 
 /// `CLOCK_MONOTONIC` in nanoseconds: the same clock in every process of the machine (Python's
 /// `time.monotonic_ns()` reads it too), so a release in one process and an acquisition in
@@ -79,4 +81,53 @@ pub fn human(d: Duration) -> String {
 /// `p50 (p99)`.
 pub fn cell(s: &Summary) -> String {
     format!("{} ({})", human(s.p50), human(s.p99))
+}
+
+/// How long a holder keeps the lock after the waiter parks, in hand-off round `i`: spread over
+/// 5–104 ms so that pollers (the peers) are caught at every phase of their poll; a fixed delay
+/// would flatter or punish them. The Python halves use the same spread.
+pub fn park(i: usize) -> Duration {
+    Duration::from_millis(5 + (i as u64 * 37) % 100)
+}
+
+/// `n` uncontended acquire + release cycles of `lock`, after `warmup` unmeasured ones
+/// (connections, probes, scripts).
+pub async fn lock_cycles(lock: &Lock, warmup: usize, n: usize) -> Summary {
+    for _ in 0..warmup {
+        assert!(lock.try_acquire().await.unwrap());
+        lock.release().await.unwrap();
+    }
+    let mut samples = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        assert!(lock.try_acquire().await.unwrap());
+        lock.release().await.unwrap();
+        samples.push(t.elapsed());
+    }
+    Summary::of(samples)
+}
+
+/// `n` hand-offs in one process: a holder releases [`park`]`(i)` after a waiter (another task,
+/// another holder) started waiting; the sample is release → the waiter holds.
+pub async fn lock_handoffs(factory: &LockFactory, resource: &str, n: usize) -> Summary {
+    let holder = factory.create_lock(resource);
+    let mut samples = Vec::with_capacity(n);
+    for i in 0..n {
+        holder.acquire().await.unwrap();
+        let waiter = factory.create_lock(resource);
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(async move {
+            let _ = ready_tx.send(());
+            waiter.acquire().await.unwrap();
+            let got = Instant::now();
+            waiter.release().await.unwrap();
+            got
+        });
+        ready_rx.await.unwrap();
+        tokio::time::sleep(park(i)).await; // the waiter is parked
+        let released = Instant::now();
+        holder.release().await.unwrap();
+        samples.push(task.await.unwrap() - released);
+    }
+    Summary::of(samples)
 }

@@ -15,11 +15,11 @@ use std::time::{Duration, Instant};
 
 use rustix::fs::{FlockOperation, Mode, OFlags};
 use xtr_lock::{FlockStore, LockFactory};
-use xtr_lock_bench::{Summary, cell, human, monotonic_ns};
+use xtr_lock_bench::{Summary, cell, human, lock_cycles, lock_handoffs, monotonic_ns, park};
 
 const CYCLES: usize = 20_000;
-const HANDOFFS: usize = 200;
-const PY_HANDOFFS: usize = 60;
+const HANDOFFS: usize = 100;
+const PY_HANDOFFS: usize = 40;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -124,40 +124,12 @@ fn open_flock_close(dir: &Path) -> Summary {
 
 async fn uncontended(dir: &Path) -> Summary {
     let factory = LockFactory::new(FlockStore::in_dir(dir).unwrap());
-    let lock = factory.create_lock("bench:uncontended");
-    let mut samples = Vec::with_capacity(CYCLES);
-    for _ in 0..CYCLES {
-        let t = Instant::now();
-        assert!(lock.try_acquire().await.unwrap());
-        lock.release().await.unwrap();
-        samples.push(t.elapsed());
-    }
-    Summary::of(samples)
+    lock_cycles(&factory.create_lock("bench:uncontended"), 0, CYCLES).await
 }
 
 async fn handoff_in_process(dir: &Path) -> Summary {
     let factory = LockFactory::new(FlockStore::in_dir(dir).unwrap());
-    let holder = factory.create_lock("bench:handoff");
-    let mut samples = Vec::with_capacity(HANDOFFS);
-    for _ in 0..HANDOFFS {
-        holder.acquire().await.unwrap();
-        let waiter = factory.create_lock("bench:handoff");
-        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
-        let task = tokio::spawn(async move {
-            let _ = ready_tx.send(());
-            waiter.acquire().await.unwrap();
-            let got = Instant::now();
-            waiter.release().await.unwrap();
-            got
-        });
-        ready_rx.await.unwrap();
-        tokio::time::sleep(Duration::from_millis(2)).await; // the waiter is parked
-        let released = Instant::now();
-        holder.release().await.unwrap();
-        let got = task.await.unwrap();
-        samples.push(got - released);
-    }
-    Summary::of(samples)
+    lock_handoffs(&factory, "bench:handoff", HANDOFFS).await
 }
 
 /// The parent holds; a child process (this binary) waits; the hand-off is measured on
@@ -181,13 +153,13 @@ fn handoff_across_processes(dir: &Path) -> Summary {
     let holder = factory.create_lock("bench:xproc");
     let mut samples = Vec::with_capacity(HANDOFFS);
     let mut line = String::new();
-    for _ in 0..HANDOFFS {
+    for i in 0..HANDOFFS {
         rt.block_on(holder.acquire()).unwrap();
         writeln!(to_child, "go").unwrap();
         line.clear();
         from_child.read_line(&mut line).unwrap();
         assert_eq!(line.trim(), "waiting");
-        std::thread::sleep(Duration::from_millis(5)); // the child is parked in its wait
+        std::thread::sleep(park(i)); // the child is parked in its wait
         let released = monotonic_ns();
         rt.block_on(holder.release()).unwrap();
         line.clear();

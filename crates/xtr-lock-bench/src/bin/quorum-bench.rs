@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use xtr_lock::store::{CombinedStore, ConsensusStrategy};
 use xtr_lock::{LockFactory, RedisStore};
-use xtr_lock_bench::{Summary, cell};
+use xtr_lock_bench::{Summary, cell, lock_cycles};
 use xtr_lock_testkit::redis::RedisServer;
 
 const CYCLES: usize = 3_000;
@@ -15,18 +15,7 @@ const TTL: Duration = Duration::from_secs(30);
 
 async fn cycle(factory: LockFactory, resource: &str) -> Summary {
     let lock = factory.with_default_ttl(Some(TTL)).create_lock(resource);
-    for _ in 0..100 {
-        lock.try_acquire().await.unwrap(); // warm: connections, probes, scripts
-        lock.release().await.unwrap();
-    }
-    let mut samples = Vec::with_capacity(CYCLES);
-    for _ in 0..CYCLES {
-        let t = Instant::now();
-        assert!(lock.try_acquire().await.unwrap());
-        lock.release().await.unwrap();
-        samples.push(t.elapsed());
-    }
-    Summary::of(samples)
+    lock_cycles(&lock, 100, CYCLES).await
 }
 
 async fn rslock(urls: Vec<String>) -> Summary {

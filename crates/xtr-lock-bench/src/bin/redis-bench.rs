@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use xtr_lock::{LockFactory, RedisStore};
-use xtr_lock_bench::{Summary, cell, human, monotonic_ns};
+use xtr_lock_bench::{Summary, cell, human, lock_cycles, lock_handoffs, monotonic_ns, park};
 use xtr_lock_testkit::redis::RedisServer;
 
 const CYCLES: usize = 5_000;
@@ -111,13 +111,6 @@ fn main() {
     );
 }
 
-/// How long the holder keeps the lock after the waiter parks, in round `i`: spread over
-/// 5–104 ms so that pollers are caught at every phase of their poll (a fixed delay would
-/// flatter or punish them).
-fn park(i: usize) -> Duration {
-    Duration::from_millis(5 + (i as u64 * 37) % 100)
-}
-
 fn ratio(a: Duration, b: Duration) -> f64 {
     a.as_secs_f64() / b.as_secs_f64()
 }
@@ -167,41 +160,11 @@ fn factory(dsn: &str) -> LockFactory {
 }
 
 async fn cycle(dsn: &str) -> Summary {
-    let lock = factory(dsn).create_lock("bench:cycle");
-    lock.try_acquire().await.unwrap(); // warm: connection, probe, scripts
-    lock.release().await.unwrap();
-    let mut samples = Vec::with_capacity(CYCLES);
-    for _ in 0..CYCLES {
-        let t = Instant::now();
-        assert!(lock.try_acquire().await.unwrap());
-        lock.release().await.unwrap();
-        samples.push(t.elapsed());
-    }
-    Summary::of(samples)
+    lock_cycles(&factory(dsn).create_lock("bench:cycle"), 1, CYCLES).await
 }
 
 async fn handoff(dsn: &str) -> Summary {
-    let factory = factory(dsn);
-    let holder = factory.create_lock("bench:handoff");
-    let mut samples = Vec::with_capacity(HANDOFFS);
-    for i in 0..HANDOFFS {
-        holder.acquire().await.unwrap();
-        let waiter = factory.create_lock("bench:handoff");
-        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
-        let task = tokio::spawn(async move {
-            let _ = ready_tx.send(());
-            waiter.acquire().await.unwrap();
-            let got = Instant::now();
-            waiter.release().await.unwrap();
-            got
-        });
-        ready_rx.await.unwrap();
-        tokio::time::sleep(park(i)).await; // the waiter is parked
-        let released = Instant::now();
-        holder.release().await.unwrap();
-        samples.push(task.await.unwrap() - released);
-    }
-    Summary::of(samples)
+    lock_handoffs(&factory(dsn), "bench:handoff", HANDOFFS).await
 }
 
 /// Acquire+release cycles per second, `TASKS` tasks each on its own resource, one store.

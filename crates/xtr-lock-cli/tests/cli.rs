@@ -240,6 +240,20 @@ fn shared_runs_overlap_and_exclude_a_writer() {
     stop(reader);
 }
 
+/// Whether process `pid` has a lock file of the flock store in `dir` open.
+fn has_open_lock_file(pid: u32, dir: &Path) -> bool {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .any(|target| {
+            target.parent() == Some(dir)
+                && target
+                    .file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("xtr."))
+        })
+}
+
 /// Waits until the command under `run` wrote its pid to `pidfile` (the lock is taken before the
 /// command starts, so "held" is not "started"), and returns it.
 fn command_pid(pidfile: &Path) -> i32 {
@@ -331,7 +345,16 @@ fn sigterm_while_waiting_ends_the_wait_and_leaves_nothing_held() {
         "touch",
         marker.to_str().unwrap(),
     ]);
-    std::thread::sleep(Duration::from_millis(300)); // waiting (its signal handlers are set first)
+    // A waiter on a file lock keeps the lock file open while it waits (its signal handlers are
+    // set before it starts waiting): wait for that, not for a while.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !has_open_lock_file(waiter.id(), tmp.path()) {
+        assert!(
+            Instant::now() < deadline,
+            "the waiter never started waiting"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let pid = rustix::process::Pid::from_raw(waiter.id() as i32).unwrap();
     rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
     assert_eq!(waiter.wait().unwrap().code(), Some(128 + 15));

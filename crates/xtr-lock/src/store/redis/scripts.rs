@@ -53,15 +53,18 @@ const SAVE: &str = r#"
 local key, fence_key = KEYS[1], KEYS[2]
 local token, dur = ARGV[2], tonumber(ARGV[3])
 local now = now_ms()
-local _, stop = zcall({0, -1}, 'ZREMRANGEBYSCORE', key, '-inf', now)
+local count, stop = zcall({0, -1}, 'ZCARD', key)
 if stop then return stop end
-local mine = redis.call('ZSCORE', key, token)
-local writing = redis.call('ZSCORE', key, '__write__')
-local count = redis.call('ZCARD', key)
-if mine then
-  if (not writing) and count > 1 then return {0, wait_hint(key, token, now)} end
-elseif count > 0 then
-  return {0, wait_hint(key, token, now)}
+local mine, writing = false, false
+-- The common case, a free lock, pays no pruning and no lookups.
+if count > 0 then
+  count = count - redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+  if count > 0 then
+    mine = redis.call('ZSCORE', key, token)
+    if not mine then return {0, wait_hint(key, token, now)} end
+    writing = redis.call('ZSCORE', key, '__write__')
+    if (not writing) and count > 1 then return {0, wait_hint(key, token, now)} end
+  end
 end
 local score = now + dur
 redis.call('ZADD', key, score, token, score, '__write__')
@@ -77,8 +80,15 @@ const SAVE_READ: &str = r#"
 local key = KEYS[1]
 local token, dur, channel = ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local now = now_ms()
-local _, stop = zcall({0, -1}, 'ZREMRANGEBYSCORE', key, '-inf', now)
+local count, stop = zcall({0, -1}, 'ZCARD', key)
 if stop then return stop end
+if count == 0 then
+  -- A free lock: the new entry is the only one, so the key lives exactly as long.
+  redis.call('ZADD', key, now + dur, token)
+  redis.call('PEXPIREAT', key, now + dur)
+  return {1, 0}
+end
+redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
 local mine = redis.call('ZSCORE', key, token)
 local writing = redis.call('ZSCORE', key, '__write__')
 if (not mine) and writing then return {0, wait_hint(key, token, now)} end

@@ -2,35 +2,176 @@
 //! crate's Redlock over the same three, in one run.
 //!
 //! `cargo run --release -p xtr-lock-bench --bin quorum-bench` prints a Markdown table.
+//!
+//! The contenders run in interleaved rounds (each round runs every contender for a slice of the
+//! cycles, in a rotating order), so drift in the machine's speed during the run affects them
+//! alike. Besides latency, each row shows where the time goes: the client's CPU time per cycle
+//! (this process) and the servers' (the sum of `used_cpu_sys + used_cpu_user` deltas of the
+//! servers involved, from `INFO cpu`). The floor rows are bare `PING`s: two round trips to one
+//! server, and two rounds of `PING`s sent to all three at once.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::time::{Duration, Instant};
 
+use futures_util::future::join_all;
 use xtr_lock::store::{CombinedStore, ConsensusStrategy};
-use xtr_lock::{LockFactory, RedisStore};
-use xtr_lock_bench::{Summary, cell, lock_cycles};
+use xtr_lock::{Lock, LockFactory, RedisStore};
+use xtr_lock_bench::{Summary, cell, human};
 use xtr_lock_testkit::redis::RedisServer;
 
-const CYCLES: usize = 3_000;
+const ROUNDS: usize = 20;
+const PER_ROUND: usize = 250;
+const WARMUP: usize = 200;
 const TTL: Duration = Duration::from_secs(30);
 
-async fn cycle(factory: LockFactory, resource: &str) -> Summary {
-    let lock = factory.with_default_ttl(Some(TTL)).create_lock(resource);
-    lock_cycles(&lock, 100, CYCLES).await
+/// One acquire + release (or the floor's two round trips).
+type Cycle<'a> = Box<dyn FnMut() -> Pin<Box<dyn Future<Output = ()> + 'a>> + 'a>;
+
+struct Contender<'a> {
+    name: &'static str,
+    /// Indexes of the servers it talks to (for the server CPU column).
+    servers: Vec<usize>,
+    cycle: Cycle<'a>,
+    samples: Vec<Duration>,
+    client_cpu: Duration,
+    server_cpu: Duration,
 }
 
-async fn rslock(urls: Vec<String>) -> Summary {
-    let mut rl = rslock::LockManager::new(urls);
+fn process_cpu() -> Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+}
+
+/// `used_cpu_sys + used_cpu_user` of one server, from `INFO cpu` (microsecond resolution).
+async fn server_cpu(conn: &mut redis::aio::MultiplexedConnection) -> Duration {
+    let info: String = redis::cmd("INFO")
+        .arg("cpu")
+        .query_async(conn)
+        .await
+        .unwrap();
+    let field = |name: &str| -> f64 {
+        info.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("INFO cpu has {name}"))
+    };
+    Duration::from_secs_f64(field("used_cpu_sys") + field("used_cpu_user"))
+}
+
+async fn servers_cpu(conns: &mut [redis::aio::MultiplexedConnection], which: &[usize]) -> Duration {
+    let mut total = Duration::ZERO;
+    for &i in which {
+        total += server_cpu(&mut conns[i]).await;
+    }
+    total
+}
+
+fn lock_cycle(lock: &Lock) -> Cycle<'_> {
+    Box::new(move || {
+        Box::pin(async move {
+            assert!(lock.try_acquire().await.unwrap());
+            lock.release().await.unwrap();
+        })
+    })
+}
+
+fn ping_cycle(conns: Vec<redis::aio::MultiplexedConnection>) -> Cycle<'static> {
+    Box::new(move || {
+        let mut conns = conns.clone();
+        Box::pin(async move {
+            for _ in 0..2 {
+                join_all(conns.iter_mut().map(|c| async move {
+                    let _: String = redis::cmd("PING").query_async(c).await.unwrap();
+                }))
+                .await;
+            }
+        })
+    })
+}
+
+fn rslock_cycle(rl: &rslock::LockManager) -> Cycle<'_> {
+    Box::new(move || {
+        Box::pin(async move {
+            let lock = rl.lock("bench:rslock", TTL).await.unwrap();
+            rl.unlock(&lock).await;
+        })
+    })
+}
+
+async fn run(urls: &[String]) -> Vec<Contender<'static>> {
+    let clients: Vec<redis::Client> = urls
+        .iter()
+        .map(|u| redis::Client::open(u.as_str()).unwrap())
+        .collect();
+    let mut conns = Vec::new();
+    for c in &clients {
+        conns.push(c.get_multiplexed_async_connection().await.unwrap());
+    }
+    // Leaked: the contenders borrow them for the whole run of this short-lived binary.
+    let single: &'static Lock = Box::leak(Box::new(
+        LockFactory::new(RedisStore::from_dsn(&urls[0]).unwrap())
+            .with_default_ttl(Some(TTL))
+            .create_lock("bench:single"),
+    ));
+    let refs: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let quorum: &'static Lock = Box::leak(Box::new(
+        LockFactory::new(CombinedStore::from_dsns(&refs, ConsensusStrategy).unwrap())
+            .with_default_ttl(Some(TTL))
+            .create_lock("bench:quorum"),
+    ));
+    let mut rl = rslock::LockManager::new(urls.to_vec());
     rl.set_retry(1, Duration::from_millis(1));
-    let mut samples = Vec::with_capacity(CYCLES);
-    for i in 0..CYCLES + 100 {
-        let t = Instant::now();
-        let lock = rl.lock("bench:rslock", TTL).await.unwrap();
-        rl.unlock(&lock).await;
-        if i >= 100 {
-            samples.push(t.elapsed());
+    let rl: &'static rslock::LockManager = Box::leak(Box::new(rl));
+    let all: Vec<usize> = (0..urls.len()).collect();
+    let contender = |name, servers, cycle| Contender {
+        name,
+        servers,
+        cycle,
+        samples: Vec::with_capacity(ROUNDS * PER_ROUND),
+        client_cpu: Duration::ZERO,
+        server_cpu: Duration::ZERO,
+    };
+    let mut contenders = vec![
+        contender(
+            "floor: 2 × `PING`, one server",
+            vec![0],
+            ping_cycle(vec![conns[0].clone()]),
+        ),
+        contender(
+            "floor: 2 × `PING` to all three at once",
+            all.clone(),
+            ping_cycle(conns.clone()),
+        ),
+        contender("xtr-lock, one redis-server", vec![0], lock_cycle(single)),
+        contender(
+            "xtr-lock, quorum of 3 (`CombinedStore`, consensus)",
+            all.clone(),
+            lock_cycle(quorum),
+        ),
+        contender("rslock 0.10 Redlock over the same 3", all, rslock_cycle(rl)),
+    ];
+    for c in &mut contenders {
+        for _ in 0..WARMUP {
+            (c.cycle)().await;
         }
     }
-    Summary::of(samples)
+    let k = contenders.len();
+    for round in 0..ROUNDS {
+        for j in 0..k {
+            let c = &mut contenders[(round + j) % k];
+            let servers_before = servers_cpu(&mut conns, &c.servers).await;
+            let cpu_before = process_cpu();
+            for _ in 0..PER_ROUND {
+                let t = Instant::now();
+                (c.cycle)().await;
+                c.samples.push(t.elapsed());
+            }
+            c.client_cpu += process_cpu() - cpu_before;
+            c.server_cpu += servers_cpu(&mut conns, &c.servers).await - servers_before;
+        }
+    }
+    contenders
 }
 
 fn main() {
@@ -40,28 +181,32 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    let single = rt.block_on(cycle(
-        LockFactory::new(RedisStore::from_dsn(&urls[0]).unwrap()),
-        "bench:single",
-    ));
-    let refs: Vec<&str> = urls.iter().map(String::as_str).collect();
-    let quorum = rt.block_on(cycle(
-        LockFactory::new(CombinedStore::from_dsns(&refs, ConsensusStrategy).unwrap()),
-        "bench:quorum",
-    ));
-    let red = rt.block_on(rslock(urls.clone()));
-    println!("| acquire + release, p50 (p99) | time |");
-    println!("|---|---|");
-    println!("| xtr-lock, one redis-server | {} |", cell(&single));
-    println!(
-        "| xtr-lock, quorum of 3 (`CombinedStore`, consensus) | {} |",
-        cell(&quorum)
-    );
-    println!("| rslock 0.10 Redlock over the same 3 | {} |", cell(&red));
+    let contenders = rt.block_on(run(&urls));
+    let cycles = (ROUNDS * PER_ROUND) as u32;
+    let p50 = |name: &str| {
+        let c = contenders
+            .iter()
+            .find(|c| c.name.starts_with(name))
+            .unwrap();
+        Summary::of(c.samples.clone()).p50.as_secs_f64()
+    };
+    println!("| acquire + release | p50 (p99) | client CPU / cycle | servers' CPU / cycle |");
+    println!("|---|---|---|---|");
+    for c in &contenders {
+        println!(
+            "| {} | {} | {} | {} |",
+            c.name,
+            cell(&Summary::of(c.samples.clone())),
+            human(c.client_cpu / cycles),
+            human(c.server_cpu / cycles),
+        );
+    }
     println!();
     println!(
-        "Ratios (p50): quorum of 3 = {:.2}× one server; rslock = {:.2}× our quorum. {CYCLES} cycles each.",
-        quorum.p50.as_secs_f64() / single.p50.as_secs_f64(),
-        red.p50.as_secs_f64() / quorum.p50.as_secs_f64(),
+        "Ratios (p50): quorum of 3 = {:.2}× one server; rslock = {:.2}× our quorum; \
+         quorum = {:.2}× its PING floor. {ROUNDS} interleaved rounds of {PER_ROUND} cycles each.",
+        p50("xtr-lock, quorum") / p50("xtr-lock, one"),
+        p50("rslock") / p50("xtr-lock, quorum"),
+        p50("xtr-lock, quorum") / p50("floor: 2 × `PING` to all"),
     );
 }

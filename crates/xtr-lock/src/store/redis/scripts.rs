@@ -126,17 +126,22 @@ return 1
 
 /// Release: token-scoped. Replies 0 (held nothing), 1 (released a live lock) or 2 (removed an
 /// entry whose lease had already ended: the lock had been lost). Tells waiters.
+///
+/// A writer's set is exactly {token, marker} and the key expires with its score (every script
+/// that writes a writer's score sets the key's expiry to it), so on the server's clock a
+/// writer's entry seen at all is live: removing both members removes the key, and neither
+/// `TIME` nor a new expiry is needed. Readers (and every holder on the client's clock) compare.
 const DELETE: &str = r#"
 local key = KEYS[1]
 local token, channel = ARGV[2], ARGV[4]
 local score, stop = zcall(0, 'ZSCORE', key, token)
 if stop then return stop end
 if not score then return 0 end
-local now = now_ms()
-redis.call('ZREM', key, token, '__write__')
-expire_at_max(key)
+local removed = redis.call('ZREM', key, token, '__write__')
 redis.call('PUBLISH', channel, 'released')
-if tonumber(score) <= now then return 2 end
+if removed == 2 and ARGV[1] == '' then return 1 end
+if removed < 2 then expire_at_max(key) end
+if tonumber(score) <= now_ms() then return 2 end
 return 1
 "#;
 

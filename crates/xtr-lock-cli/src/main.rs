@@ -48,12 +48,14 @@ async fn run(cli: Cli) -> anyhow::Result<Exit> {
             let wait = Wait::from_args(&wait)?;
             let kill_after = duration("--kill-after", &kill_after)?;
             let store = StoreConfig::from_args(&store)?;
-            cmd::run::run(cmd::run::RunArgs {
-                store,
-                wait,
-                kill_after,
-                resource,
-                command,
+            closing(store, |store| {
+                cmd::run::run(cmd::run::RunArgs {
+                    store,
+                    wait,
+                    kill_after,
+                    resource,
+                    command,
+                })
             })
             .await
         }
@@ -63,21 +65,27 @@ async fn run(cli: Cli) -> anyhow::Result<Exit> {
             resource,
         } => {
             let wait = Wait::from_args(&wait)?;
-            cmd::keys::acquire(StoreConfig::from_args(&store)?, wait, &resource).await
+            let store = StoreConfig::from_args(&store)?;
+            closing(store, |store| cmd::keys::acquire(store, wait, &resource)).await
         }
         Command::Release { store, key } => {
-            cmd::keys::release(StoreConfig::from_args(&store)?, key).await
+            let store = StoreConfig::from_args(&store)?;
+            closing(store, |store| cmd::keys::release(store, key)).await
         }
         Command::Refresh { store, ttl, key } => {
             let ttl = duration("--ttl", &ttl)?;
-            cmd::keys::refresh(StoreConfig::from_args(&store)?, ttl, key).await
+            let store = StoreConfig::from_args(&store)?;
+            closing(store, |store| cmd::keys::refresh(store, ttl, key)).await
         }
         Command::Status {
             store,
             resource,
             key,
             json,
-        } => cmd::keys::status(StoreConfig::from_args(&store)?, resource, key, json).await,
+        } => {
+            let store = StoreConfig::from_args(&store)?;
+            closing(store, |store| cmd::keys::status(store, resource, key, json)).await
+        }
         Command::Bench {
             store,
             clients,
@@ -86,15 +94,20 @@ async fn run(cli: Cli) -> anyhow::Result<Exit> {
             hold,
             json,
         } => {
-            let args = cmd::bench::BenchArgs {
-                duration: duration("--duration", &d)?,
-                hold: duration("--hold", &hold)?,
-                store: StoreConfig::from_args(&store)?,
-                clients,
-                resources,
-                json,
-            };
-            cmd::bench::bench(args).await
+            let run_for = duration("--duration", &d)?;
+            let hold = duration("--hold", &hold)?;
+            let store = StoreConfig::from_args(&store)?;
+            closing(store, |store| {
+                cmd::bench::bench(cmd::bench::BenchArgs {
+                    duration: run_for,
+                    hold,
+                    store,
+                    clients,
+                    resources,
+                    json,
+                })
+            })
+            .await
         }
         Command::Completions { shell } => {
             clap_complete::generate(
@@ -105,5 +118,27 @@ async fn run(cli: Cli) -> anyhow::Result<Exit> {
             );
             Ok(Exit::Ok)
         }
+    }
+}
+
+/// Runs a command on `store`, then closes the store, whatever the outcome: work it still does in
+/// the background (a quorum's slowest members receiving a release) finishes before the process
+/// exits, instead of being left to expiry.
+async fn closing<F, Fut>(store: StoreConfig, command: F) -> anyhow::Result<Exit>
+where
+    F: FnOnce(StoreConfig) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<Exit>>,
+{
+    let handle = store.store.clone();
+    let outcome = command(store).await;
+    close(&*handle).await;
+    outcome
+}
+
+/// Closes `store`; a failure is reported, and does not change the command's exit status (what
+/// the command did is done).
+async fn close(store: &dyn xtr_lock::Store) {
+    if let Err(err) = store.close().await {
+        eprintln!("xtr-lock: warning: {err:#}");
     }
 }

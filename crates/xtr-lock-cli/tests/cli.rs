@@ -585,6 +585,11 @@ fn a_repeated_store_is_a_quorum() {
         .assert()
         .success()
         .stdout("combined(redis,redis,redis)\n");
+    // The release answers at the quorum; the command closes the store before exiting, so the
+    // slowest server has its release too.
+    for (i, server) in servers.iter().enumerate() {
+        assert_eq!(server.cli(&["EXISTS", "q"]), "0", "server {i} still holds");
+    }
     servers[0].kill();
     xtr().args(&args).assert().success();
     servers[1].kill();

@@ -156,6 +156,130 @@ async fn every_member_gets_the_ttl_and_read_locks_fall_back_per_member() {
     assert!(exclusive.ops().contains(&"put_off(ttl=10s)".to_owned()));
 }
 
+#[tokio::test]
+async fn a_release_answers_at_the_quorum_and_the_slow_member_catches_up_in_order() {
+    let m = members(3);
+    let store = combined(&m);
+    let key = Key::new("r");
+    store.save(&key, Some(TTL)).await.unwrap();
+    store.close().await.unwrap(); // every member answered the save
+    m[2].clear_ops();
+    m[2].hold_replies("delete");
+    let released = tokio::time::timeout(Duration::from_secs(5), store.delete(&key))
+        .await
+        .expect("a release does not wait for the slow member");
+    assert!(released.unwrap(), "two of three held: it was held");
+    // The holder takes the lock again at once: the slow member's save must queue behind its
+    // release, or that release would remove the new lock there.
+    store.save(&key, Some(TTL)).await.unwrap();
+    assert!(
+        !m[2].op_names().contains(&"save".to_owned()),
+        "the next save waits for the delete still answering: {:?}",
+        m[2].ops()
+    );
+    let close = store.close();
+    tokio::pin!(close);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), &mut close)
+            .await
+            .is_err(),
+        "close waits for the member still answering"
+    );
+    m[2].release_replies();
+    close.await.unwrap();
+    assert_eq!(m[2].op_names(), ["delete", "save", "close"]);
+    for (i, member) in m.iter().enumerate() {
+        assert!(
+            member.inner().exists(&key).await.unwrap(),
+            "member {i} holds the second lock"
+        );
+    }
+}
+
+#[tokio::test]
+async fn every_member_holds_even_when_the_quorum_was_decided_first() {
+    let m = members(5);
+    let store = combined(&m);
+    let key = Key::new("r");
+    store.save(&key, Some(TTL)).await.unwrap();
+    store
+        .put_off_expiration(&key, Duration::from_secs(60))
+        .await
+        .unwrap();
+    store.close().await.unwrap();
+    for (i, member) in m.iter().enumerate() {
+        assert!(member.inner().exists(&key).await.unwrap(), "member {i}");
+        assert_eq!(
+            member.op_names(),
+            ["save", "put_off", "close"],
+            "member {i}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn close_closes_every_member_and_reports_the_failures_together() {
+    let m = members(3);
+    m[0].fail_next("close", When::Before, Error::storage("socket gone"));
+    m[2].fail_next("close", When::Before, Error::storage("pool poisoned"));
+    let store = combined(&m);
+    let err = store.close().await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Storage);
+    let text = err.to_string();
+    assert!(
+        text.contains("some of the combined stores failed to close")
+            && text.contains("socket gone")
+            && text.contains("pool poisoned"),
+        "{text}"
+    );
+    for (i, member) in m.iter().enumerate() {
+        assert_eq!(member.op_names(), ["close"], "member {i} was asked");
+    }
+    // Closed stores work again (they reconnect).
+    let key = Key::new("r");
+    store.save(&key, Some(TTL)).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_dropped_close_can_be_called_again_and_finishes_the_job() {
+    let m = members(3);
+    let store = combined(&m);
+    let key = Key::new("r");
+    store.save(&key, Some(TTL)).await.unwrap();
+    m[1].hold_replies("delete");
+    m[2].hold_replies("delete");
+    // One fast member cannot decide a release: it waits for a second answer.
+    let release = tokio::spawn({
+        let store = Arc::new(store);
+        let key = key.clone();
+        async move {
+            let held = store.delete(&key).await;
+            (store, held)
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    m[1].release_replies();
+    let (store, held) = release.await.unwrap();
+    assert!(held.unwrap());
+    // m[2] is still answering: close waits for it; dropped mid-flight, nothing is closed yet.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(100), store.close())
+            .await
+            .is_err()
+    );
+    assert!(!m[0].op_names().contains(&"close".to_owned()));
+    m[2].release_replies();
+    store.close().await.unwrap();
+    for (i, member) in m.iter().enumerate() {
+        assert_eq!(
+            member.op_names().last().map(String::as_str),
+            Some("close"),
+            "member {i}"
+        );
+        assert!(!member.inner().exists(&key).await.unwrap(), "member {i}");
+    }
+}
+
 // ---- faults on real servers ----------------------------------------------------------------------
 
 struct Quorum {
@@ -266,5 +390,37 @@ async fn a_holder_whose_majority_is_lost_gets_the_lost_signal() {
             LostReason::TakenOver | LostReason::Unreachable | LostReason::Expired
         ),
         "{lost:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_paused_server_does_not_hold_up_a_release_and_gets_it_once_resumed() {
+    // A socket timeout far above the bound below: a release that waited for the paused member
+    // could not finish in time.
+    let q = quorum("?socket_timeout=60");
+    let lock = q.factory().create_lock("r");
+    assert!(lock.try_acquire().await.unwrap());
+    // Wait until all three hold (the third may still be answering in the background).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while q.servers.iter().any(|s| s.cli(&["EXISTS", "r"]) != "1") {
+        assert!(Instant::now() < deadline, "every server holds");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    q.servers[1].pause();
+    tokio::time::timeout(Duration::from_secs(20), lock.release())
+        .await
+        .expect("the release answers once two of three released")
+        .unwrap();
+    assert_eq!(q.servers[0].cli(&["EXISTS", "r"]), "0");
+    assert_eq!(q.servers[2].cli(&["EXISTS", "r"]), "0");
+    q.servers[1].resume();
+    tokio::time::timeout(Duration::from_secs(20), q.store.close())
+        .await
+        .expect("close returns once the resumed server answered")
+        .unwrap();
+    assert_eq!(
+        q.servers[1].cli(&["EXISTS", "r"]),
+        "0",
+        "the release reached the paused server after it resumed"
     );
 }

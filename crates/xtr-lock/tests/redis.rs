@@ -763,3 +763,55 @@ fn a_store_keeps_working_on_a_second_runtime() {
         lock.release().await.unwrap();
     });
 }
+
+/// The clients connected to `server`, not counting the `redis-cli` that asks.
+fn our_connections(server: &RedisServer) -> usize {
+    let info = server.cli(&["INFO", "clients"]);
+    let n: usize = info
+        .lines()
+        .find_map(|l| l.strip_prefix("connected_clients:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("INFO clients has connected_clients");
+    n - 1
+}
+
+async fn until_connections(server: &RedisServer, n: usize, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while our_connections(server) != n {
+        assert!(
+            Instant::now() < deadline,
+            "{what}: {} connections, not {n}",
+            our_connections(server)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn close_drops_both_connections_and_waiters_and_later_calls_carry_on() {
+    let server = RedisServer::start();
+    let store = store(&server);
+    let holder = lock(&store, "r", TTL);
+    assert!(holder.try_acquire().await.unwrap());
+    let waiter = lock(&store, "r", TTL);
+    let waiting = tokio::spawn(async move {
+        waiter.acquire().await.unwrap();
+        waiter.release().await.unwrap();
+    });
+    until_connections(&server, 2, "commands + the waiter's subscription").await;
+
+    store.close().await.unwrap();
+    // The waiter goes on: it polls, then subscribes again on a new connection.
+    holder.release().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the waiter still gets the lock after close")
+        .unwrap();
+    store.close().await.unwrap();
+    until_connections(&server, 0, "after close").await;
+
+    // A closed store reconnects on its next call.
+    assert!(holder.try_acquire().await.unwrap());
+    until_connections(&server, 1, "reconnected").await;
+    holder.release().await.unwrap();
+}

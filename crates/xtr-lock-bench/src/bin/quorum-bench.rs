@@ -151,6 +151,10 @@ async fn run(urls: &[String]) -> Vec<Contender<'static>> {
         ),
         contender("rslock 0.10 Redlock over the same 3", all, rslock_cycle(rl)),
     ];
+    // For profiling one contender: `ONLY=quorum perf record … quorum-bench`.
+    if let Ok(only) = std::env::var("ONLY") {
+        contenders.retain(|c| c.name.contains(only.as_str()));
+    }
     for c in &mut contenders {
         for _ in 0..WARMUP {
             (c.cycle)().await;
@@ -184,11 +188,8 @@ fn main() {
     let contenders = rt.block_on(run(&urls));
     let cycles = (ROUNDS * PER_ROUND) as u32;
     let p50 = |name: &str| {
-        let c = contenders
-            .iter()
-            .find(|c| c.name.starts_with(name))
-            .unwrap();
-        Summary::of(c.samples.clone()).p50.as_secs_f64()
+        let c = contenders.iter().find(|c| c.name.starts_with(name))?;
+        Some(Summary::of(c.samples.clone()).p50.as_secs_f64())
     };
     println!("| acquire + release | p50 (p99) | client CPU / cycle | servers' CPU / cycle |");
     println!("|---|---|---|---|");
@@ -201,12 +202,20 @@ fn main() {
             human(c.server_cpu / cycles),
         );
     }
+    let (Some(quorum), Some(one), Some(rslock), Some(floor)) = (
+        p50("xtr-lock, quorum"),
+        p50("xtr-lock, one"),
+        p50("rslock"),
+        p50("floor: 2 × `PING` to all"),
+    ) else {
+        return;
+    };
     println!();
     println!(
         "Ratios (p50): quorum of 3 = {:.2}× one server; rslock = {:.2}× our quorum; \
          quorum = {:.2}× its PING floor. {ROUNDS} interleaved rounds of {PER_ROUND} cycles each.",
-        p50("xtr-lock, quorum") / p50("xtr-lock, one"),
-        p50("rslock") / p50("xtr-lock, quorum"),
-        p50("xtr-lock, quorum") / p50("floor: 2 × `PING` to all"),
+        quorum / one,
+        rslock / quorum,
+        quorum / floor,
     );
 }

@@ -323,6 +323,25 @@ pub trait Store: Send + Sync + fmt::Debug + fmt::Display + 'static {
         Ok(None)
     }
 
+    /// Shuts the store down gracefully: finishes the work it still runs in the background and
+    /// closes the connections it opened. A store used again after `close` reconnects. Stores
+    /// with nothing to close do nothing (the default).
+    ///
+    /// Call it before a process exits, or before the runtime shuts down: tasks still running
+    /// then are dropped, and what they were doing is left to expiry.
+    ///
+    /// # Errors
+    ///
+    /// What failed to close, all of it (a [`CombinedStore`] tries every member).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped mid-flight, some connections may be closed and others not; calling it again
+    /// finishes the job.
+    async fn close(&self) -> Result<()> {
+        Ok(())
+    }
+
     /// An `Unsupported` error about `what`, naming this store and the key's resource.
     #[doc(hidden)]
     fn unsupported(&self, key: &Key, what: &str) -> Error {
@@ -392,6 +411,9 @@ macro_rules! forward_store {
             }
             async fn fencing_counter(&self, resource: &str) -> Result<Option<u64>> {
                 (**self).fencing_counter(resource).await
+            }
+            async fn close(&self) -> Result<()> {
+                (**self).close().await
             }
             fn unsupported(&self, key: &Key, what: &str) -> Error {
                 (**self).unsupported(key, what)

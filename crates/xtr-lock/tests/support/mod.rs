@@ -251,6 +251,9 @@ impl<S: Store> Store for Scripted<S> {
         self.call("exists", String::new(), self.inner.exists(key))
             .await
     }
+    async fn close(&self) -> Result<()> {
+        self.call("close", String::new(), self.inner.close()).await
+    }
     async fn watch(&self, resource: &str) -> Result<Option<Watcher>> {
         if !self.capabilities().notifies {
             return Ok(None);

@@ -7,14 +7,19 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures_util::StreamExt as _;
+use futures_util::future::join_all;
 use futures_util::stream::FuturesUnordered;
 
 use super::{Acquired, Capabilities, Store, Watcher};
+use crate::clock::BoxFuture;
 use crate::error::{Error, Result};
 use crate::key::{Key, Mode};
 use crate::lock::TARGET;
 
+mod inflight;
 mod strategy;
+
+use inflight::{Answer, Inflight, Pending};
 
 pub use strategy::{ConsensusStrategy, Strategy, UnanimousStrategy};
 
@@ -26,8 +31,11 @@ fn drift(ttl: Duration) -> Duration {
 
 /// One lock over several stores: held when the [`Strategy`] says enough of them hold it.
 ///
-/// - Members are asked **concurrently**: an acquire costs about one round trip of the slowest
-///   member needed for the quorum, not the sum. Counting stops once the outcome is decided.
+/// - Members are asked **concurrently**: an acquire, refresh or release costs about one round
+///   trip of the slowest member needed for the quorum, not the sum. Counting stops once the
+///   outcome is decided; the members still answering then finish in the background, and each
+///   member's next request on the resource waits for them, so every member sees the holder's
+///   requests in order. [`close`](Store::close) waits for them.
 /// - Any failure of a member (conflict, network, timeout, expiry) is a vote against. A lock that
 ///   falls short is taken back out of **every** member, after every member has answered (so no
 ///   late save lands after the roll-back), before the conflict is reported.
@@ -54,6 +62,9 @@ fn drift(ttl: Duration) -> Duration {
 /// - Clock drift beyond the allowance, or process pauses longer than the remaining lease, break
 ///   Redlock's guarantee like any lease; keep ttls well above both.
 /// - A failed acquire returns once every member answered or timed out.
+/// - Requests left to finish in the background are dropped if the runtime shuts down first
+///   (what they would have stored or removed is then left to expiry): call
+///   [`close`](Store::close) before exiting.
 ///
 /// # Clock assumptions
 ///
@@ -79,6 +90,7 @@ fn drift(ttl: Duration) -> Duration {
 pub struct CombinedStore {
     stores: Vec<Arc<dyn Store>>,
     strategy: Arc<dyn Strategy>,
+    inflight: Arc<Inflight>,
 }
 
 impl CombinedStore {
@@ -94,6 +106,7 @@ impl CombinedStore {
             ));
         }
         Ok(CombinedStore {
+            inflight: Arc::new(Inflight::new(stores.len())),
             stores,
             strategy: Arc::new(strategy),
         })
@@ -129,30 +142,62 @@ impl CombinedStore {
         }
     }
 
-    /// Deletes from every member concurrently; failures are logged and go no further.
-    async fn delete_all(&self, key: &Key) -> usize {
-        let mut pending: FuturesUnordered<_> = self
-            .stores
+    /// Asks every member at once with `op`; each member's request waits for that member's
+    /// background requests on the same resource first (see [`Inflight`]).
+    fn ask_all<T, F, Fut>(&self, key: &Key, op: F) -> Pending<T>
+    where
+        F: Fn(Arc<dyn Store>, Key) -> Fut,
+        Fut: Future<Output = Result<T>> + Send + 'static,
+    {
+        self.stores
             .iter()
-            .map(|s| async move { (s, s.delete(key).await) })
-            .collect();
-        let mut removed = 0;
-        while let Some((store, result)) = pending.next().await {
-            match result {
-                Ok(true) => removed += 1,
-                Ok(false) => {}
-                Err(err) => tracing::warn!(target: TARGET, resource = key.resource(),
-                    store = %store, error = %err, "one store failed to delete the lock"),
+            .enumerate()
+            .map(|(i, store)| {
+                // Taken now, not when first polled: a request finished in the background must
+                // never wait for its own batch.
+                let before = self.inflight.before(i, key.resource());
+                let request = op(store.clone(), key.clone());
+                Box::pin(async move {
+                    if let Some(before) = before {
+                        before.await;
+                    }
+                    (i, request.await)
+                }) as BoxFuture<'static, Answer<T>>
+            })
+            .collect()
+    }
+
+    /// Leaves the members that have not answered to finish in the background.
+    async fn detach<T: Send + 'static>(
+        &self,
+        key: &Key,
+        what: &'static str,
+        answered: &[bool],
+        rest: Pending<T>,
+    ) {
+        let members: Vec<usize> = (0..answered.len()).filter(|&i| !answered[i]).collect();
+        self.inflight
+            .detach(key.resource(), what, &members, rest)
+            .await;
+    }
+
+    /// Deletes from every member and waits for all of them; failures are logged and go no
+    /// further.
+    async fn delete_everywhere(&self, key: &Key) {
+        let mut pending = self.ask_all(key, |s, k| async move { s.delete(&k).await });
+        while let Some((i, result)) = pending.next().await {
+            if let Err(err) = result {
+                tracing::warn!(target: TARGET, resource = key.resource(),
+                    store = %self.stores[i], error = %err, "one store failed to delete the lock");
             }
         }
-        removed
     }
 
     /// Takes back what a failed or expired acquisition stored: first let every member still
     /// answering finish (a late save must not land after the roll-back), then delete everywhere.
-    async fn roll_back<F: Future>(&self, key: &Key, mut pending: FuturesUnordered<F>) {
+    async fn roll_back<T>(&self, key: &Key, mut pending: Pending<T>) {
         while pending.next().await.is_some() {}
-        self.delete_all(key).await;
+        self.delete_everywhere(key).await;
     }
 
     async fn save_mode(&self, key: &Key, ttl: Option<Duration>, read: bool) -> Result<Acquired> {
@@ -163,24 +208,24 @@ impl CombinedStore {
         if let Some(ttl) = ttl.filter(|_| self.expiring()) {
             key.reduce_lifetime(ttl.saturating_sub(drift(ttl)));
         }
-        let mut pending: FuturesUnordered<_> = self
-            .stores
-            .iter()
-            .map(|s| async move { (s, save_member(s, key, ttl, read).await) })
-            .collect();
+        let mut pending = self.ask_all(key, move |s, k| async move {
+            save_member(&s, &k, ttl, read).await
+        });
+        let mut answered = vec![false; n];
         let (mut yes, mut no) = (Vec::new(), 0);
         let mut retry_after: Option<Duration> = None;
         let mut decided = false;
-        while let Some((store, result)) = pending.next().await {
+        while let Some((i, result)) = pending.next().await {
+            answered[i] = true;
             match result {
-                Ok(_) => yes.push(store),
+                Ok(_) => yes.push(i),
                 Err(err) => {
                     no += 1;
                     if let Some(d) = err.retry_after() {
                         retry_after = Some(retry_after.map_or(d, |r| r.min(d)));
                     }
-                    tracing::debug!(target: TARGET, resource = key.resource(), store = %store,
-                        error = %err, "one store failed to save the lock");
+                    tracing::debug!(target: TARGET, resource = key.resource(),
+                        store = %self.stores[i], error = %err, "one store failed to save the lock");
                 }
             }
             if self.strategy.is_met(yes.len(), n) {
@@ -192,13 +237,16 @@ impl CombinedStore {
             }
         }
         if decided && !key.is_expired() {
+            // The members still answering finish in the background: the holder's lease then
+            // stands on all of them, not only on the quorum that answered first.
+            self.detach(key, "save", &answered, pending).await;
             return Ok(Acquired::new());
         }
         // Missed, or reached too late to be trusted (Redlock's validity): let every member
         // still answering finish first, so no late save lands after the roll-back.
-        while let Some((store, result)) = pending.next().await {
+        while let Some((i, result)) = pending.next().await {
             if result.is_ok() {
-                yes.push(store);
+                yes.push(i);
             }
         }
         // Members report a lease that ran out as a failure: it is an expiry all the same.
@@ -207,12 +255,12 @@ impl CombinedStore {
             None => {
                 tracing::info!(target: TARGET, resource = key.resource(), success = yes.len(),
                     failure = no, "failed to store the lock, the quorum was not met");
-                self.delete_all(key).await;
+                self.delete_everywhere(key).await;
             }
             Some(mode) => {
                 // Put the members that changed back in the mode the holder had.
-                for store in yes {
-                    let _ = save_member(store, key, ttl, mode == Mode::Read).await;
+                for i in yes {
+                    let _ = save_member(&self.stores[i], key, ttl, mode == Mode::Read).await;
                 }
             }
         }
@@ -301,21 +349,22 @@ impl Store for CombinedStore {
             key.reduce_lifetime(ttl.saturating_sub(drift(ttl)));
         }
         let (mut yes, mut no) = (0, 0);
-        let mut pending: FuturesUnordered<_> = self
-            .stores
-            .iter()
-            .map(|s| async move { (s, s.put_off_expiration(key, ttl).await) })
-            .collect();
+        let mut answered = vec![false; n];
+        let mut pending = self.ask_all(key, move |s, k| async move {
+            s.put_off_expiration(&k, ttl).await
+        });
         while !self.strategy.is_met(yes, n) {
-            let Some((store, result)) = pending.next().await else {
+            let Some((i, result)) = pending.next().await else {
                 break;
             };
+            answered[i] = true;
             match result {
                 Ok(()) => yes += 1,
                 Err(err) => {
                     no += 1;
-                    tracing::debug!(target: TARGET, resource = key.resource(), store = %store,
-                        error = %err, "one store failed to put off the expiration of the lock");
+                    tracing::debug!(target: TARGET, resource = key.resource(),
+                        store = %self.stores[i], error = %err,
+                        "one store failed to put off the expiration of the lock");
                 }
             }
             if !self.strategy.can_be_met(no, n) {
@@ -335,18 +384,41 @@ impl Store for CombinedStore {
             self.roll_back(key, pending).await;
             return Err(Error::expired(key.resource()).with_store(self));
         }
+        self.detach(key, "put_off", &answered, pending).await;
         Ok(())
     }
 
-    /// Deletes from every member at once, going on past failures (logged). `true` when the
-    /// strategy is met by the members that still held it: otherwise the lock had been lost.
+    /// Deletes from every member at once, going on past failures (logged), and answers as soon
+    /// as the outcome is decided: `true` when members enough to meet the strategy still held it
+    /// (otherwise the lock had been lost). Members still answering finish in the background (a
+    /// release does not wait for a slow or paused minority), ahead of the holder's next request
+    /// to them; [`close`](CombinedStore::close) waits for them.
     ///
     /// # Cancel safety
     ///
     /// Dropped mid-flight, some members may still hold; calling it again is harmless.
     async fn delete(&self, key: &Key) -> Result<bool> {
-        let removed = self.delete_all(key).await;
-        Ok(self.strategy.is_met(removed, self.stores.len()))
+        let n = self.stores.len();
+        let mut pending = self.ask_all(key, |s, k| async move { s.delete(&k).await });
+        let mut answered = vec![false; n];
+        let (mut removed, mut not) = (0, 0);
+        while let Some((i, result)) = pending.next().await {
+            answered[i] = true;
+            match result {
+                Ok(true) => removed += 1,
+                Ok(false) => not += 1,
+                Err(err) => {
+                    not += 1;
+                    tracing::warn!(target: TARGET, resource = key.resource(),
+                        store = %self.stores[i], error = %err, "one store failed to delete the lock");
+                }
+            }
+            if self.strategy.is_met(removed, n) || !self.strategy.can_be_met(not, n) {
+                break;
+            }
+        }
+        self.detach(key, "delete", &answered, pending).await;
+        Ok(self.strategy.is_met(removed, n))
     }
 
     /// Asks the members at once and answers as soon as the outcome is decided; a failing member
@@ -357,20 +429,16 @@ impl Store for CombinedStore {
     /// Cancel-safe: it changes nothing.
     async fn exists(&self, key: &Key) -> Result<bool> {
         let n = self.stores.len();
-        let mut pending: FuturesUnordered<_> = self
-            .stores
-            .iter()
-            .map(|s| async move { (s, s.exists(key).await) })
-            .collect();
+        let mut pending = self.ask_all(key, |s, k| async move { s.exists(&k).await });
         let (mut yes, mut no) = (0, 0);
-        while let Some((store, result)) = pending.next().await {
+        while let Some((i, result)) = pending.next().await {
             match result {
                 Ok(true) => yes += 1,
                 Ok(false) => no += 1,
                 Err(err) => {
                     no += 1;
-                    tracing::debug!(target: TARGET, resource = key.resource(), store = %store,
-                        error = %err, "one store failed to check the lock");
+                    tracing::debug!(target: TARGET, resource = key.resource(),
+                        store = %self.stores[i], error = %err, "one store failed to check the lock");
                 }
             }
             if self.strategy.is_met(yes, n) {
@@ -413,5 +481,35 @@ impl Store for CombinedStore {
             }
             std::future::pending::<()>().await;
         })))
+    }
+
+    /// Waits for the member requests still finishing in the background, then closes every
+    /// member at once.
+    ///
+    /// # Errors
+    ///
+    /// One storage error listing every member that failed to close, after all were tried.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped mid-flight, some members may be closed and others not; calling it again
+    /// finishes the job.
+    async fn close(&self) -> Result<()> {
+        self.inflight.settle().await;
+        let results = join_all(self.stores.iter().map(|s| s.close())).await;
+        let failures: Vec<String> = self
+            .stores
+            .iter()
+            .zip(results)
+            .filter_map(|(store, r)| r.err().map(|e| format!("{store}: {e}")))
+            .collect();
+        if failures.is_empty() {
+            return Ok(());
+        }
+        Err(Error::storage(format!(
+            "some of the combined stores failed to close: {}",
+            failures.join("; ")
+        ))
+        .with_store(self))
     }
 }

@@ -556,6 +556,23 @@ impl Store for RedisStore {
         Ok(self.inner.notifier.watch(&self.key_for(resource)).await)
     }
 
+    /// Drops the command connection and the subscriber connection (waiters wake and poll, then
+    /// re-subscribe on a new one). Requests still under way finish on the old connection first;
+    /// the next request opens a new one. Never fails.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it does not wait.
+    async fn close(&self) -> Result<()> {
+        self.inner
+            .conn
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        self.inner.notifier.close();
+        Ok(())
+    }
+
     /// `GET <prefix>__xtr_lock_fence__` (one counter per prefix).
     ///
     /// # Cancel safety

@@ -33,6 +33,8 @@ pub(super) struct Notifier {
 struct State {
     channels: HashMap<String, Channel>,
     sink: Option<redis::aio::PubSubSink>,
+    /// The task reading the subscriber connection (aborted by `close`).
+    reader: Option<tokio::task::AbortHandle>,
 }
 
 struct Channel {
@@ -182,7 +184,7 @@ impl Notifier {
         };
         let (sink, mut stream) = pubsub.split();
         let inner = self.inner.clone();
-        tokio::spawn(async move {
+        let reader = tokio::spawn(async move {
             while let Some(msg) = stream.next().await {
                 let wake = lock(&inner)
                     .channels
@@ -193,19 +195,36 @@ impl Notifier {
                 }
             }
             // The connection is gone: wake everyone so they retry (and re-watch, reconnecting).
-            let mut st = lock(&inner);
-            st.sink = None;
-            for chan in st.channels.values_mut() {
-                chan.subscribed = false;
-                chan.wake.notify_waiters();
-            }
+            disconnected(&mut lock(&inner));
         });
         let mut st = self.state();
         for chan in st.channels.values_mut() {
             chan.subscribed = false;
         }
         st.sink = Some(sink.clone());
+        if let Some(old) = st.reader.replace(reader.abort_handle()) {
+            old.abort();
+        }
         Ok(sink)
+    }
+
+    /// Closes the subscriber connection: its reader stops (dropping the connection) and every
+    /// waiter wakes to poll, re-subscribing on a new connection if it waits again.
+    pub(super) fn close(&self) {
+        let mut st = self.state();
+        if let Some(reader) = st.reader.take() {
+            reader.abort();
+        }
+        disconnected(&mut st);
+    }
+}
+
+/// Forgets the subscriber connection and wakes every waiter, so they retry and re-watch.
+fn disconnected(st: &mut State) {
+    st.sink = None;
+    for chan in st.channels.values_mut() {
+        chan.subscribed = false;
+        chan.wake.notify_waiters();
     }
 }
 

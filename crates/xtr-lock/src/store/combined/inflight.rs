@@ -44,7 +44,14 @@ impl Inflight {
     /// What member `i`'s next request on `resource` must wait for, if anything.
     pub(super) fn before(&self, i: usize, resource: &str) -> Option<Done> {
         let map = self.member(i);
-        map.get(resource).map(|(_, done)| done.clone())
+        map.get(resource)
+            .filter(|(_, done)| done.peek().is_none())
+            .map(|(_, done)| done.clone())
+    }
+
+    /// Whether some member still has a request on `resource` in the background.
+    pub(super) fn busy(&self, resource: &str) -> bool {
+        (0..self.members.len()).any(|i| self.before(i, resource).is_some())
     }
 
     /// Lets `rest` finish in the background (on the current tokio runtime), logging failures;

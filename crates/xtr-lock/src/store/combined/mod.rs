@@ -144,11 +144,16 @@ impl CombinedStore {
 
     /// Asks every member at once with `op`; each member's request waits for that member's
     /// background requests on the same resource first (see [`Inflight`]).
-    fn ask_all<T, F, Fut>(&self, key: &Key, op: F) -> Pending<T>
+    async fn ask_all<T, F, Fut>(&self, key: &Key, op: F) -> Pending<T>
     where
         F: Fn(Arc<dyn Store>, Key) -> Fut,
         Fut: Future<Output = Result<T>> + Send + 'static,
     {
+        if self.inflight.busy(key.resource()) {
+            // Their answers may have arrived already: one turn of the runtime lets them be
+            // taken, so this request goes out with the others rather than after a round trip.
+            tokio::task::yield_now().await;
+        }
         self.stores
             .iter()
             .enumerate()
@@ -184,7 +189,9 @@ impl CombinedStore {
     /// Deletes from every member and waits for all of them; failures are logged and go no
     /// further.
     async fn delete_everywhere(&self, key: &Key) {
-        let mut pending = self.ask_all(key, |s, k| async move { s.delete(&k).await });
+        let mut pending = self
+            .ask_all(key, |s, k| async move { s.delete(&k).await })
+            .await;
         while let Some((i, result)) = pending.next().await {
             if let Err(err) = result {
                 tracing::warn!(target: TARGET, resource = key.resource(),
@@ -208,9 +215,11 @@ impl CombinedStore {
         if let Some(ttl) = ttl.filter(|_| self.expiring()) {
             key.reduce_lifetime(ttl.saturating_sub(drift(ttl)));
         }
-        let mut pending = self.ask_all(key, move |s, k| async move {
-            save_member(&s, &k, ttl, read).await
-        });
+        let mut pending = self
+            .ask_all(key, move |s, k| async move {
+                save_member(&s, &k, ttl, read).await
+            })
+            .await;
         let mut answered = vec![false; n];
         let (mut yes, mut no) = (Vec::new(), 0);
         let mut retry_after: Option<Duration> = None;
@@ -350,9 +359,11 @@ impl Store for CombinedStore {
         }
         let (mut yes, mut no) = (0, 0);
         let mut answered = vec![false; n];
-        let mut pending = self.ask_all(key, move |s, k| async move {
-            s.put_off_expiration(&k, ttl).await
-        });
+        let mut pending = self
+            .ask_all(key, move |s, k| async move {
+                s.put_off_expiration(&k, ttl).await
+            })
+            .await;
         while !self.strategy.is_met(yes, n) {
             let Some((i, result)) = pending.next().await else {
                 break;
@@ -399,7 +410,9 @@ impl Store for CombinedStore {
     /// Dropped mid-flight, some members may still hold; calling it again is harmless.
     async fn delete(&self, key: &Key) -> Result<bool> {
         let n = self.stores.len();
-        let mut pending = self.ask_all(key, |s, k| async move { s.delete(&k).await });
+        let mut pending = self
+            .ask_all(key, |s, k| async move { s.delete(&k).await })
+            .await;
         let mut answered = vec![false; n];
         let (mut removed, mut not) = (0, 0);
         while let Some((i, result)) = pending.next().await {
@@ -429,7 +442,9 @@ impl Store for CombinedStore {
     /// Cancel-safe: it changes nothing.
     async fn exists(&self, key: &Key) -> Result<bool> {
         let n = self.stores.len();
-        let mut pending = self.ask_all(key, |s, k| async move { s.exists(&k).await });
+        let mut pending = self
+            .ask_all(key, |s, k| async move { s.exists(&k).await })
+            .await;
         let (mut yes, mut no) = (0, 0);
         while let Some((i, result)) = pending.next().await {
             match result {

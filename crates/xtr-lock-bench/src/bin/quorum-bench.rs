@@ -187,9 +187,23 @@ fn main() {
         .unwrap();
     let contenders = rt.block_on(run(&urls));
     let cycles = (ROUNDS * PER_ROUND) as u32;
-    let p50 = |name: &str| {
-        let c = contenders.iter().find(|c| c.name.starts_with(name))?;
-        Some(Summary::of(c.samples.clone()).p50.as_secs_f64())
+    let find = |name: &str| contenders.iter().find(|c| c.name.starts_with(name));
+    let p50 = |name: &str| Some(Summary::of(find(name)?.samples.clone()).p50.as_secs_f64());
+    // Paired by round: the median of rslock's p50 over ours, round by round, and how many
+    // rounds we won (drift in the machine's speed cancels within a round).
+    let paired = || -> Option<(f64, usize)> {
+        let (ours, theirs) = (find("xtr-lock, quorum")?, find("rslock")?);
+        let round_p50 = |c: &Contender<'_>, r: usize| {
+            Summary::of(c.samples[r * PER_ROUND..(r + 1) * PER_ROUND].to_vec())
+                .p50
+                .as_secs_f64()
+        };
+        let mut ratios: Vec<f64> = (0..ROUNDS)
+            .map(|r| round_p50(theirs, r) / round_p50(ours, r))
+            .collect();
+        let won = ratios.iter().filter(|&&x| x > 1.0).count();
+        ratios.sort_by(f64::total_cmp);
+        Some((ratios[ROUNDS / 2], won))
     };
     println!("| acquire + release | p50 (p99) | client CPU / cycle | servers' CPU / cycle |");
     println!("|---|---|---|---|");
@@ -218,4 +232,10 @@ fn main() {
         rslock / quorum,
         quorum / floor,
     );
+    if let Some((median, won)) = paired() {
+        println!(
+            "Round by round: rslock's p50 / ours, median {median:.2}; the quorum was faster in \
+             {won} of {ROUNDS} rounds."
+        );
+    }
 }

@@ -9,6 +9,10 @@
 //! (this process) and the servers' (the sum of `used_cpu_sys + used_cpu_user` deltas of the
 //! servers involved, from `INFO cpu`). The floor rows are bare `PING`s: two round trips to one
 //! server, and two rounds of `PING`s sent to all three at once.
+//!
+//! After the rounds, the peers' quorums over the same three servers run in their own processes:
+//! Python xtr-lock 4.1.0's and Symfony Lock 5.4's `CombinedStore`s, which ask their stores one
+//! after another.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -23,6 +27,8 @@ use xtr_lock_testkit::redis::RedisServer;
 const ROUNDS: usize = 20;
 const PER_ROUND: usize = 250;
 const WARMUP: usize = 200;
+/// Cycles for each peer's quorum (slower, and in its own process).
+const PEER_CYCLES: usize = 1_000;
 const TTL: Duration = Duration::from_secs(30);
 
 /// One acquire + release (or the floor's two round trips).
@@ -178,6 +184,54 @@ async fn run(urls: &[String]) -> Vec<Contender<'static>> {
     contenders
 }
 
+/// The servers' `used_cpu_sys + used_cpu_user`, summed, through `redis-cli`.
+fn servers_cpu_now(servers: &[RedisServer]) -> Duration {
+    servers
+        .iter()
+        .map(|s| {
+            let info = s.cli(&["INFO", "cpu"]);
+            let field = |name: &str| -> f64 {
+                info.lines()
+                    .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+                    .and_then(|v| v.trim().parse().ok())
+                    .unwrap_or_else(|| panic!("INFO cpu has {name}"))
+            };
+            Duration::from_secs_f64(field("used_cpu_sys") + field("used_cpu_user"))
+        })
+        .sum()
+}
+
+/// A peer's quorum run in its own process: its latencies and the servers' CPU per cycle.
+fn peer(servers: &[RedisServer], run: impl FnOnce() -> Summary) -> (Summary, Duration) {
+    let before = servers_cpu_now(servers);
+    let summary = run();
+    let per_cycle = (servers_cpu_now(servers) - before) / summary.n as u32;
+    (summary, per_cycle)
+}
+
+fn python_quorum(urls: &[String]) -> Summary {
+    let mut args = vec![PEER_CYCLES.to_string()];
+    args.extend(urls.iter().cloned());
+    Summary::from_json(&xtr_lock_bench::run_python("quorum_bench.py", &args))
+}
+
+fn symfony_quorum(servers: &[RedisServer]) -> Summary {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("py/symfony_bench.php");
+    let port = |i: usize| servers[i].port().to_string();
+    let out = std::process::Command::new("php")
+        .arg(script)
+        .args(["127.0.0.1", &port(0), "quorum", &PEER_CYCLES.to_string()])
+        .args([port(1), port(2)])
+        .output()
+        .expect("php-cli (package php-cli, with php-redis and php-symfony-lock)");
+    assert!(
+        out.status.success(),
+        "the Symfony quorum failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Summary::from_json(&serde_json::from_slice(&out.stdout).expect("JSON from the PHP half"))
+}
+
 fn main() {
     let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
     let urls: Vec<String> = servers.iter().map(|s| s.url(0)).collect();
@@ -186,6 +240,20 @@ fn main() {
         .build()
         .unwrap();
     let contenders = rt.block_on(run(&urls));
+    let peers = if std::env::var_os("ONLY").is_some() {
+        Vec::new()
+    } else {
+        vec![
+            (
+                "Python xtr-lock 4.1.0 `CombinedStore` (asks one after another)",
+                peer(&servers, || python_quorum(&urls)),
+            ),
+            (
+                "Symfony Lock 5.4 `CombinedStore` (php; asks one after another)",
+                peer(&servers, || symfony_quorum(&servers)),
+            ),
+        ]
+    };
     let cycles = (ROUNDS * PER_ROUND) as u32;
     let find = |name: &str| contenders.iter().find(|c| c.name.starts_with(name));
     let p50 = |name: &str| Some(Summary::of(find(name)?.samples.clone()).p50.as_secs_f64());
@@ -216,6 +284,13 @@ fn main() {
             human(c.server_cpu / cycles),
         );
     }
+    for (name, (summary, server_cpu)) in &peers {
+        println!(
+            "| {name} | {} | — | {} |",
+            cell(summary),
+            human(*server_cpu)
+        );
+    }
     let (Some(quorum), Some(one), Some(rslock), Some(floor)) = (
         p50("xtr-lock, quorum"),
         p50("xtr-lock, one"),
@@ -232,6 +307,12 @@ fn main() {
         rslock / quorum,
         quorum / floor,
     );
+    for (name, (summary, _)) in &peers {
+        println!(
+            "{name}: {:.2}× our quorum's p50 ({PEER_CYCLES} cycles, after the rounds).",
+            summary.p50.as_secs_f64() / quorum
+        );
+    }
     if let Some((median, won)) = paired() {
         println!(
             "Round by round: rslock's p50 / ours, median {median:.2}; the quorum was faster in \

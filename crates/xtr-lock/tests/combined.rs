@@ -197,6 +197,31 @@ async fn a_release_answers_at_the_quorum_and_the_slow_member_catches_up_in_order
 }
 
 #[tokio::test]
+async fn a_slow_member_applies_a_holders_requests_in_the_order_they_were_made() {
+    let m = members(3);
+    let store = combined(&m);
+    let key = Key::new("r");
+    store.save(&key, Some(TTL)).await.unwrap();
+    store.close().await.unwrap();
+    // The slow member has not even applied the release when the holder takes the lock again.
+    m[2].hold_requests("delete");
+    assert!(store.delete(&key).await.unwrap());
+    store.save(&key, Some(TTL)).await.unwrap();
+    assert!(
+        m[2].inner().exists(&key).await.unwrap(),
+        "the old lock is still there: the release has not been applied"
+    );
+    m[2].release_replies();
+    store.close().await.unwrap();
+    // Applied out of order (save, then the late delete), the member would hold nothing now.
+    assert!(
+        m[2].inner().exists(&key).await.unwrap(),
+        "the member holds the second lock: {:?}",
+        m[2].ops()
+    );
+}
+
+#[tokio::test]
 async fn every_member_holds_even_when_the_quorum_was_decided_first() {
     let m = members(5);
     let store = combined(&m);

@@ -35,6 +35,8 @@ struct Script {
     errors: HashMap<&'static str, VecDeque<(When, Error)>>,
     /// Operations whose reply is held after the store applied them, until `release_replies`.
     hold: Vec<&'static str>,
+    /// Operations held before the store applies them, until `release_replies`.
+    hold_before: Vec<&'static str>,
     /// Advance this clock by this much after the named operation applied.
     advance: Option<(&'static str, ManualClock, Duration)>,
     /// Hand out the inner store's watchers as best-effort ones.
@@ -105,8 +107,14 @@ impl<S: Store> Scripted<S> {
         self.script().hold.push(op);
     }
 
+    /// Requests of `op` wait before reaching the store, until `release_replies`.
+    pub fn hold_requests(&self, op: &'static str) {
+        self.script().hold_before.push(op);
+    }
+
     pub fn release_replies(&self) {
         self.script().hold.clear();
+        self.script().hold_before.clear();
         self.replies.add_permits(1_000);
     }
 
@@ -137,6 +145,9 @@ impl<S: Store> Scripted<S> {
         };
         if let Some((When::Before, err)) = injected {
             return Err(err);
+        }
+        if self.script().hold_before.contains(&op) {
+            self.replies.acquire().await.unwrap().forget();
         }
         let out = run.await;
         let (hold, advance) = {

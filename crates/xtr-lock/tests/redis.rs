@@ -815,3 +815,34 @@ async fn close_drops_both_connections_and_waiters_and_later_calls_carry_on() {
     until_connections(&server, 1, "reconnected").await;
     holder.release().await.unwrap();
 }
+
+#[tokio::test]
+async fn requests_waiting_for_a_failed_connection_share_its_error_instead_of_queueing() {
+    let server = RedisServer::start();
+    server.pause(); // accepts TCP connections, never answers the handshake
+    let store =
+        RedisStore::from_dsn(&format!("{}?socket_connect_timeout=1", server.url(0))).unwrap();
+    let started = Instant::now();
+    let attempts: Vec<_> = (0..4)
+        .map(|i| {
+            let store = store.clone();
+            tokio::spawn(async move { store.save(&Key::new(format!("r{i}")), Some(TTL)).await })
+        })
+        .collect();
+    for attempt in attempts {
+        let err = attempt.await.unwrap().unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Storage, "{err}");
+        assert!(err.is_temporary(), "{err}");
+        assert!(err.to_string().contains("cannot connect"), "{err}");
+    }
+    // One attempt of at most the connect timeout for all four; queued one after another they
+    // would take four.
+    let elapsed = started.elapsed();
+    assert!(elapsed < Duration::from_millis(2500), "{elapsed:?}");
+    server.resume();
+    // Once the pause after a failure is over, the store connects again.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let lock = lock(&store, "r0", TTL);
+    assert!(lock.try_acquire().await.unwrap());
+    lock.release().await.unwrap();
+}

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -36,6 +36,30 @@ const PROBE_KEY: &str = "__xtr_lock_time_probe__";
 
 /// The fencing counter: one per prefix, shared by every resource (strictly increasing for each).
 const FENCE_KEY: &str = "__xtr_lock_fence__";
+
+/// After a failed connection attempt, requests fail at once with its error for this long
+/// instead of starting another attempt.
+const RECONNECT_PAUSE: Duration = Duration::from_millis(100);
+
+/// A failed connection attempt, shared with the requests that waited for it.
+struct ConnectFailure {
+    at: Instant,
+    /// Counts failed attempts, so a waiting request can tell that one ended while it waited.
+    seq: u64,
+    reason: String,
+    temporary: bool,
+}
+
+impl ConnectFailure {
+    fn error(&self, store: &RedisStore) -> Error {
+        let err = Error::storage(self.reason.clone()).with_store(store);
+        if self.temporary { err.temporary() } else { err }
+    }
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// Error texts by which a server refuses `TIME` followed by a write in a script.
 const CLOCK_REFUSALS: &[&str] = &[
@@ -115,6 +139,8 @@ struct Inner {
     scripts: Scripts,
     /// `Some(true)`: the client's clock (the server refused); `Some(false)`: the server's.
     client_clock: std::sync::Mutex<Option<bool>>,
+    /// The last failed connection attempt.
+    failed: std::sync::Mutex<Option<ConnectFailure>>,
     /// The server does not know script flags (Redis < 7): use the plain `exists` script.
     legacy_exists: AtomicBool,
     notifier: Notifier,
@@ -178,6 +204,7 @@ impl RedisStore {
                 connecting: tokio::sync::Mutex::new(()),
                 scripts: Scripts::new(),
                 client_clock: std::sync::Mutex::new(None),
+                failed: std::sync::Mutex::new(None),
                 legacy_exists: AtomicBool::new(false),
                 notifier,
             }),
@@ -238,25 +265,53 @@ impl RedisStore {
             return Ok(conn);
         }
         let inner = &self.inner;
+        let seen = {
+            let failed = lock(&inner.failed);
+            match &*failed {
+                // Just failed: do not knock again at once (a quorum's next request to a dead
+                // member, a waiter's retry); say why the last attempt failed.
+                Some(f) if f.at.elapsed() < RECONNECT_PAUSE => return Err(f.error(self)),
+                Some(f) => f.seq,
+                None => 0,
+            }
+        };
         let _one = inner.connecting.lock().await;
         if let Some(conn) = self.cached_conn() {
             return Ok(conn);
+        }
+        // An attempt failed while this request waited for it: its outcome is this one's too,
+        // rather than one more full timeout per request in the queue.
+        if let Some(f) = lock(&inner.failed).as_ref().filter(|f| f.seq != seen) {
+            return Err(f.error(self));
         }
         let cfg = ConnectionManagerConfig::new()
             .set_number_of_retries(1)
             .set_connection_timeout(inner.connect_timeout)
             .set_response_timeout(inner.response_timeout);
         let connecting = ConnectionManager::new_with_config(inner.client.clone(), cfg);
-        // The manager retries on its own; bound the whole first connection too.
-        let bound = inner.connect_timeout.unwrap_or(Duration::from_secs(30)) * 2;
-        let conn = match tokio::time::timeout(bound, connecting).await {
-            Ok(result) => result.map_err(|e| self.redis_error(e, None))?,
-            Err(_) => {
-                return Err(
-                    Error::storage("cannot connect to the Redis server: timed out")
-                        .with_store(self)
-                        .temporary(),
-                );
+        // The manager retries a refused connection once on its own; the whole attempt stays
+        // within the connect timeout the DSN gives.
+        let bound = inner.connect_timeout.unwrap_or(Duration::from_secs(30));
+        let outcome = match tokio::time::timeout(bound, connecting).await {
+            Ok(result) => result.map_err(|e| self.redis_error(e, None)),
+            Err(_) => Err(
+                Error::storage("cannot connect to the Redis server: timed out")
+                    .with_store(self)
+                    .temporary(),
+            ),
+        };
+        let conn = match outcome {
+            Ok(conn) => conn,
+            Err(err) => {
+                let mut failed = lock(&inner.failed);
+                let seq = failed.as_ref().map_or(0, |f| f.seq) + 1;
+                *failed = Some(ConnectFailure {
+                    at: Instant::now(),
+                    seq,
+                    reason: err.reason().unwrap_or("cannot connect").to_owned(),
+                    temporary: err.is_temporary(),
+                });
+                return Err(err);
             }
         };
         *inner.conn.lock().unwrap_or_else(|e| e.into_inner()) = Some(conn.clone());

@@ -11,7 +11,11 @@ use xtr_lock::{Mode, Store};
 pub fn holders(list: &[HolderInfo]) -> String {
     list.iter()
         .map(|h| {
-            let who = h.pid.map_or("someone".to_owned(), |p| format!("pid {p}"));
+            let who = match (h.pid, &h.id) {
+                (Some(pid), _) => format!("pid {pid}"),
+                (None, Some(id)) => format!("holder {id}"),
+                (None, None) => "someone".to_owned(),
+            };
             let mode = match h.mode {
                 Mode::Write => "write",
                 Mode::Read => "read",

@@ -590,6 +590,47 @@ fn a_repeated_store_is_a_quorum() {
     for (i, server) in servers.iter().enumerate() {
         assert_eq!(server.cli(&["EXISTS", "q"]), "0", "server {i} still holds");
     }
+    // status speaks for the quorum: the holder a majority of servers agree on.
+    let stores: Vec<String> = dsns
+        .iter()
+        .flat_map(|d| ["--store".into(), d.clone()])
+        .collect();
+    let key = xtr()
+        .arg("acquire")
+        .args(&stores)
+        .args(["--ttl", "1m", "held"])
+        .output()
+        .unwrap();
+    assert!(
+        key.status.success(),
+        "{}",
+        String::from_utf8_lossy(&key.stderr)
+    );
+    xtr()
+        .arg("status")
+        .args(&stores)
+        .arg("held")
+        .assert()
+        .success()
+        .stdout(
+            predicate::str::is_match(
+                r#"^"held": held by holder [0-9a-f]{12} \(write, \d+s left\)\n$"#,
+            )
+            .unwrap(),
+        );
+    xtr()
+        .arg("release")
+        .args(&stores)
+        .write_stdin(key.stdout)
+        .assert()
+        .success();
+    xtr()
+        .arg("status")
+        .args(&stores)
+        .arg("held")
+        .assert()
+        .success()
+        .stdout("\"held\": free\n");
     servers[0].kill();
     xtr().args(&args).assert().success();
     servers[1].kill();

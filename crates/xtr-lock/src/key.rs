@@ -124,6 +124,13 @@ impl Key {
             .clone()
     }
 
+    /// This holder's id among the holders [`Store::holders`](crate::Store::holders) lists on
+    /// stores of `kind` ([`HolderInfo::id`](crate::store::HolderInfo::id)), or `None` before it
+    /// has a token for that kind.
+    pub fn holder_id(&self, kind: &str) -> Option<String> {
+        self.state().tokens.get(kind).map(|t| token_id(t))
+    }
+
     /// Whether this key already has a token for stores of `kind`.
     pub fn has_token(&self, kind: &str) -> bool {
         self.state().tokens.contains_key(kind)
@@ -429,6 +436,16 @@ impl fmt::Debug for Key {
             .field("serializable", &!st.unserializable)
             .finish_non_exhaustive()
     }
+}
+
+/// 12 hex digits of the SHA-256 of a holder token: tells holders apart without giving the token
+/// (a bearer credential) away.
+pub(crate) fn token_id(token: &str) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(token.as_bytes())[..6]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 #[cfg(test)]

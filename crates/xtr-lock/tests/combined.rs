@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 
 use support::{Scripted, When};
 use xtr_lock::store::{CombinedStore, ConsensusStrategy, UnanimousStrategy};
-use xtr_lock::{Error, ErrorKind, InMemoryStore, Key, LockFactory, LostReason, ManualClock, Store};
+use xtr_lock::{
+    Error, ErrorKind, InMemoryStore, Key, LockFactory, LostReason, ManualClock, Mode, Store,
+};
 use xtr_lock_testkit::redis::RedisServer;
 
 const TTL: Duration = Duration::from_secs(30);
@@ -303,6 +305,36 @@ async fn a_dropped_close_can_be_called_again_and_finishes_the_job() {
         );
         assert!(!member.inner().exists(&key).await.unwrap(), "member {i}");
     }
+}
+
+#[tokio::test]
+async fn holders_are_those_a_quorum_agrees_on_and_need_a_quorum_to_answer() {
+    let m = members(3);
+    let store = combined(&m);
+    assert!(store.capabilities().introspection);
+    let key = Key::new("r");
+    store.save(&key, Some(TTL)).await.unwrap();
+    let hs = store.holders("r").await.unwrap();
+    assert_eq!(hs.len(), 1, "{hs:?}");
+    assert_eq!(hs[0].mode, Mode::Write);
+    assert_eq!(hs[0].id, key.holder_id("memory"), "the key's own id");
+    assert!(hs[0].id.is_some());
+
+    // A holder that only one member has (a minority: a failed attempt's leftover) is nobody.
+    let stray = Key::new("s");
+    m[0].inner().save(&stray, None).await.unwrap();
+    assert!(store.holders("s").await.unwrap().is_empty());
+
+    // One member failing still leaves a quorum to answer; two do not.
+    m[0].fail_next("holders", When::Before, Error::storage("down"));
+    assert_eq!(store.holders("r").await.unwrap().len(), 1);
+    m[0].fail_next("holders", When::Before, Error::storage("down"));
+    m[1].fail_next("holders", When::Before, Error::storage("down"));
+    let err = store.holders("r").await.unwrap_err();
+    assert!(
+        err.is_temporary() && err.to_string().contains("only 1 of 3"),
+        "{err}"
+    );
 }
 
 // ---- faults on real servers ----------------------------------------------------------------------

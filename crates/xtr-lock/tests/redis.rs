@@ -846,3 +846,26 @@ async fn requests_waiting_for_a_failed_connection_share_its_error_instead_of_que
     assert!(lock.try_acquire().await.unwrap());
     lock.release().await.unwrap();
 }
+
+#[tokio::test]
+async fn holders_carry_an_id_that_matches_the_key_and_hides_the_token() {
+    let server = RedisServer::start();
+    let store = store(&server);
+    let writer = lock(&store, "r", TTL);
+    assert!(writer.try_acquire().await.unwrap());
+    let hs = store.holders("r").await.unwrap();
+    assert_eq!(hs.len(), 1);
+    let id = hs[0].id.clone().expect("an id");
+    assert_eq!(Some(id.clone()), writer.key().holder_id("redis"));
+    assert_eq!(id.len(), 12);
+    let token = writer.key().token("redis");
+    assert!(!token.contains(&id) && !format!("{hs:?}").contains(&token));
+    writer.release().await.unwrap();
+    // A Python peer's holder gets an id too: it is the token in the set that is digested.
+    let mut py = Peer::python("redis", &server.url(0));
+    assert_eq!(py.call_ttl("try_write", "r", Some(30.0)), true);
+    let hs = store.holders("r").await.unwrap();
+    assert_eq!(hs.len(), 1);
+    assert!(hs[0].id.is_some() && hs[0].id != Some(id));
+    py.call("release", "r");
+}

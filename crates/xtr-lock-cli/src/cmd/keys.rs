@@ -137,6 +137,7 @@ pub async fn status(
                     json!({
                         "mode": match h.mode { Mode::Write => "write", Mode::Read => "read" },
                         "pid": h.pid,
+                        "id": h.id,
                         "remaining_ms": h.remaining.map(|d| d.as_millis() as u64),
                     })
                 })

@@ -313,3 +313,47 @@ pub async fn scoped_use_releases_on_error_and_panic(h: Harness) -> Outcome {
     lock.release().await.unwrap();
     Outcome::Ran
 }
+
+/// Introspection, where the store has it: nobody before; a writer shows as one write holder
+/// whose lease is no longer than its ttl; two readers as two read holders (with different ids
+/// where the store knows ids); nobody after the releases.
+pub async fn holders_tell_who_holds(h: Harness) -> Outcome {
+    require!(h.caps().excludes, "the store locks nothing");
+    require!(
+        h.caps().introspection,
+        "the store cannot tell who holds a lock"
+    );
+    let r = h.resource("holders");
+    let none = |hs: &[crate::store::HolderInfo]| hs.is_empty();
+    assert!(none(&h.store.holders(&r).await.unwrap()), "nobody yet");
+    let w = h.key(&r);
+    h.store.save(&w, h.ttl).await.unwrap();
+    let hs = h.store.holders(&r).await.unwrap();
+    assert_eq!(hs.len(), 1, "one writer: {hs:?}");
+    assert_eq!(hs[0].mode, crate::key::Mode::Write, "{hs:?}");
+    if let (Some(ttl), Some(left)) = (h.ttl, hs[0].remaining) {
+        assert!(left <= ttl, "{left:?} left of a {ttl:?} lease");
+    }
+    h.store.delete(&w).await.unwrap();
+    let hs = h.store.holders(&r).await.unwrap();
+    assert!(none(&hs), "released: {hs:?}");
+    if h.caps().shared {
+        let (a, b) = (h.key(&r), h.key(&r));
+        h.store.save_read(&a, h.ttl).await.unwrap();
+        h.store.save_read(&b, h.ttl).await.unwrap();
+        let hs = h.store.holders(&r).await.unwrap();
+        assert_eq!(hs.len(), 2, "two readers: {hs:?}");
+        assert!(
+            hs.iter().all(|x| x.mode == crate::key::Mode::Read),
+            "{hs:?}"
+        );
+        if let (Some(x), Some(y)) = (&hs[0].id, &hs[1].id) {
+            assert_ne!(x, y, "two holders, two ids");
+        }
+        h.store.delete(&a).await.unwrap();
+        h.store.delete(&b).await.unwrap();
+        let hs = h.store.holders(&r).await.unwrap();
+        assert!(none(&hs), "both released: {hs:?}");
+    }
+    Outcome::Ran
+}

@@ -201,6 +201,7 @@ macro_rules! conformance_tests {
             refresh_on_a_non_expiring_store_checks_the_hold,
             release_reports_what_it_found,
             scoped_use_releases_on_error_and_panic,
+            holders_tell_who_holds,
             // shared
             readers_coexist_and_a_writer_waits_for_both,
             writer_excludes_readers,

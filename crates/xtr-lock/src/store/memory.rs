@@ -435,14 +435,14 @@ impl Store for InMemoryStore {
             .writer
             .iter()
             .filter(|w| alive(w.expires))
-            .map(|w| HolderInfo::new(Mode::Write, pid, left(w.expires)))
+            .map(|w| HolderInfo::new(Mode::Write, pid, left(w.expires)).with_token(&w.token))
             .collect();
         out.extend(
             entry
                 .readers
-                .values()
-                .filter(|e| alive(**e))
-                .map(|e| HolderInfo::new(Mode::Read, pid, left(*e))),
+                .iter()
+                .filter(|(_, e)| alive(**e))
+                .map(|(t, e)| HolderInfo::new(Mode::Read, pid, left(*e)).with_token(t)),
         );
         Ok(out)
     }

@@ -89,6 +89,10 @@ pub struct HolderInfo {
     pub pid: Option<u32>,
     /// The lifetime left, on stores with expiry.
     pub remaining: Option<Duration>,
+    /// Which holder it is, where the store knows its token: 12 hex digits of the token's
+    /// SHA-256, the same in every store of one kind (a Redis quorum's members agree on it) and
+    /// safe to show, since it does not give the token away. [`Key::holder_id`] gives a key's.
+    pub id: Option<String>,
 }
 
 impl HolderInfo {
@@ -98,7 +102,14 @@ impl HolderInfo {
             mode,
             pid,
             remaining,
+            id: None,
         }
+    }
+
+    /// The holder whose token is `token` (sets [`id`](HolderInfo::id) to its digest).
+    pub fn with_token(mut self, token: &str) -> Self {
+        self.id = Some(crate::key::token_id(token));
+        self
     }
 }
 

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::sync::Semaphore;
-use xtr_lock::store::{Acquired, Capabilities, Watcher};
+use xtr_lock::store::{Acquired, Capabilities, HolderInfo, Watcher};
 use xtr_lock::{Error, Key, ManualClock, Result, Store};
 
 /// Where an injected error strikes.
@@ -264,6 +264,13 @@ impl<S: Store> Store for Scripted<S> {
     }
     async fn close(&self) -> Result<()> {
         self.call("close", String::new(), self.inner.close()).await
+    }
+    async fn holders(&self, resource: &str) -> Result<Vec<HolderInfo>> {
+        self.call("holders", String::new(), self.inner.holders(resource))
+            .await
+    }
+    async fn fencing_counter(&self, resource: &str) -> Result<Option<u64>> {
+        self.inner.fencing_counter(resource).await
     }
     async fn watch(&self, resource: &str) -> Result<Option<Watcher>> {
         if !self.capabilities().notifies {

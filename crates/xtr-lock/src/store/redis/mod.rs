@@ -684,10 +684,10 @@ impl Store for RedisStore {
         Ok(members
             .into_iter()
             .filter(|(m, s)| m != WRITE_MARKER && *s > now_ms as f64)
-            .map(|(_, s)| {
+            .map(|(token, s)| {
                 let left = Duration::from_millis((s as u64).saturating_sub(now_ms));
                 let mode = if writing { Mode::Write } else { Mode::Read };
-                HolderInfo::new(mode, None, Some(left))
+                HolderInfo::new(mode, None, Some(left)).with_token(&token)
             })
             .collect())
     }

@@ -504,7 +504,10 @@ impl Store for CombinedStore {
     /// [`HolderInfo::id`] (stores of one kind agree on it), else by pid; a holder is in write
     /// mode when members enough say so, and its remaining lifetime is the shortest any of them
     /// reports. A holder seen by too few members is left out, even where the members that did
-    /// not answer might have made up the quorum.
+    /// not answer might have made up the quorum. Holders are matched across members by id or
+    /// pid, so a quorum without a majority of one kind (flock, Redis and in-memory members
+    /// together: their tokens differ and only flock gives pids) cannot match its holders and
+    /// lists none.
     ///
     /// # Errors
     ///

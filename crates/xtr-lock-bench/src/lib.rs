@@ -3,6 +3,8 @@
 
 use std::time::{Duration, Instant};
 
+pub mod delay_proxy;
+
 use xtr_lock::{Lock, LockFactory};
 
 /// `CLOCK_MONOTONIC` in nanoseconds: the same clock in every process of the machine (Python's

@@ -1,7 +1,11 @@
 //! Quorum locks over three local redis-servers against one server, and against the `rslock`
 //! crate's Redlock over the same three, in one run.
 //!
-//! `cargo run --release -p xtr-lock-bench --bin quorum-bench` prints a Markdown table.
+//! `cargo run --release -p xtr-lock-bench --bin quorum-bench` prints two Markdown tables:
+//! loopback, where the three servers and the client share the machine's cores, and an emulated
+//! network, where each server sits behind a delay proxy (this binary, started again as
+//! `quorum-bench delay-proxy PORT MIN_US MAX_US`) adding 250–1250 µs each way. `SCENARIO=loopback`
+//! or `SCENARIO=network` runs one; `ONLY=<part of a row's name>` keeps only some rows.
 //!
 //! The contenders run in interleaved rounds (each round runs every contender for a slice of the
 //! cycles, in a rotating order), so drift in the machine's speed during the run affects them
@@ -10,9 +14,9 @@
 //! servers involved, from `INFO cpu`). The floor rows are bare `PING`s: two round trips to one
 //! server, and two rounds of `PING`s sent to all three at once.
 //!
-//! After the rounds, the peers' quorums over the same three servers run in their own processes:
-//! Python xtr-lock 4.1.0's and Symfony Lock 5.4's `CombinedStore`s, which ask their stores one
-//! after another.
+//! On loopback, after the rounds, the peers' quorums over the same three servers run in their
+//! own processes: Python xtr-lock 4.1.0's and Symfony Lock 5.4's `CombinedStore`s, which ask
+//! their stores one after another.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -27,6 +31,8 @@ use xtr_lock_testkit::redis::RedisServer;
 const ROUNDS: usize = 20;
 const PER_ROUND: usize = 250;
 const WARMUP: usize = 200;
+/// Cycles per round with the emulated network (each takes milliseconds there).
+const NET_PER_ROUND: usize = 50;
 /// Cycles for each peer's quorum (slower, and in its own process).
 const PEER_CYCLES: usize = 1_000;
 const TTL: Duration = Duration::from_secs(30);
@@ -105,7 +111,7 @@ fn rslock_cycle(rl: &rslock::LockManager) -> Cycle<'_> {
     })
 }
 
-async fn run(urls: &[String]) -> Vec<Contender<'static>> {
+async fn run(urls: &[String], rounds: usize, per_round: usize) -> Vec<Contender<'static>> {
     let clients: Vec<redis::Client> = urls
         .iter()
         .map(|u| redis::Client::open(u.as_str()).unwrap())
@@ -134,7 +140,7 @@ async fn run(urls: &[String]) -> Vec<Contender<'static>> {
         name,
         servers,
         cycle,
-        samples: Vec::with_capacity(ROUNDS * PER_ROUND),
+        samples: Vec::with_capacity(rounds * per_round),
         client_cpu: Duration::ZERO,
         server_cpu: Duration::ZERO,
     };
@@ -167,12 +173,12 @@ async fn run(urls: &[String]) -> Vec<Contender<'static>> {
         }
     }
     let k = contenders.len();
-    for round in 0..ROUNDS {
+    for round in 0..rounds {
         for j in 0..k {
             let c = &mut contenders[(round + j) % k];
             let servers_before = servers_cpu(&mut conns, &c.servers).await;
             let cpu_before = process_cpu();
-            for _ in 0..PER_ROUND {
+            for _ in 0..per_round {
                 let t = Instant::now();
                 (c.cycle)().await;
                 c.samples.push(t.elapsed());
@@ -232,29 +238,30 @@ fn symfony_quorum(servers: &[RedisServer]) -> Summary {
     Summary::from_json(&serde_json::from_slice(&out.stdout).expect("JSON from the PHP half"))
 }
 
-fn main() {
-    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
-    let urls: Vec<String> = servers.iter().map(|s| s.url(0)).collect();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
+/// One-way delays of the emulated network: uniform in this range, in each direction.
+const NET_DELAY: (Duration, Duration) = (Duration::from_micros(250), Duration::from_micros(1250));
+
+/// Starts this binary as a delay proxy in front of `port` (see `xtr_lock_bench::delay_proxy`);
+/// returns the child and the port it listens on.
+fn delay_proxy(port: u16) -> (std::process::Child, u16) {
+    use std::io::BufRead as _;
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["delay-proxy", &port.to_string()])
+        .args([NET_DELAY.0, NET_DELAY.1].map(|d| d.as_micros().to_string()))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("the delay proxy starts");
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
         .unwrap();
-    let contenders = rt.block_on(run(&urls));
-    let peers = if std::env::var_os("ONLY").is_some() {
-        Vec::new()
-    } else {
-        vec![
-            (
-                "Python xtr-lock 4.1.0 `CombinedStore` (asks one after another)",
-                peer(&servers, || python_quorum(&urls)),
-            ),
-            (
-                "Symfony Lock 5.4 `CombinedStore` (php; asks one after another)",
-                peer(&servers, || symfony_quorum(&servers)),
-            ),
-        ]
-    };
-    let cycles = (ROUNDS * PER_ROUND) as u32;
+    (child, line.trim().parse().expect("the proxy's port"))
+}
+
+type Peers = Vec<(&'static str, (Summary, Duration))>;
+
+fn report(contenders: &[Contender<'_>], peers: &Peers, rounds: usize, per_round: usize) {
+    let cycles = (rounds * per_round) as u32;
     let find = |name: &str| contenders.iter().find(|c| c.name.starts_with(name));
     let p50 = |name: &str| Some(Summary::of(find(name)?.samples.clone()).p50.as_secs_f64());
     // Paired by round: the median of rslock's p50 over ours, round by round, and how many
@@ -262,20 +269,20 @@ fn main() {
     let paired = || -> Option<(f64, usize)> {
         let (ours, theirs) = (find("xtr-lock, quorum")?, find("rslock")?);
         let round_p50 = |c: &Contender<'_>, r: usize| {
-            Summary::of(c.samples[r * PER_ROUND..(r + 1) * PER_ROUND].to_vec())
+            Summary::of(c.samples[r * per_round..(r + 1) * per_round].to_vec())
                 .p50
                 .as_secs_f64()
         };
-        let mut ratios: Vec<f64> = (0..ROUNDS)
+        let mut ratios: Vec<f64> = (0..rounds)
             .map(|r| round_p50(theirs, r) / round_p50(ours, r))
             .collect();
         let won = ratios.iter().filter(|&&x| x > 1.0).count();
         ratios.sort_by(f64::total_cmp);
-        Some((ratios[ROUNDS / 2], won))
+        Some((ratios[rounds / 2], won))
     };
     println!("| acquire + release | p50 (p99) | client CPU / cycle | servers' CPU / cycle |");
     println!("|---|---|---|---|");
-    for c in &contenders {
+    for c in contenders {
         println!(
             "| {} | {} | {} | {} |",
             c.name,
@@ -284,7 +291,7 @@ fn main() {
             human(c.server_cpu / cycles),
         );
     }
-    for (name, (summary, server_cpu)) in &peers {
+    for (name, (summary, server_cpu)) in peers {
         println!(
             "| {name} | {} | — | {} |",
             cell(summary),
@@ -302,12 +309,12 @@ fn main() {
     println!();
     println!(
         "Ratios (p50): quorum of 3 = {:.2}× one server; rslock = {:.2}× our quorum; \
-         quorum = {:.2}× its PING floor. {ROUNDS} interleaved rounds of {PER_ROUND} cycles each.",
+         quorum = {:.2}× its PING floor. {rounds} interleaved rounds of {per_round} cycles each.",
         quorum / one,
         rslock / quorum,
         quorum / floor,
     );
-    for (name, (summary, _)) in &peers {
+    for (name, (summary, _)) in peers {
         println!(
             "{name}: {:.2}× our quorum's p50 ({PEER_CYCLES} cycles, after the rounds).",
             summary.p50.as_secs_f64() / quorum
@@ -316,7 +323,71 @@ fn main() {
     if let Some((median, won)) = paired() {
         println!(
             "Round by round: rslock's p50 / ours, median {median:.2}; the quorum was faster in \
-             {won} of {ROUNDS} rounds."
+             {won} of {rounds} rounds."
         );
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if let [mode, target, min, max] = args.as_slice()
+        && mode == "delay-proxy"
+    {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+        println!("{}", listener.local_addr().unwrap().port());
+        let us = |v: &str| Duration::from_micros(v.parse().expect("microseconds"));
+        xtr_lock_bench::delay_proxy::serve(
+            listener,
+            target.parse().expect("a port"),
+            us(min),
+            us(max),
+        );
+    }
+    // `SCENARIO=loopback` or `SCENARIO=network` runs one of the two.
+    let scenario = std::env::var("SCENARIO").unwrap_or_default();
+    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let urls: Vec<String> = servers.iter().map(|s| s.url(0)).collect();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    if scenario != "network" {
+        println!("Loopback (the servers and the client share this machine's cores):\n");
+        let contenders = rt.block_on(run(&urls, ROUNDS, PER_ROUND));
+        let peers: Peers = if std::env::var_os("ONLY").is_some() {
+            Vec::new()
+        } else {
+            vec![
+                (
+                    "Python xtr-lock 4.1.0 `CombinedStore` (asks one after another)",
+                    peer(&servers, || python_quorum(&urls)),
+                ),
+                (
+                    "Symfony Lock 5.4 `CombinedStore` (php; asks one after another)",
+                    peer(&servers, || symfony_quorum(&servers)),
+                ),
+            ]
+        };
+        report(&contenders, &peers, ROUNDS, PER_ROUND);
+    }
+    if scenario != "loopback" {
+        let proxies: Vec<(std::process::Child, u16)> =
+            servers.iter().map(|s| delay_proxy(s.port())).collect();
+        let urls: Vec<String> = proxies
+            .iter()
+            .map(|(_, port)| format!("redis://127.0.0.1:{port}/0"))
+            .collect();
+        println!(
+            "\nEmulated network (each server behind a delay proxy: {}–{} µs one way, uniform, \
+             in order):\n",
+            NET_DELAY.0.as_micros(),
+            NET_DELAY.1.as_micros()
+        );
+        let contenders = rt.block_on(run(&urls, ROUNDS, NET_PER_ROUND));
+        report(&contenders, &Vec::new(), ROUNDS, NET_PER_ROUND);
+        for (mut child, _) in proxies {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 }

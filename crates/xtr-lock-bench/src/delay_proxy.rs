@@ -1,0 +1,70 @@
+//! A TCP proxy that delays every chunk of bytes, in both directions, by a random one-way delay:
+//! network latency and jitter for benchmarks on one machine, where `tc netem` is not available.
+//!
+//! It listens on a free port of 127.0.0.1 and forwards every connection to a target port. Each
+//! chunk read is written out no earlier than its arrival plus a delay drawn uniformly from
+//! `[min, max]`, and never before the chunk ahead of it (a TCP stream stays in order, as on a
+//! real network). Blocking threads and `std::thread::sleep` keep the delays at microsecond
+//! precision (tokio's timer has millisecond granularity).
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use rand::Rng as _;
+
+/// Serves forever on `listener`, forwarding to `127.0.0.1:target` with one-way delays uniform
+/// in `[min, max]`.
+pub fn serve(listener: TcpListener, target: u16, min: Duration, max: Duration) -> ! {
+    assert!(min <= max, "the shortest delay must not exceed the longest");
+    loop {
+        let Ok((client, _)) = listener.accept() else {
+            continue;
+        };
+        let Ok(server) = TcpStream::connect(("127.0.0.1", target)) else {
+            continue;
+        };
+        let _ = client.set_nodelay(true);
+        let _ = server.set_nodelay(true);
+        let (Ok(client2), Ok(server2)) = (client.try_clone(), server.try_clone()) else {
+            continue;
+        };
+        pump(client, server, min, max);
+        pump(server2, client2, min, max);
+    }
+}
+
+/// Forwards `from` to `to`, each chunk delayed: one thread reads, one writes on time.
+fn pump(mut from: TcpStream, mut to: TcpStream, min: Duration, max: Duration) {
+    let (tx, rx) = mpsc::channel::<(Instant, Vec<u8>)>();
+    thread::spawn(move || {
+        let mut rng = rand::rng();
+        let mut last = Instant::now();
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match from.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            let at = (Instant::now() + rng.random_range(min..=max)).max(last);
+            last = at;
+            if tx.send((at, buf[..n].to_vec())).is_err() {
+                break;
+            }
+        }
+    });
+    thread::spawn(move || {
+        for (at, chunk) in rx {
+            let now = Instant::now();
+            if at > now {
+                thread::sleep(at - now);
+            }
+            if to.write_all(&chunk).is_err() {
+                break;
+            }
+        }
+        let _ = to.shutdown(Shutdown::Write);
+    });
+}

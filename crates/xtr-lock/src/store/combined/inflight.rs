@@ -49,11 +49,6 @@ impl Inflight {
             .map(|(_, done)| done.clone())
     }
 
-    /// Whether some member still has a request on `resource` in the background.
-    pub(super) fn busy(&self, resource: &str) -> bool {
-        (0..self.members.len()).any(|i| self.before(i, resource).is_some())
-    }
-
     /// Lets `rest` finish in the background (on the current tokio runtime), logging failures;
     /// until it has, the next request of each member still in `rest` on `resource` waits for
     /// it. Outside a runtime, `rest` is finished here instead.

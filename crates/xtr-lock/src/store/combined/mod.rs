@@ -149,18 +149,25 @@ impl CombinedStore {
         F: Fn(Arc<dyn Store>, Key) -> Fut,
         Fut: Future<Output = Result<T>> + Send + 'static,
     {
-        if self.inflight.busy(key.resource()) {
+        // Taken now, not when the requests are first polled: a request finished in the
+        // background must never wait for its own batch.
+        let waits = || {
+            (0..self.stores.len())
+                .map(|i| self.inflight.before(i, key.resource()))
+                .collect::<Vec<_>>()
+        };
+        let mut befores = waits();
+        if befores.iter().any(Option::is_some) {
             // Their answers may have arrived already: one turn of the runtime lets them be
             // taken, so this request goes out with the others rather than after a round trip.
             tokio::task::yield_now().await;
+            befores = waits();
         }
         self.stores
             .iter()
+            .zip(befores)
             .enumerate()
-            .map(|(i, store)| {
-                // Taken now, not when first polled: a request finished in the background must
-                // never wait for its own batch.
-                let before = self.inflight.before(i, key.resource());
+            .map(|(i, (store, before))| {
                 let request = op(store.clone(), key.clone());
                 Box::pin(async move {
                     if let Some(before) = before {

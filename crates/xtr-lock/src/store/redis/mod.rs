@@ -57,6 +57,7 @@ impl ConnectFailure {
     }
 }
 
+/// Locks `m`, past poisoning (the data stays consistent: no code here panics while holding one).
 fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -234,11 +235,7 @@ impl RedisStore {
     /// refuses `TIME` in scripts. For tests of that mode; production stores let the probe decide.
     #[doc(hidden)]
     pub fn force_client_clock(self) -> Self {
-        *self
-            .inner
-            .client_clock
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = Some(true);
+        *lock(&self.inner.client_clock) = Some(true);
         self
     }
 
@@ -253,11 +250,7 @@ impl RedisStore {
     }
 
     fn cached_conn(&self) -> Option<ConnectionManager> {
-        self.inner
-            .conn
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        lock(&self.inner.conn).clone()
     }
 
     async fn conn(&self) -> Result<ConnectionManager> {
@@ -314,13 +307,13 @@ impl RedisStore {
                 return Err(err);
             }
         };
-        *inner.conn.lock().unwrap_or_else(|e| e.into_inner()) = Some(conn.clone());
+        *lock(&inner.conn) = Some(conn.clone());
         Ok(conn)
     }
 
     /// Forgets the connection, so the next operation opens a new one on the runtime it runs on.
     fn forget_conn(&self) {
-        *self.inner.conn.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        *lock(&self.inner.conn) = None;
     }
 
     fn redis_error(&self, err: redis::RedisError, resource: Option<&str>) -> Error {
@@ -346,12 +339,7 @@ impl RedisStore {
 
     /// Whether scripts must be given the client's clock; probes once per store.
     async fn client_clock(&self, conn: &mut ConnectionManager) -> Result<bool> {
-        if let Some(mode) = *self
-            .inner
-            .client_clock
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-        {
+        if let Some(mode) = *lock(&self.inner.client_clock) {
             return Ok(mode);
         }
         let probe_key = format!("{}{PROBE_KEY}", self.inner.prefix);
@@ -367,11 +355,7 @@ impl RedisStore {
             Err(e) if CLOCK_REFUSALS.iter().any(|t| e.to_string().contains(t)) => true,
             Err(e) => return Err(self.redis_error(e, None)),
         };
-        *self
-            .inner
-            .client_clock
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = Some(mode);
+        *lock(&self.inner.client_clock) = Some(mode);
         Ok(mode)
     }
 
@@ -391,11 +375,7 @@ impl RedisStore {
         let client_clock = if read_only {
             // Reading TIME without writing needs no probe (and must work on a replica, where
             // the probe's write is refused): the probe's verdict if known, else the server's.
-            self.inner
-                .client_clock
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .unwrap_or(false)
+            lock(&self.inner.client_clock).unwrap_or(false)
         } else {
             self.client_clock(&mut conn)
                 .await
@@ -619,11 +599,7 @@ impl Store for RedisStore {
     ///
     /// Cancel-safe: it does not wait.
     async fn close(&self) -> Result<()> {
-        self.inner
-            .conn
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
+        lock(&self.inner.conn).take();
         self.inner.notifier.close();
         Ok(())
     }

@@ -13,6 +13,7 @@ use std::time::Duration;
 use futures_util::StreamExt as _;
 use tokio::sync::Notify;
 
+use super::lock;
 use crate::store::Watcher;
 
 /// The channel a release of `key` is announced on.
@@ -226,10 +227,6 @@ fn disconnected(st: &mut State) {
         chan.subscribed = false;
         chan.wake.notify_waiters();
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Drops a waiter's interest (the channel stays subscribed until swept).

@@ -10,41 +10,9 @@ import subprocess
 import sys
 import time
 
-from benchlib import park, summary
+from benchlib import cycles, handoffs, park, summary
 
 from xtr_lock import FlockStore, LockFactory
-
-
-async def cycle(factory, n):
-    lock = factory.create_lock("bench:py-uncontended", ttl=None)
-    samples = []
-    for _ in range(n):
-        t = time.perf_counter_ns()
-        assert await lock.acquire()
-        await lock.release()
-        samples.append(time.perf_counter_ns() - t)
-    return summary(samples)
-
-
-async def handoff_in(factory, n):
-    holder = factory.create_lock("bench:py-handoff", ttl=None)
-    samples = []
-    for i in range(n):
-        assert await holder.acquire(blocking=True)
-        waiter = factory.create_lock("bench:py-handoff", ttl=None)
-
-        async def wait():
-            await waiter.acquire(blocking=True)
-            got = time.monotonic_ns()
-            await waiter.release()
-            return got
-
-        task = asyncio.create_task(wait())
-        await asyncio.sleep(park(i))
-        released = time.monotonic_ns()
-        await holder.release()
-        samples.append(await task - released)
-    return summary(samples)
 
 
 def handoff_x(directory, factory, n):
@@ -86,12 +54,15 @@ def main():
     if sys.argv[1] == "--child":
         child(sys.argv[2], sys.argv[3])
         return
-    directory, cycles, handoffs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    directory, n_cycles, n_handoffs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     factory = LockFactory(FlockStore(directory))
     result = {
-        "cycle": asyncio.run(cycle(factory, cycles)),
-        "handoff_in": asyncio.run(handoff_in(factory, handoffs)),
-        "handoff_x": handoff_x(directory, factory, handoffs),
+        "cycle": asyncio.run(cycles(
+            factory.create_lock("bench:py-uncontended", ttl=None), n_cycles, lambda l: l.acquire())),
+        "handoff_in": asyncio.run(handoffs(
+            lambda: factory.create_lock("bench:py-handoff", ttl=None), n_handoffs,
+            lambda l: l.acquire(blocking=True))),
+        "handoff_x": handoff_x(directory, factory, n_handoffs),
     }
     print(json.dumps(result))
 

@@ -8,80 +8,41 @@ to a blocked waiter (two tasks in one event loop; both peers poll while blocked)
 import asyncio
 import json
 import sys
-import time
 
-from benchlib import park, summary
+from benchlib import cycles, handoffs
 
 import redis.asyncio as aioredis
 from xtr_lock import LockFactory, StoreFactory
 
 
-async def xtr(dsn, cycles, handoffs):
+async def xtr(dsn, n_cycles, n_handoffs):
     factory = LockFactory(StoreFactory.create_store(dsn))
-    lock = factory.create_lock("bench:py-cycle", ttl=30)
-    samples = []
-    for _ in range(cycles):
-        t = time.perf_counter_ns()
-        assert await lock.acquire()
-        await lock.release()
-        samples.append(time.perf_counter_ns() - t)
-    cycle = summary(samples)
-    samples = []
-    holder = factory.create_lock("bench:py-handoff", ttl=30)
-    for i in range(handoffs):
-        assert await holder.acquire(blocking=True)
-        waiter = factory.create_lock("bench:py-handoff", ttl=30)
-
-        async def wait():
-            await waiter.acquire(blocking=True)
-            got = time.monotonic_ns()
-            await waiter.release()
-            return got
-
-        task = asyncio.create_task(wait())
-        await asyncio.sleep(park(i))
-        released = time.monotonic_ns()
-        await holder.release()
-        samples.append(await task - released)
-    return {"cycle": cycle, "handoff": summary(samples)}
+    new = lambda resource: factory.create_lock(resource, ttl=30)
+    return {
+        "cycle": await cycles(new("bench:py-cycle"), n_cycles, lambda l: l.acquire()),
+        "handoff": await handoffs(
+            lambda: new("bench:py-handoff"), n_handoffs, lambda l: l.acquire(blocking=True)),
+    }
 
 
-async def redis_py(dsn, cycles, handoffs):
+async def redis_py(dsn, n_cycles, n_handoffs):
     client = aioredis.Redis.from_url(dsn)
-    lock = client.lock("bench:rpy-cycle", timeout=30)
-    samples = []
-    for _ in range(cycles):
-        t = time.perf_counter_ns()
-        assert await lock.acquire(blocking=False)
-        await lock.release()
-        samples.append(time.perf_counter_ns() - t)
-    cycle = summary(samples)
-    samples = []
-    for i in range(handoffs):
-        holder = client.lock("bench:rpy-handoff", timeout=30)
-        assert await holder.acquire()
-        waiter = client.lock("bench:rpy-handoff", timeout=30)
-
-        async def wait():
-            await waiter.acquire()
-            got = time.monotonic_ns()
-            await waiter.release()
-            return got
-
-        task = asyncio.create_task(wait())
-        await asyncio.sleep(park(i))
-        released = time.monotonic_ns()
-        await holder.release()
-        samples.append(await task - released)
+    new = lambda resource: client.lock(resource, timeout=30)
+    result = {
+        "cycle": await cycles(
+            new("bench:rpy-cycle"), n_cycles, lambda l: l.acquire(blocking=False)),
+        "handoff": await handoffs(lambda: new("bench:rpy-handoff"), n_handoffs,
+                                  lambda l: l.acquire()),
+    }
     await client.aclose()
-    return {"cycle": cycle, "handoff": summary(samples)}
+    return result
 
 
 async def main():
-    dsn, cycles, handoffs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    dsn, n_cycles, n_handoffs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     print(json.dumps({
-        "xtr": await xtr(dsn, cycles, handoffs),
-        "redis_py": await redis_py(dsn, cycles, handoffs),
+        "xtr": await xtr(dsn, n_cycles, n_handoffs),
+        "redis_py": await redis_py(dsn, n_cycles, n_handoffs),
     }))
 
 

@@ -50,24 +50,43 @@ impl Summary {
     }
 }
 
+/// Runs a peer's half of a benchmark and reads the JSON it prints on stdout.
+fn run_json(mut cmd: std::process::Command, what: &str) -> serde_json::Value {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{what} does not start: {e}"));
+    assert!(
+        out.status.success(),
+        "{what} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{what} printed no JSON: {e}"))
+}
+
 /// Runs `py/<script>` with the peers' Python (the testkit's venv) and `args`, and reads the JSON
 /// object it prints.
 pub fn run_python(script: &str, args: &[String]) -> serde_json::Value {
-    let python = xtr_lock_testkit::python::python_with_peers();
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+    let mut cmd = std::process::Command::new(xtr_lock_testkit::python::python_with_peers());
+    cmd.arg(peer_script(script)).args(args);
+    run_json(cmd, &format!("the Python benchmark {script}"))
+}
+
+/// Runs `py/symfony_bench.php` (php-cli with php-redis and php-symfony-lock) with `args`, and
+/// reads the JSON object it prints.
+pub fn run_php(args: &[String]) -> serde_json::Value {
+    let mut cmd = std::process::Command::new("php");
+    cmd.arg(peer_script("symfony_bench.php")).args(args);
+    run_json(
+        cmd,
+        "the PHP benchmark (php-cli, php-redis, php-symfony-lock)",
+    )
+}
+
+/// The path of a peer's half of a benchmark, `py/<name>`.
+pub fn peer_script(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("py")
-        .join(script);
-    let out = std::process::Command::new(python)
-        .arg(path)
-        .args(args)
-        .output()
-        .expect("the peers' Python runs");
-    assert!(
-        out.status.success(),
-        "the Python benchmark {script} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("the Python benchmark prints JSON")
+        .join(name)
 }
 
 /// A duration as a short human string in µs or ms.

@@ -55,13 +55,8 @@ fn process_cpu() -> Duration {
     Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
 }
 
-/// `used_cpu_sys + used_cpu_user` of one server, from `INFO cpu` (microsecond resolution).
-async fn server_cpu(conn: &mut redis::aio::MultiplexedConnection) -> Duration {
-    let info: String = redis::cmd("INFO")
-        .arg("cpu")
-        .query_async(conn)
-        .await
-        .unwrap();
+/// `used_cpu_sys + used_cpu_user` from the text of `INFO cpu` (microsecond resolution).
+fn used_cpu(info: &str) -> Duration {
     let field = |name: &str| -> f64 {
         info.lines()
             .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
@@ -69,6 +64,16 @@ async fn server_cpu(conn: &mut redis::aio::MultiplexedConnection) -> Duration {
             .unwrap_or_else(|| panic!("INFO cpu has {name}"))
     };
     Duration::from_secs_f64(field("used_cpu_sys") + field("used_cpu_user"))
+}
+
+/// The CPU time one server has used so far.
+async fn server_cpu(conn: &mut redis::aio::MultiplexedConnection) -> Duration {
+    let info: String = redis::cmd("INFO")
+        .arg("cpu")
+        .query_async(conn)
+        .await
+        .unwrap();
+    used_cpu(&info)
 }
 
 async fn servers_cpu(conns: &mut [redis::aio::MultiplexedConnection], which: &[usize]) -> Duration {
@@ -190,20 +195,11 @@ async fn run(urls: &[String], rounds: usize, per_round: usize) -> Vec<Contender<
     contenders
 }
 
-/// The servers' `used_cpu_sys + used_cpu_user`, summed, through `redis-cli`.
+/// The CPU time the servers have used so far, summed, through `redis-cli`.
 fn servers_cpu_now(servers: &[RedisServer]) -> Duration {
     servers
         .iter()
-        .map(|s| {
-            let info = s.cli(&["INFO", "cpu"]);
-            let field = |name: &str| -> f64 {
-                info.lines()
-                    .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
-                    .and_then(|v| v.trim().parse().ok())
-                    .unwrap_or_else(|| panic!("INFO cpu has {name}"))
-            };
-            Duration::from_secs_f64(field("used_cpu_sys") + field("used_cpu_user"))
-        })
+        .map(|s| used_cpu(&s.cli(&["INFO", "cpu"])))
         .sum()
 }
 
@@ -222,20 +218,16 @@ fn python_quorum(urls: &[String]) -> Summary {
 }
 
 fn symfony_quorum(servers: &[RedisServer]) -> Summary {
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("py/symfony_bench.php");
     let port = |i: usize| servers[i].port().to_string();
-    let out = std::process::Command::new("php")
-        .arg(script)
-        .args(["127.0.0.1", &port(0), "quorum", &PEER_CYCLES.to_string()])
-        .args([port(1), port(2)])
-        .output()
-        .expect("php-cli (package php-cli, with php-redis and php-symfony-lock)");
-    assert!(
-        out.status.success(),
-        "the Symfony quorum failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Summary::from_json(&serde_json::from_slice(&out.stdout).expect("JSON from the PHP half"))
+    let args = [
+        "127.0.0.1".to_owned(),
+        port(0),
+        "quorum".to_owned(),
+        PEER_CYCLES.to_string(),
+        port(1),
+        port(2),
+    ];
+    Summary::from_json(&xtr_lock_bench::run_php(&args))
 }
 
 /// One-way delays of the emulated network: uniform in this range, in each direction.

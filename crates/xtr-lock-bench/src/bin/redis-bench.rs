@@ -5,14 +5,15 @@
 //! `cargo run --release -p xtr-lock-bench --bin redis-bench` prints a Markdown table.
 
 use std::io::{BufRead as _, BufReader, Write as _};
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use xtr_lock::{LockFactory, RedisStore};
-use xtr_lock_bench::{Summary, cell, human, lock_cycles, lock_handoffs, monotonic_ns, park};
+use xtr_lock_bench::{
+    Summary, cell, human, lock_cycles, lock_handoffs, monotonic_ns, park, peer_script, run_php,
+};
 use xtr_lock_testkit::redis::RedisServer;
 
 const CYCLES: usize = 5_000;
@@ -255,30 +256,21 @@ fn python(dsn: &str) -> (Summary, Summary, Summary, Summary) {
     )
 }
 
-fn php_script() -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("py/symfony_bench.php")
-}
-
 fn symfony_cycle(server: &RedisServer) -> Summary {
-    let out = Command::new("php")
-        .arg(php_script())
-        .args(["127.0.0.1", &server.port().to_string(), "cycle"])
-        .arg(PEER_CYCLES.to_string())
-        .output()
-        .expect("php-cli");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Summary::from_json(&serde_json::from_slice(&out.stdout).unwrap())
+    let args = [
+        "127.0.0.1",
+        &server.port().to_string(),
+        "cycle",
+        &PEER_CYCLES.to_string(),
+    ];
+    Summary::from_json(&run_php(&args.map(str::to_owned)))
 }
 
 /// A Symfony waiter in a php process; the holder is ours (same layout), released on
 /// CLOCK_MONOTONIC, which both processes read.
 async fn symfony_handoff(server: &RedisServer) -> Summary {
     let mut child = Command::new("php")
-        .arg(php_script())
+        .arg(peer_script("symfony_bench.php"))
         .args([
             "127.0.0.1",
             &server.port().to_string(),

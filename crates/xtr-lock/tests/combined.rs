@@ -306,10 +306,11 @@ async fn a_dropped_close_can_be_called_again_and_finishes_the_job() {
     let (store, held) = release.await.unwrap();
     assert!(held.unwrap());
     // m[2] is still answering: close waits for it; dropped mid-flight, nothing is closed yet.
-    let close = store.close();
-    tokio::pin!(close);
-    assert!(still_pending(&mut close).await);
-    drop(close);
+    {
+        let close = store.close();
+        tokio::pin!(close);
+        assert!(still_pending(&mut close).await);
+    } // dropped here, mid-flight
     assert!(!m[0].op_names().contains(&"close".to_owned()));
     m[2].release_replies();
     store.close().await.unwrap();

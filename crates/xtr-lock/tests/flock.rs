@@ -532,6 +532,16 @@ impl FlockHolder {
         FlockHolder(child)
     }
 
+    /// flock(1) holding `resource`'s file of `store` in `mode` (`-x`, `-s`), once the kernel
+    /// lists it.
+    async fn holding(store: &FlockStore, resource: &str, mode: &str) -> FlockHolder {
+        let file = store.path_for(resource);
+        fs::File::create(&file).unwrap();
+        let child = FlockHolder::spawn(&file, mode);
+        wait_until_held_by(store, resource, child.id()).await;
+        child
+    }
+
     fn id(&self) -> u32 {
         self.0.id()
     }
@@ -568,10 +578,7 @@ async fn wait_until_held_by(store: &FlockStore, resource: &str, pid: u32) {
 async fn a_killed_holder_in_another_process_wakes_our_waiter_at_once() {
     let tmp = tempfile::tempdir().unwrap();
     let store = no_poll(tmp.path());
-    let file = store.path_for("crash");
-    fs::File::create(&file).unwrap();
-    let mut child = FlockHolder::spawn(&file, "-x");
-    wait_until_held_by(&store, "crash", child.id()).await;
+    let mut child = FlockHolder::holding(&store, "crash", "-x").await;
     let factory = LockFactory::new(store.clone());
     let lock = factory.create_lock("crash");
     assert!(
@@ -601,10 +608,7 @@ async fn a_killed_holder_in_another_process_wakes_our_waiter_at_once() {
 async fn a_reader_in_another_process_admits_our_readers_and_excludes_our_writers() {
     let tmp = tempfile::tempdir().unwrap();
     let store = no_poll(tmp.path());
-    let file = store.path_for("shared");
-    fs::File::create(&file).unwrap();
-    let mut child = FlockHolder::spawn(&file, "-s");
-    wait_until_held_by(&store, "shared", child.id()).await;
+    let mut child = FlockHolder::holding(&store, "shared", "-s").await;
     let factory = LockFactory::new(store.clone());
     let reader = factory.create_lock("shared");
     assert!(reader.try_acquire_read().await.unwrap());

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 pub mod delay_proxy;
 
-use xtr_lock::{Lock, LockFactory};
+use xtr_lock::{Lock, LockFactory, Lockable as _};
 
 /// `CLOCK_MONOTONIC` in nanoseconds: the same clock in every process of the machine (Python's
 /// `time.monotonic_ns()` reads it too), so a release in one process and an acquisition in

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use xtr_lock::{LockFactory, StoreFactory};
+use xtr_lock::{LockFactory, Lockable as _, RunOptions, StoreFactory, Wait};
 
 #[tokio::main]
 async fn main() -> xtr_lock::Result<()> {
@@ -53,8 +53,7 @@ async fn main() -> xtr_lock::Result<()> {
             factory
                 .run(
                     "subscription:42",
-                    None,
-                    Some(Duration::from_secs(5)),
+                    RunOptions::new().wait(Wait::AtMost(Duration::from_secs(5))),
                     || async {
                         println!(
                             "waiter: renewing the subscription after {:?}",

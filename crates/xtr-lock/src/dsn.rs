@@ -3,7 +3,8 @@
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::store::{InMemoryStore, NullStore, Store};
+use crate::redact::redact;
+use crate::store::{CombinedStore, InMemoryStore, NullStore, Store, Strategy};
 
 /// Builds stores from DSNs, so where a lock lives can be configuration.
 ///
@@ -136,21 +137,19 @@ fn parse(dsn: &str) -> Result<Dsn> {
     )))
 }
 
-/// How a DSN may be shown: its scheme and colon, or a keyword-looking word, never more.
-pub(crate) fn redact(dsn: &str) -> String {
-    match dsn.split_once(':') {
-        Some((scheme, _)) if looks_like_keyword(scheme) => format!("\"{scheme}:\""),
-        Some(_) => "(a connection string, redacted)".to_owned(),
-        None if looks_like_keyword(dsn) => format!("\"{dsn}\""),
-        None => "(a connection string, redacted)".to_owned(),
+impl CombinedStore {
+    /// A store over the stores `dsns` name (see [`StoreFactory`]).
+    ///
+    /// # Errors
+    ///
+    /// The first DSN that names no store, showing its scheme only; or no DSN at all.
+    pub fn from_dsns(dsns: &[&str], strategy: impl Strategy) -> Result<Self> {
+        let stores = dsns
+            .iter()
+            .map(|d| StoreFactory::create_store(d))
+            .collect::<Result<Vec<_>>>()?;
+        Self::new(stores, strategy)
     }
-}
-
-fn looks_like_keyword(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 32
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'+' || b == b'.')
 }
 
 #[cfg(test)]

@@ -35,6 +35,10 @@ pub enum ErrorKind {
     UnserializableKey,
     /// The store cannot do what was asked (see [`Capabilities`](crate::store::Capabilities)).
     Unsupported,
+    /// The lock was lost while its holder believed it held it (deleted, expired, taken over, its
+    /// file replaced, its connection closed): work done since was not protected by it.
+    /// [`Error::lost_reason`] says why.
+    Lost,
 }
 
 impl ErrorKind {
@@ -50,11 +54,51 @@ impl ErrorKind {
             ErrorKind::InvalidTtl => "invalid ttl",
             ErrorKind::UnserializableKey => "unserializable key",
             ErrorKind::Unsupported => "unsupported",
+            ErrorKind::Lost => "lost",
         }
     }
 }
 
 impl fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why a holder no longer holds a lock it held, as far as the store could tell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LostReason {
+    /// Nothing of the holder is stored any more: deleted by someone, flushed, evicted, or
+    /// expired and cleaned up.
+    Removed,
+    /// Its lease ran out before it was renewed.
+    Expired,
+    /// Another holder holds the resource now.
+    TakenOver,
+    /// Its lock file was unlinked or replaced: the name now locks another file.
+    Replaced,
+    /// The store could not be reached until the lease ran out.
+    Unreachable,
+    /// The connection or session that held the lock closed.
+    Disconnected,
+}
+
+impl LostReason {
+    /// What happened, in a few lowercase words: `someone else holds it now`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LostReason::Removed => "it was removed from the store",
+            LostReason::Expired => "its lifetime ran out before it was renewed",
+            LostReason::TakenOver => "someone else holds it now",
+            LostReason::Replaced => "its lock file was removed or replaced",
+            LostReason::Unreachable => "the store could not be reached before its lifetime ran out",
+            LostReason::Disconnected => "the connection that held it closed",
+        }
+    }
+}
+
+impl fmt::Display for LostReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
     }
@@ -72,8 +116,7 @@ pub struct Error {
     store: Option<String>,
     reason: Option<String>,
     temporary: bool,
-    lost_hold: bool,
-    retry_after: Option<Duration>,
+    lost: Option<LostReason>,
     source: Option<BoxError>,
 }
 
@@ -111,8 +154,7 @@ impl Error {
             store: None,
             reason: None,
             temporary: false,
-            lost_hold: false,
-            retry_after: None,
+            lost: None,
             source: None,
         }
     }
@@ -125,6 +167,13 @@ impl Error {
     /// The lifetime of the lock on `resource` ran out before the store confirmed it.
     pub fn expired(resource: impl Into<String>) -> Self {
         Error::new(ErrorKind::Expired).with_resource(resource)
+    }
+
+    /// The lock on `resource` was lost while believed held, for `reason`.
+    pub fn lost(resource: impl Into<String>, reason: LostReason) -> Self {
+        let mut err = Error::new(ErrorKind::Lost).with_resource(resource);
+        err.lost = Some(reason);
+        err
     }
 
     /// The backend failed; `reason` is one line without credentials.
@@ -185,25 +234,6 @@ impl Error {
         self
     }
 
-    /// For a conflict: the holder also lost what it held before (for example a read lock that a
-    /// failed, non-atomic promotion gave up). The [`Lock`](crate::Lock) then reports it not held.
-    pub fn with_lost_hold(mut self) -> Self {
-        self.lost_hold = true;
-        self
-    }
-
-    /// Whether the holder lost what it held before (see [`Error::with_lost_hold`]).
-    pub fn is_lost_hold(&self) -> bool {
-        self.lost_hold
-    }
-
-    /// For a conflict: the store knows that the current holders' lifetimes end within `d`, so a
-    /// waiter should try again no later than that.
-    pub fn with_retry_after(mut self, d: Duration) -> Self {
-        self.retry_after = Some(d);
-        self
-    }
-
     /// What went wrong.
     pub fn kind(&self) -> ErrorKind {
         self.kind
@@ -229,14 +259,19 @@ impl Error {
         self.temporary
     }
 
-    /// For a conflict: when the current holders' lifetimes end at the latest, if the store knows.
-    pub fn retry_after(&self) -> Option<Duration> {
-        self.retry_after
+    /// For a [`Lost`](ErrorKind::Lost) error: why the lock was lost.
+    pub fn lost_reason(&self) -> Option<LostReason> {
+        self.lost
     }
 
     /// Whether this is a conflict ("held by someone else", or "no longer held by us").
     pub fn is_conflict(&self) -> bool {
         self.kind == ErrorKind::Conflict
+    }
+
+    /// Whether the lock was lost while believed held ([`ErrorKind::Lost`]).
+    pub fn is_lost(&self) -> bool {
+        self.kind == ErrorKind::Lost
     }
 
     /// Whether this is an expiry.
@@ -261,8 +296,7 @@ impl Error {
             store: cause.store.clone(),
             reason: Some(reason.to_owned()),
             temporary: cause.temporary,
-            lost_hold: false,
-            retry_after: None,
+            lost: None,
             source: Some(Box::new(cause)),
         }
     }
@@ -276,6 +310,10 @@ impl fmt::Display for Error {
             (ErrorKind::Conflict, Some(r), Some(reason)) => {
                 write!(f, "lock {r} is held by someone else; {reason}")
             }
+            (ErrorKind::Lost, Some(r), _) => match self.lost {
+                Some(why) => write!(f, "lock {r} was lost: {why}"),
+                None => write!(f, "lock {r} was lost"),
+            },
             (ErrorKind::Expired, Some(r), _) => {
                 write!(f, "lock {r} expired before the store could confirm it")
             }
@@ -319,11 +357,8 @@ impl fmt::Debug for Error {
         if self.temporary {
             d.field("temporary", &true);
         }
-        if self.lost_hold {
-            d.field("lost_hold", &true);
-        }
-        if let Some(ra) = &self.retry_after {
-            d.field("retry_after", ra);
+        if let Some(why) = &self.lost {
+            d.field("lost", why);
         }
         if let Some(s) = &self.source {
             d.field("source", s);
@@ -368,6 +403,10 @@ mod tests {
             (
                 Error::storage("connection refused").with_store("redis://h:6379/0"),
                 "connection refused (store redis://h:6379/0)",
+            ),
+            (
+                Error::lost("r", LostReason::TakenOver),
+                "lock 'r' was lost: someone else holds it now",
             ),
             (
                 Error::conflict("a\nb'c"),

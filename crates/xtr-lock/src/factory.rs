@@ -7,8 +7,9 @@ use std::time::Duration;
 use crate::clock::{Clock, MonotonicClock};
 use crate::error::Error;
 use crate::guard::LockGuard;
-use crate::key::Key;
+use crate::key::{Key, Mode};
 use crate::lock::Lock;
+use crate::lockable::{Lockable as _, Wait};
 use crate::store::Store;
 
 /// The lifetime a lock gets unless told otherwise: 300 s, as in the Python and PHP peers.
@@ -21,7 +22,7 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(300);
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> xtr_lock::Result<()> {
 /// use std::time::Duration;
-/// use xtr_lock::{InMemoryStore, LockFactory};
+/// use xtr_lock::{InMemoryStore, LockFactory, Lockable as _};
 ///
 /// let factory = LockFactory::new(InMemoryStore::new());
 /// let lock = factory.create_lock("invoices").with_ttl(Some(Duration::from_secs(30)));
@@ -92,15 +93,17 @@ impl LockFactory {
         Lock::new(key, self.store.clone(), self.ttl)
     }
 
-    /// Runs `body` under the write lock on `resource`, like xtr-lock's `run()`: waits up to
-    /// `wait` for the lock (`None`: tries once), gives it `ttl`, releases it on the way out
-    /// (also on error, panic or cancellation).
+    /// Runs `body` under the lock on `resource`: takes it as `options` say (by default: the
+    /// write lock, waiting for it, with the factory's ttl), keeps it alive while the body runs,
+    /// and releases it on the way out (also on error, panic or cancellation), as
+    /// [`Lock::scoped`] does. **A body whose lock is lost is stopped** and the call returns
+    /// [`ErrorKind::Lost`](crate::ErrorKind::Lost); see [`Lock::scoped`].
     ///
     /// # Errors
     ///
     /// A [`Conflict`](crate::ErrorKind::Conflict) naming the resource when the lock did not
-    /// come in time; other acquire and release errors; the body's error. All converted into `E`
-    /// (which can simply be [`Error`]).
+    /// come in time; `Lost`; other acquire and release errors; the body's error. All converted
+    /// into `E` (which can simply be [`Error`]).
     ///
     /// # Cancel safety
     ///
@@ -112,9 +115,13 @@ impl LockFactory {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> xtr_lock::Result<()> {
     /// use std::time::Duration;
+    /// use xtr_lock::{RunOptions, Wait};
     /// let factory = xtr_lock::LockFactory::new(xtr_lock::InMemoryStore::new());
+    /// let options = RunOptions::new()
+    ///     .ttl(Duration::from_secs(60))
+    ///     .wait(Wait::AtMost(Duration::from_secs(5)));
     /// let sent = factory
-    ///     .run("renew:sub-42", Some(Duration::from_secs(60)), Some(Duration::from_secs(5)), || async {
+    ///     .run("renew:sub-42", options, || async {
     ///         // renew the subscription once
     ///         Ok::<_, xtr_lock::Error>(true)
     ///     })
@@ -125,8 +132,7 @@ impl LockFactory {
     pub async fn run<T, E, F, Fut>(
         &self,
         resource: impl Into<String>,
-        ttl: Option<Duration>,
-        wait: Option<Duration>,
+        options: RunOptions,
         body: F,
     ) -> std::result::Result<T, E>
     where
@@ -134,17 +140,93 @@ impl LockFactory {
         Fut: Future<Output = std::result::Result<T, E>>,
         E: From<Error>,
     {
-        let lock = self.create_lock(resource).with_ttl(ttl);
-        let got = match wait {
-            None => lock.try_acquire().await?,
-            Some(wait) => lock.acquire_timeout(wait).await?,
-        };
-        if !got {
+        let mut lock = self.create_lock(resource);
+        if let Some(ttl) = options.ttl {
+            lock = lock.with_ttl(ttl);
+        }
+        let lock = lock.with_keep_alive(options.keep_alive);
+        if !lock.acquire_with(options.mode, options.wait).await? {
             return Err(E::from(
                 Error::conflict(lock.resource()).with_store(lock.store()),
             ));
         }
-        LockGuard::new(lock, true).run(body()).await
+        let monitor = match lock.keep_alive() {
+            Ok(monitor) => monitor,
+            Err(err) => {
+                let _ = lock.release().await;
+                return Err(E::from(err));
+            }
+        };
+        LockGuard::new(lock, true, monitor).run(body()).await
+    }
+}
+
+/// How [`LockFactory::run`] takes its lock. Built with named setters, so a ttl and a wait cannot
+/// be swapped by accident:
+///
+/// ```
+/// use std::time::Duration;
+/// use xtr_lock::{RunOptions, Wait};
+/// let options = RunOptions::new().ttl(Duration::from_secs(30)).wait(Wait::Never);
+/// # let _ = options;
+/// ```
+///
+/// The default: the write lock, [`Wait::Forever`] (as `xtr-lock run` without `-n` or `-w`),
+/// the factory's ttl, renewed while the body runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunOptions {
+    ttl: Option<Option<Duration>>,
+    wait: Wait,
+    mode: Mode,
+    keep_alive: bool,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions {
+            ttl: None,
+            wait: Wait::Forever,
+            mode: Mode::Write,
+            keep_alive: true,
+        }
+    }
+}
+
+impl RunOptions {
+    /// The defaults.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The lock's lifetime, instead of the factory's default ttl (zero: none).
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = Some(Some(ttl));
+        self
+    }
+
+    /// No lifetime (stores where locks expire refuse a lock without one).
+    pub fn no_ttl(mut self) -> Self {
+        self.ttl = Some(None);
+        self
+    }
+
+    /// How long to wait for a lock held by someone else.
+    pub fn wait(mut self, wait: Wait) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// Takes a shared (read) lock instead of the write lock.
+    pub fn shared(mut self) -> Self {
+        self.mode = Mode::Read;
+        self
+    }
+
+    /// Whether an expiring lock is renewed while the body runs (the default). Without renewal
+    /// the body is stopped when the lock's lifetime ends.
+    pub fn keep_alive(mut self, renew: bool) -> Self {
+        self.keep_alive = renew;
+        self
     }
 }
 

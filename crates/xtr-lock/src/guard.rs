@@ -1,40 +1,47 @@
-//! [`LockGuard`], scoped use, and the background clean-ups that make drops safe.
+//! [`LockGuard`] and scoped use: a held lock kept alive, watched, and released on the way out.
 
 use std::fmt;
 use std::panic::AssertUnwindSafe;
-use std::sync::Arc;
 
 use futures_util::FutureExt as _;
 
-use crate::Lockable;
-use crate::error::{Error, Result};
-use crate::key::Key;
-use crate::lock::{Lock, TARGET};
-use crate::store::Store;
+use crate::error::{Error, LostReason, Result};
+use crate::lock::Lock;
+use crate::lockable::{Lockable, Release};
+use crate::logging::TARGET;
+use crate::lost::{KeepAlive, LockLost};
 
-/// Holds a write lock taken by [`Lock::lock`] and releases it when it goes.
+/// Holds a write lock taken by [`Lock::lock`], keeps it alive, tells when it is lost, and
+/// releases it when it goes.
 ///
-/// - [`unlock`](LockGuard::unlock) releases now and reports errors: prefer it.
+/// - [`unlock`](LockGuard::unlock) releases now and says what it found (a lock lost meanwhile is
+///   [`Release::Lost`]): prefer it.
+/// - [`lost`](LockGuard::lost) completes when the lock is lost (expired, deleted, taken over,
+///   its file replaced): select on it where the work can stop.
+/// - While the guard lives, an expiring lock is renewed at a third of its ttl (unless the lock
+///   was made [`with_keep_alive(false)`](Lock::with_keep_alive)).
 /// - Dropping the guard cannot wait (there is no async drop), so it **schedules** the release on
 ///   the current tokio runtime (or, outside any runtime, on a short-lived thread) and returns at
 ///   once. The release runs before any later store operation of the same holder, but another
 ///   holder may find the lock still taken for a moment; errors of a scheduled release are logged
 ///   at warn.
 /// - A guard made while its holder already held the lock (nesting) leaves the lock held.
-/// - [`keep`](LockGuard::keep) gives up the guard and leaves the lock held.
+/// - [`keep`](LockGuard::keep) gives up the guard (and its renewal) and leaves the lock held.
 #[must_use = "dropping the guard releases the lock (in the background) at once"]
 pub struct LockGuard {
     lock: Lock,
     took: bool,
     active: bool,
+    monitor: KeepAlive,
 }
 
 impl LockGuard {
-    pub(crate) fn new(lock: Lock, took: bool) -> Self {
+    pub(crate) fn new(lock: Lock, took: bool, monitor: KeepAlive) -> Self {
         LockGuard {
             lock,
             took,
             active: true,
+            monitor,
         }
     }
 
@@ -54,24 +61,45 @@ impl LockGuard {
         self.took
     }
 
-    /// Releases the lock now, if this guard took it and the store confirms the holder still
-    /// holds it; a lock lost meanwhile is left alone.
+    /// Completes when the lock is lost, with why; pending forever while it is held.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropping it misses nothing; a later call reports the same loss.
+    pub async fn lost(&mut self) -> LockLost {
+        self.monitor.lost().await
+    }
+
+    /// Whether the lock is known to be lost (no waiting).
+    pub fn is_lost(&self) -> bool {
+        self.monitor.is_lost() || self.lock.lost_reason().is_some()
+    }
+
+    /// Releases the lock now, if this guard took it, and says what it found:
+    /// [`Release::Released`], [`Release::Lost`] when the lock had been lost meanwhile (the work
+    /// since was not protected), or for a nested guard [`Release::Kept`] (or `Lost`).
     ///
     /// # Errors
     ///
-    /// The release's error ([`ErrorKind::Releasing`](crate::ErrorKind::Releasing)), or the
-    /// store's error asking whether the lock is still held.
+    /// The release's error ([`ErrorKind::Releasing`](crate::ErrorKind::Releasing)).
     ///
     /// # Cancel safety
     ///
     /// Cancel-safe: dropped before completing, the release is scheduled as for a dropped guard.
-    pub async fn unlock(mut self) -> Result<()> {
-        let result = exit(&self.lock, self.took).await;
+    pub async fn unlock(mut self) -> Result<Release> {
+        let result = if self.took {
+            self.lock.release().await
+        } else if self.lock.lost_reason().is_some() {
+            Ok(Release::Lost)
+        } else {
+            Ok(Release::Kept)
+        };
         self.active = false;
         result
     }
 
-    /// Gives up the guard and leaves the lock held; returns the lock.
+    /// Gives up the guard and leaves the lock held; returns the lock. The renewal stops: keep
+    /// an expiring lock alive yourself ([`keep_alive`](Lockable::keep_alive)).
     pub fn keep(mut self) -> Lock {
         self.active = false;
         self.lock.clone()
@@ -81,7 +109,7 @@ impl LockGuard {
     ///
     /// # Errors
     ///
-    /// The body's error, or the release's error converted into `E` after a successful body.
+    /// As [`Lock::scoped`].
     ///
     /// # Cancel safety
     ///
@@ -91,7 +119,8 @@ impl LockGuard {
         F: Future<Output = std::result::Result<T, E>>,
         E: From<Error>,
     {
-        let out = run_scope(&self.lock, self.took, body).await;
+        let monitor = std::mem::replace(&mut self.monitor, KeepAlive::inert());
+        let out = run_scope(&self.lock, self.took, monitor, body).await;
         self.active = false;
         out
     }
@@ -110,26 +139,128 @@ impl fmt::Debug for LockGuard {
         f.debug_struct("LockGuard")
             .field("lock", &self.lock)
             .field("took", &self.took)
+            .field("monitor", &self.monitor)
             .finish()
     }
 }
 
-/// The exit of a scope (SCOPE-2): release only if the scope took the lock, the holder is still
-/// believed to hold it, and the store confirms.
-async fn exit(lock: &(impl Lockable + ?Sized), took: bool) -> Result<()> {
-    if !took || !lock.is_believed_held() {
-        return Ok(());
+impl Lock {
+    /// Waits for the write lock and returns a guard that keeps it alive, reports its loss and
+    /// releases it.
+    ///
+    /// If this holder already held the lock, the guard leaves it held when it goes (nesting).
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire`](Lockable::acquire); [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported)
+    /// outside a tokio runtime (the lock is then released again).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropped before completing, it leaves nothing held.
+    pub async fn lock(&self) -> Result<LockGuard> {
+        let took = self.held_mode().is_none();
+        self.acquire().await?;
+        match self.keep_alive() {
+            Ok(monitor) => Ok(LockGuard::new(self.clone(), took, monitor)),
+            Err(err) => {
+                if took {
+                    let _ = self.release().await;
+                }
+                Err(err)
+            }
+        }
     }
-    if !lock.is_acquired().await? {
-        return Ok(());
+
+    /// Waits for the write lock, runs `body` while keeping the lock alive, and releases the lock
+    /// on the way out, also when the body fails, panics or is cancelled, unless this holder
+    /// already held the lock when the scope began (nesting).
+    ///
+    /// **A body whose lock is lost is stopped**: it is dropped at its next `.await` and the call
+    /// returns [`ErrorKind::Lost`](crate::ErrorKind::Lost) (as a command under `xtr-lock run` is
+    /// stopped). A body that completes although its lock was lost meanwhile does not return
+    /// `Ok` either: the release finds nothing and the call returns `Lost`. To decide yourself
+    /// where work can stop, hold a [`LockGuard`] and select on [`LockGuard::lost`].
+    ///
+    /// The body's error wins over a release error or a loss, which are then logged at warn.
+    ///
+    /// # Errors
+    ///
+    /// The acquire's or the release's error converted into `E`, `Lost`, or the body's error.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropped while waiting it leaves nothing held; dropped while the body runs, a
+    /// release is scheduled on the runtime.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> xtr_lock::Result<()> {
+    /// use xtr_lock::Lockable as _;
+    /// let factory = xtr_lock::LockFactory::new(xtr_lock::InMemoryStore::new());
+    /// let lock = factory.create_lock("cache-warmup");
+    /// let n = lock.scoped(async { Ok::<_, xtr_lock::Error>(42) }).await?;
+    /// assert_eq!(n, 42);
+    /// assert!(!lock.is_acquired().await?);
+    /// # Ok(()) }
+    /// ```
+    pub async fn scoped<T, E, F>(&self, body: F) -> std::result::Result<T, E>
+    where
+        F: Future<Output = std::result::Result<T, E>>,
+        E: From<Error>,
+    {
+        let guard = self.lock().await?;
+        guard.run(body).await
     }
-    lock.release().await.map(|_| ())
 }
 
-/// Runs `body`; on the way out (result, error, panic or drop) releases as [`exit`] says.
+impl dyn Lockable + '_ {
+    /// Waits for the write lock, runs `body`, and releases on the way out, as
+    /// [`Lock::scoped`] does.
+    ///
+    /// # Errors
+    ///
+    /// As [`Lock::scoped`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropped while waiting it leaves nothing held; dropped while the body runs, a
+    /// release is scheduled.
+    pub async fn scoped<T, E, F>(&self, body: F) -> std::result::Result<T, E>
+    where
+        F: Future<Output = std::result::Result<T, E>>,
+        E: From<Error>,
+    {
+        let took = self.held_mode().is_none();
+        self.acquire().await?;
+        let monitor = match self.keep_alive() {
+            Ok(monitor) => monitor,
+            Err(err) => {
+                if took {
+                    let _ = self.release().await;
+                }
+                return Err(E::from(err));
+            }
+        };
+        run_scope(self, took, monitor, body).await
+    }
+}
+
+/// How a scope's body ended.
+enum Ended<T, E> {
+    Returned(std::result::Result<T, E>),
+    Panicked(Box<dyn std::any::Any + Send>),
+    /// Dropped: its lock was lost.
+    Stopped(LockLost),
+}
+
+/// Runs `body` while `monitor` watches the lock; on the way out (result, error, panic, loss or
+/// drop) releases the lock if the scope took it, and reports a loss as an error.
 pub(crate) async fn run_scope<L, T, E, F>(
     lock: &L,
     took: bool,
+    mut monitor: KeepAlive,
     body: F,
 ) -> std::result::Result<T, E>
 where
@@ -150,87 +281,73 @@ where
         }
     }
     let mut on_drop = OnDrop { lock, armed: took };
-    let out = AssertUnwindSafe(body).catch_unwind().await;
-    let released = exit(lock, took).await;
+    let ended = {
+        let body = AssertUnwindSafe(body).catch_unwind();
+        tokio::pin!(body);
+        tokio::select! {
+            biased;
+            out = &mut body => match out {
+                Ok(out) => Ended::Returned(out),
+                Err(panic) => Ended::Panicked(panic),
+            },
+            lost = monitor.lost() => Ended::Stopped(lost),
+        }
+    };
+    drop(monitor);
+    let known_loss = lock.lost_reason();
+    let released = if took {
+        Some(lock.release().await)
+    } else {
+        None
+    };
     on_drop.armed = false;
-    match (out, released) {
-        (Err(panic), released) => {
-            if let Err(err) = released {
-                tracing::warn!(target: TARGET, resource = lock.resource(), error = %err,
+    let resource = lock.resource();
+    let lost_anyway = match (&released, known_loss) {
+        (Some(Ok(Release::Lost)), reason) => Some(reason.unwrap_or(LostReason::Removed)),
+        (None, Some(reason)) => Some(reason),
+        _ => None,
+    };
+    let release_error = match released {
+        Some(Err(err)) => Some(err),
+        _ => None,
+    };
+    match ended {
+        Ended::Panicked(panic) => {
+            if let Some(err) = release_error {
+                tracing::warn!(target: TARGET, resource, error = %err,
                     "failed to release the lock after the scope panicked");
             }
             std::panic::resume_unwind(panic)
         }
-        (Ok(Err(body_err)), Err(err)) => {
-            // The body's error wins; the release failure is reported here.
-            tracing::warn!(target: TARGET, resource = lock.resource(), error = %err,
-                "failed to release the lock after the scope failed");
+        Ended::Stopped(lost) => {
+            tracing::warn!(target: TARGET, resource, reason = %lost.reason,
+                "the lock was lost: the scope's body was stopped");
+            if let Some(err) = release_error {
+                tracing::warn!(target: TARGET, resource, error = %err,
+                    "failed to release the lock after it was lost");
+            }
+            Err(E::from(Error::from(lost)))
+        }
+        Ended::Returned(Err(body_err)) => {
+            // The body's error wins; a release failure or a loss is reported here.
+            if let Some(err) = release_error {
+                tracing::warn!(target: TARGET, resource, error = %err,
+                    "failed to release the lock after the scope failed");
+            }
+            if let Some(reason) = lost_anyway {
+                tracing::warn!(target: TARGET, resource, reason = %reason,
+                    "the lock was lost while the scope ran");
+            }
             Err(body_err)
         }
-        (Ok(out), Ok(())) => out,
-        (Ok(Ok(_)), Err(err)) => Err(E::from(err)),
-    }
-}
-
-/// Releases on the way out of a dropped future: runs `store.delete(key)` to completion in the
-/// background, ordered before the holder's next store operation. Skipped when another task of
-/// the same holder completed an acquisition since `acquisitions` was read: that lock is theirs.
-pub(crate) fn schedule_cleanup(
-    key: Key,
-    store: Arc<dyn Store>,
-    acquisitions: u64,
-    why: &'static str,
-) {
-    if key.acquisitions() != acquisitions {
-        return;
-    }
-    key.mark_still_held(false);
-    key.begin_cleanup();
-    /// Ends the clean-up even if the task is dropped unrun (runtime shutting down), so the
-    /// holder's later operations never wait for it forever.
-    struct Done(Key);
-    impl Drop for Done {
-        fn drop(&mut self) {
-            self.0.end_cleanup();
-        }
-    }
-    let done = Done(key.clone());
-    let task = async move {
-        let _done = done;
-        let _turn = key.cleanup_turn().await;
-        if key.acquisitions() != acquisitions {
-            return;
-        }
-        key.mark_still_held(false);
-        match store.delete(&key).await {
-            Ok(_) => tracing::debug!(target: TARGET, resource = key.resource(), why,
-                "took the lock back in the background"),
-            Err(err) => tracing::warn!(target: TARGET, resource = key.resource(), why,
-                error = %err, "failed to take the lock back in the background"),
-        }
-    };
-    match tokio::runtime::Handle::try_current() {
-        Ok(handle) => {
-            handle.spawn(task);
-        }
-        Err(_) => {
-            // Dropped outside any runtime: a one-off thread runs the delete.
-            let spawned = std::thread::Builder::new()
-                .name("xtr-lock-cleanup".into())
-                .spawn(move || {
-                    match tokio::runtime::Builder::new_current_thread()
-                        .enable_all()
-                        .build()
-                    {
-                        Ok(rt) => rt.block_on(task),
-                        Err(err) => tracing::warn!(target: TARGET, error = %err,
-                            "cannot start a runtime to take a lock back"),
-                    }
-                });
-            if let Err(err) = spawned {
-                tracing::warn!(target: TARGET, error = %err,
-                    "cannot start a thread to take a lock back");
+        Ended::Returned(Ok(value)) => match (release_error, lost_anyway) {
+            (Some(err), _) => Err(E::from(err)),
+            (None, Some(reason)) => {
+                tracing::warn!(target: TARGET, resource, reason = %reason,
+                    "the lock was lost while the scope ran: its result is not returned");
+                Err(E::from(Error::lost(resource, reason)))
             }
-        }
+            (None, None) => Ok(value),
+        },
     }
 }

@@ -12,7 +12,7 @@
 //! ```
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> xtr_lock::Result<()> {
 //! use std::time::Duration;
-//! use xtr_lock::{LockFactory, StoreFactory};
+//! use xtr_lock::{LockFactory, Lockable as _, StoreFactory};
 //!
 //! let store = StoreFactory::create_store("in-memory")?;
 //! let factory = LockFactory::from_arc(store);
@@ -69,15 +69,20 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod cleanup;
 mod clock;
 mod dsn;
 mod error;
 mod factory;
 mod guard;
-mod keepalive;
+mod holder;
 mod key;
 mod lock;
 mod lockable;
+mod logging;
+mod lost;
+mod mode;
+mod redact;
 pub mod store;
 
 #[cfg(any(test, feature = "conformance"))]
@@ -85,13 +90,13 @@ pub mod conformance;
 
 pub use clock::{BoxFuture, Clock, ManualClock, MonotonicClock};
 pub use dsn::StoreFactory;
-pub use error::{BoxError, Error, ErrorKind, Result};
-pub use factory::{DEFAULT_TTL, LockFactory};
+pub use error::{BoxError, Error, ErrorKind, LostReason, Result};
+pub use factory::{DEFAULT_TTL, LockFactory, RunOptions};
 pub use guard::LockGuard;
-pub use keepalive::{KeepAlive, LockLost, LostReason};
-pub use key::{Key, Mode, WRITE_MARKER, validate_token};
-pub use lock::{Lock, Release};
-pub use lockable::{Lockable, NoLock};
+pub use key::{HandleOwner, Key, Mode, WRITE_MARKER, validate_token};
+pub use lock::Lock;
+pub use lockable::{Lockable, NoLock, Release, Wait};
+pub use lost::{KeepAlive, LockLost};
 #[cfg(all(feature = "flock", target_os = "linux"))]
 pub use store::FlockStore;
 #[cfg(feature = "redis")]

@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use support::Scripted;
 use xtr_lock::store::Capabilities;
-use xtr_lock::{BoxFuture, Error, InMemoryStore, Lock, LockFactory, Lockable, Release, Store};
+use xtr_lock::{
+    BoxFuture, Error, InMemoryStore, Lock, LockFactory, Lockable, Release, RunOptions, Store, Wait,
+};
 
 const IN_FLIGHT: Duration = Duration::from_millis(50);
 
@@ -18,9 +20,11 @@ fn plain(c: Capabilities) -> Capabilities {
     c
 }
 
+/// Native waits, and keys that stay in the process (as flock's): the wait is the first call.
 fn native(mut c: Capabilities) -> Capabilities {
     c.blocking = true;
     c.blocking_shared = true;
+    c.serializable_keys = false;
     c
 }
 
@@ -37,7 +41,7 @@ async fn dropped_in_flight_leaves_nothing(
     let outcome = tokio::time::timeout(IN_FLIGHT, path(lock.clone())).await;
     assert!(outcome.is_err(), "{op}: the acquire was still in flight");
     assert!(
-        store.inner().exists(lock.key()).await.unwrap()
+        store.inner().exists(lock.key()).await.unwrap().is_held()
             || store.op_names().contains(&"delete".into()),
         "{op}: the store had applied the save (or it was already taken back)"
     );
@@ -48,7 +52,7 @@ async fn dropped_in_flight_leaves_nothing(
     );
     assert_eq!(lock.held_mode(), None);
     assert!(
-        !store.inner().exists(lock.key()).await.unwrap(),
+        !store.inner().exists(lock.key()).await.unwrap().is_held(),
         "{op}: nothing stored"
     );
     assert!(
@@ -166,9 +170,11 @@ async fn factory_run() {
     let store = Scripted::new(InMemoryStore::new());
     let factory = LockFactory::from_arc(store.clone());
     store.hold_replies("save");
-    let run = factory.run("r", None, Some(Duration::from_secs(60)), || async {
-        Ok::<_, Error>(())
-    });
+    let run = factory.run(
+        "r",
+        RunOptions::new().wait(Wait::AtMost(Duration::from_secs(60))),
+        || async { Ok::<_, Error>(()) },
+    );
     assert!(tokio::time::timeout(IN_FLIGHT, run).await.is_err());
     store.release_replies();
     let other = factory.create_lock("r");

@@ -11,7 +11,8 @@ use futures_util::FutureExt as _;
 use support::{Scripted, When};
 use xtr_lock::store::{CombinedStore, ConsensusStrategy, UnanimousStrategy};
 use xtr_lock::{
-    Error, ErrorKind, InMemoryStore, Key, LockFactory, LostReason, ManualClock, Mode, Store,
+    Error, ErrorKind, InMemoryStore, Key, LockFactory, Lockable as _, LostReason, ManualClock,
+    Mode, Store,
 };
 use xtr_lock_testkit::redis::RedisServer;
 
@@ -58,20 +59,24 @@ async fn a_failing_member_is_a_vote_against_and_is_left_alone_when_the_quorum_is
     m[0].fail_next("save", When::Before, Error::storage("down"));
     let store = combined(&m);
     let key = Key::new("r");
-    store.save(&key, Some(TTL)).await.unwrap();
+    assert!(store.save(&key, Some(TTL)).await.unwrap().is_acquired());
     assert_eq!(m[0].op_names(), ["save"], "not deleted");
-    assert!(store.exists(&key).await.unwrap());
+    assert!(store.exists(&key).await.unwrap().is_held());
 }
 
 #[tokio::test]
 async fn a_miss_is_taken_back_from_every_member() {
     let m = members(3);
-    m[0].fail_next("save", When::Before, Error::conflict("r"));
+    m[0].refuse_next("save", LostReason::TakenOver);
     m[1].fail_next("save", When::Before, Error::storage("down"));
     let store = combined(&m);
     let key = Key::new("r");
-    let err = store.save(&key, Some(TTL)).await.unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Conflict);
+    let refused = store.save(&key, Some(TTL)).await.unwrap();
+    assert_eq!(
+        refused.conflict().map(|c| c.kept),
+        Some(None),
+        "nothing kept"
+    );
     for (i, member) in m.iter().enumerate() {
         assert!(
             member.op_names().contains(&"delete".to_owned()),
@@ -79,7 +84,7 @@ async fn a_miss_is_taken_back_from_every_member() {
             member.ops()
         );
         assert!(
-            !member.inner().exists(&key).await.unwrap(),
+            !member.inner().exists(&key).await.unwrap().is_held(),
             "member {i} holds nothing"
         );
     }
@@ -91,16 +96,17 @@ async fn the_quorum_is_decided_without_waiting_for_a_slow_member() {
     m[2].hold_replies("save");
     let store = combined(&m);
     let key = Key::new("r");
-    tokio::time::timeout(Duration::from_secs(2), store.save(&key, Some(TTL)))
+    let saved = tokio::time::timeout(Duration::from_secs(2), store.save(&key, Some(TTL)))
         .await
         .expect("two fast members make the quorum")
         .unwrap();
+    assert!(saved.is_acquired());
     m[2].hold_replies("exists");
     let held = tokio::time::timeout(Duration::from_secs(2), store.exists(&key))
         .await
         .expect("exists stops at the first decisive answers")
         .unwrap();
-    assert!(held);
+    assert!(held.is_held());
     m[2].release_replies();
 }
 
@@ -109,10 +115,10 @@ async fn delete_goes_on_past_failures() {
     let m = members(3);
     let store = combined(&m);
     let key = Key::new("r");
-    store.save(&key, Some(TTL)).await.unwrap();
+    assert!(store.save(&key, Some(TTL)).await.unwrap().is_acquired());
     // Make every member hold (the quorum may have been decided before the third answered).
     for member in &m {
-        member.inner().save(&key, None).await.unwrap();
+        assert!(member.inner().save(&key, None).await.unwrap().is_acquired());
     }
     m[0].fail_next("delete", When::Before, Error::storage("down"));
     assert!(
@@ -120,11 +126,11 @@ async fn delete_goes_on_past_failures() {
         "two of three released: the lock was held"
     );
     assert!(
-        m[0].inner().exists(&key).await.unwrap(),
+        m[0].inner().exists(&key).await.unwrap().is_held(),
         "the failing member still holds"
     );
-    assert!(!m[1].inner().exists(&key).await.unwrap());
-    assert!(!m[2].inner().exists(&key).await.unwrap());
+    assert!(!m[1].inner().exists(&key).await.unwrap().is_held());
+    assert!(!m[2].inner().exists(&key).await.unwrap().is_held());
 }
 
 #[tokio::test]
@@ -144,7 +150,7 @@ async fn a_deadline_passing_midway_reports_expiry_and_leaves_nothing() {
     let err = lock.try_acquire().await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Expired);
     for member in &m {
-        assert!(!member.inner().exists(lock.key()).await.unwrap());
+        assert!(!member.inner().exists(lock.key()).await.unwrap().is_held());
     }
 }
 
@@ -158,7 +164,13 @@ async fn every_member_gets_the_ttl_and_read_locks_fall_back_per_member() {
     let stores: Vec<Arc<dyn Store>> = vec![shared.clone(), exclusive.clone()];
     let store = CombinedStore::new(stores, UnanimousStrategy).unwrap();
     let key = Key::new("r");
-    store.save_read(&key, Some(TTL)).await.unwrap();
+    assert!(
+        store
+            .save_read(&key, Some(TTL))
+            .await
+            .unwrap()
+            .is_acquired()
+    );
     assert_eq!(shared.op_names(), ["save_read"]);
     assert_eq!(exclusive.op_names(), ["save"], "falls back to a write lock");
     store
@@ -174,7 +186,7 @@ async fn a_release_answers_at_the_quorum_and_the_slow_member_catches_up_in_order
     let m = members(3);
     let store = combined(&m);
     let key = Key::new("r");
-    store.save(&key, Some(TTL)).await.unwrap();
+    assert!(store.save(&key, Some(TTL)).await.unwrap().is_acquired());
     store.close().await.unwrap(); // every member answered the save
     m[2].clear_ops();
     m[2].hold_replies("delete");
@@ -184,7 +196,7 @@ async fn a_release_answers_at_the_quorum_and_the_slow_member_catches_up_in_order
     assert!(released.unwrap(), "two of three held: it was held");
     // The holder takes the lock again at once: the slow member's save must queue behind its
     // release, or that release would remove the new lock there.
-    store.save(&key, Some(TTL)).await.unwrap();
+    assert!(store.save(&key, Some(TTL)).await.unwrap().is_acquired());
     assert!(
         !m[2].op_names().contains(&"save".to_owned()),
         "the next save waits for the delete still answering: {:?}",
@@ -201,7 +213,7 @@ async fn a_release_answers_at_the_quorum_and_the_slow_member_catches_up_in_order
     assert_eq!(m[2].op_names(), ["delete", "save", "close"]);
     for (i, member) in m.iter().enumerate() {
         assert!(
-            member.inner().exists(&key).await.unwrap(),
+            member.inner().exists(&key).await.unwrap().is_held(),
             "member {i} holds the second lock"
         );
     }
@@ -212,21 +224,21 @@ async fn a_slow_member_applies_a_holders_requests_in_the_order_they_were_made() 
     let m = members(3);
     let store = combined(&m);
     let key = Key::new("r");
-    store.save(&key, Some(TTL)).await.unwrap();
+    assert!(store.save(&key, Some(TTL)).await.unwrap().is_acquired());
     store.close().await.unwrap();
     // The slow member has not even applied the release when the holder takes the lock again.
     m[2].hold_requests("delete");
     assert!(store.delete(&key).await.unwrap());
-    store.save(&key, Some(TTL)).await.unwrap();
+    assert!(store.save(&key, Some(TTL)).await.unwrap().is_acquired());
     assert!(
-        m[2].inner().exists(&key).await.unwrap(),
+        m[2].inner().exists(&key).await.unwrap().is_held(),
         "the old lock is still there: the release has not been applied"
     );
     m[2].release_replies();
     store.close().await.unwrap();
     // Applied out of order (save, then the late delete), the member would hold nothing now.
     assert!(
-        m[2].inner().exists(&key).await.unwrap(),
+        m[2].inner().exists(&key).await.unwrap().is_held(),
         "the member holds the second lock: {:?}",
         m[2].ops()
     );
@@ -237,14 +249,17 @@ async fn every_member_holds_even_when_the_quorum_was_decided_first() {
     let m = members(5);
     let store = combined(&m);
     let key = Key::new("r");
-    store.save(&key, Some(TTL)).await.unwrap();
+    assert!(store.save(&key, Some(TTL)).await.unwrap().is_acquired());
     store
         .put_off_expiration(&key, Duration::from_secs(60))
         .await
         .unwrap();
     store.close().await.unwrap();
     for (i, member) in m.iter().enumerate() {
-        assert!(member.inner().exists(&key).await.unwrap(), "member {i}");
+        assert!(
+            member.inner().exists(&key).await.unwrap().is_held(),
+            "member {i}"
+        );
         assert_eq!(
             member.op_names(),
             ["save", "put_off", "close"],
@@ -273,7 +288,7 @@ async fn close_closes_every_member_and_reports_the_failures_together() {
     }
     // Closed stores work again (they reconnect).
     let key = Key::new("r");
-    store.save(&key, Some(TTL)).await.unwrap();
+    assert!(store.save(&key, Some(TTL)).await.unwrap().is_acquired());
 }
 
 #[tokio::test]
@@ -281,7 +296,7 @@ async fn a_dropped_close_can_be_called_again_and_finishes_the_job() {
     let m = members(3);
     let store = combined(&m);
     let key = Key::new("r");
-    store.save(&key, Some(TTL)).await.unwrap();
+    assert!(store.save(&key, Some(TTL)).await.unwrap().is_acquired());
     m[1].hold_replies("delete");
     m[2].hold_replies("delete");
     // One fast member cannot decide a release: it waits for a second answer.
@@ -320,7 +335,10 @@ async fn a_dropped_close_can_be_called_again_and_finishes_the_job() {
             Some("close"),
             "member {i}"
         );
-        assert!(!member.inner().exists(&key).await.unwrap(), "member {i}");
+        assert!(
+            !member.inner().exists(&key).await.unwrap().is_held(),
+            "member {i}"
+        );
     }
 }
 
@@ -330,7 +348,7 @@ async fn holders_are_those_a_quorum_agrees_on_and_need_a_quorum_to_answer() {
     let store = combined(&m);
     assert!(store.capabilities().introspection);
     let key = Key::new("r");
-    store.save(&key, Some(TTL)).await.unwrap();
+    assert!(store.save(&key, Some(TTL)).await.unwrap().is_acquired());
     let hs = store.holders("r").await.unwrap();
     assert_eq!(hs.len(), 1, "{hs:?}");
     assert_eq!(hs[0].mode, Mode::Write);
@@ -339,7 +357,7 @@ async fn holders_are_those_a_quorum_agrees_on_and_need_a_quorum_to_answer() {
 
     // A holder that only one member has (a minority: a failed attempt's leftover) is nobody.
     let stray = Key::new("s");
-    m[0].inner().save(&stray, None).await.unwrap();
+    assert!(m[0].inner().save(&stray, None).await.unwrap().is_acquired());
     assert!(store.holders("s").await.unwrap().is_empty());
 
     // One member failing still leaves a quorum to answer; two do not.

@@ -14,7 +14,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use support::peer::Peer;
-use xtr_lock::{ErrorKind, FlockStore, Key, LockFactory, Mode, Release, Store};
+use xtr_lock::store::Holding;
+use xtr_lock::{
+    ErrorKind, FlockStore, Key, LockFactory, Lockable as _, LostReason, Mode, Release, Store,
+};
 
 const PATIENCE: Duration = Duration::from_secs(10);
 
@@ -399,7 +402,7 @@ async fn a_cancelled_wait_closes_its_own_descriptor() {
     let tmp = tempfile::tempdir().unwrap();
     let store = FlockStore::in_dir(tmp.path()).unwrap();
     let holder = Key::new("r");
-    store.save(&holder, None).await.unwrap();
+    assert!(store.save(&holder, None).await.unwrap().is_acquired());
     let waiter = Key::new("r");
     assert!(
         tokio::time::timeout(
@@ -414,7 +417,7 @@ async fn a_cancelled_wait_closes_its_own_descriptor() {
         1,
         "only the holder's descriptor stays open"
     );
-    assert!(!store.exists(&waiter).await.unwrap());
+    assert!(!store.exists(&waiter).await.unwrap().is_held());
 }
 
 #[tokio::test]
@@ -425,28 +428,23 @@ async fn two_directories_are_two_locks_and_a_dropped_key_lets_go() {
         FlockStore::in_dir(t2.path()).unwrap(),
     );
     let key = Key::new("r");
-    s1.save(&key, None).await.unwrap();
-    s2.save(&key, None).await.unwrap();
-    assert!(s1.exists(&key).await.unwrap() && s2.exists(&key).await.unwrap());
-    assert!(
-        s1.save(&Key::new("r"), None)
-            .await
-            .unwrap_err()
-            .is_conflict()
-    );
+    assert!(s1.save(&key, None).await.unwrap().is_acquired());
+    assert!(s2.save(&key, None).await.unwrap().is_acquired());
+    assert!(s1.exists(&key).await.unwrap().is_held() && s2.exists(&key).await.unwrap().is_held());
+    assert!(s1.save(&Key::new("r"), None).await.unwrap().is_conflict());
     drop(key);
-    s1.save(&Key::new("r"), None).await.unwrap();
+    assert!(s1.save(&Key::new("r"), None).await.unwrap().is_acquired());
 }
 
 #[tokio::test]
-async fn put_off_on_a_holder_that_does_not_hold_is_a_conflict() {
+async fn put_off_on_a_holder_that_does_not_hold_says_so() {
     let tmp = tempfile::tempdir().unwrap();
     let store = FlockStore::in_dir(tmp.path()).unwrap();
-    let err = store
+    let held = store
         .put_off_expiration(&Key::new("r"), Duration::from_secs(1))
         .await
-        .unwrap_err();
-    assert!(err.is_conflict());
+        .unwrap();
+    assert_eq!(held, Holding::NotHeld(LostReason::Removed));
 }
 
 #[tokio::test]

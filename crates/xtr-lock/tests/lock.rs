@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use support::{Capture, Scripted, When};
 use xtr_lock::{
-    Error, ErrorKind, InMemoryStore, Key, Lock, LockFactory, Lockable, ManualClock, Mode, NoLock,
-    NullStore, Release, Store,
+    Error, ErrorKind, InMemoryStore, Key, Lock, LockFactory, Lockable, LostReason, ManualClock,
+    Mode, NoLock, NullStore, Release, RunOptions, Store, Wait,
 };
 
 fn secs(s: f64) -> Duration {
@@ -54,7 +54,7 @@ async fn a_blocking_acquire_on_a_store_without_notifications_polls_90_to_110_ms(
     });
     let (factory, clock) = manual(store.clone());
     for _ in 0..2 {
-        store.fail_next("save", When::Before, Error::conflict("r"));
+        store.refuse_next("save", LostReason::TakenOver);
     }
     let lock = factory.create_lock("r");
     lock.acquire().await.unwrap();
@@ -71,19 +71,19 @@ async fn a_blocking_acquire_on_a_store_without_notifications_polls_90_to_110_ms(
 
 #[tokio::test]
 async fn a_best_effort_watcher_keeps_the_poll_and_a_complete_one_replaces_it() {
-    // Conflicts injected before the store: nothing changes, so no watcher ever fires.
+    // Refusals injected before the store: nothing changes, so no watcher ever fires.
     let store = Scripted::new(InMemoryStore::new());
     store.best_effort_watch();
     let (factory, clock) = manual(store.clone());
     for _ in 0..2 {
-        store.fail_next("save", When::Before, Error::conflict("r"));
+        store.refuse_next("save", LostReason::TakenOver);
     }
     factory.create_lock("r").acquire().await.unwrap();
     assert_eq!(clock.sleeps().len(), 2, "polled past the silent watcher");
 
     let store = Scripted::new(InMemoryStore::new());
     let (factory, clock) = manual(store.clone());
-    store.fail_next("save", When::Before, Error::conflict("r"));
+    store.refuse_next("save", LostReason::TakenOver);
     let waiting = factory.create_lock("r");
     let stuck = tokio::time::timeout(Duration::from_millis(100), waiting.acquire()).await;
     assert!(stuck.is_err(), "a complete watcher is trusted: no poll");
@@ -112,9 +112,11 @@ async fn polling_waiters_yield_to_other_tasks() {
 }
 
 #[tokio::test]
-async fn a_blocking_store_gets_its_native_wait_and_its_conflict_comes_back_unchanged() {
+async fn a_blocking_store_gets_its_native_wait_and_a_wait_that_cannot_go_on_is_an_error() {
+    // A store whose keys stay in the process (as flock's): the native wait, never a save.
     let store = Scripted::with_caps(InMemoryStore::new(), |mut c| {
         c.blocking = true;
+        c.serializable_keys = false;
         c
     });
     let (factory, _) = manual(store.clone());
@@ -123,19 +125,22 @@ async fn a_blocking_store_gets_its_native_wait_and_its_conflict_comes_back_uncha
     assert_eq!(store.op_names(), ["wait_and_save"]);
     lock.release().await.unwrap();
 
-    store.fail_next(
-        "wait_and_save",
-        When::Before,
-        Error::conflict("r").with_reason("native conflict"),
-    );
+    // A native wait refuses only when it cannot go on: a blocking acquire reports that as a
+    // conflict error, never as acquired.
+    store.refuse_next("wait_and_save", LostReason::TakenOver);
     let err = lock.acquire().await.unwrap_err();
-    assert!(err.is_conflict());
-    assert_eq!(
-        err.reason(),
-        Some("native conflict"),
-        "the same error, not wrapped"
-    );
+    assert!(err.is_conflict(), "{err:?}");
     assert_eq!(lock.held_mode(), None);
+
+    // Keys that can travel get one plain attempt first (they may hold what this process does
+    // not know of): a free lock is taken by it.
+    let store = Scripted::with_caps(InMemoryStore::new(), |mut c| {
+        c.blocking = true;
+        c
+    });
+    let (factory, _) = manual(store.clone());
+    factory.create_lock("r").acquire().await.unwrap();
+    assert_eq!(store.op_names(), ["save"]);
 }
 
 #[tokio::test]
@@ -197,7 +202,7 @@ async fn an_acquire_that_expires_on_the_way_is_taken_back_and_reported_expired()
     assert_eq!(err.kind(), ErrorKind::Expired, "not wrapped: {err:?}");
     assert!(store.op_names().contains(&"delete".to_owned()));
     assert!(!lock.is_acquired().await.unwrap(), "never reported held");
-    assert!(!store.inner().exists(lock.key()).await.unwrap());
+    assert!(!store.inner().exists(lock.key()).await.unwrap().is_held());
 
     // Reported even when the delete that takes it back fails.
     store.fail_next("delete", When::Before, Error::storage("delete failed"));
@@ -212,7 +217,7 @@ async fn other_acquire_failures_are_wrapped_once_logged_and_taken_back() {
     let store = Scripted::new(InMemoryStore::new());
     let (factory, _) = manual(store.clone());
     let lock = factory.create_lock("r");
-    // The store applied the save, then the reply was lost (DEF-1: must not leak).
+    // The store applied the save, then the reply was lost: what it stored must not leak.
     store.fail_next(
         "save",
         When::After,
@@ -227,7 +232,7 @@ async fn other_acquire_failures_are_wrapped_once_logged_and_taken_back() {
     // The take-back runs before the holder's next operation.
     assert!(!lock.is_acquired().await.unwrap());
     assert!(
-        !store.inner().exists(lock.key()).await.unwrap(),
+        !store.inner().exists(lock.key()).await.unwrap().is_held(),
         "nothing left stored"
     );
     assert!(factory.create_lock("r").try_acquire().await.unwrap());
@@ -253,8 +258,9 @@ async fn two_tasks_acquiring_one_shared_lock_both_get_it() {
 
 #[tokio::test]
 async fn a_waiters_lifetime_starts_when_it_wins() {
-    // DEF-7 with a deterministic clock: the holder's 0.5 s lock runs out while the waiter polls,
-    // and the waiter's lease is the full 0.5 s from the attempt that won.
+    // With a deterministic clock: the holder's 0.5 s lock runs out while the waiter polls, and
+    // the waiter's lease is the full 0.5 s from the attempt that won (not from when it began
+    // waiting, as in the peers).
     let clock = ManualClock::new();
     let store = Arc::new(expiring_memory(&clock));
     let factory = LockFactory::from_arc(store).with_clock(Arc::new(clock.clone()));
@@ -408,37 +414,36 @@ async fn refresh_uses_the_lock_ttl_or_the_argument() {
 }
 
 #[tokio::test]
-async fn a_refresh_conflict_comes_back_unchanged_and_a_later_scope_exit_asks_nothing() {
+async fn a_refresh_that_finds_the_lock_gone_reports_it_lost_and_the_guard_says_so() {
     let capture = Capture::default();
     let _log = capture.install();
     let store = Scripted::new(InMemoryStore::new());
     let (factory, _) = manual(store.clone());
     let lock = factory.create_lock("r").with_ttl(Some(secs(10.0)));
     let guard = lock.lock().await.unwrap();
-    store.fail_next(
-        "put_off",
-        When::Before,
-        Error::conflict("r").with_reason("taken over"),
-    );
+    store.refuse_next("put_off", LostReason::TakenOver);
     let err = lock.refresh(None).await.unwrap_err();
-    assert_eq!(err.reason(), Some("taken over"), "the same error");
+    assert_eq!(err.kind(), ErrorKind::Lost, "{err:?}");
+    assert_eq!(err.lost_reason(), Some(LostReason::TakenOver));
+    assert_eq!(
+        err.to_string(),
+        "lock 'r' was lost: someone else holds it now"
+    );
     assert_eq!(lock.held_mode(), None);
+    assert_eq!(lock.lost_reason(), Some(LostReason::TakenOver));
     assert!(
         capture
             .records()
             .iter()
             .any(|r| r.level == tracing::Level::WARN
-                && r.message
-                    == "failed to define an expiration for the lock, someone else holds it"
+                && r.message == "failed to define an expiration for the lock: it was lost"
                 && r.fields["resource"] == "r")
     );
-    store.clear_ops();
-    guard.unlock().await.unwrap();
-    assert!(
-        store.ops().is_empty(),
-        "the exit asked nothing: {:?}",
-        store.ops()
-    );
+    assert!(guard.is_lost());
+    assert_eq!(guard.unlock().await.unwrap(), Release::Lost);
+    // Never acquired, or released: a conflict, not a loss.
+    let err = lock.refresh(None).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Conflict, "{err:?}");
 }
 
 #[tokio::test]
@@ -462,7 +467,7 @@ async fn other_refresh_failures_are_wrapped_and_expiry_passes_through() {
     let err = lock.refresh(Some(secs(1.0))).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Expired);
     assert!(
-        !store.inner().exists(lock.key()).await.unwrap(),
+        !store.inner().exists(lock.key()).await.unwrap().is_held(),
         "taken back"
     );
 }
@@ -638,25 +643,23 @@ async fn the_body_error_wins_over_a_release_error_which_is_returned_after_succes
 }
 
 #[tokio::test]
-async fn a_scope_leaves_a_lock_lost_meanwhile_alone() {
+async fn a_scope_whose_lock_was_lost_says_so() {
     let store = Scripted::new(InMemoryStore::new());
     let (factory, _) = manual(store.clone());
     let lock = factory.create_lock("r");
-    lock.scoped(async {
-        // Lost behind the scope's back: a copy of the holder released it, another took it.
-        let copy = Key::from_json(&lock.key().to_json().unwrap()).unwrap();
-        store.inner().delete(&copy).await.unwrap();
-        assert!(factory.create_lock("r").try_acquire().await.unwrap());
-        store.clear_ops();
-        Ok::<_, Error>(())
-    })
-    .await
-    .unwrap();
-    assert_eq!(
-        store.op_names(),
-        ["exists"],
-        "asked, found it lost, deleted nothing"
-    );
+    let out = lock
+        .scoped(async {
+            // Lost behind the scope's back: a copy of the holder released it.
+            let copy = Key::from_json(&lock.key().to_json().unwrap()).unwrap();
+            store.inner().delete(&copy).await.unwrap();
+            Ok::<_, Error>("body done")
+        })
+        .await;
+    let err = out.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Lost, "{err:?}");
+    assert_eq!(err.lost_reason(), Some(LostReason::Removed));
+    let other = factory.create_lock("r");
+    assert!(other.try_acquire().await.unwrap(), "nothing was left held");
 }
 
 #[tokio::test]
@@ -714,24 +717,32 @@ async fn run_waits_then_fails_naming_the_resource() {
     let holder = factory.create_lock("nightly");
     holder.acquire().await.unwrap();
     let err = factory
-        .run("nightly", None, None, || async { Ok::<_, Error>(()) })
+        .run("nightly", RunOptions::new().wait(Wait::Never), || async {
+            Ok::<_, Error>(())
+        })
         .await
         .unwrap_err();
     assert!(err.is_conflict());
     assert_eq!(err.resource(), Some("nightly"));
     assert!(err.to_string().contains("'nightly'"));
     let err = factory
-        .run("nightly", None, Some(secs(1.0)), || async {
-            Ok::<_, Error>(())
-        })
+        .run(
+            "nightly",
+            RunOptions::new().wait(Wait::AtMost(secs(1.0))),
+            || async { Ok::<_, Error>(()) },
+        )
         .await
         .unwrap_err();
     assert!(err.is_conflict());
     holder.release().await.unwrap();
     let out = factory
-        .run("nightly", Some(secs(30.0)), Some(secs(1.0)), || async {
-            Ok::<_, Error>(7)
-        })
+        .run(
+            "nightly",
+            RunOptions::new()
+                .ttl(secs(30.0))
+                .wait(Wait::AtMost(secs(1.0))),
+            || async { Ok::<_, Error>(7) },
+        )
         .await
         .unwrap();
     assert_eq!(out, 7);
@@ -779,13 +790,11 @@ async fn a_lock_on_the_null_store_acquires_but_is_never_reported_held() {
     assert!(!a.is_acquired().await.unwrap());
     assert_eq!(a.release().await.unwrap(), Release::Released);
     a.refresh(Some(secs(1.0))).await.unwrap();
-    store.clear_ops();
+    // Scopes run, and are never stopped: nothing held can be lost.
     a.scoped(async { Ok::<_, Error>(()) }).await.unwrap();
-    assert!(
-        !store.op_names().contains(&"delete".to_owned()),
-        "{:?}",
-        store.ops()
-    );
+    let fresh = factory.create_lock("r");
+    assert_eq!(fresh.scoped(async { Ok::<_, Error>(3) }).await.unwrap(), 3);
+    assert_eq!(fresh.lost_reason(), None);
     let caps = NullStore.capabilities();
     assert!(caps.blocking && caps.blocking_shared && !caps.excludes);
 }

@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 
 use support::peer::Peer;
 use xtr_lock::{
-    ErrorKind, Key, Lock, LockFactory, LostReason, ManualClock, Mode, RedisStore, Release, Store,
+    ErrorKind, Key, Lock, LockFactory, Lockable as _, LostReason, ManualClock, Mode, RedisStore,
+    Release, Store,
 };
 use xtr_lock_testkit::redis::RedisServer;
 
@@ -101,11 +102,15 @@ async fn the_lock_is_the_peers_sorted_set_under_prefix_plus_resource() {
         "0",
         "gone after release"
     );
-    // A conflict names the resource, not the key.
+    // A conflict says when the holder's lease ends, from the sorted set under the prefixed key.
     let other = lock_from(&store, "invoice:42");
     lock.try_acquire().await.unwrap();
-    let err = store.save(other.key(), Some(TTL)).await.unwrap_err();
-    assert_eq!(err.resource(), Some("invoice:42"));
+    let refused = store.save(other.key(), Some(TTL)).await.unwrap();
+    let hint = refused
+        .conflict()
+        .and_then(|c| c.retry_after)
+        .expect("a hint");
+    assert!(hint <= TTL && !hint.is_zero(), "{hint:?}");
 }
 
 fn lock_from(store: &RedisStore, resource: &str) -> Lock {
@@ -301,7 +306,7 @@ async fn keep_alive_holds_a_lock_past_several_ttls_and_signals_its_loss() {
     let lost = tokio::time::timeout(Duration::from_secs(5), alive.lost())
         .await
         .expect("the loss is signalled within a refresh period");
-    assert_eq!(lost.reason, LostReason::TakenOver);
+    assert_eq!(lost.reason, LostReason::Removed, "deleted, not taken over");
     assert!(lost.to_string().contains("'kept' was lost"), "{lost}");
     assert!(!held.is_acquired().await.unwrap());
 }
@@ -614,10 +619,16 @@ async fn is_acquired_writes_nothing_and_works_on_a_replica() {
     let on_replica = store_on(&replica);
     let copy = Key::from_json(&held.key().to_json().unwrap()).unwrap();
     assert!(
-        on_replica.exists(&copy).await.unwrap(),
+        on_replica.exists(&copy).await.unwrap().is_held(),
         "read-only: runs on a replica"
     );
-    assert!(!on_replica.exists(&Key::new("replicated")).await.unwrap());
+    assert!(
+        !on_replica
+            .exists(&Key::new("replicated"))
+            .await
+            .unwrap()
+            .is_held()
+    );
     // A write is refused there, which is what makes the replica a proof.
     assert!(
         on_replica

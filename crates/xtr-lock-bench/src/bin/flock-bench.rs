@@ -14,6 +14,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use rustix::fs::{FlockOperation, Mode, OFlags};
+use xtr_lock::Lockable as _;
 use xtr_lock::{FlockStore, LockFactory};
 use xtr_lock_bench::{Summary, cell, human, lock_cycles, lock_handoffs, monotonic_ns, park};
 

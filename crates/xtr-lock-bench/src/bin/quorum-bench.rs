@@ -23,6 +23,7 @@ use std::pin::Pin;
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
+use xtr_lock::Lockable as _;
 use xtr_lock::store::{CombinedStore, ConsensusStrategy};
 use xtr_lock::{Lock, LockFactory, RedisStore};
 use xtr_lock_bench::{Summary, cell, human};

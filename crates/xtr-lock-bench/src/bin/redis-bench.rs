@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use xtr_lock::Lockable as _;
 use xtr_lock::{LockFactory, RedisStore};
 use xtr_lock_bench::{
     Summary, cell, human, lock_cycles, lock_handoffs, monotonic_ns, park, peer_script, run_php,

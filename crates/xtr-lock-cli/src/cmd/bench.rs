@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+use xtr_lock::Lockable as _;
 
 use anyhow::{Result, anyhow};
 use serde_json::json;

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use anyhow::{Result, anyhow};
 use serde_json::json;
+use xtr_lock::Lockable as _;
 use xtr_lock::{Key, Mode, Release};
 
 use crate::config::{StoreConfig, Wait};
@@ -71,8 +72,8 @@ pub async fn release(store: StoreConfig, key: Option<String>) -> Result<Exit> {
     refuse_local(&store)?;
     let lock = store.factory().create_lock_from_key(read_key(key)?);
     Ok(match lock.release().await? {
-        Release::Released => Exit::Ok,
-        Release::NotHeld | Release::Lost => {
+        Release::Released | Release::Kept => Exit::Ok,
+        _ => {
             eprintln!(
                 "xtr-lock: {:?} was not held by this key any more (expired or released)",
                 lock.resource()

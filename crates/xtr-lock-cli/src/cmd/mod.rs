@@ -6,6 +6,7 @@ pub mod run;
 
 use anyhow::Result;
 use xtr_lock::Lock;
+use xtr_lock::Lockable as _;
 
 use crate::config::{StoreConfig, Wait};
 use crate::output::StatusLine;

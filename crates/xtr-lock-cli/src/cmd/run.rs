@@ -4,6 +4,7 @@
 use std::ffi::OsString;
 use std::os::unix::process::ExitStatusExt as _;
 use std::time::Duration;
+use xtr_lock::Lockable as _;
 
 use anyhow::{Result, anyhow};
 use rustix::process::{Pid, Signal};

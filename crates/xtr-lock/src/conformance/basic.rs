@@ -5,7 +5,8 @@ use std::time::Duration;
 use super::{Harness, Outcome, require};
 use crate::error::ErrorKind;
 use crate::key::Key;
-use crate::lock::Release;
+use crate::lockable::Lockable as _;
+use crate::lockable::Release;
 
 /// A holder that has not saved does not exist; after save it does; after delete it does not,
 /// and a second delete reports that nothing was removed.
@@ -13,11 +14,20 @@ pub async fn save_exists_delete(h: Harness) -> Outcome {
     require!(h.caps().excludes, "the store locks nothing");
     let r = h.resource("basic");
     let k = h.key(&r);
-    assert!(!h.store.exists(&k).await.unwrap(), "exists before save");
-    h.store.save(&k, h.ttl).await.unwrap();
-    assert!(h.store.exists(&k).await.unwrap(), "exists after save");
+    assert!(
+        !h.store.exists(&k).await.unwrap().is_held(),
+        "exists before save"
+    );
+    assert!(h.store.save(&k, h.ttl).await.unwrap().is_acquired());
+    assert!(
+        h.store.exists(&k).await.unwrap().is_held(),
+        "exists after save"
+    );
     assert!(h.store.delete(&k).await.unwrap(), "delete removes the lock");
-    assert!(!h.store.exists(&k).await.unwrap(), "exists after delete");
+    assert!(
+        !h.store.exists(&k).await.unwrap().is_held(),
+        "exists after delete"
+    );
     assert!(
         !h.store.delete(&k).await.unwrap(),
         "second delete removes nothing"
@@ -29,12 +39,15 @@ pub async fn save_exists_delete(h: Harness) -> Outcome {
 pub async fn independent_resources(h: Harness) -> Outcome {
     require!(h.caps().excludes, "the store locks nothing");
     let (a, b) = (h.key(&h.resource("a")), h.key(&h.resource("b")));
-    h.store.save(&a, h.ttl).await.unwrap();
-    h.store.save(&b, h.ttl).await.unwrap();
-    assert!(h.store.exists(&a).await.unwrap());
-    assert!(h.store.exists(&b).await.unwrap());
+    assert!(h.store.save(&a, h.ttl).await.unwrap().is_acquired());
+    assert!(h.store.save(&b, h.ttl).await.unwrap().is_acquired());
+    assert!(h.store.exists(&a).await.unwrap().is_held());
+    assert!(h.store.exists(&b).await.unwrap().is_held());
     h.store.delete(&a).await.unwrap();
-    assert!(h.store.exists(&b).await.unwrap(), "b survives a's delete");
+    assert!(
+        h.store.exists(&b).await.unwrap().is_held(),
+        "b survives a's delete"
+    );
     h.store.delete(&b).await.unwrap();
     Outcome::Ran
 }
@@ -45,30 +58,30 @@ pub async fn second_holder_conflicts_until_the_first_deletes(h: Harness) -> Outc
     require!(h.caps().excludes, "the store locks nothing");
     let r = h.resource("conflict");
     let (a, b) = (h.key(&r), h.key(&r));
-    h.store.save(&a, h.ttl).await.unwrap();
-    let err = h.store.save(&b, h.ttl).await.unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Conflict, "{err:?}");
+    assert!(h.store.save(&a, h.ttl).await.unwrap().is_acquired());
+    let refused = h.store.save(&b, h.ttl).await.unwrap();
+    assert!(refused.is_conflict(), "{refused:?}");
     assert_eq!(
-        err.resource(),
-        Some(r.as_str()),
-        "the conflict names the resource"
+        refused.conflict().unwrap().kept,
+        None,
+        "the refused holder holds nothing"
     );
     assert!(
-        h.store.exists(&a).await.unwrap(),
+        h.store.exists(&a).await.unwrap().is_held(),
         "first holder undisturbed"
     );
-    assert!(!h.store.exists(&b).await.unwrap());
+    assert!(!h.store.exists(&b).await.unwrap().is_held());
     assert!(
         !h.store.delete(&b).await.unwrap(),
         "b's delete removes nothing"
     );
     assert!(
-        h.store.exists(&a).await.unwrap(),
+        h.store.exists(&a).await.unwrap().is_held(),
         "b's delete left a's lock"
     );
     h.store.delete(&a).await.unwrap();
-    h.store.save(&b, h.ttl).await.unwrap();
-    assert!(h.store.exists(&b).await.unwrap());
+    assert!(h.store.save(&b, h.ttl).await.unwrap().is_acquired());
+    assert!(h.store.exists(&b).await.unwrap().is_held());
     h.store.delete(&b).await.unwrap();
     Outcome::Ran
 }
@@ -77,9 +90,12 @@ pub async fn second_holder_conflicts_until_the_first_deletes(h: Harness) -> Outc
 pub async fn same_holder_saves_twice(h: Harness) -> Outcome {
     let r = h.resource("twice");
     let k = h.key(&r);
-    h.store.save(&k, h.ttl).await.unwrap();
-    h.store.save(&k, h.ttl).await.unwrap();
-    assert_eq!(h.store.exists(&k).await.unwrap(), h.caps().excludes);
+    assert!(h.store.save(&k, h.ttl).await.unwrap().is_acquired());
+    assert!(h.store.save(&k, h.ttl).await.unwrap().is_acquired());
+    assert_eq!(
+        h.store.exists(&k).await.unwrap().is_held(),
+        h.caps().excludes
+    );
     h.store.delete(&k).await.unwrap();
     Outcome::Ran
 }
@@ -89,9 +105,9 @@ pub async fn delete_on_another_resource_leaves_the_lock(h: Harness) -> Outcome {
     require!(h.caps().excludes, "the store locks nothing");
     let a = h.key(&h.resource("mine"));
     let other = h.key(&h.resource("other"));
-    h.store.save(&a, h.ttl).await.unwrap();
+    assert!(h.store.save(&a, h.ttl).await.unwrap().is_acquired());
     h.store.delete(&other).await.unwrap();
-    assert!(h.store.exists(&a).await.unwrap());
+    assert!(h.store.exists(&a).await.unwrap().is_held());
     h.store.delete(&a).await.unwrap();
     Outcome::Ran
 }
@@ -106,12 +122,18 @@ pub async fn deserialized_key_is_the_same_holder(h: Harness) -> Outcome {
     );
     let r = h.resource("travel");
     let k = h.key(&r);
-    h.store.save(&k, h.ttl).await.unwrap();
+    assert!(h.store.save(&k, h.ttl).await.unwrap().is_acquired());
     let copy = Key::from_json_with_clock(&k.to_json().unwrap(), h.clock.clone()).unwrap();
-    assert!(h.store.exists(&copy).await.unwrap(), "the copy holds");
-    h.store.save(&copy, h.ttl).await.unwrap();
+    assert!(
+        h.store.exists(&copy).await.unwrap().is_held(),
+        "the copy holds"
+    );
+    assert!(h.store.save(&copy, h.ttl).await.unwrap().is_acquired());
     assert!(h.store.delete(&copy).await.unwrap(), "the copy releases");
-    assert!(!h.store.exists(&k).await.unwrap(), "for the original too");
+    assert!(
+        !h.store.exists(&k).await.unwrap().is_held(),
+        "for the original too"
+    );
     Outcome::Ran
 }
 
@@ -119,7 +141,7 @@ pub async fn deserialized_key_is_the_same_holder(h: Harness) -> Outcome {
 pub async fn key_is_unserializable_after_save(h: Harness) -> Outcome {
     require!(!h.caps().serializable_keys, "keys of this store serialize");
     let k = h.key(&h.resource("local"));
-    h.store.save(&k, h.ttl).await.unwrap();
+    assert!(h.store.save(&k, h.ttl).await.unwrap().is_acquired());
     let err = k.to_json().unwrap_err();
     assert_eq!(err.kind(), ErrorKind::UnserializableKey);
     h.store.delete(&k).await.unwrap();
@@ -327,7 +349,7 @@ pub async fn holders_tell_who_holds(h: Harness) -> Outcome {
     let none = |hs: &[crate::store::HolderInfo]| hs.is_empty();
     assert!(none(&h.store.holders(&r).await.unwrap()), "nobody yet");
     let w = h.key(&r);
-    h.store.save(&w, h.ttl).await.unwrap();
+    assert!(h.store.save(&w, h.ttl).await.unwrap().is_acquired());
     let hs = h.store.holders(&r).await.unwrap();
     assert_eq!(hs.len(), 1, "one writer: {hs:?}");
     assert_eq!(hs[0].mode, crate::key::Mode::Write, "{hs:?}");
@@ -339,8 +361,8 @@ pub async fn holders_tell_who_holds(h: Harness) -> Outcome {
     assert!(none(&hs), "released: {hs:?}");
     if h.caps().shared {
         let (a, b) = (h.key(&r), h.key(&r));
-        h.store.save_read(&a, h.ttl).await.unwrap();
-        h.store.save_read(&b, h.ttl).await.unwrap();
+        assert!(h.store.save_read(&a, h.ttl).await.unwrap().is_acquired());
+        assert!(h.store.save_read(&b, h.ttl).await.unwrap().is_acquired());
         let hs = h.store.holders(&r).await.unwrap();
         assert_eq!(hs.len(), 2, "two readers: {hs:?}");
         assert!(

@@ -3,8 +3,9 @@
 use std::time::Duration;
 
 use super::{Harness, Outcome, require};
-use crate::error::ErrorKind;
-use crate::lock::Release;
+use crate::error::{ErrorKind, LostReason};
+use crate::lockable::{Lockable as _, Release};
+use crate::store::Holding;
 
 const STEP: Duration = Duration::from_millis(250);
 
@@ -12,12 +13,24 @@ const STEP: Duration = Duration::from_millis(250);
 pub async fn put_off_lock_expires(h: Harness) -> Outcome {
     require!(h.caps().expiring, "locks do not expire");
     let k = h.key(&h.resource("put-off"));
-    h.store.save(&k, h.ttl).await.unwrap();
-    h.store.put_off_expiration(&k, 2 * STEP).await.unwrap();
+    assert!(h.store.save(&k, h.ttl).await.unwrap().is_acquired());
+    assert!(
+        h.store
+            .put_off_expiration(&k, 2 * STEP)
+            .await
+            .unwrap()
+            .is_held()
+    );
     h.sleep(STEP).await;
-    assert!(h.store.exists(&k).await.unwrap(), "alive after 0.25 s");
+    assert!(
+        h.store.exists(&k).await.unwrap().is_held(),
+        "alive after 0.25 s"
+    );
     h.sleep(2 * STEP).await;
-    assert!(!h.store.exists(&k).await.unwrap(), "gone after 0.75 s");
+    assert!(
+        !h.store.exists(&k).await.unwrap().is_held(),
+        "gone after 0.75 s"
+    );
     Outcome::Ran
 }
 
@@ -27,7 +40,7 @@ pub async fn tiny_put_off_raises_expired(h: Harness) -> Outcome {
     require!(h.caps().expiring, "locks do not expire");
     let r = h.resource("tiny");
     let k = h.key(&r);
-    h.store.save(&k, h.ttl).await.unwrap();
+    assert!(h.store.save(&k, h.ttl).await.unwrap().is_acquired());
     let err = h
         .store
         .put_off_expiration(&k, Duration::from_nanos(1))
@@ -35,9 +48,9 @@ pub async fn tiny_put_off_raises_expired(h: Harness) -> Outcome {
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Expired, "{err:?}");
     assert!(k.is_expired());
-    assert!(!h.store.exists(&k).await.unwrap(), "taken back");
+    assert!(!h.store.exists(&k).await.unwrap().is_held(), "taken back");
     let other = h.key(&r);
-    h.store.save(&other, h.ttl).await.unwrap();
+    assert!(h.store.save(&other, h.ttl).await.unwrap().is_acquired());
     h.store.delete(&other).await.unwrap();
     Outcome::Ran
 }
@@ -61,11 +74,16 @@ pub async fn refresh_keeps_alive_then_expires(h: Harness) -> Outcome {
         !lock.is_acquired().await.unwrap(),
         "expired once refreshes stopped"
     );
+    assert!(
+        lock.lost_reason().is_some(),
+        "and the lock knows it was lost"
+    );
     let err = lock.refresh(None).await.unwrap_err();
     assert!(
-        err.is_conflict(),
-        "an expired lock cannot be refreshed: {err:?}"
+        err.is_lost(),
+        "an expired lock cannot be refreshed, and is reported lost: {err:?}"
     );
+    assert_eq!(lock.release().await.unwrap(), Release::Lost);
     Outcome::Ran
 }
 
@@ -103,18 +121,22 @@ pub async fn pre_expired_key_stores_nothing(h: Harness) -> Outcome {
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Expired, "{err:?}");
-    assert!(!h.store.exists(&k).await.unwrap());
+    assert!(!h.store.exists(&k).await.unwrap().is_held());
     let other = h.key(&r);
-    h.store
-        .save(&other, Some(Duration::from_secs(10)))
-        .await
-        .unwrap();
+    assert!(
+        h.store
+            .save(&other, Some(Duration::from_secs(10)))
+            .await
+            .unwrap()
+            .is_acquired()
+    );
     h.store.delete(&other).await.unwrap();
     Outcome::Ran
 }
 
 /// A reader whose entry expired while another reader keeps the resource alive cannot revive
-/// itself with a refresh (the Python peer's DEF-4).
+/// itself with a refresh (the Python peer's refresh revives it): the store says it expired, and
+/// the lock reports the lock lost.
 pub async fn expired_reader_cannot_revive_itself(h: Harness) -> Outcome {
     require!(h.caps().expiring, "locks do not expire");
     require!(h.caps().shared, "no shared locks");
@@ -128,7 +150,15 @@ pub async fn expired_reader_cannot_revive_itself(h: Harness) -> Outcome {
         .refresh(Some(Duration::from_secs(10)))
         .await
         .unwrap_err();
-    assert!(err.is_conflict(), "{err:?}");
+    assert!(err.is_lost(), "{err:?}");
+    assert_eq!(err.lost_reason(), Some(LostReason::Expired), "{err}");
+    assert!(
+        matches!(
+            h.store.exists(short.key()).await.unwrap(),
+            Holding::NotHeld(LostReason::TakenOver | LostReason::Removed)
+        ),
+        "the stale entry is gone, not kept as expired"
+    );
     assert!(!short.is_acquired().await.unwrap());
     assert!(long.is_acquired().await.unwrap());
     long.release().await.unwrap();
@@ -152,8 +182,8 @@ pub async fn waiter_takes_over_an_abandoned_lock(h: Harness) -> Outcome {
     Outcome::Ran
 }
 
-/// A waiter that waits longer than the ttl still gets a full lease when it wins (Symfony's W2,
-/// the Python peer's DEF-7).
+/// A waiter that waits longer than the ttl still gets a full lease when it wins (Symfony and the
+/// Python peer start the lease when the wait begins).
 pub async fn long_wait_ends_with_a_full_lease(h: Harness) -> Outcome {
     require!(h.caps().expiring, "locks do not expire");
     let ttl = Duration::from_millis(600);

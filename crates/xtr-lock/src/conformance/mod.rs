@@ -25,7 +25,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::clock::{Clock, MonotonicClock};
+use crate::clock::{BoxFuture, Clock, MonotonicClock};
 use crate::factory::LockFactory;
 use crate::key::Key;
 use crate::lock::Lock;
@@ -33,13 +33,19 @@ use crate::store::{Capabilities, Store};
 
 mod basic;
 mod expiring;
+mod loss;
 mod shared;
 mod waiting;
 
 pub use basic::*;
 pub use expiring::*;
+pub use loss::*;
 pub use shared::*;
 pub use waiting::*;
+
+/// Takes a holder's lock away behind its back, as an outsider would (an operator deleting the
+/// Redis key, someone removing the lock file). See [`Harness::with_sabotage`].
+pub type Sabotage = Arc<dyn Fn(Key) -> BoxFuture<'static, ()> + Send + Sync>;
 
 /// What a scenario runs against: a store, and the clock its keys use.
 #[derive(Clone)]
@@ -57,6 +63,7 @@ pub struct Harness {
     pub ttl: Option<Duration>,
     /// Whatever must live as long as the harness: a temporary directory, a server process.
     keep_alive: Vec<Arc<dyn std::any::Any + Send + Sync>>,
+    sabotage: Option<Sabotage>,
 }
 
 impl Harness {
@@ -77,7 +84,41 @@ impl Harness {
             ttl,
             patience: Duration::from_secs(10),
             keep_alive: Vec::new(),
+            sabotage: None,
         }
+    }
+
+    /// Says how to take a holder's lock away behind its back on this store (flock: remove or
+    /// replace the lock file). Without it, stores whose keys travel lose a lock to a
+    /// deserialized copy of the key deleting it, and the loss scenarios do not apply to others.
+    pub fn with_sabotage(
+        mut self,
+        sabotage: impl Fn(Key) -> BoxFuture<'static, ()> + Send + Sync + 'static,
+    ) -> Self {
+        self.sabotage = Some(Arc::new(sabotage));
+        self
+    }
+
+    /// How to take a holder's lock away behind its back, if there is a way.
+    pub fn sabotage(&self) -> Option<Sabotage> {
+        if let Some(s) = &self.sabotage {
+            return Some(s.clone());
+        }
+        if !self.caps().serializable_keys {
+            return None;
+        }
+        let store = self.store.clone();
+        let clock = self.clock.clone();
+        Some(Arc::new(move |key: Key| {
+            let store = store.clone();
+            let clock = clock.clone();
+            Box::pin(async move {
+                let copy =
+                    Key::from_json_with_clock(&key.to_json().expect("a key that travels"), clock)
+                        .expect("a key that reads back");
+                store.delete(&copy).await.expect("the copy deletes");
+            })
+        }))
     }
 
     /// Keeps `thing` (a temporary directory, a server) alive as long as the harness.
@@ -210,6 +251,12 @@ macro_rules! conformance_tests {
             sole_reader_promotes,
             writer_demotes_and_a_reader_joins,
             read_falls_back_to_write_without_shared_locks,
+            a_travelled_reader_keeps_its_read_lock_when_promotion_is_refused,
+            // loss
+            a_lock_lost_behind_its_holders_back_is_reported,
+            a_body_whose_lock_is_lost_does_not_succeed,
+            guards_and_scopes_keep_an_expiring_lock_alive,
+            without_renewal_a_scope_ends_when_its_lock_expires,
             // expiring
             put_off_lock_expires,
             tiny_put_off_raises_expired,

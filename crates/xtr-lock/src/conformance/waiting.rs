@@ -10,6 +10,7 @@ use super::{Harness, Outcome, require};
 use crate::clock::ManualClock;
 use crate::factory::LockFactory;
 use crate::key::Mode;
+use crate::lockable::Lockable as _;
 
 /// Lets spawned waiters reach their wait: a real-time pause, never a correctness condition.
 const SETTLE: Duration = Duration::from_millis(50);
@@ -20,7 +21,7 @@ pub async fn native_wait_returns_after_release(h: Harness) -> Outcome {
     require!(h.caps().blocking, "no native wait");
     let r = h.resource("native-wait");
     let (holder, waiter) = (h.key(&r), h.key(&r));
-    h.store.save(&holder, h.ttl).await.unwrap();
+    assert!(h.store.save(&holder, h.ttl).await.unwrap().is_acquired());
     let store = h.store.clone();
     let w = waiter.clone();
     let wait = tokio::spawn(async move { store.wait_and_save(&w, h.ttl).await });
@@ -30,11 +31,13 @@ pub async fn native_wait_returns_after_release(h: Harness) -> Outcome {
         "the waiter waits while the lock is held"
     );
     h.store.delete(&holder).await.unwrap();
-    h.within("the native wait returns", wait)
+    let saved = h
+        .within("the native wait returns", wait)
         .await
         .unwrap()
         .unwrap();
-    assert!(h.store.exists(&waiter).await.unwrap());
+    assert!(saved.is_acquired(), "{saved:?}");
+    assert!(h.store.exists(&waiter).await.unwrap().is_held());
     h.store.delete(&waiter).await.unwrap();
     Outcome::Ran
 }
@@ -45,7 +48,7 @@ pub async fn cancelled_native_wait_holds_nothing(h: Harness) -> Outcome {
     require!(h.caps().blocking, "no native wait");
     let r = h.resource("native-cancel");
     let (holder, waiter) = (h.key(&r), h.key(&r));
-    h.store.save(&holder, h.ttl).await.unwrap();
+    assert!(h.store.save(&holder, h.ttl).await.unwrap().is_acquired());
     let timed_out = tokio::time::timeout(SETTLE, h.store.wait_and_save(&waiter, h.ttl)).await;
     assert!(
         timed_out.is_err(),
@@ -54,11 +57,11 @@ pub async fn cancelled_native_wait_holds_nothing(h: Harness) -> Outcome {
     h.store.delete(&holder).await.unwrap();
     tokio::time::sleep(SETTLE).await;
     assert!(
-        !h.store.exists(&waiter).await.unwrap(),
+        !h.store.exists(&waiter).await.unwrap().is_held(),
         "the cancelled waiter holds nothing"
     );
     let third = h.key(&r);
-    h.store.save(&third, h.ttl).await.unwrap();
+    assert!(h.store.save(&third, h.ttl).await.unwrap().is_acquired());
     h.store.delete(&third).await.unwrap();
     Outcome::Ran
 }
@@ -69,17 +72,19 @@ pub async fn native_read_wait_returns_after_writer_release(h: Harness) -> Outcom
     require!(h.caps().blocking_shared, "no native read wait");
     let r = h.resource("native-read-wait");
     let (writer, reader) = (h.key(&r), h.key(&r));
-    h.store.save(&writer, h.ttl).await.unwrap();
+    assert!(h.store.save(&writer, h.ttl).await.unwrap().is_acquired());
     let store = h.store.clone();
     let rd = reader.clone();
     let wait = tokio::spawn(async move { store.wait_and_save_read(&rd, h.ttl).await });
     tokio::time::sleep(SETTLE).await;
     assert!(!wait.is_finished(), "the reader waits for the writer");
     h.store.delete(&writer).await.unwrap();
-    h.within("the native read wait returns", wait)
+    let saved = h
+        .within("the native read wait returns", wait)
         .await
         .unwrap()
         .unwrap();
+    assert!(saved.is_acquired(), "{saved:?}");
     h.store.delete(&reader).await.unwrap();
     Outcome::Ran
 }
@@ -90,13 +95,15 @@ pub async fn readers_do_not_wait_for_each_other(h: Harness) -> Outcome {
     require!(h.caps().blocking_shared, "no native read wait");
     let r = h.resource("readers-no-wait");
     let (a, b) = (h.key(&r), h.key(&r));
-    h.store.save_read(&a, h.ttl).await.unwrap();
-    h.within(
-        "a second reader gets in",
-        h.store.wait_and_save_read(&b, h.ttl),
-    )
-    .await
-    .unwrap();
+    assert!(h.store.save_read(&a, h.ttl).await.unwrap().is_acquired());
+    let saved = h
+        .within(
+            "a second reader gets in",
+            h.store.wait_and_save_read(&b, h.ttl),
+        )
+        .await
+        .unwrap();
+    assert!(saved.is_acquired(), "{saved:?}");
     h.store.delete(&a).await.unwrap();
     h.store.delete(&b).await.unwrap();
     Outcome::Ran
@@ -254,7 +261,7 @@ pub async fn cancellation_at_random_points_leaves_nothing(h: Harness) -> Outcome
                     "round {i}: cancelled waiter holds"
                 );
                 assert!(
-                    !h.store.exists(waiter.key()).await.unwrap(),
+                    !h.store.exists(waiter.key()).await.unwrap().is_held(),
                     "round {i}: stored"
                 );
             }

@@ -10,24 +10,29 @@
 //!   you do not support on their default, which returns an
 //!   [`Unsupported`](crate::ErrorKind::Unsupported) error.
 //! - Identify holders by the state on the [`Key`] ([`Key::token`]), never by the resource.
-//! - Report "held by someone else" (and "no longer held by this holder") as
-//!   [`Error::conflict`]. Where you know when the current holders' lifetimes end, attach it
-//!   with [`Error::with_retry_after`] so waiters retry at that moment.
+//! - Answer with outcomes, not errors: a save refused because someone else holds the lock is
+//!   [`Saved::Conflict`] (saying when the current holders' leases end, if you know, and what the
+//!   holder still holds); [`exists`](Store::exists) and
+//!   [`put_off_expiration`](Store::put_off_expiration) say the mode held or why nothing is
+//!   ([`Holding`]). [`Error`] is for failures.
+//! - What a holder keeps while it holds beyond its token (an open file, a connection, a lease)
+//!   goes in a handle on the key ([`Key::handle`]), under your store's [`HandleOwner`]: torn
+//!   down by `delete`, and by its own `Drop` when the key goes (see `docs/holders-and-loss.md`).
+//! - Where you can see a holder's lock go (a closed connection, a replaced file), say so with
+//!   [`watch_loss`](Store::watch_loss) and `observes_loss`.
 //! - With lifetimes: shorten the key's lifetime ([`Key::reduce_lifetime`]) **before** the round
 //!   trip, and call [`check_expiry`] once the store has confirmed.
 //! - `Display` is a short id without credentials; errors name the store by it.
 //! - Run the conformance suite (feature `conformance`) on your store.
 
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
+#[cfg(unix)]
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use crate::clock::BoxFuture;
 use crate::error::{Error, Result};
-use crate::key::{Key, Mode};
+use crate::key::Key;
 
 mod channels;
 mod combined;
@@ -35,6 +40,8 @@ mod combined;
 mod flock;
 mod memory;
 mod null;
+mod outcome;
+mod watch;
 
 /// Re-exported so store implementors need no direct dependency on `async-trait`.
 pub use async_trait::async_trait;
@@ -46,14 +53,20 @@ pub use combined::{CombinedStore, ConsensusStrategy, Strategy, UnanimousStrategy
 pub use flock::FlockStore;
 pub use memory::InMemoryStore;
 pub use null::NullStore;
+pub use outcome::{Acquired, Conflict, HolderInfo, Holding, Saved};
 #[cfg(feature = "redis")]
 pub use redis::RedisStore;
+pub use watch::{LossWatcher, Watcher};
+
+pub use crate::error::LostReason;
+pub use crate::key::HandleOwner;
 
 /// What a store does natively. Plain booleans, as OpenDAL does it.
 ///
 /// The [`Lock`](crate::Lock) emulates what is missing: it polls when there is no native wait,
-/// falls back to an exclusive lock when there are no shared locks, and polls only as a safety
-/// net when the store [notifies](Capabilities::notifies) of changes.
+/// falls back to an exclusive lock when there are no shared locks, polls only as a safety net
+/// when the store [notifies](Capabilities::notifies) of changes, and renews or polls to find a
+/// lost lock when the store does not [observe loss](Capabilities::observes_loss).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Capabilities {
@@ -77,125 +90,20 @@ pub struct Capabilities {
     pub serializable_keys: bool,
     /// [`Store::holders`] tells who holds a resource.
     pub introspection: bool,
-}
-
-/// Someone holding a resource, as far as the store can tell (see [`Store::holders`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct HolderInfo {
-    /// The mode it holds the resource in.
-    pub mode: Mode,
-    /// The process holding it, when the store knows (flock: from `/proc/locks`).
-    pub pid: Option<u32>,
-    /// The lifetime left, on stores with expiry.
-    pub remaining: Option<Duration>,
-    /// Which holder it is, where the store knows its token: 12 hex digits of the token's
-    /// SHA-256, the same in every store of one kind (a Redis quorum's members agree on it) and
-    /// safe to show, since it does not give the token away. [`Key::holder_id`] gives a key's.
-    pub id: Option<String>,
-}
-
-impl HolderInfo {
-    /// A holder in `mode`.
-    pub fn new(mode: Mode, pid: Option<u32>, remaining: Option<Duration>) -> Self {
-        HolderInfo {
-            mode,
-            pid,
-            remaining,
-            id: None,
-        }
-    }
-
-    /// The holder whose token is `token` (sets [`id`](HolderInfo::id) to its digest).
-    pub fn with_token(mut self, token: &str) -> Self {
-        self.id = Some(crate::key::token_id(token));
-        self
-    }
-}
-
-/// What a successful save reports.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Acquired {
-    /// The fencing token of this exclusive acquisition, where the store gives one. A re-save by
-    /// the holder that already writes keeps its token.
-    pub fencing_token: Option<u64>,
-}
-
-impl Acquired {
-    /// An acquisition without a fencing token.
-    pub fn new() -> Self {
-        Acquired::default()
-    }
-
-    /// An acquisition with a fencing token.
-    pub fn fenced(token: u64) -> Self {
-        Acquired {
-            fencing_token: Some(token),
-        }
-    }
-}
-
-/// A one-shot notification that something changed on a resource (a release, a demotion, an
-/// expiry the store noticed).
-///
-/// It is registered when [`Store::watch`] returns, so a change that happens between that moment
-/// and the moment it is awaited is not lost. It may also complete spuriously: waiters always try
-/// again and watch again.
-///
-/// A watcher either sees **every** release ([`Watcher::new`]: the lock then does not poll), or
-/// only some ([`Watcher::best_effort`]: for example Redis, where peers in other languages release
-/// without publishing; the lock then keeps polling as a safety net).
-#[must_use = "a watcher does nothing unless awaited"]
-pub struct Watcher {
-    fut: BoxFuture<'static, ()>,
-    complete: bool,
-}
-
-impl Watcher {
-    /// Wraps a future that completes on the next change; the store observes every release.
-    pub fn new(fut: impl Future<Output = ()> + Send + 'static) -> Self {
-        Watcher {
-            fut: Box::pin(fut),
-            complete: true,
-        }
-    }
-
-    /// Wraps a future that completes on the next change the store happens to observe; some
-    /// releases go unseen, so waiters also poll.
-    pub fn best_effort(fut: impl Future<Output = ()> + Send + 'static) -> Self {
-        Watcher {
-            fut: Box::pin(fut),
-            complete: false,
-        }
-    }
-
-    /// Whether every release on the resource completes this watcher.
-    pub fn sees_every_release(&self) -> bool {
-        self.complete
-    }
-}
-
-impl Future for Watcher {
-    type Output = ();
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        self.fut.as_mut().poll(cx)
-    }
-}
-
-impl fmt::Debug for Watcher {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Watcher")
-            .field("sees_every_release", &self.complete)
-            .finish_non_exhaustive()
-    }
+    /// A holder that dies (its process, or the connection or session that holds the lock) frees
+    /// the lock at once. Without it, a dead holder's lock is free when its ttl runs out.
+    pub liveness: bool,
+    /// [`Store::watch_loss`] reports a lost lock (deleted, taken over, its file replaced, its
+    /// connection closed) as it happens. Without it, a loss is found by the next refresh or
+    /// check; expiry is always found by renewal.
+    pub observes_loss: bool,
 }
 
 /// Where locks live. Object-safe: locks hold an `Arc<dyn Store>`.
 ///
-/// Every method is called with the holder's [`Key`]; conflicts are
-/// [`ErrorKind::Conflict`](crate::ErrorKind::Conflict) errors at this level (the
-/// [`Lock`](crate::Lock) turns them into `Ok(false)` where the caller asked not to wait).
+/// Every method is called with the holder's [`Key`]. Outcomes are values ([`Saved`],
+/// [`Holding`]); errors are failures of the store (the [`Lock`](crate::Lock) turns a refused
+/// attempt into `Ok(false)` where the caller asked not to wait).
 ///
 /// # Cancel safety
 ///
@@ -211,34 +119,38 @@ pub trait Store: Send + Sync + fmt::Debug + fmt::Display + 'static {
     /// expiring stores (one round trip), ignored by the others; `None` means the store's
     /// default.
     ///
+    /// Someone else holding the resource is [`Saved::Conflict`], saying what the holder still
+    /// holds (a reader that cannot promote keeps its read lock).
+    ///
     /// # Errors
     ///
-    /// A conflict when someone else holds the resource (a reader that cannot promote keeps its
-    /// read lock); an expiry if the key's lifetime ran out before the store confirmed.
+    /// An expiry if the key's lifetime ran out before the store confirmed (what was stored is
+    /// taken back); a storage error when the store failed.
     ///
     /// # Cancel safety
     ///
     /// Dropped mid-flight, the lock may or may not have been stored; a `delete` for the same key
     /// must then remove it. The [`Lock`](crate::Lock) relies on that to take it back.
-    async fn save(&self, key: &Key, ttl: Option<Duration>) -> Result<Acquired>;
+    async fn save(&self, key: &Key, ttl: Option<Duration>) -> Result<Saved>;
 
     /// Takes a read lock for `key`, joins the current readers, or demotes the holder's write
-    /// lock.
+    /// lock. Refused ([`Saved::Conflict`]) when another holder writes.
     ///
     /// # Errors
     ///
-    /// A conflict when another holder writes; `Unsupported` without shared locks.
+    /// As [`save`](Store::save); `Unsupported` without shared locks.
     ///
     /// # Cancel safety
     ///
     /// Dropped mid-flight, the lock may or may not have been stored; a `delete` for the same key
     /// must then remove it. The [`Lock`](crate::Lock) relies on that to take it back.
-    async fn save_read(&self, key: &Key, ttl: Option<Duration>) -> Result<Acquired> {
+    async fn save_read(&self, key: &Key, ttl: Option<Duration>) -> Result<Saved> {
         let _ = ttl;
         Err(self.unsupported(key, "shared locks"))
     }
 
-    /// Waits natively until the write lock is taken for `key`.
+    /// Waits natively until the write lock is taken for `key`. A [`Saved::Conflict`] only when
+    /// the wait cannot go on (the holder lost the read lock it was promoting).
     ///
     /// # Errors
     ///
@@ -248,7 +160,7 @@ pub trait Store: Send + Sync + fmt::Debug + fmt::Display + 'static {
     ///
     /// Dropped while waiting, it must hold nothing and leave no waiter state behind; dropped
     /// after taking the lock, `delete` for the same key must remove it.
-    async fn wait_and_save(&self, key: &Key, ttl: Option<Duration>) -> Result<Acquired> {
+    async fn wait_and_save(&self, key: &Key, ttl: Option<Duration>) -> Result<Saved> {
         let _ = ttl;
         Err(self.unsupported(key, "native blocking waits"))
     }
@@ -263,26 +175,33 @@ pub trait Store: Send + Sync + fmt::Debug + fmt::Display + 'static {
     ///
     /// Dropped while waiting, it must hold nothing and leave no waiter state behind; dropped
     /// after taking the lock, `delete` for the same key must remove it.
-    async fn wait_and_save_read(&self, key: &Key, ttl: Option<Duration>) -> Result<Acquired> {
+    async fn wait_and_save_read(&self, key: &Key, ttl: Option<Duration>) -> Result<Saved> {
         let _ = ttl;
         Err(self.unsupported(key, "native blocking read waits"))
     }
 
     /// Extends the lifetime of what `key` holds to `ttl` from now. On stores without expiry it
-    /// only checks that the holder still holds.
+    /// only checks that the holder still holds. Answers the mode held, or why nothing is
+    /// ([`Holding::NotHeld`]: never held, released, expired, taken over); an expired entry is
+    /// never revived.
     ///
     /// # Errors
     ///
-    /// A conflict when the holder does not hold (never did, released, expired, taken over).
+    /// An expiry if the new lifetime ran out before the store confirmed; a storage error when
+    /// the store failed.
     ///
     /// # Cancel safety
     ///
     /// Dropped mid-flight, the lock keeps either its old or its new lifetime.
-    async fn put_off_expiration(&self, key: &Key, ttl: Duration) -> Result<()>;
+    async fn put_off_expiration(&self, key: &Key, ttl: Duration) -> Result<Holding>;
 
-    /// Releases what `key` holds on its resource, in either mode. Returns whether something was
-    /// removed: `false` when the holder held nothing (never held, released, or lost it).
-    /// Never touches another holder's lock.
+    /// Releases what `key` holds on its resource, in either mode, and tears down the holder's
+    /// handle. Returns whether a live lock was removed: `false` when the holder held nothing
+    /// (never held, released, or lost it). Never touches another holder's lock.
+    ///
+    /// # Errors
+    ///
+    /// A storage error when the store failed.
     ///
     /// # Cancel safety
     ///
@@ -290,21 +209,46 @@ pub trait Store: Send + Sync + fmt::Debug + fmt::Display + 'static {
     /// harmless.
     async fn delete(&self, key: &Key) -> Result<bool>;
 
-    /// Whether `key` holds its resource (either mode), without changing anything.
+    /// Whether `key` holds its resource, in which mode, or why not; changes nothing.
+    ///
+    /// # Errors
+    ///
+    /// A storage error when the store failed.
     ///
     /// # Cancel safety
     ///
     /// Must be cancel-safe: it changes nothing.
-    async fn exists(&self, key: &Key) -> Result<bool>;
+    async fn exists(&self, key: &Key) -> Result<Holding>;
 
     /// Registers interest in the next change on `resource`. `Ok(None)` when the store cannot
     /// observe changes (the Lock then polls).
+    ///
+    /// # Errors
+    ///
+    /// A storage error when registering failed.
     ///
     /// # Cancel safety
     ///
     /// Dropped mid-flight, nothing is registered; a dropped [`Watcher`] unregisters itself.
     async fn watch(&self, resource: &str) -> Result<Option<Watcher>> {
         let _ = resource;
+        Ok(None)
+    }
+
+    /// Registers interest in the loss of `key`'s lock: the returned [`LossWatcher`] completes
+    /// when the store sees that the holder no longer holds (also after its own release).
+    /// `Ok(None)` (the default) when the store cannot see a lock go; the
+    /// [`Lock`](crate::Lock) then finds out by renewing or checking.
+    ///
+    /// # Errors
+    ///
+    /// A storage error when registering failed.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped mid-flight, nothing is registered; a dropped [`LossWatcher`] unregisters itself.
+    async fn watch_loss(&self, key: &Key) -> Result<Option<LossWatcher>> {
+        let _ = key;
         Ok(None)
     }
 
@@ -325,6 +269,10 @@ pub trait Store: Send + Sync + fmt::Debug + fmt::Display + 'static {
 
     /// The fencing counter behind `resource`'s tokens: every later exclusive acquisition gets a
     /// larger token. `Ok(None)` for stores without fencing.
+    ///
+    /// # Errors
+    ///
+    /// A storage error when the store failed.
     ///
     /// # Cancel safety
     ///
@@ -353,6 +301,20 @@ pub trait Store: Send + Sync + fmt::Debug + fmt::Display + 'static {
         Ok(())
     }
 
+    /// Descriptors that hold `key`'s lock for as long as any process keeps one open, for a
+    /// parent handing its lock to a child process (`xtr-lock run` on flock, as `flock(1)`
+    /// does): duplicates, with close-on-exec set. `Ok(None)` (the default) when the lock cannot
+    /// outlive this process that way (it is a token on a server, or it dies with a connection).
+    ///
+    /// # Errors
+    ///
+    /// A storage error when a descriptor could not be duplicated.
+    #[cfg(unix)]
+    fn inheritable_descriptors(&self, key: &Key) -> Result<Option<Vec<OwnedFd>>> {
+        let _ = key;
+        Ok(None)
+    }
+
     /// An `Unsupported` error about `what`, naming this store and the key's resource.
     #[doc(hidden)]
     fn unsupported(&self, key: &Key, what: &str) -> Error {
@@ -377,8 +339,8 @@ pub trait Store: Send + Sync + fmt::Debug + fmt::Display + 'static {
 pub async fn check_expiry(store: &(impl Store + ?Sized), key: &Key) -> Result<()> {
     if key.is_expired() {
         if let Err(err) = store.delete(key).await {
-            tracing::debug!(target: "xtr_lock", resource = key.resource(), error = %err,
-                "failed to take back an expired lock");
+            tracing::debug!(target: crate::logging::TARGET, resource = key.resource(),
+                error = %err, "failed to take back an expired lock");
         }
         return Err(Error::expired(key.resource()).with_store(store));
     }
@@ -393,29 +355,32 @@ macro_rules! forward_store {
             fn capabilities(&self) -> Capabilities {
                 (**self).capabilities()
             }
-            async fn save(&self, key: &Key, ttl: Option<Duration>) -> Result<Acquired> {
+            async fn save(&self, key: &Key, ttl: Option<Duration>) -> Result<Saved> {
                 (**self).save(key, ttl).await
             }
-            async fn save_read(&self, key: &Key, ttl: Option<Duration>) -> Result<Acquired> {
+            async fn save_read(&self, key: &Key, ttl: Option<Duration>) -> Result<Saved> {
                 (**self).save_read(key, ttl).await
             }
-            async fn wait_and_save(&self, key: &Key, ttl: Option<Duration>) -> Result<Acquired> {
+            async fn wait_and_save(&self, key: &Key, ttl: Option<Duration>) -> Result<Saved> {
                 (**self).wait_and_save(key, ttl).await
             }
-            async fn wait_and_save_read(&self, key: &Key, ttl: Option<Duration>) -> Result<Acquired> {
+            async fn wait_and_save_read(&self, key: &Key, ttl: Option<Duration>) -> Result<Saved> {
                 (**self).wait_and_save_read(key, ttl).await
             }
-            async fn put_off_expiration(&self, key: &Key, ttl: Duration) -> Result<()> {
+            async fn put_off_expiration(&self, key: &Key, ttl: Duration) -> Result<Holding> {
                 (**self).put_off_expiration(key, ttl).await
             }
             async fn delete(&self, key: &Key) -> Result<bool> {
                 (**self).delete(key).await
             }
-            async fn exists(&self, key: &Key) -> Result<bool> {
+            async fn exists(&self, key: &Key) -> Result<Holding> {
                 (**self).exists(key).await
             }
             async fn watch(&self, resource: &str) -> Result<Option<Watcher>> {
                 (**self).watch(resource).await
+            }
+            async fn watch_loss(&self, key: &Key) -> Result<Option<LossWatcher>> {
+                (**self).watch_loss(key).await
             }
             async fn holders(&self, resource: &str) -> Result<Vec<HolderInfo>> {
                 (**self).holders(resource).await
@@ -425,6 +390,10 @@ macro_rules! forward_store {
             }
             async fn close(&self) -> Result<()> {
                 (**self).close().await
+            }
+            #[cfg(unix)]
+            fn inheritable_descriptors(&self, key: &Key) -> Result<Option<Vec<OwnedFd>>> {
+                (**self).inheritable_descriptors(key)
             }
             fn unsupported(&self, key: &Key, what: &str) -> Error {
                 (**self).unsupported(key, what)

@@ -5,18 +5,18 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::{Acquired, Capabilities, Store};
-use crate::error::Result;
-use crate::key::Key;
+use super::{Acquired, Capabilities, Holding, Saved, Store};
+use crate::error::{LostReason, Result};
+use crate::key::{Key, Mode};
 
 /// A store that locks nothing: every save and wait succeeds at once for every holder, put-off
-/// and delete do nothing, and [`exists`](Store::exists) is always `false`.
+/// succeeds and delete does nothing, and [`exists`](Store::exists) always says "not held".
 ///
 /// For turning locking off by configuration (`null` DSN) while keeping the code that locks.
 ///
 /// A [`Lock`](crate::Lock) on it therefore acquires (`true`, blocking too) but
-/// [`is_acquired`](crate::Lock::is_acquired) answers `false`, and a scoped exit never calls
-/// delete. This asymmetry with [`NoLock`](crate::NoLock), whose `is_acquired` is `true`, is the
+/// [`is_acquired`](crate::Lockable::is_acquired) answers `false`; it is never lost, and its
+/// release always says [`Released`](crate::Release::Released). This asymmetry with [`NoLock`](crate::NoLock), whose `is_acquired` is `true`, is the
 /// Python peer's, kept on purpose: `NoLock` pretends to be a held lock, `NullStore` is a store
 /// that holds nothing.
 ///
@@ -60,42 +60,44 @@ impl Store for NullStore {
             notifies: false,
             serializable_keys: true,
             introspection: false,
+            liveness: false,
+            observes_loss: false,
         }
     }
 
     /// # Cancel safety
     ///
     /// Cancel-safe: does nothing.
-    async fn save(&self, _key: &Key, _ttl: Option<Duration>) -> Result<Acquired> {
-        Ok(Acquired::new())
+    async fn save(&self, _key: &Key, _ttl: Option<Duration>) -> Result<Saved> {
+        Ok(Saved::Acquired(Acquired::new()))
     }
 
     /// # Cancel safety
     ///
     /// Cancel-safe: does nothing.
-    async fn save_read(&self, _key: &Key, _ttl: Option<Duration>) -> Result<Acquired> {
-        Ok(Acquired::new())
+    async fn save_read(&self, _key: &Key, _ttl: Option<Duration>) -> Result<Saved> {
+        Ok(Saved::Acquired(Acquired::new()))
     }
 
     /// # Cancel safety
     ///
     /// Cancel-safe: completes at once and does nothing.
-    async fn wait_and_save(&self, _key: &Key, _ttl: Option<Duration>) -> Result<Acquired> {
-        Ok(Acquired::new())
+    async fn wait_and_save(&self, _key: &Key, _ttl: Option<Duration>) -> Result<Saved> {
+        Ok(Saved::Acquired(Acquired::new()))
     }
 
     /// # Cancel safety
     ///
     /// Cancel-safe: completes at once and does nothing.
-    async fn wait_and_save_read(&self, _key: &Key, _ttl: Option<Duration>) -> Result<Acquired> {
-        Ok(Acquired::new())
+    async fn wait_and_save_read(&self, _key: &Key, _ttl: Option<Duration>) -> Result<Saved> {
+        Ok(Saved::Acquired(Acquired::new()))
     }
 
     /// # Cancel safety
     ///
     /// Cancel-safe: does nothing.
-    async fn put_off_expiration(&self, _key: &Key, _ttl: Duration) -> Result<()> {
-        Ok(())
+    async fn put_off_expiration(&self, _key: &Key, _ttl: Duration) -> Result<Holding> {
+        Ok(Holding::Held(Mode::Write))
     }
 
     /// # Cancel safety
@@ -108,7 +110,7 @@ impl Store for NullStore {
     /// # Cancel safety
     ///
     /// Cancel-safe: does nothing.
-    async fn exists(&self, _key: &Key) -> Result<bool> {
-        Ok(false)
+    async fn exists(&self, _key: &Key) -> Result<Holding> {
+        Ok(Holding::NotHeld(LostReason::Removed))
     }
 }

@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::sync::Semaphore;
-use xtr_lock::store::{Acquired, Capabilities, HolderInfo, Watcher};
-use xtr_lock::{Error, Key, ManualClock, Result, Store};
+use xtr_lock::store::{Capabilities, Conflict, HolderInfo, Holding, LossWatcher, Saved, Watcher};
+use xtr_lock::{Error, Key, LostReason, ManualClock, Result, Store};
 
 /// Where an injected error strikes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,6 +33,8 @@ pub enum When {
 struct Script {
     ops: Vec<String>,
     errors: HashMap<&'static str, VecDeque<(When, Error)>>,
+    /// Answers given instead of the store's: a save refused, a put-off that finds nothing.
+    refusals: HashMap<&'static str, VecDeque<LostReason>>,
     /// Operations whose reply is held after the store applied them, until `release_replies`.
     hold: Vec<&'static str>,
     /// Operations held before the store applies them, until `release_replies`.
@@ -100,6 +102,19 @@ impl<S: Store> Scripted<S> {
             .entry(op)
             .or_default()
             .push_back((when, err));
+    }
+
+    /// The next call of `op` (a save or a wait: refused; `put_off` or `exists`: not held, for
+    /// `why`) is answered without reaching the store, as if someone else held the lock.
+    pub fn refuse_next(&self, op: &'static str, why: LostReason) {
+        self.script().refusals.entry(op).or_default().push_back(why);
+    }
+
+    fn refusal(&self, op: &'static str) -> Option<LostReason> {
+        self.script()
+            .refusals
+            .get_mut(op)
+            .and_then(VecDeque::pop_front)
     }
 
     /// Replies of `op` are held after the store applied it, until `release_replies`.
@@ -171,12 +186,7 @@ impl<S: Store> Scripted<S> {
         }
     }
 
-    async fn emulated_wait(
-        &self,
-        key: &Key,
-        ttl: Option<Duration>,
-        read: bool,
-    ) -> Result<Acquired> {
+    async fn emulated_wait(&self, key: &Key, ttl: Option<Duration>, read: bool) -> Result<Saved> {
         loop {
             let watcher = self.inner.watch(key.resource()).await?;
             let saved = if read {
@@ -185,7 +195,7 @@ impl<S: Store> Scripted<S> {
                 self.inner.save(key, ttl).await
             };
             match saved {
-                Err(e) if e.is_conflict() => match watcher {
+                Ok(Saved::Conflict(_)) => match watcher {
                     Some(w) => w.await,
                     None => tokio::time::sleep(Duration::from_millis(5)).await,
                 },
@@ -216,17 +226,33 @@ impl<S: Store> Store for Scripted<S> {
     fn capabilities(&self) -> Capabilities {
         (self.caps)(self.inner.capabilities())
     }
-    async fn save(&self, key: &Key, ttl: Option<Duration>) -> Result<Acquired> {
+    async fn save(&self, key: &Key, ttl: Option<Duration>) -> Result<Saved> {
+        if self.refusal("save").is_some() {
+            self.script().ops.push(format!("save({})", ttl_detail(ttl)));
+            return Ok(Saved::Conflict(Conflict::new()));
+        }
         self.call("save", ttl_detail(ttl), self.inner.save(key, ttl))
             .await
     }
-    async fn save_read(&self, key: &Key, ttl: Option<Duration>) -> Result<Acquired> {
+    async fn save_read(&self, key: &Key, ttl: Option<Duration>) -> Result<Saved> {
+        if self.refusal("save_read").is_some() {
+            self.script()
+                .ops
+                .push(format!("save_read({})", ttl_detail(ttl)));
+            return Ok(Saved::Conflict(Conflict::new()));
+        }
         self.call("save_read", ttl_detail(ttl), self.inner.save_read(key, ttl))
             .await
     }
-    async fn wait_and_save(&self, key: &Key, ttl: Option<Duration>) -> Result<Acquired> {
+    async fn wait_and_save(&self, key: &Key, ttl: Option<Duration>) -> Result<Saved> {
         if !self.capabilities().blocking {
             return Err(self.unsupported(key, "native blocking waits"));
+        }
+        if self.refusal("wait_and_save").is_some() {
+            self.script()
+                .ops
+                .push(format!("wait_and_save({})", ttl_detail(ttl)));
+            return Ok(Saved::Conflict(Conflict::new()));
         }
         self.call(
             "wait_and_save",
@@ -235,7 +261,7 @@ impl<S: Store> Store for Scripted<S> {
         )
         .await
     }
-    async fn wait_and_save_read(&self, key: &Key, ttl: Option<Duration>) -> Result<Acquired> {
+    async fn wait_and_save_read(&self, key: &Key, ttl: Option<Duration>) -> Result<Saved> {
         if !self.capabilities().blocking_shared {
             return Err(self.unsupported(key, "native blocking read waits"));
         }
@@ -246,7 +272,11 @@ impl<S: Store> Store for Scripted<S> {
         )
         .await
     }
-    async fn put_off_expiration(&self, key: &Key, ttl: Duration) -> Result<()> {
+    async fn put_off_expiration(&self, key: &Key, ttl: Duration) -> Result<Holding> {
+        if let Some(why) = self.refusal("put_off") {
+            self.script().ops.push(format!("put_off(ttl={ttl:?})"));
+            return Ok(Holding::NotHeld(why));
+        }
         self.call(
             "put_off",
             format!("ttl={ttl:?}"),
@@ -258,7 +288,7 @@ impl<S: Store> Store for Scripted<S> {
         self.call("delete", String::new(), self.inner.delete(key))
             .await
     }
-    async fn exists(&self, key: &Key) -> Result<bool> {
+    async fn exists(&self, key: &Key) -> Result<Holding> {
         self.call("exists", String::new(), self.inner.exists(key))
             .await
     }
@@ -271,6 +301,15 @@ impl<S: Store> Store for Scripted<S> {
     }
     async fn fencing_counter(&self, resource: &str) -> Result<Option<u64>> {
         self.inner.fencing_counter(resource).await
+    }
+    async fn watch_loss(&self, key: &Key) -> Result<Option<LossWatcher>> {
+        if !self.capabilities().observes_loss {
+            return Ok(None);
+        }
+        self.inner.watch_loss(key).await
+    }
+    fn inheritable_descriptors(&self, key: &Key) -> Result<Option<Vec<std::os::fd::OwnedFd>>> {
+        self.inner.inheritable_descriptors(key)
     }
     async fn watch(&self, resource: &str) -> Result<Option<Watcher>> {
         if !self.capabilities().notifies {

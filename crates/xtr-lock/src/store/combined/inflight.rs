@@ -13,7 +13,7 @@ use futures_util::stream::FuturesUnordered;
 
 use crate::clock::BoxFuture;
 use crate::error::Result;
-use crate::lock::TARGET;
+use crate::logging::TARGET;
 
 /// One member's answer to one request: the member's index and its result.
 pub(super) type Answer<T> = (usize, Result<T>);

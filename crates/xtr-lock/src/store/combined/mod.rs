@@ -5,19 +5,25 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+#[cfg(unix)]
+use std::os::fd::OwnedFd;
+
 use async_trait::async_trait;
 use futures_util::StreamExt as _;
 use futures_util::future::join_all;
 use futures_util::stream::FuturesUnordered;
 
-use super::{Acquired, Capabilities, HolderInfo, Store, Watcher};
+use super::{Capabilities, HolderInfo, Holding, LossWatcher, Saved, Store, Watcher};
 use crate::clock::BoxFuture;
 use crate::error::{Error, Result};
-use crate::key::{Key, Mode};
-use crate::lock::TARGET;
+use crate::key::Key;
+use crate::logging::TARGET;
 
+mod holders;
 mod inflight;
+mod ops;
 mod strategy;
+mod tally;
 
 use inflight::{Answer, Inflight, Pending};
 
@@ -45,7 +51,11 @@ fn drift(ttl: Duration) -> Duration {
 /// - Members of one kind share the holder's token (Redlock over several Redis servers sees one
 ///   holder); members that keep per-instance state (two flock stores on two directories) are
 ///   independent locks.
-/// - `save_read` falls back to `save` on members without shared locks.
+/// - `save_read` falls back to `save` on members without shared locks. A refused promotion puts
+///   the members that promoted back to reading, and the holder keeps its read lock where a
+///   quorum still has it.
+/// - A lock is lost when the members that still hold it can no longer meet the strategy:
+///   [`watch_loss`](Store::watch_loss) counts the members' own loss reports.
 ///
 /// # Guarantees
 ///
@@ -76,6 +86,7 @@ fn drift(ttl: Duration) -> Duration {
 /// ```no_run
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> xtr_lock::Result<()> {
 /// use std::time::Duration;
+/// use xtr_lock::Lockable as _;
 /// use xtr_lock::store::{CombinedStore, ConsensusStrategy};
 ///
 /// let store = CombinedStore::from_dsns(
@@ -112,19 +123,6 @@ impl CombinedStore {
         })
     }
 
-    /// A store over the stores `dsns` name (see [`StoreFactory`](crate::StoreFactory)).
-    ///
-    /// # Errors
-    ///
-    /// The first DSN that names no store, showing its scheme only; or no DSN at all.
-    pub fn from_dsns(dsns: &[&str], strategy: impl Strategy) -> Result<Self> {
-        let stores = dsns
-            .iter()
-            .map(|d| crate::StoreFactory::create_store(d))
-            .collect::<Result<Vec<_>>>()?;
-        Self::new(stores, strategy)
-    }
-
     fn expiring(&self) -> bool {
         self.stores.iter().any(|s| s.capabilities().expiring)
     }
@@ -132,14 +130,6 @@ impl CombinedStore {
     /// The members.
     pub fn stores(&self) -> &[Arc<dyn Store>] {
         &self.stores
-    }
-
-    fn conflict(&self, key: &Key, retry_after: Option<Duration>) -> Error {
-        let err = Error::conflict(key.resource()).with_store(self);
-        match retry_after {
-            Some(d) => err.with_retry_after(d),
-            None => err,
-        }
     }
 
     /// Asks every member at once with `op`; each member's request waits for that member's
@@ -213,91 +203,6 @@ impl CombinedStore {
         while pending.next().await.is_some() {}
         self.delete_everywhere(key).await;
     }
-
-    async fn save_mode(&self, key: &Key, ttl: Option<Duration>, read: bool) -> Result<Acquired> {
-        let n = self.stores.len();
-        // A holder changing mode (promotion, demotion) or re-saving must keep what it held if
-        // the quorum is missed: undo only the members that changed, never delete (DEF-2).
-        let held_before = key.held();
-        if let Some(ttl) = ttl.filter(|_| self.expiring()) {
-            key.reduce_lifetime(ttl.saturating_sub(drift(ttl)));
-        }
-        let mut pending = self
-            .ask_all(key, move |s, k| async move {
-                save_member(&s, &k, ttl, read).await
-            })
-            .await;
-        let mut answered = vec![false; n];
-        let (mut yes, mut no) = (Vec::new(), 0);
-        let mut retry_after: Option<Duration> = None;
-        let mut decided = false;
-        while let Some((i, result)) = pending.next().await {
-            answered[i] = true;
-            match result {
-                Ok(_) => yes.push(i),
-                Err(err) => {
-                    no += 1;
-                    if let Some(d) = err.retry_after() {
-                        retry_after = Some(retry_after.map_or(d, |r| r.min(d)));
-                    }
-                    tracing::debug!(target: TARGET, resource = key.resource(),
-                        store = %self.stores[i], error = %err, "one store failed to save the lock");
-                }
-            }
-            if self.strategy.is_met(yes.len(), n) {
-                decided = true;
-                break;
-            }
-            if !self.strategy.can_be_met(no, n) {
-                break;
-            }
-        }
-        if decided && !key.is_expired() {
-            // The members still answering finish in the background: the holder's lease then
-            // stands on all of them, not only on the quorum that answered first.
-            self.detach(key, "save", &answered, pending).await;
-            return Ok(Acquired::new());
-        }
-        // Missed, or reached too late to be trusted (Redlock's validity): let every member
-        // still answering finish first, so no late save lands after the roll-back.
-        while let Some((i, result)) = pending.next().await {
-            if result.is_ok() {
-                yes.push(i);
-            }
-        }
-        // Members report a lease that ran out as a failure: it is an expiry all the same.
-        let expired = decided || key.is_expired();
-        match held_before {
-            None => {
-                tracing::info!(target: TARGET, resource = key.resource(), success = yes.len(),
-                    failure = no, "failed to store the lock, the quorum was not met");
-                self.delete_everywhere(key).await;
-            }
-            Some(mode) => {
-                // Put the members that changed back in the mode the holder had.
-                for i in yes {
-                    let _ = save_member(&self.stores[i], key, ttl, mode == Mode::Read).await;
-                }
-            }
-        }
-        if expired {
-            return Err(Error::expired(key.resource()).with_store(self));
-        }
-        Err(self.conflict(key, retry_after))
-    }
-}
-
-async fn save_member(
-    store: &Arc<dyn Store>,
-    key: &Key,
-    ttl: Option<Duration>,
-    read: bool,
-) -> Result<Acquired> {
-    if read && store.capabilities().shared {
-        store.save_read(key, ttl).await
-    } else {
-        store.save(key, ttl).await
-    }
 }
 
 impl fmt::Display for CombinedStore {
@@ -320,6 +225,10 @@ impl fmt::Debug for CombinedStore {
 impl Store for CombinedStore {
     fn capabilities(&self) -> Capabilities {
         let caps: Vec<Capabilities> = self.stores.iter().map(|s| s.capabilities()).collect();
+        let met = |f: fn(&Capabilities) -> bool| {
+            self.strategy
+                .is_met(caps.iter().filter(|c| f(c)).count(), caps.len())
+        };
         Capabilities {
             excludes: caps.iter().all(|c| c.excludes),
             shared: true,
@@ -329,9 +238,10 @@ impl Store for CombinedStore {
             fencing: false,
             notifies: caps.iter().any(|c| c.notifies),
             serializable_keys: caps.iter().all(|c| c.serializable_keys),
-            introspection: self
-                .strategy
-                .is_met(caps.iter().filter(|c| c.introspection).count(), caps.len()),
+            introspection: met(|c| c.introspection),
+            liveness: met(|c| c.liveness),
+            // Only when every member watches can every loss that breaks the quorum be seen.
+            observes_loss: caps.iter().all(|c| c.observes_loss),
         }
     }
 
@@ -341,7 +251,7 @@ impl Store for CombinedStore {
     ///
     /// Dropped mid-flight, members may hold the lock; `delete` takes it back from all of them
     /// (the [`Lock`](crate::Lock) does this for you).
-    async fn save(&self, key: &Key, ttl: Option<Duration>) -> Result<Acquired> {
+    async fn save(&self, key: &Key, ttl: Option<Duration>) -> Result<Saved> {
         self.save_mode(key, ttl, false).await
     }
 
@@ -350,7 +260,7 @@ impl Store for CombinedStore {
     /// # Cancel safety
     ///
     /// As [`save`](CombinedStore::save).
-    async fn save_read(&self, key: &Key, ttl: Option<Duration>) -> Result<Acquired> {
+    async fn save_read(&self, key: &Key, ttl: Option<Duration>) -> Result<Saved> {
         self.save_mode(key, ttl, true).await
     }
 
@@ -361,51 +271,8 @@ impl Store for CombinedStore {
     /// # Cancel safety
     ///
     /// Dropped mid-flight, each member keeps its old or new lease.
-    async fn put_off_expiration(&self, key: &Key, ttl: Duration) -> Result<()> {
-        let n = self.stores.len();
-        if self.expiring() {
-            key.reduce_lifetime(ttl.saturating_sub(drift(ttl)));
-        }
-        let (mut yes, mut no) = (0, 0);
-        let mut answered = vec![false; n];
-        let mut pending = self
-            .ask_all(key, move |s, k| async move {
-                s.put_off_expiration(&k, ttl).await
-            })
-            .await;
-        while !self.strategy.is_met(yes, n) {
-            let Some((i, result)) = pending.next().await else {
-                break;
-            };
-            answered[i] = true;
-            match result {
-                Ok(()) => yes += 1,
-                Err(err) => {
-                    no += 1;
-                    tracing::debug!(target: TARGET, resource = key.resource(),
-                        store = %self.stores[i], error = %err,
-                        "one store failed to put off the expiration of the lock");
-                }
-            }
-            if !self.strategy.can_be_met(no, n) {
-                break;
-            }
-        }
-        if !self.strategy.is_met(yes, n) {
-            tracing::warn!(target: TARGET, resource = key.resource(), success = yes, failure = no,
-                "failed to define the expiration of the lock, the quorum was not met");
-            self.roll_back(key, pending).await;
-            if key.is_expired() {
-                return Err(Error::expired(key.resource()).with_store(self));
-            }
-            return Err(self.conflict(key, None));
-        }
-        if key.is_expired() {
-            self.roll_back(key, pending).await;
-            return Err(Error::expired(key.resource()).with_store(self));
-        }
-        self.detach(key, "put_off", &answered, pending).await;
-        Ok(())
+    async fn put_off_expiration(&self, key: &Key, ttl: Duration) -> Result<Holding> {
+        self.put_off(key, ttl).await
     }
 
     /// Deletes from every member at once, going on past failures (logged), and answers as soon
@@ -418,61 +285,17 @@ impl Store for CombinedStore {
     ///
     /// Dropped mid-flight, some members may still hold; calling it again is harmless.
     async fn delete(&self, key: &Key) -> Result<bool> {
-        let n = self.stores.len();
-        let mut pending = self
-            .ask_all(key, |s, k| async move { s.delete(&k).await })
-            .await;
-        let mut answered = vec![false; n];
-        let (mut removed, mut not) = (0, 0);
-        while let Some((i, result)) = pending.next().await {
-            answered[i] = true;
-            match result {
-                Ok(true) => removed += 1,
-                Ok(false) => not += 1,
-                Err(err) => {
-                    not += 1;
-                    tracing::warn!(target: TARGET, resource = key.resource(),
-                        store = %self.stores[i], error = %err, "one store failed to delete the lock");
-                }
-            }
-            if self.strategy.is_met(removed, n) || !self.strategy.can_be_met(not, n) {
-                break;
-            }
-        }
-        self.detach(key, "delete", &answered, pending).await;
-        Ok(self.strategy.is_met(removed, n))
+        self.delete_quorum(key).await
     }
 
     /// Asks the members at once and answers as soon as the outcome is decided; a failing member
-    /// counts as "no".
+    /// counts as "no". The holder writes when members enough to meet the strategy say so.
     ///
     /// # Cancel safety
     ///
     /// Cancel-safe: it changes nothing.
-    async fn exists(&self, key: &Key) -> Result<bool> {
-        let n = self.stores.len();
-        let mut pending = self
-            .ask_all(key, |s, k| async move { s.exists(&k).await })
-            .await;
-        let (mut yes, mut no) = (0, 0);
-        while let Some((i, result)) = pending.next().await {
-            match result {
-                Ok(true) => yes += 1,
-                Ok(false) => no += 1,
-                Err(err) => {
-                    no += 1;
-                    tracing::debug!(target: TARGET, resource = key.resource(),
-                        store = %self.stores[i], error = %err, "one store failed to check the lock");
-                }
-            }
-            if self.strategy.is_met(yes, n) {
-                return Ok(true);
-            }
-            if !self.strategy.can_be_met(no, n) {
-                return Ok(false);
-            }
-        }
-        Ok(false)
+    async fn exists(&self, key: &Key) -> Result<Holding> {
+        self.exists_quorum(key).await
     }
 
     /// Wakes when members enough to meet the strategy report a release: a holder's release
@@ -485,12 +308,11 @@ impl Store for CombinedStore {
     /// Cancel-safe: dropped watchers unregister.
     async fn watch(&self, resource: &str) -> Result<Option<Watcher>> {
         let n = self.stores.len();
-        let mut watchers = FuturesUnordered::new();
-        for store in &self.stores {
-            if let Ok(Some(w)) = store.watch(resource).await {
-                watchers.push(w);
-            }
-        }
+        let registered = join_all(self.stores.iter().map(|s| s.watch(resource))).await;
+        let mut watchers: FuturesUnordered<Watcher> = registered
+            .into_iter()
+            .filter_map(|w| w.ok().flatten())
+            .collect();
         if !self.strategy.is_met(watchers.len(), n) {
             return Ok(None); // a quorum's releases could never be seen
         }
@@ -507,14 +329,37 @@ impl Store for CombinedStore {
         })))
     }
 
-    /// The holders that members enough to meet the strategy report, told apart by
-    /// [`HolderInfo::id`] (stores of one kind agree on it), else by pid; a holder is in write
-    /// mode when members enough say so, and its remaining lifetime is the shortest any of them
-    /// reports. A holder seen by too few members is left out, even where the members that did
-    /// not answer might have made up the quorum. Holders are matched across members by id or
-    /// pid, so a quorum without a majority of one kind (flock, Redis and in-memory members
-    /// together: their tokens differ and only flock gives pids) cannot match its holders and
-    /// lists none.
+    /// Completes when the members that still hold can no longer meet the strategy, counting
+    /// the members that report a loss; members that cannot report one are assumed to hold (the
+    /// lock's renewal finds out about them). `None` when no member reports loss.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropped watchers unregister.
+    async fn watch_loss(&self, key: &Key) -> Result<Option<LossWatcher>> {
+        let n = self.stores.len();
+        let registered = join_all(self.stores.iter().map(|s| s.watch_loss(key))).await;
+        let mut watchers: FuturesUnordered<LossWatcher> = registered
+            .into_iter()
+            .filter_map(|w| w.ok().flatten())
+            .collect();
+        if watchers.is_empty() {
+            return Ok(None);
+        }
+        let strategy = self.strategy.clone();
+        Ok(Some(LossWatcher::new(async move {
+            let mut reasons = Vec::new();
+            while let Some(reason) = watchers.next().await {
+                reasons.push(reason);
+                if !strategy.is_met(n - reasons.len(), n) {
+                    return tally::most_telling(&reasons).unwrap_or(reason);
+                }
+            }
+            std::future::pending().await
+        })))
+    }
+
+    /// The holders that members enough to meet the strategy report (see the `holders` module).
     ///
     /// # Errors
     ///
@@ -524,77 +369,7 @@ impl Store for CombinedStore {
     ///
     /// Cancel-safe: read-only.
     async fn holders(&self, resource: &str) -> Result<Vec<HolderInfo>> {
-        let n = self.stores.len();
-        let answers = join_all(self.stores.iter().map(|store| async move {
-            if !store.capabilities().introspection {
-                return None;
-            }
-            store
-                .holders(resource)
-                .await
-                .inspect_err(|err| {
-                    tracing::debug!(target: TARGET, resource, store = %store, error = %err,
-                        "one store failed to tell who holds the lock");
-                })
-                .ok()
-        }))
-        .await;
-        let answered = answers.iter().flatten().count();
-        if !self.strategy.is_met(answered, n) {
-            return Err(Error::storage(format!(
-                "only {answered} of {n} stores could tell who holds the lock: too few to speak \
-                 for the quorum"
-            ))
-            .with_resource(resource)
-            .with_store(self)
-            .temporary());
-        }
-        #[derive(Clone, PartialEq)]
-        enum Who {
-            Id(String),
-            Pid(u32),
-            Unknown(Mode),
-        }
-        let mut groups: Vec<(Who, Vec<HolderInfo>)> = Vec::new();
-        for list in answers.into_iter().flatten() {
-            let mut here: Vec<Who> = Vec::new();
-            for holder in list {
-                let who = match (&holder.id, holder.pid) {
-                    (Some(id), _) => Who::Id(id.clone()),
-                    (None, Some(pid)) => Who::Pid(pid),
-                    (None, None) => Who::Unknown(holder.mode),
-                };
-                if here.contains(&who) {
-                    continue; // one vote per member
-                }
-                match groups.iter_mut().find(|(w, _)| *w == who) {
-                    Some((_, seen)) => seen.push(holder),
-                    None => groups.push((who.clone(), vec![holder])),
-                }
-                here.push(who);
-            }
-        }
-        Ok(groups
-            .into_iter()
-            .filter(|(_, seen)| self.strategy.is_met(seen.len(), n))
-            .map(|(who, seen)| {
-                let writes = seen.iter().filter(|h| h.mode == Mode::Write).count();
-                let mode = if self.strategy.is_met(writes, n) {
-                    Mode::Write
-                } else {
-                    Mode::Read
-                };
-                let pid = seen[0]
-                    .pid
-                    .filter(|p| seen.iter().all(|h| h.pid == Some(*p)));
-                let mut holder =
-                    HolderInfo::new(mode, pid, seen.iter().filter_map(|h| h.remaining).min());
-                if let Who::Id(id) = who {
-                    holder.id = Some(id);
-                }
-                holder
-            })
-            .collect())
+        self.quorum_holders(resource).await
     }
 
     /// Waits for the member requests still finishing in the background, then closes every
@@ -625,5 +400,27 @@ impl Store for CombinedStore {
             failures.join("; ")
         ))
         .with_store(self))
+    }
+
+    /// The members' descriptors, when members enough to meet the strategy hold the lock by a
+    /// descriptor (flock members): a child that inherits them holds a quorum of the lock.
+    ///
+    /// # Errors
+    ///
+    /// A member's error duplicating its descriptor.
+    #[cfg(unix)]
+    fn inheritable_descriptors(&self, key: &Key) -> Result<Option<Vec<OwnedFd>>> {
+        let mut all = Vec::new();
+        let mut members = 0;
+        for store in &self.stores {
+            if let Some(fds) = store.inheritable_descriptors(key)? {
+                members += 1;
+                all.extend(fds);
+            }
+        }
+        Ok(self
+            .strategy
+            .is_met(members, self.stores.len())
+            .then_some(all))
     }
 }

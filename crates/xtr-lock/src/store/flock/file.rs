@@ -1,8 +1,9 @@
-//! A holder's lock file: opening it as the peers do, and letting go of it.
+//! A holder's lock file: opening it as the peers do, locking it without ever claiming a file that
+//! its name no longer leads to, and letting go of it.
 
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd as _, BorrowedFd, OwnedFd};
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use rustix::fs::{FlockOperation, Mode as FileMode, OFlags};
 use rustix::io::Errno;
@@ -12,21 +13,177 @@ use super::wake::Hub;
 use crate::error::{Error, Result};
 use crate::key::Mode;
 
-/// A holder's lock file: its name (kept, so a re-acquire does not hash the resource again), the
-/// descriptor while open, and the mode it holds it in (none while waiting or released).
-pub(super) struct HeldFile {
-    pub(super) name: String,
-    pub(super) fd: Option<OwnedFd>,
-    pub(super) mode: Option<Mode>,
-    pub(super) hub: Arc<Hub>,
+/// The handle a flock store keeps on a key: the holder's lock file, while it has one open.
+pub(super) type FileHandle = Mutex<Option<HeldFile>>;
+
+/// Which file a descriptor or a path is: device and inode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FileId {
+    dev: u64,
+    ino: u64,
 }
 
+impl FileId {
+    // The field types differ between targets (`u64` on some, `c_ulong` on others).
+    #[allow(clippy::useless_conversion)]
+    fn of_stat(st: &rustix::fs::Stat) -> Self {
+        FileId {
+            dev: u64::from(st.st_dev),
+            ino: u64::from(st.st_ino),
+        }
+    }
+}
+
+/// What one non-blocking attempt found.
+pub(super) enum Attempt {
+    Locked,
+    /// Someone else holds it; `kept` is what this holder still holds.
+    Conflict {
+        kept: Option<Mode>,
+    },
+}
+
+/// A holder's lock file: its name (kept, so a re-acquire does not hash the resource again), the
+/// descriptor while open and which file it is, and the mode it holds it in (none while waiting or
+/// released).
+pub(super) struct HeldFile {
+    pub(super) name: String,
+    fd: Option<(OwnedFd, FileId)>,
+    pub(super) mode: Option<Mode>,
+    hub: Arc<Hub>,
+}
+
+/// How many times an attempt starts over when the file it locked was replaced meanwhile.
+const REPLACED_RETRIES: usize = 8;
+
 impl HeldFile {
+    pub(super) fn new(name: String, hub: Arc<Hub>) -> Self {
+        HeldFile {
+            name,
+            fd: None,
+            mode: None,
+            hub,
+        }
+    }
+
+    /// The open descriptor, if any.
+    pub(super) fn fd(&self) -> Option<BorrowedFd<'_>> {
+        self.fd.as_ref().map(|(fd, _)| fd.as_fd())
+    }
+
+    /// One non-blocking attempt to hold the file in `mode`. With `keep_fd`, a descriptor opened
+    /// for the attempt stays open after a conflict (a waiter retries on it).
+    ///
+    /// A lock is only ever reported on the file the name leads to now: a file unlinked or
+    /// replaced between the open and the lock (someone cleaning lock files up) is let go of, and
+    /// the attempt starts over on the new one.
+    pub(super) fn try_lock(&mut self, dir: &Path, mode: Mode, keep_fd: bool) -> Result<Attempt> {
+        let path = dir.join(&self.name);
+        for _ in 0..REPLACED_RETRIES {
+            if self.mode == Some(mode) {
+                if self.still_named(&path)? {
+                    return Ok(Attempt::Locked);
+                }
+                self.close();
+            }
+            if self.fd.is_none() {
+                let fd = open_lock_file(&path)?;
+                let st = rustix::fs::fstat(&fd).map_err(|e| io_error("cannot stat", &path, e))?;
+                self.fd = Some((fd, FileId::of_stat(&st)));
+            }
+            let before = self.mode;
+            let fd = self.fd().expect("opened above");
+            match rustix::fs::flock(fd, operation(mode)) {
+                Ok(()) => {
+                    self.mode = Some(mode);
+                    if !self.still_named(&path)? {
+                        self.close();
+                        continue;
+                    }
+                    if before == Some(Mode::Write) {
+                        // A demotion lets waiting readers in.
+                        self.hub.notify(&self.name);
+                    }
+                    return Ok(Attempt::Locked);
+                }
+                Err(Errno::WOULDBLOCK) => {
+                    let kept = match before {
+                        None => {
+                            if !keep_fd {
+                                self.close();
+                            }
+                            None
+                        }
+                        // Linux dropped the old lock before failing to convert it: take it back.
+                        Some(old) => self.take_back(old),
+                    };
+                    return Ok(Attempt::Conflict { kept });
+                }
+                Err(errno) => {
+                    if let Some(old) = before {
+                        self.take_back(old);
+                    } else {
+                        self.close();
+                    }
+                    return Err(
+                        Error::storage(format!("cannot lock {}: {errno}", shown(&path)))
+                            .with_source(std::io::Error::from(errno)),
+                    );
+                }
+            }
+        }
+        Err(Error::storage(format!(
+            "cannot lock {}: it was replaced {REPLACED_RETRIES} times while being locked",
+            shown(&path)
+        )))
+    }
+
+    /// After a failed conversion: takes the old lock back at once, or lets go of everything.
+    fn take_back(&mut self, old: Mode) -> Option<Mode> {
+        let retaken = self
+            .fd()
+            .is_some_and(|fd| rustix::fs::flock(fd, operation(old)).is_ok());
+        if retaken {
+            self.mode = Some(old);
+            Some(old)
+        } else {
+            self.close();
+            None
+        }
+    }
+
+    /// Whether the lock file's path still leads to the file this holder has open (it was not
+    /// unlinked, or replaced by another file, since).
+    pub(super) fn still_named(&self, path: &Path) -> Result<bool> {
+        let Some((_, id)) = &self.fd else {
+            return Ok(false);
+        };
+        match rustix::fs::lstat(path) {
+            Ok(st) => Ok(FileId::of_stat(&st) == *id),
+            Err(Errno::NOENT) => Ok(false),
+            Err(e) => Err(io_error("cannot stat", path, e)),
+        }
+    }
+
+    /// The mode held, after checking that the file is still the one the name leads to; a
+    /// replaced file is let go of (and `Ok(None)` returned with `replaced` set).
+    pub(super) fn verified_mode(&mut self, dir: &Path) -> Result<Verified> {
+        let Some(mode) = self.mode else {
+            return Ok(Verified::NotHeld);
+        };
+        if self.still_named(&dir.join(&self.name))? {
+            Ok(Verified::Held(mode))
+        } else {
+            self.close();
+            Ok(Verified::Replaced)
+        }
+    }
+
     /// Unlocks (also covering descriptors a child inherited) and closes; wakes local waiters.
     /// Returns whether a lock was held.
     pub(super) fn close(&mut self) -> bool {
         let held = self.mode.take().is_some();
-        if let Some(fd) = self.fd.take() {
+        if let Some((fd, _)) = self.fd.take() {
             if held {
                 let _ = rustix::fs::flock(&fd, FlockOperation::NonBlockingUnlock);
             }
@@ -39,13 +196,25 @@ impl HeldFile {
     }
 }
 
+/// What [`HeldFile::verified_mode`] found.
+pub(super) enum Verified {
+    Held(Mode),
+    NotHeld,
+    Replaced,
+}
+
 impl Drop for HeldFile {
     fn drop(&mut self) {
         self.close();
     }
 }
 
-pub(super) fn operation(mode: Mode) -> FlockOperation {
+fn io_error(what: &str, path: &Path, errno: Errno) -> Error {
+    Error::storage(format!("{what} lock file {}: {errno}", shown(path)))
+        .with_source(std::io::Error::from(errno))
+}
+
+fn operation(mode: Mode) -> FlockOperation {
     match mode {
         Mode::Write => FlockOperation::NonBlockingLockExclusive,
         Mode::Read => FlockOperation::NonBlockingLockShared,
@@ -54,7 +223,7 @@ pub(super) fn operation(mode: Mode) -> FlockOperation {
 
 /// Opens (or creates, 0666 whatever the umask) the lock file, never following a symlink, falling
 /// back to read-only for a file another user created.
-pub(super) fn open_lock_file(path: &Path) -> Result<OwnedFd> {
+fn open_lock_file(path: &Path) -> Result<OwnedFd> {
     let common = OFlags::CLOEXEC | OFlags::NOFOLLOW;
     let fail = |errno: Errno| {
         Error::storage(format!("cannot open lock file {}: {errno}", shown(path)))

@@ -1,17 +1,18 @@
 //! [`FlockStore`]: lock files with `flock(2)`, shared with Python xtr-lock and `flock(1)`.
 
 use std::fmt;
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use rand::Rng as _;
 
-use rustix::io::Errno;
-
-use super::{Acquired, Capabilities, HolderInfo, Store, Watcher};
+use super::{
+    Acquired, Capabilities, Conflict, HandleOwner, HolderInfo, Holding, LossWatcher, LostReason,
+    Saved, Store, Watcher,
+};
 use crate::error::{Error, Result};
 use crate::key::{Key, Mode};
 
@@ -22,11 +23,11 @@ mod proc_locks;
 mod wake;
 
 use dir::shown;
-use file::{HeldFile, open_lock_file, operation};
+use file::{Attempt, FileHandle, HeldFile, Verified};
 use wake::Hub;
 
-/// Each store instance keeps its own descriptor per holder: state on the key is keyed by this.
-static NEXT_STORE_ID: AtomicU64 = AtomicU64::new(1);
+/// How often a holder's lock file is checked for a replacement where inotify cannot tell.
+const LOSS_CHECK: Duration = Duration::from_secs(1);
 
 /// The safety-net poll of a waiter, for releases no close event shows (an explicit `LOCK_UN`, a
 /// demotion by another process).
@@ -40,7 +41,13 @@ const DEFAULT_POLL: Duration = Duration::from_millis(100);
 ///   mode 0666, **never unlinked** (unlinking a lock file safely is racy; the peers leave them
 ///   too). The default directory is Python's: `<tempdir>/xtr-lock-<uid>`, private (0700).
 /// - One descriptor per holder per store, opened with `O_NOFOLLOW | O_CLOEXEC`; a lock planted
-///   as a symlink is refused and its target untouched.
+///   as a symlink is refused and its target untouched. The descriptor is the holder's handle on
+///   its key: dropping every clone of the key closes it, which releases the lock.
+/// - A lock file that is unlinked or replaced while held (someone cleaning lock files up) is a
+///   **lost lock**: the holder is told at once ([`watch_loss`](Store::watch_loss), by inotify
+///   name events), and `exists`, refresh, re-acquire and release compare the held descriptor's
+///   inode with the path's, so two holders never both claim one name. An attempt that locked a
+///   file replaced meanwhile starts over on the new one.
 /// - `LOCK_EX` for writes, `LOCK_SH` for reads. Not `fcntl`/OFD locks: on Linux those do not
 ///   conflict with `flock`, and would silently break exclusion with the peers.
 /// - Waiters are woken when the holder lets go: in this process at once, and across processes
@@ -56,8 +63,9 @@ const DEFAULT_POLL: Duration = Duration::from_millis(100);
 ///
 /// **Promotion is not atomic.** Linux converts a lock by dropping the old one first. A failed
 /// promotion takes the read lock back at once; if a writer got in between, the read lock is
-/// reported **lost** (a conflict with [`Error::is_lost_hold`], and the holder is then not held),
-/// never claimed. During a blocking promotion the holder keeps its read lock between attempts.
+/// reported **lost** (a refusal that kept nothing, [`Conflict::kept`] `None`: the holder is then
+/// not held), never claimed. During a blocking promotion the holder keeps its read lock between
+/// attempts.
 ///
 /// # Failure modes
 ///
@@ -71,14 +79,14 @@ const DEFAULT_POLL: Duration = Duration::from_millis(100);
 ///
 /// # Clock assumptions
 ///
-/// None: nothing expires, so ttls are ignored and [`refresh`](crate::Lock::refresh) only checks
+/// None: nothing expires, so ttls are ignored and [`refresh`](crate::Lockable::refresh) only checks
 /// that the holder still holds.
 ///
 /// # Examples
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> xtr_lock::Result<()> {
-/// use xtr_lock::{FlockStore, LockFactory};
+/// use xtr_lock::{FlockStore, LockFactory, Lockable as _};
 ///
 /// let dir = std::env::temp_dir().join(format!("xtr-lock-doc-{}", std::process::id()));
 /// let factory = LockFactory::new(FlockStore::in_dir(&dir)?);
@@ -95,20 +103,11 @@ pub struct FlockStore {
 }
 
 struct Inner {
-    id: u64,
+    owner: HandleOwner,
     dir: PathBuf,
     prefix: String,
     poll: Duration,
     hub: Arc<Hub>,
-}
-
-/// What one non-blocking attempt found.
-enum Outcome {
-    Locked,
-    /// Someone else holds it; what this holder held before is kept.
-    Conflict,
-    /// Someone else holds it, and this holder lost what it held before.
-    LostHold,
 }
 
 impl FlockStore {
@@ -138,7 +137,7 @@ impl FlockStore {
         let hub = Hub::for_dir(&dir);
         FlockStore {
             inner: Arc::new(Inner {
-                id: NEXT_STORE_ID.fetch_add(1, Ordering::Relaxed),
+                owner: HandleOwner::new(),
                 dir,
                 prefix: name::XTR_PREFIX.to_owned(),
                 poll: DEFAULT_POLL,
@@ -150,7 +149,7 @@ impl FlockStore {
     fn rebuilt(&self, prefix: String, poll: Duration) -> Self {
         FlockStore {
             inner: Arc::new(Inner {
-                id: NEXT_STORE_ID.fetch_add(1, Ordering::Relaxed),
+                owner: HandleOwner::new(),
                 dir: self.inner.dir.clone(),
                 prefix,
                 poll,
@@ -206,107 +205,57 @@ impl FlockStore {
         name::file_name(&self.inner.prefix, resource)
     }
 
+    /// The holder's lock file, locked for the caller: made (unopened) on first use.
+    fn held<'k>(&self, handle: &'k FileHandle, key: &Key) -> MutexGuard<'k, Option<HeldFile>> {
+        let mut slot = handle.lock().unwrap_or_else(|e| e.into_inner());
+        if slot.is_none() {
+            *slot = Some(HeldFile::new(
+                self.file_name(key.resource()),
+                self.inner.hub.clone(),
+            ));
+        }
+        slot
+    }
+
     /// One non-blocking attempt to hold `key`'s file in `mode`. With `keep_fd`, a descriptor
     /// opened for the attempt stays open after a conflict (a waiter retries on it).
-    fn attempt(&self, key: &Key, mode: Mode, keep_fd: bool) -> Result<Outcome> {
-        let outcome = key.with_local_state::<HeldFile, _>(self.inner.id, |slot| {
-            let held = slot.get_or_insert_with(|| HeldFile {
-                name: self.file_name(key.resource()),
-                fd: None,
-                mode: None,
-                hub: self.inner.hub.clone(),
-            });
-            if held.mode == Some(mode) {
-                return Ok(Outcome::Locked); // already held in this mode: no system call
+    fn attempt(&self, key: &Key, mode: Mode, keep_fd: bool) -> Result<Saved> {
+        let handle = key.handle::<FileHandle>(self.inner.owner);
+        let attempt = {
+            let mut slot = self.held(&handle, key);
+            let held = slot.as_mut().expect("made by held()");
+            held.try_lock(&self.inner.dir, mode, keep_fd)
+                .map_err(|e| e.with_resource(key.resource()).with_store(self))?
+        };
+        Ok(match attempt {
+            Attempt::Locked => {
+                key.mark_unserializable();
+                Saved::Acquired(Acquired::new())
             }
-            let path = || self.inner.dir.join(&held.name);
-            if held.fd.is_none() {
-                let fd = open_lock_file(&path())
-                    .map_err(|e| e.with_resource(key.resource()).with_store(self))?;
-                held.fd = Some(fd);
-            }
-            let fd = held.fd.as_ref().expect("opened above");
-            let before = held.mode;
-            match rustix::fs::flock(fd, operation(mode)) {
-                Ok(()) => {
-                    held.mode = Some(mode);
-                    if before == Some(Mode::Write) {
-                        // A demotion lets waiting readers in.
-                        self.inner.hub.notify(&held.name);
-                    }
-                    Ok(Outcome::Locked)
-                }
-                Err(Errno::WOULDBLOCK) => match before {
-                    None => {
-                        if !keep_fd {
-                            held.close();
-                        }
-                        Ok(Outcome::Conflict)
-                    }
-                    // Linux dropped the old lock before failing to convert it: take it back.
-                    Some(old) => match rustix::fs::flock(fd, operation(old)) {
-                        Ok(()) => Ok(Outcome::Conflict),
-                        Err(_) => {
-                            held.mode = None;
-                            held.close();
-                            Ok(Outcome::LostHold)
-                        }
-                    },
-                },
-                Err(errno) => {
-                    let lost = before.is_some();
-                    let path = path();
-                    held.close();
-                    let err = Error::storage(format!("cannot lock {}: {errno}", shown(&path)))
-                        .with_resource(key.resource())
-                        .with_store(self)
-                        .with_source(std::io::Error::from(errno));
-                    Err(if lost { err.with_lost_hold() } else { err })
-                }
-            }
-        })?;
-        if matches!(outcome, Outcome::Locked) {
-            key.mark_unserializable();
-        }
-        Ok(outcome)
+            Attempt::Conflict { kept } => Saved::Conflict(Conflict::new().with_kept(kept)),
+        })
     }
 
-    fn conflict(&self, key: &Key, outcome: &Outcome) -> Error {
-        let err = Error::conflict(key.resource()).with_store(self);
-        match outcome {
-            Outcome::LostHold => err
-                .with_reason(
-                    "the lock held before was lost: flock cannot change a lock's mode atomically",
-                )
-                .with_lost_hold(),
-            _ => err,
-        }
-    }
-
-    fn try_save(&self, key: &Key, mode: Mode) -> Result<Acquired> {
-        match self.attempt(key, mode, false)? {
-            Outcome::Locked => Ok(Acquired::new()),
-            other => Err(self.conflict(key, &other)),
-        }
-    }
-
-    async fn wait_save(&self, key: &Key, mode: Mode) -> Result<Acquired> {
+    async fn wait_save(&self, key: &Key, mode: Mode) -> Result<Saved> {
         let name = self.file_name(key.resource());
-        // Dropped while waiting, close the descriptor this wait opened (CAN-4).
+        // Dropped while waiting, close the descriptor this wait opened.
         let _close_on_drop = CloseIfWaiting {
             key,
-            store: self.inner.id,
+            owner: self.inner.owner,
         };
+        let held_before = self.local_mode(key);
         let mut tries = 0u32;
         loop {
             let changed = self.inner.hub.subscribe(&name);
-            let outcome = self.attempt(key, mode, true)?;
-            match outcome {
-                Outcome::Locked => return Ok(Acquired::new()),
-                Outcome::LostHold => return Err(self.conflict(key, &outcome)),
-                Outcome::Conflict => {}
+            match self.attempt(key, mode, true)? {
+                Saved::Acquired(a) => return Ok(Saved::Acquired(a)),
+                // The holder lost the read lock it was promoting: the wait cannot go on.
+                Saved::Conflict(c) if c.kept.is_none() && held_before.is_some() => {
+                    return Ok(Saved::Conflict(c));
+                }
+                Saved::Conflict(_) => {}
             }
-            let nap = self.nap(tries);
+            let nap = self.backoff(tries);
             tries = tries.saturating_add(1);
             let mut changed = changed;
             tokio::select! {
@@ -316,11 +265,37 @@ impl FlockStore {
         }
     }
 
+    /// The mode the holder's file is locked in, as this process last left it (no check).
+    fn local_mode(&self, key: &Key) -> Option<Mode> {
+        let handle = key.existing_handle::<FileHandle>(self.inner.owner)?;
+        let slot = handle.lock().unwrap_or_else(|e| e.into_inner());
+        slot.as_ref().and_then(|f| f.mode)
+    }
+
+    /// What the holder holds, checked against the file the name leads to now.
+    fn verify(&self, key: &Key) -> Result<Holding> {
+        let Some(handle) = key.existing_handle::<FileHandle>(self.inner.owner) else {
+            return Ok(Holding::NotHeld(LostReason::Removed));
+        };
+        let mut slot = handle.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(held) = slot.as_mut() else {
+            return Ok(Holding::NotHeld(LostReason::Removed));
+        };
+        let verified = held
+            .verified_mode(&self.inner.dir)
+            .map_err(|e| e.with_resource(key.resource()).with_store(self))?;
+        Ok(match verified {
+            Verified::Held(mode) => Holding::Held(mode),
+            Verified::NotHeld => Holding::NotHeld(LostReason::Removed),
+            Verified::Replaced => Holding::NotHeld(LostReason::Replaced),
+        })
+    }
+
     /// How long a waiter sleeps before trying again if nothing wakes it. With close events
     /// observed, the poll is only a safety net; without them, Python's backoff (10, 20, 40, 80,
     /// then 100 ms, each × 1.00–1.10).
-    fn nap(&self, tries: u32) -> Duration {
-        nap(
+    fn backoff(&self, tries: u32) -> Duration {
+        backoff(
             self.inner.hub.observes_other_processes(),
             self.inner.poll,
             tries,
@@ -328,7 +303,7 @@ impl FlockStore {
     }
 }
 
-fn nap(observed: bool, poll: Duration, tries: u32) -> Duration {
+fn backoff(observed: bool, poll: Duration, tries: u32) -> Duration {
     let mut rng = rand::rng();
     if observed {
         return poll.mul_f64(rng.random_range(0.9..=1.1));
@@ -342,17 +317,17 @@ fn nap(observed: bool, poll: Duration, tries: u32) -> Duration {
 /// Closes a descriptor that a dropped wait left open without a lock on it.
 struct CloseIfWaiting<'a> {
     key: &'a Key,
-    store: u64,
+    owner: HandleOwner,
 }
 
 impl Drop for CloseIfWaiting<'_> {
     fn drop(&mut self) {
-        self.key
-            .with_local_state::<HeldFile, _>(self.store, |slot| {
-                if slot.as_ref().is_some_and(|h| h.mode.is_none()) {
-                    *slot = None;
-                }
-            });
+        if let Some(handle) = self.key.existing_handle::<FileHandle>(self.owner) {
+            let mut slot = handle.lock().unwrap_or_else(|e| e.into_inner());
+            if slot.as_ref().is_some_and(|h| h.mode.is_none()) {
+                *slot = None;
+            }
+        }
     }
 }
 
@@ -386,21 +361,23 @@ impl Store for FlockStore {
             notifies: true,
             serializable_keys: false,
             introspection: true,
+            liveness: true,
+            observes_loss: true,
         }
     }
 
     /// # Cancel safety
     ///
     /// Cancel-safe: it completes at its first poll (non-blocking system calls).
-    async fn save(&self, key: &Key, _ttl: Option<Duration>) -> Result<Acquired> {
-        self.try_save(key, Mode::Write)
+    async fn save(&self, key: &Key, _ttl: Option<Duration>) -> Result<Saved> {
+        self.attempt(key, Mode::Write, false)
     }
 
     /// # Cancel safety
     ///
     /// Cancel-safe: it completes at its first poll (non-blocking system calls).
-    async fn save_read(&self, key: &Key, _ttl: Option<Duration>) -> Result<Acquired> {
-        self.try_save(key, Mode::Read)
+    async fn save_read(&self, key: &Key, _ttl: Option<Duration>) -> Result<Saved> {
+        self.attempt(key, Mode::Read, false)
     }
 
     /// Waits for the write lock: woken by releases in this process and by other processes
@@ -410,7 +387,7 @@ impl Store for FlockStore {
     ///
     /// Cancel-safe: dropped while waiting it holds nothing new and closes the descriptor it
     /// opened; a holder that held a read lock keeps it.
-    async fn wait_and_save(&self, key: &Key, _ttl: Option<Duration>) -> Result<Acquired> {
+    async fn wait_and_save(&self, key: &Key, _ttl: Option<Duration>) -> Result<Saved> {
         self.wait_save(key, Mode::Write).await
     }
 
@@ -420,44 +397,53 @@ impl Store for FlockStore {
     ///
     /// Cancel-safe: dropped while waiting it holds nothing new and closes the descriptor it
     /// opened.
-    async fn wait_and_save_read(&self, key: &Key, _ttl: Option<Duration>) -> Result<Acquired> {
+    async fn wait_and_save_read(&self, key: &Key, _ttl: Option<Duration>) -> Result<Saved> {
         self.wait_save(key, Mode::Read).await
     }
 
-    /// Checks that the holder still holds (nothing expires here).
+    /// Checks that the holder still holds, on the file its name leads to (nothing expires
+    /// here).
     ///
     /// # Cancel safety
     ///
-    /// Cancel-safe: local state only.
-    async fn put_off_expiration(&self, key: &Key, _ttl: Duration) -> Result<()> {
-        if self.exists(key).await? {
-            Ok(())
-        } else {
-            Err(Error::conflict(key.resource()).with_store(self))
-        }
+    /// Cancel-safe: it completes at its first poll.
+    async fn put_off_expiration(&self, key: &Key, _ttl: Duration) -> Result<Holding> {
+        self.verify(key)
     }
 
-    /// Unlocks and closes the holder's descriptor. The file stays.
+    /// Unlocks and closes the holder's descriptor, and takes the handle off the key. The file
+    /// stays. A file replaced meanwhile was not held: `false`.
     ///
     /// # Cancel safety
     ///
     /// Cancel-safe: it completes at its first poll.
     async fn delete(&self, key: &Key) -> Result<bool> {
-        Ok(key.with_local_state::<HeldFile, _>(self.inner.id, |slot| {
-            slot.as_mut().is_some_and(HeldFile::close)
-        }))
+        let Some(handle) = key.take_handle::<FileHandle>(self.inner.owner) else {
+            return Ok(false);
+        };
+        let mut slot = handle.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(held) = slot.as_mut() else {
+            return Ok(false);
+        };
+        // A stat error says nothing about the lock: it was held, and is released now.
+        let named = held.mode.is_some()
+            && held
+                .still_named(&self.inner.dir.join(&held.name))
+                .unwrap_or(true);
+        let closed = held.close();
+        *slot = None;
+        Ok(closed && named)
     }
 
-    /// From this holder's own state: the kernel keeps a `flock` lock for as long as the
-    /// descriptor is open, so there is nothing to ask.
+    /// The holder's own state, checked against the file the name leads to now (the kernel keeps
+    /// a `flock` lock for as long as the descriptor is open, so there is nothing else to ask).
+    /// A replaced file is let go of and reported as [`LostReason::Replaced`].
     ///
     /// # Cancel safety
     ///
-    /// Cancel-safe: local state only.
-    async fn exists(&self, key: &Key) -> Result<bool> {
-        Ok(key.with_local_state::<HeldFile, _>(self.inner.id, |slot| {
-            slot.as_ref().is_some_and(|h| h.mode.is_some())
-        }))
+    /// Cancel-safe: it completes at its first poll.
+    async fn exists(&self, key: &Key) -> Result<Holding> {
+        self.verify(key)
     }
 
     /// A best-effort watcher: releases in this process and closes by other processes.
@@ -470,6 +456,72 @@ impl Store for FlockStore {
         Ok(Some(Watcher::best_effort(async move {
             let _ = changed.changed().await;
         })))
+    }
+
+    /// Completes when the holder's lock file is unlinked or replaced (inotify name events on the
+    /// directory, then a comparison of inodes; once a second where inotify cannot tell), or
+    /// when the holder let go of it. The replaced file is let go of.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: registration is synchronous.
+    async fn watch_loss(&self, key: &Key) -> Result<Option<LossWatcher>> {
+        let name = self.file_name(key.resource());
+        let mut changed = self.inner.hub.subscribe_name(&name);
+        let check = if self.inner.hub.observes_other_processes() {
+            None
+        } else {
+            Some(LOSS_CHECK)
+        };
+        // Weak: the watcher must not keep the holder's file open after the key goes.
+        let handle = key.existing_handle::<FileHandle>(self.inner.owner);
+        let handle = handle.as_ref().map(Arc::downgrade);
+        let dir = self.inner.dir.clone();
+        Ok(Some(LossWatcher::new(async move {
+            loop {
+                if let Some(reason) = check_file(handle.as_ref(), &dir) {
+                    return reason;
+                }
+                match check {
+                    Some(every) => {
+                        tokio::select! {
+                            _ = changed.changed() => {}
+                            () = tokio::time::sleep(every) => {}
+                        }
+                    }
+                    None => {
+                        let _ = changed.changed().await;
+                    }
+                }
+            }
+        })))
+    }
+
+    /// A duplicate of the holder's locked descriptor: a child that inherits it holds the lock
+    /// for as long as it keeps it open, as under `flock(1)`.
+    ///
+    /// # Errors
+    ///
+    /// A storage error when the descriptor cannot be duplicated.
+    fn inheritable_descriptors(&self, key: &Key) -> Result<Option<Vec<OwnedFd>>> {
+        let Some(handle) = key.existing_handle::<FileHandle>(self.inner.owner) else {
+            return Ok(None);
+        };
+        let slot = handle.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(fd) = slot
+            .as_ref()
+            .filter(|f| f.mode.is_some())
+            .and_then(HeldFile::fd)
+        else {
+            return Ok(None);
+        };
+        let dup = rustix::io::fcntl_dupfd_cloexec(fd, 0).map_err(|e| {
+            Error::storage(format!("cannot duplicate the lock file's descriptor: {e}"))
+                .with_resource(key.resource())
+                .with_store(self)
+                .with_source(std::io::Error::from(e))
+        })?;
+        Ok(Some(vec![dup]))
     }
 
     /// The processes holding the file and their modes, from `/proc/locks`.
@@ -512,6 +564,25 @@ impl Store for FlockStore {
     }
 }
 
+/// Why the holder whose handle is `handle` no longer holds its lock file, if it does not.
+fn check_file(handle: Option<&std::sync::Weak<FileHandle>>, dir: &Path) -> Option<LostReason> {
+    // No handle (any more): the holder let go of its file, or never had one.
+    let Some(handle) = handle.and_then(std::sync::Weak::upgrade) else {
+        return Some(LostReason::Removed);
+    };
+    let mut slot = handle.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(held) = slot.as_mut() else {
+        return Some(LostReason::Removed);
+    };
+    match held.verified_mode(dir) {
+        Ok(Verified::Held(_)) => None,
+        Ok(Verified::NotHeld) => Some(LostReason::Removed),
+        Ok(Verified::Replaced) => Some(LostReason::Replaced),
+        // A stat that fails says nothing about the lock: look again at the next event.
+        Err(_) => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -529,7 +600,7 @@ mod tests {
         ];
         for _ in 0..200 {
             for (tries, (lo, hi)) in bounds.iter().enumerate() {
-                let d = nap(false, DEFAULT_POLL, tries as u32);
+                let d = backoff(false, DEFAULT_POLL, tries as u32);
                 assert!(d >= ms(*lo) && d <= ms(*hi), "try {tries}: {d:?}");
             }
         }
@@ -538,7 +609,7 @@ mod tests {
     #[test]
     fn with_close_events_the_poll_is_only_a_safety_net() {
         for tries in 0..10 {
-            let d = nap(true, DEFAULT_POLL, tries);
+            let d = backoff(true, DEFAULT_POLL, tries);
             assert!(
                 d >= Duration::from_millis(90) && d <= Duration::from_millis(110),
                 "{d:?}"

@@ -1,5 +1,7 @@
-//! Waking flock waiters when a lock file is let go: in-process notification, plus inotify close
-//! events on the lock directory for releases by other processes (Python, flock(1), crashes).
+//! Watching a lock directory: waking flock waiters when a lock file is let go (in-process
+//! notification, plus inotify close events for releases by other processes: Python, flock(1),
+//! crashes), and telling holders when their lock file's name is unlinked, renamed over or made
+//! again (inotify name events), so a replaced file is a lost lock at once.
 //!
 //! One hub per lock directory per process, shared by every store on that directory; one thread
 //! per hub reads inotify (never one per waiter). A closed lock file is the only release another
@@ -7,10 +9,12 @@
 //! explicit `LOCK_UN` or a demotion by a process that keeps it open; the waiters' safety-net
 //! poll covers those.
 //!
-//! The directory is watched only while someone waits: a watch makes every open and close in it
-//! generate an event (measured: +2 µs on an uncontended acquire + release), which uncontended
-//! locking should not pay. The watch is added before a waiter's first attempt, so no close is
-//! missed, and removed by the reader thread once no waiter is left.
+//! The directory is watched only for what someone waits for: close events only while a waiter
+//! waits (they come with every open and close in the directory, measured at +2 µs on an
+//! uncontended acquire and release), name events while a holder watches for its loss (they come
+//! only when files are created, renamed or removed, which lock files rarely are). The watch is
+//! added before a waiter's first attempt, so no close is missed, and narrowed or removed by the
+//! reader thread once nobody needs it.
 
 use std::collections::HashMap;
 use std::mem::MaybeUninit;
@@ -20,9 +24,10 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Duration;
 
 use rustix::event::{PollFd, PollFlags, Timespec};
-use rustix::fs::inotify;
+use rustix::fs::inotify::{self, ReadFlags, WatchFlags};
 use tokio::sync::watch;
 
+use crate::logging::TARGET;
 use crate::store::channels::Channels;
 
 pub(crate) struct Hub {
@@ -34,13 +39,27 @@ pub(crate) struct Hub {
 
 #[derive(Default)]
 struct Files {
-    channels: Channels,
-    /// The watch descriptor while the directory is watched.
-    watching: Option<i32>,
+    /// Per lock file: waiters for its release.
+    releases: Channels,
+    /// Per lock file: holders watching its name for a replacement.
+    names: Channels,
+    /// The watch descriptor and its mask while the directory is watched.
+    watching: Option<(i32, WatchFlags)>,
 }
 
 /// How often the reader thread checks whether its hub is still in use.
 const IDLE_CHECK: Duration = Duration::from_millis(500);
+
+/// A lock file closed, by anyone: the only release another process makes visible.
+const CLOSES: WatchFlags = WatchFlags::CLOSE_WRITE.union(WatchFlags::CLOSE_NOWRITE);
+
+/// A lock file's name now leads elsewhere, or nowhere; or the directory itself went.
+const NAMES: WatchFlags = WatchFlags::DELETE
+    .union(WatchFlags::MOVED_FROM)
+    .union(WatchFlags::MOVED_TO)
+    .union(WatchFlags::CREATE)
+    .union(WatchFlags::DELETE_SELF)
+    .union(WatchFlags::MOVE_SELF);
 
 fn registry() -> MutexGuard<'static, HashMap<PathBuf, Weak<Hub>>> {
     static HUBS: OnceLock<Mutex<HashMap<PathBuf, Weak<Hub>>>> = OnceLock::new();
@@ -69,7 +88,7 @@ impl Hub {
                 .name("xtr-lock-inotify".into())
                 .spawn(move || read_events(&fd, &weak));
             if let Err(err) = spawned {
-                tracing::warn!(target: "xtr_lock", error = %err,
+                tracing::warn!(target: TARGET, error = %err,
                     "cannot start the inotify thread; flock waiters will poll");
             }
         }
@@ -77,6 +96,7 @@ impl Hub {
         hub
     }
 
+    /// Whether changes made by other processes reach this hub.
     pub(crate) fn observes_other_processes(&self) -> bool {
         self.inotify.is_some()
     }
@@ -88,56 +108,100 @@ impl Hub {
     /// A receiver that changes on the next release of `name` (registered now).
     pub(crate) fn subscribe(&self, name: &str) -> watch::Receiver<u64> {
         let mut files = self.files();
-        let rx = files.channels.subscribe(name);
-        if let (None, Some(fd)) = (files.watching, &self.inotify) {
-            match inotify::add_watch(fd.as_fd(), &self.dir, WATCHED) {
-                Ok(wd) => files.watching = Some(wd),
-                Err(err) => tracing::warn!(target: "xtr_lock", error = %err,
-                    dir = %self.dir.display(),
-                    "cannot watch the lock directory; waiters fall back to polling"),
-            }
-        }
+        let rx = files.releases.subscribe(name);
+        self.need(&mut files, CLOSES);
         rx
     }
 
-    /// Stops watching the directory when nobody waits any more.
+    /// A receiver that changes when `name` is unlinked, renamed over or created (registered
+    /// now).
+    pub(crate) fn subscribe_name(&self, name: &str) -> watch::Receiver<u64> {
+        let mut files = self.files();
+        let rx = files.names.subscribe(name);
+        self.need(&mut files, NAMES);
+        rx
+    }
+
+    /// Makes sure the directory is watched for `bits` (a listener was just registered).
+    fn need(&self, files: &mut Files, bits: WatchFlags) {
+        let have = files.watching.map_or(WatchFlags::empty(), |(_, mask)| mask);
+        if !have.contains(bits) {
+            self.set_mask(files, have | bits);
+        }
+    }
+
+    /// Watches the directory for `want` (nothing: no watch).
+    fn set_mask(&self, files: &mut Files, want: WatchFlags) {
+        let Some(fd) = &self.inotify else {
+            return;
+        };
+        match files.watching {
+            Some((_, mask)) if mask == want => {}
+            Some((wd, _)) if want.is_empty() => {
+                let _ = inotify::remove_watch(fd.as_fd(), wd);
+                files.watching = None;
+            }
+            _ if want.is_empty() => {}
+            _ => match inotify::add_watch(fd.as_fd(), &self.dir, want | WatchFlags::ONLYDIR) {
+                // Adding a watch again on the same directory replaces its mask.
+                Ok(wd) => files.watching = Some((wd, want)),
+                Err(err) => tracing::warn!(target: TARGET, error = %err,
+                    dir = %self.dir.display(),
+                    "cannot watch the lock directory; flock falls back to polling"),
+            },
+        }
+    }
+
+    /// Narrows or removes the watch once nobody needs it.
     fn unwatch_if_idle(&self) {
         let mut files = self.files();
-        if !files.channels.retain_listened()
-            && let (Some(wd), Some(fd)) = (files.watching.take(), &self.inotify)
-        {
-            let _ = inotify::remove_watch(fd.as_fd(), wd);
+        let mut want = WatchFlags::empty();
+        if files.releases.retain_listened() {
+            want |= CLOSES;
         }
+        if files.names.retain_listened() {
+            want |= NAMES;
+        }
+        self.set_mask(&mut files, want);
     }
 
     /// Wakes the waiters of `name`.
     pub(crate) fn notify(&self, name: &str) {
-        self.files().channels.notify(name);
+        self.files().releases.notify(name);
     }
 
-    /// Wakes every waiter (the kernel dropped events).
+    fn name_changed(&self, name: &str) {
+        self.files().names.notify(name);
+    }
+
+    /// Wakes everyone (the kernel dropped events, or the directory went).
     fn notify_all(&self) {
-        self.files().channels.notify_all();
+        let files = self.files();
+        files.releases.notify_all();
+        files.names.notify_all();
+    }
+
+    /// The kernel dropped the watch (the directory went away).
+    fn forget_watch(&self, wd: i32) {
+        let mut files = self.files();
+        if files.watching.is_some_and(|(w, _)| w == wd) {
+            files.watching = None;
+        }
     }
 }
-
-/// A lock file closed, by anyone: the only release another process makes visible.
-const WATCHED: inotify::WatchFlags = inotify::WatchFlags::CLOSE_WRITE
-    .union(inotify::WatchFlags::CLOSE_NOWRITE)
-    .union(inotify::WatchFlags::ONLYDIR);
 
 fn start_inotify(dir: &Path) -> Option<OwnedFd> {
     // Checked once now, so a directory inotify cannot watch says so up front.
     let started = inotify::init(inotify::CreateFlags::CLOEXEC | inotify::CreateFlags::NONBLOCK)
         .and_then(|fd| {
-            let wd = inotify::add_watch(&fd, dir, WATCHED)?;
+            let wd = inotify::add_watch(&fd, dir, CLOSES | WatchFlags::ONLYDIR)?;
             inotify::remove_watch(&fd, wd)?;
             Ok(fd)
         });
     match started {
         Ok(fd) => Some(fd),
         Err(err) => {
-            tracing::warn!(target: "xtr_lock", error = %err, dir = %dir.display(),
+            tracing::warn!(target: TARGET, error = %err, dir = %dir.display(),
                 "cannot watch the lock directory with inotify; flock waiters will poll");
             None
         }
@@ -161,7 +225,7 @@ fn read_events(fd: &OwnedFd, hub: &Weak<Hub>) {
             Err(rustix::io::Errno::INTR) => continue,
             Ok(_) => {}
             Err(err) => {
-                tracing::warn!(target: "xtr_lock", error = %err,
+                tracing::warn!(target: TARGET, error = %err,
                     "inotify poll failed; flock waiters fall back to polling");
                 return;
             }
@@ -169,20 +233,39 @@ fn read_events(fd: &OwnedFd, hub: &Weak<Hub>) {
         let mut reader = inotify::Reader::new(fd.as_fd(), &mut buf);
         loop {
             match reader.next() {
-                Ok(event) => {
-                    if event.events().contains(inotify::ReadFlags::QUEUE_OVERFLOW) {
-                        hub.notify_all();
-                    } else if let Some(name) = event.file_name().and_then(|n| n.to_str().ok()) {
-                        hub.notify(name);
-                    }
-                }
+                Ok(event) => dispatch(&hub, &event),
                 Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => break,
                 Err(err) => {
-                    tracing::warn!(target: "xtr_lock", error = %err,
+                    tracing::warn!(target: TARGET, error = %err,
                         "reading inotify events failed; flock waiters fall back to polling");
                     return;
                 }
             }
         }
+    }
+}
+
+fn dispatch(hub: &Hub, event: &inotify::Event<'_>) {
+    let flags = event.events();
+    if flags.contains(ReadFlags::QUEUE_OVERFLOW)
+        || flags.intersects(ReadFlags::DELETE_SELF | ReadFlags::MOVE_SELF)
+    {
+        hub.notify_all();
+    }
+    if flags.contains(ReadFlags::IGNORED) {
+        hub.forget_watch(event.wd());
+        hub.notify_all();
+        return;
+    }
+    let Some(name) = event.file_name().and_then(|n| n.to_str().ok()) else {
+        return;
+    };
+    if flags.intersects(ReadFlags::CLOSE_WRITE | ReadFlags::CLOSE_NOWRITE) {
+        hub.notify(name);
+    }
+    if flags.intersects(
+        ReadFlags::DELETE | ReadFlags::MOVED_FROM | ReadFlags::MOVED_TO | ReadFlags::CREATE,
+    ) {
+        hub.name_changed(name);
     }
 }

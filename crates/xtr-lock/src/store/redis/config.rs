@@ -62,7 +62,7 @@ pub(crate) fn parse(dsn: &str) -> Result<RedisConfig> {
         _ => {
             return Err(Error::invalid_argument(format!(
                 "\"{}\" is not a Redis scheme; expected one of redis, rediss, valkey, valkeys, unix",
-                crate::dsn::redact(raw_scheme).trim_matches('"')
+                crate::redact::redact(raw_scheme).trim_matches('"')
             )));
         }
     };

@@ -4,16 +4,20 @@
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use async_trait::async_trait;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::ConnectionManager;
 
-use super::{Acquired, Capabilities, HolderInfo, Store, Watcher, check_expiry};
+use super::{
+    Acquired, Capabilities, Conflict, HolderInfo, Holding, LostReason, Saved, Store, Watcher,
+    check_expiry,
+};
 use crate::error::{Error, Result};
 use crate::key::{Key, Mode, WRITE_MARKER};
 
 mod config;
+mod conn;
 mod notify;
 mod scripts;
 
@@ -24,6 +28,7 @@ pub(crate) fn validate_dsn(dsn: &str) -> Result<()> {
     config::parse(dsn).map(|_| ())
 }
 use config::RedisConfig;
+use conn::ConnectFailure;
 use notify::Notifier;
 use scripts::Scripts;
 
@@ -37,36 +42,10 @@ const PROBE_KEY: &str = "__xtr_lock_time_probe__";
 /// The fencing counter: one per prefix, shared by every resource (strictly increasing for each).
 const FENCE_KEY: &str = "__xtr_lock_fence__";
 
-/// After a failed connection attempt, requests fail at once with its error for this long
-/// instead of starting another attempt.
-const RECONNECT_PAUSE: Duration = Duration::from_millis(100);
-
-/// A failed connection attempt, shared with the requests that waited for it.
-struct ConnectFailure {
-    at: Instant,
-    /// Counts failed attempts, so a waiting request can tell that one ended while it waited.
-    seq: u64,
-    reason: String,
-    temporary: bool,
-}
-
-impl ConnectFailure {
-    fn error(&self, store: &RedisStore) -> Error {
-        let err = Error::storage(self.reason.clone()).with_store(store);
-        if self.temporary { err.temporary() } else { err }
-    }
-}
-
 /// Locks `m`, past poisoning (the data stays consistent: no code here panics while holding one).
 fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
-
-/// Error texts by which a server refuses `TIME` followed by a write in a script.
-const CLOCK_REFUSALS: &[&str] = &[
-    "commands not allowed after non deterministic",
-    "is not allowed from script",
-];
 
 /// Locks in Redis (or Valkey): one sorted set per resource, shared with Python xtr-lock 4.1.0's
 /// and Symfony Lock's `RedisStore`, so Rust, Python and PHP processes exclude each other.
@@ -81,7 +60,7 @@ const CLOCK_REFUSALS: &[&str] = &[
 /// - **Fencing tokens** from a counter in a separate key, `<prefix>__xtr_lock_fence__`,
 ///   incremented atomically with each new exclusive acquisition. Peers neither read nor touch
 ///   it; their acquisitions do not advance it, so fence only among processes of this library.
-/// - `exists` / [`is_acquired`](crate::Lock::is_acquired) is **read-only** (a `no-writes` script
+/// - `exists` / [`is_acquired`](crate::Lockable::is_acquired) is **read-only** (a `no-writes` script
 ///   on Redis ≥ 7), so it works on replicas and with read-only ACLs.
 /// - An expired reader cannot revive itself with a refresh; its entry is removed instead.
 ///
@@ -112,7 +91,7 @@ const CLOCK_REFUSALS: &[&str] = &[
 /// ```no_run
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> xtr_lock::Result<()> {
 /// use std::time::Duration;
-/// use xtr_lock::{LockFactory, RedisStore};
+/// use xtr_lock::{LockFactory, Lockable as _, RedisStore};
 ///
 /// let store = RedisStore::from_dsn("redis://localhost:6379/0?prefix=app:")?;
 /// let lock = LockFactory::new(store).create_lock("invoice:42").with_ttl(Some(Duration::from_secs(30)));
@@ -249,178 +228,6 @@ impl RedisStore {
         format!("{}{resource}", self.inner.prefix)
     }
 
-    fn cached_conn(&self) -> Option<ConnectionManager> {
-        lock(&self.inner.conn).clone()
-    }
-
-    async fn conn(&self) -> Result<ConnectionManager> {
-        if let Some(conn) = self.cached_conn() {
-            return Ok(conn);
-        }
-        let inner = &self.inner;
-        let seen = {
-            let failed = lock(&inner.failed);
-            match &*failed {
-                // Just failed: do not knock again at once (a quorum's next request to a dead
-                // member, a waiter's retry); say why the last attempt failed.
-                Some(f) if f.at.elapsed() < RECONNECT_PAUSE => return Err(f.error(self)),
-                Some(f) => f.seq,
-                None => 0,
-            }
-        };
-        let _one = inner.connecting.lock().await;
-        if let Some(conn) = self.cached_conn() {
-            return Ok(conn);
-        }
-        // An attempt failed while this request waited for it: its outcome is this one's too,
-        // rather than one more full timeout per request in the queue.
-        if let Some(f) = lock(&inner.failed).as_ref().filter(|f| f.seq != seen) {
-            return Err(f.error(self));
-        }
-        let cfg = ConnectionManagerConfig::new()
-            .set_number_of_retries(1)
-            .set_connection_timeout(inner.connect_timeout)
-            .set_response_timeout(inner.response_timeout);
-        let connecting = ConnectionManager::new_with_config(inner.client.clone(), cfg);
-        // The manager retries a refused connection once on its own; the whole attempt stays
-        // within the connect timeout the DSN gives.
-        let bound = inner.connect_timeout.unwrap_or(Duration::from_secs(30));
-        let outcome = match tokio::time::timeout(bound, connecting).await {
-            Ok(result) => result.map_err(|e| self.redis_error(e, None)),
-            Err(_) => Err(
-                Error::storage("cannot connect to the Redis server: timed out")
-                    .with_store(self)
-                    .temporary(),
-            ),
-        };
-        let conn = match outcome {
-            Ok(conn) => conn,
-            Err(err) => {
-                let mut failed = lock(&inner.failed);
-                let seq = failed.as_ref().map_or(0, |f| f.seq) + 1;
-                *failed = Some(ConnectFailure {
-                    at: Instant::now(),
-                    seq,
-                    reason: err.reason().unwrap_or("cannot connect").to_owned(),
-                    temporary: err.is_temporary(),
-                });
-                return Err(err);
-            }
-        };
-        *lock(&inner.conn) = Some(conn.clone());
-        Ok(conn)
-    }
-
-    /// Forgets the connection, so the next operation opens a new one on the runtime it runs on.
-    fn forget_conn(&self) {
-        *lock(&self.inner.conn) = None;
-    }
-
-    fn redis_error(&self, err: redis::RedisError, resource: Option<&str>) -> Error {
-        let temporary = err.is_io_error()
-            || err.is_timeout()
-            || err.is_connection_refusal()
-            || err.is_connection_dropped();
-        let reason = if err.kind() == redis::ErrorKind::InvalidClientConfig {
-            format!("the Redis client refuses its configuration: {err}")
-        } else if err.is_timeout() {
-            "the Redis server did not answer in time".to_owned()
-        } else if err.is_connection_refusal() || err.is_io_error() || err.is_connection_dropped() {
-            format!("cannot reach the Redis server: {err}")
-        } else {
-            format!("the Redis server refused: {err}")
-        };
-        let mut out = Error::storage(reason).with_store(self).with_source(err);
-        if let Some(r) = resource {
-            out = out.with_resource(r);
-        }
-        if temporary { out.temporary() } else { out }
-    }
-
-    /// Whether scripts must be given the client's clock; probes once per store.
-    async fn client_clock(&self, conn: &mut ConnectionManager) -> Result<bool> {
-        if let Some(mode) = *lock(&self.inner.client_clock) {
-            return Ok(mode);
-        }
-        let probe_key = format!("{}{PROBE_KEY}", self.inner.prefix);
-        let outcome: redis::RedisResult<i64> = self
-            .inner
-            .scripts
-            .probe
-            .key(&probe_key)
-            .invoke_async(conn)
-            .await;
-        let mode = match outcome {
-            Ok(_) => false,
-            Err(e) if CLOCK_REFUSALS.iter().any(|t| e.to_string().contains(t)) => true,
-            Err(e) => return Err(self.redis_error(e, None)),
-        };
-        *lock(&self.inner.client_clock) = Some(mode);
-        Ok(mode)
-    }
-
-    /// Runs `script` for `key`: ARGV = client time or "", token, duration ms, release channel.
-    async fn eval<T: redis::FromRedisValue>(
-        &self,
-        script: &redis::Script,
-        key: &Key,
-        ttl: Option<Duration>,
-        with_fence_key: bool,
-        read_only: bool,
-    ) -> Result<T> {
-        let mut conn = self
-            .conn()
-            .await
-            .map_err(|e| e.with_resource(key.resource()))?;
-        let client_clock = if read_only {
-            // Reading TIME without writing needs no probe (and must work on a replica, where
-            // the probe's write is refused): the probe's verdict if known, else the server's.
-            lock(&self.inner.client_clock).unwrap_or(false)
-        } else {
-            self.client_clock(&mut conn)
-                .await
-                .map_err(|e| e.with_resource(key.resource()))?
-        };
-        let lock_key = self.key_for(key.resource());
-        let mut invocation = script.key(&lock_key);
-        if with_fence_key {
-            invocation.key(format!("{}{FENCE_KEY}", self.inner.prefix));
-        }
-        let now = if client_clock {
-            let t = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .unwrap_or_default();
-            format!("{:.6}", t.as_secs_f64())
-        } else {
-            String::new()
-        };
-        invocation
-            .arg(now)
-            .arg(key.token(KIND))
-            .arg(ttl.map_or(0, duration_ms))
-            .arg(notify::channel(&lock_key));
-        match invocation.invoke_async(&mut conn).await {
-            // The connection's driver task ran on a runtime that has ended (a store used from a
-            // second runtime: HOLD-6), so the request never left. Reconnect here and retry once;
-            // the scripts are idempotent for one token, so a retry cannot double an effect
-            // (except that a save granted twice reports its fencing token only the first time).
-            Err(e)
-                if e.is_io_error() && !e.is_timeout() && e.to_string().contains("broken pipe") =>
-            {
-                self.forget_conn();
-                let mut conn = self
-                    .conn()
-                    .await
-                    .map_err(|e| e.with_resource(key.resource()))?;
-                invocation
-                    .invoke_async(&mut conn)
-                    .await
-                    .map_err(|e| self.redis_error(e, Some(key.resource())))
-            }
-            other => other.map_err(|e| self.redis_error(e, Some(key.resource()))),
-        }
-    }
-
     fn ttl(&self, key: &Key, ttl: Option<Duration>) -> Result<Duration> {
         ttl.ok_or_else(|| {
             Error::invalid_argument(
@@ -431,7 +238,7 @@ impl RedisStore {
         })
     }
 
-    async fn save_mode(&self, key: &Key, ttl: Option<Duration>, mode: Mode) -> Result<Acquired> {
+    async fn save_mode(&self, key: &Key, ttl: Option<Duration>, mode: Mode) -> Result<Saved> {
         let ttl = self.ttl(key, ttl)?;
         // The local deadline is never later than the server's: shortened before the trip.
         key.reduce_lifetime(ttl);
@@ -439,32 +246,37 @@ impl RedisStore {
             Mode::Write => &self.inner.scripts.save,
             Mode::Read => &self.inner.scripts.save_read,
         };
-        let (granted, value): (i64, i64) = self
+        let (granted, value, kept): (i64, i64, i64) = self
             .eval(script, key, Some(ttl), mode == Mode::Write, false)
             .await?;
         if granted != 1 {
-            let err = Error::conflict(key.resource()).with_store(self);
-            return Err(match u64::try_from(value) {
-                Ok(ms) if ms > 0 => err.with_retry_after(Duration::from_millis(ms)),
-                _ => err,
-            });
+            let conflict = Conflict::new().with_kept((kept == 1).then_some(Mode::Read));
+            return Ok(Saved::Conflict(match u64::try_from(value) {
+                Ok(ms) if ms > 0 => conflict.with_retry_after(Duration::from_millis(ms)),
+                _ => conflict,
+            }));
         }
         if mode == Mode::Read {
             // Other readers waiting here may come in too: pass the turn on.
             self.inner.notifier.pass_turn(&self.key_for(key.resource()));
         }
         check_expiry(self, key).await?;
-        Ok(match u64::try_from(value) {
+        Ok(Saved::Acquired(match u64::try_from(value) {
             Ok(fence) if fence > 0 && mode == Mode::Write => Acquired::fenced(fence),
             _ => Acquired::new(),
-        })
+        }))
     }
 }
 
-/// Integer milliseconds, rounded up, as the peers put durations on the wire.
-fn duration_ms(d: Duration) -> u64 {
-    let ms = d.as_nanos().div_ceil(1_000_000);
-    u64::try_from(ms).unwrap_or(u64::MAX).max(1)
+/// What a holding code of the scripts means.
+fn holding(code: i64) -> Holding {
+    match code {
+        2 => Holding::Held(Mode::Write),
+        1 => Holding::Held(Mode::Read),
+        -1 => Holding::NotHeld(LostReason::Expired),
+        -2 => Holding::NotHeld(LostReason::TakenOver),
+        _ => Holding::NotHeld(LostReason::Removed),
+    }
 }
 
 /// A credential-free description of a client's server.
@@ -506,6 +318,8 @@ impl Store for RedisStore {
             notifies: true,
             serializable_keys: true,
             introspection: true,
+            liveness: false,
+            observes_loss: false,
         }
     }
 
@@ -516,7 +330,7 @@ impl Store for RedisStore {
     ///
     /// Dropped mid-flight, the server may or may not have stored the lock; `delete` removes it
     /// (the [`Lock`](crate::Lock) does this for you).
-    async fn save(&self, key: &Key, ttl: Option<Duration>) -> Result<Acquired> {
+    async fn save(&self, key: &Key, ttl: Option<Duration>) -> Result<Saved> {
         self.save_mode(key, ttl, Mode::Write).await
     }
 
@@ -525,7 +339,7 @@ impl Store for RedisStore {
     /// # Cancel safety
     ///
     /// As [`save`](RedisStore::save).
-    async fn save_read(&self, key: &Key, ttl: Option<Duration>) -> Result<Acquired> {
+    async fn save_read(&self, key: &Key, ttl: Option<Duration>) -> Result<Saved> {
         self.save_mode(key, ttl, Mode::Read).await
     }
 
@@ -534,15 +348,16 @@ impl Store for RedisStore {
     /// # Cancel safety
     ///
     /// Dropped mid-flight, the lease is either the old or the new one.
-    async fn put_off_expiration(&self, key: &Key, ttl: Duration) -> Result<()> {
+    async fn put_off_expiration(&self, key: &Key, ttl: Duration) -> Result<Holding> {
         key.reduce_lifetime(ttl);
-        let granted: i64 = self
+        let code: i64 = self
             .eval(&self.inner.scripts.put_off, key, Some(ttl), false, false)
             .await?;
-        if granted != 1 {
-            return Err(Error::conflict(key.resource()).with_store(self));
+        let held = holding(code);
+        if held.is_held() {
+            check_expiry(self, key).await?;
         }
-        check_expiry(self, key).await
+        Ok(held)
     }
 
     /// One round trip; `true` only if a live lease was removed (an ended one counts as lost).
@@ -557,18 +372,19 @@ impl Store for RedisStore {
         Ok(removed == 1)
     }
 
-    /// Read-only: the token's score is later than the server's now.
+    /// Read-only: the token's score is later than the server's now; the write marker beside
+    /// it makes it a writer.
     ///
     /// # Cancel safety
     ///
     /// Cancel-safe: it changes nothing.
-    async fn exists(&self, key: &Key) -> Result<bool> {
+    async fn exists(&self, key: &Key) -> Result<Holding> {
         if !self.inner.legacy_exists.load(Ordering::Relaxed) {
             match self
                 .eval::<i64>(&self.inner.scripts.exists, key, None, false, true)
                 .await
             {
-                Ok(found) => return Ok(found == 1),
+                Ok(code) => return Ok(holding(code)),
                 // Redis < 7 does not know script flags: use the same script without them.
                 Err(e) if e.to_string().contains("shebang") || e.to_string().contains("flag") => {
                     self.inner.legacy_exists.store(true, Ordering::Relaxed);
@@ -576,10 +392,10 @@ impl Store for RedisStore {
                 Err(e) => return Err(e),
             }
         }
-        let found: i64 = self
+        let code: i64 = self
             .eval(&self.inner.scripts.exists_legacy, key, None, false, true)
             .await?;
-        Ok(found == 1)
+        Ok(holding(code))
     }
 
     /// Subscribes (once per resource, on the store's one subscriber connection) to releases.

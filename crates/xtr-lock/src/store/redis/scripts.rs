@@ -1,13 +1,17 @@
-//! The Lua scripts: one atomic script per operation on one lock key, in the ZSET layout shared
-//! with Python xtr-lock 4.1.0 and Symfony Lock (interop-formats §1–2). Written for this crate.
+//! The Lua scripts: one atomic script per operation on one lock key, in the sorted-set layout
+//! shared with Python xtr-lock 4.1.0 and Symfony Lock. Written for this crate.
 //!
 //! Arguments, for every script: `KEYS[1]` the lock key (prefix + resource); `ARGV[1]` the client's
 //! Unix time in seconds, or `""` to read the server's `TIME`; `ARGV[2]` the holder's token;
 //! `ARGV[3]` a duration in ms; `ARGV[4]` the release channel. `save` also takes `KEYS[2]`, the
 //! fencing counter.
 //!
-//! Members are only holder tokens and `__write__` (§2.8): the peers decide admission by counting
+//! Members are only holder tokens and `__write__`: the peers decide admission by counting
 //! members, so nothing else may go in the set.
+//!
+//! What a holder holds is answered by one code, shared by `exists` and `put_off`: 2 writes,
+//! 1 reads, 0 nothing stored (removed), -1 its entry's lease had ended (expired), -2 another
+//! holder holds it now (taken over).
 
 /// Shared helpers, prepended to each script.
 const PRELUDE: &str = r#"
@@ -33,6 +37,11 @@ local function expire_at_max(key)
   local top = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
   if top[2] then redis.call('PEXPIREAT', key, top[2]) end
 end
+-- What a holder without a live entry of its own lost to: -2 when someone else holds, else 0.
+local function absent_code(key, now)
+  if redis.call('ZCOUNT', key, '(' .. now, '+inf') > 0 then return -2 end
+  return 0
+end
 -- How long until another holder's lease ends: when a waiter should try again at the latest.
 local function wait_hint(key, token, now)
   local low = redis.call('ZRANGE', key, 0, 2, 'WITHSCORES')
@@ -46,14 +55,15 @@ end
 "#;
 
 /// Write lock: re-save by the writer, promotion of the sole reader, or a new writer on an empty
-/// set (after pruning). Replies `{1, fence}` (fence 0: the writer re-saved and keeps its token),
-/// or `{0, ms until another lease ends, or -1}`. A string at the key refuses (someone else's
-/// lock in another format); another type fails with WRONGTYPE.
+/// set (after pruning). Replies `{1, fence, 0}` (fence 0: the writer re-saved and keeps its token),
+/// or `{0, ms until another lease ends or -1, 1 if the holder keeps its read lock else 0}`. A
+/// string at the key refuses (someone else's lock in another format); another type fails with
+/// WRONGTYPE.
 const SAVE: &str = r#"
 local key, fence_key = KEYS[1], KEYS[2]
 local token, dur = ARGV[2], tonumber(ARGV[3])
 local now = now_ms()
-local count, stop = zcall({0, -1}, 'ZCARD', key)
+local count, stop = zcall({0, -1, 0}, 'ZCARD', key)
 if stop then return stop end
 local mine, writing = false, false
 -- The common case, a free lock, pays no pruning and no lookups.
@@ -61,17 +71,18 @@ if count > 0 then
   count = count - redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
   if count > 0 then
     mine = redis.call('ZSCORE', key, token)
-    if not mine then return {0, wait_hint(key, token, now)} end
+    if not mine then return {0, wait_hint(key, token, now), 0} end
     writing = redis.call('ZSCORE', key, '__write__')
-    if (not writing) and count > 1 then return {0, wait_hint(key, token, now)} end
+    -- A reader that is not alone keeps its read lock.
+    if (not writing) and count > 1 then return {0, wait_hint(key, token, now), 1} end
   end
 end
 local score = now + dur
 redis.call('ZADD', key, score, token, score, '__write__')
 -- Admitted: the set is exactly {token, marker}, so the key lives as long as this score.
 redis.call('PEXPIREAT', key, score)
-if mine and writing then return {1, 0} end
-return {1, redis.call('INCR', fence_key)}
+if mine and writing then return {1, 0, 0} end
+return {1, redis.call('INCR', fence_key), 0}
 "#;
 
 /// Read lock: joins readers, or demotes the caller's write lock (and tells waiting readers).
@@ -80,47 +91,49 @@ const SAVE_READ: &str = r#"
 local key = KEYS[1]
 local token, dur, channel = ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local now = now_ms()
-local count, stop = zcall({0, -1}, 'ZCARD', key)
+local count, stop = zcall({0, -1, 0}, 'ZCARD', key)
 if stop then return stop end
 if count == 0 then
   -- A free lock: the new entry is the only one, so the key lives exactly as long.
   redis.call('ZADD', key, now + dur, token)
   redis.call('PEXPIREAT', key, now + dur)
-  return {1, 0}
+  return {1, 0, 0}
 end
 redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
 local mine = redis.call('ZSCORE', key, token)
 local writing = redis.call('ZSCORE', key, '__write__')
-if (not mine) and writing then return {0, wait_hint(key, token, now)} end
+if (not mine) and writing then return {0, wait_hint(key, token, now), 0} end
 redis.call('ZADD', key, now + dur, token)
 if writing then
   redis.call('ZREM', key, '__write__')
   redis.call('PUBLISH', channel, 'demoted')
 end
 expire_at_max(key)
-return {1, 0}
+return {1, 0, 0}
 "#;
 
-/// Refresh: only a live member is extended (an expired one is removed, never revived: the
-/// Python peer's DEF-4). Replies 1 or 0.
+/// Refresh: only a live member is extended; an expired one is removed, never revived (the
+/// Python peer's refresh revives a reader whose entry another reader kept alive). Replies the
+/// holding code (2, 1: extended; 0, -1, -2: not held).
 const PUT_OFF: &str = r#"
 local key = KEYS[1]
 local token, dur = ARGV[2], tonumber(ARGV[3])
-local mine, stop = zcall(0, 'ZSCORE', key, token)
+local mine, stop = zcall(-2, 'ZSCORE', key, token)
 if stop then return stop end
-if not mine then return 0 end
 local now = now_ms()
+if not mine then return absent_code(key, now) end
 local writing = redis.call('ZSCORE', key, '__write__')
 if tonumber(mine) <= now then
   redis.call('ZREM', key, token)
   if writing then redis.call('ZREM', key, '__write__') end
   expire_at_max(key)
-  return 0
+  return -1
 end
 local score = now + dur
 redis.call('ZADD', key, score, token)
 if writing then redis.call('ZADD', key, score, '__write__') end
 expire_at_max(key)
+if writing then return 2 end
 return 1
 "#;
 
@@ -145,16 +158,20 @@ if tonumber(score) <= now_ms() then return 2 end
 return 1
 "#;
 
-/// Does the holder hold (either mode)? Read-only: no pruning, so it runs on replicas and needs
-/// no write permission (Redis ≥ 7 reads the flag; older servers get [`EXISTS_LEGACY`]).
+/// What does the holder hold? Replies the holding code. Read-only: no pruning, so it runs on
+/// replicas and needs no write permission (Redis ≥ 7 reads the flag; older servers get the same
+/// body without it). A writer's set is exactly {token, marker}, so the marker beside a live
+/// entry of the holder's is its own.
 const EXISTS_BODY: &str = r#"
 local key = KEYS[1]
 local token = ARGV[2]
-local score, stop = zcall(0, 'ZSCORE', key, token)
+local score, stop = zcall(-2, 'ZSCORE', key, token)
 if stop then return stop end
-if not score then return 0 end
-if tonumber(score) > now_ms() then return 1 end
-return 0
+local now = now_ms()
+if not score then return absent_code(key, now) end
+if tonumber(score) <= now then return -1 end
+if redis.call('ZSCORE', key, '__write__') then return 2 end
+return 1
 "#;
 
 /// The time probe, on `<prefix>__xtr_lock_time_probe__` like the Python peer (so the same ACLs

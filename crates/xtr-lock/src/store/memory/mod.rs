@@ -8,9 +8,12 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 
 use super::channels::Channels;
-use super::{Acquired, Capabilities, HolderInfo, Store, Watcher, check_expiry};
+use super::{
+    Acquired, Capabilities, Conflict, HolderInfo, Holding, LossWatcher, Saved, Store, Watcher,
+    check_expiry,
+};
 use crate::clock::Clock;
-use crate::error::{Error, Result};
+use crate::error::{LostReason, Result};
 use crate::key::{Key, Mode};
 
 /// The token kind in-memory stores use: one token per key for all of them.
@@ -20,7 +23,9 @@ const KIND: &str = "memory";
 /// the store.
 ///
 /// - Shared and exclusive locks; the sole reader promotes, a writer demotes.
-/// - Waiters are woken on release (in-process notification), never only by polling.
+/// - Waiters are woken on release (in-process notification), never only by polling, and a
+///   holder is told at once when its lock is deleted behind its back
+///   ([`watch_loss`](Store::watch_loss)).
 /// - Each exclusive acquisition gets a fencing token greater than every earlier one of this store.
 /// - Clones share state; two stores made with [`new`](InMemoryStore::new) share nothing.
 /// - A deserialized copy of a key is the same holder (holders are told apart by token).
@@ -45,7 +50,7 @@ const KIND: &str = "memory";
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> xtr_lock::Result<()> {
-/// use xtr_lock::{InMemoryStore, LockFactory};
+/// use xtr_lock::{InMemoryStore, LockFactory, Lockable as _};
 ///
 /// let factory = LockFactory::new(InMemoryStore::new());
 /// let a = factory.create_lock("report");
@@ -106,6 +111,49 @@ impl Entry {
         let before = self.readers.len();
         self.readers.retain(|_, e| e.is_none_or(|e| e > now));
         changed || self.readers.len() != before
+    }
+
+    /// The mode `token` holds in at `now` (expired entries hold nothing).
+    fn mode_of(&self, token: &str, now: Instant) -> Option<Mode> {
+        let alive = |e: Option<Instant>| e.is_none_or(|e| e > now);
+        if self
+            .writer
+            .as_ref()
+            .is_some_and(|w| w.token == token && alive(w.expires))
+        {
+            return Some(Mode::Write);
+        }
+        self.readers
+            .get(token)
+            .filter(|e| alive(**e))
+            .map(|_| Mode::Read)
+    }
+
+    /// Whether `token` has an entry, live or not.
+    fn has_entry(&self, token: &str) -> bool {
+        self.writer.as_ref().is_some_and(|w| w.token == token) || self.readers.contains_key(token)
+    }
+
+    /// Whether anyone but `token` holds at `now`.
+    fn others_hold(&self, token: &str, now: Instant) -> bool {
+        let alive = |e: Option<Instant>| e.is_none_or(|e| e > now);
+        self.writer
+            .as_ref()
+            .is_some_and(|w| w.token != token && alive(w.expires))
+            || self
+                .readers
+                .iter()
+                .any(|(t, e)| t.as_str() != token && alive(*e))
+    }
+
+    /// What `token` holds, or why not.
+    fn holding(&self, token: &str, now: Instant) -> Holding {
+        match self.mode_of(token, now) {
+            Some(mode) => Holding::Held(mode),
+            None if self.has_entry(token) => Holding::NotHeld(LostReason::Expired),
+            None if self.others_hold(token, now) => Holding::NotHeld(LostReason::TakenOver),
+            None => Holding::NotHeld(LostReason::Removed),
+        }
     }
 
     /// When the earliest holder other than `token` expires, if every one of them expires.
@@ -174,18 +222,33 @@ impl InMemoryStore {
         }
     }
 
-    fn conflict(&self, key: &Key, entry: &Entry, token: &str, now: Instant) -> Error {
-        let err = Error::conflict(key.resource()).with_store(self);
-        match entry.retry_after(token, now) {
-            Some(d) => err.with_retry_after(d),
-            None => err,
-        }
+    fn conflict(entry: &Entry, token: &str, now: Instant) -> Saved {
+        let conflict = Conflict::new().with_kept(entry.mode_of(token, now));
+        Saved::Conflict(match entry.retry_after(token, now) {
+            Some(d) => conflict.with_retry_after(d),
+            None => conflict,
+        })
     }
 
-    async fn finish(&self, key: &Key, result: Result<Acquired>) -> Result<Acquired> {
-        let acquired = result?;
-        check_expiry(self, key).await?;
-        Ok(acquired)
+    async fn finish(&self, key: &Key, saved: Saved) -> Result<Saved> {
+        if saved.is_acquired() {
+            check_expiry(self, key).await?;
+        }
+        Ok(saved)
+    }
+
+    /// Why `token` no longer holds on `resource`, if it does not.
+    fn lost_reason(&self, resource: &str, token: &str) -> Option<LostReason> {
+        let (now, _) = self.times(None);
+        let st = self.state();
+        let holding = match st.resources.get(resource) {
+            Some(entry) => entry.holding(token, now),
+            None => Holding::NotHeld(LostReason::Removed),
+        };
+        match holding {
+            Holding::Held(_) => None,
+            Holding::NotHeld(reason) => Some(reason),
+        }
     }
 }
 
@@ -247,13 +310,16 @@ impl Store for InMemoryStore {
             notifies: true,
             serializable_keys: true,
             introspection: true,
+            // The lock dies with the process, and so does every holder that could wait for it.
+            liveness: true,
+            observes_loss: true,
         }
     }
 
     /// # Cancel safety
     ///
     /// Cancel-safe: the state changes synchronously, before the first await.
-    async fn save(&self, key: &Key, ttl: Option<Duration>) -> Result<Acquired> {
+    async fn save(&self, key: &Key, ttl: Option<Duration>) -> Result<Saved> {
         let token = key.token(KIND);
         self.reduce(key, ttl);
         let result = {
@@ -264,12 +330,12 @@ impl Store for InMemoryStore {
             let outcome = match &mut entry.writer {
                 Some(w) if w.token == token => {
                     w.expires = expires;
-                    Ok(Acquired::fenced(w.fence))
+                    Saved::Acquired(Acquired::fenced(w.fence))
                 }
-                Some(_) => Err(self.conflict(key, entry, &token, now)),
+                Some(_) => Self::conflict(entry, &token, now),
                 None if entry.readers.keys().any(|t| *t != token) => {
                     // Another reader holds: a promotion fails and the caller keeps its read lock.
-                    Err(self.conflict(key, entry, &token, now))
+                    Self::conflict(entry, &token, now)
                 }
                 None => {
                     entry.readers.remove(&token);
@@ -280,10 +346,10 @@ impl Store for InMemoryStore {
                         fence,
                         expires,
                     });
-                    Ok(Acquired::fenced(fence))
+                    Saved::Acquired(Acquired::fenced(fence))
                 }
             };
-            if outcome.is_err() {
+            if outcome.is_conflict() {
                 st.tidy(key.resource());
             }
             if pruned {
@@ -297,7 +363,7 @@ impl Store for InMemoryStore {
     /// # Cancel safety
     ///
     /// Cancel-safe: the state changes synchronously, before the first await.
-    async fn save_read(&self, key: &Key, ttl: Option<Duration>) -> Result<Acquired> {
+    async fn save_read(&self, key: &Key, ttl: Option<Duration>) -> Result<Saved> {
         let token = key.token(KIND);
         self.reduce(key, ttl);
         let result = {
@@ -307,17 +373,17 @@ impl Store for InMemoryStore {
             let (entry, pruned) = entry_in(&mut st.resources, key.resource(), now);
             let mut demoted = false;
             let outcome = match &entry.writer {
-                Some(w) if w.token != token => Err(self.conflict(key, entry, &token, now)),
+                Some(w) if w.token != token => Self::conflict(entry, &token, now),
                 writer => {
                     if writer.is_some() {
                         entry.writer = None;
                         demoted = true;
                     }
                     entry.readers.insert(token, expires);
-                    Ok(Acquired::new())
+                    Saved::Acquired(Acquired::new())
                 }
             };
-            if outcome.is_err() {
+            if outcome.is_conflict() {
                 st.tidy(key.resource());
             }
             if pruned || demoted {
@@ -332,37 +398,41 @@ impl Store for InMemoryStore {
     /// # Cancel safety
     ///
     /// Cancel-safe: the state changes synchronously, before the first await.
-    async fn put_off_expiration(&self, key: &Key, ttl: Duration) -> Result<()> {
+    async fn put_off_expiration(&self, key: &Key, ttl: Duration) -> Result<Holding> {
         let token = key.token(KIND);
         self.reduce(key, Some(ttl));
-        {
+        let holding = {
             let (now, expires) = self.times(Some(ttl));
             let mut guard = self.state();
             let st = &mut *guard;
-            let (entry, pruned) = entry_in(&mut st.resources, key.resource(), now);
-            // Expired holders were pruned above, so an expired entry cannot be revived.
-            let held = match &mut entry.writer {
-                Some(w) if w.token == token => {
-                    w.expires = expires;
-                    true
-                }
-                _ => match entry.readers.get_mut(&token) {
-                    Some(e) => {
-                        *e = expires;
-                        true
+            let entry = st.resources.entry(key.resource().to_owned()).or_default();
+            // What the holder holds is read before pruning, so that an entry that expired is
+            // reported as such (and then removed: an expired entry is never revived).
+            let holding = entry.holding(&token, now);
+            let pruned = entry.prune(now);
+            match holding {
+                Holding::Held(Mode::Write) => {
+                    if let Some(w) = entry.writer.as_mut() {
+                        w.expires = expires;
                     }
-                    None => false,
-                },
-            };
+                }
+                Holding::Held(Mode::Read) => {
+                    if let Some(e) = entry.readers.get_mut(&token) {
+                        *e = expires;
+                    }
+                }
+                Holding::NotHeld(_) => {}
+            }
             st.tidy(key.resource());
             if pruned {
                 st.notify(key.resource());
             }
-            if !held {
-                return Err(Error::conflict(key.resource()).with_store(self));
-            }
+            holding
+        };
+        if holding.is_held() {
+            check_expiry(self, key).await?;
         }
-        check_expiry(self, key).await
+        Ok(holding)
     }
 
     /// # Cancel safety
@@ -391,23 +461,17 @@ impl Store for InMemoryStore {
     /// # Cancel safety
     ///
     /// Cancel-safe: read-only and synchronous.
-    async fn exists(&self, key: &Key) -> Result<bool> {
+    async fn exists(&self, key: &Key) -> Result<Holding> {
         if !key.has_token(KIND) {
-            return Ok(false);
+            return Ok(Holding::NotHeld(LostReason::Removed));
         }
         let token = key.token(KIND);
         let (now, _) = self.times(None);
         let st = self.state();
-        let Some(entry) = st.resources.get(key.resource()) else {
-            return Ok(false);
-        };
-        let alive = |e: Option<Instant>| e.is_none_or(|e| e > now);
-        let writes = entry
-            .writer
-            .as_ref()
-            .is_some_and(|w| w.token == token && alive(w.expires));
-        let reads = entry.readers.get(&token).is_some_and(|e| alive(*e));
-        Ok(writes || reads)
+        Ok(match st.resources.get(key.resource()) {
+            Some(entry) => entry.holding(&token, now),
+            None => Holding::NotHeld(LostReason::Removed),
+        })
     }
 
     /// One counter for the whole store, so strictly increasing for every resource.
@@ -457,103 +521,31 @@ impl Store for InMemoryStore {
             let _ = rx.changed().await;
         })))
     }
+
+    /// Completes when the holder's entry is gone: deleted (by a deserialized copy of the key,
+    /// say), pruned after expiring, or taken over. Every such change notifies the resource's
+    /// channel; expiry alone does not, and is found by renewal.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: registration is synchronous.
+    async fn watch_loss(&self, key: &Key) -> Result<Option<LossWatcher>> {
+        let token = key.token(KIND);
+        let resource = key.resource().to_owned();
+        let mut rx = self.state().watchers.subscribe(&resource);
+        let store = self.clone();
+        Ok(Some(LossWatcher::new(async move {
+            loop {
+                if let Some(reason) = store.lost_reason(&resource, &token) {
+                    return reason;
+                }
+                if rx.changed().await.is_err() {
+                    return LostReason::Removed;
+                }
+            }
+        })))
+    }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::clock::ManualClock;
-
-    #[tokio::test]
-    async fn a_lifetime_never_expires_by_default() {
-        let store = InMemoryStore::new();
-        let key = Key::new("r");
-        store
-            .save(&key, Some(Duration::from_millis(1)))
-            .await
-            .unwrap();
-        tokio::time::sleep(Duration::from_millis(5)).await;
-        assert!(store.exists(&key).await.unwrap());
-        assert_eq!(key.remaining_lifetime(), None);
-    }
-
-    #[tokio::test]
-    async fn two_stores_are_independent() {
-        let (a, b) = (InMemoryStore::new(), InMemoryStore::new());
-        let k1 = Key::new("r");
-        let k2 = Key::new("r");
-        a.save(&k1, None).await.unwrap();
-        b.save(&k2, None).await.unwrap();
-        assert!(!b.exists(&k1).await.unwrap());
-        // Clones share.
-        assert!(a.clone().exists(&k1).await.unwrap());
-    }
-
-    #[tokio::test]
-    async fn put_off_on_a_holder_that_does_not_hold_is_a_conflict() {
-        let store = InMemoryStore::new();
-        let err = store
-            .put_off_expiration(&Key::new("r"), Duration::from_secs(1))
-            .await
-            .unwrap_err();
-        assert!(err.is_conflict());
-        assert_eq!(err.store(), Some("in-memory"));
-    }
-
-    #[tokio::test]
-    async fn empty_entries_and_idle_watchers_do_not_pile_up() {
-        let store = InMemoryStore::new();
-        for i in 0..1000 {
-            let key = Key::new(format!("r{i}"));
-            store.save(&key, None).await.unwrap();
-            drop(store.watch(key.resource()).await.unwrap());
-            store.delete(&key).await.unwrap();
-        }
-        let st = store.state();
-        assert!(st.resources.is_empty());
-        assert!(st.watchers.len() <= 64, "{}", st.watchers.len());
-    }
-
-    #[tokio::test]
-    async fn conflicts_carry_the_earliest_expiry_of_the_other_holders() {
-        let clock = ManualClock::new();
-        let store = InMemoryStore::expiring(Arc::new(clock.clone()));
-        let a = Key::with_clock("r", Arc::new(clock.clone()));
-        let b = Key::with_clock("r", Arc::new(clock.clone()));
-        store.save(&a, Some(Duration::from_secs(10))).await.unwrap();
-        clock.advance(Duration::from_secs(4));
-        let err = store
-            .save(&b, Some(Duration::from_secs(10)))
-            .await
-            .unwrap_err();
-        assert_eq!(err.retry_after(), Some(Duration::from_secs(6)));
-        clock.advance(Duration::from_secs(6));
-        store.save(&b, Some(Duration::from_secs(10))).await.unwrap();
-    }
-
-    #[tokio::test]
-    async fn an_expired_reader_cannot_revive_itself() {
-        // DEF-4: one reader with a short lifetime, another with a long one.
-        let clock = ManualClock::new();
-        let store = InMemoryStore::expiring(Arc::new(clock.clone()));
-        let short = Key::with_clock("r", Arc::new(clock.clone()));
-        let long = Key::with_clock("r", Arc::new(clock.clone()));
-        store
-            .save_read(&short, Some(Duration::from_millis(300)))
-            .await
-            .unwrap();
-        store
-            .save_read(&long, Some(Duration::from_secs(10)))
-            .await
-            .unwrap();
-        clock.advance(Duration::from_millis(500));
-        short.reset_lifetime();
-        let err = store
-            .put_off_expiration(&short, Duration::from_secs(10))
-            .await
-            .unwrap_err();
-        assert!(err.is_conflict());
-        assert!(!store.exists(&short).await.unwrap());
-        assert!(store.exists(&long).await.unwrap());
-    }
-}
+mod tests;

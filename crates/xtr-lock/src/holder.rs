@@ -1,0 +1,238 @@
+//! What the locks of one holder believe about it, and the per-holder turn.
+//!
+//! A [`Key`](crate::Key) is identity; this is the lock's bookkeeping, which every lock built on
+//! the key shares (they are one holder). The key carries it without knowing what is in it.
+
+use tokio::sync::{Mutex, MutexGuard, watch};
+
+use crate::error::LostReason;
+use crate::mode::Mode;
+
+/// The believed state of a holder, and its generation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Believed {
+    pub(crate) hold: Hold,
+    /// Bumped each time the holder goes from holding nothing to holding; mode changes and
+    /// re-saves keep it. A monitor watches one generation.
+    pub(crate) generation: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Hold {
+    /// Holds nothing, as far as the holder knows (never acquired, or released).
+    Free,
+    /// Holds in `mode`, with the fencing token of the exclusive acquisition.
+    Held { mode: Mode, fencing: Option<u64> },
+    /// Held, then found lost, and not released since: a release reports it.
+    Lost(LostReason),
+}
+
+pub(crate) struct Holder {
+    state: watch::Sender<Believed>,
+    /// Serializes the store operations of this holder (never held across a wait).
+    turn: Mutex<()>,
+    /// Counts cancelled acquisitions whose clean-up has not finished yet.
+    cleanups: watch::Sender<u32>,
+}
+
+impl Holder {
+    pub(crate) fn new() -> Self {
+        let (state, _) = watch::channel(Believed {
+            hold: Hold::Free,
+            generation: 0,
+        });
+        let (cleanups, _) = watch::channel(0);
+        Holder {
+            state,
+            turn: Mutex::new(()),
+            cleanups,
+        }
+    }
+
+    pub(crate) fn believed(&self) -> Believed {
+        *self.state.borrow()
+    }
+
+    /// The mode it holds in, if it believes it holds.
+    pub(crate) fn mode(&self) -> Option<Mode> {
+        match self.believed().hold {
+            Hold::Held { mode, .. } => Some(mode),
+            Hold::Free | Hold::Lost(_) => None,
+        }
+    }
+
+    pub(crate) fn fencing_token(&self) -> Option<u64> {
+        match self.believed().hold {
+            Hold::Held { fencing, .. } => fencing,
+            Hold::Free | Hold::Lost(_) => None,
+        }
+    }
+
+    pub(crate) fn generation(&self) -> u64 {
+        self.believed().generation
+    }
+
+    /// Changes of the believed state, from now on.
+    pub(crate) fn subscribe(&self) -> watch::Receiver<Believed> {
+        self.state.subscribe()
+    }
+
+    /// A store granted `mode`, with the fencing token it gave.
+    pub(crate) fn acquired(&self, mode: Mode, fencing: Option<u64>) {
+        self.state.send_modify(|b| {
+            b.hold = match b.hold {
+                Hold::Held {
+                    mode: was,
+                    fencing: kept,
+                } => Hold::Held {
+                    mode,
+                    // A re-save by the holder that already writes keeps its token (a store may
+                    // then report none: nothing new was granted).
+                    fencing: match mode {
+                        Mode::Write => fencing.or(kept.filter(|_| was == Mode::Write)),
+                        Mode::Read => None,
+                    },
+                },
+                Hold::Free | Hold::Lost(_) => {
+                    b.generation += 1;
+                    Hold::Held {
+                        mode,
+                        fencing: fencing.filter(|_| mode == Mode::Write),
+                    }
+                }
+            };
+        });
+    }
+
+    /// A store says the holder holds in `mode` (it asked, or refreshed).
+    pub(crate) fn found_held(&self, mode: Mode) {
+        self.state.send_if_modified(|b| {
+            let next = match b.hold {
+                Hold::Held { mode: was, .. } if was == mode => return false,
+                Hold::Held { fencing, .. } => Hold::Held {
+                    mode,
+                    fencing: fencing.filter(|_| mode == Mode::Write),
+                },
+                // A key that travelled from another process, or a lock found again: a new
+                // generation, with no fencing token known here.
+                Hold::Free | Hold::Lost(_) => {
+                    b.generation += 1;
+                    Hold::Held {
+                        mode,
+                        fencing: None,
+                    }
+                }
+            };
+            b.hold = next;
+            true
+        });
+    }
+
+    /// A store says the holder holds nothing. A holder that believed it held has lost its lock,
+    /// for `reason`; returns whether that is news.
+    pub(crate) fn found_not_held(&self, reason: LostReason) -> bool {
+        let mut lost = false;
+        self.state.send_if_modified(|b| match b.hold {
+            Hold::Held { .. } => {
+                b.hold = Hold::Lost(reason);
+                lost = true;
+                true
+            }
+            Hold::Free | Hold::Lost(_) => false,
+        });
+        lost
+    }
+
+    /// The lock of generation `generation` is lost, if the holder still believes it holds it.
+    /// Returns whether it did.
+    pub(crate) fn lose(&self, generation: u64, reason: LostReason) -> bool {
+        let mut lost = false;
+        self.state.send_if_modified(|b| {
+            if b.generation == generation && matches!(b.hold, Hold::Held { .. }) {
+                b.hold = Hold::Lost(reason);
+                lost = true;
+            }
+            lost
+        });
+        lost
+    }
+
+    /// The holder released (or gave up) what it held.
+    pub(crate) fn released(&self) {
+        self.state.send_if_modified(|b| {
+            let changed = b.hold != Hold::Free;
+            b.hold = Hold::Free;
+            changed
+        });
+    }
+
+    /// Takes this holder's turn for one store operation. Clean-ups of cancelled acquisitions
+    /// go first, so that a delete scheduled by a dropped future never removes what a later
+    /// acquisition stored.
+    pub(crate) async fn turn(&self) -> MutexGuard<'_, ()> {
+        let mut rx = self.cleanups.subscribe();
+        let _ = rx.wait_for(|n| *n == 0).await;
+        self.turn.lock().await
+    }
+
+    /// Takes the turn for a clean-up, ignoring pending clean-ups (it is one of them).
+    pub(crate) async fn cleanup_turn(&self) -> MutexGuard<'_, ()> {
+        self.turn.lock().await
+    }
+
+    pub(crate) fn begin_cleanup(&self) {
+        self.cleanups.send_modify(|n| *n += 1);
+    }
+
+    pub(crate) fn end_cleanup(&self) {
+        self.cleanups.send_modify(|n| *n = n.saturating_sub(1));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generations_count_new_holds_not_mode_changes() {
+        let h = Holder::new();
+        assert_eq!(h.generation(), 0);
+        h.acquired(Mode::Read, None);
+        assert_eq!((h.mode(), h.generation()), (Some(Mode::Read), 1));
+        h.acquired(Mode::Write, Some(7));
+        assert_eq!((h.fencing_token(), h.generation()), (Some(7), 1));
+        h.acquired(Mode::Write, None);
+        assert_eq!(h.fencing_token(), Some(7), "a re-save keeps the token");
+        h.found_held(Mode::Read);
+        assert_eq!((h.mode(), h.fencing_token()), (Some(Mode::Read), None));
+        h.released();
+        h.acquired(Mode::Write, Some(9));
+        assert_eq!(h.generation(), 2);
+    }
+
+    #[test]
+    fn a_loss_is_recorded_once_and_only_for_its_generation() {
+        let h = Holder::new();
+        h.acquired(Mode::Write, None);
+        assert!(!h.lose(0, LostReason::Expired), "an older generation");
+        assert!(h.lose(1, LostReason::Expired));
+        assert!(!h.lose(1, LostReason::Removed), "already lost");
+        assert_eq!(h.believed().hold, Hold::Lost(LostReason::Expired));
+        assert!(!h.found_not_held(LostReason::Removed));
+        h.released();
+        assert_eq!(h.believed().hold, Hold::Free);
+        assert!(
+            !h.found_not_held(LostReason::Removed),
+            "a free holder loses nothing"
+        );
+    }
+
+    #[test]
+    fn a_travelled_holder_found_holding_gets_a_generation() {
+        let h = Holder::new();
+        h.found_held(Mode::Read);
+        assert_eq!((h.mode(), h.generation()), (Some(Mode::Read), 1));
+        h.found_held(Mode::Read);
+        assert_eq!(h.generation(), 1);
+    }
+}

@@ -1,0 +1,380 @@
+//! [`Key`]: the holder of a lock: identity, tokens, lifetime, and the handles stores keep.
+
+use std::any::Any;
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crate::clock::{Clock, MonotonicClock};
+use crate::holder::Holder;
+
+mod wire;
+
+pub use crate::mode::Mode;
+pub use wire::validate_token;
+
+/// The reserved ZSET member marking a write lock on Redis; never a token.
+pub const WRITE_MARKER: &str = "__write__";
+
+/// The store instance a holder's handle belongs to: each store instance that keeps per-holder
+/// state beyond a token (an open file, a connection) makes one, and finds its handles on keys by
+/// it. Unique within the process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct HandleOwner(u64);
+
+impl HandleOwner {
+    /// A new, unique owner.
+    pub fn new() -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        HandleOwner(NEXT.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+impl Default for HandleOwner {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The holder of a lock on one resource.
+///
+/// - Two keys for one resource are **two holders**: they exclude each other, also in one process.
+/// - Clones of a key, and every [`Lock`](crate::Lock) built from it, are **one holder**:
+///   acquiring what it already holds succeeds at once, and one release lets go for all (there is
+///   no counting).
+/// - A key carries what identifies the holder to stores: one random token per store kind (so
+///   every Redis store of a quorum sees the same token), and the handles of stores that keep
+///   more than a token while the holder holds (an open lock file), which makes the key
+///   [unserializable](Key::to_json).
+/// - A key has a lifetime on its clock (monotonic by default): stores with expiry shorten it
+///   before every round trip, so the local deadline is never later than the store's.
+///
+/// A serialized key ([`Key::to_json`], or serde) carries the resource, the remaining lifetime and
+/// the tokens; deserialized in another process it is the same holder for every store whose state
+/// is a token.
+#[derive(Clone)]
+pub struct Key {
+    inner: Arc<KeyInner>,
+}
+
+struct KeyInner {
+    resource: String,
+    clock: Arc<dyn Clock>,
+    state: Mutex<KeyState>,
+    /// What the locks of this holder believe about it (the lock's bookkeeping, not the key's).
+    holder: Holder,
+}
+
+#[derive(Default)]
+struct KeyState {
+    deadline: Option<Instant>,
+    tokens: BTreeMap<String, String>,
+    /// Per store instance: the handle it keeps for this holder, dropped with the key.
+    handles: HashMap<HandleOwner, Arc<dyn Any + Send + Sync>>,
+    unserializable: bool,
+}
+
+impl Key {
+    /// A new holder for `resource`, on the default monotonic clock.
+    pub fn new(resource: impl Into<String>) -> Self {
+        Self::with_clock(resource, Arc::new(MonotonicClock))
+    }
+
+    /// A new holder for `resource` whose lifetime runs on `clock`.
+    pub fn with_clock(resource: impl Into<String>, clock: Arc<dyn Clock>) -> Self {
+        Self::from_parts(resource.into(), clock, KeyState::default())
+    }
+
+    fn from_parts(resource: String, clock: Arc<dyn Clock>, state: KeyState) -> Self {
+        Key {
+            inner: Arc::new(KeyInner {
+                resource,
+                clock,
+                state: Mutex::new(state),
+                holder: Holder::new(),
+            }),
+        }
+    }
+
+    /// The resource this key is for. Any string, the empty one included.
+    pub fn resource(&self) -> &str {
+        &self.inner.resource
+    }
+
+    /// The clock the lifetime runs on.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.inner.clock
+    }
+
+    /// Whether `a` and `b` are the same holder (clones of one key).
+    pub fn same_holder(a: &Key, b: &Key) -> bool {
+        Arc::ptr_eq(&a.inner, &b.inner)
+    }
+
+    fn state(&self) -> MutexGuard<'_, KeyState> {
+        self.inner.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// What the locks of this holder believe about it.
+    pub(crate) fn holder(&self) -> &Holder {
+        &self.inner.holder
+    }
+
+    // ---- tokens ----------------------------------------------------------------------------
+
+    /// This holder's token for stores of `kind` (for example `"memory"` or `"redis"`), created on
+    /// first use: 32 random bytes in standard base64, 44 characters.
+    pub fn token(&self, kind: &str) -> String {
+        let mut st = self.state();
+        st.tokens
+            .entry(kind.to_owned())
+            .or_insert_with(wire::new_token)
+            .clone()
+    }
+
+    /// This holder's id among the holders [`Store::holders`](crate::Store::holders) lists on
+    /// stores of `kind` ([`HolderInfo::id`](crate::store::HolderInfo::id)), or `None` before it
+    /// has a token for that kind.
+    pub fn holder_id(&self, kind: &str) -> Option<String> {
+        self.state().tokens.get(kind).map(|t| token_id(t))
+    }
+
+    /// Whether this key already has a token for stores of `kind`.
+    pub fn has_token(&self, kind: &str) -> bool {
+        self.state().tokens.contains_key(kind)
+    }
+
+    // ---- handles ---------------------------------------------------------------------------
+
+    /// The handle that the store instance `owner` keeps for this holder, made with
+    /// `H::default()` on first use. `H` is the store's own type, with the interior mutability
+    /// it needs (a `std::sync::Mutex` around an open file, a `tokio::sync::Mutex` around a
+    /// connection that must be used across awaits).
+    ///
+    /// Clones of the key share the handle. It lives until [`take_handle`](Key::take_handle) or
+    /// until the last clone of the key is dropped; its `Drop` must then let go of what it holds.
+    /// It must not hold a strong reference to the key. A handle of another type under the same
+    /// owner is replaced.
+    pub fn handle<H: Default + Send + Sync + 'static>(&self, owner: HandleOwner) -> Arc<H> {
+        let mut st = self.state();
+        if let Some(found) = st.handles.get(&owner)
+            && let Ok(handle) = Arc::clone(found).downcast::<H>()
+        {
+            return handle;
+        }
+        let handle = Arc::new(H::default());
+        st.handles.insert(owner, handle.clone());
+        handle
+    }
+
+    /// The handle of `owner`, if it has one of type `H`, without making one.
+    pub fn existing_handle<H: Send + Sync + 'static>(&self, owner: HandleOwner) -> Option<Arc<H>> {
+        let found = self.state().handles.get(&owner).cloned()?;
+        found.downcast::<H>().ok()
+    }
+
+    /// Takes the handle of `owner` off the key; it is dropped when the returned `Arc` (and any
+    /// other clone of it) goes.
+    pub fn take_handle<H: Send + Sync + 'static>(&self, owner: HandleOwner) -> Option<Arc<H>> {
+        let found = self.state().handles.remove(&owner)?;
+        found.downcast::<H>().ok()
+    }
+
+    /// Marks the key as holding process-local state (an open file): from now on it refuses to
+    /// serialize, permanently.
+    pub fn mark_unserializable(&self) {
+        self.state().unserializable = true;
+    }
+
+    /// Whether the key refuses to serialize.
+    pub fn is_serializable(&self) -> bool {
+        !self.state().unserializable
+    }
+
+    // ---- lifetime --------------------------------------------------------------------------
+
+    /// Shortens the lifetime to now + `d` if no deadline is set or if that is earlier. It only
+    /// ever shortens; `Duration::ZERO` expires the key at once.
+    pub fn reduce_lifetime(&self, d: Duration) {
+        let candidate = self.inner.clock.now() + d;
+        let mut st = self.state();
+        st.deadline = Some(match st.deadline {
+            Some(current) if current <= candidate => current,
+            _ => candidate,
+        });
+    }
+
+    /// Clears the deadline.
+    pub fn reset_lifetime(&self) {
+        self.state().deadline = None;
+    }
+
+    /// The time left before the deadline: `None` without a deadline, `Some(ZERO)` once past.
+    pub fn remaining_lifetime(&self) -> Option<Duration> {
+        let deadline = self.state().deadline?;
+        Some(deadline.saturating_duration_since(self.inner.clock.now()))
+    }
+
+    /// Whether a deadline is set and has been reached (inclusive).
+    pub fn is_expired(&self) -> bool {
+        match self.state().deadline {
+            Some(deadline) => deadline <= self.inner.clock.now(),
+            None => false,
+        }
+    }
+
+    /// The deadline, to put back if an operation that reset it did not go through.
+    pub(crate) fn deadline(&self) -> Option<Instant> {
+        self.state().deadline
+    }
+
+    pub(crate) fn restore_deadline(&self, deadline: Option<Instant>) {
+        self.state().deadline = deadline;
+    }
+}
+
+impl fmt::Display for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.resource())
+    }
+}
+
+impl fmt::Debug for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let st = self.state();
+        // Tokens identify the holder: whoever reads them can release the lock, so they stay out
+        // of logs. Only the store kinds are shown.
+        f.debug_struct("Key")
+            .field("resource", &self.inner.resource)
+            .field("tokens", &st.tokens.keys().collect::<Vec<_>>())
+            .field("held", &self.inner.holder.mode())
+            .field("serializable", &!st.unserializable)
+            .finish_non_exhaustive()
+    }
+}
+
+/// 12 hex digits of the SHA-256 of a holder token: tells holders apart without giving the token
+/// (a bearer credential) away.
+pub(crate) fn token_id(token: &str) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(token.as_bytes())[..6]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+
+    fn key_on(clock: &ManualClock) -> Key {
+        Key::with_clock("r", Arc::new(clock.clone()))
+    }
+
+    #[test]
+    fn display_is_the_resource() {
+        assert_eq!(Key::new("reports").to_string(), "reports");
+        assert_eq!(Key::new("").to_string(), "");
+    }
+
+    #[test]
+    fn tokens_are_stable_per_kind_and_distinct_between_keys() {
+        let a = Key::new("r");
+        let b = Key::new("r");
+        assert!(!a.has_token("memory"));
+        let t = a.token("memory");
+        assert!(a.has_token("memory"));
+        assert_eq!(t, a.token("memory"));
+        assert_eq!(t, a.clone().token("memory"));
+        assert_ne!(t, b.token("memory"));
+        assert_ne!(t, a.token("redis"));
+        assert_eq!(t.len(), 44);
+        assert!(t.ends_with('='));
+        validate_token(&t).unwrap();
+    }
+
+    #[test]
+    fn handles_are_per_owner_shared_by_clones_and_dropped_with_the_key() {
+        struct Probe(Arc<AtomicU64>);
+        impl Default for Probe {
+            fn default() -> Self {
+                Probe(Arc::new(AtomicU64::new(0)))
+            }
+        }
+        let (a, b) = (HandleOwner::new(), HandleOwner::new());
+        let key = Key::new("r");
+        let h = key.handle::<Probe>(a);
+        h.0.store(7, Ordering::SeqCst);
+        assert_eq!(key.clone().handle::<Probe>(a).0.load(Ordering::SeqCst), 7);
+        assert_eq!(key.handle::<Probe>(b).0.load(Ordering::SeqCst), 0);
+        assert!(key.existing_handle::<Probe>(a).is_some());
+        let weak = Arc::downgrade(&h);
+        drop(h);
+        drop(key);
+        assert!(weak.upgrade().is_none(), "the handle went with the key");
+
+        let key = Key::new("r");
+        key.handle::<Probe>(a);
+        assert!(key.take_handle::<Probe>(a).is_some());
+        assert!(key.existing_handle::<Probe>(a).is_none());
+        assert!(key.take_handle::<Probe>(a).is_none());
+    }
+
+    #[test]
+    fn new_key_has_no_lifetime() {
+        let k = Key::new("r");
+        assert_eq!(k.remaining_lifetime(), None);
+        assert!(!k.is_expired());
+    }
+
+    #[test]
+    fn reduce_only_shortens_and_reset_clears() {
+        let c = ManualClock::new();
+        let k = key_on(&c);
+        k.reduce_lifetime(Duration::from_secs(10));
+        assert_eq!(k.remaining_lifetime(), Some(Duration::from_secs(10)));
+        k.reduce_lifetime(Duration::from_secs(20));
+        assert_eq!(k.remaining_lifetime(), Some(Duration::from_secs(10)));
+        k.reduce_lifetime(Duration::from_secs(5));
+        assert_eq!(k.remaining_lifetime(), Some(Duration::from_secs(5)));
+        k.reset_lifetime();
+        assert_eq!(k.remaining_lifetime(), None);
+        k.reduce_lifetime(Duration::ZERO);
+        assert!(k.is_expired());
+    }
+
+    #[test]
+    fn expiry_is_inclusive_at_the_deadline() {
+        let c = ManualClock::new();
+        let k = key_on(&c);
+        k.reduce_lifetime(Duration::from_secs(5));
+        c.advance(Duration::from_millis(4_999));
+        assert!(!k.is_expired());
+        assert_eq!(k.remaining_lifetime(), Some(Duration::from_millis(1)));
+        c.advance(Duration::from_millis(1));
+        assert!(k.is_expired());
+        assert_eq!(k.remaining_lifetime(), Some(Duration::ZERO));
+        c.advance(Duration::from_secs(1));
+        assert!(k.is_expired());
+    }
+
+    #[test]
+    fn debug_never_shows_tokens() {
+        let k = Key::new("r");
+        let t = k.token("redis");
+        assert!(!format!("{k:?}").contains(&t));
+    }
+
+    #[test]
+    fn lifetime_is_monotonic_whatever_the_wall_clock_does() {
+        // The key reads only its monotonic clock; a manual clock stands for "no wall clock".
+        let c = ManualClock::new();
+        let k = key_on(&c);
+        k.reduce_lifetime(Duration::from_secs(10));
+        c.advance(Duration::from_secs(3));
+        assert_eq!(k.remaining_lifetime(), Some(Duration::from_secs(7)));
+    }
+}

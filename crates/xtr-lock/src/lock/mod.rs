@@ -1,0 +1,304 @@
+//! [`Lock`]: what users hold. Its API is [`Lockable`]; acquiring is in `acquire.rs`, renewal
+//! and loss watching in `monitor.rs`.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::cleanup::schedule_cleanup;
+use crate::error::{Error, ErrorKind, LostReason, Result, ShownResource};
+use crate::holder::{Hold, Holder};
+use crate::key::{Key, Mode};
+use crate::lockable::{Lockable, Release, Wait};
+use crate::logging::TARGET;
+use crate::lost::KeepAlive;
+use crate::store::{Holding, Store, check_expiry};
+
+mod acquire;
+mod monitor;
+
+/// An exclusive or shared lock on one resource, held by one [`Key`] in one [`Store`].
+///
+/// Made by a [`LockFactory`](crate::LockFactory); its methods are those of [`Lockable`] (waiting,
+/// cancellation and lifetimes are described there), plus [`lock`](Lock::lock) and
+/// [`scoped`](Lock::scoped), which keep the lock alive and report its loss. Clones, and locks
+/// built from the same key, are one holder: acquiring what it already holds succeeds at once,
+/// and one release lets go for all.
+#[derive(Clone)]
+pub struct Lock {
+    key: Key,
+    store: Arc<dyn Store>,
+    ttl: Option<Duration>,
+    keep_alive: bool,
+}
+
+impl Lock {
+    /// A lock for `key` in `store`; a `ttl` of `None` or zero means no lifetime.
+    pub fn new(key: Key, store: Arc<dyn Store>, ttl: Option<Duration>) -> Self {
+        Lock {
+            key,
+            store,
+            ttl: ttl.filter(|t| !t.is_zero()),
+            keep_alive: true,
+        }
+    }
+
+    /// The same holder with another ttl (`None` or zero: no lifetime).
+    pub fn with_ttl(mut self, ttl: Option<Duration>) -> Self {
+        self.ttl = ttl.filter(|t| !t.is_zero());
+        self
+    }
+
+    /// Whether guards, scopes and [`keep_alive`](Lockable::keep_alive) renew an expiring lock
+    /// (the default) or let it run out: then the lock is reported lost when its lifetime ends,
+    /// and a scope's body is stopped.
+    pub fn with_keep_alive(mut self, renew: bool) -> Self {
+        self.keep_alive = renew;
+        self
+    }
+
+    /// Whether an expiring lock is renewed while a guard or scope holds it.
+    pub fn renews(&self) -> bool {
+        self.keep_alive
+    }
+
+    /// The holder.
+    pub fn key(&self) -> &Key {
+        &self.key
+    }
+
+    /// The resource.
+    pub fn resource(&self) -> &str {
+        self.key.resource()
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// The lifetime each acquisition gets, if any.
+    pub fn ttl(&self) -> Option<Duration> {
+        self.ttl
+    }
+
+    fn holder(&self) -> &Holder {
+        self.key.holder()
+    }
+
+    /// Whether a store answer of "not held" can mean a lost lock (not on a store that locks
+    /// nothing).
+    fn excludes(&self) -> bool {
+        self.store.capabilities().excludes
+    }
+
+    async fn refresh_lock(&self, ttl: Option<Duration>) -> Result<()> {
+        let Some(ttl) = ttl.or(self.ttl) else {
+            return Err(Error::invalid_argument(
+                "a refresh needs an expiration duration: pass one, or give the lock a ttl",
+            )
+            .with_resource(self.resource()));
+        };
+        if ttl.is_zero() {
+            return Err(Error::invalid_ttl(ttl).with_resource(self.resource()));
+        }
+        let holder = self.holder();
+        let (result, believed) = {
+            let _turn = holder.turn().await;
+            let believed = holder.believed().hold != Hold::Free;
+            let before = self.key.deadline();
+            self.key.reset_lifetime();
+            let result = self.store.put_off_expiration(&self.key, ttl).await;
+            let confirmed = matches!(result, Ok(Holding::Held(_)))
+                || result.as_ref().is_err_and(Error::is_expired);
+            if !confirmed {
+                // Not confirmed: the lease the store knows is still the old one.
+                self.key.restore_deadline(before);
+            }
+            (result, believed)
+        };
+        match result {
+            Ok(Holding::Held(mode)) => {
+                holder.found_held(mode);
+                if let Err(err) = check_expiry(self.store.as_ref(), &self.key).await {
+                    holder.found_not_held(LostReason::Expired);
+                    return Err(err);
+                }
+                tracing::debug!(target: TARGET, resource = self.resource(), ttl = ?ttl,
+                    "expiration defined for the lock");
+                Ok(())
+            }
+            Ok(Holding::NotHeld(reason)) => {
+                if self.excludes() {
+                    holder.found_not_held(reason);
+                }
+                if believed {
+                    tracing::warn!(target: TARGET, resource = self.resource(), reason = %reason,
+                        "failed to define an expiration for the lock: it was lost");
+                    Err(Error::lost(self.resource(), reason).with_store(&self.store))
+                } else {
+                    tracing::warn!(target: TARGET, resource = self.resource(),
+                        "failed to define an expiration for the lock: it is not held");
+                    Err(Error::conflict(self.resource())
+                        .with_reason("this holder does not hold it")
+                        .with_store(&self.store))
+                }
+            }
+            Err(err) if err.is_expired() => {
+                holder.found_not_held(LostReason::Expired);
+                Err(err)
+            }
+            Err(err) => {
+                tracing::warn!(target: TARGET, resource = self.resource(), error = %err,
+                    "failed to define an expiration for the lock");
+                Err(Error::wrap(
+                    ErrorKind::Acquiring,
+                    self.resource(),
+                    "failed to define an expiration",
+                    err,
+                ))
+            }
+        }
+    }
+
+    async fn release_lock(&self) -> Result<Release> {
+        let holder = self.holder();
+        let (deleted, believed) = {
+            let _turn = holder.turn().await;
+            let believed = holder.believed().hold;
+            let deleted = self.store.delete(&self.key).await;
+            if deleted.is_ok() {
+                holder.released();
+            }
+            (deleted, believed)
+        };
+        match deleted {
+            Ok(removed) => {
+                tracing::debug!(target: TARGET, resource = self.resource(), "released the lock");
+                Ok(match believed {
+                    _ if !self.excludes() => Release::Released,
+                    Hold::Lost(_) => Release::Lost,
+                    _ if removed => Release::Released,
+                    Hold::Held { .. } => Release::Lost,
+                    Hold::Free => Release::NotHeld,
+                })
+            }
+            Err(err) => {
+                tracing::warn!(target: TARGET, resource = self.resource(), "failed to release the lock");
+                if err.kind() == ErrorKind::Releasing {
+                    Err(err)
+                } else {
+                    Err(Error::wrap(
+                        ErrorKind::Releasing,
+                        self.resource(),
+                        "failed to release the lock",
+                        err,
+                    ))
+                }
+            }
+        }
+    }
+
+    async fn ask_store(&self) -> Result<bool> {
+        let held = {
+            let _turn = self.holder().turn().await;
+            self.store.exists(&self.key).await?
+        };
+        match held {
+            Holding::Held(mode) => {
+                self.holder().found_held(mode);
+                Ok(true)
+            }
+            Holding::NotHeld(reason) => {
+                if self.excludes() && self.holder().found_not_held(reason) {
+                    tracing::warn!(target: TARGET, resource = self.resource(), reason = %reason,
+                        "the lock was lost");
+                }
+                Ok(false)
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Lockable for Lock {
+    fn resource(&self) -> &str {
+        self.key.resource()
+    }
+
+    async fn acquire_with(&self, mode: Mode, wait: Wait) -> Result<bool> {
+        self.acquire_mode(mode, wait).await
+    }
+
+    async fn refresh(&self, ttl: Option<Duration>) -> Result<()> {
+        self.refresh_lock(ttl).await
+    }
+
+    async fn release(&self) -> Result<Release> {
+        self.release_lock().await
+    }
+
+    async fn is_acquired(&self) -> Result<bool> {
+        self.ask_store().await
+    }
+
+    fn held_mode(&self) -> Option<Mode> {
+        self.holder().mode()
+    }
+
+    fn lost_reason(&self) -> Option<LostReason> {
+        match self.holder().believed().hold {
+            Hold::Lost(reason) => Some(reason),
+            Hold::Free | Hold::Held { .. } => None,
+        }
+    }
+
+    fn is_expired(&self) -> bool {
+        self.key.is_expired()
+    }
+
+    fn remaining_lifetime(&self) -> Option<Duration> {
+        self.key.remaining_lifetime()
+    }
+
+    fn fencing_token(&self) -> Option<u64> {
+        self.holder().fencing_token()
+    }
+
+    fn keep_alive(&self) -> Result<KeepAlive> {
+        monitor::start(self)
+    }
+
+    fn release_in_background(&self) {
+        schedule_cleanup(
+            self.key.clone(),
+            self.store.clone(),
+            self.holder().generation(),
+            "dropped guard",
+        );
+    }
+}
+
+impl fmt::Display for Lock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Lock({}, {})",
+            ShownResource(self.resource()),
+            self.store
+        )
+    }
+}
+
+impl fmt::Debug for Lock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lock")
+            .field("key", &self.key)
+            .field("store", &format_args!("{}", self.store))
+            .field("ttl", &self.ttl)
+            .field("keep_alive", &self.keep_alive)
+            .finish()
+    }
+}

@@ -1,0 +1,155 @@
+//! The task behind a [`KeepAlive`]: renews an expiring lock, watches the store for its loss,
+//! or checks on it, and publishes a loss once it is confirmed.
+
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use super::Lock;
+use crate::error::{Error, ErrorKind, LostReason, Result};
+use crate::holder::Hold;
+use crate::lockable::Lockable as _;
+use crate::logging::TARGET;
+use crate::lost::{KeepAlive, LockLost};
+use crate::store::LossWatcher;
+
+/// How often a lock on a store that neither expires nor observes loss is checked.
+const CHECK_EVERY: Duration = Duration::from_secs(1);
+
+pub(super) fn start(lock: &Lock) -> Result<KeepAlive> {
+    let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
+        Error::new(ErrorKind::Unsupported)
+            .with_reason("keeping a lock alive needs a tokio runtime to run on")
+            .with_resource(lock.resource())
+    })?;
+    let (tx, rx) = watch::channel(None);
+    let holder = lock.holder();
+    if holder.mode().is_none() || !lock.excludes() {
+        // Nothing held (or nothing a store can lose): nothing to keep.
+        return Ok(KeepAlive::new(rx, None));
+    }
+    let generation = holder.generation();
+    let task = runtime.spawn(watch_over(lock.clone(), generation, tx));
+    Ok(KeepAlive::new(rx, Some(task.abort_handle())))
+}
+
+/// What the monitor does between events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Duty {
+    /// Refresh every `period` (a third of the ttl).
+    Renew { period: Duration },
+    /// The lock expires and is not renewed: report it lost when its lifetime ends.
+    Expire,
+    /// Ask the store every so often (it neither expires nor tells of a loss).
+    Check,
+    /// Only the store's loss watcher (and the holder's own changes).
+    Watch,
+}
+
+async fn watch_over(lock: Lock, generation: u64, lost: watch::Sender<Option<LockLost>>) {
+    let caps = lock.store.capabilities();
+    let mut changes = lock.holder().subscribe();
+    let mut loss: Option<LossWatcher> = match lock.store.watch_loss(&lock.key).await {
+        Ok(w) => w,
+        Err(err) => {
+            tracing::debug!(target: TARGET, resource = lock.resource(), error = %err,
+                "cannot watch the lock for its loss; checking on it instead");
+            None
+        }
+    };
+    let duty = match lock.ttl {
+        Some(ttl) if caps.expiring && lock.keep_alive => Duty::Renew { period: ttl / 3 },
+        _ if caps.expiring => Duty::Expire,
+        _ if caps.observes_loss && loss.is_some() => Duty::Watch,
+        _ => Duty::Check,
+    };
+    let clock = lock.key.clock().clone();
+    let mut next = match duty {
+        Duty::Renew { period } => Some(period),
+        Duty::Expire => lock.key.remaining_lifetime(),
+        Duty::Check => Some(CHECK_EVERY),
+        Duty::Watch => None,
+    };
+    loop {
+        let timer = next.map(|d| clock.sleep(d));
+        tokio::select! {
+            reason = async { loss.as_mut().expect("guarded").await }, if loss.is_some() => {
+                loss = None;
+                // Confirmed under the turn, so the holder's own release still in flight is not
+                // taken for a loss.
+                let confirmed = {
+                    let _turn = lock.holder().turn().await;
+                    lock.holder().lose(generation, reason)
+                };
+                if confirmed {
+                    tracing::warn!(target: TARGET, resource = lock.resource(), reason = %reason,
+                        "the lock was lost");
+                }
+            }
+            changed = changes.changed() => {
+                if changed.is_err() {
+                    return; // the key is gone
+                }
+            }
+            () = async { timer.expect("guarded").await }, if timer.is_some() => {
+                next = on_timer(&lock, duty, generation).await;
+            }
+        }
+        // Whatever woke us: a released holder (or a new generation) ends the watch quietly; a
+        // lost one is published.
+        let believed = lock.holder().believed();
+        if believed.generation != generation {
+            return;
+        }
+        match believed.hold {
+            Hold::Free => return,
+            Hold::Lost(reason) => {
+                let _ = lost.send(Some(LockLost::new(lock.resource(), reason)));
+                return;
+            }
+            Hold::Held { .. } => {}
+        }
+    }
+}
+
+/// Does the monitor's timed duty; the next timer, if any.
+async fn on_timer(lock: &Lock, duty: Duty, generation: u64) -> Option<Duration> {
+    let holder = lock.holder();
+    match duty {
+        Duty::Renew { period } => match lock.refresh(None).await {
+            // A loss (or a release meanwhile) is in the holder's state now.
+            Ok(()) => Some(period),
+            Err(err) if err.is_lost() || err.is_conflict() || err.is_expired() => None,
+            Err(err) => match lock.remaining_lifetime() {
+                // It may pass: try again sooner, while the lease lasts.
+                Some(left) if !left.is_zero() => {
+                    tracing::warn!(target: TARGET, resource = lock.resource(), error = %err,
+                        "could not refresh the lock; retrying while it lasts");
+                    Some((period / 4).max(Duration::from_millis(10)).min(left))
+                }
+                _ => {
+                    tracing::warn!(target: TARGET, resource = lock.resource(), error = %err,
+                        "could not refresh the lock before its lifetime ran out");
+                    holder.lose(generation, LostReason::Unreachable);
+                    None
+                }
+            },
+        },
+        Duty::Expire => match lock.key.remaining_lifetime() {
+            Some(left) if !left.is_zero() => Some(left),
+            _ => {
+                let _turn = holder.turn().await;
+                holder.lose(generation, LostReason::Expired);
+                None
+            }
+        },
+        Duty::Check => {
+            if let Err(err) = lock.is_acquired().await {
+                tracing::debug!(target: TARGET, resource = lock.resource(), error = %err,
+                    "could not check on the lock");
+            }
+            Some(CHECK_EVERY)
+        }
+        Duty::Watch => None,
+    }
+}

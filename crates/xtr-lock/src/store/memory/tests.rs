@@ -1,0 +1,149 @@
+//! Unit tests of the in-memory store.
+
+use super::*;
+use crate::clock::ManualClock;
+
+#[tokio::test]
+async fn a_lifetime_never_expires_by_default() {
+    let store = InMemoryStore::new();
+    let key = Key::new("r");
+    assert!(
+        store
+            .save(&key, Some(Duration::from_millis(1)))
+            .await
+            .unwrap()
+            .is_acquired()
+    );
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    assert!(store.exists(&key).await.unwrap().is_held());
+    assert_eq!(key.remaining_lifetime(), None);
+}
+
+#[tokio::test]
+async fn two_stores_are_independent() {
+    let (a, b) = (InMemoryStore::new(), InMemoryStore::new());
+    let k1 = Key::new("r");
+    let k2 = Key::new("r");
+    assert!(a.save(&k1, None).await.unwrap().is_acquired());
+    assert!(b.save(&k2, None).await.unwrap().is_acquired());
+    assert!(!b.exists(&k1).await.unwrap().is_held());
+    // Clones share.
+    assert!(a.clone().exists(&k1).await.unwrap().is_held());
+}
+
+#[tokio::test]
+async fn put_off_on_a_holder_that_does_not_hold_says_why() {
+    let store = InMemoryStore::new();
+    let (a, b) = (Key::new("r"), Key::new("r"));
+    let held = store
+        .put_off_expiration(&a, Duration::from_secs(1))
+        .await
+        .unwrap();
+    assert_eq!(held, Holding::NotHeld(LostReason::Removed));
+    assert!(store.save(&b, None).await.unwrap().is_acquired());
+    let held = store
+        .put_off_expiration(&a, Duration::from_secs(1))
+        .await
+        .unwrap();
+    assert_eq!(held, Holding::NotHeld(LostReason::TakenOver));
+}
+
+#[tokio::test]
+async fn empty_entries_and_idle_watchers_do_not_pile_up() {
+    let store = InMemoryStore::new();
+    for i in 0..1000 {
+        let key = Key::new(format!("r{i}"));
+        assert!(store.save(&key, None).await.unwrap().is_acquired());
+        drop(store.watch(key.resource()).await.unwrap());
+        store.delete(&key).await.unwrap();
+    }
+    let st = store.state();
+    assert!(st.resources.is_empty());
+    assert!(st.watchers.len() <= 64, "{}", st.watchers.len());
+}
+
+#[tokio::test]
+async fn conflicts_carry_the_earliest_expiry_of_the_other_holders() {
+    let clock = ManualClock::new();
+    let store = InMemoryStore::expiring(Arc::new(clock.clone()));
+    let a = Key::with_clock("r", Arc::new(clock.clone()));
+    let b = Key::with_clock("r", Arc::new(clock.clone()));
+    assert!(
+        store
+            .save(&a, Some(Duration::from_secs(10)))
+            .await
+            .unwrap()
+            .is_acquired()
+    );
+    clock.advance(Duration::from_secs(4));
+    let refused = store
+        .save(&b, Some(Duration::from_secs(10)))
+        .await
+        .unwrap()
+        .conflict()
+        .expect("a conflict");
+    assert_eq!(refused.retry_after, Some(Duration::from_secs(6)));
+    assert_eq!(refused.kept, None);
+    clock.advance(Duration::from_secs(6));
+    assert!(
+        store
+            .save(&b, Some(Duration::from_secs(10)))
+            .await
+            .unwrap()
+            .is_acquired()
+    );
+}
+
+#[tokio::test]
+async fn an_expired_reader_cannot_revive_itself() {
+    // One reader with a short lifetime, another with a long one that keeps the entry alive.
+    let clock = ManualClock::new();
+    let store = InMemoryStore::expiring(Arc::new(clock.clone()));
+    let short = Key::with_clock("r", Arc::new(clock.clone()));
+    let long = Key::with_clock("r", Arc::new(clock.clone()));
+    assert!(
+        store
+            .save_read(&short, Some(Duration::from_millis(300)))
+            .await
+            .unwrap()
+            .is_acquired()
+    );
+    assert!(
+        store
+            .save_read(&long, Some(Duration::from_secs(10)))
+            .await
+            .unwrap()
+            .is_acquired()
+    );
+    clock.advance(Duration::from_millis(500));
+    short.reset_lifetime();
+    let held = store
+        .put_off_expiration(&short, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(held, Holding::NotHeld(LostReason::Expired));
+    assert!(!store.exists(&short).await.unwrap().is_held());
+    assert!(store.exists(&long).await.unwrap().is_held());
+}
+
+#[tokio::test]
+async fn a_loss_watcher_fires_when_a_copy_of_the_key_deletes_and_not_before() {
+    let store = InMemoryStore::new();
+    let key = Key::new("r");
+    assert!(store.save(&key, None).await.unwrap().is_acquired());
+    let watcher = store.watch_loss(&key).await.unwrap().expect("observed");
+    let mut watcher = tokio::spawn(watcher);
+    // Other holders coming and going do not fire it.
+    let other = Key::new("r");
+    assert!(store.save_read(&other, None).await.unwrap().is_conflict());
+    store.delete(&other).await.unwrap();
+    tokio::task::yield_now().await;
+    assert!(!watcher.is_finished());
+    let copy = Key::from_json(&key.to_json().unwrap()).unwrap();
+    assert!(store.delete(&copy).await.unwrap());
+    let reason = tokio::time::timeout(Duration::from_secs(5), &mut watcher)
+        .await
+        .expect("fired")
+        .unwrap();
+    assert_eq!(reason, LostReason::Removed);
+}

@@ -1,0 +1,177 @@
+//! What stores answer: outcomes are values ("held by someone else" is not an error), failures
+//! are [`Error`](crate::Error)s.
+
+use std::time::Duration;
+
+use crate::error::LostReason;
+use crate::key::Mode;
+
+/// What a save (or a native wait) did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use = "a save may have been refused"]
+pub enum Saved {
+    /// The holder now holds the lock in the mode it asked for.
+    Acquired(Acquired),
+    /// Someone else holds an incompatible lock; nothing new was stored.
+    Conflict(Conflict),
+}
+
+impl Saved {
+    /// Whether the lock was taken.
+    pub fn is_acquired(&self) -> bool {
+        matches!(self, Saved::Acquired(_))
+    }
+
+    /// Whether the attempt was refused because someone else holds the lock.
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, Saved::Conflict(_))
+    }
+
+    /// The acquisition, if the lock was taken.
+    pub fn acquired(self) -> Option<Acquired> {
+        match self {
+            Saved::Acquired(a) => Some(a),
+            Saved::Conflict(_) => None,
+        }
+    }
+
+    /// The refusal, if the lock was held by someone else.
+    pub fn conflict(self) -> Option<Conflict> {
+        match self {
+            Saved::Conflict(c) => Some(c),
+            Saved::Acquired(_) => None,
+        }
+    }
+}
+
+/// What a successful save reports.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Acquired {
+    /// The fencing token of this exclusive acquisition, where the store gives one. A re-save by
+    /// the holder that already writes keeps its token (the store may then report none).
+    pub fencing_token: Option<u64>,
+}
+
+impl Acquired {
+    /// An acquisition without a fencing token.
+    pub fn new() -> Self {
+        Acquired::default()
+    }
+
+    /// An acquisition with a fencing token.
+    pub fn fenced(token: u64) -> Self {
+        Acquired {
+            fencing_token: Some(token),
+        }
+    }
+}
+
+/// A refused attempt: someone else holds the lock.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Conflict {
+    /// When the current holders' leases end at the latest, where the store knows: a waiter
+    /// tries again no later than that.
+    pub retry_after: Option<Duration>,
+    /// What this holder still holds after the refusal: `Some(Read)` for a reader whose promotion
+    /// was refused (it keeps its read lock), `None` when it holds nothing (it never held, or a
+    /// store that cannot change a lock's mode atomically lost the old lock on the way).
+    pub kept: Option<Mode>,
+}
+
+impl Conflict {
+    /// A refusal with nothing kept and no hint.
+    pub fn new() -> Self {
+        Conflict::default()
+    }
+
+    /// Says when the current holders' leases end.
+    pub fn with_retry_after(mut self, d: Duration) -> Self {
+        self.retry_after = Some(d);
+        self
+    }
+
+    /// Says what the holder still holds.
+    pub fn with_kept(mut self, kept: Option<Mode>) -> Self {
+        self.kept = kept;
+        self
+    }
+}
+
+impl From<Conflict> for Saved {
+    fn from(c: Conflict) -> Saved {
+        Saved::Conflict(c)
+    }
+}
+
+impl From<Acquired> for Saved {
+    fn from(a: Acquired) -> Saved {
+        Saved::Acquired(a)
+    }
+}
+
+/// Whether a holder holds its resource, as a store found it ([`Store::exists`],
+/// [`Store::put_off_expiration`]).
+///
+/// [`Store::exists`]: crate::Store::exists
+/// [`Store::put_off_expiration`]: crate::Store::put_off_expiration
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Holding {
+    /// It holds, in this mode.
+    Held(Mode),
+    /// It holds nothing. The reason is the store's account of how a lock this holder held would
+    /// have gone; it only means something to a holder that believed it held.
+    NotHeld(LostReason),
+}
+
+impl Holding {
+    /// The mode held, if any.
+    pub fn mode(self) -> Option<Mode> {
+        match self {
+            Holding::Held(m) => Some(m),
+            Holding::NotHeld(_) => None,
+        }
+    }
+
+    /// Whether it holds, in either mode.
+    pub fn is_held(self) -> bool {
+        matches!(self, Holding::Held(_))
+    }
+}
+
+/// Someone holding a resource, as far as the store can tell (see
+/// [`Store::holders`](crate::Store::holders)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HolderInfo {
+    /// The mode it holds the resource in.
+    pub mode: Mode,
+    /// The process holding it, when the store knows (flock: from `/proc/locks`).
+    pub pid: Option<u32>,
+    /// The lifetime left, on stores with expiry.
+    pub remaining: Option<Duration>,
+    /// Which holder it is, where the store knows its token: 12 hex digits of the token's
+    /// SHA-256, the same in every store of one kind (a Redis quorum's members agree on it) and
+    /// safe to show, since it does not give the token away.
+    /// [`Key::holder_id`](crate::Key::holder_id) gives a key's.
+    pub id: Option<String>,
+}
+
+impl HolderInfo {
+    /// A holder in `mode`.
+    pub fn new(mode: Mode, pid: Option<u32>, remaining: Option<Duration>) -> Self {
+        HolderInfo {
+            mode,
+            pid,
+            remaining,
+            id: None,
+        }
+    }
+
+    /// The holder whose token is `token` (sets [`id`](HolderInfo::id) to its digest).
+    pub fn with_token(mut self, token: &str) -> Self {
+        self.id = Some(crate::key::token_id(token));
+        self
+    }
+}

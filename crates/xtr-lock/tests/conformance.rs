@@ -55,12 +55,23 @@ mod memory_polling {
     });
 }
 
+/// Flock keys do not travel; a lock is taken away by replacing its lock file (someone cleaning
+/// lock files up while they are held).
 mod flock {
     use super::*;
     xtr_lock::conformance_tests!(|| async {
         let dir = tempfile::tempdir().unwrap();
         let store = xtr_lock::FlockStore::in_dir(dir.path()).unwrap();
-        Harness::new(Arc::new(store)).keep_alive(dir)
+        let files = store.clone();
+        Harness::new(Arc::new(store))
+            .keep_alive(dir)
+            .with_sabotage(move |key| {
+                let path = files.path_for(key.resource());
+                Box::pin(async move {
+                    std::fs::remove_file(&path).unwrap();
+                    std::fs::write(&path, b"").unwrap();
+                })
+            })
     });
 }
 

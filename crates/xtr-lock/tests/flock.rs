@@ -1,6 +1,6 @@
 //! FlockStore beyond the conformance suite: directory and file security, odd names, the
-//! kernel's view, cross-process exclusion and crash release with `flock(1)`, and interop in both
-//! directions with the real Python xtr-lock 4.1.0 (from PyPI, in a venv the testkit makes).
+//! kernel's view, and lock files replaced while held. Other processes on the same files are in
+//! `flock_peers.rs`.
 
 #![cfg(target_os = "linux")]
 
@@ -9,11 +9,10 @@ mod support;
 use std::fs;
 use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use support::peer::Peer;
 use xtr_lock::store::Holding;
 use xtr_lock::{
     ErrorKind, FlockStore, Key, LockFactory, Lockable as _, LostReason, Mode, Release, Store,
@@ -477,282 +476,165 @@ async fn a_thousand_waiters_are_served_one_at_a_time_without_a_thread_each() {
     }
 }
 
-// ---- other processes: flock(1) ----------------------------------------------------------------
+// ---- lock files replaced while held ----------------------------------------------------------
 
-fn flock_cmd(args: &[&str], file: &Path) -> bool {
+/// Whether `flock(1)` can take `file` at once, in `mode`.
+fn flock_1_gets(file: &Path, mode: Mode) -> bool {
+    let flag = match mode {
+        Mode::Write => "-x",
+        Mode::Read => "-s",
+    };
     Command::new("flock")
-        .args(args)
+        .args(["-n", flag])
         .arg(file)
         .arg("true")
         .status()
-        .expect("flock(1) from util-linux")
+        .expect("flock(1) runs (util-linux)")
         .success()
 }
 
 #[tokio::test]
-async fn flock_1_sees_our_modes() {
+async fn a_replaced_lock_file_is_a_lost_lock_never_claimed() {
     let tmp = tempfile::tempdir().unwrap();
     let store = FlockStore::in_dir(tmp.path()).unwrap();
-    let lock = LockFactory::new(store.clone()).create_lock("shell");
-    let file = store.path_for("shell");
-    lock.try_acquire().await.unwrap();
-    assert!(
-        !flock_cmd(&["-n", "-s"], &file),
-        "our write lock excludes flock -s"
-    );
-    assert!(!flock_cmd(&["-n", "-x"], &file));
-    lock.try_acquire_read().await.unwrap();
-    assert!(
-        flock_cmd(&["-n", "-s"], &file),
-        "our read lock admits flock -s"
-    );
-    assert!(!flock_cmd(&["-n", "-x"], &file), "and excludes flock -x");
-    lock.release().await.unwrap();
-    assert!(flock_cmd(&["-n", "-x"], &file));
-}
-
-/// `flock -o -x FILE sleep 60` in its own process group: the flock process holds the lock (-o:
-/// its child does not inherit the descriptor).
-struct FlockHolder(Child);
-
-impl FlockHolder {
-    fn spawn(file: &Path, mode: &str) -> FlockHolder {
-        use std::os::unix::process::CommandExt as _;
-        let child = Command::new("flock")
-            .args(["-o", mode])
-            .arg(file)
-            .args(["sleep", "60"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .process_group(0)
-            .spawn()
-            .expect("flock(1) from util-linux");
-        FlockHolder(child)
-    }
-
-    /// flock(1) holding `resource`'s file of `store` in `mode` (`-x`, `-s`), once the kernel
-    /// lists it.
-    async fn holding(store: &FlockStore, resource: &str, mode: &str) -> FlockHolder {
-        let file = store.path_for(resource);
-        fs::File::create(&file).unwrap();
-        let child = FlockHolder::spawn(&file, mode);
-        wait_until_held_by(store, resource, child.id()).await;
-        child
-    }
-
-    fn id(&self) -> u32 {
-        self.0.id()
-    }
-
-    /// SIGKILL to flock and its sleep: a crash, so the kernel closes the descriptor.
-    fn kill(&mut self) {
-        let pgid = rustix::process::Pid::from_raw(self.0.id() as i32).expect("a child pid");
-        let _ = rustix::process::kill_process_group(pgid, rustix::process::Signal::KILL);
-        let _ = self.0.wait();
-    }
-}
-
-impl Drop for FlockHolder {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-async fn wait_until_held_by(store: &FlockStore, resource: &str, pid: u32) {
-    let deadline = Instant::now() + PATIENCE;
-    while !store
-        .holders(resource)
-        .await
-        .unwrap()
-        .iter()
-        .any(|h| h.pid == Some(pid))
-    {
-        assert!(Instant::now() < deadline, "flock(1) never took the lock");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-#[tokio::test]
-async fn a_killed_holder_in_another_process_wakes_our_waiter_at_once() {
-    let tmp = tempfile::tempdir().unwrap();
-    let store = no_poll(tmp.path());
-    let mut child = FlockHolder::holding(&store, "crash", "-x").await;
     let factory = LockFactory::new(store.clone());
-    let lock = factory.create_lock("crash");
-    assert!(
-        !lock.try_acquire().await.unwrap(),
-        "held by another process"
-    );
-    assert!(!lock.try_acquire_read().await.unwrap());
-    let waiter = tokio::spawn({
-        let lock = lock.clone();
-        async move { lock.acquire().await }
-    });
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(!waiter.is_finished());
-    child.kill();
-    tokio::time::timeout(PATIENCE, waiter)
-        .await
-        .expect("woken by the close, with no poll to fall back on")
-        .unwrap()
-        .unwrap();
-    assert_eq!(
-        store.holders("crash").await.unwrap()[0].pid,
-        Some(std::process::id())
-    );
-}
-
-#[tokio::test]
-async fn a_reader_in_another_process_admits_our_readers_and_excludes_our_writers() {
-    let tmp = tempfile::tempdir().unwrap();
-    let store = no_poll(tmp.path());
-    let mut child = FlockHolder::holding(&store, "shared", "-s").await;
-    let factory = LockFactory::new(store.clone());
-    let reader = factory.create_lock("shared");
-    assert!(reader.try_acquire_read().await.unwrap());
-    let writer = factory.create_lock("shared");
-    assert!(!writer.try_acquire().await.unwrap());
-    reader.release().await.unwrap();
-    let wait = tokio::spawn({
-        let writer = writer.clone();
-        async move { writer.acquire().await }
-    });
-    child.kill();
-    tokio::time::timeout(PATIENCE, wait)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
-}
-
-// ---- Python xtr-lock 4.1.0 --------------------------------------------------------------------
-
-#[tokio::test]
-async fn python_and_rust_name_the_same_files() {
-    let tmp = tempfile::tempdir().unwrap();
-    let store = FlockStore::in_dir(tmp.path()).unwrap();
-    let mut py = Peer::python("flock", tmp.path().to_str().unwrap());
-    for resource in [
-        "reports:nightly",
-        "",
-        "..",
-        "a/b/../c",
-        "héllo wörld",
-        &"é".repeat(200),
-    ] {
-        let theirs = py.call("file_for", resource);
-        assert_eq!(
-            theirs,
-            store.path_for(resource).to_str().unwrap(),
-            "{resource:?}"
+    let path = store.path_for("r");
+    for replace in ["unlink", "rename over"] {
+        let a = factory.create_lock("r");
+        assert!(a.try_acquire().await.unwrap());
+        match replace {
+            "unlink" => fs::remove_file(&path).unwrap(),
+            _ => {
+                let other = tmp.path().join("other");
+                fs::write(&other, b"").unwrap();
+                fs::rename(&other, &path).unwrap();
+            }
+        }
+        // Someone else now locks the name: there must never be two holders of it.
+        let b = factory.create_lock("r");
+        assert!(
+            b.try_acquire().await.unwrap(),
+            "{replace}: the new file is free"
         );
+        assert_eq!(
+            store.exists(a.key()).await.unwrap(),
+            Holding::NotHeld(LostReason::Replaced),
+            "{replace}: the old holder is told"
+        );
+        assert!(!a.is_acquired().await.unwrap());
+        assert_eq!(a.lost_reason(), Some(LostReason::Replaced));
+        assert_eq!(a.release().await.unwrap(), Release::Lost, "{replace}");
+        assert!(
+            !flock_1_gets(&path, Mode::Write),
+            "{replace}: b holds the name"
+        );
+        b.release().await.unwrap();
+        assert!(flock_1_gets(&path, Mode::Write));
     }
 }
 
 #[tokio::test]
-async fn python_holds_and_rust_waits_woken_by_the_release() {
+async fn a_holder_watching_for_loss_is_told_at_once_and_only_about_its_file() {
     let tmp = tempfile::tempdir().unwrap();
-    let store = no_poll(tmp.path());
+    let store = FlockStore::in_dir(tmp.path()).unwrap();
     let factory = LockFactory::new(store.clone());
-    let mut py = Peer::python("flock", tmp.path().to_str().unwrap());
-    assert_eq!(py.call("try_write", "invoice:42"), true);
-    let lock = factory.create_lock("invoice:42");
-    assert!(!lock.try_acquire().await.unwrap());
-    assert!(!lock.try_acquire_read().await.unwrap());
-    let waiter = tokio::spawn({
-        let lock = lock.clone();
-        async move { lock.acquire().await }
-    });
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(!waiter.is_finished());
-    py.call("release", "invoice:42");
-    tokio::time::timeout(PATIENCE, waiter)
+    let a = factory.create_lock("r");
+    assert!(a.try_acquire().await.unwrap());
+    let watcher = store
+        .watch_loss(a.key())
         .await
-        .expect("woken by Python's release, with no poll to fall back on")
         .unwrap()
+        .expect("flock observes loss");
+    let mut watcher = tokio::spawn(watcher);
+    // Other files coming and going, and others opening and closing this one, say nothing.
+    let x = factory.create_lock("x");
+    assert!(x.try_acquire().await.unwrap());
+    fs::remove_file(store.path_for("x")).unwrap();
+    assert!(!factory.create_lock("r").try_acquire().await.unwrap());
+    assert!(!flock_1_gets(&store.path_for("r"), Mode::Read));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!watcher.is_finished(), "nothing happened to a's file");
+    fs::remove_file(store.path_for("r")).unwrap();
+    let reason = tokio::time::timeout(PATIENCE, &mut watcher)
+        .await
+        .expect("told at once")
         .unwrap();
-    assert_eq!(
-        py.call("try_write", "invoice:42"),
-        false,
-        "and now Python is excluded"
-    );
-    assert_eq!(py.call("try_read", "invoice:42"), false);
-    assert_eq!(lock.release().await.unwrap(), Release::Released);
-    assert_eq!(py.call("try_write", "invoice:42"), true);
+    assert_eq!(reason, LostReason::Replaced);
+    // A guard on a file that goes away reports it too, and its scope's body is stopped.
+    let guarded = factory.create_lock("g");
+    let mut guard = guarded.lock().await.unwrap();
+    fs::remove_file(store.path_for("g")).unwrap();
+    let lost = tokio::time::timeout(PATIENCE, guard.lost())
+        .await
+        .expect("told");
+    assert_eq!(lost.reason, LostReason::Replaced);
+    assert_eq!(guard.unlock().await.unwrap(), Release::Lost);
 }
 
 #[tokio::test]
-async fn readers_in_both_languages_share_and_exclude_writers() {
+async fn a_re_acquire_after_the_file_was_replaced_locks_the_new_file() {
     let tmp = tempfile::tempdir().unwrap();
-    let factory = LockFactory::new(FlockStore::in_dir(tmp.path()).unwrap());
-    let mut py = Peer::python("flock", tmp.path().to_str().unwrap());
-    let ours = factory.create_lock("report");
-    assert!(ours.try_acquire_read().await.unwrap());
-    assert_eq!(
-        py.call("try_read", "report"),
-        true,
-        "readers share across languages"
-    );
-    let writer = factory.create_lock("report");
+    let store = FlockStore::in_dir(tmp.path()).unwrap();
+    let lock = LockFactory::new(store.clone()).create_lock("r");
+    assert!(lock.try_acquire().await.unwrap());
+    let path = store.path_for("r");
+    fs::remove_file(&path).unwrap();
     assert!(
-        !writer.try_acquire().await.unwrap(),
-        "a Python reader excludes our writer"
+        flock_1_gets(&path, Mode::Write),
+        "nobody holds the new file yet"
     );
-    assert!(!ours.try_acquire().await.unwrap(), "and our promotion");
+    assert!(lock.try_acquire().await.unwrap(), "re-acquired");
     assert!(
-        ours.is_acquired().await.unwrap(),
-        "which keeps our read lock"
-    );
-    py.call("release", "report");
-    assert!(
-        ours.try_acquire().await.unwrap(),
-        "sole reader now: promotes"
+        !flock_1_gets(&path, Mode::Read),
+        "the lock is on the file the name leads to now"
     );
     assert_eq!(
-        py.call("try_read", "report"),
-        false,
-        "our writer excludes Python readers"
+        store.exists(lock.key()).await.unwrap(),
+        Holding::Held(Mode::Write)
     );
-    ours.release().await.unwrap();
-}
-
-#[tokio::test]
-async fn python_waits_for_rust() {
-    let tmp = tempfile::tempdir().unwrap();
-    let factory = LockFactory::new(FlockStore::in_dir(tmp.path()).unwrap());
-    let mut py = Peer::python("flock", tmp.path().to_str().unwrap());
-    let lock = factory.create_lock("cron");
-    lock.acquire().await.unwrap();
-    py.send("wait_write", "cron", None);
-    tokio::time::sleep(Duration::from_millis(200)).await;
     lock.release().await.unwrap();
-    let answer = py.read();
-    assert_eq!(answer["ok"], true, "{answer}");
-    assert_eq!(
-        answer["result"], true,
-        "Python got the lock after our release"
-    );
-    assert!(!lock.try_acquire().await.unwrap());
 }
 
 #[tokio::test]
-async fn dsns_build_flock_stores() {
+async fn inheritable_descriptors_are_the_locked_file_and_a_release_lets_go_for_children_too() {
+    use std::os::fd::AsFd as _;
     let tmp = tempfile::tempdir().unwrap();
-    let dsn = format!("flock://{}", tmp.path().display());
-    let store = xtr_lock::StoreFactory::create_store(&dsn).unwrap();
-    assert_eq!(store.to_string(), dsn);
-    let factory = LockFactory::from_arc(store);
-    assert!(factory.create_lock("dsn").try_acquire().await.unwrap());
+    let store = FlockStore::in_dir(tmp.path()).unwrap();
+    let factory = LockFactory::new(store.clone());
+    let path = store.path_for("r");
+    let lock = factory.create_lock("r");
     assert!(
-        FlockStore::in_dir(tmp.path())
-            .unwrap()
-            .path_for("dsn")
-            .exists()
+        store.inheritable_descriptors(lock.key()).unwrap().is_none(),
+        "nothing held"
     );
-    let default = xtr_lock::StoreFactory::create_store("flock").unwrap();
+    assert!(lock.try_acquire().await.unwrap());
+    let mut fds = store
+        .inheritable_descriptors(lock.key())
+        .unwrap()
+        .expect("a held flock lock has a descriptor");
+    assert_eq!(fds.len(), 1);
+    let fd = fds.pop().unwrap();
+    let held = rustix::fs::fstat(fd.as_fd()).unwrap();
+    let named = fs::metadata(&path).unwrap();
     assert_eq!(
-        default.to_string(),
-        format!("flock://{}", FlockStore::new().unwrap().dir().display())
+        (held.st_dev, held.st_ino),
+        (named.dev(), named.ino()),
+        "the locked file"
     );
-    assert!(!default.capabilities().serializable_keys);
+    // A child holding it (as its stdin) shares the lock; a release unlocks it for the child too
+    // (the lock belongs to the open file, which both share). That a killed parent's child keeps
+    // the lock is `xtr-lock run`'s test.
+    let mut child = Command::new("sleep")
+        .arg("30")
+        .stdin(Stdio::from(fd))
+        .spawn()
+        .unwrap();
+    assert!(!flock_1_gets(&path, Mode::Read));
+    assert_eq!(lock.release().await.unwrap(), Release::Released);
+    assert!(
+        flock_1_gets(&path, Mode::Write),
+        "released for the child too"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
 }

@@ -1,4 +1,5 @@
-//! Lock-level behaviour: waiting, lifetimes, errors, logging, scopes, holders, factory.
+//! Lock-level behaviour: waiting, lifetimes, errors, logging, holders, factory. Scoped use is
+//! in `scope.rs`.
 //! Stores are real (in-memory, null), wrapped by `support::Scripted` where a test needs to see
 //! or perturb the calls.
 
@@ -9,8 +10,8 @@ use std::time::Duration;
 
 use support::{Capture, Scripted, When};
 use xtr_lock::{
-    Error, ErrorKind, InMemoryStore, Key, Lock, LockFactory, Lockable, LostReason, ManualClock,
-    Mode, NoLock, NullStore, Release, RunOptions, Store, Wait,
+    Error, ErrorKind, InMemoryStore, Key, Lock, LockFactory, Lockable as _, LostReason,
+    ManualClock, Mode, Release, Store,
 };
 
 fn secs(s: f64) -> Duration {
@@ -610,193 +611,6 @@ async fn a_lock_displays_resource_and_store_and_cannot_be_serialized() {
     // `Lock` does not implement `Serialize`; its key does, the lock is a process-local handle.
     fn not_serialize<T>(_: &T) {}
     not_serialize(&lock);
-}
-
-// ---- scoped use, guards, run ----------------------------------------------------------------
-
-#[tokio::test]
-async fn the_body_error_wins_over_a_release_error_which_is_returned_after_success() {
-    let capture = Capture::default();
-    let _log = capture.install();
-    let store = Scripted::new(InMemoryStore::new());
-    let (factory, _) = manual(store.clone());
-    let lock = factory.create_lock("r");
-
-    store.fail_next("delete", When::Before, Error::storage("boom"));
-    let err = lock
-        .scoped(async { Err::<(), _>(Error::invalid_argument("body")) })
-        .await
-        .unwrap_err();
-    assert_eq!(err.reason(), Some("body"));
-    assert!(
-        capture
-            .records()
-            .iter()
-            .any(|r| r.level == tracing::Level::WARN
-                && r.message == "failed to release the lock after the scope failed")
-    );
-    lock.release().await.unwrap();
-
-    store.fail_next("delete", When::Before, Error::storage("boom"));
-    let err = lock.scoped(async { Ok::<_, Error>(1) }).await.unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Releasing);
-}
-
-#[tokio::test]
-async fn a_scope_whose_lock_was_lost_says_so() {
-    let store = Scripted::new(InMemoryStore::new());
-    let (factory, _) = manual(store.clone());
-    let lock = factory.create_lock("r");
-    let out = lock
-        .scoped(async {
-            // Lost behind the scope's back: a copy of the holder released it.
-            let copy = Key::from_json(&lock.key().to_json().unwrap()).unwrap();
-            store.inner().delete(&copy).await.unwrap();
-            Ok::<_, Error>("body done")
-        })
-        .await;
-    let err = out.unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Lost, "{err:?}");
-    assert_eq!(err.lost_reason(), Some(LostReason::Removed));
-    let other = factory.create_lock("r");
-    assert!(other.try_acquire().await.unwrap(), "nothing was left held");
-}
-
-#[tokio::test]
-async fn a_dropped_guard_schedules_the_release() {
-    let (factory, _) = manual(Arc::new(InMemoryStore::new()));
-    let lock = factory.create_lock("r");
-    let guard = lock.lock().await.unwrap();
-    assert!(guard.took());
-    let nested = lock.lock().await.unwrap();
-    assert!(!nested.took());
-    drop(nested);
-    assert!(
-        lock.is_acquired().await.unwrap(),
-        "a nested guard leaves the lock held"
-    );
-    drop(guard);
-    assert!(
-        !lock.is_acquired().await.unwrap(),
-        "released before the next operation"
-    );
-    assert!(factory.create_lock("r").try_acquire().await.unwrap());
-}
-
-#[test]
-fn a_guard_dropped_outside_any_runtime_still_releases() {
-    let store = Arc::new(InMemoryStore::new());
-    let factory = LockFactory::from_arc(store);
-    let lock = factory.create_lock("r");
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let guard = rt.block_on(lock.lock()).unwrap();
-    drop(guard); // no runtime here: a thread runs the release
-    let other = factory.create_lock("r");
-    rt.block_on(async {
-        tokio::time::timeout(Duration::from_secs(10), other.acquire())
-            .await
-            .expect("released by the background thread")
-            .unwrap();
-    });
-}
-
-#[tokio::test]
-async fn keep_leaves_the_lock_held() {
-    let (factory, _) = manual(Arc::new(InMemoryStore::new()));
-    let lock = factory.create_lock("r").lock().await.unwrap().keep();
-    tokio::task::yield_now().await;
-    assert!(lock.is_acquired().await.unwrap());
-}
-
-#[tokio::test]
-async fn run_waits_then_fails_naming_the_resource() {
-    let (factory, _) = manual(Arc::new(InMemoryStore::new()));
-    let holder = factory.create_lock("nightly");
-    holder.acquire().await.unwrap();
-    let err = factory
-        .run("nightly", RunOptions::new().wait(Wait::Never), || async {
-            Ok::<_, Error>(())
-        })
-        .await
-        .unwrap_err();
-    assert!(err.is_conflict());
-    assert_eq!(err.resource(), Some("nightly"));
-    assert!(err.to_string().contains("'nightly'"));
-    let err = factory
-        .run(
-            "nightly",
-            RunOptions::new().wait(Wait::AtMost(secs(1.0))),
-            || async { Ok::<_, Error>(()) },
-        )
-        .await
-        .unwrap_err();
-    assert!(err.is_conflict());
-    holder.release().await.unwrap();
-    let out = factory
-        .run(
-            "nightly",
-            RunOptions::new()
-                .ttl(secs(30.0))
-                .wait(Wait::AtMost(secs(1.0))),
-            || async { Ok::<_, Error>(7) },
-        )
-        .await
-        .unwrap();
-    assert_eq!(out, 7);
-    assert!(
-        factory.create_lock("nightly").try_acquire().await.unwrap(),
-        "released"
-    );
-}
-
-// ---- NoLock and NullStore -------------------------------------------------------------------
-
-#[tokio::test]
-async fn nolock_always_succeeds_and_reports_held() {
-    let lock = NoLock::new("r");
-    assert!(lock.try_acquire().await.unwrap());
-    assert!(lock.try_acquire_read().await.unwrap());
-    lock.acquire().await.unwrap();
-    assert!(lock.is_acquired().await.unwrap());
-    lock.refresh(None).await.unwrap();
-    assert_eq!(lock.release().await.unwrap(), Release::Released);
-    assert!(!lock.is_expired());
-    assert_eq!(lock.remaining_lifetime(), None);
-    assert_eq!(lock.scoped(async { Ok::<_, Error>(5) }).await.unwrap(), 5);
-}
-
-#[tokio::test]
-async fn code_taking_a_lockable_accepts_lock_and_nolock() {
-    async fn guarded(lock: &dyn Lockable) -> xtr_lock::Result<u32> {
-        lock.scoped(async { Ok(1) }).await
-    }
-    let factory = LockFactory::new(InMemoryStore::new());
-    assert_eq!(guarded(&factory.create_lock("r")).await.unwrap(), 1);
-    assert_eq!(guarded(&NoLock::new("r")).await.unwrap(), 1);
-}
-
-#[tokio::test]
-async fn a_lock_on_the_null_store_acquires_but_is_never_reported_held() {
-    let store = Scripted::new(NullStore::new());
-    let factory = LockFactory::from_arc(store.clone());
-    let (a, b) = (factory.create_lock("r"), factory.create_lock("r"));
-    assert!(a.try_acquire().await.unwrap());
-    assert!(b.try_acquire().await.unwrap(), "excludes no one");
-    a.acquire().await.unwrap();
-    a.acquire_read().await.unwrap();
-    assert!(!a.is_acquired().await.unwrap());
-    assert_eq!(a.release().await.unwrap(), Release::Released);
-    a.refresh(Some(secs(1.0))).await.unwrap();
-    // Scopes run, and are never stopped: nothing held can be lost.
-    a.scoped(async { Ok::<_, Error>(()) }).await.unwrap();
-    let fresh = factory.create_lock("r");
-    assert_eq!(fresh.scoped(async { Ok::<_, Error>(3) }).await.unwrap(), 3);
-    assert_eq!(fresh.lost_reason(), None);
-    let caps = NullStore.capabilities();
-    assert!(caps.blocking && caps.blocking_shared && !caps.excludes);
 }
 
 // ---- logging ------------------------------------------------------------------------------

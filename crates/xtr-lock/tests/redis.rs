@@ -1,7 +1,7 @@
 //! RedisStore beyond the conformance suite, against real throwaway servers: the layout on the
-//! wire, foreign values, faults (killed, paused, unreachable), DSNs, the keep-alive, fencing,
-//! waking without a thundering herd, cancellation, and interop with Python xtr-lock 4.1.0 and
-//! Symfony Lock 5.4.
+//! wire, foreign values, faults (killed, paused, unreachable), DSNs, renewal and loss, fencing,
+//! waking without a thundering herd, cancellation, connections. The peers are in
+//! `redis_peers.rs`.
 
 mod support;
 
@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use support::peer::Peer;
 use xtr_lock::{
-    ErrorKind, Key, Lock, LockFactory, Lockable as _, LostReason, ManualClock, Mode, RedisStore,
-    Release, Store,
+    ErrorKind, Key, Lock, LockFactory, Lockable as _, LostReason, ManualClock, RedisStore, Release,
+    RunOptions, Store,
 };
 use xtr_lock_testkit::redis::RedisServer;
 
@@ -251,43 +251,6 @@ async fn an_unreachable_server_is_a_storage_error_naming_no_secret() {
     assert!(!shown.contains("hunter2"), "{shown}");
 }
 
-#[tokio::test]
-async fn acl_users_and_unix_sockets_connect() {
-    let server = RedisServer::start_with(&["--requirepass", "s3cret"]);
-    server.cli(&[
-        "-a",
-        "s3cret",
-        "--no-auth-warning",
-        "ACL",
-        "SETUSER",
-        "locker",
-        "on",
-        ">p@ss",
-        "~*",
-        "&*",
-        "+@all",
-    ]);
-    let store = RedisStore::from_dsn(&format!(
-        "redis://locker:p%40ss@127.0.0.1:{}/0",
-        server.port()
-    ))
-    .unwrap();
-    assert!(lock(&store, "acl", TTL).try_acquire().await.unwrap());
-    let wrong = RedisStore::from_dsn(&format!(
-        "redis://locker:nope@127.0.0.1:{}/0",
-        server.port()
-    ))
-    .unwrap();
-    let err = wrong.save(&Key::new("acl"), Some(TTL)).await.unwrap_err();
-    assert!(!format!("{err:?}").contains("nope"));
-    let unix = RedisStore::from_dsn(&format!(
-        "unix://:s3cret@{}?db=1",
-        server.socket_path().display()
-    ))
-    .unwrap();
-    assert!(lock(&unix, "sock", TTL).try_acquire().await.unwrap());
-}
-
 // ---- keep-alive, fencing, waking -----------------------------------------------------------------
 
 #[tokio::test]
@@ -309,6 +272,99 @@ async fn keep_alive_holds_a_lock_past_several_ttls_and_signals_its_loss() {
     assert_eq!(lost.reason, LostReason::Removed, "deleted, not taken over");
     assert!(lost.to_string().contains("'kept' was lost"), "{lost}");
     assert!(!held.is_acquired().await.unwrap());
+}
+
+/// Another holder tries every 100 ms while `run` holds `resource` with `ttl`; whether any got it.
+fn contend(store: &RedisStore, resource: &str, ttl: Duration) -> tokio::task::JoinHandle<bool> {
+    let other = lock(store, resource, ttl);
+    tokio::spawn(async move {
+        for _ in 0..25 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if other.try_acquire().await.unwrap() {
+                return true;
+            }
+        }
+        false
+    })
+}
+
+#[tokio::test]
+async fn run_and_scoped_keep_a_short_lived_lock_past_several_ttls() {
+    // Observed before renewal was the default: ttl 1 s, a 3 s body, another holder got the lock
+    // at 1.5 s and `run` returned Ok("body done").
+    let server = RedisServer::start();
+    let store = store(&server);
+    let ttl = Duration::from_secs(1);
+    let factory = LockFactory::new(store.clone());
+    let others = contend(&store, "report", ttl);
+    let out = factory
+        .run("report", RunOptions::new().ttl(ttl), || async {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            Ok::<_, xtr_lock::Error>("body done")
+        })
+        .await;
+    assert_eq!(out.unwrap(), "body done");
+    assert!(
+        !others.await.unwrap(),
+        "nobody else got the lock while the body ran"
+    );
+
+    let scoped = lock(&store, "scoped", ttl);
+    let others = contend(&store, "scoped", ttl);
+    let out = scoped
+        .scoped(async {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            Ok::<_, xtr_lock::Error>(3)
+        })
+        .await;
+    assert_eq!(out.unwrap(), 3);
+    assert!(!others.await.unwrap());
+}
+
+#[tokio::test]
+async fn a_key_deleted_mid_body_stops_run_and_it_does_not_return_success() {
+    let server = RedisServer::start();
+    let store = store(&server);
+    let ttl = Duration::from_secs(1);
+    let factory = LockFactory::new(store.clone());
+    let started = Instant::now();
+    let out = factory
+        .run("report", RunOptions::new().ttl(ttl), || async {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            server.cli(&["DEL", "report"]); // behind its back
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            Ok::<_, xtr_lock::Error>("body done")
+        })
+        .await;
+    let err = out.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Lost, "{err:?}");
+    assert_eq!(err.lost_reason(), Some(LostReason::Removed));
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "stopped at the next refresh, not at the end of the body"
+    );
+    // Deleted after the body's last await: the release finds nothing, still not success.
+    let out = factory
+        .run("report", RunOptions::new().ttl(ttl), || async {
+            server.cli(&["DEL", "report"]);
+            Ok::<_, xtr_lock::Error>("body done")
+        })
+        .await;
+    assert_eq!(out.unwrap_err().kind(), ErrorKind::Lost);
+    // Taken over meanwhile: the new holder is left alone.
+    let thief = lock(&store, "report", TTL);
+    let out = factory
+        .run("report", RunOptions::new().ttl(ttl), || async {
+            server.cli(&["DEL", "report"]);
+            assert!(thief.try_acquire().await.unwrap());
+            Ok::<_, xtr_lock::Error>("body done")
+        })
+        .await;
+    assert_eq!(out.unwrap_err().kind(), ErrorKind::Lost);
+    assert!(
+        thief.is_acquired().await.unwrap(),
+        "the new holder keeps it"
+    );
 }
 
 #[tokio::test]
@@ -475,133 +531,6 @@ async fn a_waiter_takes_a_crashed_holders_lock_when_it_expires() {
     assert!(waiter.is_acquired().await.unwrap());
 }
 
-// ---- Python xtr-lock 4.1.0 -------------------------------------------------------------------------
-
-#[tokio::test]
-async fn python_and_rust_exclude_each_other_both_ways() {
-    let server = RedisServer::start();
-    let store = store(&server);
-    let mut py = Peer::python("redis", &server.url(0));
-    assert_eq!(py.call_ttl("try_write", "py-first", Some(30.0)), true);
-    let ours = lock(&store, "py-first", TTL);
-    assert!(!ours.try_acquire().await.unwrap());
-    assert!(!ours.try_acquire_read().await.unwrap());
-    // Python never publishes: our waiter finds the release by polling.
-    let wait = tokio::spawn({
-        let ours = ours.clone();
-        async move { ours.acquire().await }
-    });
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    py.call("release", "py-first");
-    tokio::time::timeout(Duration::from_secs(10), wait)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
-    assert_eq!(py.call("is_acquired", "py-first"), false);
-    assert_eq!(
-        py.call("try_write", "py-first"),
-        false,
-        "Python is excluded by our lock"
-    );
-    assert_eq!(py.call("try_read", "py-first"), false);
-    ours.release().await.unwrap();
-    assert_eq!(py.call("try_write", "py-first"), true);
-}
-
-#[tokio::test]
-async fn python_and_rust_readers_share_and_promote_and_demote() {
-    let server = RedisServer::start();
-    let store = store(&server);
-    let mut py = Peer::python("redis", &server.url(0));
-    let ours = lock(&store, "rw", TTL);
-    assert!(ours.try_acquire_read().await.unwrap());
-    assert_eq!(
-        py.call_ttl("try_read", "rw", Some(30.0)),
-        true,
-        "readers share"
-    );
-    assert!(
-        !ours.try_acquire().await.unwrap(),
-        "no promotion while Python reads"
-    );
-    assert_eq!(ours.held_mode(), Some(Mode::Read));
-    assert!(ours.is_acquired().await.unwrap());
-    assert_eq!(
-        py.call("try_write", "rw"),
-        false,
-        "Python cannot promote either"
-    );
-    py.call("release", "rw");
-    assert!(
-        ours.try_acquire().await.unwrap(),
-        "the sole reader promotes"
-    );
-    assert_eq!(py.call("try_read", "rw"), false);
-    assert!(ours.try_acquire_read().await.unwrap(), "demoted");
-    assert_eq!(
-        py.call("try_read", "rw"),
-        true,
-        "Python joins after the demotion"
-    );
-    ours.release().await.unwrap();
-    py.call("release", "rw");
-    assert_eq!(server.cli(&["EXISTS", "rw"]), "0");
-}
-
-#[tokio::test]
-async fn an_expired_python_lock_is_taken_over_and_a_python_key_holds_for_rust() {
-    let server = RedisServer::start();
-    let store = store(&server);
-    let mut py = Peer::python("redis", &server.url(0));
-    assert_eq!(py.call_ttl("try_write", "py-expiry", Some(0.3)), true);
-    let ours = lock(&store, "py-expiry", TTL);
-    let started = Instant::now();
-    ours.acquire().await.unwrap();
-    assert!(started.elapsed() < Duration::from_secs(5));
-    assert_eq!(
-        py.call("is_acquired", "py-expiry"),
-        false,
-        "Python sees its lock lost"
-    );
-    ours.release().await.unwrap();
-}
-
-// ---- Symfony Lock 5.4 ------------------------------------------------------------------------------
-
-#[tokio::test]
-async fn symfony_and_rust_exclude_each_other_both_ways() {
-    let server = RedisServer::start();
-    let store = store(&server);
-    let mut php = Peer::symfony(server.port());
-    assert_eq!(php.call_ttl("try_write", "sf", Some(30.0)), true);
-    let ours = lock(&store, "sf", TTL);
-    assert!(!ours.try_acquire().await.unwrap());
-    assert!(!ours.try_acquire_read().await.unwrap());
-    php.call("release", "sf");
-    assert!(ours.try_acquire().await.unwrap());
-    assert_eq!(
-        php.call("try_write", "sf"),
-        false,
-        "Symfony is excluded by our lock"
-    );
-    assert_eq!(php.call("try_read", "sf"), false);
-    assert!(ours.try_acquire_read().await.unwrap());
-    assert_eq!(
-        php.call("try_read", "sf"),
-        true,
-        "readers share across languages"
-    );
-    assert!(
-        !ours.try_acquire().await.unwrap(),
-        "no promotion while Symfony reads"
-    );
-    php.call("release", "sf");
-    assert!(ours.try_acquire().await.unwrap());
-    ours.release().await.unwrap();
-    assert_eq!(server.cli(&["EXISTS", "sf"]), "0");
-}
-
 #[tokio::test]
 async fn is_acquired_writes_nothing_and_works_on_a_replica() {
     let primary = RedisServer::start();
@@ -708,154 +637,6 @@ async fn fencing_is_strictly_increasing_across_processes() {
         log.windows(2).all(|w| w[0] < w[1]),
         "in acquisition order: {log:?}"
     );
-}
-
-#[tokio::test]
-async fn a_store_over_a_client_you_built() {
-    let server = RedisServer::start();
-    let client = redis::Client::open(server.url(0)).unwrap();
-    let store = RedisStore::from_client(client).with_prefix("mine:");
-    assert_eq!(
-        store.to_string(),
-        format!("redis://127.0.0.1:{}/0", server.port())
-    );
-    let l = lock(&store, "r", TTL);
-    assert!(l.try_acquire().await.unwrap());
-    assert_eq!(server.cli(&["TYPE", "mine:r"]), "zset");
-    l.release().await.unwrap();
-}
-
-#[tokio::test]
-async fn rediss_connects_over_tls_and_checks_the_certificate() {
-    let server = RedisServer::start_tls();
-    let port = server.tls_port().unwrap();
-    // A self-signed certificate: trusted only when told to skip verification.
-    let insecure = RedisStore::from_dsn(&format!("rediss://127.0.0.1:{port}/0#insecure")).unwrap();
-    assert_eq!(insecure.to_string(), format!("rediss://127.0.0.1:{port}/0"));
-    let l = lock(&insecure, "tls", TTL);
-    assert!(l.try_acquire().await.unwrap());
-    assert_eq!(
-        server.cli(&["TYPE", "tls"]),
-        "zset",
-        "the same server, reached over TLS"
-    );
-    l.release().await.unwrap();
-    let verified = RedisStore::from_dsn(&format!(
-        "rediss://127.0.0.1:{port}/0?socket_connect_timeout=2"
-    ))
-    .unwrap();
-    let err = verified
-        .save(&Key::new("tls"), Some(TTL))
-        .await
-        .unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Storage, "{err:?}");
-}
-
-#[test]
-fn a_store_keeps_working_on_a_second_runtime() {
-    let server = RedisServer::start();
-    let store = store(&server);
-    let lock = lock(&store, "runtimes", TTL);
-    let first = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    assert!(first.block_on(lock.try_acquire()).unwrap());
-    drop(first); // the connection's driver task dies with it
-    let second = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    second.block_on(async {
-        assert!(
-            lock.is_acquired().await.unwrap(),
-            "no error on the new runtime"
-        );
-        lock.release().await.unwrap();
-    });
-}
-
-/// The clients connected to `server`, not counting the `redis-cli` that asks.
-fn our_connections(server: &RedisServer) -> usize {
-    let info = server.cli(&["INFO", "clients"]);
-    let n: usize = info
-        .lines()
-        .find_map(|l| l.strip_prefix("connected_clients:"))
-        .and_then(|v| v.trim().parse().ok())
-        .expect("INFO clients has connected_clients");
-    n - 1
-}
-
-async fn until_connections(server: &RedisServer, n: usize, what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while our_connections(server) != n {
-        assert!(
-            Instant::now() < deadline,
-            "{what}: {} connections, not {n}",
-            our_connections(server)
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-#[tokio::test]
-async fn close_drops_both_connections_and_waiters_and_later_calls_carry_on() {
-    let server = RedisServer::start();
-    let store = store(&server);
-    let holder = lock(&store, "r", TTL);
-    assert!(holder.try_acquire().await.unwrap());
-    let waiter = lock(&store, "r", TTL);
-    let waiting = tokio::spawn(async move {
-        waiter.acquire().await.unwrap();
-        waiter.release().await.unwrap();
-    });
-    until_connections(&server, 2, "commands + the waiter's subscription").await;
-
-    store.close().await.unwrap();
-    // The waiter goes on: it polls, then subscribes again on a new connection.
-    holder.release().await.unwrap();
-    tokio::time::timeout(Duration::from_secs(10), waiting)
-        .await
-        .expect("the waiter still gets the lock after close")
-        .unwrap();
-    store.close().await.unwrap();
-    until_connections(&server, 0, "after close").await;
-
-    // A closed store reconnects on its next call.
-    assert!(holder.try_acquire().await.unwrap());
-    until_connections(&server, 1, "reconnected").await;
-    holder.release().await.unwrap();
-}
-
-#[tokio::test]
-async fn requests_waiting_for_a_failed_connection_share_its_error_instead_of_queueing() {
-    let server = RedisServer::start();
-    server.pause(); // accepts TCP connections, never answers the handshake
-    let store =
-        RedisStore::from_dsn(&format!("{}?socket_connect_timeout=1", server.url(0))).unwrap();
-    let started = Instant::now();
-    let attempts: Vec<_> = (0..4)
-        .map(|i| {
-            let store = store.clone();
-            tokio::spawn(async move { store.save(&Key::new(format!("r{i}")), Some(TTL)).await })
-        })
-        .collect();
-    for attempt in attempts {
-        let err = attempt.await.unwrap().unwrap_err();
-        assert_eq!(err.kind(), ErrorKind::Storage, "{err}");
-        assert!(err.is_temporary(), "{err}");
-        assert!(err.to_string().contains("cannot connect"), "{err}");
-    }
-    // One attempt of at most the connect timeout for all four; queued one after another they
-    // would take four.
-    let elapsed = started.elapsed();
-    assert!(elapsed < Duration::from_millis(2500), "{elapsed:?}");
-    server.resume();
-    // Once the pause after a failure is over, the store connects again.
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let lock = lock(&store, "r0", TTL);
-    assert!(lock.try_acquire().await.unwrap());
-    lock.release().await.unwrap();
 }
 
 #[tokio::test]

@@ -50,6 +50,8 @@ pub(super) struct HeldFile {
     pub(super) name: String,
     fd: Option<(OwnedFd, FileId)>,
     pub(super) mode: Option<Mode>,
+    /// The file held was found replaced (and let go of); said until the holder locks again.
+    replaced: bool,
     hub: Arc<Hub>,
 }
 
@@ -62,6 +64,7 @@ impl HeldFile {
             name,
             fd: None,
             mode: None,
+            replaced: false,
             hub,
         }
     }
@@ -104,6 +107,7 @@ impl HeldFile {
                         // A demotion lets waiting readers in.
                         self.hub.notify(&self.name);
                     }
+                    self.replaced = false;
                     return Ok(Attempt::Locked);
                 }
                 Err(Errno::WOULDBLOCK) => {
@@ -166,15 +170,20 @@ impl HeldFile {
     }
 
     /// The mode held, after checking that the file is still the one the name leads to; a
-    /// replaced file is let go of (and `Ok(None)` returned with `replaced` set).
+    /// replaced file is let go of, and reported as replaced until the holder locks again.
     pub(super) fn verified_mode(&mut self, dir: &Path) -> Result<Verified> {
         let Some(mode) = self.mode else {
-            return Ok(Verified::NotHeld);
+            return Ok(if self.replaced {
+                Verified::Replaced
+            } else {
+                Verified::NotHeld
+            });
         };
         if self.still_named(&dir.join(&self.name))? {
             Ok(Verified::Held(mode))
         } else {
             self.close();
+            self.replaced = true;
             Ok(Verified::Replaced)
         }
     }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result, anyhow};
 use xtr_lock::store::{CombinedStore, ConsensusStrategy};
-use xtr_lock::{Lock, LockFactory, Store, StoreFactory};
+use xtr_lock::{Lock, LockFactory, Mode, Store, StoreFactory, Wait};
 
 use crate::cli::{StoreArgs, WaitArgs};
 
@@ -18,10 +18,11 @@ pub fn duration(flag: &str, text: &str) -> Result<Duration> {
 
 /// How to take a lock.
 #[derive(Debug, Clone)]
-pub struct Wait {
-    pub nonblock: bool,
-    pub wait: Option<Duration>,
-    pub shared: bool,
+pub struct Take {
+    /// `-n`: [`Wait::Never`]; `-w D`: [`Wait::AtMost`]; neither: [`Wait::Forever`], the same
+    /// meanings as in the library.
+    pub wait: Wait,
+    pub mode: Mode,
     pub ttl: Duration,
     pub conflict_exit_code: u8,
     pub quiet: bool,
@@ -30,8 +31,8 @@ pub struct Wait {
 /// The default lifetime on stores where locks expire: renewed while a command runs.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(60);
 
-impl Wait {
-    pub fn from_args(args: &WaitArgs) -> Result<Wait> {
+impl Take {
+    pub fn from_args(args: &WaitArgs) -> Result<Take> {
         let ttl = match &args.ttl {
             Some(t) => duration("--ttl", t)?,
             None => DEFAULT_TTL,
@@ -39,14 +40,14 @@ impl Wait {
         if ttl.is_zero() {
             return Err(anyhow!("--ttl must be more than zero"));
         }
-        Ok(Wait {
-            nonblock: args.nonblock,
-            wait: args
-                .wait
-                .as_deref()
-                .map(|w| duration("--wait", w))
-                .transpose()?,
-            shared: args.shared,
+        let wait = match (&args.wait, args.nonblock) {
+            (_, true) => Wait::Never,
+            (Some(w), false) => Wait::AtMost(duration("--wait", w)?),
+            (None, false) => Wait::Forever,
+        };
+        Ok(Take {
+            wait,
+            mode: if args.shared { Mode::Read } else { Mode::Write },
             ttl,
             conflict_exit_code: args.conflict_exit_code,
             quiet: args.quiet,

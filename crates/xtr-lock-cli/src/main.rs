@@ -6,16 +6,21 @@ mod cmd;
 mod config;
 mod exit;
 mod output;
+mod procs;
+mod trampoline;
 
 use std::process::ExitCode;
 
 use clap::{CommandFactory as _, Parser as _};
 
 use cli::{Cli, Command};
-use config::{StoreConfig, Wait, duration};
+use config::{StoreConfig, Take, duration};
 use exit::Exit;
 
 fn main() -> ExitCode {
+    if let Some(code) = trampoline::run_if_asked() {
+        return code; // started by `run` to become its command, and could not
+    }
     let cli = Cli::parse(); // usage errors: clap prints them and exits 2
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -45,13 +50,13 @@ async fn run(cli: Cli) -> anyhow::Result<Exit> {
             resource,
             command,
         } => {
-            let wait = Wait::from_args(&wait)?;
+            let take = Take::from_args(&wait)?;
             let kill_after = duration("--kill-after", &kill_after)?;
             let store = StoreConfig::from_args(&store)?;
             closing(store, |store| {
                 cmd::run::run(cmd::run::RunArgs {
                     store,
-                    wait,
+                    take,
                     kill_after,
                     resource,
                     command,
@@ -64,9 +69,9 @@ async fn run(cli: Cli) -> anyhow::Result<Exit> {
             wait,
             resource,
         } => {
-            let wait = Wait::from_args(&wait)?;
+            let take = Take::from_args(&wait)?;
             let store = StoreConfig::from_args(&store)?;
-            closing(store, |store| cmd::keys::acquire(store, wait, &resource)).await
+            closing(store, |store| cmd::keys::acquire(store, take, &resource)).await
         }
         Command::Release { store, key } => {
             let store = StoreConfig::from_args(&store)?;

@@ -2,54 +2,15 @@
 //! mode, signals, keys handed between processes, status, bench.
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
-use assert_cmd::cargo::CommandCargoExt as _;
 use predicates::prelude::*;
 use xtr_lock_testkit::redis::RedisServer;
 
-fn xtr() -> assert_cmd::Command {
-    assert_cmd::Command::cargo_bin("xtr-lock").unwrap()
-}
+mod common;
 
-fn spawn(args: &[&str]) -> Child {
-    Command::cargo_bin("xtr-lock")
-        .unwrap()
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
-}
-
-/// Stops a running `xtr-lock run` as a user would (SIGTERM, forwarded to its command), so no
-/// orphaned command outlives the test.
-fn stop(mut run: Child) {
-    let pid = rustix::process::Pid::from_raw(run.id() as i32).unwrap();
-    let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-    run.wait().unwrap();
-}
-
-fn flock_dsn(dir: &Path) -> String {
-    format!("flock://{}", dir.display())
-}
-
-/// Waits until `status` says the resource is held (by anyone).
-fn wait_held(store: &str, resource: &str) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let out = xtr()
-            .args(["status", "--store", store, resource])
-            .output()
-            .unwrap();
-        if String::from_utf8_lossy(&out.stdout).contains("held by") {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{resource} never got held");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
+use common::{command_pid, flock_dsn, spawn, stop, wait_held, xtr};
 
 // ---- exit codes ---------------------------------------------------------------------------------
 
@@ -252,20 +213,6 @@ fn has_open_lock_file(pid: u32, dir: &Path) -> bool {
                     .file_name()
                     .is_some_and(|n| n.to_string_lossy().starts_with("xtr."))
         })
-}
-
-/// Waits until the command under `run` wrote its pid to `pidfile` (the lock is taken before the
-/// command starts, so "held" is not "started"), and returns it.
-fn command_pid(pidfile: &Path) -> i32 {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let text = std::fs::read_to_string(pidfile).unwrap_or_default();
-        if let Ok(pid) = text.trim().parse() {
-            return pid;
-        }
-        assert!(Instant::now() < deadline, "the command never started");
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }
 
 // ---- signals --------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ use serde_json::json;
 use xtr_lock::Lockable as _;
 use xtr_lock::{Key, Mode, Release};
 
-use crate::config::{StoreConfig, Wait};
+use crate::config::{StoreConfig, Take};
 use crate::exit::Exit;
 
 fn refuse_local(store: &StoreConfig) -> Result<()> {
@@ -31,14 +31,14 @@ fn print(text: &str) -> Result<()> {
     }
 }
 
-pub async fn acquire(store: StoreConfig, wait: Wait, resource: &str) -> Result<Exit> {
+pub async fn acquire(store: StoreConfig, take: Take, resource: &str) -> Result<Exit> {
     refuse_local(&store)?;
-    let lock = store.lock(resource, wait.ttl);
-    if !super::take(&lock, &store, &wait).await? {
-        if !wait.quiet {
-            eprintln!("{}", super::conflict_message(&lock, &wait));
+    let lock = store.lock(resource, take.ttl);
+    if !super::take(&lock, &store, &take).await? {
+        if !take.quiet {
+            eprintln!("{}", super::conflict_message(&lock, &take));
         }
-        return Ok(Exit::Conflict(wait.conflict_exit_code));
+        return Ok(Exit::Conflict(take.conflict_exit_code));
     }
     let key = match lock.key().to_json() {
         Ok(k) => k,
@@ -88,7 +88,7 @@ pub async fn refresh(store: StoreConfig, ttl: Duration, key: Option<String>) -> 
     let lock = store.factory().create_lock_from_key(read_key(key)?);
     match lock.refresh(Some(ttl)).await {
         Ok(()) => Ok(Exit::Ok),
-        Err(e) if e.is_conflict() || e.is_expired() => {
+        Err(e) if e.is_conflict() || e.is_lost() || e.is_expired() => {
             eprintln!(
                 "xtr-lock: {:?} is not held by this key any more",
                 lock.resource()

@@ -5,47 +5,32 @@ pub mod keys;
 pub mod run;
 
 use anyhow::Result;
-use xtr_lock::Lock;
-use xtr_lock::Lockable as _;
+use xtr_lock::{Lock, Lockable as _, Wait};
 
-use crate::config::{StoreConfig, Wait};
+use crate::config::{StoreConfig, Take};
 use crate::output::StatusLine;
 
-/// Takes `lock` as `wait` says. `Ok(false)`: held by someone else (or `--wait` ran out).
-pub async fn take(lock: &Lock, store: &StoreConfig, wait: &Wait) -> Result<bool> {
-    if wait.nonblock {
-        return Ok(if wait.shared {
-            lock.try_acquire_read().await?
-        } else {
-            lock.try_acquire().await?
-        });
-    }
+/// Takes `lock` as `take` says. `Ok(false)`: held by someone else (or `--wait` ran out).
+pub async fn take(lock: &Lock, store: &StoreConfig, take: &Take) -> Result<bool> {
     // Try once before showing anything: most locks are free.
-    let got = if wait.shared {
-        lock.try_acquire_read().await?
-    } else {
-        lock.try_acquire().await?
-    };
-    if got {
+    if lock.acquire_with(take.mode, Wait::Never).await? {
         return Ok(true);
     }
-    let _status = StatusLine::start(store.store.clone(), lock.resource().to_owned(), wait.quiet);
-    Ok(match (wait.wait, wait.shared) {
-        (Some(d), false) => lock.acquire_timeout(d).await?,
-        (Some(d), true) => lock.acquire_read_timeout(d).await?,
-        (None, false) => lock.acquire().await.map(|()| true)?,
-        (None, true) => lock.acquire_read().await.map(|()| true)?,
-    })
+    if take.wait == Wait::Never || take.wait == Wait::AtMost(std::time::Duration::ZERO) {
+        return Ok(false);
+    }
+    let _status = StatusLine::start(store.store.clone(), lock.resource().to_owned(), take.quiet);
+    Ok(lock.acquire_with(take.mode, take.wait).await?)
 }
 
 /// The message for a lock held by someone else.
-pub fn conflict_message(lock: &Lock, wait: &Wait) -> String {
-    match wait.wait {
-        Some(d) => format!(
+pub fn conflict_message(lock: &Lock, take: &Take) -> String {
+    match take.wait {
+        Wait::AtMost(d) if !d.is_zero() => format!(
             "xtr-lock: {:?} is still held by someone else after {}",
             lock.resource(),
             crate::output::short(d)
         ),
-        None => format!("xtr-lock: {:?} is held by someone else", lock.resource()),
+        _ => format!("xtr-lock: {:?} is held by someone else", lock.resource()),
     }
 }

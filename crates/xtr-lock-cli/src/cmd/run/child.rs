@@ -1,0 +1,158 @@
+//! The command `run` supervises: started in its own process group, holding the lock's
+//! descriptors where the lock is a descriptor (flock), or with a parent-death signal where the
+//! lock dies with `xtr-lock`; reaped with its stops seen; signalled as a group.
+
+use std::ffi::OsString;
+use std::os::fd::OwnedFd;
+use std::os::unix::process::CommandExt as _;
+use std::process::Command;
+
+use anyhow::{Context as _, Result};
+use rustix::process::{Pid, Signal, WaitOptions, WaitStatus};
+use tokio::signal::unix::{SignalKind, signal};
+
+use crate::exit::Exit;
+use crate::trampoline;
+
+/// How the command is tied to the lock.
+pub enum Tie {
+    /// It inherits these descriptors, which hold the lock for as long as it keeps them open:
+    /// the lock outlives a killed `xtr-lock`, as under `flock(1)`.
+    Descriptors(Vec<OwnedFd>),
+    /// The lock dies with `xtr-lock` (a lease it renews, a connection it holds): if `xtr-lock`
+    /// dies, a supervisor in the command's group stops the group (SIGTERM, then SIGKILL after
+    /// this grace).
+    ParentDeath(std::time::Duration),
+    /// Nothing is locked (the null store).
+    None,
+}
+
+/// A started command.
+pub struct Child {
+    pid: Pid,
+    /// SIGCHLD, registered before the command was started, so no exit is missed.
+    exits: tokio::signal::unix::Signal,
+}
+
+/// How a wait for the command ended.
+pub enum Event {
+    Exited(Exit),
+    /// It was stopped (Ctrl-Z, SIGSTOP).
+    Stopped,
+}
+
+impl Child {
+    /// Starts `command` in a new process group, with the variables of `env` set (or removed,
+    /// for `None`), tied to the lock as `tie` says. `Err(exit)` when it cannot be run (126,
+    /// 127), after saying why on stderr.
+    pub fn start(
+        command: &[OsString],
+        env: &[(&str, Option<String>)],
+        tie: Tie,
+    ) -> Result<std::result::Result<Child, Exit>> {
+        let exits = signal(SignalKind::child()).context("cannot watch for the command's exit")?;
+        let mut cmd = match &tie {
+            Tie::ParentDeath(grace) => {
+                let mut cmd = Command::new(trampoline::SELF_EXE);
+                cmd.arg0("xtr-lock")
+                    .arg(trampoline::ARG)
+                    .arg(rustix::process::getpid().as_raw_nonzero().to_string())
+                    .arg(grace.as_millis().to_string())
+                    .arg("--")
+                    .args(command);
+                cmd
+            }
+            Tie::Descriptors(_) | Tie::None => {
+                let mut cmd = Command::new(&command[0]);
+                cmd.args(&command[1..]);
+                cmd
+            }
+        };
+        cmd.process_group(0);
+        for (name, value) in env {
+            match value {
+                Some(value) => cmd.env(name, value),
+                None => cmd.env_remove(name),
+            };
+        }
+        // Inherited: duplicates without close-on-exec, alive until the command is started.
+        let inherited: Vec<OwnedFd> = match &tie {
+            Tie::Descriptors(fds) => fds
+                .iter()
+                .map(rustix::io::dup)
+                .collect::<Result<_, _>>()
+                .context("cannot hand the lock's descriptor to the command")?,
+            _ => Vec::new(),
+        };
+        let name = command[0].to_string_lossy().into_owned();
+        let spawned = cmd.spawn();
+        drop(inherited);
+        let child = match spawned {
+            Ok(child) => child,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                eprintln!("xtr-lock: error: command not found: {name}");
+                return Ok(Err(Exit::CannotRun(127)));
+            }
+            Err(e) => {
+                eprintln!("xtr-lock: error: cannot run {name}: {e}");
+                return Ok(Err(Exit::CannotRun(126)));
+            }
+        };
+        let pid = Pid::from_raw(child.id() as i32).context("the command has no pid")?;
+        Ok(Ok(Child { pid, exits }))
+    }
+
+    /// The command's process group (its pid).
+    pub fn group(&self) -> Pid {
+        self.pid
+    }
+
+    /// Waits until the command exits or stops.
+    ///
+    /// Cancel-safe: a dropped wait misses nothing (the status stays with the kernel until the
+    /// next wait reads it).
+    pub async fn wait(&mut self) -> Result<Event> {
+        loop {
+            let status = rustix::process::waitpid(
+                Some(self.pid),
+                WaitOptions::NOHANG | WaitOptions::UNTRACED,
+            )
+            .context("cannot wait for the command")?;
+            if let Some((_, status)) = status
+                && let Some(event) = event_of(status)
+            {
+                return Ok(event);
+            }
+            self.exits.recv().await;
+        }
+    }
+
+    /// Sends `sig` to the command's whole process group.
+    pub fn signal_group(&self, sig: Signal) {
+        let _ = rustix::process::kill_process_group(self.pid, sig);
+    }
+
+    /// Whether anything of the command's process group is still running (its own children,
+    /// once it exited); zombies do not count.
+    pub fn group_alive(&self) -> bool {
+        rustix::process::test_kill_process_group(self.pid).is_ok()
+            && crate::procs::running_in_group(self.pid.as_raw_nonzero().get(), None)
+    }
+}
+
+fn event_of(status: WaitStatus) -> Option<Event> {
+    if status.stopped() {
+        return Some(Event::Stopped);
+    }
+    if let Some(code) = status.exit_status() {
+        return Some(Event::Exited(Exit::Command(
+            u8::try_from(code).unwrap_or(1),
+        )));
+    }
+    if let Some(sig) = status.terminating_signal() {
+        return Some(Event::Exited(Exit::Command(
+            u8::try_from(128 + sig).unwrap_or(255),
+        )));
+    }
+    None
+}

@@ -1,0 +1,186 @@
+//! `xtr-lock run`: take the lock, run the command tied to it, keep the lock alive and watch it,
+//! stop the command's process group if the lock is lost, release, pass the status on.
+
+use std::ffi::OsString;
+use std::time::Duration;
+
+use anyhow::Result;
+use rustix::process::Signal;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::time::Instant;
+use xtr_lock::{Lock, Lockable as _, Release};
+
+use crate::config::{StoreConfig, Take};
+use crate::exit::Exit;
+use crate::output::short;
+
+mod child;
+mod terminal;
+
+use child::{Child, Event, Tie};
+use terminal::Terminal;
+
+pub struct RunArgs {
+    pub store: StoreConfig,
+    pub take: Take,
+    pub kill_after: Duration,
+    pub resource: String,
+    pub command: Vec<OsString>,
+}
+
+/// SIGINT, SIGTERM and SIGHUP, caught from the start: while waiting they end the wait cleanly,
+/// while the command runs they are forwarded to its process group.
+struct Signals {
+    int: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn new() -> Result<Signals> {
+        Ok(Signals {
+            int: signal(SignalKind::interrupt())?,
+            term: signal(SignalKind::terminate())?,
+            hup: signal(SignalKind::hangup())?,
+        })
+    }
+
+    async fn recv(&mut self) -> Signal {
+        tokio::select! {
+            _ = self.int.recv() => Signal::INT,
+            _ = self.term.recv() => Signal::TERM,
+            _ = self.hup.recv() => Signal::HUP,
+        }
+    }
+}
+
+fn killed_by(sig: Signal) -> Exit {
+    Exit::Command(u8::try_from(128 + sig.as_raw()).unwrap_or(255))
+}
+
+pub async fn run(args: RunArgs) -> Result<Exit> {
+    let mut signals = Signals::new()?;
+    let lock = args.store.lock(&args.resource, args.take.ttl);
+    let taken = tokio::select! {
+        taken = super::take(&lock, &args.store, &args.take) => taken?,
+        sig = signals.recv() => {
+            // Interrupted while waiting: whatever the dropped wait stored is taken back (the
+            // release runs after that clean-up), and nothing runs.
+            let _ = lock.release().await;
+            return Ok(killed_by(sig));
+        }
+    };
+    if !taken {
+        if !args.take.quiet {
+            eprintln!("{}", super::conflict_message(&lock, &args.take));
+        }
+        return Ok(Exit::Conflict(args.take.conflict_exit_code));
+    }
+    let outcome = supervise(&args, &lock, &mut signals).await;
+    let known = lock.lost_reason();
+    // Released whatever happened to the command; a lost lock is exit 3 however it is found.
+    match lock.release().await {
+        Ok(Release::Lost) => {
+            if !matches!(outcome, Ok(Exit::Lost)) {
+                let why = known.map_or_else(
+                    || "the store had nothing of it when the command ended".to_owned(),
+                    |reason| reason.to_string(),
+                );
+                eprintln!(
+                    "xtr-lock: lock {:?} was lost while the command ran: {why}",
+                    lock.resource()
+                );
+            }
+            outcome.map(|_| Exit::Lost)
+        }
+        Ok(_) => outcome,
+        Err(err) => {
+            eprintln!("xtr-lock: error: {err:#}");
+            match outcome {
+                Ok(Exit::Command(0)) => Ok(Exit::Error),
+                other => other,
+            }
+        }
+    }
+}
+
+/// Runs the command while the lock is watched, until it exits or the lock is lost.
+async fn supervise(args: &RunArgs, lock: &Lock, signals: &mut Signals) -> Result<Exit> {
+    // Renews on stores where locks expire; watches for a loss where the store can see one.
+    let mut monitor = lock.keep_alive()?;
+    let store = &args.store.store;
+    let tie = if !store.capabilities().excludes {
+        Tie::None
+    } else {
+        match store.inheritable_descriptors(lock.key())? {
+            Some(fds) => Tie::Descriptors(fds),
+            None => Tie::ParentDeath(args.kill_after),
+        }
+    };
+    let env = [
+        ("XTR_LOCK_RESOURCE", Some(args.resource.clone())),
+        ("XTR_LOCK_STORE", Some(args.store.scheme.clone())),
+        (
+            "XTR_LOCK_FENCING_TOKEN",
+            lock.fencing_token().map(|t| t.to_string()),
+        ),
+    ];
+    let mut child = match Child::start(&args.command, &env, tie)? {
+        Ok(child) => child,
+        Err(cannot_run) => return Ok(cannot_run),
+    };
+    let terminal = Terminal::hand_to(child.group());
+    loop {
+        tokio::select! {
+            event = child.wait() => match event? {
+                Event::Exited(exit) => return Ok(exit),
+                Event::Stopped => {
+                    if let Some(terminal) = &terminal {
+                        terminal.relay_stop();
+                    }
+                }
+            },
+            // Forwarded: the command decides how to stop; the lock is released after it exits.
+            sig = signals.recv() => child.signal_group(sig),
+            lost = monitor.lost() => {
+                eprintln!(
+                    "xtr-lock: {lost}; stopping the command (SIGTERM, then SIGKILL after {})",
+                    short(args.kill_after)
+                );
+                stop(&mut child, args.kill_after).await?;
+                return Ok(Exit::Lost);
+            }
+        }
+    }
+}
+
+/// Stops the command's process group: SIGTERM, then SIGKILL for whatever of it is still there
+/// after `grace`, its own children included.
+async fn stop(child: &mut Child, grace: Duration) -> Result<()> {
+    let deadline = Instant::now() + grace;
+    child.signal_group(Signal::TERM);
+    // A stopped process would not see its SIGTERM.
+    child.signal_group(Signal::CONT);
+    let exited = tokio::time::timeout_at(deadline, exit_of(child)).await;
+    if exited.is_err() {
+        child.signal_group(Signal::KILL);
+        exit_of(child).await?;
+        return Ok(());
+    }
+    exited??;
+    while child.group_alive() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    if child.group_alive() {
+        child.signal_group(Signal::KILL);
+    }
+    Ok(())
+}
+
+async fn exit_of(child: &mut Child) -> Result<Exit> {
+    loop {
+        if let Event::Exited(exit) = child.wait().await? {
+            return Ok(exit);
+        }
+    }
+}

@@ -1,0 +1,29 @@
+//! Processes by group, from `/proc`.
+
+/// Whether a process of group `group` other than `except` is running. Zombies do not count: an
+/// orphan waits for its new parent to reap it, which some init processes take seconds to do.
+pub fn running_in_group(group: i32, except: Option<i32>) -> bool {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return true; // cannot tell: assume so
+    };
+    let group = group.to_string();
+    let except = except.map(|p| p.to_string());
+    entries.filter_map(Result::ok).any(|entry| {
+        let name = entry.file_name();
+        if except.as_deref().is_some_and(|e| name == e) {
+            return false;
+        }
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            return false;
+        };
+        // "pid (comm) state ppid pgrp …": the command name may hold anything, but no ") "
+        // follows it.
+        let Some((_, rest)) = stat.rsplit_once(") ") else {
+            return false;
+        };
+        let mut fields = rest.split(' ');
+        let state = fields.next();
+        let pgrp = fields.nth(1);
+        pgrp == Some(group.as_str()) && state != Some("Z")
+    })
+}

@@ -1,0 +1,141 @@
+//! `xtr-lock __exec-child PARENT GRACE_MS -- COMMAND [ARG…]`: how `run` makes sure its command
+//! does not outlive a killed `xtr-lock` on stores where the lock dies with it.
+//!
+//! The command's process group starts with this small supervisor: it asks the kernel for
+//! SIGTERM when its parent dies (a parent-death signal, which must be set in the child; Rust can
+//! only run code between `fork` and `exec` through `unsafe`, which this workspace forbids, so
+//! this executable is started again in this mode), checks that the parent is still the one that
+//! started it, then runs the command in the same process group and waits for it. When the
+//! parent dies, it stops the whole group as `run` would on a lost lock: SIGTERM, then SIGKILL
+//! after the grace. Signals sent to the group while the parent lives (forwarded by `run`, or
+//! from the terminal) reach the command directly; the supervisor ignores them. It exits with
+//! the command's status (128 + N for a signal N).
+
+use std::ffi::OsString;
+use std::process::{Command, ExitCode};
+use std::time::Duration;
+
+use rustix::process::{Pid, Signal, WaitOptions};
+use tokio::signal::unix::{SignalKind, signal};
+
+use crate::exit;
+
+/// The first argument that selects this mode (never a subcommand a user types).
+pub const ARG: &str = "__exec-child";
+
+/// This executable, whatever it was started as and even if its file was replaced since.
+pub const SELF_EXE: &str = "/proc/self/exe";
+
+/// Runs the supervisor if this process was started as one; `None` otherwise.
+pub fn run_if_asked() -> Option<ExitCode> {
+    let mut args = std::env::args_os().skip(1);
+    if args.next()? != ARG {
+        return None;
+    }
+    let number = |a: Option<OsString>| a.and_then(|a| a.into_string().ok()?.parse::<u64>().ok());
+    let parent = number(args.next()).and_then(|p| i32::try_from(p).ok());
+    let grace = number(args.next()).map(Duration::from_millis);
+    let command: Vec<OsString> = args.skip_while(|a| a != "--").skip(1).collect();
+    let (Some(parent), Some(grace), false) = (parent, grace, command.is_empty()) else {
+        eprintln!("xtr-lock: error: {ARG} is for xtr-lock run's own use");
+        return Some(ExitCode::from(exit::ERROR));
+    };
+    if let Err(e) = rustix::process::set_parent_process_death_signal(Some(Signal::TERM)) {
+        eprintln!("xtr-lock: error: cannot tie the command to xtr-lock's life: {e}");
+        return Some(ExitCode::from(exit::ERROR));
+    }
+    if !parent_is(parent) {
+        eprintln!("xtr-lock: the process holding the lock is gone; the command does not run");
+        return Some(ExitCode::from(exit::LOST));
+    }
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("xtr-lock: error: cannot start the async runtime: {e}");
+            return Some(ExitCode::from(exit::ERROR));
+        }
+    };
+    Some(runtime.block_on(supervise(parent, grace, &command)))
+}
+
+fn parent_is(parent: i32) -> bool {
+    rustix::process::getppid().map(|p| p.as_raw_nonzero().get()) == Some(parent)
+}
+
+async fn supervise(parent: i32, grace: Duration, command: &[OsString]) -> ExitCode {
+    let signals = (
+        signal(SignalKind::child()),
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::hangup()),
+    );
+    let (Ok(mut exits), Ok(mut term), Ok(mut int), Ok(mut hup)) = signals else {
+        eprintln!("xtr-lock: error: cannot watch signals");
+        return ExitCode::from(exit::ERROR);
+    };
+    let name = command[0].to_string_lossy().into_owned();
+    let child = match Command::new(&command[0]).args(&command[1..]).spawn() {
+        Ok(child) => child,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            eprintln!("xtr-lock: error: command not found: {name}");
+            return ExitCode::from(127);
+        }
+        Err(e) => {
+            eprintln!("xtr-lock: error: cannot run {name}: {e}");
+            return ExitCode::from(126);
+        }
+    };
+    let Some(pid) = Pid::from_raw(child.id() as i32) else {
+        return ExitCode::from(exit::ERROR);
+    };
+    let mut orphaned_at: Option<tokio::time::Instant> = None;
+    loop {
+        if let Some(code) = exit_code(pid) {
+            if let Some(at) = orphaned_at {
+                // What the command left behind in its group gets the rest of the grace.
+                let group = rustix::process::getpgrp();
+                let me = rustix::process::getpid().as_raw_nonzero().get();
+                let others =
+                    || crate::procs::running_in_group(group.as_raw_nonzero().get(), Some(me));
+                while others() && tokio::time::Instant::now() < at + grace {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                if others() {
+                    let _ = rustix::process::kill_process_group(group, Signal::KILL);
+                }
+            }
+            return code;
+        }
+        let kill_at = orphaned_at.map(|t| t + grace);
+        tokio::select! {
+            _ = exits.recv() => {}
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+            _ = hup.recv() => {}
+            () = async { tokio::time::sleep_until(kill_at.expect("guarded")).await },
+                if kill_at.is_some() => {
+                let _ = rustix::process::kill_process_group(rustix::process::getpgrp(), Signal::KILL);
+            }
+        }
+        if orphaned_at.is_none() && !parent_is(parent) {
+            // xtr-lock died: its lock will not be renewed. Stop the group, as a loss would.
+            orphaned_at = Some(tokio::time::Instant::now());
+            let group = rustix::process::getpgrp();
+            let _ = rustix::process::kill_process_group(group, Signal::TERM);
+            let _ = rustix::process::kill_process_group(group, Signal::CONT);
+        }
+    }
+}
+
+/// The command's exit status as ours, once it has exited.
+fn exit_code(pid: Pid) -> Option<ExitCode> {
+    let (_, status) = rustix::process::waitpid(Some(pid), WaitOptions::NOHANG).ok()??;
+    if let Some(code) = status.exit_status() {
+        return Some(ExitCode::from(u8::try_from(code).unwrap_or(1)));
+    }
+    let sig = status.terminating_signal()?;
+    Some(ExitCode::from(u8::try_from(128 + sig).unwrap_or(255)))
+}

@@ -1,0 +1,199 @@
+//! `xtr-lock run`'s command lives and dies with the lock: it runs in its own process group,
+//! keeps a flock lock through its own descriptor when `xtr-lock` is killed (as under
+//! `flock(1)`), is stopped with its children when `xtr-lock` dies on a store where the lock dies
+//! with it, and when the lock is lost; and a lost lock is exit 3 however it is found.
+
+use rustix::process::Signal;
+use xtr_lock_testkit::redis::RedisServer;
+
+mod common;
+
+use common::{alive, bin, command_pid, flock_dsn, kill, spawn, wait_gone, wait_held, xtr};
+
+/// A command that writes its own pid, then the pid of a child it starts in the background, and
+/// waits for that child (the shell does not `exec` it: a grandchild of `xtr-lock`).
+fn with_grandchild(pidfile: &std::path::Path) -> String {
+    format!("sleep 30 & echo $! > {}; wait", pidfile.display())
+}
+
+#[test]
+fn the_command_runs_in_its_own_process_group() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = xtr()
+        .args(["run", "--store", &flock_dsn(tmp.path()), "r", "--"])
+        .args(["sh", "-c", "cut -d' ' -f5 /proc/$$/stat"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let group: i32 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    assert_ne!(
+        group,
+        rustix::process::getpgrp().as_raw_nonzero().get(),
+        "not the group of whoever started xtr-lock"
+    );
+}
+
+#[test]
+fn killed_xtr_lock_on_flock_leaves_the_lock_held_until_the_command_ends() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = flock_dsn(tmp.path());
+    let (pidfile, done) = (tmp.path().join("pid"), tmp.path().join("done"));
+    let script = format!(
+        "echo $$ > {}; while [ ! -e {} ]; do sleep 0.05; done",
+        pidfile.display(),
+        done.display()
+    );
+    let mut run = spawn(&["run", "--store", &store, "r", "--", "sh", "-c", &script]);
+    let command = command_pid(&pidfile);
+    kill(run.id() as i32, Signal::KILL);
+    run.wait().unwrap();
+    assert!(alive(command), "the command goes on");
+    xtr()
+        .args(["run", "-n", "--store", &store, "r", "--", "true"])
+        .assert()
+        .code(1);
+    std::fs::write(&done, b"").unwrap();
+    wait_gone(command, "the command");
+    xtr()
+        .args(["run", "-n", "--store", &store, "r", "--", "true"])
+        .assert()
+        .success();
+}
+
+#[test]
+fn killed_xtr_lock_on_redis_stops_the_command_and_its_children() {
+    let server = RedisServer::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let pidfile = tmp.path().join("pid");
+    let mut run = spawn(&[
+        "run",
+        "--store",
+        &server.url(0),
+        "--ttl",
+        "30s",
+        "--kill-after",
+        "1s",
+        "r",
+        "--",
+        "sh",
+        "-c",
+        &with_grandchild(&pidfile),
+    ]);
+    let grandchild = command_pid(&pidfile);
+    kill(run.id() as i32, Signal::KILL);
+    run.wait().unwrap();
+    wait_gone(grandchild, "the command's child, after xtr-lock was killed");
+}
+
+#[test]
+fn a_lost_lock_stops_the_commands_children_too() {
+    let server = RedisServer::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let pidfile = tmp.path().join("pid");
+    let run = spawn(&[
+        "run",
+        "--store",
+        &server.url(0),
+        "--ttl",
+        "600ms",
+        "--kill-after",
+        "1s",
+        "r",
+        "--",
+        "sh",
+        "-c",
+        &with_grandchild(&pidfile),
+    ]);
+    let grandchild = command_pid(&pidfile);
+    server.cli(&["DEL", "r"]); // behind its back
+    let out = run.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(3));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("was lost: it was removed"), "{stderr}");
+    wait_gone(grandchild, "the command's child, after the loss");
+}
+
+#[test]
+fn a_replaced_lock_file_stops_the_command_at_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = flock_dsn(tmp.path());
+    let pidfile = tmp.path().join("pid");
+    let run = spawn(&[
+        "run",
+        "--store",
+        &store,
+        "--kill-after",
+        "1s",
+        "r",
+        "--",
+        "sh",
+        "-c",
+        &with_grandchild(&pidfile),
+    ]);
+    let grandchild = command_pid(&pidfile);
+    wait_held(&store, "r");
+    let lock_file = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("xtr."))
+        })
+        .expect("the lock file");
+    std::fs::remove_file(&lock_file).unwrap();
+    let out = run.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(3));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("lock file was removed or replaced"),
+        "{stderr}"
+    );
+    wait_gone(grandchild, "the command's child");
+}
+
+#[test]
+fn a_lock_lost_while_a_short_command_ran_is_exit_3() {
+    // Observed before: exit 0, with another holder holding the lock.
+    let server = RedisServer::start();
+    let store = server.url(0);
+    let script = format!(
+        "redis-cli -p {port} del j >/dev/null; {xtr} acquire --store {store} --ttl 30s j >/dev/null; sleep .2",
+        port = server.port(),
+        xtr = bin().display(),
+    );
+    let out = xtr()
+        .args([
+            "run", "--store", &store, "--ttl", "30s", "j", "--", "sh", "-c", &script,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("was lost while the command ran"),
+        "{stderr}"
+    );
+    assert_eq!(
+        server.cli(&["ZCARD", "j"]),
+        "2",
+        "the other holder keeps its lock"
+    );
+}
+
+#[test]
+fn the_supervisor_mode_is_not_for_users() {
+    xtr()
+        .args(["__exec-child", "nonsense"])
+        .assert()
+        .code(2)
+        .stderr(predicates::str::contains("for xtr-lock run's own use"));
+    // Its parent is not the one it names: it does not run the command.
+    let tmp = tempfile::tempdir().unwrap();
+    let marker = tmp.path().join("ran");
+    xtr()
+        .args(["__exec-child", "1", "1000", "--", "touch"])
+        .arg(&marker)
+        .assert()
+        .code(3);
+    assert!(!marker.exists());
+}

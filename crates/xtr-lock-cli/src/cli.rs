@@ -25,13 +25,13 @@ Locks made here and by the xtr-lock library, Python xtr-lock and flock(1) (files
 Lock (Redis) exclude each other.",
     after_help = format!("{EXAMPLES}\n\n{}", crate::exit::TABLE),
 )]
-pub struct Cli {
+pub(crate) struct Cli {
     #[command(subcommand)]
     pub command: Command,
 }
 
 #[derive(Debug, Args, Clone)]
-pub struct StoreArgs {
+pub(crate) struct StoreArgs {
     /// Where locks live: flock, flock:///dir, redis://host:6379/0, rediss://…, unix:///sock,
     /// in-memory, null. Repeated: a quorum (strict majority) over those stores.
     #[arg(
@@ -44,7 +44,7 @@ pub struct StoreArgs {
 }
 
 #[derive(Debug, Args, Clone)]
-pub struct WaitArgs {
+pub(crate) struct WaitArgs {
     /// Fail at once if the lock is held (exit 1, or -E).
     #[arg(short = 'n', long = "nonblock", conflicts_with = "wait")]
     pub nonblock: bool,
@@ -76,7 +76,7 @@ pub struct WaitArgs {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Take the lock, run COMMAND, release the lock when it exits; exit with its status.
     Run {
         #[command(flatten)]

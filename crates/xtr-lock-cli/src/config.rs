@@ -10,7 +10,7 @@ use xtr_lock::{Lock, LockFactory, Mode, Store, StoreFactory, Wait};
 use crate::cli::{StoreArgs, WaitArgs};
 
 /// Parses a humantime duration (`30s`, `2m`, `1h30m`, `500ms`), naming the flag on error.
-pub fn duration(flag: &str, text: &str) -> Result<Duration> {
+pub(crate) fn duration(flag: &str, text: &str) -> Result<Duration> {
     humantime::parse_duration(text).map_err(|e| {
         anyhow!("{flag} {text:?} is not a duration ({e}); write it like 30s, 2m, 1h30m or 500ms")
     })
@@ -18,7 +18,7 @@ pub fn duration(flag: &str, text: &str) -> Result<Duration> {
 
 /// How to take a lock.
 #[derive(Debug, Clone)]
-pub struct Take {
+pub(crate) struct Take {
     /// `-n`: [`Wait::Never`]; `-w D`: [`Wait::AtMost`]; neither: [`Wait::Forever`], the same
     /// meanings as in the library.
     pub wait: Wait,
@@ -29,10 +29,10 @@ pub struct Take {
 }
 
 /// The default lifetime on stores where locks expire: renewed while a command runs.
-pub const DEFAULT_TTL: Duration = Duration::from_secs(60);
+pub(crate) const DEFAULT_TTL: Duration = Duration::from_secs(60);
 
 impl Take {
-    pub fn from_args(args: &WaitArgs) -> Result<Take> {
+    pub(crate) fn from_args(args: &WaitArgs) -> Result<Take> {
         let ttl = match &args.ttl {
             Some(t) => duration("--ttl", t)?,
             None => DEFAULT_TTL,
@@ -56,7 +56,7 @@ impl Take {
 }
 
 /// The store a DSN names. Errors show the scheme only, never the DSN.
-pub struct StoreConfig {
+pub(crate) struct StoreConfig {
     pub store: Arc<dyn Store>,
     /// What the command may be told about the store: its scheme only.
     pub scheme: String,
@@ -65,7 +65,7 @@ pub struct StoreConfig {
 }
 
 impl StoreConfig {
-    pub fn from_args(args: &StoreArgs) -> Result<StoreConfig> {
+    pub(crate) fn from_args(args: &StoreArgs) -> Result<StoreConfig> {
         let scheme_of = |dsn: &str| dsn.split_once(':').map_or(dsn, |(s, _)| s).to_owned();
         let (store, scheme): (Arc<dyn Store>, String) = match args.store.as_slice() {
             [dsn] => (
@@ -95,11 +95,11 @@ impl StoreConfig {
         })
     }
 
-    pub fn factory(&self) -> LockFactory {
+    pub(crate) fn factory(&self) -> LockFactory {
         LockFactory::from_arc(self.store.clone())
     }
 
-    pub fn lock(&self, resource: &str, ttl: Duration) -> Lock {
+    pub(crate) fn lock(&self, resource: &str, ttl: Duration) -> Lock {
         self.factory().create_lock(resource).with_ttl(Some(ttl))
     }
 }

@@ -2,7 +2,7 @@
 
 /// What `xtr-lock` exits with when it is not passing on a command's status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Exit {
+pub(crate) enum Exit {
     /// Success.
     Ok,
     /// The lock is held by someone else (`-n`, or `-w` ran out); `-E` changes the number.
@@ -19,12 +19,12 @@ pub enum Exit {
 }
 
 /// The lock was lost.
-pub const LOST: u8 = 3;
+pub(crate) const LOST: u8 = 3;
 /// Usage, configuration or store error.
-pub const ERROR: u8 = 2;
+pub(crate) const ERROR: u8 = 2;
 
 impl Exit {
-    pub fn code(self) -> u8 {
+    pub(crate) fn code(self) -> u8 {
         match self {
             Exit::Ok => 0,
             Exit::Conflict(n) | Exit::CannotRun(n) | Exit::Command(n) => n,
@@ -35,7 +35,7 @@ impl Exit {
 }
 
 /// The exit-code table of `--help` and the README.
-pub const TABLE: &str = "\
+pub(crate) const TABLE: &str = "\
 Exit codes:
   0        success (for run: the command succeeded)
   1        the lock is held by someone else (-n, or -w ran out); -E/--conflict-exit-code changes it

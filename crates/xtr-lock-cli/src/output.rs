@@ -8,7 +8,7 @@ use xtr_lock::store::HolderInfo;
 use xtr_lock::{Mode, Store};
 
 /// Describes holders: `pid 1234 (write, 12s left), pid 99 (read)`.
-pub fn holders(list: &[HolderInfo]) -> String {
+pub(crate) fn holders(list: &[HolderInfo]) -> String {
     list.iter()
         .map(|h| {
             let who = match (h.pid, &h.id) {
@@ -30,7 +30,7 @@ pub fn holders(list: &[HolderInfo]) -> String {
 }
 
 /// A duration rounded for people: `850ms`, `12s`, `3m 20s`.
-pub fn short(d: Duration) -> String {
+pub(crate) fn short(d: Duration) -> String {
     if d < Duration::from_secs(1) {
         return format!("{}ms", d.as_millis());
     }
@@ -39,12 +39,12 @@ pub fn short(d: Duration) -> String {
 
 /// While alive, redraws `waiting for 'r' (3s); held by pid 1234 (write)` on stderr every 250 ms,
 /// if stderr is a terminal; clears it when dropped.
-pub struct StatusLine {
+pub(crate) struct StatusLine {
     task: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl StatusLine {
-    pub fn start(store: Arc<dyn Store>, resource: String, quiet: bool) -> StatusLine {
+    pub(crate) fn start(store: Arc<dyn Store>, resource: String, quiet: bool) -> StatusLine {
         if quiet || !std::io::stderr().is_terminal() {
             return StatusLine { task: None };
         }

@@ -2,7 +2,7 @@
 
 /// Whether a process of group `group` other than `except` is running. Zombies do not count: an
 /// orphan waits for its new parent to reap it, which some init processes take seconds to do.
-pub fn running_in_group(group: i32, except: Option<i32>) -> bool {
+pub(crate) fn running_in_group(group: i32, except: Option<i32>) -> bool {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return true; // cannot tell: assume so
     };

@@ -21,13 +21,13 @@ use tokio::signal::unix::{SignalKind, signal};
 use crate::exit;
 
 /// The first argument that selects this mode (never a subcommand a user types).
-pub const ARG: &str = "__exec-child";
+pub(crate) const ARG: &str = "__exec-child";
 
 /// This executable, whatever it was started as and even if its file was replaced since.
-pub const SELF_EXE: &str = "/proc/self/exe";
+pub(crate) const SELF_EXE: &str = "/proc/self/exe";
 
 /// Runs the supervisor if this process was started as one; `None` otherwise.
-pub fn run_if_asked() -> Option<ExitCode> {
+pub(crate) fn run_if_asked() -> Option<ExitCode> {
     let mut args = std::env::args_os().skip(1);
     if args.next()? != ARG {
         return None;

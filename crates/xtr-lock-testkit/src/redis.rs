@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use rustix::process::{Pid, Signal, kill_process};
 
 /// A `redis-server` this test started. Dropping it kills it and removes its directory.
+#[derive(Debug)]
 pub struct RedisServer {
     child: Option<Child>,
     port: u16,

@@ -117,6 +117,9 @@ fn rslock_cycle(rl: &rslock::LockManager) -> Cycle<'_> {
     })
 }
 
+// The contenders' cycles are not `Send` (neither is rslock's lock manager): the whole run stays
+// on this binary's one thread.
+#[allow(clippy::future_not_send)]
 async fn run(urls: &[String], rounds: usize, per_round: usize) -> Vec<Contender<'static>> {
     let clients: Vec<redis::Client> = urls
         .iter()

@@ -12,7 +12,7 @@ use crate::config::StoreConfig;
 use crate::exit::Exit;
 use crate::output::short;
 
-pub struct BenchArgs {
+pub(crate) struct BenchArgs {
     pub store: StoreConfig,
     pub clients: usize,
     pub resources: usize,
@@ -29,7 +29,7 @@ fn percentile(sorted: &[Duration], q: f64) -> Duration {
     sorted[((sorted.len() - 1) as f64 * q).round() as usize]
 }
 
-pub async fn bench(args: BenchArgs) -> Result<Exit> {
+pub(crate) async fn bench(args: BenchArgs) -> Result<Exit> {
     if args.clients == 0 || args.resources == 0 {
         return Err(anyhow!("--clients and --resources must be at least 1"));
     }

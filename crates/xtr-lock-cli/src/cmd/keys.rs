@@ -31,7 +31,7 @@ fn print(text: &str) -> Result<()> {
     }
 }
 
-pub async fn acquire(store: StoreConfig, take: Take, resource: &str) -> Result<Exit> {
+pub(crate) async fn acquire(store: StoreConfig, take: Take, resource: &str) -> Result<Exit> {
     refuse_local(&store)?;
     let lock = store.lock(resource, take.ttl);
     if !super::take(&lock, &store, &take).await? {
@@ -68,7 +68,7 @@ fn read_key(arg: Option<String>) -> Result<Key> {
         .map_err(|e| anyhow!("the key is not one `xtr-lock acquire` printed: {e}"))
 }
 
-pub async fn release(store: StoreConfig, key: Option<String>) -> Result<Exit> {
+pub(crate) async fn release(store: StoreConfig, key: Option<String>) -> Result<Exit> {
     refuse_local(&store)?;
     let lock = store.factory().create_lock_from_key(read_key(key)?);
     Ok(match lock.release().await? {
@@ -83,7 +83,11 @@ pub async fn release(store: StoreConfig, key: Option<String>) -> Result<Exit> {
     })
 }
 
-pub async fn refresh(store: StoreConfig, ttl: Duration, key: Option<String>) -> Result<Exit> {
+pub(crate) async fn refresh(
+    store: StoreConfig,
+    ttl: Duration,
+    key: Option<String>,
+) -> Result<Exit> {
     refuse_local(&store)?;
     let lock = store.factory().create_lock_from_key(read_key(key)?);
     match lock.refresh(Some(ttl)).await {
@@ -99,7 +103,7 @@ pub async fn refresh(store: StoreConfig, ttl: Duration, key: Option<String>) -> 
     }
 }
 
-pub async fn status(
+pub(crate) async fn status(
     store: StoreConfig,
     resource: Option<String>,
     key: Option<String>,

@@ -1,8 +1,8 @@
 //! One module per subcommand.
 
-pub mod bench;
-pub mod keys;
-pub mod run;
+pub(crate) mod bench;
+pub(crate) mod keys;
+pub(crate) mod run;
 
 use anyhow::Result;
 use xtr_lock::{Lock, Lockable as _, Wait};
@@ -11,7 +11,7 @@ use crate::config::{StoreConfig, Take};
 use crate::output::StatusLine;
 
 /// Takes `lock` as `take` says. `Ok(false)`: held by someone else (or `--wait` ran out).
-pub async fn take(lock: &Lock, store: &StoreConfig, take: &Take) -> Result<bool> {
+pub(crate) async fn take(lock: &Lock, store: &StoreConfig, take: &Take) -> Result<bool> {
     // Try once before showing anything: most locks are free.
     if lock.acquire_with(take.mode, Wait::Never).await? {
         return Ok(true);
@@ -24,7 +24,7 @@ pub async fn take(lock: &Lock, store: &StoreConfig, take: &Take) -> Result<bool>
 }
 
 /// The message for a lock held by someone else.
-pub fn conflict_message(lock: &Lock, take: &Take) -> String {
+pub(crate) fn conflict_message(lock: &Lock, take: &Take) -> String {
     match take.wait {
         Wait::AtMost(d) if !d.is_zero() => format!(
             "xtr-lock: {:?} is still held by someone else after {}",

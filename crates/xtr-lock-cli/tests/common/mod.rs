@@ -8,11 +8,11 @@ use std::time::{Duration, Instant};
 
 use assert_cmd::cargo::CommandCargoExt as _;
 
-pub fn xtr() -> assert_cmd::Command {
+pub(crate) fn xtr() -> assert_cmd::Command {
     assert_cmd::Command::cargo_bin("xtr-lock").unwrap()
 }
 
-pub fn spawn(args: &[&str]) -> Child {
+pub(crate) fn spawn(args: &[&str]) -> Child {
     Command::cargo_bin("xtr-lock")
         .unwrap()
         .args(args)
@@ -24,18 +24,18 @@ pub fn spawn(args: &[&str]) -> Child {
 
 /// Stops a running `xtr-lock run` as a user would (SIGTERM, forwarded to its command), so no
 /// orphaned command outlives the test.
-pub fn stop(mut run: Child) {
+pub(crate) fn stop(mut run: Child) {
     let pid = rustix::process::Pid::from_raw(run.id() as i32).unwrap();
     let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
     run.wait().unwrap();
 }
 
-pub fn flock_dsn(dir: &Path) -> String {
+pub(crate) fn flock_dsn(dir: &Path) -> String {
     format!("flock://{}", dir.display())
 }
 
 /// Waits until `status` says the resource is held (by anyone).
-pub fn wait_held(store: &str, resource: &str) {
+pub(crate) fn wait_held(store: &str, resource: &str) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let out = xtr()
@@ -52,7 +52,7 @@ pub fn wait_held(store: &str, resource: &str) {
 
 /// Waits until the command under `run` wrote its pid to `pidfile` (the lock is taken before the
 /// command starts, so "held" is not "started"), and returns it.
-pub fn command_pid(pidfile: &Path) -> i32 {
+pub(crate) fn command_pid(pidfile: &Path) -> i32 {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let text = std::fs::read_to_string(pidfile).unwrap_or_default();
@@ -65,7 +65,7 @@ pub fn command_pid(pidfile: &Path) -> i32 {
 }
 
 /// Whether process `pid` is running (a zombie is not).
-pub fn alive(pid: i32) -> bool {
+pub(crate) fn alive(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         // The state follows the parenthesized command name.
         Ok(stat) => stat
@@ -76,7 +76,7 @@ pub fn alive(pid: i32) -> bool {
 }
 
 /// Waits until `pid` is gone, failing after 10 s.
-pub fn wait_gone(pid: i32, what: &str) {
+pub(crate) fn wait_gone(pid: i32, what: &str) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while alive(pid) {
         assert!(
@@ -88,11 +88,11 @@ pub fn wait_gone(pid: i32, what: &str) {
 }
 
 /// Sends `sig` to `pid`.
-pub fn kill(pid: i32, sig: rustix::process::Signal) {
+pub(crate) fn kill(pid: i32, sig: rustix::process::Signal) {
     let _ = rustix::process::kill_process(rustix::process::Pid::from_raw(pid).unwrap(), sig);
 }
 
 /// The path of the `xtr-lock` binary under test, for commands that call it themselves.
-pub fn bin() -> std::path::PathBuf {
+pub(crate) fn bin() -> std::path::PathBuf {
     assert_cmd::cargo::cargo_bin("xtr-lock")
 }

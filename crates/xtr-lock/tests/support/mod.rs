@@ -8,7 +8,7 @@
 
 #![allow(dead_code)]
 
-pub mod peer;
+pub(crate) mod peer;
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -22,7 +22,7 @@ use xtr_lock::{Error, Key, LostReason, ManualClock, Result, Store};
 
 /// Where an injected error strikes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum When {
+pub(crate) enum When {
     /// Instead of the operation: nothing reaches the store.
     Before,
     /// After the store applied the operation: the reply is lost.
@@ -45,7 +45,7 @@ struct Script {
     best_effort_watch: bool,
 }
 
-pub struct Scripted<S> {
+pub(crate) struct Scripted<S> {
     inner: S,
     script: Mutex<Script>,
     replies: Semaphore,
@@ -53,13 +53,13 @@ pub struct Scripted<S> {
 }
 
 impl<S: Store> Scripted<S> {
-    pub fn new(inner: S) -> Arc<Self> {
+    pub(crate) fn new(inner: S) -> Arc<Self> {
         Self::with_caps(inner, |c| c)
     }
 
     /// Reports the capabilities `f` makes of the inner store's. With `blocking` or
     /// `blocking_shared` turned on, native waits are emulated over the inner store.
-    pub fn with_caps(
+    pub(crate) fn with_caps(
         inner: S,
         f: impl Fn(Capabilities) -> Capabilities + Send + Sync + 'static,
     ) -> Arc<Self> {
@@ -71,7 +71,7 @@ impl<S: Store> Scripted<S> {
         })
     }
 
-    pub fn inner(&self) -> &S {
+    pub(crate) fn inner(&self) -> &S {
         &self.inner
     }
 
@@ -80,23 +80,23 @@ impl<S: Store> Scripted<S> {
     }
 
     /// The operations called so far, like `save(ttl=Some(10s))`, `delete`.
-    pub fn ops(&self) -> Vec<String> {
+    pub(crate) fn ops(&self) -> Vec<String> {
         self.script().ops.clone()
     }
 
-    pub fn op_names(&self) -> Vec<String> {
+    pub(crate) fn op_names(&self) -> Vec<String> {
         self.ops()
             .into_iter()
             .map(|o| o.split('(').next().unwrap().to_owned())
             .collect()
     }
 
-    pub fn clear_ops(&self) {
+    pub(crate) fn clear_ops(&self) {
         self.script().ops.clear();
     }
 
     /// The next call of `op` fails with `err`, before or after reaching the store.
-    pub fn fail_next(&self, op: &'static str, when: When, err: Error) {
+    pub(crate) fn fail_next(&self, op: &'static str, when: When, err: Error) {
         self.script()
             .errors
             .entry(op)
@@ -106,7 +106,7 @@ impl<S: Store> Scripted<S> {
 
     /// The next call of `op` (a save or a wait: refused; `put_off` or `exists`: not held, for
     /// `why`) is answered without reaching the store, as if someone else held the lock.
-    pub fn refuse_next(&self, op: &'static str, why: LostReason) {
+    pub(crate) fn refuse_next(&self, op: &'static str, why: LostReason) {
         self.script().refusals.entry(op).or_default().push_back(why);
     }
 
@@ -118,28 +118,28 @@ impl<S: Store> Scripted<S> {
     }
 
     /// Replies of `op` are held after the store applied it, until `release_replies`.
-    pub fn hold_replies(&self, op: &'static str) {
+    pub(crate) fn hold_replies(&self, op: &'static str) {
         self.script().hold.push(op);
     }
 
     /// Requests of `op` wait before reaching the store, until `release_replies`.
-    pub fn hold_requests(&self, op: &'static str) {
+    pub(crate) fn hold_requests(&self, op: &'static str) {
         self.script().hold_before.push(op);
     }
 
-    pub fn release_replies(&self) {
+    pub(crate) fn release_replies(&self) {
         self.script().hold.clear();
         self.script().hold_before.clear();
         self.replies.add_permits(1_000);
     }
 
     /// Hands out the inner store's watchers as best-effort (some releases unseen).
-    pub fn best_effort_watch(&self) {
+    pub(crate) fn best_effort_watch(&self) {
         self.script().best_effort_watch = true;
     }
 
     /// After `op` applied, advance `clock` by `d` (a store slower than the lifetime).
-    pub fn advance_after(&self, op: &'static str, clock: ManualClock, d: Duration) {
+    pub(crate) fn advance_after(&self, op: &'static str, clock: ManualClock, d: Duration) {
         self.script().advance = Some((op, clock, d));
     }
 
@@ -327,7 +327,7 @@ impl<S: Store> Store for Scripted<S> {
 
 /// One captured tracing event.
 #[derive(Debug, Clone)]
-pub struct Record {
+pub(crate) struct Record {
     pub level: tracing::Level,
     pub target: String,
     pub message: String,
@@ -335,15 +335,15 @@ pub struct Record {
 }
 
 #[derive(Clone, Default)]
-pub struct Capture(Arc<Mutex<Vec<Record>>>);
+pub(crate) struct Capture(Arc<Mutex<Vec<Record>>>);
 
 impl Capture {
-    pub fn records(&self) -> Vec<Record> {
+    pub(crate) fn records(&self) -> Vec<Record> {
         self.0.lock().unwrap().clone()
     }
 
     /// Installs the capture for this thread until the guard drops.
-    pub fn install(&self) -> tracing::subscriber::DefaultGuard {
+    pub(crate) fn install(&self) -> tracing::subscriber::DefaultGuard {
         use tracing_subscriber::layer::SubscriberExt as _;
         let subscriber = tracing_subscriber::registry().with(CaptureLayer(self.clone()));
         tracing::subscriber::set_default(subscriber)

@@ -7,7 +7,7 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
 use serde_json::{Value, json};
 
-pub struct Peer {
+pub(crate) struct Peer {
     child: Child,
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
@@ -21,7 +21,7 @@ fn script(name: &str) -> std::path::PathBuf {
 
 impl Peer {
     /// Python xtr-lock 4.1.0 on `store` (`flock` with a directory, or `redis` with a DSN).
-    pub fn python(kind: &str, location: &str) -> Peer {
+    pub(crate) fn python(kind: &str, location: &str) -> Peer {
         let python = xtr_lock_testkit::python::python_with_peers();
         let mut cmd = Command::new(python);
         cmd.arg(script("lock_peer.py")).arg(kind).arg(location);
@@ -29,7 +29,7 @@ impl Peer {
     }
 
     /// Symfony Lock's RedisStore (php-cli, php-symfony-lock, php-redis) on `127.0.0.1:port`.
-    pub fn symfony(port: u16) -> Peer {
+    pub(crate) fn symfony(port: u16) -> Peer {
         let mut cmd = Command::new("php");
         cmd.arg(script("lock_peer.php"))
             .arg("127.0.0.1")
@@ -54,13 +54,13 @@ impl Peer {
         peer
     }
 
-    pub fn read(&mut self) -> Value {
+    pub(crate) fn read(&mut self) -> Value {
         let mut line = String::new();
         self.stdout.read_line(&mut line).unwrap();
         serde_json::from_str(&line).unwrap_or_else(|e| panic!("the peer said {line:?}: {e}"))
     }
 
-    pub fn send(&mut self, op: &str, resource: &str, ttl: Option<f64>) {
+    pub(crate) fn send(&mut self, op: &str, resource: &str, ttl: Option<f64>) {
         let mut cmd = json!({"op": op, "resource": resource});
         if let Some(ttl) = ttl {
             cmd["ttl"] = json!(ttl);
@@ -70,12 +70,12 @@ impl Peer {
     }
 
     /// Sends a command and returns its result (panics on a peer error).
-    pub fn call(&mut self, op: &str, resource: &str) -> Value {
+    pub(crate) fn call(&mut self, op: &str, resource: &str) -> Value {
         self.call_ttl(op, resource, None)
     }
 
     /// Like [`call`](Peer::call), with a ttl (used when the lock object is first made).
-    pub fn call_ttl(&mut self, op: &str, resource: &str, ttl: Option<f64>) -> Value {
+    pub(crate) fn call_ttl(&mut self, op: &str, resource: &str, ttl: Option<f64>) -> Value {
         self.send(op, resource, ttl);
         let answer = self.read();
         assert_eq!(answer["ok"], true, "peer {op} {resource:?}: {answer}");

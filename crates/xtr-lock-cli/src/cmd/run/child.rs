@@ -15,7 +15,7 @@ use crate::exit::Exit;
 use crate::trampoline;
 
 /// How the command is tied to the lock.
-pub enum Tie {
+pub(super) enum Tie {
     /// It inherits these descriptors, which hold the lock for as long as it keeps them open:
     /// the lock outlives a killed `xtr-lock`, as under `flock(1)`.
     Descriptors(Vec<OwnedFd>),
@@ -28,14 +28,14 @@ pub enum Tie {
 }
 
 /// A started command.
-pub struct Child {
+pub(super) struct Child {
     pid: Pid,
     /// SIGCHLD, registered before the command was started, so no exit is missed.
     exits: tokio::signal::unix::Signal,
 }
 
 /// How a wait for the command ended.
-pub enum Event {
+pub(super) enum Event {
     Exited(Exit),
     /// It was stopped (Ctrl-Z, SIGSTOP).
     Stopped,
@@ -45,7 +45,7 @@ impl Child {
     /// Starts `command` in a new process group, with the variables of `env` set (or removed,
     /// for `None`), tied to the lock as `tie` says. `Err(exit)` when it cannot be run (126,
     /// 127), after saying why on stderr.
-    pub fn start(
+    pub(super) fn start(
         command: &[OsString],
         env: &[(&str, Option<String>)],
         tie: Tie,
@@ -103,7 +103,7 @@ impl Child {
     }
 
     /// The command's process group (its pid).
-    pub fn group(&self) -> Pid {
+    pub(super) fn group(&self) -> Pid {
         self.pid
     }
 
@@ -111,7 +111,7 @@ impl Child {
     ///
     /// Cancel-safe: a dropped wait misses nothing (the status stays with the kernel until the
     /// next wait reads it).
-    pub async fn wait(&mut self) -> Result<Event> {
+    pub(super) async fn wait(&mut self) -> Result<Event> {
         loop {
             let status = rustix::process::waitpid(
                 Some(self.pid),
@@ -128,13 +128,13 @@ impl Child {
     }
 
     /// Sends `sig` to the command's whole process group.
-    pub fn signal_group(&self, sig: Signal) {
+    pub(super) fn signal_group(&self, sig: Signal) {
         let _ = rustix::process::kill_process_group(self.pid, sig);
     }
 
     /// Whether anything of the command's process group is still running (its own children,
     /// once it exited); zombies do not count.
-    pub fn group_alive(&self) -> bool {
+    pub(super) fn group_alive(&self) -> bool {
         rustix::process::test_kill_process_group(self.pid).is_ok()
             && crate::procs::running_in_group(self.pid.as_raw_nonzero().get(), None)
     }

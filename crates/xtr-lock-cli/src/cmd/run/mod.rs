@@ -20,7 +20,7 @@ mod terminal;
 use child::{Child, Event, Tie};
 use terminal::Terminal;
 
-pub struct RunArgs {
+pub(crate) struct RunArgs {
     pub store: StoreConfig,
     pub take: Take,
     pub kill_after: Duration,
@@ -58,7 +58,7 @@ fn killed_by(sig: Signal) -> Exit {
     Exit::Command(u8::try_from(128 + sig.as_raw()).unwrap_or(255))
 }
 
-pub async fn run(args: RunArgs) -> Result<Exit> {
+pub(crate) async fn run(args: RunArgs) -> Result<Exit> {
     let mut signals = Signals::new()?;
     let lock = args.store.lock(&args.resource, args.take.ttl);
     let taken = tokio::select! {

@@ -11,7 +11,7 @@ use std::os::fd::{AsFd, BorrowedFd};
 use rustix::process::{Pid, Signal};
 
 /// The terminal handed to the command, while it is.
-pub struct Terminal {
+pub(super) struct Terminal {
     fd: BorrowedFd<'static>,
     /// `xtr-lock`'s process group, which had the terminal.
     ours: Pid,
@@ -33,7 +33,7 @@ fn foreground_terminal() -> Option<BorrowedFd<'static>> {
 
 impl Terminal {
     /// Gives the terminal to the process group `command` if `xtr-lock` is its foreground job.
-    pub fn hand_to(command: Pid) -> Option<Terminal> {
+    pub(super) fn hand_to(command: Pid) -> Option<Terminal> {
         let fd = foreground_terminal()?;
         let ours = rustix::process::getpgrp();
         rustix::termios::tcsetpgrp(fd, command).ok()?;
@@ -45,7 +45,7 @@ impl Terminal {
     /// The command stopped (Ctrl-Z): take the terminal back and stop our own job, as the
     /// terminal would have stopped it, so the shell takes over. When continued (`fg`, `bg`),
     /// give the terminal back if we have it again, and continue the command.
-    pub fn relay_stop(&self) {
+    pub(super) fn relay_stop(&self) {
         self.take_back();
         let _ = rustix::process::kill_process_group(self.ours, Signal::TSTP);
         // Here again: continued.
@@ -57,7 +57,7 @@ impl Terminal {
 
     /// Takes the terminal back for `xtr-lock`'s group, from the background: SIGTTOU is blocked
     /// meanwhile, as shells do, or the kernel would stop us for asking.
-    pub fn take_back(&self) {
+    pub(super) fn take_back(&self) {
         use nix::sys::signal::{SigSet, SigmaskHow, Signal as NixSignal, pthread_sigmask};
         let mut ttou = SigSet::empty();
         ttou.add(NixSignal::SIGTTOU);

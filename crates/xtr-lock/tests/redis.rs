@@ -1,7 +1,7 @@
 //! RedisStore beyond the conformance suite, against real throwaway servers: the layout on the
-//! wire, foreign values, faults (killed, paused, unreachable), DSNs, renewal and loss, fencing,
-//! waking without a thundering herd, cancellation, connections. The peers are in
-//! `redis_peers.rs`.
+//! wire, foreign values, faults (killed, paused, unreachable), renewal and loss, waking without a
+//! thundering herd, cancellation, replicas, holder ids. The peers, connections and fencing have
+//! files of their own.
 
 mod support;
 
@@ -396,26 +396,6 @@ async fn keep_alive_stops_on_release_and_on_drop() {
 }
 
 #[tokio::test]
-async fn fencing_tokens_increase_across_stores_and_connections() {
-    let server = RedisServer::start();
-    let (a, b) = (store(&server), store(&server));
-    let mut last = 0;
-    for i in 0..20 {
-        let s = if i % 2 == 0 { &a } else { &b };
-        let l = lock(s, "fenced", TTL);
-        assert!(l.try_acquire().await.unwrap());
-        let t = l.fencing_token().unwrap();
-        assert!(t > last, "{t} > {last}");
-        assert!(l.try_acquire().await.unwrap());
-        assert_eq!(l.fencing_token(), Some(t), "a re-save keeps the token");
-        last = t;
-        l.release().await.unwrap();
-    }
-    // The counter is a separate key, never a member of the lock's set.
-    assert_eq!(server.cli(&["TYPE", "__xtr_lock_fence__"]), "string");
-}
-
-#[tokio::test]
 async fn a_release_wakes_one_waiter_not_all_of_them() {
     let server = RedisServer::start();
     let store = store(&server);
@@ -536,8 +516,8 @@ async fn is_acquired_writes_nothing_and_works_on_a_replica() {
     let primary = RedisServer::start();
     let replica =
         RedisServer::start_with(&["--replicaof", "127.0.0.1", &primary.port().to_string()]);
-    let store = store(&primary);
-    let held = lock(&store, "replicated", TTL);
+    let on_primary = store(&primary);
+    let held = lock(&on_primary, "replicated", TTL);
     held.try_acquire().await.unwrap();
     // Wait for the replica to have the key.
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -545,7 +525,7 @@ async fn is_acquired_writes_nothing_and_works_on_a_replica() {
         assert!(Instant::now() < deadline, "replication never caught up");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let on_replica = store_on(&replica);
+    let on_replica = store(&replica);
     let copy = Key::from_json(&held.key().to_json().unwrap()).unwrap();
     assert!(
         on_replica.exists(&copy).await.unwrap().is_held(),
@@ -564,78 +544,6 @@ async fn is_acquired_writes_nothing_and_works_on_a_replica() {
             .save(&Key::new("other"), Some(TTL))
             .await
             .is_err()
-    );
-}
-
-fn store_on(server: &RedisServer) -> RedisStore {
-    store(server)
-}
-
-/// Acquires `rounds` times on `dsn`, recording each fencing token in a Redis list from inside
-/// the lock, so the list is in acquisition order across every process doing the same.
-async fn fence_rounds(dsn: &str, rounds: usize) {
-    let store = RedisStore::from_dsn(dsn).unwrap();
-    let client = redis::Client::open(dsn).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    for _ in 0..rounds {
-        let l = lock(&store, "fenced-xproc", TTL);
-        l.acquire().await.unwrap();
-        let token = l.fencing_token().unwrap();
-        let _: () = redis::cmd("RPUSH")
-            .arg("fence-log")
-            .arg(token)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        l.release().await.unwrap();
-    }
-}
-
-fn fence_log(server: &RedisServer) -> Vec<u64> {
-    server
-        .cli(&["LRANGE", "fence-log", "0", "-1"])
-        .lines()
-        .map(|l| l.parse().unwrap())
-        .collect()
-}
-
-/// The other processes of [`fencing_is_strictly_increasing_across_processes`]: with
-/// `XTR_FENCE_DSN` set it only records; run on its own it checks one process.
-#[tokio::test]
-async fn fencing_child() {
-    if let Ok(dsn) = std::env::var("XTR_FENCE_DSN") {
-        fence_rounds(&dsn, 30).await;
-        return;
-    }
-    let server = RedisServer::start();
-    fence_rounds(&server.url(0), 10).await;
-    let log = fence_log(&server);
-    assert_eq!(log.len(), 10);
-    assert!(log.windows(2).all(|w| w[0] < w[1]), "{log:?}");
-}
-
-#[tokio::test]
-async fn fencing_is_strictly_increasing_across_processes() {
-    let server = RedisServer::start();
-    let children: Vec<_> = (0..2)
-        .map(|_| {
-            std::process::Command::new(std::env::current_exe().unwrap())
-                .args(["--exact", "fencing_child", "--nocapture"])
-                .env("XTR_FENCE_DSN", server.url(0))
-                .stdout(std::process::Stdio::null())
-                .spawn()
-                .unwrap()
-        })
-        .collect();
-    fence_rounds(&server.url(0), 30).await;
-    for mut child in children {
-        assert!(child.wait().unwrap().success());
-    }
-    let log = fence_log(&server);
-    assert_eq!(log.len(), 90, "three processes, thirty acquisitions each");
-    assert!(
-        log.windows(2).all(|w| w[0] < w[1]),
-        "in acquisition order: {log:?}"
     );
 }
 

@@ -99,7 +99,7 @@ pub(crate) fn default_dir() -> Result<PathBuf> {
     let meta = fs::symlink_metadata(&dir).map_err(private_error)?;
     check_owned_dir(&dir, &meta, uid)?;
     if meta.mode() & 0o7777 != PRIVATE {
-        // Python peers re-chmod it on every construction anyway (DEF-15 keeps the rule).
+        // Python peers re-chmod it on every construction anyway: keeping the rule costs nothing.
         fs::set_permissions(&dir, fs::Permissions::from_mode(PRIVATE)).map_err(private_error)?;
     }
     Ok(dir)
@@ -107,7 +107,8 @@ pub(crate) fn default_dir() -> Result<PathBuf> {
 
 /// An explicit directory: created (0700) when missing, then it must be a real directory (no
 /// symlink) of this user, and writable. An existing directory's mode is left alone, so its
-/// owner may open it to a group to share locks. Returned absolute (DEF-15: resolved once).
+/// owner may open it to a group to share locks. Returned absolute: a relative path is resolved
+/// once, here, not against each later working directory.
 pub(crate) fn explicit_dir(path: &Path) -> Result<PathBuf> {
     let uid = rustix::process::getuid().as_raw();
     let dir = absolute_lexical(path);
@@ -121,7 +122,7 @@ pub(crate) fn explicit_dir(path: &Path) -> Result<PathBuf> {
         }
         let _ = fs::set_permissions(&dir, fs::Permissions::from_mode(PRIVATE));
     }
-    // Checked also when we just created it (DEF-15): a race could have put something else there.
+    // Checked also when we just created it: a race could have put something else there.
     let meta = fs::symlink_metadata(&dir).map_err(|e| {
         invalid(format!(
             "the flock store directory {} cannot be read: {e}",

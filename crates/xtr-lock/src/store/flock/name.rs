@@ -37,7 +37,7 @@ pub(crate) fn file_name(prefix: &str, resource: &str) -> String {
 mod tests {
     use super::*;
 
-    /// The vectors of interop-formats §4.3, each produced by Python's own `file_for`.
+    /// Names produced by the Python peer's own `file_for` for these resources.
     #[test]
     fn python_vectors() {
         let x80 = "x".repeat(80);

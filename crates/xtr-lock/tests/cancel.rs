@@ -9,12 +9,11 @@ use std::time::Duration;
 use support::Scripted;
 use xtr_lock::store::Capabilities;
 use xtr_lock::{
-    BoxFuture, Error, InMemoryStore, Lock, LockFactory, Lockable, Release, RunOptions, Store, Wait,
+    BoxFuture, Error, InMemoryStore, Lock, LockFactory, Lockable, Mode, Release, RunOptions, Store,
+    Wait,
 };
 
 const IN_FLIGHT: Duration = Duration::from_millis(50);
-
-type Path = fn(Lock) -> BoxFuture<'static, ()>;
 
 fn plain(c: Capabilities) -> Capabilities {
     c
@@ -32,7 +31,7 @@ fn native(mut c: Capabilities) -> Capabilities {
 async fn dropped_in_flight_leaves_nothing(
     op: &'static str,
     caps: fn(Capabilities) -> Capabilities,
-    path: Path,
+    path: impl Fn(Lock) -> BoxFuture<'static, ()>,
 ) {
     let store = Scripted::with_caps(InMemoryStore::new(), caps);
     let factory = LockFactory::from_arc(store.clone()).with_default_ttl(None);
@@ -123,6 +122,23 @@ async fn acquire_read_timeout() {
 }
 
 #[tokio::test]
+async fn acquire_with_every_wait() {
+    for wait in [
+        Wait::Never,
+        Wait::AtMost(Duration::ZERO),
+        Wait::AtMost(Duration::from_secs(60)),
+        Wait::Forever,
+    ] {
+        for (op, mode) in [("save", Mode::Write), ("save_read", Mode::Read)] {
+            dropped_in_flight_leaves_nothing(op, plain, move |l| {
+                boxed(async move { l.acquire_with(mode, wait).await })
+            })
+            .await;
+        }
+    }
+}
+
+#[tokio::test]
 async fn native_wait() {
     dropped_in_flight_leaves_nothing("wait_and_save", native, |l| {
         boxed(async move { l.acquire().await })
@@ -182,6 +198,28 @@ async fn factory_run() {
         .await
         .expect("the cancelled run left nothing behind")
         .unwrap();
+}
+
+#[tokio::test]
+async fn an_unlock_dropped_in_flight_still_releases() {
+    let store = Scripted::new(InMemoryStore::new());
+    let factory = LockFactory::from_arc(store.clone()).with_default_ttl(None);
+    let lock = factory.create_lock("r");
+    let guard = lock.lock().await.unwrap();
+    store.hold_requests("delete");
+    assert!(
+        tokio::time::timeout(IN_FLIGHT, guard.unlock())
+            .await
+            .is_err(),
+        "the release was in flight"
+    );
+    store.release_replies();
+    let other = factory.create_lock("r");
+    tokio::time::timeout(Duration::from_secs(10), other.acquire())
+        .await
+        .expect("the dropped unlock's release was scheduled")
+        .unwrap();
+    assert_eq!(lock.held_mode(), None);
 }
 
 /// Keeps the `guard` path's lock from being released by the guard itself.

@@ -269,3 +269,34 @@ fn dispatch(hub: &Hub, event: &inotify::Event<'_>) {
         hub.name_changed(name);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_watch_covers_what_listeners_need_and_goes_when_they_do() {
+        let dir = tempfile::tempdir().unwrap();
+        let hub = Hub::for_dir(dir.path());
+        assert!(
+            hub.observes_other_processes(),
+            "this test needs inotify on the temporary directory"
+        );
+        let mask = |hub: &Hub| hub.files().watching.map(|(_, m)| m);
+        assert_eq!(mask(&hub), None, "nobody listens: no watch");
+        let name_rx = hub.subscribe_name("a");
+        assert_eq!(
+            mask(&hub),
+            Some(NAMES),
+            "loss watchers need name events only"
+        );
+        let release_rx = hub.subscribe("a");
+        assert_eq!(mask(&hub), Some(NAMES | CLOSES));
+        drop(release_rx);
+        hub.unwatch_if_idle();
+        assert_eq!(mask(&hub), Some(NAMES), "no waiter: close events go");
+        drop(name_rx);
+        hub.unwatch_if_idle();
+        assert_eq!(mask(&hub), None, "nobody listens: the watch goes");
+    }
+}

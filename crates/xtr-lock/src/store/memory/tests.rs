@@ -147,3 +147,19 @@ async fn a_loss_watcher_fires_when_a_copy_of_the_key_deletes_and_not_before() {
         .unwrap();
     assert_eq!(reason, LostReason::Removed);
 }
+
+#[tokio::test]
+async fn dropped_loss_watchers_do_not_pile_up() {
+    let store = InMemoryStore::new();
+    for i in 0..1000 {
+        let key = Key::new(format!("r{i}"));
+        assert!(store.save(&key, None).await.unwrap().is_acquired());
+        drop(store.watch_loss(&key).await.unwrap());
+        store.delete(&key).await.unwrap();
+    }
+    assert!(
+        store.state().watchers.len() <= 64,
+        "{}",
+        store.state().watchers.len()
+    );
+}

@@ -4,8 +4,9 @@
 //! For workers, cron jobs and services that must not do the same work twice. Where the lock
 //! lives is a constructor argument (or a DSN); the lock stays the same. Waiters are woken on
 //! release instead of polling, exclusive acquisitions carry fencing tokens, dropped futures
-//! leave nothing held, and the formats are shared with the Python (`xtr-lock` 4.1.0) and PHP
-//! (Symfony Lock) peers so processes in all three languages exclude each other.
+//! leave nothing held, a lost lock is always reported (scopes and guards renew, watch, and stop a
+//! body whose lock is gone), and the formats are shared with the Python (`xtr-lock` 4.1.0) and
+//! PHP (Symfony Lock) peers so processes in all three languages exclude each other.
 //!
 //! # Quick start
 //!
@@ -31,13 +32,13 @@
 //!
 //! # Stores
 //!
-//! | store | scope | blocking wait | shared | expiring | fencing | wakes on release | crash release |
-//! |---|---|---|---|---|---|---|---|
-//! | [`InMemoryStore`] | tasks and threads of one process using one store | emulated | yes | opt-in ([`InMemoryStore::expiring`]) | yes | yes | with the process |
-//! | [`FlockStore`] (feature `flock`, Linux) | processes on one machine, with Python xtr-lock and `flock(1)` | yes | yes | no | no | yes (inotify across processes) | yes (kernel) |
-//! | `RedisStore` (feature `redis`) | anyone reaching the server, with Python xtr-lock and Symfony Lock | emulated | yes | yes | yes | yes (pub/sub) | at ttl |
-//! | [`CombinedStore`](store::CombinedStore) | a quorum of any stores, asked concurrently | emulated | yes | if members do | no | yes (a quorum of members) | as its members |
-//! | [`NullStore`] | no one (locks nothing) | yes (no-op) | yes | no | no | — | — |
+//! | store | scope | blocking wait | shared | expiring | fencing | wakes on release | loss seen | crash release |
+//! |---|---|---|---|---|---|---|---|---|
+//! | [`InMemoryStore`] | tasks and threads of one process using one store | emulated | yes | opt-in ([`InMemoryStore::expiring`]) | yes | yes | yes | with the process |
+//! | [`FlockStore`] (feature `flock`, Linux) | processes on one machine, with Python xtr-lock and `flock(1)` | yes | yes | no | no | yes (inotify across processes) | yes (a replaced lock file) | yes (kernel) |
+//! | `RedisStore` (feature `redis`) | anyone reaching the server, with Python xtr-lock and Symfony Lock | emulated | yes | yes | yes | yes (pub/sub) | by renewal | at ttl |
+//! | [`CombinedStore`](store::CombinedStore) | a quorum of any stores, asked concurrently | emulated | yes | if members do | no | yes (a quorum of members) | as its members | as its members |
+//! | [`NullStore`] | no one (locks nothing) | yes (no-op) | yes | no | no | — | — | — |
 //!
 //! SQL stores follow; see the README.
 //!
@@ -45,9 +46,13 @@
 //!
 //! - It excludes the holders that use the same store (see each store's scope): two holders
 //!   never both believe they hold a write lock *according to the store*.
-//! - It does **not** stop a holder that lost its lock (expired while paused, for example) from
-//!   carrying on: pass the [fencing token](Lock::fencing_token) downstream so stale writers can
-//!   be refused, and keep ttls well above your pauses.
+//! - A lost lock is reported: [`release`](Lockable::release) says [`Release::Lost`], a
+//!   [`KeepAlive`] and a [`LockGuard`] report it as it is seen, and [`Lock::scoped`] and
+//!   [`LockFactory::run`] stop their body and return [`ErrorKind::Lost`]
+//!   (`docs/holders-and-loss.md` in the repository says why).
+//! - It cannot stop a holder that is paused between its last check and its write: pass the
+//!   [fencing token](Lockable::fencing_token) downstream so stale writers can be refused, and
+//!   keep ttls well above your pauses.
 //! - Locks are not counted: one release lets go for every task of the holder.
 //! - Waiters are not served in order; readers are preferred (a stream of readers can starve a
 //!   writer), as in the peers' layouts.

@@ -10,7 +10,7 @@ use rustix::io::Errno;
 
 use super::dir::shown;
 use super::wake::Hub;
-use crate::error::{Error, Result};
+use crate::error::{Error, LostReason, Result};
 use crate::key::Mode;
 
 /// The handle a flock store keeps on a key: the holder's lock file, while it has one open.
@@ -48,7 +48,8 @@ pub(super) enum Attempt {
 /// released).
 pub(super) struct HeldFile {
     pub(super) name: String,
-    fd: Option<(OwnedFd, FileId)>,
+    /// The descriptor, and which file it is once locked.
+    fd: Option<(OwnedFd, Option<FileId>)>,
     pub(super) mode: Option<Mode>,
     /// The file held was found replaced (and let go of); said until the holder locks again.
     replaced: bool,
@@ -77,9 +78,10 @@ impl HeldFile {
     /// One non-blocking attempt to hold the file in `mode`. With `keep_fd`, a descriptor opened
     /// for the attempt stays open after a conflict (a waiter retries on it).
     ///
-    /// A lock is only ever reported on the file the name leads to now: a file unlinked or
-    /// replaced between the open and the lock (someone cleaning lock files up) is let go of, and
-    /// the attempt starts over on the new one.
+    /// A lock is only ever reported on a file that still has a name: a file unlinked or renamed
+    /// over between the open and the lock (someone cleaning lock files up) is let go of, and the
+    /// attempt starts over on the new one. (A lock file renamed away instead is found by the
+    /// later checks, which compare with the path.)
     pub(super) fn try_lock(&mut self, dir: &Path, mode: Mode, keep_fd: bool) -> Result<Attempt> {
         let path = dir.join(&self.name);
         for _ in 0..REPLACED_RETRIES {
@@ -90,18 +92,26 @@ impl HeldFile {
                 self.close();
             }
             if self.fd.is_none() {
-                let fd = open_lock_file(&path)?;
-                let st = rustix::fs::fstat(&fd).map_err(|e| io_error("cannot stat", &path, e))?;
-                self.fd = Some((fd, FileId::of_stat(&st)));
+                self.fd = Some((open_lock_file(&path)?, None));
             }
             let before = self.mode;
             let fd = self.fd().expect("opened above");
-            match rustix::fs::flock(fd, operation(mode)) {
+            let locked = rustix::fs::flock(fd, operation(mode));
+            // Unlinked or renamed over since it was opened, the file has no name left: one
+            // `fstat`, which also tells which file later checks compare with.
+            let stat = locked.is_ok().then(|| rustix::fs::fstat(fd));
+            match locked {
                 Ok(()) => {
                     self.mode = Some(mode);
-                    if !self.still_named(&path)? {
+                    let st = stat
+                        .expect("stated when locked")
+                        .map_err(|e| io_error("cannot stat", &path, e))?;
+                    if st.st_nlink == 0 {
                         self.close();
                         continue;
+                    }
+                    if let Some((_, id)) = &mut self.fd {
+                        *id = Some(FileId::of_stat(&st));
                     }
                     if before == Some(Mode::Write) {
                         // A demotion lets waiting readers in.
@@ -159,7 +169,7 @@ impl HeldFile {
     /// Whether the lock file's path still leads to the file this holder has open (it was not
     /// unlinked, or replaced by another file, since).
     pub(super) fn still_named(&self, path: &Path) -> Result<bool> {
-        let Some((_, id)) = &self.fd else {
+        let Some((_, Some(id))) = &self.fd else {
             return Ok(false);
         };
         match rustix::fs::lstat(path) {
@@ -186,6 +196,20 @@ impl HeldFile {
             self.replaced = true;
             Ok(Verified::Replaced)
         }
+    }
+
+    /// Lets go of the file for a release: whether a lock was held on a file that still has a
+    /// name (one `fstat`: unlinked or renamed over, it has no links left).
+    pub(super) fn release(&mut self) -> bool {
+        let named = self.mode.is_some()
+            && !self.replaced
+            && self.fd().is_some_and(|fd| {
+                // A failing fstat says nothing about the lock: it was held.
+                rustix::fs::fstat(fd).map_or(true, |st| st.st_nlink > 0)
+            });
+        let held = self.close();
+        self.replaced = false;
+        held && named
     }
 
     /// Unlocks (also covering descriptors a child inherited) and closes; wakes local waiters.
@@ -261,4 +285,26 @@ fn open_lock_file(path: &Path) -> Result<OwnedFd> {
         }
     }
     Err(fail(Errno::AGAIN))
+}
+
+/// Why the holder whose handle is `handle` no longer holds its lock file, if it does not.
+pub(super) fn check_file(
+    handle: Option<&std::sync::Weak<FileHandle>>,
+    dir: &Path,
+) -> Option<LostReason> {
+    // No handle (any more): the holder let go of its file, or never had one.
+    let Some(handle) = handle.and_then(std::sync::Weak::upgrade) else {
+        return Some(LostReason::Removed);
+    };
+    let mut slot = handle.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(held) = slot.as_mut() else {
+        return Some(LostReason::Removed);
+    };
+    match held.verified_mode(dir) {
+        Ok(Verified::Held(_)) => None,
+        Ok(Verified::NotHeld) => Some(LostReason::Removed),
+        Ok(Verified::Replaced) => Some(LostReason::Replaced),
+        // A stat that fails says nothing about the lock: look again at the next event.
+        Err(_) => None,
+    }
 }

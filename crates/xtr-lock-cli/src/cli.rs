@@ -78,12 +78,19 @@ pub(crate) struct WaitArgs {
 #[derive(Debug, Subcommand)]
 pub(crate) enum Command {
     /// Take the lock, run COMMAND, release the lock when it exits; exit with its status.
+    ///
+    /// COMMAND runs in its own process group while the lock is kept alive and watched. If the
+    /// lock is lost (its key deleted, its lock file replaced, its lease run out), the group gets
+    /// SIGTERM, then SIGKILL after --kill-after, and xtr-lock exits 3; a lock found lost when
+    /// COMMAND ends is exit 3 too. On flock COMMAND inherits the locked file, so the lock lasts
+    /// while it runs even if xtr-lock is killed; elsewhere COMMAND is stopped if xtr-lock dies.
     Run {
         #[command(flatten)]
         store: StoreArgs,
         #[command(flatten)]
         wait: WaitArgs,
-        /// Grace between SIGTERM and SIGKILL when the command must stop (the lock was lost).
+        /// Grace between SIGTERM and SIGKILL when the command's process group must stop (the
+        /// lock was lost, or xtr-lock died on a store where the lock dies with it).
         #[arg(long, value_name = "DURATION", default_value = "10s")]
         kill_after: String,
         /// The resource to lock (any string).

@@ -117,11 +117,22 @@ impl Lock {
                 // Not confirmed: the lease the store knows is still the old one.
                 self.key.restore_deadline(before);
             }
+            // Recorded under the turn: a release right after must not be overwritten by this
+            // answer.
+            match &result {
+                Ok(Holding::Held(mode)) => holder.found_held(*mode),
+                Ok(Holding::NotHeld(reason)) if self.excludes() => {
+                    holder.found_not_held(*reason);
+                }
+                Err(err) if err.is_expired() => {
+                    holder.found_not_held(LostReason::Expired);
+                }
+                _ => {}
+            }
             (result, believed)
         };
         match result {
-            Ok(Holding::Held(mode)) => {
-                holder.found_held(mode);
+            Ok(Holding::Held(_)) => {
                 if let Err(err) = check_expiry(self.store.as_ref(), &self.key).await {
                     holder.found_not_held(LostReason::Expired);
                     return Err(err);
@@ -131,9 +142,6 @@ impl Lock {
                 Ok(())
             }
             Ok(Holding::NotHeld(reason)) => {
-                if self.excludes() {
-                    holder.found_not_held(reason);
-                }
                 if believed {
                     tracing::warn!(target: TARGET, resource = self.resource(), reason = %reason,
                         "failed to define an expiration for the lock: it was lost");
@@ -146,10 +154,7 @@ impl Lock {
                         .with_store(&self.store))
                 }
             }
-            Err(err) if err.is_expired() => {
-                holder.found_not_held(LostReason::Expired);
-                Err(err)
-            }
+            Err(err) if err.is_expired() => Err(err),
             Err(err) => {
                 tracing::warn!(target: TARGET, resource = self.resource(), error = %err,
                     "failed to define an expiration for the lock");
@@ -202,11 +207,9 @@ impl Lock {
     }
 
     async fn ask_store(&self) -> Result<bool> {
-        let held = {
-            let _turn = self.holder().turn().await;
-            self.store.exists(&self.key).await?
-        };
-        match held {
+        let _turn = self.holder().turn().await;
+        // Recorded under the turn, like every answer about this holder.
+        match self.store.exists(&self.key).await? {
             Holding::Held(mode) => {
                 self.holder().found_held(mode);
                 Ok(true)

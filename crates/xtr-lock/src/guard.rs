@@ -158,6 +158,26 @@ impl Lock {
     /// # Cancel safety
     ///
     /// Cancel-safe: dropped before completing, it leaves nothing held.
+    ///
+    /// # Examples
+    ///
+    /// Work that can stop between steps, told when the lock goes:
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> xtr_lock::Result<()> {
+    /// use xtr_lock::Release;
+    /// let factory = xtr_lock::LockFactory::new(xtr_lock::InMemoryStore::new());
+    /// let lock = factory.create_lock("reindex");
+    /// let mut guard = lock.lock().await?;
+    /// for step in 0..3 {
+    ///     tokio::select! {
+    ///         lost = guard.lost() => return Err(lost.into()),
+    ///         () = async { /* step `step` of the work */ let _ = step; } => {}
+    ///     }
+    /// }
+    /// assert_eq!(guard.unlock().await?, Release::Released);
+    /// # Ok(()) }
+    /// ```
     pub async fn lock(&self) -> Result<LockGuard> {
         let took = self.held_mode().is_none();
         self.acquire().await?;

@@ -91,6 +91,76 @@ async fn a_miss_is_taken_back_from_every_member() {
 }
 
 #[tokio::test]
+async fn a_refused_promotion_puts_the_members_that_promoted_back_to_reading() {
+    let m = members(3);
+    let store = combined(&m);
+    let (a, b) = (Key::new("r"), Key::new("r"));
+    assert!(store.save_read(&a, Some(TTL)).await.unwrap().is_acquired());
+    // Another reader on two members only: a is the sole reader on member 0.
+    for member in &m[1..] {
+        assert!(
+            member
+                .inner()
+                .save_read(&b, Some(TTL))
+                .await
+                .unwrap()
+                .is_acquired()
+        );
+    }
+    let refused = store.save(&a, Some(TTL)).await.unwrap();
+    assert_eq!(
+        refused.conflict().map(|c| c.kept),
+        Some(Some(Mode::Read)),
+        "the holder keeps its read lock on the quorum"
+    );
+    for (i, member) in m.iter().enumerate() {
+        assert_eq!(
+            member.inner().exists(&a).await.unwrap().mode(),
+            Some(Mode::Read),
+            "member {i} has a reading, not writing"
+        );
+    }
+    assert_eq!(store.exists(&a).await.unwrap().mode(), Some(Mode::Read));
+}
+
+#[tokio::test]
+async fn a_re_save_that_misses_the_quorum_is_taken_back_everywhere() {
+    let m = members(3);
+    let store = combined(&m);
+    let (a, thief) = (Key::new("r"), Key::new("r"));
+    assert!(store.save(&a, Some(TTL)).await.unwrap().is_acquired());
+    // Lost on two members behind its back, and taken there by another holder.
+    for member in &m[1..] {
+        let copy = Key::from_json(&a.to_json().unwrap()).unwrap();
+        assert!(member.inner().delete(&copy).await.unwrap());
+        assert!(
+            member
+                .inner()
+                .save(&thief, Some(TTL))
+                .await
+                .unwrap()
+                .is_acquired()
+        );
+    }
+    let refused = store.save(&a, Some(TTL)).await.unwrap();
+    assert_eq!(
+        refused.conflict().map(|c| c.kept),
+        Some(None),
+        "nothing kept"
+    );
+    assert!(
+        !m[0].inner().exists(&a).await.unwrap().is_held(),
+        "no minority entry left behind until its ttl"
+    );
+    for member in &m[1..] {
+        assert!(
+            member.inner().exists(&thief).await.unwrap().is_held(),
+            "the thief keeps it"
+        );
+    }
+}
+
+#[tokio::test]
 async fn the_quorum_is_decided_without_waiting_for_a_slow_member() {
     let m = members(3);
     m[2].hold_replies("save");

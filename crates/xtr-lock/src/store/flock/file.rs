@@ -12,6 +12,7 @@ use super::dir::shown;
 use super::wake::Hub;
 use crate::error::{Error, LostReason, Result};
 use crate::key::Mode;
+use crate::store::Holding;
 
 /// The handle a flock store keeps on a key: the holder's lock file, while it has one open.
 pub(super) type FileHandle = Mutex<Option<HeldFile>>;
@@ -179,22 +180,22 @@ impl HeldFile {
         }
     }
 
-    /// The mode held, after checking that the file is still the one the name leads to; a
-    /// replaced file is let go of, and reported as replaced until the holder locks again.
-    pub(super) fn verified_mode(&mut self, dir: &Path) -> Result<Verified> {
+    /// What the holder holds, checked against the file the name leads to now; a replaced file
+    /// is let go of, and reported as replaced until the holder locks again.
+    fn holding(&mut self, dir: &Path) -> Result<Holding> {
         let Some(mode) = self.mode else {
-            return Ok(if self.replaced {
-                Verified::Replaced
+            return Ok(Holding::NotHeld(if self.replaced {
+                LostReason::Replaced
             } else {
-                Verified::NotHeld
-            });
+                LostReason::Removed
+            }));
         };
         if self.still_named(&dir.join(&self.name))? {
-            Ok(Verified::Held(mode))
+            Ok(Holding::Held(mode))
         } else {
             self.close();
             self.replaced = true;
-            Ok(Verified::Replaced)
+            Ok(Holding::NotHeld(LostReason::Replaced))
         }
     }
 
@@ -227,13 +228,6 @@ impl HeldFile {
         }
         held
     }
-}
-
-/// What [`HeldFile::verified_mode`] found.
-pub(super) enum Verified {
-    Held(Mode),
-    NotHeld,
-    Replaced,
 }
 
 impl Drop for HeldFile {
@@ -287,24 +281,14 @@ fn open_lock_file(path: &Path) -> Result<OwnedFd> {
     Err(fail(Errno::AGAIN))
 }
 
-/// Why the holder whose handle is `handle` no longer holds its lock file, if it does not.
-pub(super) fn check_file(
-    handle: Option<&std::sync::Weak<FileHandle>>,
-    dir: &Path,
-) -> Option<LostReason> {
-    // No handle (any more): the holder let go of its file, or never had one.
-    let Some(handle) = handle.and_then(std::sync::Weak::upgrade) else {
-        return Some(LostReason::Removed);
+/// What the holder whose handle is `handle` holds (no handle: it never held, or let go).
+pub(super) fn holding_of(handle: Option<&FileHandle>, dir: &Path) -> Result<Holding> {
+    let Some(handle) = handle else {
+        return Ok(Holding::NotHeld(LostReason::Removed));
     };
     let mut slot = handle.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(held) = slot.as_mut() else {
-        return Some(LostReason::Removed);
-    };
-    match held.verified_mode(dir) {
-        Ok(Verified::Held(_)) => None,
-        Ok(Verified::NotHeld) => Some(LostReason::Removed),
-        Ok(Verified::Replaced) => Some(LostReason::Replaced),
-        // A stat that fails says nothing about the lock: look again at the next event.
-        Err(_) => None,
+    match slot.as_mut() {
+        Some(held) => held.holding(dir),
+        None => Ok(Holding::NotHeld(LostReason::Removed)),
     }
 }

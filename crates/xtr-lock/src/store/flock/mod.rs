@@ -23,7 +23,7 @@ mod proc_locks;
 mod wake;
 
 use dir::shown;
-use file::{Attempt, FileHandle, HeldFile, Verified, check_file};
+use file::{Attempt, FileHandle, HeldFile, holding_of};
 use wake::Hub;
 
 /// How often a holder's lock file is checked for a replacement where inotify cannot tell.
@@ -281,21 +281,9 @@ impl FlockStore {
 
     /// What the holder holds, checked against the file the name leads to now.
     fn verify(&self, key: &Key) -> Result<Holding> {
-        let Some(handle) = key.existing_handle::<FileHandle>(self.inner.owner) else {
-            return Ok(Holding::NotHeld(LostReason::Removed));
-        };
-        let mut slot = handle.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(held) = slot.as_mut() else {
-            return Ok(Holding::NotHeld(LostReason::Removed));
-        };
-        let verified = held
-            .verified_mode(&self.inner.dir)
-            .map_err(|e| e.with_resource(key.resource()).with_store(self))?;
-        Ok(match verified {
-            Verified::Held(mode) => Holding::Held(mode),
-            Verified::NotHeld => Holding::NotHeld(LostReason::Removed),
-            Verified::Replaced => Holding::NotHeld(LostReason::Replaced),
-        })
+        let handle = key.existing_handle::<FileHandle>(self.inner.owner);
+        holding_of(handle.as_deref(), &self.inner.dir)
+            .map_err(|e| e.with_resource(key.resource()).with_store(self))
     }
 
     /// How long a waiter sleeps before trying again if nothing wakes it. With close events
@@ -480,7 +468,7 @@ impl Store for FlockStore {
         Ok(Some(LossWatcher::new(async move {
             let started = tokio::time::Instant::now();
             while started.elapsed() < EARLY {
-                if let Some(reason) = check_file(handle.as_ref(), &dir) {
+                if let Some(reason) = lost_reason(handle.as_ref(), &dir) {
                     return reason;
                 }
                 tokio::time::sleep(EARLY_CHECK).await;
@@ -488,7 +476,7 @@ impl Store for FlockStore {
             // Subscribed before the check, so an event between the two is not missed.
             let mut changed = hub.subscribe_name(&name);
             loop {
-                if let Some(reason) = check_file(handle.as_ref(), &dir) {
+                if let Some(reason) = lost_reason(handle.as_ref(), &dir) {
                     return reason;
                 }
                 match check {
@@ -570,6 +558,16 @@ impl Store for FlockStore {
             .into_iter()
             .map(|e| HolderInfo::new(e.mode, e.pid, None))
             .collect())
+    }
+}
+
+/// Why the holder whose handle `handle` points to no longer holds its lock file, if it does
+/// not. A stat that fails says nothing about the lock: look again at the next event.
+fn lost_reason(handle: Option<&std::sync::Weak<FileHandle>>, dir: &Path) -> Option<LostReason> {
+    let handle = handle.and_then(std::sync::Weak::upgrade);
+    match holding_of(handle.as_deref(), dir) {
+        Ok(Holding::NotHeld(reason)) => Some(reason),
+        Ok(Holding::Held(_)) | Err(_) => None,
     }
 }
 

@@ -237,17 +237,12 @@ impl InMemoryStore {
         Ok(saved)
     }
 
-    /// Why `token` no longer holds on `resource`, if it does not.
-    fn lost_reason(&self, resource: &str, token: &str) -> Option<LostReason> {
+    /// What `token` holds on `resource` now, or why not.
+    fn holding(&self, resource: &str, token: &str) -> Holding {
         let (now, _) = self.times(None);
-        let st = self.state();
-        let holding = match st.resources.get(resource) {
+        match self.state().resources.get(resource) {
             Some(entry) => entry.holding(token, now),
             None => Holding::NotHeld(LostReason::Removed),
-        };
-        match holding {
-            Holding::Held(_) => None,
-            Holding::NotHeld(reason) => Some(reason),
         }
     }
 }
@@ -465,13 +460,7 @@ impl Store for InMemoryStore {
         if !key.has_token(KIND) {
             return Ok(Holding::NotHeld(LostReason::Removed));
         }
-        let token = key.token(KIND);
-        let (now, _) = self.times(None);
-        let st = self.state();
-        Ok(match st.resources.get(key.resource()) {
-            Some(entry) => entry.holding(&token, now),
-            None => Holding::NotHeld(LostReason::Removed),
-        })
+        Ok(self.holding(key.resource(), &key.token(KIND)))
     }
 
     /// One counter for the whole store, so strictly increasing for every resource.
@@ -536,7 +525,7 @@ impl Store for InMemoryStore {
         let store = self.clone();
         Ok(Some(LossWatcher::new(async move {
             loop {
-                if let Some(reason) = store.lost_reason(&resource, &token) {
+                if let Holding::NotHeld(reason) = store.holding(&resource, &token) {
                     return reason;
                 }
                 if rx.changed().await.is_err() {

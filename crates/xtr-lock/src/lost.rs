@@ -58,30 +58,10 @@ impl From<LockLost> for Error {
     fn from(lost: LockLost) -> Error {
         let err = Error::lost(lost.resource, lost.reason);
         match lost.error {
-            Some(cause) => err.with_source(ArcError(cause)),
+            // `Arc<Error>` is itself an error, with the cause's display and source.
+            Some(cause) => err.with_source(cause),
             None => err,
         }
-    }
-}
-
-/// An `Arc<Error>` as an error source.
-struct ArcError(Arc<Error>);
-
-impl fmt::Debug for ArcError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(&*self.0, f)
-    }
-}
-
-impl fmt::Display for ArcError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(&*self.0, f)
-    }
-}
-
-impl std::error::Error for ArcError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        std::error::Error::source(&*self.0)
     }
 }
 
@@ -196,5 +176,27 @@ impl fmt::Debug for KeepAlive {
                 &self.task.as_ref().is_some_and(|t| !t.is_finished()),
             )
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use super::*;
+
+    #[test]
+    fn a_loss_turned_into_an_error_keeps_the_error_that_showed_it() {
+        let cause = Error::storage("connection refused").with_store("redis://h");
+        let err: Error = LockLost::new("r", LostReason::Expired)
+            .with_error(cause)
+            .into();
+        assert!(err.is_lost());
+        assert_eq!(err.lost_reason(), Some(LostReason::Expired));
+        let src = err.source().expect("the cause is the source");
+        assert_eq!(src.to_string(), "connection refused (store redis://h)");
+
+        let bare: Error = LockLost::new("r", LostReason::Removed).into();
+        assert!(bare.source().is_none());
     }
 }

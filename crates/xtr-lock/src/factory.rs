@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::clock::{Clock, MonotonicClock};
 use crate::error::Error;
-use crate::guard::LockGuard;
+use crate::guard::{LockGuard, start_monitor};
 use crate::key::{Key, Mode};
 use crate::lock::Lock;
 use crate::lockable::{Lockable as _, Wait};
@@ -150,13 +150,7 @@ impl LockFactory {
                 Error::conflict(lock.resource()).with_store(lock.store()),
             ));
         }
-        let monitor = match lock.keep_alive() {
-            Ok(monitor) => monitor,
-            Err(err) => {
-                let _ = lock.release().await;
-                return Err(E::from(err));
-            }
-        };
+        let monitor = start_monitor(&lock, true).await?;
         LockGuard::new(lock, true, monitor).run(body()).await
     }
 }

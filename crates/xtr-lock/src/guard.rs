@@ -181,15 +181,8 @@ impl Lock {
     pub async fn lock(&self) -> Result<LockGuard> {
         let took = self.held_mode().is_none();
         self.acquire().await?;
-        match self.keep_alive() {
-            Ok(monitor) => Ok(LockGuard::new(self.clone(), took, monitor)),
-            Err(err) => {
-                if took {
-                    let _ = self.release().await;
-                }
-                Err(err)
-            }
-        }
+        let monitor = start_monitor(self, took).await?;
+        Ok(LockGuard::new(self.clone(), took, monitor))
     }
 
     /// Waits for the write lock, runs `body` while keeping the lock alive, and releases the lock
@@ -254,16 +247,22 @@ impl dyn Lockable + '_ {
     {
         let took = self.held_mode().is_none();
         self.acquire().await?;
-        let monitor = match self.keep_alive() {
-            Ok(monitor) => monitor,
-            Err(err) => {
-                if took {
-                    let _ = self.release().await;
-                }
-                return Err(E::from(err));
-            }
-        };
+        let monitor = start_monitor(self, took).await?;
         run_scope(self, took, monitor, body).await
+    }
+}
+
+/// Starts the monitor of a lock just acquired; if it cannot start, releases the lock again when
+/// this acquisition took it, so that a failure leaves nothing held.
+pub(crate) async fn start_monitor<L: Lockable + ?Sized>(lock: &L, took: bool) -> Result<KeepAlive> {
+    match lock.keep_alive() {
+        Ok(monitor) => Ok(monitor),
+        Err(err) => {
+            if took {
+                let _ = lock.release().await;
+            }
+            Err(err)
+        }
     }
 }
 

@@ -339,3 +339,52 @@ async fn run_takes_a_shared_lock_when_asked() {
         "a writer waits for the reader"
     );
 }
+
+/// Polls `fut` to completion on this thread, outside any tokio runtime.
+fn block_on_without_runtime<F: Future>(fut: F) -> F::Output {
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = std::task::Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut fut = std::pin::pin!(fut);
+    loop {
+        if let std::task::Poll::Ready(out) = fut.as_mut().poll(&mut cx) {
+            return out;
+        }
+        std::thread::park();
+    }
+}
+
+#[test]
+fn a_guard_that_cannot_start_its_monitor_releases_what_it_took() {
+    // Outside a tokio runtime the memory store still locks, but the renewal cannot start: the
+    // failure must not leave the lock held.
+    let factory = LockFactory::new(InMemoryStore::new()).with_default_ttl(Some(secs(30.0)));
+    let lock = factory.create_lock("r");
+    let err = block_on_without_runtime(lock.lock()).expect_err("no runtime to renew on");
+    assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
+    assert!(!block_on_without_runtime(lock.is_acquired()).unwrap());
+    let other = factory.create_lock("r");
+    assert!(block_on_without_runtime(other.try_acquire()).unwrap());
+
+    // The scoped and factory forms share the path.
+    let err = block_on_without_runtime(
+        factory
+            .create_lock("s")
+            .scoped(async { Ok::<_, Error>(()) }),
+    )
+    .expect_err("no runtime");
+    assert_eq!(err.kind(), ErrorKind::Unsupported);
+    let err = block_on_without_runtime(factory.run(
+        "s",
+        RunOptions::new().wait(Wait::Never),
+        || async { Ok::<_, Error>(()) },
+    ))
+    .expect_err("no runtime");
+    assert_eq!(err.kind(), ErrorKind::Unsupported);
+    assert!(block_on_without_runtime(factory.create_lock("s").try_acquire()).unwrap());
+}

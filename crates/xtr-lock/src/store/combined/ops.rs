@@ -7,6 +7,7 @@ use std::time::Duration;
 use futures_util::StreamExt as _;
 use futures_util::future::join_all;
 
+use super::inflight::Pending;
 use super::tally::{Tally, Verdict, Vote, most_telling};
 use super::{CombinedStore, drift};
 use crate::error::{Error, LostReason, Result};
@@ -141,26 +142,10 @@ impl CombinedStore {
             })
             .await;
         let mut tally = Tally::new(self.strategy.as_ref(), n);
-        let (mut writes, mut reasons) = (0, Vec::new());
-        let verdict = tally
-            .count(&mut pending, |i, answer| match answer {
-                Ok(Holding::Held(mode)) => {
-                    writes += usize::from(mode == Mode::Write);
-                    Vote::Yes
-                }
-                Ok(Holding::NotHeld(reason)) => {
-                    reasons.push(reason);
-                    Vote::No
-                }
-                Err(err) => {
-                    tracing::debug!(target: TARGET, resource = key.resource(),
-                        store = %self.stores[i], error = %err,
-                        "one store failed to put off the expiration of the lock");
-                    Vote::Failed
-                }
-            })
+        let holding = self
+            .count_holdings(key, &mut tally, &mut pending, "put off the expiration of")
             .await;
-        if verdict != Verdict::Met {
+        if let Holding::NotHeld(reason) = holding {
             tracing::warn!(target: TARGET, resource = key.resource(), success = tally.yes,
                 failure = tally.no + tally.failed,
                 "failed to define the expiration of the lock, the quorum was not met");
@@ -169,7 +154,6 @@ impl CombinedStore {
             if key.is_expired() {
                 return Err(Error::expired(key.resource()).with_store(self));
             }
-            let reason = most_telling(&reasons).unwrap_or(LostReason::Unreachable);
             return Ok(Holding::NotHeld(reason));
         }
         if key.is_expired() {
@@ -177,7 +161,7 @@ impl CombinedStore {
             return Err(Error::expired(key.resource()).with_store(self));
         }
         self.detach(key, "put_off", &tally.answered, pending).await;
-        Ok(Holding::Held(self.mode_of(writes)))
+        Ok(holding)
     }
 
     pub(super) async fn delete_quorum(&self, key: &Key) -> Result<bool> {
@@ -207,9 +191,25 @@ impl CombinedStore {
             .ask_all(key, |s, k| async move { s.exists(&k).await })
             .await;
         let mut tally = Tally::new(self.strategy.as_ref(), n);
+        Ok(self
+            .count_holdings(key, &mut tally, &mut pending, "check")
+            .await)
+    }
+
+    /// Counts the members' answers on whether the holder holds until the quorum is decided:
+    /// held, in the mode of [`mode_of`](Self::mode_of), or not held for the most telling reason
+    /// members gave (unreachable if none gave one). `doing` names the request in the log line of
+    /// a member that failed it.
+    async fn count_holdings(
+        &self,
+        key: &Key,
+        tally: &mut Tally<'_>,
+        pending: &mut Pending<Holding>,
+        doing: &str,
+    ) -> Holding {
         let (mut writes, mut reasons) = (0, Vec::new());
         let verdict = tally
-            .count(&mut pending, |i, answer| match answer {
+            .count(pending, |i, answer| match answer {
                 Ok(Holding::Held(mode)) => {
                     writes += usize::from(mode == Mode::Write);
                     Vote::Yes
@@ -220,15 +220,15 @@ impl CombinedStore {
                 }
                 Err(err) => {
                     tracing::debug!(target: TARGET, resource = key.resource(),
-                        store = %self.stores[i], error = %err, "one store failed to check the lock");
+                        store = %self.stores[i], error = %err, "one store failed to {doing} the lock");
                     Vote::Failed
                 }
             })
             .await;
-        Ok(match verdict {
+        match verdict {
             Verdict::Met => Holding::Held(self.mode_of(writes)),
             _ => Holding::NotHeld(most_telling(&reasons).unwrap_or(LostReason::Unreachable)),
-        })
+        }
     }
 
     /// The mode a holder holds in when `writes` of the members that agreed it holds say it

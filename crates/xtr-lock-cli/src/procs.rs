@@ -1,4 +1,16 @@
-//! Processes by group, from `/proc`.
+//! Processes: by group, from `/proc`, and how they ended.
+
+use rustix::process::WaitStatus;
+
+/// The code a shell reports for a process that ended with `status`: its exit code, or 128
+/// plus the signal that killed it. None while it has not ended (stopped or continued).
+pub(crate) fn shell_code(status: WaitStatus) -> Option<u8> {
+    if let Some(code) = status.exit_status() {
+        return Some(u8::try_from(code).unwrap_or(1));
+    }
+    let sig = status.terminating_signal()?;
+    Some(u8::try_from(128 + sig).unwrap_or(255))
+}
 
 /// Whether a process of group `group` other than `except` is running. Zombies do not count: an
 /// orphan waits for its new parent to reap it, which some init processes take seconds to do.

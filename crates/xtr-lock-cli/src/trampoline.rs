@@ -18,7 +18,7 @@ use std::time::Duration;
 use rustix::process::{Pid, Signal, WaitOptions};
 use tokio::signal::unix::{SignalKind, signal};
 
-use crate::exit;
+use crate::{exit, procs};
 
 /// The first argument that selects this mode (never a subcommand a user types).
 pub(crate) const ARG: &str = "__exec-child";
@@ -133,9 +133,5 @@ async fn supervise(parent: i32, grace: Duration, command: &[OsString]) -> ExitCo
 /// The command's exit status as ours, once it has exited.
 fn exit_code(pid: Pid) -> Option<ExitCode> {
     let (_, status) = rustix::process::waitpid(Some(pid), WaitOptions::NOHANG).ok()??;
-    if let Some(code) = status.exit_status() {
-        return Some(ExitCode::from(u8::try_from(code).unwrap_or(1)));
-    }
-    let sig = status.terminating_signal()?;
-    Some(ExitCode::from(u8::try_from(128 + sig).unwrap_or(255)))
+    procs::shell_code(status).map(ExitCode::from)
 }

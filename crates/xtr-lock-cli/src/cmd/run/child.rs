@@ -12,6 +12,7 @@ use rustix::process::{Pid, Signal, WaitOptions, WaitStatus};
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::exit::Exit;
+use crate::procs;
 use crate::trampoline;
 
 /// How the command is tied to the lock.
@@ -144,15 +145,5 @@ fn event_of(status: WaitStatus) -> Option<Event> {
     if status.stopped() {
         return Some(Event::Stopped);
     }
-    if let Some(code) = status.exit_status() {
-        return Some(Event::Exited(Exit::Command(
-            u8::try_from(code).unwrap_or(1),
-        )));
-    }
-    if let Some(sig) = status.terminating_signal() {
-        return Some(Event::Exited(Exit::Command(
-            u8::try_from(128 + sig).unwrap_or(255),
-        )));
-    }
-    None
+    procs::shell_code(status).map(|code| Event::Exited(Exit::Command(code)))
 }

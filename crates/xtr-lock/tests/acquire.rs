@@ -8,28 +8,11 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use support::{Capture, Scripted, When};
+use support::{Capture, Scripted, When, expiring_memory, manual, secs};
 use xtr_lock::{
     Error, ErrorKind, InMemoryStore, LockFactory, Lockable as _, LostReason, ManualClock, Mode,
     Store,
 };
-
-fn secs(s: f64) -> Duration {
-    Duration::from_secs_f64(s)
-}
-
-/// A factory on `store` with an auto-advancing manual clock and no default ttl.
-fn manual(store: Arc<dyn Store>) -> (LockFactory, ManualClock) {
-    let clock = ManualClock::new();
-    let factory = LockFactory::from_arc(store)
-        .with_clock(Arc::new(clock.clone()))
-        .with_default_ttl(None);
-    (factory, clock)
-}
-
-fn expiring_memory(clock: &ManualClock) -> InMemoryStore {
-    InMemoryStore::expiring(Arc::new(clock.clone()))
-}
 
 // ---- acquire ------------------------------------------------------------------------------
 

@@ -8,24 +8,13 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use support::on_redis::{TTL, lock, store};
 use support::peer::Peer;
 use xtr_lock::{
     ErrorKind, Key, Lock, LockFactory, Lockable as _, LostReason, ManualClock, RedisStore, Release,
     RunOptions, Store,
 };
 use xtr_lock_testkit::redis::RedisServer;
-
-const TTL: Duration = Duration::from_secs(30);
-
-fn store(server: &RedisServer) -> RedisStore {
-    RedisStore::from_dsn(&server.url(0)).unwrap()
-}
-
-fn lock(store: &RedisStore, resource: &str, ttl: Duration) -> Lock {
-    LockFactory::new(store.clone())
-        .create_lock(resource)
-        .with_ttl(Some(ttl))
-}
 
 /// `ZRANGE key 0 -1 WITHSCORES`, as (member, score) pairs.
 fn zset(server: &RedisServer, key: &str) -> Vec<(String, u64)> {

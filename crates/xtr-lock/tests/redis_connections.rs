@@ -2,22 +2,13 @@
 //! you built, TLS, a second runtime, `close`, and requests that share a failed connection
 //! attempt instead of queueing behind it.
 
+mod support;
+
 use std::time::{Duration, Instant};
 
-use xtr_lock::{ErrorKind, Key, Lock, LockFactory, Lockable as _, RedisStore, Store};
+use support::on_redis::{TTL, lock, store};
+use xtr_lock::{ErrorKind, Key, Lockable as _, RedisStore, Store};
 use xtr_lock_testkit::redis::RedisServer;
-
-const TTL: Duration = Duration::from_secs(30);
-
-fn store(server: &RedisServer) -> RedisStore {
-    RedisStore::from_dsn(&server.url(0)).unwrap()
-}
-
-fn lock(store: &RedisStore, resource: &str, ttl: Duration) -> Lock {
-    LockFactory::new(store.clone())
-        .create_lock(resource)
-        .with_ttl(Some(ttl))
-}
 
 #[tokio::test]
 async fn acl_users_and_unix_sockets_connect() {

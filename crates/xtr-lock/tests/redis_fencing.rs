@@ -1,22 +1,11 @@
 //! Fencing tokens on Redis: strictly increasing across stores, connections and processes
 //! (this test binary runs itself again as the other processes).
 
-use std::time::Duration;
+mod support;
 
-use xtr_lock::{Lock, LockFactory, Lockable as _, RedisStore};
+use support::on_redis::{TTL, lock, store};
+use xtr_lock::{Lockable as _, RedisStore};
 use xtr_lock_testkit::redis::RedisServer;
-
-const TTL: Duration = Duration::from_secs(30);
-
-fn store(server: &RedisServer) -> RedisStore {
-    RedisStore::from_dsn(&server.url(0)).unwrap()
-}
-
-fn lock(store: &RedisStore, resource: &str, ttl: Duration) -> Lock {
-    LockFactory::new(store.clone())
-        .create_lock(resource)
-        .with_ttl(Some(ttl))
-}
 
 #[tokio::test]
 async fn fencing_tokens_increase_across_stores_and_connections() {

@@ -6,21 +6,10 @@ mod support;
 
 use std::time::{Duration, Instant};
 
+use support::on_redis::{TTL, lock, store};
 use support::peer::Peer;
-use xtr_lock::{Lock, LockFactory, Lockable as _, Mode, RedisStore};
+use xtr_lock::{Lockable as _, Mode};
 use xtr_lock_testkit::redis::RedisServer;
-
-const TTL: Duration = Duration::from_secs(30);
-
-fn store(server: &RedisServer) -> RedisStore {
-    RedisStore::from_dsn(&server.url(0)).unwrap()
-}
-
-fn lock(store: &RedisStore, resource: &str, ttl: Duration) -> Lock {
-    LockFactory::new(store.clone())
-        .create_lock(resource)
-        .with_ttl(Some(ttl))
-}
 
 // ---- Python xtr-lock 4.1.0 -------------------------------------------------------------------------
 

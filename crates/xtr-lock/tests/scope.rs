@@ -7,24 +7,11 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use support::{Capture, Scripted, When};
+use support::{Capture, Scripted, When, manual, secs};
 use xtr_lock::{
-    Error, ErrorKind, InMemoryStore, Key, LockFactory, Lockable, LostReason, ManualClock, NoLock,
-    NullStore, Release, RunOptions, Store, Wait,
+    Error, ErrorKind, InMemoryStore, Key, LockFactory, Lockable, LostReason, NoLock, NullStore,
+    Release, RunOptions, Store, Wait,
 };
-
-fn secs(s: f64) -> Duration {
-    Duration::from_secs_f64(s)
-}
-
-/// A factory on `store` with an auto-advancing manual clock and no default ttl.
-fn manual(store: Arc<dyn Store>) -> (LockFactory, ManualClock) {
-    let clock = ManualClock::new();
-    let factory = LockFactory::from_arc(store)
-        .with_clock(Arc::new(clock.clone()))
-        .with_default_ttl(None);
-    (factory, clock)
-}
 
 // ---- scoped use, guards, run ----------------------------------------------------------------
 

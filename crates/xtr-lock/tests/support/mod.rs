@@ -1,5 +1,5 @@
-//! Test support: a store wrapper that records and perturbs what a real store does, and a log
-//! capture.
+//! Test support: factories on a manual clock, a store wrapper that records and perturbs what a
+//! real store does, and a log capture.
 //!
 //! `Scripted` wraps a real store (the in-memory one): every operation reaches it. The wrapper
 //! only records the calls, injects errors where a test asks for one, holds a reply "in flight"
@@ -8,6 +8,7 @@
 
 #![allow(dead_code)]
 
+pub(crate) mod on_redis;
 pub(crate) mod peer;
 
 use std::collections::{HashMap, VecDeque};
@@ -18,7 +19,28 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::Semaphore;
 use xtr_lock::store::{Capabilities, Conflict, HolderInfo, Holding, LossWatcher, Saved, Watcher};
-use xtr_lock::{Error, Key, LostReason, ManualClock, Result, Store};
+use xtr_lock::{Error, InMemoryStore, Key, LockFactory, LostReason, ManualClock, Result, Store};
+
+/// `s` seconds.
+pub(crate) fn secs(s: f64) -> Duration {
+    Duration::from_secs_f64(s)
+}
+
+/// A factory on `store` with an auto-advancing manual clock and no default ttl.
+pub(crate) fn manual(store: Arc<dyn Store>) -> (LockFactory, ManualClock) {
+    let clock = ManualClock::new();
+    let factory = LockFactory::from_arc(store)
+        .with_clock(Arc::new(clock.clone()))
+        .with_default_ttl(None);
+    (factory, clock)
+}
+
+/// An in-memory store whose locks expire by `clock`.
+pub(crate) fn expiring_memory(clock: &ManualClock) -> InMemoryStore {
+    InMemoryStore::expiring(Arc::new(clock.clone()))
+}
+
+// ---- a scripted store --------------------------------------------------------------------
 
 /// Where an injected error strikes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -14,6 +14,13 @@ use xtr_lock::{FlockStore, LockFactory, Lockable as _, LostReason, Mode, Release
 
 const PATIENCE: Duration = Duration::from_secs(10);
 
+/// A few of the checks a new loss watcher makes of its file (every 100 ms).
+const EARLY_CHECKS: Duration = Duration::from_millis(350);
+
+/// Past the first second in which a new loss watcher checks its file itself: from then on only
+/// inotify's name events tell it (Linux has them, so nothing polls).
+const PAST_EARLY: Duration = Duration::from_millis(1300);
+
 /// Whether `flock(1)` can take `file` at once, in `mode`.
 fn flock_1_gets(file: &Path, mode: Mode) -> bool {
     let flag = match mode {
@@ -88,7 +95,8 @@ async fn a_holder_watching_for_loss_is_told_at_once_and_only_about_its_file() {
     fs::remove_file(store.path_for("x")).unwrap();
     assert!(!factory.create_lock("r").try_acquire().await.unwrap());
     assert!(!flock_1_gets(&store.path_for("r"), Mode::Read));
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // A negative needs a window: a few of the checks a new watcher makes.
+    tokio::time::sleep(EARLY_CHECKS).await;
     assert!(!watcher.is_finished(), "nothing happened to a's file");
     fs::remove_file(store.path_for("r")).unwrap();
     let reason = tokio::time::timeout(PATIENCE, &mut watcher)
@@ -105,6 +113,49 @@ async fn a_holder_watching_for_loss_is_told_at_once_and_only_about_its_file() {
         .expect("told");
     assert_eq!(lost.reason, LostReason::Replaced);
     assert_eq!(guard.unlock().await.unwrap(), Release::Lost);
+}
+
+#[tokio::test]
+async fn a_long_held_lock_is_told_of_its_replacement_by_inotify_alone() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = FlockStore::in_dir(tmp.path()).unwrap();
+    let factory = LockFactory::new(store.clone());
+    let (unlinked, renamed) = (factory.create_lock("u"), factory.create_lock("m"));
+    let mut watchers = Vec::new();
+    for lock in [&unlinked, &renamed] {
+        assert!(lock.try_acquire().await.unwrap());
+        let watcher = store
+            .watch_loss(lock.key())
+            .await
+            .unwrap()
+            .expect("flock observes loss");
+        watchers.push(tokio::spawn(watcher));
+    }
+    tokio::time::sleep(PAST_EARLY).await;
+    // Name events for other files, and others opening and closing these, say nothing.
+    let x = factory.create_lock("x");
+    assert!(x.try_acquire().await.unwrap());
+    fs::remove_file(store.path_for("x")).unwrap();
+    assert!(!factory.create_lock("u").try_acquire().await.unwrap());
+    assert!(!flock_1_gets(&store.path_for("m"), Mode::Read));
+    tokio::time::sleep(EARLY_CHECKS).await;
+    assert!(
+        watchers.iter().all(|w| !w.is_finished()),
+        "nothing happened to the held files"
+    );
+    fs::remove_file(store.path_for("u")).unwrap();
+    let other = tmp.path().join("other");
+    fs::write(&other, b"").unwrap();
+    fs::rename(&other, store.path_for("m")).unwrap();
+    for (watcher, how) in watchers.into_iter().zip(["unlinked", "renamed over"]) {
+        let reason = tokio::time::timeout(PATIENCE, watcher)
+            .await
+            .unwrap_or_else(|_| panic!("{how}: an inotify name event tells the watcher"))
+            .unwrap();
+        assert_eq!(reason, LostReason::Replaced, "{how}");
+    }
+    assert_eq!(unlinked.release().await.unwrap(), Release::Lost);
+    assert_eq!(renamed.release().await.unwrap(), Release::Lost);
 }
 
 #[tokio::test]

@@ -7,10 +7,10 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use support::{Capture, Scripted, When, manual, secs};
+use support::{Capture, Scripted, When, expiring_memory, manual, secs};
 use xtr_lock::{
-    Error, ErrorKind, InMemoryStore, Key, LockFactory, Lockable, LostReason, NoLock, NullStore,
-    Release, RunOptions, Store, Wait,
+    Error, ErrorKind, InMemoryStore, Key, LockFactory, Lockable, LostReason, ManualClock, NoLock,
+    NullStore, Release, RunOptions, Store, Wait,
 };
 
 // ---- scoped use, guards, run ----------------------------------------------------------------
@@ -374,4 +374,31 @@ fn a_guard_that_cannot_start_its_monitor_releases_what_it_took() {
     .expect_err("no runtime");
     assert_eq!(err.kind(), ErrorKind::Unsupported);
     assert!(block_on_without_runtime(factory.create_lock("s").try_acquire()).unwrap());
+}
+
+#[tokio::test]
+async fn a_lease_that_runs_out_while_refreshes_fail_is_lost_with_the_error_that_showed_it() {
+    let clock = ManualClock::new();
+    let store = Scripted::new(expiring_memory(&clock));
+    let factory = LockFactory::from_arc(store.clone()).with_clock(Arc::new(clock.clone()));
+    let lock = factory.create_lock("r").with_ttl(Some(secs(3.0)));
+    let mut guard = lock.lock().await.unwrap();
+    // Every refresh fails as against an unreachable server, more times than the lease lasts.
+    for _ in 0..100 {
+        let refused = Error::storage("connection refused").temporary();
+        store.fail_next("put_off", When::Before, refused);
+    }
+    let lost = tokio::time::timeout(Duration::from_secs(10), guard.lost())
+        .await
+        .expect("told once the lease ran out");
+    assert_eq!(lost.reason, LostReason::Unreachable);
+    let err = lost
+        .error
+        .as_deref()
+        .expect("the refresh error that showed it");
+    assert!(err.is_temporary(), "{err}");
+    let cause = std::error::Error::source(err).expect("the store's error");
+    assert_eq!(cause.to_string(), "connection refused");
+    assert!(clock.elapsed() >= secs(3.0), "not before the lease ran out");
+    assert_eq!(guard.unlock().await.unwrap(), Release::Lost);
 }

@@ -64,6 +64,8 @@ async fn watch_over(lock: Lock, generation: u64, lost: watch::Sender<Option<Lock
         _ => Duty::Check,
     };
     let clock = lock.key.clock().clone();
+    // The refresh error that ended the lease, told with the loss it caused.
+    let mut cause: Option<Error> = None;
     let mut next = match duty {
         Duty::Renew { period } => Some(period),
         Duty::Expire => lock.key.remaining_lifetime(),
@@ -92,7 +94,7 @@ async fn watch_over(lock: Lock, generation: u64, lost: watch::Sender<Option<Lock
                 }
             }
             () = async { timer.expect("guarded").await }, if timer.is_some() => {
-                next = on_timer(&lock, duty, generation).await;
+                next = on_timer(&lock, duty, generation, &mut cause).await;
             }
         }
         // Whatever woke us: a released holder (or a new generation) ends the watch quietly; a
@@ -104,7 +106,11 @@ async fn watch_over(lock: Lock, generation: u64, lost: watch::Sender<Option<Lock
         match believed.hold {
             Hold::Free => return,
             Hold::Lost(reason) => {
-                let _ = lost.send(Some(LockLost::new(lock.resource(), reason)));
+                let mut told = LockLost::new(lock.resource(), reason);
+                if let Some(err) = cause {
+                    told = told.with_error(err);
+                }
+                let _ = lost.send(Some(told));
                 return;
             }
             Hold::Held { .. } => {}
@@ -112,8 +118,14 @@ async fn watch_over(lock: Lock, generation: u64, lost: watch::Sender<Option<Lock
     }
 }
 
-/// Does the monitor's timed duty; the next timer, if any.
-async fn on_timer(lock: &Lock, duty: Duty, generation: u64) -> Option<Duration> {
+/// Does the monitor's timed duty; the next timer, if any. A refresh error that ends the lease
+/// goes to `cause`.
+async fn on_timer(
+    lock: &Lock,
+    duty: Duty,
+    generation: u64,
+    cause: &mut Option<Error>,
+) -> Option<Duration> {
     let holder = lock.holder();
     match duty {
         Duty::Renew { period } => match lock.refresh(None).await {
@@ -130,7 +142,10 @@ async fn on_timer(lock: &Lock, duty: Duty, generation: u64) -> Option<Duration> 
                 _ => {
                     tracing::warn!(target: TARGET, resource = lock.resource(), error = %err,
                         "could not refresh the lock before its lifetime ran out");
-                    holder.lose(generation, LostReason::Unreachable);
+                    let _turn = holder.turn().await;
+                    if holder.lose(generation, LostReason::Unreachable) {
+                        *cause = Some(err);
+                    }
                     None
                 }
             },

@@ -35,7 +35,7 @@ fn main() -> ExitCode {
     match runtime.block_on(run(cli)) {
         Ok(exit) => ExitCode::from(exit.code()),
         Err(err) => {
-            eprintln!("xtr-lock: error: {err:#}");
+            eprintln!("xtr-lock: error: {}", output::causes(err.as_ref()));
             ExitCode::from(exit::ERROR)
         }
     }
@@ -144,6 +144,6 @@ where
 /// the command did is done).
 async fn close(store: &dyn xtr_lock::Store) {
     if let Err(err) = store.close().await {
-        eprintln!("xtr-lock: warning: {err:#}");
+        eprintln!("xtr-lock: warning: {}", output::causes(&err));
     }
 }

@@ -1,4 +1,5 @@
-//! What goes to stderr while waiting: one status line, on a terminal only.
+//! What goes to stderr: holders, durations and errors for people, and while waiting one status
+//! line, on a terminal only.
 
 use std::io::{IsTerminal as _, Write as _};
 use std::sync::Arc;
@@ -27,6 +28,22 @@ pub(crate) fn holders(list: &[HolderInfo]) -> String {
         })
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// An error and its causes on one line, each after a colon; a cause whose text is already
+/// shown (a store error quoting the I/O error it wraps) is not repeated.
+pub(crate) fn causes(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut line = err.to_string();
+    let mut next = err.source();
+    while let Some(cause) = next {
+        let text = cause.to_string();
+        if !line.contains(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+        next = cause.source();
+    }
+    line
 }
 
 /// A duration rounded for people: `850ms`, `12s`, `3m 20s`.
@@ -81,5 +98,24 @@ impl Drop for StatusLine {
             let _ = write!(err, "\r\x1b[2K");
             let _ = err.flush();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::causes;
+
+    #[test]
+    fn causes_already_shown_are_not_repeated() {
+        let io = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        let store = xtr_lock::Error::storage(format!("cannot reach the server: {io}"))
+            .with_source(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        let top = anyhow::Error::new(store).context("lock 'r': failed to acquire the lock");
+        assert_eq!(
+            causes(top.as_ref()),
+            format!("lock 'r': failed to acquire the lock: cannot reach the server: {io}")
+        );
+        let plain = anyhow::anyhow!("outer").context("top");
+        assert_eq!(causes(plain.as_ref()), "top: outer");
     }
 }

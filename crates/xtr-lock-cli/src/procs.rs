@@ -8,8 +8,12 @@ pub(crate) fn shell_code(status: WaitStatus) -> Option<u8> {
     if let Some(code) = status.exit_status() {
         return Some(u8::try_from(code).unwrap_or(1));
     }
-    let sig = status.terminating_signal()?;
-    Some(u8::try_from(128 + sig).unwrap_or(255))
+    status.terminating_signal().map(killed_by_code)
+}
+
+/// The code a shell reports for a process killed by signal `sig`: 128 plus its number.
+pub(crate) fn killed_by_code(sig: i32) -> u8 {
+    u8::try_from(128 + sig).unwrap_or(255)
 }
 
 /// Whether a process of group `group` other than `except` is running. Zombies do not count: an

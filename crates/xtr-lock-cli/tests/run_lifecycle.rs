@@ -181,6 +181,45 @@ fn a_lock_lost_while_a_short_command_ran_is_exit_3() {
 }
 
 #[test]
+fn a_lock_whose_store_stays_unreachable_stops_the_command_saying_why() {
+    let mut server = RedisServer::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let pidfile = tmp.path().join("pid");
+    let store = format!(
+        "{}?socket_connect_timeout=0.2&socket_timeout=0.2",
+        server.url(0)
+    );
+    let run = spawn(&[
+        "run",
+        "--store",
+        &store,
+        "--ttl",
+        "900ms",
+        "--kill-after",
+        "1s",
+        "r",
+        "--",
+        "sh",
+        "-c",
+        &with_grandchild(&pidfile),
+    ]);
+    let grandchild = command_pid(&pidfile);
+    server.kill();
+    let out = run.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(3));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("could not be reached before its lifetime ran out"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("failed to define an expiration: "),
+        "the refresh error and its cause: {stderr}"
+    );
+    wait_gone(grandchild, "the command's child, after the loss");
+}
+
+#[test]
 fn the_supervisor_mode_is_not_for_users() {
     xtr()
         .args(["__exec-child", "nonsense"])

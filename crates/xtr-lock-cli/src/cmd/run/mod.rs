@@ -12,7 +12,8 @@ use xtr_lock::{Lock, Lockable as _, Release};
 
 use crate::config::{StoreConfig, Take};
 use crate::exit::Exit;
-use crate::output::short;
+use crate::output::{causes, short};
+use crate::procs;
 
 mod child;
 mod terminal;
@@ -55,7 +56,7 @@ impl Signals {
 }
 
 fn killed_by(sig: Signal) -> Exit {
-    Exit::Command(u8::try_from(128 + sig.as_raw()).unwrap_or(255))
+    Exit::Command(procs::killed_by_code(sig.as_raw()))
 }
 
 pub(crate) async fn run(args: RunArgs) -> Result<Exit> {
@@ -95,7 +96,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<Exit> {
         }
         Ok(_) => outcome,
         Err(err) => {
-            eprintln!("xtr-lock: error: {err:#}");
+            eprintln!("xtr-lock: error: {}", causes(&err));
             match outcome {
                 Ok(Exit::Command(0)) => Ok(Exit::Error),
                 other => other,
@@ -143,8 +144,13 @@ async fn supervise(args: &RunArgs, lock: &Lock, signals: &mut Signals) -> Result
             // Forwarded: the command decides how to stop; the lock is released after it exits.
             sig = signals.recv() => child.signal_group(sig),
             lost = monitor.lost() => {
+                // The error that showed the loss, with its causes (a refresh that kept failing).
+                let cause = lost
+                    .error
+                    .as_deref()
+                    .map_or_else(String::new, |err| format!(" ({})", causes(err)));
                 eprintln!(
-                    "xtr-lock: {lost}; stopping the command (SIGTERM, then SIGKILL after {})",
+                    "xtr-lock: {lost}{cause}; stopping the command (SIGTERM, then SIGKILL after {})",
                     short(args.kill_after)
                 );
                 stop(&mut child, args.kill_after).await?;

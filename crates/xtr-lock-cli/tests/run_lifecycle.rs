@@ -3,6 +3,9 @@
 //! `flock(1)`), is stopped with its children when `xtr-lock` dies on a store where the lock dies
 //! with it, and when the lock is lost; and a lost lock is exit 3 however it is found.
 
+use std::path::Path;
+use std::process::Child;
+
 use rustix::process::Signal;
 use xtr_lock_testkit::redis::RedisServer;
 
@@ -10,10 +13,17 @@ mod common;
 
 use common::{alive, bin, command_pid, flock_dsn, kill, spawn, wait_gone, wait_held, xtr};
 
-/// A command that writes its own pid, then the pid of a child it starts in the background, and
-/// waits for that child (the shell does not `exec` it: a grandchild of `xtr-lock`).
-fn with_grandchild(pidfile: &std::path::Path) -> String {
-    format!("sleep 30 & echo $! > {}; wait", pidfile.display())
+/// `xtr-lock run OPTIONS --kill-after 1s r -- sh -c …` with a command that starts a child in
+/// the background and waits for it (the shell does not `exec` it: a grandchild of `xtr-lock`);
+/// the run, and the grandchild's pid once it runs.
+fn run_with_grandchild(options: &[&str], tmp: &Path) -> (Child, i32) {
+    let pidfile = tmp.join("pid");
+    let script = format!("sleep 30 & echo $! > {}; wait", pidfile.display());
+    let mut args = vec!["run"];
+    args.extend_from_slice(options);
+    args.extend_from_slice(&["--kill-after", "1s", "r", "--", "sh", "-c", &script]);
+    let run = spawn(&args);
+    (run, command_pid(&pidfile))
 }
 
 #[test]
@@ -64,22 +74,8 @@ fn killed_xtr_lock_on_flock_leaves_the_lock_held_until_the_command_ends() {
 fn killed_xtr_lock_on_redis_stops_the_command_and_its_children() {
     let server = RedisServer::start();
     let tmp = tempfile::tempdir().unwrap();
-    let pidfile = tmp.path().join("pid");
-    let mut run = spawn(&[
-        "run",
-        "--store",
-        &server.url(0),
-        "--ttl",
-        "30s",
-        "--kill-after",
-        "1s",
-        "r",
-        "--",
-        "sh",
-        "-c",
-        &with_grandchild(&pidfile),
-    ]);
-    let grandchild = command_pid(&pidfile);
+    let (mut run, grandchild) =
+        run_with_grandchild(&["--store", &server.url(0), "--ttl", "30s"], tmp.path());
     kill(run.id() as i32, Signal::KILL);
     run.wait().unwrap();
     wait_gone(grandchild, "the command's child, after xtr-lock was killed");
@@ -89,22 +85,8 @@ fn killed_xtr_lock_on_redis_stops_the_command_and_its_children() {
 fn a_lost_lock_stops_the_commands_children_too() {
     let server = RedisServer::start();
     let tmp = tempfile::tempdir().unwrap();
-    let pidfile = tmp.path().join("pid");
-    let run = spawn(&[
-        "run",
-        "--store",
-        &server.url(0),
-        "--ttl",
-        "600ms",
-        "--kill-after",
-        "1s",
-        "r",
-        "--",
-        "sh",
-        "-c",
-        &with_grandchild(&pidfile),
-    ]);
-    let grandchild = command_pid(&pidfile);
+    let (run, grandchild) =
+        run_with_grandchild(&["--store", &server.url(0), "--ttl", "600ms"], tmp.path());
     server.cli(&["DEL", "r"]); // behind its back
     let out = run.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(3));
@@ -117,20 +99,7 @@ fn a_lost_lock_stops_the_commands_children_too() {
 fn a_replaced_lock_file_stops_the_command_at_once() {
     let tmp = tempfile::tempdir().unwrap();
     let store = flock_dsn(tmp.path());
-    let pidfile = tmp.path().join("pid");
-    let run = spawn(&[
-        "run",
-        "--store",
-        &store,
-        "--kill-after",
-        "1s",
-        "r",
-        "--",
-        "sh",
-        "-c",
-        &with_grandchild(&pidfile),
-    ]);
-    let grandchild = command_pid(&pidfile);
+    let (run, grandchild) = run_with_grandchild(&["--store", &store], tmp.path());
     wait_held(&store, "r");
     let lock_file = std::fs::read_dir(tmp.path())
         .unwrap()
@@ -184,26 +153,11 @@ fn a_lock_lost_while_a_short_command_ran_is_exit_3() {
 fn a_lock_whose_store_stays_unreachable_stops_the_command_saying_why() {
     let mut server = RedisServer::start();
     let tmp = tempfile::tempdir().unwrap();
-    let pidfile = tmp.path().join("pid");
     let store = format!(
         "{}?socket_connect_timeout=0.2&socket_timeout=0.2",
         server.url(0)
     );
-    let run = spawn(&[
-        "run",
-        "--store",
-        &store,
-        "--ttl",
-        "900ms",
-        "--kill-after",
-        "1s",
-        "r",
-        "--",
-        "sh",
-        "-c",
-        &with_grandchild(&pidfile),
-    ]);
-    let grandchild = command_pid(&pidfile);
+    let (run, grandchild) = run_with_grandchild(&["--store", &store, "--ttl", "900ms"], tmp.path());
     server.kill();
     let out = run.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(3));

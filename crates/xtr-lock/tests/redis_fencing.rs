@@ -24,7 +24,18 @@ async fn fencing_tokens_increase_across_stores_and_connections() {
         l.release().await.unwrap();
     }
     // The counter is a separate key, never a member of the lock's set.
-    assert_eq!(server.cli(&["TYPE", "__xtr_lock_fence__"]), "string");
+    let mut conn = redis::Client::open(server.url(0))
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let kind: String = redis::cmd("TYPE")
+        .arg(a.internal_key("fence"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(kind, "string");
+    assert_eq!(server.cli(&["ZCARD", "fenced"]), "0");
 }
 
 /// Acquires `rounds` times on `dsn`, recording each fencing token in a Redis list from inside

@@ -412,3 +412,13 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for CaptureLayer {
         self.0.0.lock().unwrap().push(record);
     }
 }
+
+/// The innermost error of this crate in `err`'s chain: what a wrapping error (failed to
+/// acquire, failed to release) was caused by.
+pub(crate) fn root(err: &Error) -> &Error {
+    let mut at = err;
+    while let Some(next) = std::error::Error::source(at).and_then(|s| s.downcast_ref::<Error>()) {
+        at = next;
+    }
+    at
+}

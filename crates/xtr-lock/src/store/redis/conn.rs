@@ -129,7 +129,7 @@ impl RedisStore {
         if let Some(mode) = *lock(&self.inner.client_clock) {
             return Ok(mode);
         }
-        let probe_key = format!("{}{PROBE_KEY}", self.inner.prefix);
+        let probe_key = self.internal_key(PROBE_KEY);
         let outcome: redis::RedisResult<i64> = self
             .inner
             .scripts
@@ -171,7 +171,7 @@ impl RedisStore {
         let lock_key = self.key_for(key.resource());
         let mut invocation = script.key(&lock_key);
         if with_fence_key {
-            invocation.key(format!("{}{FENCE_KEY}", self.inner.prefix));
+            invocation.key(self.internal_key(FENCE_KEY));
         }
         let now = if client_clock {
             let t = SystemTime::now()

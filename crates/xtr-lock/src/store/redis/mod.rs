@@ -36,11 +36,11 @@ use scripts::Scripts;
 /// several servers sees one holder).
 const KIND: &str = "redis";
 
-/// The probe key, as the Python peer names it (so ACLs written for it cover us).
-const PROBE_KEY: &str = "__xtr_lock_time_probe__";
+/// The time probe's key (see [`RedisStore::internal_key`]).
+const PROBE_KEY: &str = "probe";
 
 /// The fencing counter: one per prefix, shared by every resource (strictly increasing for each).
-const FENCE_KEY: &str = "__xtr_lock_fence__";
+const FENCE_KEY: &str = "fence";
 
 /// Locks `m`, past poisoning (the data stays consistent: no code here panics while holding one).
 fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -57,8 +57,10 @@ fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 ///   reader that gets in passes the turn on). A waiter also sleeps only until the earliest
 ///   current lease ends (the refusal says when), so a crashed holder's lock is taken the moment
 ///   it expires. Releases by Python or PHP peers publish nothing, so a 90–110 ms poll remains.
-/// - **Fencing tokens** from a counter in a separate key, `<prefix>__xtr_lock_fence__`,
-///   incremented atomically with each new exclusive acquisition. Peers neither read nor touch
+/// - **Fencing tokens** from a counter in a separate key that no resource can name
+///   (`<prefix>` + byte `0xFF` + `xtr-lock:fence`), advanced atomically with each new exclusive
+///   acquisition to the larger of the last token + 1 and the server's clock in microseconds, so
+///   tokens keep increasing after a restart that lost the counter. Peers neither read nor touch
 ///   it; their acquisitions do not advance it, so fence only among processes of this library.
 /// - `exists` / [`is_acquired`](crate::Lockable::is_acquired) is **read-only** (a `no-writes` script
 ///   on Redis ≥ 7), so it works on replicas and with read-only ACLs.
@@ -228,6 +230,18 @@ impl RedisStore {
         format!("{}{resource}", self.inner.prefix)
     }
 
+    /// The key of the store's own data (the fencing counter, the clock probe's scratch key):
+    /// `<prefix>`, the byte `0xFF`, `xtr-lock:` and `name`. A lock key is the prefix and a
+    /// resource, both UTF-8, and UTF-8 never contains `0xFF`, so no resource can name these
+    /// keys. ACL key patterns that cover `<prefix>*` cover them.
+    pub fn internal_key(&self, name: &str) -> Vec<u8> {
+        let mut key = self.inner.prefix.as_bytes().to_vec();
+        key.push(0xFF);
+        key.extend_from_slice(b"xtr-lock:");
+        key.extend_from_slice(name.as_bytes());
+        key
+    }
+
     fn ttl(&self, key: &Key, ttl: Option<Duration>) -> Result<Duration> {
         ttl.ok_or_else(|| {
             Error::invalid_argument(
@@ -249,6 +263,14 @@ impl RedisStore {
         let (granted, value, kept): (i64, i64, i64) = self
             .eval(script, key, Some(ttl), mode == Mode::Write, false)
             .await?;
+        if granted == -1 {
+            return Err(Error::storage(
+                "the key holds a sorted set that is not a lock (members other than holder \
+                 tokens): refused and left untouched",
+            )
+            .with_resource(key.resource())
+            .with_store(self));
+        }
         if granted != 1 {
             let conflict = Conflict::new().with_kept((kept == 1).then_some(Mode::Read));
             return Ok(Saved::Conflict(match u64::try_from(value) {
@@ -420,7 +442,7 @@ impl Store for RedisStore {
         Ok(())
     }
 
-    /// `GET <prefix>__xtr_lock_fence__` (one counter per prefix).
+    /// `GET` of the fencing counter (one per prefix, see [`RedisStore::internal_key`]).
     ///
     /// # Cancel safety
     ///
@@ -428,7 +450,7 @@ impl Store for RedisStore {
     async fn fencing_counter(&self, resource: &str) -> Result<Option<u64>> {
         let mut conn = self.conn().await.map_err(|e| e.with_resource(resource))?;
         let value: Option<u64> = redis::cmd("GET")
-            .arg(format!("{}{FENCE_KEY}", self.inner.prefix))
+            .arg(self.internal_key(FENCE_KEY))
             .query_async(&mut conn)
             .await
             .map_err(|e| self.redis_error(e, Some(resource)))?;

@@ -7,7 +7,13 @@
 //! fencing counter.
 //!
 //! Members are only holder tokens and `__write__`: the peers decide admission by counting
-//! members, so nothing else may go in the set.
+//! members, so nothing else may go in the set. A sorted set with any other member is not a lock
+//! (an application's leaderboard at a key that happens to be a resource's name): the saves
+//! refuse it before they touch it, and the other scripts only ever remove the holder's own
+//! token, so such data is never modified.
+//!
+//! The scripts that write check everything that can fail before their first write: Lua scripts
+//! are not transactions, so a command that fails half-way leaves the writes before it in place.
 //!
 //! What a holder holds is answered by one code, shared by `exists` and `put_off`: 2 writes,
 //! 1 reads, 0 nothing stored (removed), -1 its entry's lease had ended (expired), -2 another
@@ -19,6 +25,21 @@ local function now_ms()
   if ARGV[1] ~= '' then return math.floor(tonumber(ARGV[1]) * 1000) end
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function now_us()
+  if ARGV[1] ~= '' then return math.floor(tonumber(ARGV[1]) * 1000000) end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+-- Whether the set has a member that is neither a holder's token (32 random bytes in standard
+-- base64: 44 characters ending in '=') nor the write marker.
+local function foreign(key)
+  for _, m in ipairs(redis.call('ZRANGE', key, 0, -1)) do
+    if m ~= '__write__' and not (#m == 44 and string.find(m, '^[%w+/]+=$')) then
+      return true
+    end
+  end
+  return false
 end
 local function key_type(key) return redis.call('TYPE', key)['ok'] end
 -- Runs a sorted-set read; on a key of another type, a string (someone else's lock in another
@@ -56,9 +77,14 @@ end
 
 /// Write lock: re-save by the writer, promotion of the sole reader, or a new writer on an empty
 /// set (after pruning). Replies `{1, fence, 0}` (fence 0: the writer re-saved and keeps its token),
-/// or `{0, ms until another lease ends or -1, 1 if the holder keeps its read lock else 0}`. A
-/// string at the key refuses (someone else's lock in another format); another type fails with
-/// WRONGTYPE.
+/// `{0, ms until another lease ends or -1, 1 if the holder keeps its read lock else 0}`, or
+/// `{-1, 0, 0}` for a sorted set that is not a lock. A string at the key refuses (someone else's
+/// lock in another format); another type fails with WRONGTYPE.
+///
+/// The fencing token is the larger of the counter + 1 and the server's clock in microseconds, so
+/// tokens keep increasing when a restart without persistence lost the counter (the clock has
+/// moved on by more than the restart took). The counter is read before anything is written: a
+/// counter key of the wrong type fails the save with nothing stored.
 const SAVE: &str = r#"
 local key, fence_key = KEYS[1], KEYS[2]
 local token, dur = ARGV[2], tonumber(ARGV[3])
@@ -68,6 +94,7 @@ if stop then return stop end
 local mine, writing = false, false
 -- The common case, a free lock, pays no pruning and no lookups.
 if count > 0 then
+  if foreign(key) then return {-1, 0, 0} end
   count = count - redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
   if count > 0 then
     mine = redis.call('ZSCORE', key, token)
@@ -77,16 +104,22 @@ if count > 0 then
     if (not writing) and count > 1 then return {0, wait_hint(key, token, now), 1} end
   end
 end
+local fence = 0
+if not (mine and writing) then
+  local last = redis.pcall('GET', fence_key)
+  if type(last) == 'table' and last.err then return last end
+  fence = math.max((tonumber(last) or 0) + 1, now_us())
+end
 local score = now + dur
 redis.call('ZADD', key, score, token, score, '__write__')
 -- Admitted: the set is exactly {token, marker}, so the key lives as long as this score.
 redis.call('PEXPIREAT', key, score)
-if mine and writing then return {1, 0, 0} end
-return {1, redis.call('INCR', fence_key), 0}
+if fence > 0 then redis.call('SET', fence_key, string.format('%d', fence)) end
+return {1, fence, 0}
 "#;
 
 /// Read lock: joins readers, or demotes the caller's write lock (and tells waiting readers).
-/// Refused only when another holder writes.
+/// Refused only when another holder writes; `{-1, 0, 0}` for a sorted set that is not a lock.
 const SAVE_READ: &str = r#"
 local key = KEYS[1]
 local token, dur, channel = ARGV[2], tonumber(ARGV[3]), ARGV[4]
@@ -99,6 +132,7 @@ if count == 0 then
   redis.call('PEXPIREAT', key, now + dur)
   return {1, 0, 0}
 end
+if foreign(key) then return {-1, 0, 0} end
 redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
 local mine = redis.call('ZSCORE', key, token)
 local writing = redis.call('ZSCORE', key, '__write__')
@@ -174,8 +208,10 @@ if redis.call('ZSCORE', key, '__write__') then return 2 end
 return 1
 "#;
 
-/// The time probe, on `<prefix>__xtr_lock_time_probe__` like the Python peer (so the same ACLs
-/// cover both): can a script read `TIME` and then write?
+/// The time probe: can a script read `TIME` and then write? It writes a key no resource can
+/// name (see `internal_key`), never `<prefix>__xtr_lock_time_probe__` as the Python peer does:
+/// that key is also the lock key of a resource of that name, and the probe would overwrite a
+/// lock held on it.
 pub(super) const PROBE: &str = r#"
 redis.call('TIME')
 redis.call('SET', KEYS[1], '1', 'PX', 1)

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::FutureExt as _;
+use support::on_redis::quorum;
 use support::{Scripted, When};
 use xtr_lock::store::{CombinedStore, ConsensusStrategy, UnanimousStrategy};
 use xtr_lock::{
@@ -65,21 +66,28 @@ async fn a_failing_member_is_a_vote_against_and_is_left_alone_when_the_quorum_is
 }
 
 #[tokio::test]
-async fn a_miss_is_taken_back_from_every_member() {
+async fn a_miss_is_taken_back_from_every_member_that_stored_or_failed() {
     let m = members(3);
     m[0].refuse_next("save", LostReason::TakenOver);
     m[1].fail_next("save", When::Before, Error::storage("down"));
     let store = combined(&m);
     let key = Key::new("r");
-    let refused = store.save(&key, Some(TTL)).await.unwrap();
-    assert_eq!(
-        refused.conflict().map(|c| c.kept),
-        Some(None),
-        "nothing kept"
+    // One refusal does not miss a majority: the failure did, so it is an error, not a conflict.
+    let err = store.save(&key, Some(TTL)).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Storage, "{err}");
+    assert!(
+        err.to_string().contains(
+            "the quorum was not reached: 1 of 3 stores failed (down), 1 said someone else holds it"
+        ),
+        "{err}"
+    );
+    assert!(
+        !m[0].op_names().contains(&"delete".to_owned()),
+        "it stored nothing"
     );
     for (i, member) in m.iter().enumerate() {
         assert!(
-            member.op_names().contains(&"delete".to_owned()),
+            i == 0 || member.op_names().contains(&"delete".to_owned()),
             "member {i}: {:?}",
             member.ops()
         );
@@ -444,28 +452,6 @@ async fn holders_are_those_a_quorum_agrees_on_and_need_a_quorum_to_answer() {
 
 // ---- faults on real servers ----------------------------------------------------------------------
 
-struct Quorum {
-    servers: Vec<RedisServer>,
-    store: Arc<CombinedStore>,
-}
-
-fn quorum(extra: &str) -> Quorum {
-    let servers: Vec<_> = (0..3).map(|_| RedisServer::start()).collect();
-    let dsns: Vec<String> = servers
-        .iter()
-        .map(|s| format!("{}{extra}", s.url(0)))
-        .collect();
-    let dsns: Vec<&str> = dsns.iter().map(String::as_str).collect();
-    let store = Arc::new(CombinedStore::from_dsns(&dsns, ConsensusStrategy).unwrap());
-    Quorum { servers, store }
-}
-
-impl Quorum {
-    fn factory(&self) -> LockFactory {
-        LockFactory::from_arc(self.store.clone()).with_default_ttl(Some(TTL))
-    }
-}
-
 #[tokio::test]
 async fn one_server_of_three_down_still_locks_and_refreshes() {
     let mut q = quorum("?socket_connect_timeout=0.5&socket_timeout=0.5");
@@ -483,7 +469,20 @@ async fn two_servers_of_three_down_refuse_and_leave_nothing_on_the_survivor() {
     q.servers[0].kill();
     q.servers[1].kill();
     let lock = q.factory().create_lock("r");
-    assert!(!lock.try_acquire().await.unwrap(), "no majority");
+    let err = lock.try_acquire().await.unwrap_err();
+    let cause = support::root(&err);
+    assert_eq!(
+        cause.kind(),
+        ErrorKind::Storage,
+        "an outage, not contention: {err}"
+    );
+    assert!(cause.is_temporary(), "{cause}");
+    assert!(
+        cause
+            .to_string()
+            .contains("2 of 3 stores failed (cannot reach the Redis server"),
+        "{cause}"
+    );
     assert_eq!(
         q.servers[2].cli(&["EXISTS", "r"]),
         "0",
@@ -520,7 +519,8 @@ async fn a_paused_server_is_a_vote_against_within_the_socket_timeout() {
     q.servers[2].pause(); // two of three paused now: no majority
 
     let started = Instant::now();
-    assert!(!lock.try_acquire().await.unwrap());
+    let err = lock.try_acquire().await.unwrap_err();
+    assert_eq!(support::root(&err).kind(), ErrorKind::Storage, "{err}");
     assert!(
         started.elapsed() < Duration::from_secs(3),
         "{:?}",

@@ -127,3 +127,31 @@ async fn a_sorted_set_that_is_not_a_lock_is_refused_and_left_untouched() {
     assert_eq!(l.release().await.unwrap(), Release::NotHeld);
     assert_eq!(server.cli(&["ZCARD", "leaderboard"]), "2");
 }
+
+/// During a brief outage a wait with a deadline keeps trying (a temporary error is not the
+/// end of it) and gets the lock once the server is back; without a deadline it reports the
+/// error at once.
+#[tokio::test]
+async fn a_wait_with_a_deadline_rides_out_a_brief_outage() {
+    let mut server = RedisServer::start();
+    let dsn = format!(
+        "{}?socket_connect_timeout=0.3&socket_timeout=0.3",
+        server.url(0)
+    );
+    let s = RedisStore::from_dsn(&dsn).unwrap();
+    let l = lock(&s, "job", TTL);
+    assert!(l.try_acquire().await.unwrap());
+    l.release().await.unwrap();
+    server.kill();
+    let err = l.acquire().await.unwrap_err();
+    assert!(err.is_temporary(), "{err}");
+    let waiter =
+        tokio::spawn(async move { l.acquire_timeout(std::time::Duration::from_secs(30)).await });
+    tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+    assert!(!waiter.is_finished(), "the wait gave up during the outage");
+    server.restart();
+    assert!(
+        waiter.await.unwrap().unwrap(),
+        "acquired once the server was back"
+    );
+}

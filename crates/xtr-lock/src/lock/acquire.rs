@@ -24,29 +24,45 @@ impl Lock {
             asked
         };
         match wait {
-            Wait::Never => self.acquire_or_wait(mode, false, caps).await,
-            Wait::AtMost(d) if d.is_zero() => self.acquire_or_wait(mode, false, caps).await,
+            Wait::Never => self.acquire_or_wait(mode, false, caps, None).await,
+            Wait::AtMost(d) if d.is_zero() => self.acquire_or_wait(mode, false, caps, None).await,
             Wait::AtMost(d) => {
+                // A wait with a deadline rides out temporary errors (a server restarting, a
+                // quorum short of members) until the deadline, then reports the last one.
+                let last_error = std::sync::Mutex::new(None);
                 let timeout = self.key.clock().sleep(d);
-                tokio::select! {
+                let got = tokio::select! {
                     biased;
-                    got = self.acquire_or_wait(mode, true, caps) => got,
+                    got = self.acquire_or_wait(mode, true, caps, Some(&last_error)) => got,
                     () = timeout => {
                         tracing::info!(target: TARGET, resource = self.resource(), wait = ?d,
                             "gave up waiting for the lock");
                         Ok(false)
                     }
+                };
+                let last = last_error.lock().unwrap_or_else(|e| e.into_inner()).take();
+                match (got, last) {
+                    (Ok(false), Some(err)) => Err(Error::wrap(
+                        ErrorKind::Acquiring,
+                        self.resource(),
+                        "failed to acquire the lock",
+                        err,
+                    )),
+                    (got, _) => got,
                 }
             }
-            Wait::Forever => self.acquire_or_wait(mode, true, caps).await,
+            Wait::Forever => self.acquire_or_wait(mode, true, caps, None).await,
         }
     }
 
+    /// With `ride_out`, temporary errors of attempts are retried (with a growing pause), the
+    /// last one kept there, until the caller's deadline drops this future.
     async fn acquire_or_wait(
         &self,
         mode: Mode,
         blocking: bool,
         caps: Capabilities,
+        ride_out: Option<&std::sync::Mutex<Option<Error>>>,
     ) -> Result<bool> {
         let mut guard = CancelGuard::new(self);
         let native = blocking
@@ -68,7 +84,8 @@ impl Lock {
                 self.native_wait(mode, &mut guard).await
             }
         } else {
-            self.retry_loop(mode, blocking, caps, &mut guard).await
+            self.retry_loop(mode, blocking, caps, &mut guard, ride_out)
+                .await
         };
         match outcome {
             Ok(true) => {
@@ -180,7 +197,9 @@ impl Lock {
         blocking: bool,
         caps: Capabilities,
         guard: &mut CancelGuard<'_>,
+        ride_out: Option<&std::sync::Mutex<Option<Error>>>,
     ) -> Result<bool> {
+        let mut pause = Duration::from_millis(50);
         loop {
             // Registered before the attempt, so a release right after a refusal is not missed.
             let watcher = if blocking && caps.notifies {
@@ -188,9 +207,24 @@ impl Lock {
             } else {
                 None
             };
-            let Some(conflict) = self.attempt(mode, guard).await? else {
-                return Ok(true);
+            let conflict = match (self.attempt(mode, guard).await, ride_out) {
+                (Ok(None), _) => return Ok(true),
+                (Ok(Some(conflict)), _) => conflict,
+                (Err(err), Some(slot)) if err.is_temporary() && !err.is_expired() => {
+                    tracing::debug!(target: TARGET, resource = self.resource(), error = %err,
+                        retry_in = ?pause, "a temporary error while waiting; trying again");
+                    *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(err);
+                    self.key.clock().sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                    continue;
+                }
+                (Err(err), _) => return Err(err),
             };
+            if let Some(slot) = ride_out {
+                // The store answered: an earlier error is no longer what stands in the way.
+                slot.lock().unwrap_or_else(|e| e.into_inner()).take();
+                pause = Duration::from_millis(50);
+            }
             if !blocking {
                 return Ok(false);
             }

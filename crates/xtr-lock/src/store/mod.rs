@@ -315,6 +315,14 @@ pub trait Store: Send + Sync + fmt::Debug + fmt::Display + 'static {
         Ok(None)
     }
 
+    /// Where this store's locks live, credential-free: two stores that answer the same string
+    /// hold their locks in the same place (one Redis database and prefix, one directory and
+    /// file-name prefix, one in-memory table). A quorum refuses two such members: one lock
+    /// would count twice. `None` (the default) when the store cannot tell.
+    fn locks_in(&self) -> Option<String> {
+        None
+    }
+
     /// An `Unsupported` error about `what`, naming this store and the key's resource.
     #[doc(hidden)]
     fn unsupported(&self, key: &Key, what: &str) -> Error {
@@ -394,6 +402,9 @@ macro_rules! forward_store {
             #[cfg(unix)]
             fn inheritable_descriptors(&self, key: &Key) -> Result<Option<Vec<OwnedFd>>> {
                 (**self).inheritable_descriptors(key)
+            }
+            fn locks_in(&self) -> Option<String> {
+                (**self).locks_in()
             }
             fn unsupported(&self, key: &Key, what: &str) -> Error {
                 (**self).unsupported(key, what)

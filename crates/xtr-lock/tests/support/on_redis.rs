@@ -1,7 +1,9 @@
 //! Locks on a throwaway Redis server the test started.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use xtr_lock::store::{CombinedStore, ConsensusStrategy};
 use xtr_lock::{Lock, LockFactory, RedisStore};
 use xtr_lock_testkit::redis::RedisServer;
 
@@ -18,4 +20,29 @@ pub(crate) fn lock(store: &RedisStore, resource: &str, ttl: Duration) -> Lock {
     LockFactory::new(store.clone())
         .create_lock(resource)
         .with_ttl(Some(ttl))
+}
+
+/// Three throwaway servers and a consensus quorum over them.
+pub(crate) struct Quorum {
+    pub(crate) servers: Vec<RedisServer>,
+    pub(crate) store: Arc<CombinedStore>,
+}
+
+/// A quorum over three new servers, each DSN ending in `extra` (`?socket_timeout=0.5`).
+pub(crate) fn quorum(extra: &str) -> Quorum {
+    let servers: Vec<_> = (0..3).map(|_| RedisServer::start()).collect();
+    let dsns: Vec<String> = servers
+        .iter()
+        .map(|s| format!("{}{extra}", s.url(0)))
+        .collect();
+    let dsns: Vec<&str> = dsns.iter().map(String::as_str).collect();
+    let store = Arc::new(CombinedStore::from_dsns(&dsns, ConsensusStrategy).unwrap());
+    Quorum { servers, store }
+}
+
+impl Quorum {
+    /// A factory on the quorum with the default test ttl.
+    pub(crate) fn factory(&self) -> LockFactory {
+        LockFactory::from_arc(self.store.clone()).with_default_ttl(Some(TTL))
+    }
 }

@@ -98,6 +98,7 @@ fn drift(ttl: Duration) -> Duration {
 /// lock.release().await?;
 /// # Ok(()) }
 /// ```
+#[derive(Clone)]
 pub struct CombinedStore {
     stores: Vec<Arc<dyn Store>>,
     strategy: Arc<dyn Strategy>,
@@ -109,12 +110,28 @@ impl CombinedStore {
     ///
     /// # Errors
     ///
-    /// [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument) without any store.
+    /// [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument) without any store, or
+    /// when two members hold their locks in the same place (the same store given twice, two
+    /// stores on the same Redis database and prefix, or on the same directory): one holder's
+    /// entry would count twice, and such a quorum can never be met by anyone.
     pub fn new(stores: Vec<Arc<dyn Store>>, strategy: impl Strategy) -> Result<Self> {
         if stores.is_empty() {
             return Err(Error::invalid_argument(
                 "a combined store needs at least one store to combine",
             ));
+        }
+        for (i, a) in stores.iter().enumerate() {
+            for b in &stores[..i] {
+                let same_place = match (a.locks_in(), b.locks_in()) {
+                    (Some(x), Some(y)) => x == y,
+                    _ => std::ptr::addr_eq(Arc::as_ptr(a), Arc::as_ptr(b)),
+                };
+                if same_place {
+                    return Err(Error::invalid_argument(format!(
+                        "the same store is a member of the quorum twice ({a}): give each member once"
+                    )));
+                }
+            }
         }
         Ok(CombinedStore {
             inflight: Arc::new(Inflight::new(stores.len())),
@@ -139,11 +156,39 @@ impl CombinedStore {
         F: Fn(Arc<dyn Store>, Key) -> Fut,
         Fut: Future<Output = Result<T>> + Send + 'static,
     {
+        let all: Vec<usize> = (0..self.stores.len()).collect();
+        self.ask(key, &all, op).await
+    }
+
+    /// Runs `work` to its end even if the caller is dropped (on a task of the current runtime;
+    /// outside one, here): clean-ups that must not stop half-way. `None` if the runtime shut
+    /// down first.
+    async fn protected<T: Send + 'static>(
+        &self,
+        work: impl Future<Output = T> + Send + 'static,
+    ) -> Option<T> {
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => match runtime.spawn(work).await {
+                Ok(out) => Some(out),
+                Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),
+                Err(_) => None,
+            },
+            Err(_) => Some(work.await),
+        }
+    }
+
+    /// As [`ask_all`](Self::ask_all), of the members in `members` only.
+    async fn ask<T, F, Fut>(&self, key: &Key, members: &[usize], op: F) -> Pending<T>
+    where
+        F: Fn(Arc<dyn Store>, Key) -> Fut,
+        Fut: Future<Output = Result<T>> + Send + 'static,
+    {
         // Taken now, not when the requests are first polled: a request finished in the
         // background must never wait for its own batch.
         let waits = || {
-            (0..self.stores.len())
-                .map(|i| self.inflight.before(i, key.resource()))
+            members
+                .iter()
+                .map(|&i| self.inflight.before(i, key.resource()))
                 .collect::<Vec<_>>()
         };
         let mut befores = waits();
@@ -153,12 +198,11 @@ impl CombinedStore {
             tokio::task::yield_now().await;
             befores = waits();
         }
-        self.stores
+        members
             .iter()
             .zip(befores)
-            .enumerate()
-            .map(|(i, (store, before))| {
-                let request = op(store.clone(), key.clone());
+            .map(|(&i, before)| {
+                let request = op(self.stores[i].clone(), key.clone());
                 Box::pin(async move {
                     if let Some(before) = before {
                         before.await;
@@ -303,29 +347,54 @@ impl Store for CombinedStore {
     /// won) does not, so waiters never wake each other in a loop. Best effort: the lock keeps
     /// polling for releases members cannot report.
     ///
+    /// Returns once members enough to meet the strategy are watching (or can no longer be): a
+    /// member slow to register (paused, reconnecting) goes on registering inside the watcher
+    /// and never delays the attempt.
+    ///
     /// # Cancel safety
     ///
     /// Cancel-safe: dropped watchers unregister.
     async fn watch(&self, resource: &str) -> Result<Option<Watcher>> {
         let n = self.stores.len();
-        let registered = join_all(self.stores.iter().map(|s| s.watch(resource))).await;
-        let mut watchers: FuturesUnordered<Watcher> = registered
-            .into_iter()
-            .filter_map(|w| w.ok().flatten())
+        let mut registering: FuturesUnordered<BoxFuture<'static, Option<Watcher>>> = self
+            .stores
+            .iter()
+            .map(|s| {
+                let (s, r) = (s.clone(), resource.to_owned());
+                Box::pin(async move { s.watch(&r).await.ok().flatten() }) as BoxFuture<'static, _>
+            })
             .collect();
-        if !self.strategy.is_met(watchers.len(), n) {
-            return Ok(None); // a quorum's releases could never be seen
+        let mut watchers: FuturesUnordered<Watcher> = FuturesUnordered::new();
+        let mut refused = 0;
+        while !self.strategy.is_met(watchers.len(), n) {
+            match registering.next().await {
+                Some(Some(w)) => watchers.push(w),
+                Some(None) => refused += 1,
+                None => break,
+            }
+            if !self.strategy.is_met(n - refused, n) {
+                return Ok(None); // a quorum's releases could never be seen
+            }
         }
         let strategy = self.strategy.clone();
         Ok(Some(Watcher::best_effort(async move {
             let mut fired = 0;
-            while watchers.next().await.is_some() {
-                fired += 1;
-                if strategy.is_met(fired, n) {
-                    return;
+            loop {
+                tokio::select! {
+                    Some(registered) = registering.next() => {
+                        if let Some(w) = registered {
+                            watchers.push(w);
+                        }
+                    }
+                    Some(()) = watchers.next() => {
+                        fired += 1;
+                        if strategy.is_met(fired, n) {
+                            return;
+                        }
+                    }
+                    else => std::future::pending::<()>().await,
                 }
             }
-            std::future::pending::<()>().await;
         })))
     }
 

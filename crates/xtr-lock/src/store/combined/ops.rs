@@ -5,11 +5,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt as _;
-use futures_util::future::join_all;
 
-use super::inflight::Pending;
+use super::inflight::{Answer, Pending};
 use super::tally::{Tally, Verdict, Vote, most_telling};
 use super::{CombinedStore, drift};
+use crate::clock::BoxFuture;
 use crate::error::{Error, LostReason, Result};
 use crate::key::{Key, Mode};
 use crate::logging::TARGET;
@@ -37,6 +37,8 @@ struct SaveNotes {
     /// What members that refused said the holder still holds there.
     kept: Option<Mode>,
     kept_by: usize,
+    /// The members' errors.
+    failures: Vec<Error>,
 }
 
 impl SaveNotes {
@@ -60,6 +62,7 @@ impl SaveNotes {
                 tracing::debug!(target: TARGET, resource = key.resource(),
                     store = %store.stores[i], error = %err, "one store failed to save the lock");
                 self.changed.push(i);
+                self.failures.push(err);
                 Vote::Failed
             }
         }
@@ -84,51 +87,191 @@ impl CombinedStore {
             .await;
         let mut tally = Tally::new(self.strategy.as_ref(), n);
         let mut notes = SaveNotes::default();
-        let verdict = tally
-            .count(&mut pending, |i, answer| notes.judge(self, key, i, answer))
-            .await;
+        // Counting stops when the quorum is met, or when the members that refused are enough to
+        // miss it: then the lock is held by someone else whatever the others answer, and a
+        // paused member is not waited for. A miss that failures made is only decided when
+        // every member has answered: until then a refusal could still turn it into a conflict.
+        while let Some((i, answer)) = pending.next().await {
+            let vote = notes.judge(self, key, i, answer);
+            tally.add(i, vote);
+            if tally.verdict() == Verdict::Met || !self.strategy.can_be_met(tally.no, n) {
+                break;
+            }
+        }
+        let verdict = tally.verdict();
         if verdict == Verdict::Met && !key.is_expired() {
             // The members still answering finish in the background: the holder's lease then
             // stands on all of them, not only on the quorum that answered first.
             self.detach(key, "save", &tally.answered, pending).await;
             return Ok(Saved::Acquired(Acquired::new()));
         }
-        // Missed, or reached too late to be trusted (Redlock's validity): let every member
-        // still answering finish first, so no late save lands after the roll-back.
-        while let Some((i, answer)) = pending.next().await {
-            notes.judge(self, key, i, answer);
-        }
         if verdict == Verdict::Met || key.is_expired() {
-            self.delete_everywhere(key).await;
+            // Reached too late to be trusted (Redlock's validity): everything is taken back.
+            let rest = std::mem::take(&mut pending);
+            self.protected(self.clone().roll_back_all(key.clone(), rest))
+                .await;
             return Err(Error::expired(key.resource()).with_store(self));
         }
         tracing::info!(target: TARGET, resource = key.resource(), success = tally.yes,
-            failure = tally.no + tally.failed, "failed to store the lock, the quorum was not met");
+            refused = tally.no, failed = tally.failed,
+            "failed to store the lock, the quorum was not met");
+        let outage = self.strategy.can_be_met(tally.no, n);
         let conflict = Conflict {
             retry_after: notes.retry_after,
             kept: None,
         };
-        if let Some(mode) = notes.kept {
-            // A refused mode change (a promotion): the holder held `mode` before. Put the members
-            // that changed back, and keep it if a quorum holds it so.
-            let restored = join_all(notes.changed.iter().map(|&i| {
-                let store = self.stores[i].clone();
-                async move { save_member(&store, key, ttl, mode == Mode::Read).await }
-            }))
-            .await;
-            let back = restored
-                .iter()
-                .filter(|r| matches!(r, Ok(s) if s.is_acquired()))
-                .count();
-            if self.strategy.is_met(notes.kept_by + back, n) {
-                return Ok(Saved::Conflict(Conflict {
+        let changed = std::mem::take(&mut notes.changed);
+        let outcome = if let Some(mode) = notes.kept {
+            // A refused mode change (a promotion): the holder held `mode` before. The members
+            // that changed are put back, and it keeps `mode` if a quorum holds it so; else it is
+            // taken back everywhere. Run to the end even if the caller is dropped: a half-done
+            // restore would leave a minority lock behind.
+            notes.changed = changed;
+            let failures = std::mem::take(&mut notes.failures);
+            let this = self.clone();
+            let key2 = key.clone();
+            let kept = self
+                .protected(async move { this.restore(&key2, ttl, mode, notes, pending).await })
+                .await;
+            notes = SaveNotes {
+                failures,
+                ..SaveNotes::default()
+            };
+            if kept == Some(true) {
+                Saved::Conflict(Conflict {
                     kept: Some(mode),
                     ..conflict
-                }));
+                })
+            } else {
+                Saved::Conflict(conflict)
+            }
+        } else {
+            // Only the members that stored (or failed, and may have) are cleaned up; those still
+            // answering are cleaned up in the background once they do, ahead of the holder's
+            // next request to them.
+            self.roll_back_changed(key, &changed, &tally.answered, pending)
+                .await;
+            Saved::Conflict(conflict)
+        };
+        if outage {
+            return Err(self.outage(&notes.failures, n, tally.no));
+        }
+        Ok(outcome)
+    }
+
+    /// Puts the members that changed during a refused mode change back to `mode` (first letting
+    /// the members still answering finish, so a late promotion is put back too): `true` when a
+    /// quorum then holds `mode`. Otherwise the lock is taken back everywhere.
+    async fn restore(
+        &self,
+        key: &Key,
+        ttl: Option<Duration>,
+        mode: Mode,
+        mut notes: SaveNotes,
+        mut pending: Pending<Saved>,
+    ) -> bool {
+        while let Some((i, answer)) = pending.next().await {
+            notes.judge(self, key, i, answer);
+        }
+        let mut restored = self
+            .ask(key, &notes.changed, move |s, k| async move {
+                save_member(&s, &k, ttl, mode == Mode::Read).await
+            })
+            .await;
+        let mut back = 0;
+        while let Some((i, answer)) = restored.next().await {
+            match answer {
+                Ok(saved) if saved.is_acquired() => back += 1,
+                Ok(_) => {}
+                Err(err) => tracing::warn!(target: TARGET, resource = key.resource(),
+                    store = %self.stores[i], error = %err,
+                    "one store failed to put the lock back after a refused mode change"),
             }
         }
+        if self
+            .strategy
+            .is_met(notes.kept_by + back, self.stores.len())
+        {
+            return true;
+        }
         self.delete_everywhere(key).await;
-        Ok(Saved::Conflict(conflict))
+        false
+    }
+
+    /// Takes a refused save back: deletes now from the members in `changed` (they stored, or
+    /// failed and may have), and from each member still answering once it answers, if it
+    /// stored or failed, in the background (ahead of the holder's next request to it).
+    async fn roll_back_changed(
+        &self,
+        key: &Key,
+        changed: &[usize],
+        answered: &[bool],
+        mut pending: Pending<Saved>,
+    ) {
+        let mut deletes = self
+            .ask(key, changed, |s, k| async move { s.delete(&k).await })
+            .await;
+        while let Some((i, result)) = deletes.next().await {
+            if let Err(err) = result {
+                tracing::warn!(target: TARGET, resource = key.resource(),
+                    store = %self.stores[i], error = %err, "one store failed to delete the lock");
+            }
+        }
+        let unanswered: Vec<usize> = (0..answered.len()).filter(|&i| !answered[i]).collect();
+        let Some(&first) = unanswered.first() else {
+            return;
+        };
+        let (stores, owned) = (self.stores.clone(), key.clone());
+        let cleanup: BoxFuture<'static, Answer<()>> = Box::pin(async move {
+            while let Some((i, answer)) = pending.next().await {
+                if matches!(answer, Ok(Saved::Conflict(_))) {
+                    continue;
+                }
+                if let Err(err) = stores[i].delete(&owned).await {
+                    tracing::warn!(target: TARGET, resource = owned.resource(),
+                        store = %stores[i], error = %err, "one store failed to delete the lock");
+                }
+            }
+            (first, Ok(()))
+        });
+        let rest: Pending<()> = std::iter::once(cleanup).collect();
+        self.inflight
+            .detach(key.resource(), "delete", &unanswered, rest)
+            .await;
+    }
+
+    /// Lets every member still answering finish, then deletes everywhere.
+    async fn roll_back_all(self, key: Key, pending: Pending<Saved>) {
+        self.roll_back(&key, pending).await;
+    }
+
+    /// The error of a quorum missed because members failed: how many, and each cause once.
+    fn outage(&self, failures: &[Error], n: usize, refused: usize) -> Error {
+        let mut causes: Vec<String> = Vec::new();
+        for err in failures {
+            let cause = err
+                .reason()
+                .map_or_else(|| err.kind().to_string(), str::to_owned);
+            if !causes.contains(&cause) {
+                causes.push(cause);
+            }
+        }
+        let refused = match refused {
+            0 => String::new(),
+            r => format!(", {r} said someone else holds it"),
+        };
+        let err = Error::storage(format!(
+            "the quorum was not reached: {} of {n} stores failed ({}){refused}",
+            failures.len(),
+            causes.join("; "),
+        ))
+        .with_store(self);
+        // Worth retrying only if every failure may pass.
+        if failures.iter().all(Error::is_temporary) {
+            err.temporary()
+        } else {
+            err
+        }
     }
 
     pub(super) async fn put_off(&self, key: &Key, ttl: Duration) -> Result<Holding> {

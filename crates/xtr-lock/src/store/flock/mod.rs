@@ -361,6 +361,17 @@ impl Store for FlockStore {
         }
     }
 
+    /// The directory (resolved, so two spellings of one directory compare equal) and the
+    /// file-name prefix.
+    fn locks_in(&self) -> Option<String> {
+        let dir = std::fs::canonicalize(&self.inner.dir).unwrap_or_else(|_| self.inner.dir.clone());
+        Some(format!(
+            "flock://{}?prefix={}",
+            dir.display(),
+            self.inner.prefix
+        ))
+    }
+
     /// # Cancel safety
     ///
     /// Cancel-safe: it completes at its first poll (non-blocking system calls).

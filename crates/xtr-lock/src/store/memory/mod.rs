@@ -311,6 +311,11 @@ impl Store for InMemoryStore {
         }
     }
 
+    /// This table (clones share it).
+    fn locks_in(&self) -> Option<String> {
+        Some(format!("in-memory@{:p}", Arc::as_ptr(&self.inner)))
+    }
+
     /// # Cancel safety
     ///
     /// Cancel-safe: the state changes synchronously, before the first await.

@@ -345,6 +345,11 @@ impl Store for RedisStore {
         }
     }
 
+    /// The server as addressed, the database and the prefix.
+    fn locks_in(&self) -> Option<String> {
+        Some(format!("{}?prefix={}", self.inner.shown, self.inner.prefix))
+    }
+
     /// One round trip: prune, admit (new writer on an empty set, re-save, or the sole reader's
     /// promotion), write now + ttl, advance the fence for a new writer.
     ///

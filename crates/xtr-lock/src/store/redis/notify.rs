@@ -36,7 +36,15 @@ struct State {
     sink: Option<redis::aio::PubSubSink>,
     /// The task reading the subscriber connection (aborted by `close`).
     reader: Option<tokio::task::AbortHandle>,
+    /// After a failed connect or subscribe: no new try before this instant, and the pause
+    /// before the next one (doubling up to [`MAX_BACKOFF`]). Waiters poll meanwhile, so an
+    /// unreachable or paused server costs one connect timeout per back-off, not one per wait.
+    retry_at: Option<(tokio::time::Instant, Duration)>,
 }
+
+/// The first and the longest pause between two tries to (re)connect the subscriber.
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 struct Channel {
     wake: Arc<Notify>,
@@ -87,20 +95,41 @@ impl Notifier {
             name: name.clone(),
         };
         if !ready || idle > IDLE_CHANNELS {
+            if self.backing_off() {
+                return None;
+            }
             let _ops = self.ops.lock().await;
+            if self.backing_off() {
+                return None; // the try this one queued behind has just failed
+            }
             if idle > IDLE_CHANNELS {
                 self.sweep().await;
             }
-            if let Err(err) = self.subscribe(&name).await {
-                tracing::debug!(target: "xtr_lock", error = %err,
-                    "cannot subscribe to release notifications; polling instead");
-                return None;
+            match self.subscribe(&name).await {
+                Ok(()) => self.state().retry_at = None,
+                Err(err) => {
+                    let mut st = self.state();
+                    let pause = st
+                        .retry_at
+                        .map_or(FIRST_BACKOFF, |(_, p)| (p * 2).min(MAX_BACKOFF));
+                    st.retry_at = Some((tokio::time::Instant::now() + pause, pause));
+                    tracing::debug!(target: "xtr_lock", error = %err, retry_in = ?pause,
+                        "cannot subscribe to release notifications; polling instead");
+                    return None;
+                }
             }
         }
         Some(Watcher::best_effort(async move {
             let _guard = guard;
             wake.notified().await;
         }))
+    }
+
+    /// Whether a failed connect is too recent to try again.
+    fn backing_off(&self) -> bool {
+        self.state()
+            .retry_at
+            .is_some_and(|(at, _)| tokio::time::Instant::now() < at)
     }
 
     /// Passes the turn to one more waiter of `key` (a reader got in; others may join).

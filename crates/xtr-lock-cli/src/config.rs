@@ -9,11 +9,18 @@ use xtr_lock::{Lock, LockFactory, Mode, Store, StoreFactory, Wait};
 
 use crate::cli::{StoreArgs, WaitArgs};
 
-/// Parses a humantime duration (`30s`, `2m`, `1h30m`, `500ms`), naming the flag on error.
+/// Parses a humantime duration (`30s`, `2m`, `1h30m`, `500ms`) of at most
+/// [`MAX_DURATION`](xtr_lock::MAX_DURATION) (3650 days), naming the flag on error.
 pub(crate) fn duration(flag: &str, text: &str) -> Result<Duration> {
-    humantime::parse_duration(text).map_err(|e| {
+    let d = humantime::parse_duration(text).map_err(|e| {
         anyhow!("{flag} {text:?} is not a duration ({e}); write it like 30s, 2m, 1h30m or 500ms")
-    })
+    })?;
+    if d > xtr_lock::MAX_DURATION {
+        return Err(anyhow!(
+            "{flag} {text:?} is too long: the longest accepted is 3650days"
+        ));
+    }
+    Ok(d)
 }
 
 /// How to take a lock.

@@ -7,6 +7,7 @@ mod config;
 mod exit;
 mod output;
 mod procs;
+mod stdio;
 mod trampoline;
 
 use std::process::ExitCode;

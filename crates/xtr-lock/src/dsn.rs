@@ -13,7 +13,8 @@ use crate::store::{CombinedStore, InMemoryStore, NullStore, Store, Strategy};
 /// | `in-memory` | a **new** [`InMemoryStore`] on each call |
 /// | `null` | [`NullStore`] |
 /// | `flock`, `flock://` | [`FlockStore`](crate::FlockStore) in the default directory, `<tempdir>/xtr-lock-<uid>` |
-/// | `flock://<path>` | [`FlockStore`](crate::FlockStore) in `<path>`, taken literally (`flock:///var/lock/app`) |
+/// | `flock://<path>` | [`FlockStore`](crate::FlockStore) in `<path>`, taken literally (`flock:///var/lock/app`); it must be absolute |
+/// | `flock://[<path>]?names=long` | the same, naming files with the whole digest ([`FlockStore::with_long_names`](crate::FlockStore::with_long_names)) |
 ///
 /// Keywords are case-sensitive. Each store issue adds its schemes here (`flock`, `redis://`,
 /// …); a known scheme whose store is not in this build is refused saying so.
@@ -41,9 +42,13 @@ enum Dsn {
     /// A Redis DSN (checked when parsed).
     #[cfg(feature = "redis")]
     Redis(String),
-    /// `flock` or `flock://`: the default directory; `flock://<path>`: that directory.
+    /// `flock` or `flock://`: the default directory; `flock://<path>`: that directory; with
+    /// `?names=long`, file names with the whole digest.
     #[cfg_attr(not(all(feature = "flock", target_os = "linux")), allow(dead_code))]
-    Flock(Option<String>),
+    Flock {
+        dir: Option<String>,
+        long: bool,
+    },
 }
 
 /// Schemes that name stores this build does not contain yet, with the store's name.
@@ -81,11 +86,15 @@ impl StoreFactory {
             #[cfg(feature = "redis")]
             Dsn::Redis(dsn) => Arc::new(crate::store::RedisStore::from_dsn(&dsn)?),
             #[cfg(all(feature = "flock", target_os = "linux"))]
-            Dsn::Flock(None) => Arc::new(crate::store::FlockStore::new()?),
-            #[cfg(all(feature = "flock", target_os = "linux"))]
-            Dsn::Flock(Some(path)) => Arc::new(crate::store::FlockStore::in_dir(path)?),
+            Dsn::Flock { dir, long } => {
+                let store = match dir {
+                    None => crate::store::FlockStore::new()?,
+                    Some(path) => crate::store::FlockStore::in_dir(path)?,
+                };
+                Arc::new(if long { store.with_long_names() } else { store })
+            }
             #[cfg(not(all(feature = "flock", target_os = "linux")))]
-            Dsn::Flock(_) => {
+            Dsn::Flock { .. } => {
                 return Err(Error::unsupported(
                     "unsupported connection \"flock\": this build of xtr-lock has no flock store (enable the `flock` feature, Linux only)",
                 ));
@@ -108,7 +117,12 @@ fn parse(dsn: &str) -> Result<Dsn> {
     match dsn {
         "in-memory" => return Ok(Dsn::InMemory),
         "null" => return Ok(Dsn::Null),
-        "flock" | "flock://" => return Ok(Dsn::Flock(None)),
+        "flock" | "flock://" => {
+            return Ok(Dsn::Flock {
+                dir: None,
+                long: false,
+            });
+        }
         _ => {}
     }
     #[cfg(feature = "redis")]
@@ -116,9 +130,31 @@ fn parse(dsn: &str) -> Result<Dsn> {
         crate::store::redis::validate_dsn(dsn)?;
         return Ok(Dsn::Redis(dsn.to_owned()));
     }
-    // Everything after `flock://`, taken literally, as the Python peer does.
-    if let Some(path) = dsn.strip_prefix("flock://") {
-        return Ok(Dsn::Flock(Some(path.to_owned())));
+    // Everything after `flock://`, taken literally as the Python peer does, except a final
+    // `?names=long` or `?names=short` (the file-name mode).
+    if let Some(rest) = dsn.strip_prefix("flock://") {
+        let (path, long) = match rest.rsplit_once('?') {
+            Some((path, "names=long")) => (path, true),
+            Some((path, "names=short")) => (path, false),
+            _ => (rest, false),
+        };
+        if path.is_empty() {
+            return Ok(Dsn::Flock { dir: None, long });
+        }
+        if !path.starts_with('/') {
+            // Each process would resolve it against its own working directory: two processes
+            // started in different directories would silently stop excluding each other.
+            return Err(Error::invalid_argument(format!(
+                "flock://{:?} names a relative directory, which each process would resolve \
+                 against its own working directory: write an absolute path, \
+                 flock:///absolute/dir",
+                path.chars().take(100).collect::<String>()
+            )));
+        }
+        return Ok(Dsn::Flock {
+            dir: Some(path.to_owned()),
+            long,
+        });
     }
     let scheme = dsn.split_once(':').map(|(s, _)| s.to_ascii_lowercase());
     let keyword = scheme.as_deref().unwrap_or(dsn);
@@ -217,21 +253,29 @@ mod tests {
 
     #[test]
     fn flock_dsns_name_the_directory_literally() {
-        assert_eq!(parse("flock").unwrap(), Dsn::Flock(None));
-        assert_eq!(parse("flock://").unwrap(), Dsn::Flock(None));
+        let flock = |dir: Option<&str>, long| Dsn::Flock {
+            dir: dir.map(str::to_owned),
+            long,
+        };
+        assert_eq!(parse("flock").unwrap(), flock(None, false));
+        assert_eq!(parse("flock://").unwrap(), flock(None, false));
         assert_eq!(
             parse("flock:///var/lock/app").unwrap(),
-            Dsn::Flock(Some("/var/lock/app".into()))
+            flock(Some("/var/lock/app"), false)
         );
-        assert_eq!(
-            parse("flock://rel/dir").unwrap(),
-            Dsn::Flock(Some("rel/dir".into()))
-        );
+        let err = parse("flock://rel/dir").unwrap_err();
+        assert!(err.is_invalid_argument());
+        assert!(err.to_string().contains("relative directory"), "{err}");
         assert_eq!(
             parse("flock:///a%20b?x=1").unwrap(),
-            Dsn::Flock(Some("/a%20b?x=1".into())),
-            "no decoding, no query"
+            flock(Some("/a%20b?x=1"), false),
+            "no decoding, no other query"
         );
+        assert_eq!(
+            parse("flock:///var/lock/app?names=long").unwrap(),
+            flock(Some("/var/lock/app"), true)
+        );
+        assert_eq!(parse("flock://?names=long").unwrap(), flock(None, true));
     }
 
     #[cfg(feature = "redis")]

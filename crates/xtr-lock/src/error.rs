@@ -186,12 +186,21 @@ impl Error {
         Error::new(ErrorKind::InvalidArgument).with_reason(reason)
     }
 
-    /// A lifetime that is not strictly positive.
+    /// A lifetime that is not strictly positive, or longer than
+    /// [`MAX_DURATION`](crate::MAX_DURATION).
     pub fn invalid_ttl(ttl: Duration) -> Self {
-        Error::new(ErrorKind::InvalidTtl).with_reason(format!(
-            "a lock lifetime must be strictly positive, got {} seconds",
-            ttl.as_secs_f64()
-        ))
+        let reason = if ttl > crate::MAX_DURATION {
+            format!(
+                "a lock lifetime must be at most 3650 days, got {} seconds",
+                ttl.as_secs()
+            )
+        } else {
+            format!(
+                "a lock lifetime must be strictly positive, got {} seconds",
+                ttl.as_secs_f64()
+            )
+        };
+        Error::new(ErrorKind::InvalidTtl).with_reason(reason)
     }
 
     /// The store cannot do `what`.

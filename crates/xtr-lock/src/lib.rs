@@ -100,7 +100,7 @@ pub use factory::{DEFAULT_TTL, LockFactory, RunOptions};
 pub use guard::LockGuard;
 pub use key::{HandleOwner, Key, Mode, WRITE_MARKER, validate_token};
 pub use lock::Lock;
-pub use lockable::{Lockable, NoLock, Release, Wait};
+pub use lockable::{Lockable, MAX_DURATION, NoLock, Release, Wait};
 pub use lost::{KeepAlive, LockLost};
 #[cfg(all(feature = "flock", target_os = "linux"))]
 pub use store::FlockStore;

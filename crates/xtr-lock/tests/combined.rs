@@ -15,7 +15,6 @@ use xtr_lock::{
     Error, ErrorKind, InMemoryStore, Key, LockFactory, Lockable as _, LostReason, ManualClock,
     Mode, Store,
 };
-use xtr_lock_testkit::redis::RedisServer;
 
 const TTL: Duration = Duration::from_secs(30);
 

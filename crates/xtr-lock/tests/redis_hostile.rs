@@ -155,3 +155,30 @@ async fn a_wait_with_a_deadline_rides_out_a_brief_outage() {
         "acquired once the server was back"
     );
 }
+
+/// Durations past the maximum are refused before anything is stored, never a panic.
+#[tokio::test]
+async fn durations_past_the_maximum_are_refused_before_anything_is_stored() {
+    let server = RedisServer::start();
+    let s = store(&server);
+    let huge = std::time::Duration::MAX;
+    let l = lock(&s, "j", huge);
+    let err = l.try_acquire().await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidTtl, "{err}");
+    assert!(err.to_string().contains("at most 3650 days"), "{err}");
+    assert_eq!(server.cli(&["EXISTS", "j"]), "0");
+    let l = lock(&s, "j", xtr_lock::MAX_DURATION);
+    assert!(l.try_acquire().await.unwrap(), "the maximum itself is fine");
+    let err = l.refresh(Some(huge)).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidTtl, "{err}");
+    let other = lock(&s, "j", TTL);
+    let err = other.acquire_timeout(huge).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    l.release().await.unwrap();
+    // A serialized key with an absurd remaining lifetime is read without overflowing.
+    let mut wire: serde_json::Value = serde_json::from_str(&l.key().to_json().unwrap()).unwrap();
+    wire["remaining_ms"] = serde_json::json!(u64::MAX);
+    let tampered = wire.to_string();
+    let key = xtr_lock::Key::from_json(&tampered).unwrap();
+    assert!(key.remaining_lifetime().unwrap() <= xtr_lock::MAX_DURATION);
+}

@@ -33,6 +33,11 @@ fn print(text: &str) -> Result<()> {
 
 pub(crate) async fn acquire(store: StoreConfig, take: Take, resource: &str) -> Result<Exit> {
     refuse_local(&store)?;
+    if crate::stdio::stdout_closed() {
+        return Err(anyhow!(
+            "stdout is closed: the key would reach nobody, so no lock was taken"
+        ));
+    }
     let lock = store.lock(resource, take.ttl);
     if !super::take(&lock, &store, &take).await? {
         if !take.quiet {
@@ -47,12 +52,38 @@ pub(crate) async fn acquire(store: StoreConfig, take: Take, resource: &str) -> R
             return Err(e.into());
         }
     };
-    if let Err(e) = print(&key) {
+    if let Err(e) = deliver(&key) {
         // Nobody got the key: do not leave the lock behind.
-        let _ = lock.release().await;
-        return Err(e);
+        let released = lock.release().await;
+        let outcome = match released {
+            Ok(_) => "the lock was released",
+            Err(_) => "releasing the lock failed too; it is left to its ttl",
+        };
+        return Err(anyhow!(
+            "the key could not be written to stdout ({e}): {outcome}"
+        ));
     }
     Ok(Exit::Ok)
+}
+
+/// Writes the key and a newline to file descriptor 1 itself: the standard library's stdout
+/// reports success on a closed descriptor (`>&-`), and a key nobody received must not leave
+/// its lock held. A closed pipe is an error here, for the same reason.
+fn deliver(key: &str) -> std::io::Result<()> {
+    use std::os::fd::AsFd as _;
+    let stdout = std::io::stdout();
+    let _locked = stdout.lock();
+    let bytes = format!("{key}\n").into_bytes();
+    let mut at = 0;
+    while at < bytes.len() {
+        match rustix::io::write(stdout.as_fd(), &bytes[at..]) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => at += n,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
 }
 
 fn read_key(arg: Option<String>) -> Result<Key> {

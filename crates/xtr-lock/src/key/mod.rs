@@ -198,7 +198,7 @@ impl Key {
     /// Shortens the lifetime to now + `d` if no deadline is set or if that is earlier. It only
     /// ever shortens; `Duration::ZERO` expires the key at once.
     pub fn reduce_lifetime(&self, d: Duration) {
-        let candidate = self.inner.clock.now() + d;
+        let candidate = later(self.inner.clock.now(), d);
         let mut st = self.state();
         st.deadline = Some(match st.deadline {
             Some(current) if current <= candidate => current,
@@ -263,6 +263,12 @@ pub(crate) fn token_id(token: &str) -> String {
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect()
+}
+
+/// `now + d`, or as late as [`MAX_DURATION`](crate::MAX_DURATION) allows where that overflows
+/// (callers bound durations before they get here; a store used directly may not).
+pub(crate) fn later(now: std::time::Instant, d: Duration) -> std::time::Instant {
+    now.checked_add(d.min(crate::MAX_DURATION)).unwrap_or(now)
 }
 
 #[cfg(test)]

@@ -76,7 +76,7 @@ impl Key {
         }
         let deadline = wire
             .remaining_ms
-            .map(|ms| clock.now() + Duration::from_millis(ms));
+            .map(|ms| super::later(clock.now(), Duration::from_millis(ms)));
         let state = KeyState {
             deadline,
             tokens: wire.tokens,

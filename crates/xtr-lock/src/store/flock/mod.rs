@@ -113,6 +113,7 @@ struct Inner {
     owner: HandleOwner,
     dir: PathBuf,
     prefix: String,
+    digest: name::Digest,
     poll: Duration,
     hub: Arc<Hub>,
 }
@@ -147,18 +148,20 @@ impl FlockStore {
                 owner: HandleOwner::new(),
                 dir,
                 prefix: name::XTR_PREFIX.to_owned(),
+                digest: name::Digest::Short,
                 poll: DEFAULT_POLL,
                 hub,
             }),
         }
     }
 
-    fn rebuilt(&self, prefix: String, poll: Duration) -> Self {
+    fn rebuilt(&self, prefix: String, digest: name::Digest, poll: Duration) -> Self {
         FlockStore {
             inner: Arc::new(Inner {
                 owner: HandleOwner::new(),
                 dir: self.inner.dir.clone(),
                 prefix,
+                digest,
                 poll,
                 hub: self.inner.hub.clone(),
             }),
@@ -185,7 +188,22 @@ impl FlockStore {
                 "a lock file prefix must be 1 to 16 characters of [A-Za-z0-9._-]",
             ));
         }
-        Ok(self.rebuilt(prefix.to_owned(), self.inner.poll))
+        Ok(self.rebuilt(prefix.to_owned(), self.inner.digest, self.inner.poll))
+    }
+
+    /// Names lock files with the whole SHA-256 of the resource (43 characters) instead of the
+    /// peers' 7 (42 bits), so no two resources ever share a lock file. The peers' names are
+    /// kept by default: with 7 characters, two resources whose readable parts (the first 50
+    /// characters, folded) are equal share a file with odds of about n²/2⁴³ among n such
+    /// resources, and someone who picks resource names can find such a pair in seconds. Use
+    /// this in deployments without Python or PHP processes on the same directory: they would
+    /// not see these files. DSN: `flock:///dir?names=long`.
+    pub fn with_long_names(&self) -> Self {
+        self.rebuilt(
+            self.inner.prefix.clone(),
+            name::Digest::Long,
+            self.inner.poll,
+        )
     }
 
     /// Sets the safety-net poll of waiters (default 100 ms), for releases that no close event
@@ -194,6 +212,7 @@ impl FlockStore {
     pub fn with_poll_interval(&self, poll: Duration) -> Self {
         self.rebuilt(
             self.inner.prefix.clone(),
+            self.inner.digest,
             poll.max(Duration::from_millis(1)),
         )
     }
@@ -209,7 +228,7 @@ impl FlockStore {
     }
 
     fn file_name(&self, resource: &str) -> String {
-        name::file_name(&self.inner.prefix, resource)
+        name::file_name(&self.inner.prefix, resource, self.inner.digest)
     }
 
     /// The holder's lock file, locked for the caller: made (unopened) on first use.

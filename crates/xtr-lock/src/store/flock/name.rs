@@ -1,7 +1,7 @@
 //! Lock file names, shared with Python xtr-lock 4.1.0 (and, with the `sf.` prefix, Symfony).
 
 use base64::Engine as _;
-use sha2::{Digest, Sha256};
+use sha2::{Digest as _, Sha256};
 
 /// The prefix Python xtr-lock uses.
 pub(crate) const XTR_PREFIX: &str = "xtr.";
@@ -9,11 +9,22 @@ pub(crate) const XTR_PREFIX: &str = "xtr.";
 /// How many characters of the readable part are kept.
 const READABLE_CHARS: usize = 50;
 
-/// `<prefix><readable>.<digest7>.lock`:
+/// How much of the digest a file name carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Digest {
+    /// 7 characters (42 bits), the Python peer's and Symfony's names.
+    Short,
+    /// All 43 characters (256 bits): no two resources share a file, but the names are this
+    /// library's only.
+    Long,
+}
+
+/// `<prefix><readable>.<digest>.lock`:
 /// - readable: every maximal run of code points outside `[A-Za-z0-9._-]` becomes one `-`, then
 ///   the first 50 characters are kept (fold first, cut second);
-/// - digest7: standard base64 of SHA-256 of the whole resource, first 7 characters, `/` → `_`.
-pub(crate) fn file_name(prefix: &str, resource: &str) -> String {
+/// - digest: standard base64 of SHA-256 of the whole resource, `/` → `_`, its first 7
+///   characters ([`Digest::Short`]) or all 43 without the padding ([`Digest::Long`]).
+pub(crate) fn file_name(prefix: &str, resource: &str, digest: Digest) -> String {
     let mut readable = String::with_capacity(resource.len().min(64));
     let mut in_run = false;
     for c in resource.chars() {
@@ -27,10 +38,14 @@ pub(crate) fn file_name(prefix: &str, resource: &str) -> String {
     }
     // ASCII only, so characters are bytes.
     readable.truncate(READABLE_CHARS);
-    let digest = Sha256::digest(resource.as_bytes());
-    let encoded = base64::engine::general_purpose::STANDARD.encode(digest);
-    let digest7: String = encoded[..7].replace('/', "_");
-    format!("{prefix}{readable}.{digest7}.lock")
+    let sum = Sha256::digest(resource.as_bytes());
+    let encoded = base64::engine::general_purpose::STANDARD.encode(sum);
+    let chars = match digest {
+        Digest::Short => 7,
+        Digest::Long => 43,
+    };
+    let digest = encoded[..chars].replace('/', "_");
+    format!("{prefix}{readable}.{digest}.lock")
 }
 
 #[cfg(test)]
@@ -65,8 +80,24 @@ mod tests {
             ("ключ", "xtr.-.HeNqMq9.lock".into()),
         ];
         for (resource, want) in cases {
-            assert_eq!(file_name(XTR_PREFIX, resource), want, "{resource:?}");
+            assert_eq!(
+                file_name(XTR_PREFIX, resource, Digest::Short),
+                want,
+                "{resource:?}"
+            );
         }
+    }
+
+    /// Long names carry the whole digest; the short name's digest is its beginning.
+    #[test]
+    fn long_names_carry_the_whole_digest() {
+        let long = file_name(XTR_PREFIX, "reports:nightly", Digest::Long);
+        assert_eq!(
+            long.len(),
+            "xtr.reports-nightly.".len() + 43 + ".lock".len()
+        );
+        assert!(long.starts_with("xtr.reports-nightly.4JXv6FB"), "{long}");
+        assert!(!long.contains('/') && !long.contains('='), "{long}");
     }
 
     /// The Symfony vectors: same formula, prefix `sf.`.
@@ -80,7 +111,11 @@ mod tests {
             ("", "sf..47DEQpj.lock"),
             ("ключ", "sf.-.HeNqMq9.lock"),
         ] {
-            assert_eq!(file_name("sf.", resource), want, "{resource:?}");
+            assert_eq!(
+                file_name("sf.", resource, Digest::Short),
+                want,
+                "{resource:?}"
+            );
         }
     }
 
@@ -94,7 +129,7 @@ mod tests {
             &"é".repeat(10_000),
             "../../etc/passwd",
         ] {
-            let name = file_name(XTR_PREFIX, resource);
+            let name = file_name(XTR_PREFIX, resource, Digest::Short);
             assert!(name.len() <= 67, "{name}");
             assert!(name.is_ascii());
             assert!(!name.contains('/') && !name.contains('\0'), "{name}");

@@ -202,12 +202,17 @@ impl KindStr for redis::RedisError {
     }
 }
 
+/// The longest socket timeout a DSN may ask for: one day (a longer one is a hang in all but name).
+const MAX_TIMEOUT_SECS: f64 = 86_400.0;
+
 fn seconds(scheme: &str, option: &str, value: &str) -> Result<Duration> {
     match value.parse::<f64>() {
-        Ok(s) if s.is_finite() && s > 0.0 => Ok(Duration::from_secs_f64(s)),
+        Ok(s) if s.is_finite() && s > 0.0 && s <= MAX_TIMEOUT_SECS => {
+            Ok(Duration::from_secs_f64(s))
+        }
         _ => Err(invalid(
             scheme,
-            format!("{option} must be a positive number of seconds"),
+            format!("{option} must be a positive number of seconds, at most {MAX_TIMEOUT_SECS}"),
         )),
     }
 }

@@ -26,6 +26,14 @@ pub(crate) fn running_in_group(group: i32, except: Option<i32>) -> bool {
     let except = except.map(|p| p.to_string());
     entries.filter_map(Result::ok).any(|entry| {
         let name = entry.file_name();
+        // Processes only: `/proc/self` and `/proc/thread-self` are the caller under another
+        // name, and would make it count itself.
+        if !name
+            .to_str()
+            .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        {
+            return false;
+        }
         if except.as_deref().is_some_and(|e| name == e) {
             return false;
         }

@@ -127,3 +127,63 @@ fn long_file_names_are_a_dsn_option() {
         "{names:?}"
     );
 }
+
+/// Processes whose environment carries `marker`.
+fn marked(marker: &str) -> Vec<u32> {
+    let needle = format!("XTR_TEST_MARK={marker}");
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let env = std::fs::read(e.path().join("environ")).ok()?;
+            env.split(|b| *b == 0)
+                .any(|v| v == needle.as_bytes())
+                .then_some(pid)
+        })
+        .collect()
+}
+
+/// When `xtr-lock` is killed, its command's group is stopped and the supervisor exits with it:
+/// it used to count itself (`/proc/self`) among the group's survivors and linger for the whole
+/// grace (10 s).
+#[test]
+fn a_killed_xtr_lock_leaves_no_supervisor_behind() {
+    let server = RedisServer::start();
+    let marker = format!("{}", std::process::id());
+    let mut run = Command::cargo_bin("xtr-lock")
+        .unwrap()
+        .args([
+            "run",
+            "--store",
+            &server.url(0),
+            "--ttl",
+            "30s",
+            "r",
+            "--",
+            "sleep",
+            "60",
+        ])
+        .env("XTR_TEST_MARK", &marker)
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while marked(&marker).len() < 3 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the command never started"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    run.kill().unwrap();
+    run.wait().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !marked(&marker).is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still running 5 s after xtr-lock died (the grace is 10 s): {:?}",
+            marked(&marker)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}

@@ -189,7 +189,7 @@ impl Error {
     /// A lifetime that is not strictly positive, or longer than
     /// [`MAX_DURATION`](crate::MAX_DURATION).
     pub fn invalid_ttl(ttl: Duration) -> Self {
-        let reason = if ttl > crate::MAX_DURATION {
+        let reason = if ttl > crate::limits::MAX_DURATION {
             format!(
                 "a lock lifetime must be at most 3650 days, got {} seconds",
                 ttl.as_secs()

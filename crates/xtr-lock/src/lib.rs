@@ -82,6 +82,7 @@ mod factory;
 mod guard;
 mod holder;
 mod key;
+mod limits;
 mod lock;
 mod lockable;
 mod logging;
@@ -99,8 +100,9 @@ pub use error::{BoxError, Error, ErrorKind, LostReason, Result};
 pub use factory::{DEFAULT_TTL, LockFactory, RunOptions};
 pub use guard::LockGuard;
 pub use key::{HandleOwner, Key, Mode, WRITE_MARKER, validate_token};
+pub use limits::MAX_DURATION;
 pub use lock::Lock;
-pub use lockable::{Lockable, MAX_DURATION, NoLock, Release, Wait};
+pub use lockable::{Lockable, NoLock, Release, Wait};
 pub use lost::{KeepAlive, LockLost};
 #[cfg(all(feature = "flock", target_os = "linux"))]
 pub use store::FlockStore;

@@ -18,7 +18,7 @@ use crate::lost::KeepAlive;
 /// | [`AtMost(d)`](Wait::AtMost) | `-w d` | wait up to `d` (`AtMost(ZERO)` tries once) |
 /// | [`Forever`](Wait::Forever), the default | neither | wait until it comes |
 ///
-/// A wait is at most [`MAX_DURATION`]; a longer `AtMost` is refused as an invalid argument.
+/// A wait is at most [`MAX_DURATION`](crate::MAX_DURATION); a longer `AtMost` is refused as an invalid argument.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Wait {
     /// Try once.
@@ -29,13 +29,6 @@ pub enum Wait {
     #[default]
     Forever,
 }
-
-/// The longest lifetime (ttl) and the longest wait this crate accepts: 3650 days. Longer ones are
-/// refused ([`ErrorKind::InvalidTtl`](crate::ErrorKind::InvalidTtl), or an invalid argument for a
-/// wait) before anything is stored, so that every deadline fits every clock and every store (a
-/// Redis score and its `PEXPIREAT`, a monotonic `Instant`). A lock that must outlive this is a
-/// lock without a ttl, on a store that holds one.
-pub const MAX_DURATION: Duration = Duration::from_secs(3650 * 24 * 3600);
 
 /// What a release found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -268,7 +268,8 @@ pub(crate) fn token_id(token: &str) -> String {
 /// `now + d`, or as late as [`MAX_DURATION`](crate::MAX_DURATION) allows where that overflows
 /// (callers bound durations before they get here; a store used directly may not).
 pub(crate) fn later(now: std::time::Instant, d: Duration) -> std::time::Instant {
-    now.checked_add(d.min(crate::MAX_DURATION)).unwrap_or(now)
+    now.checked_add(d.min(crate::limits::MAX_DURATION))
+        .unwrap_or(now)
 }
 
 #[cfg(test)]

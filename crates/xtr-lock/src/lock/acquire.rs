@@ -15,11 +15,11 @@ use crate::store::{Capabilities, Conflict, Saved, check_expiry};
 
 impl Lock {
     pub(super) async fn acquire_mode(&self, asked: Mode, wait: Wait) -> Result<bool> {
-        if let Some(ttl) = self.ttl.filter(|t| *t > crate::MAX_DURATION) {
+        if let Some(ttl) = self.ttl.filter(|t| *t > crate::limits::MAX_DURATION) {
             return Err(Error::invalid_ttl(ttl).with_resource(self.resource()));
         }
         if let Wait::AtMost(d) = wait
-            && d > crate::MAX_DURATION
+            && d > crate::limits::MAX_DURATION
         {
             return Err(Error::invalid_argument(format!(
                 "a wait must be at most 3650 days, got {} seconds",

@@ -101,7 +101,7 @@ impl Lock {
             )
             .with_resource(self.resource()));
         };
-        if ttl.is_zero() || ttl > crate::MAX_DURATION {
+        if ttl.is_zero() || ttl > crate::limits::MAX_DURATION {
             return Err(Error::invalid_ttl(ttl).with_resource(self.resource()));
         }
         let holder = self.holder();

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-pub mod delay_proxy;
+pub use xtr_lock_testkit::delay_proxy;
 
 use xtr_lock::{Lock, LockFactory, Lockable as _};
 

@@ -3,5 +3,6 @@
 //! Nothing here is a mock. Each helper either provides the real thing or fails with a message
 //! saying what is missing and how to install it; no test is ever skipped silently.
 
+pub mod delay_proxy;
 pub mod python;
 pub mod redis;

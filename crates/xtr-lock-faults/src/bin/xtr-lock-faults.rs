@@ -1,0 +1,79 @@
+//! `xtr-lock-faults [--duration 10m] [--only NAME]… [--xtr-lock PATH]`: the fault suite's long
+//! form. Runs every scenario for the duration (split evenly), prints one line per scenario and
+//! the totals, and exits 1 on any violation.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use xtr_lock_faults::{Scenario, run};
+
+fn main() -> anyhow::Result<()> {
+    let mut duration = Duration::from_secs(60);
+    let mut only: Vec<String> = Vec::new();
+    let mut xtr = std::env::current_exe()?.with_file_name("xtr-lock");
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let mut value = || args.next().with_context(|| format!("{arg} needs a value"));
+        match arg.as_str() {
+            "--duration" => duration = humantime::parse_duration(&value()?)?,
+            "--only" => only.push(value()?),
+            "--xtr-lock" => xtr = PathBuf::from(value()?),
+            "-h" | "--help" => {
+                println!(
+                    "usage: xtr-lock-faults [--duration 10m] [--only flock/kill-holder]… [--xtr-lock PATH]"
+                );
+                return Ok(());
+            }
+            other => bail!("unknown argument {other:?} (see --help)"),
+        }
+    }
+    if !xtr.exists() {
+        bail!(
+            "no xtr-lock binary at {}: build it (cargo build --release -p xtr-lock-cli) or pass --xtr-lock",
+            xtr.display()
+        );
+    }
+    let mut scenarios = Scenario::all(Duration::ZERO);
+    scenarios.retain(|s| only.is_empty() || only.contains(&s.name()));
+    if scenarios.is_empty() {
+        bail!("--only matches no scenario");
+    }
+    let each = duration / u32::try_from(scenarios.len())?;
+    let started = Instant::now();
+    let (mut sections, mut faults, mut violations) = (0, 0, 0);
+    println!(
+        "{:<28} {:>9} {:>7} {:>6} {:>5} {:>5} {:>5} {:>6} {:>10}",
+        "scenario", "sections", "faults", "ok", "gave", "err", "lost", "fenced", "violations"
+    );
+    for mut s in scenarios {
+        s.duration = each;
+        let r = run(&xtr, &s)?;
+        println!(
+            "{:<28} {:>9} {:>7} {:>6} {:>5} {:>5} {:>5} {:>6} {:>10}",
+            r.name,
+            r.sections,
+            r.faults,
+            r.exits[0],
+            r.exits[1],
+            r.exits[2],
+            r.exits[3],
+            r.fenced_off,
+            r.violations.len()
+        );
+        for v in &r.violations {
+            println!("  violation: {v}");
+        }
+        sections += r.sections;
+        faults += r.faults;
+        violations += r.violations.len();
+    }
+    println!(
+        "total: {sections} sections, {faults} faults injected, {violations} violations, in {}",
+        humantime::format_duration(Duration::from_secs(started.elapsed().as_secs()))
+    );
+    if violations > 0 {
+        std::process::exit(1);
+    }
+    Ok(())
+}

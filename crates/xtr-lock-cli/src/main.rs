@@ -5,6 +5,7 @@ mod cli;
 mod cmd;
 mod config;
 mod exit;
+mod lease;
 mod output;
 mod procs;
 mod stdio;

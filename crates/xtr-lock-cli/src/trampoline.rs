@@ -7,7 +7,8 @@
 //! this executable is started again in this mode), checks that the parent is still the one that
 //! started it, then runs the command in the same process group and waits for it. When the
 //! parent dies, it stops the whole group as `run` would on a lost lock: SIGTERM, then SIGKILL
-//! after the grace. Signals sent to the group while the parent lives (forwarded by `run`, or
+//! after the grace. Given a lease file (see the `lease` module), it also stops the group when
+//! the lease `run` last told is about to end: `run` stopped or paused cannot renew it. Signals sent to the group while the parent lives (forwarded by `run`, or
 //! from the terminal) reach the command directly; the supervisor ignores them. It exits with
 //! the command's status (128 + N for a signal N).
 
@@ -18,7 +19,10 @@ use std::time::Duration;
 use rustix::process::{Pid, Signal, WaitOptions};
 use tokio::signal::unix::{SignalKind, signal};
 
-use crate::{exit, procs};
+use crate::{exit, lease, procs};
+
+/// The lease-file argument when there is none.
+pub(crate) const NO_LEASE: &str = "-";
 
 /// The first argument that selects this mode (never a subcommand a user types).
 pub(crate) const ARG: &str = "__exec-child";
@@ -35,6 +39,7 @@ pub(crate) fn run_if_asked() -> Option<ExitCode> {
     let number = |a: Option<OsString>| a.and_then(|a| a.into_string().ok()?.parse::<u64>().ok());
     let parent = number(args.next()).and_then(|p| i32::try_from(p).ok());
     let grace = number(args.next()).map(Duration::from_millis);
+    let lease_path = args.next().filter(|p| p != NO_LEASE);
     let command: Vec<OsString> = args.skip_while(|a| a != "--").skip(1).collect();
     let (Some(parent), Some(grace), false) = (parent, grace, command.is_empty()) else {
         eprintln!("xtr-lock: error: {ARG} is for xtr-lock run's own use");
@@ -58,14 +63,27 @@ pub(crate) fn run_if_asked() -> Option<ExitCode> {
             return Some(ExitCode::from(exit::ERROR));
         }
     };
-    Some(runtime.block_on(supervise(parent, grace, &command)))
+    let lease = match lease_path.map(|p| lease::Reader::open(std::path::Path::new(&p))) {
+        Some(Ok(reader)) => Some(reader),
+        Some(Err(e)) => {
+            eprintln!("xtr-lock: error: cannot read the lock's lease from xtr-lock: {e}");
+            return Some(ExitCode::from(exit::ERROR));
+        }
+        None => None,
+    };
+    Some(runtime.block_on(supervise(parent, grace, lease, &command)))
 }
 
 fn parent_is(parent: i32) -> bool {
     rustix::process::getppid().map(|p| p.as_raw_nonzero().get()) == Some(parent)
 }
 
-async fn supervise(parent: i32, grace: Duration, command: &[OsString]) -> ExitCode {
+async fn supervise(
+    parent: i32,
+    grace: Duration,
+    mut lease: Option<lease::Reader>,
+    command: &[OsString],
+) -> ExitCode {
     let signals = (
         signal(SignalKind::child()),
         signal(SignalKind::terminate()),
@@ -92,6 +110,7 @@ async fn supervise(parent: i32, grace: Duration, command: &[OsString]) -> ExitCo
         return ExitCode::from(exit::ERROR);
     };
     let mut orphaned_at: Option<tokio::time::Instant> = None;
+    let mut lease_ending = false;
     loop {
         if let Some(code) = exit_code(pid) {
             if let Some(at) = orphaned_at {
@@ -119,6 +138,9 @@ async fn supervise(parent: i32, grace: Duration, command: &[OsString]) -> ExitCo
                 if kill_at.is_some() => {
                 let _ = rustix::process::kill_process_group(rustix::process::getpgrp(), Signal::KILL);
             }
+            () = tokio::time::sleep(lease::POLL), if lease.is_some() => {
+                check_lease(lease.as_mut().expect("guarded"), grace, &mut lease_ending);
+            }
         }
         if orphaned_at.is_none() && !parent_is(parent) {
             // xtr-lock died: its lock will not be renewed. Stop the group, as a loss would.
@@ -127,6 +149,31 @@ async fn supervise(parent: i32, grace: Duration, command: &[OsString]) -> ExitCo
             let _ = rustix::process::kill_process_group(group, Signal::TERM);
             let _ = rustix::process::kill_process_group(group, Signal::CONT);
         }
+    }
+}
+
+/// Stops the group when the lease `run` last told is about to end: SIGTERM first, SIGKILL
+/// (this process too) just before the lease ends.
+fn check_lease(reader: &mut lease::Reader, grace: Duration, ending: &mut bool) {
+    let Some(told) = reader.read() else {
+        return;
+    };
+    let (term_at, kill_at) = told.deadlines(grace);
+    let now = lease::now_ns();
+    let group = rustix::process::getpgrp();
+    if now >= kill_at {
+        let _ = rustix::process::kill_process_group(group, Signal::KILL);
+    } else if now >= term_at && !*ending {
+        *ending = true;
+        eprintln!(
+            "xtr-lock: the lock's lease is about to end and xtr-lock has not renewed it \
+             (stopped or starved?); stopping the command"
+        );
+        let _ = rustix::process::kill_process_group(group, Signal::TERM);
+        let _ = rustix::process::kill_process_group(group, Signal::CONT);
+    } else if now < term_at {
+        // Renewed after all: a later end.
+        *ending = false;
     }
 }
 

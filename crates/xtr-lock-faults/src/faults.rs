@@ -74,14 +74,22 @@ pub(crate) fn inject(stores: &mut Stores, pool: &Pool, scenario: &Scenario) -> u
     injected
 }
 
-/// A random worker's running `xtr-lock`, if any runs.
+/// A random worker's running `xtr-lock` that holds the lock (it runs its command), if one
+/// does; tried for a little while, since most runs are waiting at any moment.
 fn victim(pool: &Pool) -> Option<u32> {
-    let running: Vec<u32> = pool
-        .running
-        .iter()
-        .filter_map(|s| *s.lock().unwrap_or_else(|e| e.into_inner()))
-        .collect();
-    running.choose(&mut rand::rng()).copied()
+    for _ in 0..50 {
+        let holding: Vec<u32> = pool
+            .running
+            .iter()
+            .filter_map(|s| *s.lock().unwrap_or_else(|e| e.into_inner()))
+            .filter(|&pid| command_group(pid).is_some())
+            .collect();
+        if let Some(&pid) = holding.choose(&mut rand::rng()) {
+            return Some(pid);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    None
 }
 
 fn pid(n: u32) -> Option<Pid> {

@@ -13,9 +13,10 @@ use rand::Rng as _;
 
 use crate::{RESOURCE, Scenario, Stores};
 
-/// The section: `enter`, three ticks 10 ms apart, `exit`, each its own `O_APPEND` write.
+/// The section: `enter`, three ticks `$TICK` seconds apart, `exit`, each its own `O_APPEND`
+/// write.
 const BODY: &str = r#"printf 'enter %s %s %s %s\n' "$SEC" "$MODE" "${XTR_LOCK_FENCING_TOKEN:--}" "$$" >> "$LOG"
-for i in 1 2 3; do sleep 0.01; echo "tick $SEC" >> "$LOG"; done
+for i in 1 2 3; do sleep "$TICK"; echo "tick $SEC" >> "$LOG"; done
 echo "exit $SEC" >> "$LOG""#;
 
 pub(crate) struct Pool {
@@ -38,8 +39,11 @@ impl Pool {
             args.extend(stores.args());
             let ttl = format!("{}ms", scenario.ttl.as_millis());
             args.extend(["--ttl".into(), ttl, "-w".into(), "3s".into()]);
+            // One section in five lasts 1.5 ttls: long enough to outlive a lease that is
+            // not renewed.
+            let long = format!("{:.3}", scenario.ttl.as_secs_f64() / 2.0);
             threads.push(std::thread::spawn(move || {
-                worker(w, &xtr, &args, &log, &stop, &slot)
+                worker(w, &xtr, &args, &log, &long, &stop, &slot)
             }));
         }
         Pool {
@@ -68,6 +72,7 @@ fn worker(
     xtr: &Path,
     args: &[String],
     log: &Path,
+    long_tick: &str,
     stop: &AtomicBool,
     slot: &Mutex<Option<u32>>,
 ) -> [usize; 5] {
@@ -76,6 +81,11 @@ fn worker(
     while !stop.load(Ordering::Relaxed) {
         n += 1;
         let shared = rand::rng().random_bool(0.25);
+        let tick = if rand::rng().random_bool(0.2) {
+            long_tick
+        } else {
+            "0.01"
+        };
         let mut cmd = Command::new(xtr);
         cmd.args(args);
         if shared {
@@ -85,6 +95,7 @@ fn worker(
             .env("SEC", format!("w{w}-{n}"))
             .env("MODE", if shared { "r" } else { "w" })
             .env("LOG", log)
+            .env("TICK", tick)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())

@@ -12,6 +12,7 @@ use rustix::process::{Pid, Signal, WaitOptions, WaitStatus};
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::exit::Exit;
+use crate::lease;
 use crate::procs;
 use crate::trampoline;
 
@@ -22,8 +23,11 @@ pub(super) enum Tie {
     Descriptors(Vec<OwnedFd>),
     /// The lock dies with `xtr-lock` (a lease it renews, a connection it holds): if `xtr-lock`
     /// dies, a supervisor in the command's group stops the group (SIGTERM, then SIGKILL after
-    /// this grace).
-    ParentDeath(std::time::Duration),
+    /// `grace`); with a `lease` file, also when the lease told there is about to end.
+    ParentDeath {
+        grace: std::time::Duration,
+        lease: Option<lease::Writer>,
+    },
     /// Nothing is locked (the null store).
     None,
 }
@@ -33,6 +37,8 @@ pub(super) struct Child {
     pid: Pid,
     /// SIGCHLD, registered before the command was started, so no exit is missed.
     exits: tokio::signal::unix::Signal,
+    /// Where the supervisor learns until when the lock is held.
+    lease: Option<lease::Writer>,
 }
 
 /// How a wait for the command ended.
@@ -52,23 +58,28 @@ impl Child {
         tie: Tie,
     ) -> Result<std::result::Result<Child, Exit>> {
         let exits = signal(SignalKind::child()).context("cannot watch for the command's exit")?;
-        let mut cmd = match &tie {
-            Tie::ParentDeath(grace) => {
-                let mut cmd = Command::new(trampoline::SELF_EXE);
-                cmd.arg0("xtr-lock")
-                    .arg(trampoline::ARG)
-                    .arg(rustix::process::getpid().as_raw_nonzero().to_string())
-                    .arg(grace.as_millis().to_string())
-                    .arg("--")
-                    .args(command);
-                cmd
-            }
-            Tie::Descriptors(_) | Tie::None => {
-                let mut cmd = Command::new(&command[0]);
-                cmd.args(&command[1..]);
-                cmd
-            }
-        };
+        let mut cmd =
+            match &tie {
+                Tie::ParentDeath { grace, lease } => {
+                    let mut cmd = Command::new(trampoline::SELF_EXE);
+                    cmd.arg0("xtr-lock")
+                        .arg(trampoline::ARG)
+                        .arg(rustix::process::getpid().as_raw_nonzero().to_string())
+                        .arg(grace.as_millis().to_string())
+                        .arg(lease.as_ref().map_or_else(
+                            || OsString::from("-"),
+                            |w| w.path().as_os_str().to_owned(),
+                        ))
+                        .arg("--")
+                        .args(command);
+                    cmd
+                }
+                Tie::Descriptors(_) | Tie::None => {
+                    let mut cmd = Command::new(&command[0]);
+                    cmd.args(&command[1..]);
+                    cmd
+                }
+            };
         cmd.process_group(0);
         for (name, value) in env {
             match value {
@@ -100,7 +111,18 @@ impl Child {
             }
         };
         let pid = Pid::from_raw(child.id() as i32).context("the command has no pid")?;
-        Ok(Ok(Child { pid, exits }))
+        let lease = match tie {
+            Tie::ParentDeath { lease, .. } => lease,
+            _ => None,
+        };
+        Ok(Ok(Child { pid, exits, lease }))
+    }
+
+    /// Tells the supervisor that the lock is certainly held for `remaining` more (of `ttl`).
+    pub(super) fn tell_lease(&self, remaining: std::time::Duration, ttl: std::time::Duration) {
+        if let Some(writer) = &self.lease {
+            writer.tell(lease::Lease::from_now(remaining, ttl));
+        }
     }
 
     /// The command's process group (its pid).

@@ -4,7 +4,7 @@
 use std::ffi::OsString;
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{Context as _, Result};
 use rustix::process::Signal;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::time::Instant;
@@ -12,6 +12,7 @@ use xtr_lock::{Lock, Lockable as _, Release};
 
 use crate::config::{StoreConfig, Take};
 use crate::exit::Exit;
+use crate::lease;
 use crate::output::{causes, short};
 use crate::procs;
 
@@ -110,12 +111,21 @@ async fn supervise(args: &RunArgs, lock: &Lock, signals: &mut Signals) -> Result
     // Renews on stores where locks expire; watches for a loss where the store can see one.
     let mut monitor = lock.keep_alive()?;
     let store = &args.store.store;
-    let tie = if !store.capabilities().excludes {
+    let caps = store.capabilities();
+    let tie = if !caps.excludes {
         Tie::None
     } else {
         match store.inheritable_descriptors(lock.key())? {
             Some(fds) => Tie::Descriptors(fds),
-            None => Tie::ParentDeath(args.kill_after),
+            None => Tie::ParentDeath {
+                grace: args.kill_after,
+                // A lease that xtr-lock renews: the supervisor also stops the command when
+                // xtr-lock can no longer renew it (stopped, paused) before the lease ends.
+                lease: match caps.expiring {
+                    true => Some(lease::Writer::create().context("cannot create the lease file")?),
+                    false => None,
+                },
+            },
         }
     };
     let env = [
@@ -131,8 +141,20 @@ async fn supervise(args: &RunArgs, lock: &Lock, signals: &mut Signals) -> Result
         Err(cannot_run) => return Ok(cannot_run),
     };
     let terminal = Terminal::hand_to(child.group());
+    let ttl = args.take.ttl;
+    let tell = |child: &Child| {
+        if let Some(remaining) = lock.remaining_lifetime() {
+            child.tell_lease(remaining, ttl);
+        }
+    };
+    tell(&child);
+    // Often enough that the supervisor's view lags the renewals by little.
+    let mut lease_ticks = tokio::time::interval(
+        (ttl / 8).clamp(Duration::from_millis(10), Duration::from_millis(500)),
+    );
     loop {
         tokio::select! {
+            _ = lease_ticks.tick() => tell(&child),
             event = child.wait() => match event? {
                 Event::Exited(exit) => return Ok(exit),
                 Event::Stopped => {

@@ -1,0 +1,176 @@
+//! The lease file: how `run` tells its command's supervisor until when the lock is certainly
+//! held, so that the command is stopped before its lease ends even when `xtr-lock` itself
+//! cannot act (stopped with SIGSTOP, paused by the machine, starved): a dead man's switch.
+//!
+//! `run` rewrites one record in a private temporary file whenever it learns more (at least a
+//! few times per ttl while it runs): the end of the confirmed lease on the monotonic clock,
+//! which every process of the machine shares, and the ttl. The supervisor reads it every
+//! [`POLL`]; when the lease is about to end without a newer record, it stops the command's
+//! process group (SIGTERM, then SIGKILL before the lease ends). A descriptor cannot be handed
+//! to the supervisor without `unsafe` (this workspace forbids it), so it goes by path; the
+//! supervisor unlinks the file once it has opened it.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt as _;
+use std::path::Path;
+use std::time::Duration;
+
+/// How often the supervisor reads the record.
+pub(crate) const POLL: Duration = Duration::from_millis(50);
+
+/// Guards against reading a record half-written.
+const CHECK: u64 = 0x7874_722d_6c6f_636b;
+
+/// Nanoseconds on the monotonic clock (shared by every process of the machine).
+pub(crate) fn now_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    u64::try_from(t.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(t.tv_nsec).unwrap_or(0)
+}
+
+/// One record: the lease certainly lasts until `until_ns` (monotonic); the lock's ttl.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Lease {
+    pub(crate) until_ns: u64,
+    pub(crate) ttl: Duration,
+}
+
+impl Lease {
+    /// A lease that lasts `remaining` from now.
+    pub(crate) fn from_now(remaining: Duration, ttl: Duration) -> Lease {
+        let left = u64::try_from(remaining.as_nanos()).unwrap_or(u64::MAX);
+        Lease {
+            until_ns: now_ns().saturating_add(left),
+            ttl,
+        }
+    }
+
+    /// When the command must be stopped: a tenth of the ttl (at least 50 ms, at most 1 s)
+    /// before the lease ends, SIGKILL; SIGTERM that much again (at most `grace`) earlier.
+    pub(crate) fn deadlines(&self, grace: Duration) -> (u64, u64) {
+        let margin = (self.ttl / 10).clamp(Duration::from_millis(50), Duration::from_secs(1));
+        let margin = u64::try_from(margin.as_nanos()).unwrap_or(u64::MAX);
+        let term_window = u64::try_from((self.ttl / 4).min(grace).as_nanos()).unwrap_or(0);
+        let kill_at = self.until_ns.saturating_sub(margin);
+        (kill_at.saturating_sub(term_window), kill_at)
+    }
+
+    fn encode(&self) -> [u8; 24] {
+        let ttl = u64::try_from(self.ttl.as_millis()).unwrap_or(u64::MAX);
+        let mut out = [0; 24];
+        out[..8].copy_from_slice(&self.until_ns.to_le_bytes());
+        out[8..16].copy_from_slice(&ttl.to_le_bytes());
+        out[16..].copy_from_slice(&(self.until_ns ^ ttl ^ CHECK).to_le_bytes());
+        out
+    }
+
+    fn decode(bytes: &[u8; 24]) -> Option<Lease> {
+        let word = |i: usize| {
+            let mut w = [0; 8];
+            w.copy_from_slice(&bytes[i * 8..i * 8 + 8]);
+            u64::from_le_bytes(w)
+        };
+        let (until_ns, ttl, check) = (word(0), word(1), word(2));
+        (check == until_ns ^ ttl ^ CHECK).then(|| Lease {
+            until_ns,
+            ttl: Duration::from_millis(ttl),
+        })
+    }
+}
+
+/// `run`'s side: the file, created private (0600) in the temporary directory.
+pub(crate) struct Writer {
+    file: tempfile::NamedTempFile,
+}
+
+impl Writer {
+    pub(crate) fn create() -> std::io::Result<Writer> {
+        let file = tempfile::Builder::new()
+            .prefix("xtr-lock-lease-")
+            .tempfile()?;
+        Ok(Writer { file })
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        self.file.path()
+    }
+
+    /// Records `lease`; a failure is ignored (the supervisor then acts on the older record,
+    /// which ends sooner: the safe side).
+    pub(crate) fn tell(&self, lease: Lease) {
+        let _ = self.file.as_file().write_all_at(&lease.encode(), 0);
+    }
+}
+
+/// The supervisor's side.
+pub(crate) struct Reader {
+    file: File,
+    last: Option<Lease>,
+}
+
+impl Reader {
+    /// Opens the file at `path` and unlinks it (only the two processes need it now).
+    pub(crate) fn open(path: &Path) -> std::io::Result<Reader> {
+        let file = File::open(path)?;
+        let _ = std::fs::remove_file(path);
+        Ok(Reader { file, last: None })
+    }
+
+    /// The newest whole record (a torn one is skipped: the previous one stands).
+    pub(crate) fn read(&mut self) -> Option<Lease> {
+        let mut buf = [0; 24];
+        if self.file.read_exact_at(&mut buf, 0).is_ok()
+            && let Some(lease) = Lease::decode(&buf)
+        {
+            self.last = Some(lease);
+        }
+        self.last
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_round_trip_and_torn_ones_are_refused() {
+        let lease = Lease {
+            until_ns: 123_456_789,
+            ttl: Duration::from_secs(60),
+        };
+        let bytes = lease.encode();
+        assert_eq!(Lease::decode(&bytes), Some(lease));
+        let mut torn = bytes;
+        torn[3] ^= 1;
+        assert_eq!(Lease::decode(&torn), None);
+    }
+
+    #[test]
+    fn the_command_is_stopped_before_the_lease_ends() {
+        let lease = Lease {
+            until_ns: 10_000_000_000,
+            ttl: Duration::from_secs(2),
+        };
+        let (term, kill) = lease.deadlines(Duration::from_secs(10));
+        assert_eq!(
+            kill,
+            10_000_000_000 - 200_000_000,
+            "a tenth of the ttl before"
+        );
+        assert_eq!(term, kill - 500_000_000, "a quarter of the ttl before that");
+        let (term, _) = lease.deadlines(Duration::from_millis(100));
+        assert_eq!(term, kill - 100_000_000, "no longer than the grace");
+    }
+
+    #[test]
+    fn the_writer_is_read_by_path_once() {
+        let writer = Writer::create().unwrap();
+        let lease = Lease::from_now(Duration::from_secs(5), Duration::from_secs(15));
+        writer.tell(lease);
+        let mut reader = Reader::open(writer.path()).unwrap();
+        assert!(!writer.path().exists(), "unlinked once opened");
+        assert_eq!(reader.read(), Some(lease));
+        let later = Lease::from_now(Duration::from_secs(9), Duration::from_secs(15));
+        writer.tell(later);
+        assert_eq!(reader.read(), Some(later));
+    }
+}

@@ -18,6 +18,9 @@ use std::time::Duration;
 /// How often the supervisor reads the record.
 pub(crate) const POLL: Duration = Duration::from_millis(50);
 
+/// Where the supervisor marks that it stopped the command for the lease (one byte, 1).
+const STOPPED_AT: u64 = 24;
+
 /// Guards against reading a record half-written.
 const CHECK: u64 = 0x7874_722d_6c6f_636b;
 
@@ -99,6 +102,16 @@ impl Writer {
     pub(crate) fn tell(&self, lease: Lease) {
         let _ = self.file.as_file().write_all_at(&lease.encode(), 0);
     }
+
+    /// Whether the supervisor stopped the command because the lease was about to end.
+    pub(crate) fn was_stopped(&self) -> bool {
+        let mut flag = [0];
+        self.file
+            .as_file()
+            .read_exact_at(&mut flag, STOPPED_AT)
+            .is_ok()
+            && flag[0] == 1
+    }
 }
 
 /// The supervisor's side.
@@ -110,7 +123,7 @@ pub(crate) struct Reader {
 impl Reader {
     /// Opens the file at `path` and unlinks it (only the two processes need it now).
     pub(crate) fn open(path: &Path) -> std::io::Result<Reader> {
-        let file = File::open(path)?;
+        let file = File::options().read(true).write(true).open(path)?;
         let _ = std::fs::remove_file(path);
         Ok(Reader { file, last: None })
     }
@@ -124,6 +137,11 @@ impl Reader {
             self.last = Some(lease);
         }
         self.last
+    }
+
+    /// Tells `run` that the command is being stopped for the lease.
+    pub(crate) fn mark_stopped(&self) {
+        let _ = self.file.write_all_at(&[1], STOPPED_AT);
     }
 }
 
@@ -172,5 +190,13 @@ mod tests {
         let later = Lease::from_now(Duration::from_secs(9), Duration::from_secs(15));
         writer.tell(later);
         assert_eq!(reader.read(), Some(later));
+        assert!(!writer.was_stopped());
+        reader.mark_stopped();
+        assert!(writer.was_stopped());
+        assert_eq!(
+            reader.read(),
+            Some(later),
+            "the mark leaves the record alone"
+        );
     }
 }

@@ -162,13 +162,11 @@ fn check_lease(reader: &mut lease::Reader, grace: Duration, ending: &mut bool) {
     let now = lease::now_ns();
     let group = rustix::process::getpgrp();
     if now >= kill_at {
+        reader.mark_stopped();
         let _ = rustix::process::kill_process_group(group, Signal::KILL);
     } else if now >= term_at && !*ending {
         *ending = true;
-        eprintln!(
-            "xtr-lock: the lock's lease is about to end and xtr-lock has not renewed it \
-             (stopped or starved?); stopping the command"
-        );
+        reader.mark_stopped();
         let _ = rustix::process::kill_process_group(group, Signal::TERM);
         let _ = rustix::process::kill_process_group(group, Signal::CONT);
     } else if now < term_at {

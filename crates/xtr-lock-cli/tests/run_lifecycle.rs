@@ -184,7 +184,7 @@ fn the_supervisor_mode_is_not_for_users() {
     let tmp = tempfile::tempdir().unwrap();
     let marker = tmp.path().join("ran");
     xtr()
-        .args(["__exec-child", "1", "1000", "--", "touch"])
+        .args(["__exec-child", "1", "1000", "-", "--", "touch"])
         .arg(&marker)
         .assert()
         .code(3);

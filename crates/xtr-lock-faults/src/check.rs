@@ -49,6 +49,7 @@ pub fn check(log: &str, stale_entries: bool) -> Verdict {
     let mut sections: HashMap<&str, Section> = HashMap::new();
     let mut order: Vec<&str> = Vec::new();
     let mut highest: Option<u64> = None;
+    let mut refused: std::collections::HashSet<&str> = std::collections::HashSet::new();
     for (at, line) in log.lines().enumerate() {
         let fields: Vec<&str> = line.split_whitespace().collect();
         match fields.as_slice() {
@@ -62,6 +63,7 @@ pub fn check(log: &str, stale_entries: bool) -> Verdict {
                 {
                     // Entered with a token older than one already seen: never applied.
                     verdict.fenced_off += 1;
+                    refused.insert(id);
                     if !stale_entries {
                         verdict.violations.push(format!(
                             "section {id} entered with token {t} after token {h}"
@@ -89,7 +91,10 @@ pub fn check(log: &str, stale_entries: bool) -> Verdict {
             }
             ["tick" | "exit", id] => {
                 let Some(s) = sections.get_mut(id) else {
-                    continue; // a fenced-off section's line
+                    if refused.contains(id) {
+                        verdict.fenced_off += 1;
+                    }
+                    continue;
                 };
                 if let (Some(t), Some(h)) = (s.token, highest)
                     && t < h

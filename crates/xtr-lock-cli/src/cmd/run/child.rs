@@ -118,6 +118,11 @@ impl Child {
         Ok(Ok(Child { pid, exits, lease }))
     }
 
+    /// Whether the supervisor stopped the command because its lease was about to end.
+    pub(super) fn stopped_for_lease(&self) -> bool {
+        self.lease.as_ref().is_some_and(lease::Writer::was_stopped)
+    }
+
     /// Tells the supervisor that the lock is certainly held for `remaining` more (of `ttl`).
     pub(super) fn tell_lease(&self, remaining: std::time::Duration, ttl: std::time::Duration) {
         if let Some(writer) = &self.lease {

@@ -156,6 +156,20 @@ async fn supervise(args: &RunArgs, lock: &Lock, signals: &mut Signals) -> Result
         tokio::select! {
             _ = lease_ticks.tick() => tell(&child),
             event = child.wait() => match event? {
+                Event::Exited(_) if child.stopped_for_lease() => {
+                    // The supervisor stopped it before the lease ran out, xtr-lock not having
+                    // renewed it in time: the renewal's own verdict says why, soon.
+                    let wait = lock.remaining_lifetime().unwrap_or_default() + Duration::from_secs(1);
+                    let why = match tokio::time::timeout(wait, monitor.lost()).await {
+                        Ok(lost) => loss_line(&lost),
+                        Err(_) => format!(
+                            "lock {:?} was about to expire without being renewed in time",
+                            lock.resource()
+                        ),
+                    };
+                    eprintln!("xtr-lock: {why}; the command was stopped before its lease ended");
+                    return Ok(Exit::Lost);
+                }
                 Event::Exited(exit) => return Ok(exit),
                 Event::Stopped => {
                     if let Some(terminal) = &terminal {
@@ -166,13 +180,9 @@ async fn supervise(args: &RunArgs, lock: &Lock, signals: &mut Signals) -> Result
             // Forwarded: the command decides how to stop; the lock is released after it exits.
             sig = signals.recv() => child.signal_group(sig),
             lost = monitor.lost() => {
-                // The error that showed the loss, with its causes (a refresh that kept failing).
-                let cause = lost
-                    .error
-                    .as_deref()
-                    .map_or_else(String::new, |err| format!(" ({})", causes(err)));
                 eprintln!(
-                    "xtr-lock: {lost}{cause}; stopping the command (SIGTERM, then SIGKILL after {})",
+                    "xtr-lock: {}; stopping the command (SIGTERM, then SIGKILL after {})",
+                    loss_line(&lost),
                     short(args.kill_after)
                 );
                 stop(&mut child, args.kill_after).await?;
@@ -180,6 +190,15 @@ async fn supervise(args: &RunArgs, lock: &Lock, signals: &mut Signals) -> Result
             }
         }
     }
+}
+
+/// A loss and the error that showed it, with its causes (a refresh that kept failing).
+fn loss_line(lost: &xtr_lock::LockLost) -> String {
+    let cause = lost
+        .error
+        .as_deref()
+        .map_or_else(String::new, |err| format!(" ({})", causes(err)));
+    format!("{lost}{cause}")
 }
 
 /// Stops the command's process group: SIGTERM, then SIGKILL for whatever of it is still there

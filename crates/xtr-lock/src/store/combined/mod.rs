@@ -43,8 +43,10 @@ fn drift(ttl: Duration) -> Duration {
 ///   member's next request on the resource waits for them, so every member sees the holder's
 ///   requests in order. [`close`](Store::close) waits for them.
 /// - Any failure of a member (conflict, network, timeout, expiry) is a vote against. A lock that
-///   falls short is taken back out of **every** member, after every member has answered (so no
-///   late save lands after the roll-back), before the conflict is reported.
+///   falls short is taken back from the members that stored it (and from those still answering,
+///   in the background, once they answer). A quorum missed because members *failed* is a
+///   storage error saying how many and why; a conflict only when the refusals alone miss it.
+/// - A member given twice (or two members that lock in the same place) is refused.
 /// - One deadline: the lease is trusted for ttl − elapsed − drift (Redlock's validity rule, drift
 ///   = 1 % of the ttl + 2 ms); if nothing is left when the quorum is reached, everything is taken
 ///   back and the acquire reports [`ErrorKind::Expired`](crate::ErrorKind::Expired).
@@ -71,7 +73,8 @@ fn drift(ttl: Duration) -> Duration {
 ///   common member), so no number derived from them is sound. The store says `fencing: false`.
 /// - Clock drift beyond the allowance, or process pauses longer than the remaining lease, break
 ///   Redlock's guarantee like any lease; keep ttls well above both.
-/// - A failed acquire returns once every member answered or timed out.
+/// - A save missed because of failures returns once every member answered or timed out; one
+///   refused by members enough to miss the quorum returns at once.
 /// - Requests left to finish in the background are dropped if the runtime shuts down first
 ///   (what they would have stored or removed is then left to expiry): call
 ///   [`close`](Store::close) before exiting.

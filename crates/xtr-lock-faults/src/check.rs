@@ -10,13 +10,17 @@
 //! ```
 //!
 //! A section is active from its `enter` to its last line (a killed section's last line is the
-//! last thing it did). The checker models a **fenced resource**, as a storage service that
-//! checks fencing tokens would be: a line of a section whose token is below the highest token
-//! that has entered before it is refused (fenced off), not applied. Then:
+//! last thing it did). Then:
 //!
-//! - no two sections whose applied lines interleave may include a writer (no exclusive section
+//! - no two sections whose lines interleave may include a writer (no exclusive section
 //!   overlapped another, no reader overlapped a writer);
-//! - tokens of exclusive sections strictly increase in the order they entered.
+//! - a writer's token exceeds every token entered before it; a reader's is at least the last
+//!   writer's.
+//!
+//! For faults that only fencing can survive (a whole holder paused past its lease, a server
+//! restarted empty), the checker models a **fenced resource** instead, as a storage service that
+//! checks tokens would be: a line whose token is below the newest that has entered is refused
+//! (fenced off), not applied, and only applied lines must not overlap.
 
 use std::collections::HashMap;
 
@@ -41,48 +45,58 @@ struct Section {
     last: usize,
 }
 
-/// Checks `log`, the whole file. A section that enters with a token older than one already
-/// entered is a violation (tokens went back), unless `stale_entries` allows it: a holder paused
-/// between its acquisition and its first line enters late, and the fenced resource refuses it.
-pub fn check(log: &str, stale_entries: bool) -> Verdict {
+/// Checks `log`, the whole file.
+///
+/// Without `fenced`, the lock alone must exclude: every line applies, a writer's token must
+/// exceed every token entered before it, and a reader's must be at least the last writer's.
+/// With `fenced` (faults that destroy a lock or pause its holder: only fencing can protect
+/// those), the checker models a resource that refuses every line whose token is below the
+/// newest it has seen, and only what it applies must not overlap.
+pub fn check(log: &str, fenced: bool) -> Verdict {
     let mut verdict = Verdict::default();
     let mut sections: HashMap<&str, Section> = HashMap::new();
     let mut order: Vec<&str> = Vec::new();
     let mut highest: Option<u64> = None;
+    let mut last_writer: Option<u64> = None;
     let mut refused: std::collections::HashSet<&str> = std::collections::HashSet::new();
     for (at, line) in log.lines().enumerate() {
         let fields: Vec<&str> = line.split_whitespace().collect();
         match fields.as_slice() {
             ["enter", id, mode, token, pid] => {
                 let token = token.parse::<u64>().ok();
+                let write = *mode == "w";
                 if let Ok(pid) = pid.parse() {
                     verdict.pids.push(pid);
                 }
-                if let (Some(t), Some(h)) = (token, highest)
-                    && t < h
-                {
-                    // Entered with a token older than one already seen: never applied.
-                    verdict.fenced_off += 1;
-                    refused.insert(id);
-                    if !stale_entries {
+                if let Some(t) = token {
+                    if fenced && highest.is_some_and(|h| t < h) {
+                        verdict.fenced_off += 1;
+                        refused.insert(id);
+                        continue;
+                    }
+                    if write && highest.is_some_and(|h| t <= h) {
                         verdict.violations.push(format!(
-                            "section {id} entered with token {t} after token {h}"
+                            "section {id} (exclusive) entered with token {t}, not above {}",
+                            highest.unwrap_or_default()
                         ));
                     }
-                    continue;
+                    if !write && last_writer.is_some_and(|w| t < w) {
+                        verdict.violations.push(format!(
+                            "section {id} (shared) entered with token {t}, below the last writer's {}",
+                            last_writer.unwrap_or_default()
+                        ));
+                    }
+                    highest = highest.max(Some(t));
+                    if write {
+                        last_writer = Some(t);
+                    }
                 }
-                if *mode == "w" && token.is_some() && token == highest {
-                    verdict
-                        .violations
-                        .push(format!("section {id} entered with token {token:?} again"));
-                }
-                highest = highest.max(token);
                 verdict.sections += 1;
                 order.push(id);
                 sections.insert(
                     id,
                     Section {
-                        write: *mode == "w",
+                        write,
                         token,
                         first: at,
                         last: at,
@@ -96,7 +110,8 @@ pub fn check(log: &str, stale_entries: bool) -> Verdict {
                     }
                     continue;
                 };
-                if let (Some(t), Some(h)) = (s.token, highest)
+                if fenced
+                    && let (Some(t), Some(h)) = (s.token, highest)
                     && t < h
                 {
                     verdict.fenced_off += 1;
@@ -152,14 +167,30 @@ mod tests {
 
     #[test]
     fn an_overlap_with_a_writer_is_a_violation() {
-        let v = check("enter a w 1 1\nenter b w 2 2\ntick a\nexit b\n", false);
-        assert_eq!(
-            v.violations.len(),
-            0,
+        let v = check("enter a w 1 1\nenter b w 2 2\ntick a\nexit b\n", true);
+        assert!(
+            v.violations.is_empty(),
             "a's tick is fenced off: {:?}",
             v.violations
         );
         assert_eq!(v.fenced_off, 1);
+        let v = check("enter a w 1 1\nenter b w 2 2\ntick a\nexit b\n", false);
+        assert_eq!(
+            v.violations.len(),
+            1,
+            "unfenced, it overlaps: {:?}",
+            v.violations
+        );
+        // A reader's token fences a stale writer too.
+        let v = check("enter a w 1 1\nenter b r 1 2\ntick a\n", true);
+        assert_eq!(
+            v.violations.len(),
+            1,
+            "same token: a is not fenced: {:?}",
+            v.violations
+        );
+        let v = check("enter a w 1 1\nenter b r 5 2\ntick a\n", true);
+        assert!(v.violations.is_empty(), "{:?}", v.violations);
         let v = check("enter a w - 1\nenter b r - 2\nexit a\nexit b\n", false);
         assert_eq!(v.violations.len(), 1, "{:?}", v.violations);
         let v = check("enter a r - 1\nenter b w - 2\nexit a\n", false);
@@ -186,6 +217,18 @@ mod tests {
             "tokens went back: {:?}",
             v.violations
         );
+        let v = check("enter a w 5 1\nexit a\nenter b r 4 2\nexit b\n", false);
+        assert_eq!(
+            v.violations.len(),
+            1,
+            "a reader below the writer: {:?}",
+            v.violations
+        );
+        let v = check(
+            "enter a r 5 1\nenter b r 5 2\nexit a\nexit b\nenter c w 6 3\n",
+            false,
+        );
+        assert!(v.violations.is_empty(), "readers share: {:?}", v.violations);
     }
 
     #[test]

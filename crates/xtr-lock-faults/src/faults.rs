@@ -28,8 +28,9 @@ pub enum Fault {
     RestartServerEmpty,
     /// SIGSTOP this many quorum members for a second.
     StopMembers(usize),
-    /// SIGKILL this many quorum members, and restart them empty: at once for one member, after
-    /// the ttl for two (Redlock's delayed restart: a majority must not forget a live lock).
+    /// SIGKILL this many quorum members and restart them empty after the ttl (Redlock's delayed
+    /// restart: a member back at once, empty, can turn a lock held on exactly a majority into
+    /// a minority, and another holder can then win; the suite saw it with one member).
     KillMembers(usize),
     /// Every connection goes through a proxy that delays each chunk by 1–3 ms each way; and
     /// `xtr-lock` processes are killed now and then.
@@ -51,10 +52,11 @@ impl Fault {
         }
     }
 
-    /// Whether a holder can enter its section after a later holder did (it was paused between
-    /// its acquisition and its first line): the fenced resource refuses it.
-    pub(crate) fn lets_holders_enter_late(self) -> bool {
-        self == Fault::StopHolder
+    /// Whether only fencing can protect against this fault: it pauses a whole holder (which
+    /// resumes believing it holds), or destroys the lock (a server restarted empty), so the
+    /// checker models a fenced resource. Every other fault must be survived by the lock alone.
+    pub(crate) fn needs_fencing(self) -> bool {
+        matches!(self, Fault::StopHolder | Fault::RestartServerEmpty)
     }
 }
 
@@ -153,9 +155,7 @@ fn once(stores: &mut Stores, pool: &Pool, scenario: &Scenario) -> bool {
             for s in &mut stores.servers[..n] {
                 s.kill();
             }
-            if n > 1 {
-                std::thread::sleep(past_ttl);
-            }
+            std::thread::sleep(past_ttl);
             for s in &mut stores.servers[..n] {
                 s.restart();
             }

@@ -218,7 +218,7 @@ pub fn run(xtr_lock: &Path, scenario: &Scenario) -> anyhow::Result<Report> {
     let faults = faults::inject(&mut stores, &pool, scenario);
     let exits = pool.stop();
     let text = std::fs::read_to_string(&log)?;
-    let verdict = check::check(&text, scenario.fault.lets_holders_enter_late());
+    let verdict = check::check(&text, scenario.fault.needs_fencing());
     let mut violations = verdict.violations;
     violations.extend(workers::survivors(&log));
     // Locks of killed holders last until their ttl at most, then nothing may be left.

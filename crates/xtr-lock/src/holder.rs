@@ -86,19 +86,13 @@ impl Holder {
                     fencing: kept,
                 } => Hold::Held {
                     mode,
-                    // A re-save by the holder that already writes keeps its token (a store may
-                    // then report none: nothing new was granted).
-                    fencing: match mode {
-                        Mode::Write => fencing.or(kept.filter(|_| was == Mode::Write)),
-                        Mode::Read => None,
-                    },
+                    // A re-save in the same mode keeps its token (a store may then report
+                    // none: nothing new was granted).
+                    fencing: fencing.or(kept.filter(|_| was == mode)),
                 },
                 Hold::Free | Hold::Lost(_) => {
                     b.generation += 1;
-                    Hold::Held {
-                        mode,
-                        fencing: fencing.filter(|_| mode == Mode::Write),
-                    }
+                    Hold::Held { mode, fencing }
                 }
             };
         });

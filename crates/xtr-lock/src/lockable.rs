@@ -282,9 +282,11 @@ pub trait Lockable: Send + Sync {
     /// The lifetime left (local: read from the key); `None` without one.
     fn remaining_lifetime(&self) -> Option<Duration>;
 
-    /// The fencing token of the current exclusive acquisition, where the store gives one: a
-    /// number greater than that of every earlier exclusive acquisition of this resource. Pass it
-    /// to downstream systems so they can refuse a stale holder's writes.
+    /// The fencing token of the current acquisition, where the store gives one. An exclusive
+    /// acquisition's token is greater than every earlier acquisition's of this resource; a
+    /// shared one's is at least every earlier exclusive token, and every later exclusive token
+    /// exceeds it (readers may share one). Pass it to downstream systems so they can refuse
+    /// what carries a token below the newest they have seen: a stale holder's writes.
     fn fencing_token(&self) -> Option<u64>;
 
     /// Starts keeping the held lock alive and watching for its loss, in the background (see

@@ -26,7 +26,8 @@ const KIND: &str = "memory";
 /// - Waiters are woken on release (in-process notification), never only by polling, and a
 ///   holder is told at once when its lock is deleted behind its back
 ///   ([`watch_loss`](Store::watch_loss)).
-/// - Each exclusive acquisition gets a fencing token greater than every earlier one of this store.
+/// - Each exclusive acquisition gets a fencing token greater than every earlier one of this store;
+///   a reader gets the latest exclusive token (every later writer's exceeds it).
 /// - Clones share state; two stores made with [`new`](InMemoryStore::new) share nothing.
 /// - A deserialized copy of a key is the same holder (holders are told apart by token).
 ///
@@ -380,7 +381,8 @@ impl Store for InMemoryStore {
                         demoted = true;
                     }
                     entry.readers.insert(token, expires);
-                    Saved::Acquired(Acquired::new())
+                    // Readers share the latest writer's token: every later writer's exceeds it.
+                    Saved::Acquired(Acquired::fenced(st.last_fence))
                 }
             };
             if outcome.is_conflict() {

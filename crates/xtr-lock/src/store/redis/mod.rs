@@ -260,9 +260,8 @@ impl RedisStore {
             Mode::Write => &self.inner.scripts.save,
             Mode::Read => &self.inner.scripts.save_read,
         };
-        let (granted, value, kept): (i64, i64, i64) = self
-            .eval(script, key, Some(ttl), mode == Mode::Write, false)
-            .await?;
+        let (granted, value, kept): (i64, i64, i64) =
+            self.eval(script, key, Some(ttl), true, false).await?;
         if granted == -1 {
             return Err(Error::storage(
                 "the key holds a sorted set that is not a lock (members other than holder \
@@ -284,7 +283,7 @@ impl RedisStore {
         }
         check_expiry(self, key).await?;
         Ok(Saved::Acquired(match u64::try_from(value) {
-            Ok(fence) if fence > 0 && mode == Mode::Write => Acquired::fenced(fence),
+            Ok(fence) if fence > 0 => Acquired::fenced(fence),
             _ => Acquired::new(),
         }))
     }

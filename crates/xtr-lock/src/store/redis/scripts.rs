@@ -3,7 +3,7 @@
 //!
 //! Arguments, for every script: `KEYS[1]` the lock key (prefix + resource); `ARGV[1]` the client's
 //! Unix time in seconds, or `""` to read the server's `TIME`; `ARGV[2]` the holder's token;
-//! `ARGV[3]` a duration in ms; `ARGV[4]` the release channel. `save` also takes `KEYS[2]`, the
+//! `ARGV[3]` a duration in ms; `ARGV[4]` the release channel. The saves also take `KEYS[2]`, the
 //! fencing counter.
 //!
 //! Members are only holder tokens and `__write__`: the peers decide admission by counting
@@ -30,6 +30,12 @@ local function now_us()
   if ARGV[1] ~= '' then return math.floor(tonumber(ARGV[1]) * 1000000) end
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+-- The fencing counter's value (0 if missing); nil and the error for a key of another type.
+local function last_fence(fence_key)
+  local last = redis.pcall('GET', fence_key)
+  if type(last) == 'table' and last.err then return nil, last end
+  return tonumber(last) or 0
 end
 -- Whether the set has a member that is neither a holder's token (32 random bytes in standard
 -- base64: 44 characters ending in '=') nor the write marker.
@@ -106,9 +112,9 @@ if count > 0 then
 end
 local fence = 0
 if not (mine and writing) then
-  local last = redis.pcall('GET', fence_key)
-  if type(last) == 'table' and last.err then return last end
-  fence = math.max((tonumber(last) or 0) + 1, now_us())
+  local last, err = last_fence(fence_key)
+  if err then return err end
+  fence = math.max(last + 1, now_us())
 end
 local score = now + dur
 redis.call('ZADD', key, score, token, score, '__write__')
@@ -120,17 +126,26 @@ return {1, fence, 0}
 
 /// Read lock: joins readers, or demotes the caller's write lock (and tells waiting readers).
 /// Refused only when another holder writes; `{-1, 0, 0}` for a sorted set that is not a lock.
+/// Replies `{1, token, 0}` when admitted: a reader's fencing token is the larger of the counter
+/// and the clock in microseconds, and becomes the counter, so it is at least every earlier
+/// writer's token and every later writer's exceeds it (readers share tokens; a resource that
+/// refuses tokens below the newest it saw then refuses a stale writer once a later reader
+/// came).
 const SAVE_READ: &str = r#"
-local key = KEYS[1]
+local key, fence_key = KEYS[1], KEYS[2]
 local token, dur, channel = ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local now = now_ms()
 local count, stop = zcall({0, -1, 0}, 'ZCARD', key)
 if stop then return stop end
+local last, err = last_fence(fence_key)
+if err then return err end
+local fence = math.max(last, now_us())
 if count == 0 then
   -- A free lock: the new entry is the only one, so the key lives exactly as long.
   redis.call('ZADD', key, now + dur, token)
   redis.call('PEXPIREAT', key, now + dur)
-  return {1, 0, 0}
+  redis.call('SET', fence_key, string.format('%d', fence))
+  return {1, fence, 0}
 end
 if foreign(key) then return {-1, 0, 0} end
 redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
@@ -143,7 +158,8 @@ if writing then
   redis.call('PUBLISH', channel, 'demoted')
 end
 expire_at_max(key)
-return {1, 0, 0}
+redis.call('SET', fence_key, string.format('%d', fence))
+return {1, fence, 0}
 "#;
 
 /// Refresh: only a live member is extended; an expired one is removed, never revived (the

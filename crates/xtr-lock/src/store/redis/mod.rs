@@ -59,8 +59,9 @@ fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 ///   it expires. Releases by Python or PHP peers publish nothing, so a 90–110 ms poll remains.
 /// - **Fencing tokens** from a counter in a separate key that no resource can name
 ///   (`<prefix>` + byte `0xFF` + `xtr-lock:fence`), advanced atomically with each new exclusive
-///   acquisition to the larger of the last token + 1 and the server's clock in microseconds, so
-///   tokens keep increasing after a restart that lost the counter. Peers neither read nor touch
+///   acquisition; a missing counter is seeded from the server's clock in microseconds, so
+///   tokens keep increasing after a restart that lost the counter. Readers get the counter as
+///   it stands. Peers neither read nor touch
 ///   it; their acquisitions do not advance it, so fence only among processes of this library.
 /// - `exists` / [`is_acquired`](crate::Lockable::is_acquired) is **read-only** (a `no-writes` script
 ///   on Redis ≥ 7), so it works on replicas and with read-only ACLs.

@@ -21,15 +21,23 @@
 
 /// Shared helpers, prepended to each script.
 const PRELUDE: &str = r#"
+-- The clock in microseconds: the server's TIME, read once per script, or the client's.
+local clock_us
+local function now_us()
+  if not clock_us then
+    if ARGV[1] ~= '' then
+      clock_us = math.floor(tonumber(ARGV[1]) * 1000000)
+    else
+      local t = redis.call('TIME')
+      clock_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    end
+  end
+  return clock_us
+end
+-- Integer ms, as the peers compute them.
 local function now_ms()
   if ARGV[1] ~= '' then return math.floor(tonumber(ARGV[1]) * 1000) end
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
-local function now_us()
-  if ARGV[1] ~= '' then return math.floor(tonumber(ARGV[1]) * 1000000) end
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+  return math.floor(now_us() / 1000)
 end
 -- The fencing counter's value (0 if missing); nil and the error for a key of another type.
 local function last_fence(fence_key)
@@ -87,10 +95,10 @@ end
 /// `{-1, 0, 0}` for a sorted set that is not a lock. A string at the key refuses (someone else's
 /// lock in another format); another type fails with WRONGTYPE.
 ///
-/// The fencing token is the larger of the counter + 1 and the server's clock in microseconds, so
-/// tokens keep increasing when a restart without persistence lost the counter (the clock has
-/// moved on by more than the restart took). The counter is read before anything is written: a
-/// counter key of the wrong type fails the save with nothing stored.
+/// The fencing token is the counter, advanced; a missing counter (new, or lost in a restart
+/// without persistence) is seeded from the server's clock in microseconds, so tokens keep
+/// increasing across such a restart. The counter is advanced before anything else is written:
+/// a counter key of the wrong type fails the save with nothing of the holder stored.
 const SAVE: &str = r#"
 local key, fence_key = KEYS[1], KEYS[2]
 local token, dur = ARGV[2], tonumber(ARGV[3])
@@ -112,40 +120,48 @@ if count > 0 then
 end
 local fence = 0
 if not (mine and writing) then
-  local last, err = last_fence(fence_key)
-  if err then return err end
-  fence = math.max(last + 1, now_us())
+  -- The first write: if the counter cannot be advanced, nothing of this holder is stored.
+  fence = redis.pcall('INCR', fence_key)
+  if type(fence) == 'table' and fence.err then return fence end
+  if fence == 1 then
+    -- A missing counter (new, or lost in a restart): seeded from the clock.
+    fence = now_us()
+    redis.call('SET', fence_key, string.format('%d', fence))
+  end
 end
 local score = now + dur
 redis.call('ZADD', key, score, token, score, '__write__')
 -- Admitted: the set is exactly {token, marker}, so the key lives as long as this score.
 redis.call('PEXPIREAT', key, score)
-if fence > 0 then redis.call('SET', fence_key, string.format('%d', fence)) end
 return {1, fence, 0}
 "#;
 
 /// Read lock: joins readers, or demotes the caller's write lock (and tells waiting readers).
 /// Refused only when another holder writes; `{-1, 0, 0}` for a sorted set that is not a lock.
-/// Replies `{1, token, 0}` when admitted: a reader's fencing token is the larger of the counter
-/// and the clock in microseconds, and becomes the counter, so it is at least every earlier
-/// writer's token and every later writer's exceeds it (readers share tokens; a resource that
-/// refuses tokens below the newest it saw then refuses a stale writer once a later reader
-/// came).
+/// Replies `{1, token, 0}` when admitted: a reader's fencing token is the counter as it stands
+/// (the last writer's token), so every later writer's exceeds it (readers share tokens; a
+/// resource that refuses tokens below the newest it saw then refuses a stale writer once a
+/// later reader came).
 const SAVE_READ: &str = r#"
 local key, fence_key = KEYS[1], KEYS[2]
 local token, dur, channel = ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local now = now_ms()
 local count, stop = zcall({0, -1, 0}, 'ZCARD', key)
 if stop then return stop end
-local last, err = last_fence(fence_key)
+local fence, err = last_fence(fence_key)
 if err then return err end
-local fence = math.max(last, now_us())
+-- A missing counter is seeded from the clock (stored once admitted).
+local seed = fence == 0
+if seed then fence = now_us() end
+local function admitted()
+  if seed then redis.call('SET', fence_key, string.format('%d', fence)) end
+  return {1, fence, 0}
+end
 if count == 0 then
   -- A free lock: the new entry is the only one, so the key lives exactly as long.
   redis.call('ZADD', key, now + dur, token)
   redis.call('PEXPIREAT', key, now + dur)
-  redis.call('SET', fence_key, string.format('%d', fence))
-  return {1, fence, 0}
+  return admitted()
 end
 if foreign(key) then return {-1, 0, 0} end
 redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
@@ -158,8 +174,7 @@ if writing then
   redis.call('PUBLISH', channel, 'demoted')
 end
 expire_at_max(key)
-redis.call('SET', fence_key, string.format('%d', fence))
-return {1, fence, 0}
+return admitted()
 "#;
 
 /// Refresh: only a live member is extended; an expired one is removed, never revived (the

@@ -99,7 +99,10 @@ pub trait Lockable: Send + Sync {
     ///
     /// [`ErrorKind::Expired`](crate::ErrorKind::Expired) if the lifetime ran out before the
     /// store confirmed (taken back); [`ErrorKind::Acquiring`](crate::ErrorKind::Acquiring) with
-    /// the store's error as source for any other failure, which also ends a wait.
+    /// the store's error as source for any other failure, which also ends a wait, except that
+    /// a [`Wait::AtMost`] wait retries a temporary error until its deadline and then returns
+    /// the last one (not `Ok(false)`: the lock was never seen held). A ttl or wait longer than
+    /// [`MAX_DURATION`](crate::MAX_DURATION) is refused before anything is stored.
     ///
     /// # Cancel safety
     ///

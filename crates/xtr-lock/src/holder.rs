@@ -3,6 +3,8 @@
 //! A [`Key`](crate::Key) is identity; this is the lock's bookkeeping, which every lock built on
 //! the key shares (they are one holder). The key carries it without knowing what is in it.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use tokio::sync::{Mutex, MutexGuard, watch};
 
 use crate::error::LostReason;
@@ -33,6 +35,9 @@ pub(crate) struct Holder {
     turn: Mutex<()>,
     /// Counts cancelled acquisitions whose clean-up has not finished yet.
     cleanups: watch::Sender<u32>,
+    /// When the holder's current (or last) wait began, in µs since the Unix epoch; 0 before
+    /// its first. Stores that queue waiters order them by it.
+    wait_began: AtomicU64,
 }
 
 impl Holder {
@@ -46,7 +51,21 @@ impl Holder {
             state,
             turn: Mutex::new(()),
             cleanups,
+            wait_began: AtomicU64::new(0),
         }
+    }
+
+    /// Notes that the holder begins to wait (its first attempt was refused).
+    pub(crate) fn begins_waiting(&self) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+        self.wait_began.store(now, Ordering::Relaxed);
+    }
+
+    /// When the holder's current (or last) wait began, in µs since the Unix epoch (0: never).
+    pub(crate) fn wait_began(&self) -> u64 {
+        self.wait_began.load(Ordering::Relaxed)
     }
 
     pub(crate) fn believed(&self) -> Believed {

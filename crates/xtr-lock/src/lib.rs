@@ -99,7 +99,7 @@ pub use dsn::StoreFactory;
 pub use error::{BoxError, Error, ErrorKind, LostReason, Result};
 pub use factory::{DEFAULT_TTL, LockFactory, RunOptions};
 pub use guard::LockGuard;
-pub use key::{HandleOwner, Key, Mode, WRITE_MARKER, validate_token};
+pub use key::{ANNOUNCING_SUFFIX, HandleOwner, Key, Mode, WRITE_MARKER, validate_token};
 pub use limits::MAX_DURATION;
 pub use lock::Lock;
 pub use lockable::{Lockable, NoLock, Release, Wait};

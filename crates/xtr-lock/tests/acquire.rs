@@ -54,20 +54,44 @@ async fn a_blocking_acquire_on_a_store_without_notifications_polls_90_to_110_ms(
 }
 
 #[tokio::test]
+async fn a_blocking_acquire_of_a_free_lock_is_a_try_and_a_waiter_watches_only_after_a_refusal() {
+    let store = Scripted::new(InMemoryStore::new());
+    let (factory, clock) = manual(store.clone());
+    let lock = factory.create_lock("r");
+    lock.acquire().await.unwrap();
+    assert_eq!(store.op_names(), ["save"], "nothing but the try's save");
+    lock.release().await.unwrap();
+    store.clear_ops();
+    lock.acquire_read().await.unwrap();
+    assert_eq!(store.op_names(), ["save_read"]);
+    lock.release().await.unwrap();
+
+    // Refused once: register, then attempt again at once (no sleep), before any wait.
+    store.clear_ops();
+    store.refuse_next("save", LostReason::TakenOver);
+    lock.acquire().await.unwrap();
+    assert_eq!(store.op_names(), ["save", "watch", "save"]);
+    assert!(clock.sleeps().is_empty(), "{:?}", clock.sleeps());
+}
+
+#[tokio::test]
 async fn a_best_effort_watcher_keeps_the_poll_and_a_complete_one_replaces_it() {
     // Refusals injected before the store: nothing changes, so no watcher ever fires.
     let store = Scripted::new(InMemoryStore::new());
     store.best_effort_watch();
     let (factory, clock) = manual(store.clone());
-    for _ in 0..2 {
+    for _ in 0..3 {
         store.refuse_next("save", LostReason::TakenOver);
     }
     factory.create_lock("r").acquire().await.unwrap();
+    // The first refusal is followed at once by a registration and a second attempt.
     assert_eq!(clock.sleeps().len(), 2, "polled past the silent watcher");
 
     let store = Scripted::new(InMemoryStore::new());
     let (factory, clock) = manual(store.clone());
-    store.refuse_next("save", LostReason::TakenOver);
+    for _ in 0..2 {
+        store.refuse_next("save", LostReason::TakenOver);
+    }
     let waiting = factory.create_lock("r");
     let stuck = tokio::time::timeout(Duration::from_millis(100), waiting.acquire()).await;
     assert!(stuck.is_err(), "a complete watcher is trusted: no poll");

@@ -13,7 +13,7 @@ use crate::holder::Holder;
 mod wire;
 
 pub use crate::mode::Mode;
-pub use wire::validate_token;
+pub use wire::{ANNOUNCING_SUFFIX, validate_token};
 
 /// The reserved ZSET member marking a write lock on Redis; never a token.
 pub const WRITE_MARKER: &str = "__write__";

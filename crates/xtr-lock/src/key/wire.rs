@@ -99,11 +99,43 @@ struct WireKey {
     tokens: BTreeMap<String, String>,
 }
 
+/// The last 8 of a token's 32 bytes when this library made it: `xtr-wake`. A token ending in
+/// its base64, [`ANNOUNCING_SUFFIX`], belongs to a holder that announces its release (see
+/// `docs/waking.md`); the other 24 bytes (192 bits) are random. A peer's random token ends so
+/// with probability 2⁻⁶⁴.
+const TAG: &[u8; 8] = b"xtr-wake";
+
+/// How the tokens of holders that announce their releases end (the base64 of [`TAG`] in the
+/// last 12 of 44 characters: 24 random bytes encode to exactly 32 characters, so the tag keeps
+/// its own characters).
+pub const ANNOUNCING_SUFFIX: &str = "eHRyLXdha2U=";
+
 pub(super) fn new_token() -> String {
     let mut bytes = [0u8; 32];
     // getrandom only fails where the OS has no CSPRNG at all; no lock can be safe there.
-    getrandom::fill(&mut bytes).expect("the operating system's random source failed");
+    getrandom::fill(&mut bytes[..24]).expect("the operating system's random source failed");
+    bytes[24..].copy_from_slice(TAG);
     base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+#[cfg(test)]
+mod token_tests {
+    use super::*;
+
+    #[test]
+    fn new_tokens_are_the_peers_format_and_end_in_the_tag() {
+        let a = new_token();
+        let b = new_token();
+        assert_ne!(a, b);
+        for t in [&a, &b] {
+            validate_token(t).unwrap();
+            assert!(t.ends_with(ANNOUNCING_SUFFIX), "{t}");
+        }
+        let decoded = base64::engine::general_purpose::STANDARD
+            .decode(&a)
+            .unwrap();
+        assert_eq!(&decoded[24..], TAG);
+    }
 }
 
 fn validate_kind(kind: &str) -> Result<()> {

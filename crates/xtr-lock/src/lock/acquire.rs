@@ -11,7 +11,7 @@ use crate::error::{Error, ErrorKind, LostReason, Result};
 use crate::key::Mode;
 use crate::lockable::Wait;
 use crate::logging::TARGET;
-use crate::store::{Capabilities, Conflict, Saved, check_expiry};
+use crate::store::{Capabilities, Conflict, Saved, Watcher, check_expiry};
 
 impl Lock {
     pub(super) async fn acquire_mode(&self, asked: Mode, wait: Wait) -> Result<bool> {
@@ -212,13 +212,18 @@ impl Lock {
         ride_out: Option<&std::sync::Mutex<Option<Error>>>,
     ) -> Result<bool> {
         let mut pause = Duration::from_millis(50);
+        // The first attempt is `try_acquire`'s: a free lock costs a blocking acquire nothing
+        // more. Only a refused waiter registers, and attempts again at once before it waits:
+        // a release between the refusal and the registration is seen by that attempt, one
+        // after it by the watcher.
+        let mut waiting = false;
+        // Kept until the next one is registered: a store that queues waiters keeps this
+        // holder's place in the queue from one attempt to the next.
+        let mut watcher: Option<Watcher> = None;
         loop {
-            // Registered before the attempt, so a release right after a refusal is not missed.
-            let watcher = if blocking && caps.notifies {
-                self.store.watch(self.resource()).await?
-            } else {
-                None
-            };
+            if waiting && caps.notifies {
+                watcher = self.store.watch(&self.key).await?;
+            }
             let conflict = match (self.attempt(mode, guard).await, ride_out) {
                 (Ok(None), _) => return Ok(true),
                 (Ok(Some(conflict)), _) => conflict,
@@ -240,6 +245,13 @@ impl Lock {
             if !blocking {
                 return Ok(false);
             }
+            if !waiting {
+                waiting = true;
+                self.holder().begins_waiting();
+                if caps.notifies {
+                    continue;
+                }
+            }
             // However quickly a watcher fires, give the scheduler (and a caller's deadline) a
             // turn between attempts: a wait must never spin without yielding.
             tokio::task::yield_now().await;
@@ -254,7 +266,7 @@ impl Lock {
                 (Some(hint), Some(poll)) => Some(hint.min(poll)),
                 (hint, poll) => hint.or(poll),
             };
-            match (watcher, sleep) {
+            match (watcher.as_mut(), sleep) {
                 (Some(watcher), Some(d)) => {
                     tokio::select! {
                         () = watcher => {}

@@ -220,8 +220,13 @@ pub trait Store: Send + Sync + fmt::Debug + fmt::Display + 'static {
     /// Must be cancel-safe: it changes nothing.
     async fn exists(&self, key: &Key) -> Result<Holding>;
 
-    /// Registers interest in the next change on `resource`. `Ok(None)` when the store cannot
-    /// observe changes (the Lock then polls).
+    /// Registers `key`'s holder as a waiter for the next change on its resource. `Ok(None)`
+    /// when the store cannot observe changes (the Lock then polls).
+    ///
+    /// The [`Lock`](crate::Lock) calls it only after an attempt was refused, then attempts
+    /// again before it waits: a change between the refusal and the registration is seen by
+    /// that attempt, and a change after the registration by the watcher. A store that queues
+    /// waiters (Redis) learns from the holder's next save that it waits.
     ///
     /// # Errors
     ///
@@ -230,8 +235,8 @@ pub trait Store: Send + Sync + fmt::Debug + fmt::Display + 'static {
     /// # Cancel safety
     ///
     /// Dropped mid-flight, nothing is registered; a dropped [`Watcher`] unregisters itself.
-    async fn watch(&self, resource: &str) -> Result<Option<Watcher>> {
-        let _ = resource;
+    async fn watch(&self, key: &Key) -> Result<Option<Watcher>> {
+        let _ = key;
         Ok(None)
     }
 
@@ -384,8 +389,8 @@ macro_rules! forward_store {
             async fn exists(&self, key: &Key) -> Result<Holding> {
                 (**self).exists(key).await
             }
-            async fn watch(&self, resource: &str) -> Result<Option<Watcher>> {
-                (**self).watch(resource).await
+            async fn watch(&self, key: &Key) -> Result<Option<Watcher>> {
+                (**self).watch(key).await
             }
             async fn watch_loss(&self, key: &Key) -> Result<Option<LossWatcher>> {
                 (**self).watch_loss(key).await

@@ -4,6 +4,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use crate::clock::BoxFuture;
@@ -16,36 +17,52 @@ use crate::error::LostReason;
 /// between that moment and the moment it is awaited is not lost. It may also complete
 /// spuriously: waiters always try again and watch again.
 ///
-/// A watcher either sees **every** release ([`Watcher::new`]: the lock then does not poll), or
-/// only some ([`Watcher::best_effort`]: for example Redis, where peers in other languages release
-/// without publishing; the lock then keeps polling as a safety net).
+/// A watcher either sees **every** release ([`Watcher::new`]: the lock then does not poll), only
+/// some ([`Watcher::best_effort`]: the lock keeps polling as a safety net), or says after each
+/// attempt which of the two holds ([`Watcher::with_coverage`]: Redis sees every release while
+/// all the current holders announce theirs, and none of a Python or PHP peer's).
 #[must_use = "a watcher does nothing unless awaited"]
 pub struct Watcher {
     fut: BoxFuture<'static, ()>,
-    complete: bool,
+    coverage: Coverage,
 }
+
+/// Whether a watcher sees every release, asked after each attempt.
+pub(crate) type Coverage = Arc<dyn Fn() -> bool + Send + Sync>;
 
 impl Watcher {
     /// Wraps a future that completes on the next change; the store observes every release.
     pub fn new(fut: impl Future<Output = ()> + Send + 'static) -> Self {
-        Watcher {
-            fut: Box::pin(fut),
-            complete: true,
-        }
+        Self::with_coverage(fut, || true)
     }
 
     /// Wraps a future that completes on the next change the store happens to observe; some
     /// releases go unseen, so waiters also poll.
     pub fn best_effort(fut: impl Future<Output = ()> + Send + 'static) -> Self {
+        Self::with_coverage(fut, || false)
+    }
+
+    /// Wraps a future that completes on the next change the store observes, with `covers`
+    /// telling whether every release is observed now. The [`Lock`](crate::Lock) asks it after
+    /// each refused attempt, so a store can answer from what that attempt found (who holds).
+    pub fn with_coverage(
+        fut: impl Future<Output = ()> + Send + 'static,
+        covers: impl Fn() -> bool + Send + Sync + 'static,
+    ) -> Self {
         Watcher {
             fut: Box::pin(fut),
-            complete: false,
+            coverage: Arc::new(covers),
         }
     }
 
     /// Whether every release on the resource completes this watcher.
     pub fn sees_every_release(&self) -> bool {
-        self.complete
+        (self.coverage)()
+    }
+
+    /// The coverage, to be asked after the watcher has gone into a combining future.
+    pub(crate) fn coverage(&self) -> Coverage {
+        self.coverage.clone()
     }
 }
 
@@ -59,7 +76,7 @@ impl Future for Watcher {
 impl fmt::Debug for Watcher {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Watcher")
-            .field("sees_every_release", &self.complete)
+            .field("sees_every_release", &self.sees_every_release())
             .finish_non_exhaustive()
     }
 }

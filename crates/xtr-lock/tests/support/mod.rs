@@ -210,7 +210,7 @@ impl<S: Store> Scripted<S> {
 
     async fn emulated_wait(&self, key: &Key, ttl: Option<Duration>, read: bool) -> Result<Saved> {
         loop {
-            let watcher = self.inner.watch(key.resource()).await?;
+            let watcher = self.inner.watch(key).await?;
             let saved = if read {
                 self.inner.save_read(key, ttl).await
             } else {
@@ -333,11 +333,12 @@ impl<S: Store> Store for Scripted<S> {
     fn inheritable_descriptors(&self, key: &Key) -> Result<Option<Vec<std::os::fd::OwnedFd>>> {
         self.inner.inheritable_descriptors(key)
     }
-    async fn watch(&self, resource: &str) -> Result<Option<Watcher>> {
+    async fn watch(&self, key: &Key) -> Result<Option<Watcher>> {
         if !self.capabilities().notifies {
             return Ok(None);
         }
-        let watcher = self.inner.watch(resource).await?;
+        self.script().ops.push("watch".to_owned());
+        let watcher = self.inner.watch(key).await?;
         if self.script().best_effort_watch {
             return Ok(watcher.map(Watcher::best_effort));
         }

@@ -13,6 +13,7 @@ use futures_util::StreamExt as _;
 use futures_util::future::join_all;
 use futures_util::stream::FuturesUnordered;
 
+use super::watch::Coverage;
 use super::{Capabilities, HolderInfo, Holding, LossWatcher, Saved, Store, Watcher};
 use crate::clock::BoxFuture;
 use crate::error::{Error, Result};
@@ -268,6 +269,10 @@ impl fmt::Debug for CombinedStore {
     }
 }
 
+/// How long a waiter that some members woke, but not members enough to meet the strategy,
+/// waits for the others before it tries anyway.
+const PARTIAL_WAKE_GRACE: Duration = Duration::from_millis(50);
+
 #[async_trait]
 impl Store for CombinedStore {
     fn capabilities(&self) -> Capabilities {
@@ -347,8 +352,9 @@ impl Store for CombinedStore {
 
     /// Wakes when members enough to meet the strategy report a release: a holder's release
     /// touches a quorum, while a competing waiter's roll-back (a minority, or it would have
-    /// won) does not, so waiters never wake each other in a loop. Best effort: the lock keeps
-    /// polling for releases members cannot report.
+    /// won) does not, so waiters never wake each other in a loop. It sees every release when
+    /// members enough to meet the strategy do (each member says so after each attempt);
+    /// otherwise the lock keeps polling for releases members cannot report.
     ///
     /// Returns once members enough to meet the strategy are watching (or can no longer be): a
     /// member slow to register (paused, reconnecting) goes on registering inside the watcher
@@ -357,21 +363,31 @@ impl Store for CombinedStore {
     /// # Cancel safety
     ///
     /// Cancel-safe: dropped watchers unregister.
-    async fn watch(&self, resource: &str) -> Result<Option<Watcher>> {
+    async fn watch(&self, key: &Key) -> Result<Option<Watcher>> {
         let n = self.stores.len();
         let mut registering: FuturesUnordered<BoxFuture<'static, Option<Watcher>>> = self
             .stores
             .iter()
             .map(|s| {
-                let (s, r) = (s.clone(), resource.to_owned());
-                Box::pin(async move { s.watch(&r).await.ok().flatten() }) as BoxFuture<'static, _>
+                let (s, k) = (s.clone(), key.clone());
+                Box::pin(async move { s.watch(&k).await.ok().flatten() }) as BoxFuture<'static, _>
             })
             .collect();
         let mut watchers: FuturesUnordered<Watcher> = FuturesUnordered::new();
+        let coverages: Arc<std::sync::Mutex<Vec<Coverage>>> = Arc::default();
+        let covered = |w: &Watcher| {
+            coverages
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(w.coverage());
+        };
         let mut refused = 0;
         while !self.strategy.is_met(watchers.len(), n) {
             match registering.next().await {
-                Some(Some(w)) => watchers.push(w),
+                Some(Some(w)) => {
+                    covered(&w);
+                    watchers.push(w);
+                }
                 Some(None) => refused += 1,
                 None => break,
             }
@@ -380,12 +396,25 @@ impl Store for CombinedStore {
             }
         }
         let strategy = self.strategy.clone();
-        Ok(Some(Watcher::best_effort(async move {
+        let late = coverages.clone();
+        let fired = async move {
             let mut fired = 0;
+            // Set at the first member's report: the others' come within a round trip of it
+            // when a holder released, but may never come when members queued waiters in
+            // different orders (a waiter admitted by one member and rolled back there left
+            // that member's queue): a waiter woken by some members tries after a grace.
+            let mut deadline: Option<tokio::time::Instant> = None;
             loop {
+                let expired = async move {
+                    match deadline {
+                        Some(at) => tokio::time::sleep_until(at).await,
+                        None => std::future::pending().await,
+                    }
+                };
                 tokio::select! {
                     Some(registered) = registering.next() => {
                         if let Some(w) = registered {
+                            late.lock().unwrap_or_else(|e| e.into_inner()).push(w.coverage());
                             watchers.push(w);
                         }
                     }
@@ -394,10 +423,19 @@ impl Store for CombinedStore {
                         if strategy.is_met(fired, n) {
                             return;
                         }
+                        deadline.get_or_insert_with(|| {
+                            tokio::time::Instant::now() + PARTIAL_WAKE_GRACE
+                        });
                     }
+                    () = expired => return,
                     else => std::future::pending::<()>().await,
                 }
             }
+        };
+        let strategy = self.strategy.clone();
+        Ok(Some(Watcher::with_coverage(fired, move || {
+            let seen = coverages.lock().unwrap_or_else(|e| e.into_inner());
+            strategy.is_met(seen.iter().filter(|c| c()).count(), n)
         })))
     }
 

@@ -271,8 +271,10 @@ impl FlockStore {
         };
         let held_before = self.local_mode(key);
         let mut tries = 0u32;
+        // A free lock costs a blocking acquire what a `try` costs: the directory is watched
+        // only after a refusal, and the attempt right after it sees a close in between.
+        let mut changed = None;
         loop {
-            let changed = self.inner.hub.subscribe(&name);
             match self.attempt(key, mode, true)? {
                 Saved::Acquired(a) => return Ok(Saved::Acquired(a)),
                 // The holder lost the read lock it was promoting: the wait cannot go on.
@@ -281,11 +283,14 @@ impl FlockStore {
                 }
                 Saved::Conflict(_) => {}
             }
+            let Some(changed) = changed.as_mut() else {
+                changed = Some(self.inner.hub.subscribe(&name));
+                continue;
+            };
             let nap = self.backoff(tries);
             tries = tries.saturating_add(1);
-            let mut changed = changed;
             tokio::select! {
-                _ = changed.changed() => {}
+                () = changed.changed() => {}
                 () = tokio::time::sleep(nap) => {}
             }
         }
@@ -467,10 +472,10 @@ impl Store for FlockStore {
     /// # Cancel safety
     ///
     /// Cancel-safe: registration is synchronous.
-    async fn watch(&self, resource: &str) -> Result<Option<Watcher>> {
-        let mut changed = self.inner.hub.subscribe(&self.file_name(resource));
+    async fn watch(&self, key: &Key) -> Result<Option<Watcher>> {
+        let mut changed = self.inner.hub.subscribe(&self.file_name(key.resource()));
         Ok(Some(Watcher::best_effort(async move {
-            let _ = changed.changed().await;
+            changed.changed().await;
         })))
     }
 
@@ -512,12 +517,12 @@ impl Store for FlockStore {
                 match check {
                     Some(every) => {
                         tokio::select! {
-                            _ = changed.changed() => {}
+                            () = changed.changed() => {}
                             () = tokio::time::sleep(every) => {}
                         }
                     }
                     None => {
-                        let _ = changed.changed().await;
+                        changed.changed().await;
                     }
                 }
             }

@@ -12,9 +12,10 @@
 //! The directory is watched only for what someone waits for: close events only while a waiter
 //! waits (they come with every open and close in the directory, measured at +2 µs on an
 //! uncontended acquire and release), name events while a holder watches for its loss (they come
-//! only when files are created, renamed or removed, which lock files rarely are). The watch is
-//! added before a waiter's first attempt, so no close is missed, and narrowed or removed by the
-//! reader thread once nobody needs it.
+//! only when files are created, renamed or removed, which lock files rarely are). A waiter adds
+//! the watch after its first refused attempt and attempts again before it waits, so no close is
+//! missed; the last listener to leave narrows or removes it (its [`Subscription`] counts it),
+//! so a busy directory does not keep paying for waiters that are gone.
 
 use std::collections::HashMap;
 use std::mem::MaybeUninit;
@@ -45,6 +46,43 @@ struct Files {
     names: Channels,
     /// The watch descriptor and its mask while the directory is watched.
     watching: Option<(i32, WatchFlags)>,
+    /// Live subscriptions to releases and to names.
+    release_listeners: usize,
+    name_listeners: usize,
+}
+
+/// A registration for the next change of one lock file (a release, or a change of its name):
+/// it wakes on every change after it was made, and leaves the directory's watch when the last
+/// one goes.
+pub(crate) struct Subscription {
+    rx: watch::Receiver<u64>,
+    hub: Arc<Hub>,
+    names: bool,
+}
+
+impl Subscription {
+    /// Completes at the next change after the last one this saw (or after registration).
+    pub(crate) async fn changed(&mut self) {
+        // An error means the hub is gone: nothing will change any more, so wake up.
+        let _ = self.rx.changed().await;
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        let mut files = self.hub.files();
+        let left = if self.names {
+            files.name_listeners -= 1;
+            files.name_listeners
+        } else {
+            files.release_listeners -= 1;
+            files.release_listeners
+        };
+        if left == 0 {
+            let want = self.hub.wanted(&files);
+            self.hub.set_mask(&mut files, want);
+        }
+    }
 }
 
 /// How often the reader thread checks whether its hub is still in use.
@@ -105,21 +143,42 @@ impl Hub {
         self.files.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A receiver that changes on the next release of `name` (registered now).
-    pub(crate) fn subscribe(&self, name: &str) -> watch::Receiver<u64> {
+    /// Wakes on the next release of `name` (registered now).
+    pub(crate) fn subscribe(self: &Arc<Self>, name: &str) -> Subscription {
         let mut files = self.files();
         let rx = files.releases.subscribe(name);
+        files.release_listeners += 1;
         self.need(&mut files, CLOSES);
-        rx
+        Subscription {
+            rx,
+            hub: self.clone(),
+            names: false,
+        }
     }
 
-    /// A receiver that changes when `name` is unlinked, renamed over or created (registered
-    /// now).
-    pub(crate) fn subscribe_name(&self, name: &str) -> watch::Receiver<u64> {
+    /// Wakes when `name` is unlinked, renamed over or created (registered now).
+    pub(crate) fn subscribe_name(self: &Arc<Self>, name: &str) -> Subscription {
         let mut files = self.files();
         let rx = files.names.subscribe(name);
+        files.name_listeners += 1;
         self.need(&mut files, NAMES);
-        rx
+        Subscription {
+            rx,
+            hub: self.clone(),
+            names: true,
+        }
+    }
+
+    /// What the directory must be watched for, for the listeners there are.
+    fn wanted(&self, files: &Files) -> WatchFlags {
+        let mut want = WatchFlags::empty();
+        if files.release_listeners > 0 {
+            want |= CLOSES;
+        }
+        if files.name_listeners > 0 {
+            want |= NAMES;
+        }
+        want
     }
 
     /// Makes sure the directory is watched for `bits` (a listener was just registered).
@@ -152,17 +211,11 @@ impl Hub {
         }
     }
 
-    /// Narrows or removes the watch once nobody needs it.
-    fn unwatch_if_idle(&self) {
+    /// Drops the channels nobody listens to (the watch itself follows the listeners).
+    fn sweep_idle(&self) {
         let mut files = self.files();
-        let mut want = WatchFlags::empty();
-        if files.releases.retain_listened() {
-            want |= CLOSES;
-        }
-        if files.names.retain_listened() {
-            want |= NAMES;
-        }
-        self.set_mask(&mut files, want);
+        files.releases.retain_listened();
+        files.names.retain_listened();
     }
 
     /// Wakes the waiters of `name`.
@@ -219,7 +272,7 @@ fn read_events(fd: &OwnedFd, hub: &Weak<Hub>) {
         };
         match ready {
             Ok(0) => {
-                hub.unwatch_if_idle();
+                hub.sweep_idle();
                 continue;
             }
             Err(rustix::io::Errno::INTR) => continue,
@@ -291,12 +344,15 @@ mod tests {
             "loss watchers need name events only"
         );
         let release_rx = hub.subscribe("a");
+        let other_rx = hub.subscribe("b");
         assert_eq!(mask(&hub), Some(NAMES | CLOSES));
         drop(release_rx);
-        hub.unwatch_if_idle();
+        assert_eq!(mask(&hub), Some(NAMES | CLOSES), "a waiter is left");
+        drop(other_rx);
+        // At once, not when the directory next goes quiet: a busy directory would keep paying
+        // for close events nobody waits for.
         assert_eq!(mask(&hub), Some(NAMES), "no waiter: close events go");
         drop(name_rx);
-        hub.unwatch_if_idle();
         assert_eq!(mask(&hub), None, "nobody listens: the watch goes");
     }
 }

@@ -510,8 +510,8 @@ impl Store for InMemoryStore {
     /// # Cancel safety
     ///
     /// Cancel-safe: registration is synchronous.
-    async fn watch(&self, resource: &str) -> Result<Option<Watcher>> {
-        let mut rx = self.state().watchers.subscribe(resource);
+    async fn watch(&self, key: &Key) -> Result<Option<Watcher>> {
+        let mut rx = self.state().watchers.subscribe(key.resource());
         Ok(Some(Watcher::new(async move {
             // An error means the store is gone: nothing will change any more, so wake up.
             let _ = rx.changed().await;

@@ -3,9 +3,11 @@
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use futures_util::FutureExt as _;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
-use super::{FENCE_KEY, KIND, PROBE_KEY, RedisStore, lock, notify};
+use super::{FENCE_KEY, KIND, PROBE_KEY, RedisStore, lock};
+use crate::clock::BoxFuture;
 use crate::error::{Error, Result};
 use crate::key::Key;
 
@@ -40,6 +42,10 @@ impl RedisStore {
         lock(&self.inner.conn).clone()
     }
 
+    /// The command connection, opened on first use. One attempt at a time, in a task of its
+    /// own: every request waiting for it shares its outcome, and it goes on whether or not the
+    /// request that started it is still polled (a quorum leaves a member's request unpolled
+    /// while it takes back what other members stored; it must never hold up the others).
     pub(super) async fn conn(&self) -> Result<ConnectionManager> {
         if let Some(conn) = self.cached_conn() {
             return Ok(conn);
@@ -55,15 +61,42 @@ impl RedisStore {
                 None => 0,
             }
         };
-        let _one = inner.connecting.lock().await;
+        let attempt = {
+            let mut connecting = lock(&inner.connecting);
+            if let Some(conn) = self.cached_conn() {
+                return Ok(conn);
+            }
+            match &*connecting {
+                // (One that ended without clearing the slot died with its runtime.)
+                Some(under_way) if under_way.peek().is_none() => under_way.clone(),
+                _ => {
+                    let store = self.clone();
+                    let task = tokio::spawn(async move { store.connect().await });
+                    let under_way: BoxFuture<'static, ()> = Box::pin(async move {
+                        let _ = task.await;
+                    });
+                    let under_way = under_way.shared();
+                    *connecting = Some(under_way.clone());
+                    under_way
+                }
+            }
+        };
+        attempt.await;
         if let Some(conn) = self.cached_conn() {
             return Ok(conn);
         }
-        // An attempt failed while this request waited for it: its outcome is this one's too,
-        // rather than one more full timeout per request in the queue.
-        if let Some(f) = lock(&inner.failed).as_ref().filter(|f| f.seq != seen) {
-            return Err(f.error(self));
+        match lock(&inner.failed).as_ref() {
+            Some(f) if f.seq != seen => Err(f.error(self)),
+            _ => Err(Error::storage("cannot connect to the Redis server")
+                .with_store(self)
+                .temporary()),
         }
+    }
+
+    /// One connection attempt (the task `conn` shares): the connection, or the failure, is left
+    /// in the store for the requests that wait.
+    async fn connect(&self) {
+        let inner = &self.inner;
         let cfg = ConnectionManagerConfig::new()
             .set_number_of_retries(1)
             .set_connection_timeout(inner.connect_timeout)
@@ -80,8 +113,8 @@ impl RedisStore {
                     .temporary(),
             ),
         };
-        let conn = match outcome {
-            Ok(conn) => conn,
+        match outcome {
+            Ok(conn) => *lock(&inner.conn) = Some(conn),
             Err(err) => {
                 let mut failed = lock(&inner.failed);
                 let seq = failed.as_ref().map_or(0, |f| f.seq) + 1;
@@ -91,11 +124,9 @@ impl RedisStore {
                     reason: err.reason().unwrap_or("cannot connect").to_owned(),
                     temporary: err.is_temporary(),
                 });
-                return Err(err);
             }
-        };
-        *lock(&inner.conn) = Some(conn.clone());
-        Ok(conn)
+        }
+        *lock(&inner.connecting) = None;
     }
 
     /// Forgets the connection, so the next operation opens a new one on the runtime it runs on.
@@ -146,15 +177,17 @@ impl RedisStore {
         Ok(mode)
     }
 
-    /// Runs `script` for `key`: ARGV = client time or "", token, duration ms, release channel.
+    /// Runs `script` for `key`: KEYS = the lock key, then what `keys` asks for; ARGV = client
+    /// time or "", token, duration ms, the waiter's ticket or "", when its wait began or "".
     pub(super) async fn eval<T: redis::FromRedisValue>(
         &self,
         script: &redis::Script,
         key: &Key,
         ttl: Option<Duration>,
-        with_fence_key: bool,
-        read_only: bool,
+        keys: Keys,
+        ticket: Option<&str>,
     ) -> Result<T> {
+        let read_only = keys == Keys::ReadOnly;
         let mut conn = self
             .conn()
             .await
@@ -170,8 +203,15 @@ impl RedisStore {
         };
         let lock_key = self.key_for(key.resource());
         let mut invocation = script.key(&lock_key);
-        if with_fence_key {
-            invocation.key(self.internal_key(FENCE_KEY));
+        match keys {
+            Keys::Save => {
+                invocation.key(self.internal_key(FENCE_KEY));
+                invocation.key(self.queue_key(key.resource()));
+            }
+            Keys::Queue => {
+                invocation.key(self.queue_key(key.resource()));
+            }
+            Keys::Lock | Keys::ReadOnly => {}
         }
         let now = if client_clock {
             let t = SystemTime::now()
@@ -185,7 +225,11 @@ impl RedisStore {
             .arg(now)
             .arg(key.token(KIND))
             .arg(ttl.map_or(0, duration_ms))
-            .arg(notify::channel(&lock_key));
+            .arg(ticket.unwrap_or(""))
+            .arg(match ticket {
+                Some(_) => key.holder().wait_began().to_string(),
+                None => String::new(),
+            });
         match invocation.invoke_async(&mut conn).await {
             // The connection's driver task ran on a runtime that has ended (a store used from a
             // second runtime: a key used again from a second runtime), so the request never left. Reconnect here and retry once;
@@ -207,6 +251,19 @@ impl RedisStore {
             other => other.map_err(|e| self.redis_error(e, Some(key.resource()))),
         }
     }
+}
+
+/// The keys a script takes after the lock key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Keys {
+    /// None, and the script writes.
+    Lock,
+    /// None, and the script only reads (it runs without the clock probe).
+    ReadOnly,
+    /// The resource's wait queue (delete, wake).
+    Queue,
+    /// The fencing counter and the wait queue (the saves).
+    Save,
 }
 
 /// Integer milliseconds, rounded up, as the peers put durations on the wire.

@@ -29,6 +29,7 @@ pub(crate) fn validate_dsn(dsn: &str) -> Result<()> {
 }
 use config::RedisConfig;
 use conn::ConnectFailure;
+use conn::Keys;
 use notify::Notifier;
 use scripts::Scripts;
 
@@ -117,8 +118,10 @@ struct Inner {
     response_timeout: Option<Duration>,
     /// Opened on first use; replaced when its driver task is gone (see `eval`).
     conn: std::sync::Mutex<Option<ConnectionManager>>,
-    /// One connection attempt at a time.
-    connecting: tokio::sync::Mutex<()>,
+    /// The connection attempt under way (one at a time, shared by the requests that wait).
+    connecting: std::sync::Mutex<
+        Option<futures_util::future::Shared<crate::clock::BoxFuture<'static, ()>>>,
+    >,
     scripts: Scripts,
     /// `Some(true)`: the client's clock (the server refused); `Some(false)`: the server's.
     client_clock: std::sync::Mutex<Option<bool>>,
@@ -184,7 +187,7 @@ impl RedisStore {
                 connect_timeout,
                 response_timeout,
                 conn: std::sync::Mutex::new(None),
-                connecting: tokio::sync::Mutex::new(()),
+                connecting: std::sync::Mutex::new(None),
                 scripts: Scripts::new(),
                 client_clock: std::sync::Mutex::new(None),
                 failed: std::sync::Mutex::new(None),
@@ -243,6 +246,16 @@ impl RedisStore {
         key
     }
 
+    /// The wait queue of `resource` (see `docs/waking.md`).
+    fn queue_key(&self, resource: &str) -> Vec<u8> {
+        self.internal_key(&format!("queue:{resource}"))
+    }
+
+    /// The wait queue of the lock at `lock_key` (prefix + resource).
+    fn queue_key_of(&self, lock_key: &str) -> Vec<u8> {
+        self.queue_key(lock_key.strip_prefix(self.prefix()).unwrap_or(lock_key))
+    }
+
     fn ttl(&self, key: &Key, ttl: Option<Duration>) -> Result<Duration> {
         ttl.ok_or_else(|| {
             Error::invalid_argument(
@@ -261,8 +274,22 @@ impl RedisStore {
             Mode::Write => &self.inner.scripts.save,
             Mode::Read => &self.inner.scripts.save_read,
         };
-        let (granted, value, kept): (i64, i64, i64) =
-            self.eval(script, key, Some(ttl), true, false).await?;
+        let lock_key = self.key_for(key.resource());
+        let ticket = self.inner.notifier.ticket(&lock_key, key, mode);
+        let (granted, value, kept, announced): (i64, i64, i64, i64) = self
+            .eval(
+                script,
+                key,
+                Some(ttl),
+                Keys::Save,
+                ticket.as_ref().map(|t| t.text.as_str()),
+            )
+            .await?;
+        if let Some(ticket) = &ticket {
+            self.inner
+                .notifier
+                .answered(ticket, granted == 1, announced == 1);
+        }
         if granted == -1 {
             return Err(Error::storage(
                 "the key holds a sorted set that is not a lock (members other than holder \
@@ -277,10 +304,6 @@ impl RedisStore {
                 Ok(ms) if ms > 0 => conflict.with_retry_after(Duration::from_millis(ms)),
                 _ => conflict,
             }));
-        }
-        if mode == Mode::Read {
-            // Other readers waiting here may come in too: pass the turn on.
-            self.inner.notifier.pass_turn(&self.key_for(key.resource()));
         }
         check_expiry(self, key).await?;
         Ok(Saved::Acquired(match u64::try_from(value) {
@@ -378,7 +401,13 @@ impl Store for RedisStore {
     async fn put_off_expiration(&self, key: &Key, ttl: Duration) -> Result<Holding> {
         key.reduce_lifetime(ttl);
         let code: i64 = self
-            .eval(&self.inner.scripts.put_off, key, Some(ttl), false, false)
+            .eval(
+                &self.inner.scripts.put_off,
+                key,
+                Some(ttl),
+                Keys::Lock,
+                None,
+            )
             .await?;
         let held = holding(code);
         if held.is_held() {
@@ -394,7 +423,7 @@ impl Store for RedisStore {
     /// Dropped mid-flight, the lock may or may not be released; calling it again is harmless.
     async fn delete(&self, key: &Key) -> Result<bool> {
         let removed: i64 = self
-            .eval(&self.inner.scripts.delete, key, None, false, false)
+            .eval(&self.inner.scripts.delete, key, None, Keys::Queue, None)
             .await?;
         Ok(removed == 1)
     }
@@ -408,7 +437,7 @@ impl Store for RedisStore {
     async fn exists(&self, key: &Key) -> Result<Holding> {
         if !self.inner.legacy_exists.load(Ordering::Relaxed) {
             match self
-                .eval::<i64>(&self.inner.scripts.exists, key, None, false, true)
+                .eval::<i64>(&self.inner.scripts.exists, key, None, Keys::ReadOnly, None)
                 .await
             {
                 Ok(code) => return Ok(holding(code)),
@@ -420,18 +449,30 @@ impl Store for RedisStore {
             }
         }
         let code: i64 = self
-            .eval(&self.inner.scripts.exists_legacy, key, None, false, true)
+            .eval(
+                &self.inner.scripts.exists_legacy,
+                key,
+                None,
+                Keys::ReadOnly,
+                None,
+            )
             .await?;
         Ok(holding(code))
     }
 
-    /// Subscribes (once per resource, on the store's one subscriber connection) to releases.
+    /// Registers the holder as a waiter: its next refused save queues it on the server, and a
+    /// release wakes it (one waiter per release across every process; every waiting reader
+    /// when readers can come in). Subscribes the store's wake channel on first use. The
+    /// watcher sees every release while every holder it waits behind announces its release
+    /// (this library's holders); beside a Python or PHP holder the lock polls.
     ///
     /// # Cancel safety
     ///
-    /// Cancel-safe: a dropped call unregisters its interest.
-    async fn watch(&self, resource: &str) -> Result<Option<Watcher>> {
-        Ok(self.inner.notifier.watch(&self.key_for(resource)).await)
+    /// Cancel-safe: a dropped call or watcher unregisters, and the last watcher of a holder
+    /// takes its ticket out of the queue.
+    async fn watch(&self, key: &Key) -> Result<Option<Watcher>> {
+        let lock_key = self.key_for(key.resource());
+        Ok(self.inner.notifier.watch(self, lock_key, key).await)
     }
 
     /// Drops the command connection and the subscriber connection (waiters wake and poll, then

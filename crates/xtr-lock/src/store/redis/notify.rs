@@ -1,41 +1,61 @@
-//! Waking waiters on release: one shared subscriber connection per store, one channel per
-//! waited-on lock key, and one waiter woken per release (no thundering herd).
+//! Waking waiters on release: one wake channel per store (`__xtr_lock__:wake:<id>`, subscribed
+//! once on the store's subscriber connection), a wait queue per resource on the server, and one
+//! wake per release across every process.
 //!
-//! Releases by this library publish on `__xtr_lock__:released:<key>` from inside the release
-//! script. Python and PHP peers never publish, and expiry is silent, so waiters keep a poll
-//! (the watchers are best-effort) and sleep only until the earliest lease ends (the scripts
-//! say when).
+//! A waiter registers here (`watch`), then attempts: the refused save queues its ticket in the
+//! same script that refused it. A release pops the first ticket (or every reader's) and
+//! publishes it on the ticket's store channel; the reader task below wakes exactly that waiter.
+//! A wake for a waiter that is no longer here is passed on (the `WAKE` script), and a dropped
+//! waiter's ticket is taken out of the queue. See `docs/waking.md`.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
+use base64::Engine as _;
+use futures_util::FutureExt as _;
 use futures_util::StreamExt as _;
+use futures_util::future::Shared;
 use tokio::sync::Notify;
 
-use super::lock;
+use super::conn::Keys;
+use super::{Inner, RedisStore, lock};
+use crate::clock::BoxFuture;
+use crate::key::{Key, Mode};
+use crate::logging::TARGET;
 use crate::store::Watcher;
 
-/// The channel a release of `key` is announced on.
-pub(super) fn channel(key: &str) -> String {
-    format!("__xtr_lock__:released:{key}")
+/// The channel a store's waiters are woken on.
+fn channel(id: &str) -> String {
+    format!("__xtr_lock__:wake:{id}")
 }
 
 pub(super) struct Notifier {
     client: redis::Client,
     connect_timeout: Duration,
+    /// This store's wake channel id: 16 random bytes in url-safe base64 (22 characters).
+    id: String,
     inner: Arc<Mutex<State>>,
-    /// Orders every connect, SUBSCRIBE and UNSUBSCRIBE, so an unsubscription never overtakes a
-    /// later subscription of the same channel.
-    ops: tokio::sync::Mutex<()>,
 }
 
 #[derive(Default)]
 struct State {
-    channels: HashMap<String, Channel>,
+    /// Registered waiters by (lock key, token): what a save asks.
+    by_holder: HashMap<(String, String), Arc<Waiter>>,
+    /// The same waiters by number: what a wake names.
+    by_seq: HashMap<u64, Arc<Waiter>>,
+    next_seq: u64,
     sink: Option<redis::aio::PubSubSink>,
+    /// Whether the server acknowledged the wake channel on the current connection. Tickets go
+    /// out only while it has: a wake published to nobody is dropped by the server.
+    subscribed: bool,
     /// The task reading the subscriber connection (aborted by `close`).
     reader: Option<tokio::task::AbortHandle>,
+    /// The subscription under way, in a task of its own: waiters share its outcome, and it
+    /// goes on whether or not any of them is polled (a waiter's future can lie dormant while
+    /// its lock attempts; it must never hold up the others).
+    subscribing: Option<Shared<BoxFuture<'static, bool>>>,
     /// After a failed connect or subscribe: no new try before this instant, and the pause
     /// before the next one (doubling up to [`MAX_BACKOFF`]). Waiters poll meanwhile, so an
     /// unreachable or paused server costs one connect timeout per back-off, not one per wait.
@@ -46,25 +66,31 @@ struct State {
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
-struct Channel {
-    wake: Arc<Notify>,
-    /// Waiters watching it now.
-    waiters: usize,
-    /// Whether the server has acknowledged the subscription on the current connection.
-    subscribed: bool,
+/// One holder waiting on one lock key, through this store.
+struct Waiter {
+    seq: u64,
+    lock_key: String,
+    token: String,
+    /// Watchers registered on it now (changed under the state lock).
+    watchers: AtomicUsize,
+    /// Woken for this waiter alone: a wake that comes before the watcher is polled is kept for
+    /// it, and goes with it.
+    wake: Notify,
+    /// Whether the last refusal queued the ticket and every holder announces its release.
+    announced: AtomicBool,
+    /// The ticket last sent with a save, while the server may still keep it queued.
+    queued: Mutex<Option<String>>,
 }
-
-/// Channels nobody waits on stay subscribed (a waiter re-watches between attempts) until this
-/// many pile up.
-const IDLE_CHANNELS: usize = 64;
 
 impl Notifier {
     pub(super) fn new(client: redis::Client, connect_timeout: Duration) -> Self {
+        let mut id = [0u8; 16];
+        getrandom::fill(&mut id).expect("the operating system's random source failed");
         Notifier {
             client,
             connect_timeout,
+            id: base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(id),
             inner: Arc::default(),
-            ops: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -72,132 +98,172 @@ impl Notifier {
         lock(&self.inner)
     }
 
-    /// A watcher on the next release of `key`, subscribed before this returns. `None` when the
-    /// subscriber connection cannot be had (the waiter then polls).
-    pub(super) async fn watch(&self, key: &str) -> Option<Watcher> {
-        let name = channel(key);
-        let (wake, ready, idle) = {
+    /// Registers `key`'s holder as a waiter on `lock_key`; its next save queues it. `None` when
+    /// the wake channel cannot be had (the waiter then polls).
+    pub(super) async fn watch(
+        &self,
+        store: &RedisStore,
+        lock_key: String,
+        key: &Key,
+    ) -> Option<Watcher> {
+        if !self.ensure_subscribed(store).await {
+            return None;
+        }
+        let token = key.token(super::KIND);
+        let waiter = {
             let mut st = self.state();
-            let connected = st.sink.is_some();
-            let chan = st.channels.entry(name.clone()).or_insert_with(|| Channel {
-                wake: Arc::default(),
-                waiters: 0,
-                subscribed: false,
-            });
-            chan.waiters += 1;
-            let ready = chan.subscribed && connected;
-            let wake = chan.wake.clone();
-            let idle = st.channels.values().filter(|c| c.waiters == 0).count();
-            (wake, ready, idle)
+            let st = &mut *st;
+            let waiter = st
+                .by_holder
+                .entry((lock_key, token))
+                .or_insert_with_key(|(lock_key, token)| {
+                    st.next_seq += 1;
+                    Arc::new(Waiter {
+                        seq: st.next_seq,
+                        lock_key: lock_key.clone(),
+                        token: token.clone(),
+                        watchers: AtomicUsize::new(0),
+                        wake: Notify::new(),
+                        announced: AtomicBool::new(false),
+                        queued: Mutex::new(None),
+                    })
+                })
+                .clone();
+            st.by_seq.insert(waiter.seq, waiter.clone());
+            waiter.watchers.fetch_add(1, Ordering::Relaxed);
+            waiter
         };
-        let guard = WaiterGuard {
-            inner: self.inner.clone(),
-            name: name.clone(),
+        let guard = WatchGuard {
+            state: self.inner.clone(),
+            store: Arc::downgrade(&store.inner),
+            waiter: waiter.clone(),
         };
-        if !ready || idle > IDLE_CHANNELS {
-            if self.backing_off() {
-                return None;
+        let covers = waiter.clone();
+        Some(Watcher::with_coverage(
+            async move {
+                let waiter = guard.waiter.clone();
+                let _guard = guard;
+                waiter.wake.notified().await;
+            },
+            move || covers.announced.load(Ordering::Relaxed),
+        ))
+    }
+
+    /// The ticket a save of `key`'s holder on `lock_key` sends: `Some` while it waits here and
+    /// the wake channel is subscribed.
+    pub(super) fn ticket(&self, lock_key: &str, key: &Key, mode: Mode) -> Option<Ticket> {
+        let st = self.state();
+        if !st.subscribed {
+            return None;
+        }
+        let token = key.token(super::KIND);
+        let waiter = st.by_holder.get(&(lock_key.to_owned(), token))?.clone();
+        let mode = match mode {
+            Mode::Write => 'w',
+            Mode::Read => 'r',
+        };
+        let text = format!("{mode}{}{}{}", waiter.token, self.id, waiter.seq);
+        *lock(&waiter.queued) = Some(text.clone());
+        Some(Ticket { text, waiter })
+    }
+
+    /// Records what a save that sent `ticket` was answered: refused (with whether every holder
+    /// announces its release) or admitted (the script took the ticket out of the queue).
+    pub(super) fn answered(&self, ticket: &Ticket, admitted: bool, announced: bool) {
+        if admitted {
+            *lock(&ticket.waiter.queued) = None;
+        }
+        let live = self.state().subscribed;
+        ticket
+            .waiter
+            .announced
+            .store(!admitted && announced && live, Ordering::Relaxed);
+    }
+
+    /// Makes sure the wake channel is subscribed on a live connection.
+    async fn ensure_subscribed(&self, store: &RedisStore) -> bool {
+        let subscribing = {
+            let mut st = self.state();
+            if st.subscribed {
+                return true;
             }
-            let _ops = self.ops.lock().await;
-            if self.backing_off() {
-                return None; // the try this one queued behind has just failed
+            if st
+                .retry_at
+                .is_some_and(|(at, _)| tokio::time::Instant::now() < at)
+            {
+                return false;
             }
-            if idle > IDLE_CHANNELS {
-                self.sweep().await;
-            }
-            match self.subscribe(&name).await {
-                Ok(()) => self.state().retry_at = None,
-                Err(err) => {
-                    let mut st = self.state();
-                    let pause = st
-                        .retry_at
-                        .map_or(FIRST_BACKOFF, |(_, p)| (p * 2).min(MAX_BACKOFF));
-                    st.retry_at = Some((tokio::time::Instant::now() + pause, pause));
-                    tracing::debug!(target: "xtr_lock", error = %err, retry_in = ?pause,
-                        "cannot subscribe to release notifications; polling instead");
-                    return None;
+            match &st.subscribing {
+                // (One that ended without clearing the slot died with its runtime.)
+                Some(under_way) if under_way.peek().is_none() => under_way.clone(),
+                _ => {
+                    let store = store.clone();
+                    let task = tokio::spawn(async move {
+                        let notifier = &store.inner.notifier;
+                        let outcome = notifier.subscribe(&store).await;
+                        notifier.subscribed(outcome)
+                    });
+                    let under_way: BoxFuture<'static, bool> =
+                        Box::pin(async move { task.await.unwrap_or(false) });
+                    let under_way = under_way.shared();
+                    st.subscribing = Some(under_way.clone());
+                    under_way
                 }
             }
-        }
-        Some(Watcher::best_effort(async move {
-            let _guard = guard;
-            wake.notified().await;
-        }))
-    }
-
-    /// Whether a failed connect is too recent to try again.
-    fn backing_off(&self) -> bool {
-        self.state()
-            .retry_at
-            .is_some_and(|(at, _)| tokio::time::Instant::now() < at)
-    }
-
-    /// Passes the turn to one more waiter of `key` (a reader got in; others may join).
-    pub(super) fn pass_turn(&self, key: &str) {
-        if let Some(chan) = self.state().channels.get(&channel(key))
-            && chan.waiters > 0
-        {
-            chan.wake.notify_one();
-        }
-    }
-
-    /// Subscribes `name` unless it already is (called with `ops` held).
-    async fn subscribe(&self, name: &str) -> redis::RedisResult<()> {
-        let existing = {
-            let st = self.state();
-            if st.sink.is_some() && st.channels.get(name).is_some_and(|c| c.subscribed) {
-                return Ok(());
-            }
-            st.sink.clone()
         };
+        subscribing.await
+    }
+
+    /// Records how a subscription went.
+    fn subscribed(&self, outcome: redis::RedisResult<()>) -> bool {
+        let mut st = self.state();
+        st.subscribing = None;
+        match outcome {
+            Ok(()) => {
+                st.retry_at = None;
+                st.subscribed = st.sink.is_some();
+                st.subscribed
+            }
+            Err(err) => {
+                let pause = st
+                    .retry_at
+                    .map_or(FIRST_BACKOFF, |(_, p)| (p * 2).min(MAX_BACKOFF));
+                st.retry_at = Some((tokio::time::Instant::now() + pause, pause));
+                tracing::debug!(target: TARGET, error = %err, retry_in = ?pause,
+                    "cannot subscribe to wake notifications; waiters poll instead");
+                false
+            }
+        }
+    }
+
+    /// Subscribes the wake channel, connecting first if needed (one at a time: the task that
+    /// `ensure_subscribed` shares).
+    async fn subscribe(&self, store: &RedisStore) -> redis::RedisResult<()> {
+        let existing = self.state().sink.clone();
         let mut sink = match existing {
             Some(sink) => sink,
-            None => self.connect().await?,
+            None => self.connect(store).await?,
         };
         let subscribed =
-            match tokio::time::timeout(self.connect_timeout, sink.subscribe(name)).await {
+            match tokio::time::timeout(self.connect_timeout, sink.subscribe(channel(&self.id)))
+                .await
+            {
                 Ok(result) => result,
                 Err(_) => Err(redis::RedisError::from((
                     redis::ErrorKind::Io,
                     "subscribe timed out",
                 ))),
             };
-        if let Err(err) = subscribed {
+        if subscribed.is_err() {
             // The connection is no good (its reader may have died with another runtime): the
             // next waiter opens a new one.
             self.state().sink = None;
-            return Err(err);
         }
-        if let Some(chan) = self.state().channels.get_mut(name) {
-            chan.subscribed = true;
-        }
-        Ok(())
+        subscribed
     }
 
-    /// Unsubscribes channels nobody waits on (called with `ops` held).
-    async fn sweep(&self) {
-        let (idle, sink): (Vec<String>, _) = {
-            let mut st = self.state();
-            let idle: Vec<String> = st
-                .channels
-                .iter()
-                .filter(|(_, c)| c.waiters == 0)
-                .map(|(n, _)| n.clone())
-                .collect();
-            for name in &idle {
-                st.channels.remove(name);
-            }
-            (idle, st.sink.clone())
-        };
-        if let Some(mut sink) = sink {
-            for name in idle {
-                let _ = sink.unsubscribe(&name).await;
-            }
-        }
-    }
-
-    /// Opens the subscriber connection and starts its reader task (called with `ops` held).
-    async fn connect(&self) -> redis::RedisResult<redis::aio::PubSubSink> {
+    /// Opens the subscriber connection and starts its reader task (from `subscribe`).
+    async fn connect(&self, store: &RedisStore) -> redis::RedisResult<redis::aio::PubSubSink> {
         let pubsub = match tokio::time::timeout(
             self.connect_timeout,
             self.client.get_async_pubsub(),
@@ -214,23 +280,19 @@ impl Notifier {
         };
         let (sink, mut stream) = pubsub.split();
         let inner = self.inner.clone();
+        let weak = Arc::downgrade(&store.inner);
         let reader = tokio::spawn(async move {
             while let Some(msg) = stream.next().await {
-                let wake = lock(&inner)
-                    .channels
-                    .get(msg.get_channel_name())
-                    .map(|c| c.wake.clone());
-                if let Some(wake) = wake {
-                    wake.notify_one();
-                }
+                let Ok(payload) = msg.get_payload::<String>() else {
+                    continue;
+                };
+                on_wake(&inner, &weak, &payload);
             }
             // The connection is gone: wake everyone so they retry (and re-watch, reconnecting).
             disconnected(&mut lock(&inner));
         });
         let mut st = self.state();
-        for chan in st.channels.values_mut() {
-            chan.subscribed = false;
-        }
+        st.subscribed = false;
         st.sink = Some(sink.clone());
         if let Some(old) = st.reader.replace(reader.abort_handle()) {
             old.abort();
@@ -239,7 +301,7 @@ impl Notifier {
     }
 
     /// Closes the subscriber connection: its reader stops (dropping the connection) and every
-    /// waiter wakes to poll, re-subscribing on a new connection if it waits again.
+    /// waiter wakes to poll, subscribing on a new connection if it waits again.
     pub(super) fn close(&self) {
         let mut st = self.state();
         if let Some(reader) = st.reader.take() {
@@ -249,25 +311,103 @@ impl Notifier {
     }
 }
 
-/// Forgets the subscriber connection and wakes every waiter, so they retry and re-watch.
-fn disconnected(st: &mut State) {
-    st.sink = None;
-    for chan in st.channels.values_mut() {
-        chan.subscribed = false;
-        chan.wake.notify_waiters();
+/// A ticket sent with a save, and the waiter it stands for.
+pub(super) struct Ticket {
+    pub(super) text: String,
+    waiter: Arc<Waiter>,
+}
+
+/// A wake: `<store id><waiter number> <lock key>`. Wakes that waiter, or passes the wake on
+/// when it is gone.
+fn on_wake(state: &Arc<Mutex<State>>, store: &Weak<Inner>, payload: &str) {
+    let Some((who, lock_key)) = payload.split_once(' ') else {
+        return;
+    };
+    let seq = who.get(22..).and_then(|n| n.parse::<u64>().ok());
+    let waiter = seq.and_then(|seq| lock(state).by_seq.get(&seq).cloned());
+    match waiter {
+        Some(waiter) if waiter.lock_key == lock_key => {
+            // The release took the ticket out of the queue.
+            *lock(&waiter.queued) = None;
+            waiter.wake.notify_one();
+        }
+        _ => pass_on(store, lock_key),
     }
 }
 
-/// Drops a waiter's interest (the channel stays subscribed until swept).
-struct WaiterGuard {
-    inner: Arc<Mutex<State>>,
-    name: String,
+/// Hands a wake whose waiter is gone to the next waiter of `lock_key`.
+fn pass_on(store: &Weak<Inner>, lock_key: &str) {
+    let Some(inner) = store.upgrade() else {
+        return;
+    };
+    let store = RedisStore { inner };
+    let Some(resource) = lock_key.strip_prefix(store.prefix()) else {
+        return;
+    };
+    let key = Key::new(resource);
+    tokio::spawn(async move {
+        let passed: crate::Result<i64> = store
+            .eval(&store.inner.scripts.wake, &key, None, Keys::Queue, None)
+            .await;
+        if let Err(err) = passed {
+            tracing::debug!(target: TARGET, resource = key.resource(), error = %err,
+                "cannot pass a wake on; the next waiter finds the lock when its lease hint ends");
+        }
+    });
 }
 
-impl Drop for WaiterGuard {
+/// Forgets the subscriber connection and wakes every waiter, so they retry and re-watch.
+fn disconnected(st: &mut State) {
+    st.sink = None;
+    st.subscribed = false;
+    for waiter in st.by_seq.values() {
+        waiter.announced.store(false, Ordering::Relaxed);
+        waiter.wake.notify_one();
+    }
+}
+
+/// Drops a watcher's interest; the last one takes the waiter's ticket out of the queue.
+struct WatchGuard {
+    state: Arc<Mutex<State>>,
+    store: Weak<Inner>,
+    waiter: Arc<Waiter>,
+}
+
+impl Drop for WatchGuard {
     fn drop(&mut self) {
-        if let Some(chan) = lock(&self.inner).channels.get_mut(&self.name) {
-            chan.waiters = chan.waiters.saturating_sub(1);
+        let mut st = lock(&self.state);
+        if self.waiter.watchers.fetch_sub(1, Ordering::Relaxed) != 1 {
+            return;
         }
+        st.by_seq.remove(&self.waiter.seq);
+        let holder = (self.waiter.lock_key.clone(), self.waiter.token.clone());
+        if st
+            .by_holder
+            .get(&holder)
+            .is_some_and(|w| Arc::ptr_eq(w, &self.waiter))
+        {
+            st.by_holder.remove(&holder);
+        }
+        drop(st);
+        let Some(ticket) = lock(&self.waiter.queued).take() else {
+            return;
+        };
+        let (Some(inner), Ok(runtime)) =
+            (self.store.upgrade(), tokio::runtime::Handle::try_current())
+        else {
+            return; // its wake will be passed on
+        };
+        let store = RedisStore { inner };
+        let queue = store.queue_key_of(&self.waiter.lock_key);
+        runtime.spawn(async move {
+            let Ok(mut conn) = store.conn().await else {
+                return;
+            };
+            let _: redis::RedisResult<i64> = redis::cmd("ZREM")
+                .arg(queue)
+                .arg(ticket)
+                .query_async(&mut conn)
+                .await;
+        });
     }
 }

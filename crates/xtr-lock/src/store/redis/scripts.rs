@@ -3,8 +3,18 @@
 //!
 //! Arguments, for every script: `KEYS[1]` the lock key (prefix + resource); `ARGV[1]` the client's
 //! Unix time in seconds, or `""` to read the server's `TIME`; `ARGV[2]` the holder's token;
-//! `ARGV[3]` a duration in ms; `ARGV[4]` the release channel. The saves also take `KEYS[2]`, the
-//! fencing counter.
+//! `ARGV[3]` a duration in ms; `ARGV[4]` the waiter's ticket (`""`: the caller does not wait);
+//! `ARGV[5]` when its wait began (µs, the waiter's clock). The saves take `KEYS[2]`, the fencing
+//! counter, and `KEYS[3]`, the resource's wait queue; delete and wake take `KEYS[2]`, the queue.
+//!
+//! The wait queue (a sorted set no peer reads, at a key no resource can name) holds tickets:
+//! the mode (`w` or `r`), the holder's token (44 characters) and the waiting store's wake
+//! channel id (22 characters) with a number the store tells its waiters apart by. Scores are
+//! when each wait began, so waiters are served in arrival order, and in the same order on every
+//! server of a quorum. A refused save of a waiter enqueues its ticket in the same script that
+//! refused it, so no release can fall between the two; a release wakes the first writer, or
+//! every waiting reader, by publishing on the waiter's channel, skipping tickets whose channel
+//! nobody listens to (a process that went away).
 //!
 //! Members are only holder tokens and `__write__`: the peers decide admission by counting
 //! members, so nothing else may go in the set. A sorted set with any other member is not a lock
@@ -87,13 +97,74 @@ local function wait_hint(key, token, now)
   end
   return -1
 end
+-- Whether a holder's token says it announces its release (it ends in the base64 of
+-- `xtr-wake`: tokens made by this library).
+local function announces(m) return string.sub(m, -12) == 'eHRyLXdha2U=' end
+-- Whether every live holder other than `token` announces its release.
+local function all_announce(key, token, now)
+  for _, m in ipairs(redis.call('ZRANGEBYSCORE', key, '(' .. now, '+inf')) do
+    if m ~= token and m ~= '__write__' and not announces(m) then return 0 end
+  end
+  return 1
+end
+-- Tells a waiter: the reply is how many connections heard it (0: its process is gone).
+local function wake(ticket, key)
+  return redis.call('PUBLISH', '__xtr_lock__:wake:' .. string.sub(ticket, 46, 67),
+    string.sub(ticket, 46) .. ' ' .. key)
+end
+-- After a release or a demotion: wakes the first waiting writer if the lock is free, or every
+-- waiting reader if the first waiter reads and no writer holds.
+local function wake_next(key, qkey, now)
+  local first = redis.call('ZRANGE', qkey, 0, 0)[1]
+  if not first then return end
+  local writer = redis.call('ZSCORE', key, '__write__')
+  if writer and tonumber(writer) > now then return end
+  if string.sub(first, 1, 1) == 'r' then
+    for _, t in ipairs(redis.call('ZRANGE', qkey, 0, -1)) do
+      if string.sub(t, 1, 1) == 'r' then
+        redis.call('ZREM', qkey, t)
+        wake(t, key)
+      end
+    end
+    return
+  end
+  if redis.call('ZCOUNT', key, '(' .. now, '+inf') > 0 then return end
+  -- Bounded: tickets of processes that went away are dropped on the way.
+  for _ = 1, 64 do
+    redis.call('ZREM', qkey, first)
+    if wake(first, key) > 0 then return end
+    first = redis.call('ZRANGE', qkey, 0, 0)[1]
+    if not first then return end
+    if string.sub(first, 1, 1) == 'r' then return wake_next(key, qkey, now) end
+  end
+end
+-- A refusal: when to try again, whether the holder keeps its read lock, and whether every
+-- current holder will announce its release to the waiter (who then need not poll). A waiter's
+-- ticket is queued here, atomically with the refusal.
+local function refused(key, token, now, kept)
+  local hint = wait_hint(key, token, now)
+  local told = 0
+  if ARGV[4] ~= '' then
+    local qkey = KEYS[3]
+    redis.call('ZADD', qkey, 'NX', ARGV[5], ARGV[4])
+    local keep = math.max(hint, 0) + 60000
+    if redis.call('PTTL', qkey) < keep then redis.call('PEXPIRE', qkey, keep) end
+    told = all_announce(key, token, now)
+  end
+  return {0, hint, kept, told}
+end
+-- Admitted: a waiter leaves the queue.
+local function dequeue()
+  if ARGV[4] ~= '' then redis.call('ZREM', KEYS[3], ARGV[4]) end
+end
 "#;
 
 /// Write lock: re-save by the writer, promotion of the sole reader, or a new writer on an empty
-/// set (after pruning). Replies `{1, fence, 0}` (fence 0: the writer re-saved and keeps its token),
-/// `{0, ms until another lease ends or -1, 1 if the holder keeps its read lock else 0}`, or
-/// `{-1, 0, 0}` for a sorted set that is not a lock. A string at the key refuses (someone else's
-/// lock in another format); another type fails with WRONGTYPE.
+/// set (after pruning). Replies `{1, fence, 0, 0}` (fence 0: the writer re-saved and keeps its
+/// token), `{0, ms until another lease ends or -1, 1 if the holder keeps its read lock else 0,
+/// 1 if the waiter was queued and every holder announces its release else 0}`, or
+/// `{-1, 0, 0, 0}` for a sorted set that is not a lock. A string at the key refuses (someone
+/// else's lock in another format); another type fails with WRONGTYPE.
 ///
 /// The fencing token is the counter, advanced; a missing counter (new, or lost in a restart
 /// without persistence) is seeded from the server's clock in microseconds, so tokens keep
@@ -103,19 +174,19 @@ const SAVE: &str = r#"
 local key, fence_key = KEYS[1], KEYS[2]
 local token, dur = ARGV[2], tonumber(ARGV[3])
 local now = now_ms()
-local count, stop = zcall({0, -1, 0}, 'ZCARD', key)
+local count, stop = zcall({0, -1, 0, 0}, 'ZCARD', key)
 if stop then return stop end
 local mine, writing = false, false
 -- The common case, a free lock, pays no pruning and no lookups.
 if count > 0 then
-  if foreign(key) then return {-1, 0, 0} end
+  if foreign(key) then return {-1, 0, 0, 0} end
   count = count - redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
   if count > 0 then
     mine = redis.call('ZSCORE', key, token)
-    if not mine then return {0, wait_hint(key, token, now), 0} end
+    if not mine then return refused(key, token, now, 0) end
     writing = redis.call('ZSCORE', key, '__write__')
     -- A reader that is not alone keeps its read lock.
-    if (not writing) and count > 1 then return {0, wait_hint(key, token, now), 1} end
+    if (not writing) and count > 1 then return refused(key, token, now, 1) end
   end
 end
 local fence = 0
@@ -133,20 +204,21 @@ local score = now + dur
 redis.call('ZADD', key, score, token, score, '__write__')
 -- Admitted: the set is exactly {token, marker}, so the key lives as long as this score.
 redis.call('PEXPIREAT', key, score)
-return {1, fence, 0}
+dequeue()
+return {1, fence, 0, 0}
 "#;
 
 /// Read lock: joins readers, or demotes the caller's write lock (and tells waiting readers).
-/// Refused only when another holder writes; `{-1, 0, 0}` for a sorted set that is not a lock.
-/// Replies `{1, token, 0}` when admitted: a reader's fencing token is the counter as it stands
+/// Refused only when another holder writes (replies as the write save); `{-1, 0, 0, 0}` for a
+/// sorted set that is not a lock. Replies `{1, token, 0, 0}` when admitted: a reader's fencing token is the counter as it stands
 /// (the last writer's token), so every later writer's exceeds it (readers share tokens; a
 /// resource that refuses tokens below the newest it saw then refuses a stale writer once a
 /// later reader came).
 const SAVE_READ: &str = r#"
 local key, fence_key = KEYS[1], KEYS[2]
-local token, dur, channel = ARGV[2], tonumber(ARGV[3]), ARGV[4]
+local token, dur = ARGV[2], tonumber(ARGV[3])
 local now = now_ms()
-local count, stop = zcall({0, -1, 0}, 'ZCARD', key)
+local count, stop = zcall({0, -1, 0, 0}, 'ZCARD', key)
 if stop then return stop end
 local fence, err = last_fence(fence_key)
 if err then return err end
@@ -155,7 +227,8 @@ local seed = fence == 0
 if seed then fence = now_us() end
 local function admitted()
   if seed then redis.call('SET', fence_key, string.format('%d', fence)) end
-  return {1, fence, 0}
+  dequeue()
+  return {1, fence, 0, 0}
 end
 if count == 0 then
   -- A free lock: the new entry is the only one, so the key lives exactly as long.
@@ -163,18 +236,20 @@ if count == 0 then
   redis.call('PEXPIREAT', key, now + dur)
   return admitted()
 end
-if foreign(key) then return {-1, 0, 0} end
+if foreign(key) then return {-1, 0, 0, 0} end
 redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
 local mine = redis.call('ZSCORE', key, token)
 local writing = redis.call('ZSCORE', key, '__write__')
-if (not mine) and writing then return {0, wait_hint(key, token, now), 0} end
+if (not mine) and writing then return refused(key, token, now, 0) end
 redis.call('ZADD', key, now + dur, token)
+expire_at_max(key)
+local result = admitted()
+-- A demotion lets waiting readers in.
 if writing then
   redis.call('ZREM', key, '__write__')
-  redis.call('PUBLISH', channel, 'demoted')
+  wake_next(key, KEYS[3], now)
 end
-expire_at_max(key)
-return admitted()
+return result
 "#;
 
 /// Refresh: only a live member is extended; an expired one is removed, never revived (the
@@ -203,7 +278,7 @@ return 1
 "#;
 
 /// Release: token-scoped. Replies 0 (held nothing), 1 (released a live lock) or 2 (removed an
-/// entry whose lease had already ended: the lock had been lost). Tells waiters.
+/// entry whose lease had already ended: the lock had been lost). Wakes the next waiter(s).
 ///
 /// A writer's set is exactly {token, marker} and the key expires with its score (every script
 /// that writes a writer's score sets the key's expiry to it), so on the server's clock a
@@ -211,15 +286,27 @@ return 1
 /// `TIME` nor a new expiry is needed. Readers (and every holder on the client's clock) compare.
 const DELETE: &str = r#"
 local key = KEYS[1]
-local token, channel = ARGV[2], ARGV[4]
+local token = ARGV[2]
 local score, stop = zcall(0, 'ZSCORE', key, token)
 if stop then return stop end
 if not score then return 0 end
 local removed = redis.call('ZREM', key, token, '__write__')
-redis.call('PUBLISH', channel, 'released')
-if removed == 2 and ARGV[1] == '' then return 1 end
+if removed == 2 and ARGV[1] == '' then
+  -- The writer's key is gone: nobody holds, so no clock is needed to wake the next.
+  wake_next(key, KEYS[2], 0)
+  return 1
+end
 if removed < 2 then expire_at_max(key) end
-if tonumber(score) <= now_ms() then return 2 end
+local now = now_ms()
+wake_next(key, KEYS[2], now)
+if tonumber(score) <= now then return 2 end
+return 1
+"#;
+
+/// Passes a wake on: a waiter that was woken but is no longer there (it gave up, or its process
+/// let go of it) hands its turn to the next, as a release would.
+const WAKE: &str = r#"
+wake_next(KEYS[1], KEYS[2], now_ms())
 return 1
 "#;
 
@@ -254,6 +341,7 @@ pub(super) struct Scripts {
     pub(super) save_read: redis::Script,
     pub(super) put_off: redis::Script,
     pub(super) delete: redis::Script,
+    pub(super) wake: redis::Script,
     pub(super) exists: redis::Script,
     pub(super) exists_legacy: redis::Script,
     pub(super) probe: redis::Script,
@@ -267,9 +355,18 @@ impl Scripts {
             save_read: with(SAVE_READ),
             put_off: with(PUT_OFF),
             delete: with(DELETE),
+            wake: with(WAKE),
             exists: redis::Script::new(&format!("#!lua flags=no-writes\n{PRELUDE}{EXISTS_BODY}")),
             exists_legacy: with(EXISTS_BODY),
             probe: redis::Script::new(PROBE),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_scripts_know_the_tokens_that_announce_their_release() {
+        assert!(super::PRELUDE.contains(&format!("'{}'", crate::ANNOUNCING_SUFFIX)));
     }
 }

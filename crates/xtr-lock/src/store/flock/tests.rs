@@ -31,3 +31,41 @@ fn with_close_events_the_poll_is_only_a_safety_net() {
         );
     }
 }
+
+#[tokio::test]
+async fn the_directory_is_watched_only_while_a_refused_waiter_waits() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = FlockStore::in_dir(dir.path()).unwrap();
+    let hub = store.inner.hub.clone();
+    assert!(hub.observes_other_processes(), "this test needs inotify");
+    // A blocking acquire of a free lock is a try: no watch (it would cost every open and
+    // close in the directory an event).
+    let holder = Key::new("w");
+    assert!(
+        store
+            .wait_and_save(&holder, None)
+            .await
+            .unwrap()
+            .is_acquired()
+    );
+    assert!(!hub.watches_closes(), "a free lock: no watch");
+    // A refused waiter watches until it gets in, and no longer.
+    let waiter = Key::new("w");
+    let waiting = {
+        let store = store.clone();
+        let waiter = waiter.clone();
+        tokio::spawn(async move { store.wait_and_save(&waiter, None).await })
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !hub.watches_closes() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the waiter never watched"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(store.delete(&holder).await.unwrap());
+    assert!(waiting.await.unwrap().unwrap().is_acquired());
+    assert!(!hub.watches_closes(), "the last waiter left: no watch");
+    assert!(store.delete(&waiter).await.unwrap());
+}

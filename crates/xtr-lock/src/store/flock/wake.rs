@@ -134,6 +134,14 @@ impl Hub {
         hub
     }
 
+    /// Whether the directory is watched for releases now (for tests).
+    #[cfg(test)]
+    pub(crate) fn watches_closes(&self) -> bool {
+        self.files()
+            .watching
+            .is_some_and(|(_, mask)| mask.contains(CLOSES))
+    }
+
     /// Whether changes made by other processes reach this hub.
     pub(crate) fn observes_other_processes(&self) -> bool {
         self.inotify.is_some()

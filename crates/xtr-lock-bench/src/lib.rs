@@ -24,6 +24,8 @@ pub struct Summary {
     pub p50: Duration,
     /// The 99th percentile.
     pub p99: Duration,
+    /// The slowest sample (the p99 where only percentiles were given).
+    pub max: Duration,
 }
 
 impl Summary {
@@ -36,6 +38,7 @@ impl Summary {
             n: samples.len(),
             p50: at(0.50),
             p99: at(0.99),
+            max: at(1.0),
         }
     }
 
@@ -46,6 +49,7 @@ impl Summary {
             n: v["n"].as_u64().expect("a sample count") as usize,
             p50: us("p50_us"),
             p99: us("p99_us"),
+            max: us("p99_us"),
         }
     }
 }

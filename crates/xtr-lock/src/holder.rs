@@ -3,9 +3,9 @@
 //! A [`Key`](crate::Key) is identity; this is the lock's bookkeeping, which every lock built on
 //! the key shares (they are one holder). The key carries it without knowing what is in it.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-use tokio::sync::{Mutex, MutexGuard, watch};
+use tokio::sync::{Mutex, MutexGuard, Notify, watch};
 
 use crate::error::LostReason;
 use crate::mode::Mode;
@@ -33,8 +33,10 @@ pub(crate) struct Holder {
     state: watch::Sender<Believed>,
     /// Serializes the store operations of this holder (never held across a wait).
     turn: Mutex<()>,
-    /// Counts cancelled acquisitions whose clean-up has not finished yet.
-    cleanups: watch::Sender<u32>,
+    /// Counts cancelled acquisitions whose clean-up has not finished yet (an atomic and a
+    /// `Notify`, not a channel: every held lock carries one, and a channel costs ~350 bytes).
+    cleanups: AtomicU32,
+    cleanups_done: Notify,
     /// When the holder's current (or last) wait began, in µs since the Unix epoch; 0 before
     /// its first. Stores that queue waiters order them by it.
     wait_began: AtomicU64,
@@ -46,11 +48,11 @@ impl Holder {
             hold: Hold::Free,
             generation: 0,
         });
-        let (cleanups, _) = watch::channel(0);
         Holder {
             state,
             turn: Mutex::new(()),
-            cleanups,
+            cleanups: AtomicU32::new(0),
+            cleanups_done: Notify::new(),
             wait_began: AtomicU64::new(0),
         }
     }
@@ -183,8 +185,16 @@ impl Holder {
     /// go first, so that a delete scheduled by a dropped future never removes what a later
     /// acquisition stored.
     pub(crate) async fn turn(&self) -> MutexGuard<'_, ()> {
-        let mut rx = self.cleanups.subscribe();
-        let _ = rx.wait_for(|n| *n == 0).await;
+        loop {
+            let done = self.cleanups_done.notified();
+            let mut done = std::pin::pin!(done);
+            // Registered before the check, so an end between the two is not missed.
+            done.as_mut().enable();
+            if self.cleanups.load(Ordering::Acquire) == 0 {
+                break;
+            }
+            done.await;
+        }
         self.turn.lock().await
     }
 
@@ -194,11 +204,19 @@ impl Holder {
     }
 
     pub(crate) fn begin_cleanup(&self) {
-        self.cleanups.send_modify(|n| *n += 1);
+        self.cleanups.fetch_add(1, Ordering::AcqRel);
     }
 
     pub(crate) fn end_cleanup(&self) {
-        self.cleanups.send_modify(|n| *n = n.saturating_sub(1));
+        let before = self
+            .cleanups
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                Some(n.saturating_sub(1))
+            })
+            .unwrap_or(0);
+        if before <= 1 {
+            self.cleanups_done.notify_waiters();
+        }
     }
 }
 

@@ -1,7 +1,7 @@
 //! [`Key`]: the holder of a lock: identity, tokens, lifetime, and the handles stores keep.
 
 use std::any::Any;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -70,7 +70,9 @@ struct KeyInner {
 #[derive(Default)]
 struct KeyState {
     deadline: Option<Instant>,
-    tokens: BTreeMap<String, String>,
+    /// Per store kind, its token: a list (nearly always of one), not a map, whose node would
+    /// be most of a held lock's memory.
+    tokens: Vec<(String, String)>,
     /// Per store instance: the handle it keeps for this holder, dropped with the key.
     handles: HashMap<HandleOwner, Arc<dyn Any + Send + Sync>>,
     unserializable: bool,
@@ -128,22 +130,29 @@ impl Key {
     /// first use: 32 random bytes in standard base64, 44 characters.
     pub fn token(&self, kind: &str) -> String {
         let mut st = self.state();
-        st.tokens
-            .entry(kind.to_owned())
-            .or_insert_with(wire::new_token)
-            .clone()
+        if let Some((_, token)) = st.tokens.iter().find(|(k, _)| k == kind) {
+            return token.clone();
+        }
+        let token = wire::new_token();
+        st.tokens.reserve_exact(1);
+        st.tokens.push((kind.to_owned(), token.clone()));
+        token
     }
 
     /// This holder's id among the holders [`Store::holders`](crate::Store::holders) lists on
     /// stores of `kind` ([`HolderInfo::id`](crate::store::HolderInfo::id)), or `None` before it
     /// has a token for that kind.
     pub fn holder_id(&self, kind: &str) -> Option<String> {
-        self.state().tokens.get(kind).map(|t| token_id(t))
+        self.state()
+            .tokens
+            .iter()
+            .find(|(k, _)| k == kind)
+            .map(|(_, t)| token_id(t))
     }
 
     /// Whether this key already has a token for stores of `kind`.
     pub fn has_token(&self, kind: &str) -> bool {
-        self.state().tokens.contains_key(kind)
+        self.state().tokens.iter().any(|(k, _)| k == kind)
     }
 
     // ---- handles ---------------------------------------------------------------------------
@@ -248,7 +257,10 @@ impl fmt::Debug for Key {
         // of logs. Only the store kinds are shown.
         f.debug_struct("Key")
             .field("resource", &self.inner.resource)
-            .field("tokens", &st.tokens.keys().collect::<Vec<_>>())
+            .field(
+                "tokens",
+                &st.tokens.iter().map(|(k, _)| k).collect::<Vec<_>>(),
+            )
             .field("held", &self.inner.holder.mode())
             .field("serializable", &!st.unserializable)
             .finish_non_exhaustive()

@@ -59,7 +59,7 @@ impl Key {
             v: WIRE_VERSION,
             resource: self.resource().to_owned(),
             remaining_ms,
-            tokens: st.tokens.clone(),
+            tokens: st.tokens.iter().cloned().collect(),
         })
     }
 
@@ -79,7 +79,7 @@ impl Key {
             .map(|ms| super::later(clock.now(), Duration::from_millis(ms)));
         let state = KeyState {
             deadline,
-            tokens: wire.tokens,
+            tokens: wire.tokens.into_iter().collect(),
             ..KeyState::default()
         };
         Ok(Self::from_parts(wire.resource, clock, state))

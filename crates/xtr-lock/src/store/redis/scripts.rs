@@ -55,16 +55,6 @@ local function last_fence(fence_key)
   if type(last) == 'table' and last.err then return nil, last end
   return tonumber(last) or 0
 end
--- Whether the set has a member that is neither a holder's token (32 random bytes in standard
--- base64: 44 characters ending in '=') nor the write marker.
-local function foreign(key)
-  for _, m in ipairs(redis.call('ZRANGE', key, 0, -1)) do
-    if m ~= '__write__' and not (#m == 44 and string.find(m, '^[%w+/]+=$')) then
-      return true
-    end
-  end
-  return false
-end
 local function key_type(key) return redis.call('TYPE', key)['ok'] end
 -- Runs a sorted-set read; on a key of another type, a string (someone else's lock in another
 -- format) gives `refusal`, anything else the server's WRONGTYPE error. The common path pays no
@@ -87,25 +77,37 @@ local function absent_code(key, now)
   if redis.call('ZCOUNT', key, '(' .. now, '+inf') > 0 then return -2 end
   return 0
 end
--- How long until another holder's lease ends: when a waiter should try again at the latest.
-local function wait_hint(key, token, now)
-  local low = redis.call('ZRANGE', key, 0, 2, 'WITHSCORES')
-  for i = 1, #low, 2 do
-    if low[i] ~= token and low[i] ~= '__write__' then
-      return math.max(tonumber(low[i + 1]) - now, 1)
-    end
-  end
-  return -1
-end
 -- Whether a holder's token says it announces its release (it ends in the base64 of
 -- `xtr-wake`: tokens made by this library).
 local function announces(m) return string.sub(m, -12) == 'eHRyLXdha2U=' end
--- Whether every live holder other than `token` announces its release.
-local function all_announce(key, token, now)
-  for _, m in ipairs(redis.call('ZRANGEBYSCORE', key, '(' .. now, '+inf')) do
-    if m ~= token and m ~= '__write__' and not announces(m) then return 0 end
+-- Reads a lock that has members, in one call: nil when a member is neither a holder's token
+-- nor the marker (not a lock); else what a save needs, expired entries pruned first (only if
+-- there are any): `live` holders (the marker not counted), the caller's own score (`mine`),
+-- the marker's (`writing`), the earliest lease of another holder (`first`), and whether every
+-- other live holder announces its release (`told`).
+local function scan(key, token, now)
+  local all = redis.call('ZRANGE', key, 0, -1, 'WITHSCORES')
+  local r = {live = 0, mine = false, writing = false, first = false, told = 1}
+  local expired = false
+  for i = 1, #all, 2 do
+    local m, score = all[i], tonumber(all[i + 1])
+    if m ~= '__write__' and not (#m == 44 and string.find(m, '^[%w+/]+=$')) then return nil end
+    if score <= now then
+      expired = true
+    elseif m == '__write__' then
+      r.writing = score
+    else
+      r.live = r.live + 1
+      if m == token then
+        r.mine = score
+      else
+        if not announces(m) then r.told = 0 end
+        if not r.first or score < r.first then r.first = score end
+      end
+    end
   end
-  return 1
+  if expired then redis.call('ZREMRANGEBYSCORE', key, '-inf', now) end
+  return r
 end
 -- Tells a waiter: the reply is how many connections heard it (0: its process is gone).
 local function wake(ticket, key)
@@ -138,18 +140,19 @@ local function wake_next(key, qkey, now)
     if string.sub(first, 1, 1) == 'r' then return wake_next(key, qkey, now) end
   end
 end
--- A refusal: when to try again, whether the holder keeps its read lock, and whether every
--- current holder will announce its release to the waiter (who then need not poll). A waiter's
--- ticket is queued here, atomically with the refusal.
-local function refused(key, token, now, kept)
-  local hint = wait_hint(key, token, now)
+-- A refusal, from what `scan` read: when to try again (ms until another holder's lease ends,
+-- or -1), whether the holder keeps its read lock, and whether every current holder will
+-- announce its release to the waiter (who then need not poll). A waiter's ticket is queued
+-- here, atomically with the refusal; the queue lives a minute past the lease it waits for.
+local function refused(r, now, kept)
+  local hint = -1
+  if r.first then hint = math.max(r.first - now, 1) end
   local told = 0
   if ARGV[4] ~= '' then
-    local qkey = KEYS[3]
-    redis.call('ZADD', qkey, 'NX', ARGV[5], ARGV[4])
-    local keep = math.max(hint, 0) + 60000
-    if redis.call('PTTL', qkey) < keep then redis.call('PEXPIRE', qkey, keep) end
-    told = all_announce(key, token, now)
+    if redis.call('ZADD', KEYS[3], 'NX', ARGV[5], ARGV[4]) == 1 then
+      redis.call('PEXPIRE', KEYS[3], math.max(hint, 0) + 60000)
+    end
+    told = r.told
   end
   return {0, hint, kept, told}
 end
@@ -179,14 +182,13 @@ if stop then return stop end
 local mine, writing = false, false
 -- The common case, a free lock, pays no pruning and no lookups.
 if count > 0 then
-  if foreign(key) then return {-1, 0, 0, 0} end
-  count = count - redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
-  if count > 0 then
-    mine = redis.call('ZSCORE', key, token)
-    if not mine then return refused(key, token, now, 0) end
-    writing = redis.call('ZSCORE', key, '__write__')
+  local r = scan(key, token, now)
+  if not r then return {-1, 0, 0, 0} end
+  if r.live > 0 then
+    mine, writing = r.mine, r.writing
+    if not mine then return refused(r, now, 0) end
     -- A reader that is not alone keeps its read lock.
-    if (not writing) and count > 1 then return refused(key, token, now, 1) end
+    if (not writing) and r.live > 1 then return refused(r, now, 1) end
   end
 end
 local fence = 0
@@ -236,11 +238,10 @@ if count == 0 then
   redis.call('PEXPIREAT', key, now + dur)
   return admitted()
 end
-if foreign(key) then return {-1, 0, 0, 0} end
-redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
-local mine = redis.call('ZSCORE', key, token)
-local writing = redis.call('ZSCORE', key, '__write__')
-if (not mine) and writing then return refused(key, token, now, 0) end
+local r = scan(key, token, now)
+if not r then return {-1, 0, 0, 0} end
+local mine, writing = r.mine, r.writing
+if (not mine) and writing then return refused(r, now, 0) end
 redis.call('ZADD', key, now + dur, token)
 expire_at_max(key)
 local result = admitted()

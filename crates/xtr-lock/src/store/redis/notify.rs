@@ -153,7 +153,8 @@ impl Notifier {
     /// the wake channel is subscribed.
     pub(super) fn ticket(&self, lock_key: &str, key: &Key, mode: Mode) -> Option<Ticket> {
         let st = self.state();
-        if !st.subscribed {
+        // The common case, nobody of this store waiting, costs a lock and no allocation.
+        if !st.subscribed || st.by_holder.is_empty() {
             return None;
         }
         let token = key.token(super::KIND);

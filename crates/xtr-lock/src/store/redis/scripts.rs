@@ -350,22 +350,137 @@ pub(super) struct Scripts {
 
 impl Scripts {
     pub(super) fn new() -> Self {
-        let with = |body: &str| redis::Script::new(&format!("{PRELUDE}{body}"));
+        let with = |body: &str| redis::Script::new(&format!("{}{body}", prelude_for(body)));
         Scripts {
             save: with(SAVE),
             save_read: with(SAVE_READ),
             put_off: with(PUT_OFF),
             delete: with(DELETE),
             wake: with(WAKE),
-            exists: redis::Script::new(&format!("#!lua flags=no-writes\n{PRELUDE}{EXISTS_BODY}")),
+            exists: redis::Script::new(&format!(
+                "#!lua flags=no-writes\n{}{EXISTS_BODY}",
+                prelude_for(EXISTS_BODY)
+            )),
             exists_legacy: with(EXISTS_BODY),
             probe: redis::Script::new(PROBE),
         }
     }
 }
 
+/// The helpers of [`PRELUDE`] that `body` calls, directly or through other helpers, in their
+/// order. Every script runs its prelude on every call (each `local function` is a closure made
+/// anew), so a script carries only what it uses.
+fn prelude_for(body: &str) -> String {
+    // A helper is a comment followed by its code; its names are the functions it defines.
+    let mut chunks: Vec<String> = Vec::new();
+    let mut current = String::new();
+    for line in PRELUDE.lines().filter(|l| !l.is_empty()) {
+        let starts_helper = line.starts_with("-- ")
+            && !current.is_empty()
+            && !current
+                .trim_end()
+                .lines()
+                .last()
+                .is_some_and(|l| l.starts_with("--"));
+        if starts_helper {
+            chunks.push(std::mem::take(&mut current));
+        }
+        current.push_str(line);
+        current.push('\n');
+    }
+    chunks.push(current);
+    let names: Vec<Vec<&str>> = chunks
+        .iter()
+        .map(|code| {
+            code.lines()
+                .filter_map(|l| l.strip_prefix("local function "))
+                .filter_map(|l| l.split('(').next())
+                .collect()
+        })
+        .collect();
+    let calls = |text: &str, name: &str| text.contains(&format!("{name}("));
+    let mut needed = vec![false; chunks.len()];
+    let mut text = body.to_owned();
+    loop {
+        let mut grew = false;
+        for (i, code) in chunks.iter().enumerate() {
+            if !needed[i] && names[i].iter().any(|n| calls(&text, n)) {
+                needed[i] = true;
+                text.push_str(code);
+                grew = true;
+            }
+        }
+        if !grew {
+            break;
+        }
+    }
+    let mut out = String::from("\n");
+    for (i, code) in chunks.iter().enumerate() {
+        if needed[i] {
+            out.push_str(code);
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    #[test]
+    fn each_script_carries_the_helpers_it_calls_and_no_other() {
+        let save = prelude_for(SAVE);
+        for helper in [
+            "now_ms",
+            "now_us",
+            "zcall",
+            "key_type",
+            "scan",
+            "announces",
+            "refused",
+        ] {
+            assert!(
+                save.contains(&format!("local function {helper}(")),
+                "save lacks {helper}"
+            );
+        }
+        assert!(!save.contains("local function wake_next("), "{save}");
+        let delete = prelude_for(DELETE);
+        for helper in ["wake_next", "wake", "expire_at_max", "now_ms"] {
+            assert!(
+                delete.contains(&format!("local function {helper}(")),
+                "delete lacks {helper}"
+            );
+        }
+        assert!(!delete.contains("local function scan("));
+        assert!(prelude_for(EXISTS_BODY).contains("local function absent_code("));
+        // Every helper a body calls is defined before the body.
+        for body in [SAVE, SAVE_READ, PUT_OFF, DELETE, WAKE, EXISTS_BODY] {
+            let script = format!("{}{body}", prelude_for(body));
+            for name in [
+                "now_ms",
+                "now_us",
+                "zcall",
+                "scan",
+                "refused",
+                "wake_next",
+                "dequeue",
+                "expire_at_max",
+                "absent_code",
+                "last_fence",
+                "announces",
+                "wake",
+            ] {
+                if body.contains(&format!("{name}(")) {
+                    assert!(
+                        script.contains(&format!("local function {name}(")),
+                        "{name}"
+                    );
+                }
+            }
+        }
+    }
+
     #[test]
     fn the_scripts_know_the_tokens_that_announce_their_release() {
         assert!(super::PRELUDE.contains(&format!("'{}'", crate::ANNOUNCING_SUFFIX)));

@@ -105,9 +105,10 @@ struct WireKey {
 /// with probability 2⁻⁶⁴.
 const TAG: &[u8; 8] = b"xtr-wake";
 
-/// How the tokens of holders that announce their releases end (the base64 of [`TAG`] in the
-/// last 12 of 44 characters: 24 random bytes encode to exactly 32 characters, so the tag keeps
-/// its own characters).
+/// How the tokens of holders that announce their releases end: the base64 of the 8 bytes
+/// `xtr-wake` in the last 12 of 44 characters (this library's tokens are 24 random bytes and
+/// those 8; 24 bytes encode to exactly 32 characters, so the tag keeps its own characters).
+/// Waiters behind holders whose tokens all end so need not poll (see `docs/waking.md`).
 pub const ANNOUNCING_SUFFIX: &str = "eHRyLXdha2U=";
 
 pub(super) fn new_token() -> String {

@@ -10,22 +10,6 @@ mod common;
 
 use common::spawn;
 
-/// Scripts the server ran since the last `CONFIG RESETSTAT`, without the refused first tries
-/// of scripts it did not know yet (`NOSCRIPT`, then loaded and sent again).
-fn scripts_run(server: &RedisServer) -> u64 {
-    let stats = server.cli(&["INFO", "commandstats"]);
-    let Some(line) = stats.lines().find(|l| l.starts_with("cmdstat_evalsha:")) else {
-        return 0;
-    };
-    let field = |name: &str| -> u64 {
-        line.split(&format!("{name}="))
-            .nth(1)
-            .and_then(|v| v.split(',').next())
-            .map_or(0, |v| v.parse().unwrap())
-    };
-    field("calls") - field("failed_calls")
-}
-
 /// The tickets in `resource`'s wait queue (the key, with its `0xFF` byte, is spelled in Lua).
 fn queued(server: &RedisServer, resource: &str) -> usize {
     server
@@ -71,6 +55,6 @@ async fn a_release_wakes_one_process_and_every_waiting_process_gets_the_lock() {
     // The holder's release, then each process's save and release: no process was woken for a
     // release another one won (one wake per process per release would have cost a refused save
     // per other waiting process per release: 15 more here).
-    assert_eq!(scripts_run(&server), 1 + 2 * PROCESSES as u64);
+    assert_eq!(server.command_calls("evalsha"), 1 + 2 * PROCESSES as u64);
     assert_eq!(queued(&server, "multi"), 0);
 }

@@ -197,6 +197,26 @@ impl RedisServer {
         kill_process(self.pid(), Signal::CONT).expect("SIGCONT redis-server");
     }
 
+    /// How often `command` ran since the last `CONFIG RESETSTAT` (`INFO commandstats`), not
+    /// counting calls the server refused (the `NOSCRIPT` of a script's first use, which a
+    /// client then loads and sends again).
+    pub fn command_calls(&self, command: &str) -> u64 {
+        let stats = self.cli(&["INFO", "commandstats"]);
+        let Some(line) = stats
+            .lines()
+            .find(|l| l.starts_with(&format!("cmdstat_{command}:")))
+        else {
+            return 0;
+        };
+        let field = |name: &str| -> u64 {
+            line.split(&format!("{name}="))
+                .nth(1)
+                .and_then(|v| v.split(',').next())
+                .map_or(0, |v| v.parse().unwrap())
+        };
+        field("calls") - field("failed_calls")
+    }
+
     /// Runs `redis-cli` against this server with `args`, returning its output (trimmed).
     pub fn cli(&self, args: &[&str]) -> String {
         let out = Command::new("redis-cli")

@@ -8,7 +8,7 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use support::on_redis::{TTL, command_calls, lock, store};
+use support::on_redis::{TTL, lock, store};
 use support::peer::Peer;
 use xtr_lock::{
     ErrorKind, Key, Lock, LockFactory, Lockable as _, LostReason, ManualClock, RedisStore, Release,
@@ -35,7 +35,7 @@ fn server_ms(server: &RedisServer) -> u64 {
 }
 
 fn evalsha_calls(server: &RedisServer) -> u64 {
-    command_calls(server, "evalsha")
+    server.command_calls("evalsha")
 }
 
 // ---- the layout on the wire --------------------------------------------------------------------
@@ -108,13 +108,9 @@ async fn one_round_trip_per_acquire_refresh_and_release() {
     lock.try_acquire().await.unwrap();
     lock.refresh(None).await.unwrap();
     lock.release().await.unwrap();
-    assert_eq!(command_calls(&server, "evalsha"), 3);
-    assert_eq!(command_calls(&server, "eval"), 0);
-    assert_eq!(
-        command_calls(&server, "script"),
-        0,
-        "no script loaded again"
-    );
+    assert_eq!(server.command_calls("evalsha"), 3);
+    assert_eq!(server.command_calls("eval"), 0);
+    assert_eq!(server.command_calls("script"), 0, "no script loaded again");
 }
 
 #[tokio::test]

@@ -7,7 +7,8 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use support::on_redis::{TTL, command_calls, store};
+use support::Scripted;
+use support::on_redis::{TTL, store};
 use support::peer::Peer;
 use xtr_lock::{Lock, LockFactory, Lockable as _, ManualClock, RedisStore};
 use xtr_lock_testkit::redis::RedisServer;
@@ -68,7 +69,7 @@ async fn a_waiter_queued_by_its_refusal_is_woken_by_the_next_release_and_sends_n
     server.cli(&["CONFIG", "RESETSTAT"]);
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(
-        command_calls(&server, "evalsha"),
+        server.command_calls("evalsha"),
         0,
         "a parked waiter sends nothing"
     );
@@ -84,7 +85,7 @@ async fn a_waiter_queued_by_its_refusal_is_woken_by_the_next_release_and_sends_n
     );
     // The release and the winner's save: one wake, no wasted attempt.
     assert_eq!(
-        command_calls(&server, "evalsha"),
+        server.command_calls("evalsha"),
         3,
         "release, save, is_acquired"
     );
@@ -92,23 +93,37 @@ async fn a_waiter_queued_by_its_refusal_is_woken_by_the_next_release_and_sends_n
 
 #[tokio::test]
 async fn a_release_between_a_refusal_and_the_registration_is_seen_by_the_second_attempt() {
-    // The interleaving driven by hand on the store: a refused save without a ticket (the first
-    // attempt of any blocking acquire), then the release, then the registration and the save
-    // that queues. The lock does exactly this; here each step is separate.
+    // The interleaving driven by hand: the waiter's first attempt is refused, its registration
+    // is held while the holder releases, then let go. No wake can come (the release found no
+    // ticket) and no sleep can end (frozen clock): only the attempt right after the
+    // registration gets the waiter in.
     let server = RedisServer::start();
     let store = store(&server);
-    let factory = frozen(&store);
-    let holder = factory.create_lock("race");
+    let holder = frozen(&store).create_lock("race");
     holder.acquire().await.unwrap();
-    let waiter = factory.create_lock("race");
-    assert!(!waiter.try_acquire().await.unwrap(), "refused, not queued");
-    assert!(queue(&server, &store, "race").is_empty());
+    let scripted = Scripted::new(store.clone());
+    scripted.hold_requests("watch");
+    let waiter = LockFactory::from_arc(scripted.clone())
+        .with_clock(Arc::new(ManualClock::frozen()))
+        .with_default_ttl(Some(TTL))
+        .create_lock("race");
+    let waiting = tokio::spawn(async move { waiter.acquire().await });
+    until("refused, then registering", || {
+        scripted.op_names() == ["save", "watch"]
+    })
+    .await;
     holder.release().await.unwrap();
-    // A blocking acquire now: its first attempt gets the lock the release freed.
-    tokio::time::timeout(Duration::from_secs(10), waiter.acquire())
+    assert!(
+        queue(&server, &store, "race").is_empty(),
+        "nobody was queued"
+    );
+    scripted.release_replies();
+    tokio::time::timeout(Duration::from_secs(10), waiting)
         .await
         .expect("not stuck waiting for a wake that already happened")
+        .unwrap()
         .unwrap();
+    assert_eq!(scripted.op_names(), ["save", "watch", "save"]);
 }
 
 #[tokio::test]
@@ -144,7 +159,7 @@ async fn a_dropped_waiter_leaves_the_queue_and_no_wake_is_kept_for_the_next() {
     .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(
-        command_calls(&server, "evalsha"),
+        server.command_calls("evalsha"),
         2,
         "two attempts, then nothing"
     );
@@ -225,7 +240,7 @@ async fn a_writers_release_wakes_every_waiting_reader() {
         assert!(r.is_acquired().await.unwrap());
     }
     // One release, five saves, five checks: no reader tried twice.
-    assert_eq!(command_calls(&server, "evalsha"), 11);
+    assert_eq!(server.command_calls("evalsha"), 11);
 }
 
 #[tokio::test]
@@ -246,7 +261,7 @@ async fn beside_a_python_holder_a_waiter_polls_and_gets_the_lock_when_it_release
     // second (counted, not timed: at least a few tries in half a second).
     server.cli(&["CONFIG", "RESETSTAT"]);
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(command_calls(&server, "evalsha") >= 2, "the waiter polls");
+    assert!(server.command_calls("evalsha") >= 2, "the waiter polls");
     py.call("release", "py");
     let waiter = tokio::time::timeout(Duration::from_secs(10), waiting)
         .await

@@ -76,7 +76,7 @@ fn main() {
             cell(&every_65th),
             human(acquires.max),
         );
-        let (handoff, idle) = rt.block_on(handoffs_across(&server, &store, &dsn, cpu));
+        let (handoff, idle) = rt.block_on(handoffs_across(&store, &dsn, cpu));
         handoff_rows.push((placement, handoff, idle));
     }
     pin(&std::process::id().to_string(), -1);
@@ -171,21 +171,6 @@ fn commands(server: &RedisServer) -> f64 {
         .unwrap()
 }
 
-/// Scripts run since the last `CONFIG RESETSTAT`, without refused first tries (`NOSCRIPT`).
-fn scripts(server: &RedisServer) -> f64 {
-    let stats = server.cli(&["INFO", "commandstats"]);
-    let Some(line) = stats.lines().find(|l| l.starts_with("cmdstat_evalsha:")) else {
-        return 0.0;
-    };
-    let field = |name: &str| -> f64 {
-        line.split(&format!("{name}="))
-            .nth(1)
-            .and_then(|v| v.split(',').next())
-            .map_or(0.0, |v| v.parse().unwrap())
-    };
-    field("calls") - field("failed_calls")
-}
-
 fn server_cpu(server: &RedisServer) -> f64 {
     let f = |name| info_field(server, "cpu", name).parse::<f64>().unwrap();
     f("used_cpu_sys") + f("used_cpu_user")
@@ -259,12 +244,7 @@ async fn free_lock(store: &RedisStore) -> (Summary, Summary, Summary) {
 /// A child process waits (blocking acquire) while this one holds; the sample is this release →
 /// the child holds (one monotonic clock for both). Interleaved with it: an uncontended acquire
 /// + release after the same idle time.
-async fn handoffs_across(
-    server: &RedisServer,
-    store: &RedisStore,
-    dsn: &str,
-    cpu: i32,
-) -> (Summary, Summary) {
+async fn handoffs_across(store: &RedisStore, dsn: &str, cpu: i32) -> (Summary, Summary) {
     let resource = format!("bench:across:{cpu}");
     let mut child = spawn_child(&["handoff", dsn, &resource]);
     pin(&child.id().to_string(), cpu);
@@ -273,7 +253,6 @@ async fn handoffs_across(
     let holder = lock(store, &resource);
     let idle = lock(store, &format!("{resource}:idle"));
     let (mut handoffs, mut cycles) = (Vec::new(), Vec::new());
-    let _ = server;
     for i in 0..HANDOFFS {
         holder.acquire().await.unwrap();
         writeln!(to_child, "go").unwrap();
@@ -392,7 +371,7 @@ async fn chain_in_process(server: &RedisServer, store: &RedisStore) -> (f64, f64
         w.await.unwrap();
     }
     let sent = commands(server) - before - 1.0;
-    (scripts(server) / 100.0, sent / 100.0)
+    (server.command_calls("evalsha") as f64 / 100.0, sent / 100.0)
 }
 
 /// 10 child processes with 10 waiters each.
@@ -413,7 +392,7 @@ async fn chain_in_processes(server: &RedisServer, store: &RedisStore, dsn: &str)
         assert!(status.success());
     }
     let sent = commands(server) - before - 1.0;
-    (scripts(server) / 100.0, sent / 100.0)
+    (server.command_calls("evalsha") as f64 / 100.0, sent / 100.0)
 }
 
 /// `n` parked waiters: the server's and this process's CPU share while they wait.

@@ -338,6 +338,10 @@ impl<S: Store> Store for Scripted<S> {
             return Ok(None);
         }
         self.script().ops.push("watch".to_owned());
+        let hold = self.script().hold_before.contains(&"watch");
+        if hold {
+            self.replies.acquire().await.unwrap().forget();
+        }
         let watcher = self.inner.watch(key).await?;
         if self.script().best_effort_watch {
             return Ok(watcher.map(Watcher::best_effort));

@@ -22,26 +22,6 @@ pub(crate) fn lock(store: &RedisStore, resource: &str, ttl: Duration) -> Lock {
         .with_ttl(Some(ttl))
 }
 
-/// How often `command` ran on `server` since the last `CONFIG RESETSTAT` (`INFO commandstats`),
-/// not counting calls the server refused (the `NOSCRIPT` of a script's first use, which the
-/// client loads and sends again).
-pub(crate) fn command_calls(server: &RedisServer, command: &str) -> u64 {
-    let stats = server.cli(&["INFO", "commandstats"]);
-    let Some(line) = stats
-        .lines()
-        .find(|l| l.starts_with(&format!("cmdstat_{command}:")))
-    else {
-        return 0;
-    };
-    let field = |name: &str| -> u64 {
-        line.split(&format!("{name}="))
-            .nth(1)
-            .and_then(|v| v.split(',').next())
-            .map_or(0, |v| v.parse().unwrap())
-    };
-    field("calls") - field("failed_calls")
-}
-
 /// Three throwaway servers and a consensus quorum over them.
 pub(crate) struct Quorum {
     pub(crate) servers: Vec<RedisServer>,

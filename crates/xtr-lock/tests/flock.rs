@@ -102,12 +102,37 @@ fn a_directory_of_another_user_is_refused() {
     let err = FlockStore::in_dir(&foreign).unwrap_err();
     assert!(
         err.to_string()
-            .contains("it is not a directory of this user"),
+            .contains("it belongs to user 65534, neither this user (0) nor root"),
         "{err}"
     );
     assert!(
         err.to_string().contains("foreign"),
         "names the directory: {err}"
+    );
+}
+
+#[test]
+fn a_directory_writable_by_everyone_is_refused_unless_sticky() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let tmp = tempfile::tempdir().unwrap();
+    let open = tmp.path().join("open");
+    fs::create_dir(&open).unwrap();
+    fs::set_permissions(&open, fs::Permissions::from_mode(0o777)).unwrap();
+    let err = FlockStore::in_dir(&open).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("is writable by every user and not sticky (mode 777)"),
+        "{err}"
+    );
+    fs::set_permissions(&open, fs::Permissions::from_mode(0o1777)).unwrap();
+    FlockStore::in_dir(&open).expect("a sticky directory is safe, as /tmp is");
+    let below = open.join("below");
+    fs::create_dir(&below).unwrap();
+    fs::set_permissions(&open, fs::Permissions::from_mode(0o777)).unwrap();
+    let err = FlockStore::in_dir(&below).unwrap_err();
+    assert!(
+        err.to_string().contains("its parent") && err.to_string().contains("open"),
+        "a parent anyone could rename below is refused too: {err}"
     );
 }
 
@@ -121,7 +146,7 @@ fn a_symlinked_directory_is_refused() {
     let err = FlockStore::in_dir(&link).unwrap_err();
     assert!(
         err.to_string()
-            .contains("it is not a directory of this user"),
+            .contains("it is a symbolic link, not a directory"),
         "{err}"
     );
 }

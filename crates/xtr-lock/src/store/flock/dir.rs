@@ -105,10 +105,14 @@ pub(crate) fn default_dir() -> Result<PathBuf> {
     Ok(dir)
 }
 
-/// An explicit directory: created (0700) when missing, then it must be a real directory (no
-/// symlink) of this user, and writable. An existing directory's mode is left alone, so its
-/// owner may open it to a group to share locks. Returned absolute: a relative path is resolved
-/// once, here, not against each later working directory.
+/// An explicit directory: created (0700) when missing, then checked as OpenSSH checks the
+/// directories its keys live in, so locks can be shared between users without anyone being able
+/// to swap the lock files under them: the directory and each of its parents must be real
+/// directories (no symlink for the directory itself) owned by this user or by root, and none may
+/// be writable by every user unless it is sticky (`/tmp`). The directory must be writable. An
+/// existing directory's mode is left alone, so its owner may open it to a group to share locks.
+/// Returned absolute: a relative path is resolved once, here, not against each later working
+/// directory.
 pub(crate) fn explicit_dir(path: &Path) -> Result<PathBuf> {
     let uid = rustix::process::getuid().as_raw();
     let dir = absolute_lexical(path);
@@ -129,7 +133,17 @@ pub(crate) fn explicit_dir(path: &Path) -> Result<PathBuf> {
             shown(&dir)
         ))
     })?;
-    check_owned_dir(&dir, &meta, uid)?;
+    if !meta.file_type().is_dir() {
+        return Err(refused(&dir, "it is a symbolic link, not a directory"));
+    }
+    check_shared_dir(&dir, &dir, &meta, uid)?;
+    for parent in dir.ancestors().skip(1) {
+        // Parents are followed as the kernel follows them; a parent we cannot read is checked
+        // by the kernel when the lock files are opened.
+        if let Ok(meta) = fs::metadata(parent) {
+            check_shared_dir(&dir, parent, &meta, uid)?;
+        }
+    }
     if rustix::fs::access(&dir, rustix::fs::Access::WRITE_OK).is_err() {
         return Err(invalid(format!(
             "the flock store directory {} is not writable",
@@ -137,6 +151,44 @@ pub(crate) fn explicit_dir(path: &Path) -> Result<PathBuf> {
         )));
     }
     Ok(dir)
+}
+
+/// The rules one directory on the way to the lock files must meet (see [`explicit_dir`]).
+fn check_shared_dir(dir: &Path, at: &Path, meta: &fs::Metadata, uid: u32) -> Result<()> {
+    let whose = if at == dir {
+        "it".to_owned()
+    } else {
+        format!("its parent {}", shown(at))
+    };
+    let owner = meta.uid();
+    if owner != uid && owner != 0 {
+        return Err(refused(
+            dir,
+            &format!(
+                "{whose} belongs to user {owner}, neither this user ({uid}) nor root, who \
+                 could replace its lock files"
+            ),
+        ));
+    }
+    let mode = meta.mode();
+    if mode & 0o002 != 0 && mode & 0o1000 == 0 {
+        return Err(refused(
+            dir,
+            &format!(
+                "{whose} is writable by every user and not sticky (mode {:o}), so anyone could \
+                 replace its lock files; chmod o-w or chmod +t it",
+                mode & 0o7777
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn refused(dir: &Path, why: &str) -> Error {
+    invalid(format!(
+        "refusing the flock store directory {}: {why}",
+        shown(dir)
+    ))
 }
 
 fn check_owned_dir(dir: &Path, meta: &fs::Metadata, uid: u32) -> Result<()> {

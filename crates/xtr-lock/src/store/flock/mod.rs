@@ -130,8 +130,12 @@ impl FlockStore {
     }
 
     /// A store in `dir`, created (0700, parents too) when missing. An existing directory must be
-    /// a real directory of this user and writable; its mode is left alone, so its owner may open
-    /// it to a group to share locks. A relative path is resolved once, now.
+    /// a real directory (not a symlink), writable, owned by this user or by root, and neither it
+    /// nor a parent may belong to another user or be writable by every user without being sticky
+    /// (the rules OpenSSH applies to its key files): so a directory root made for several users,
+    /// `/var/lock/app` with mode 1777 or 2775, shares its locks between them, and nobody else can
+    /// replace the lock files. Its mode is left alone, so its owner may open it to a group. A
+    /// relative path is resolved once, now.
     ///
     /// # Errors
     ///
@@ -387,6 +391,10 @@ impl Store for FlockStore {
 
     /// The directory (resolved, so two spellings of one directory compare equal) and the
     /// file-name prefix.
+    fn location(&self, resource: &str) -> Option<String> {
+        Some(self.path_for(resource).display().to_string())
+    }
+
     fn locks_in(&self) -> Option<String> {
         let dir = std::fs::canonicalize(&self.inner.dir).unwrap_or_else(|_| self.inner.dir.clone());
         Some(format!(

@@ -136,7 +136,14 @@ fn parse(dsn: &str) -> Result<Dsn> {
         let (path, long) = match rest.rsplit_once('?') {
             Some((path, "names=long")) => (path, true),
             Some((path, "names=short")) => (path, false),
-            _ => (rest, false),
+            Some((_, option)) => {
+                return Err(Error::invalid_argument(format!(
+                    "invalid flock connection string: unknown option {:?}; the one option is \
+                     names=long (or names=short, the default)",
+                    option.chars().take(40).collect::<String>()
+                )));
+            }
+            None => (rest, false),
         };
         if path.is_empty() {
             return Ok(Dsn::Flock { dir: None, long });
@@ -155,6 +162,13 @@ fn parse(dsn: &str) -> Result<Dsn> {
             dir: Some(path.to_owned()),
             long,
         });
+    }
+    if dsn.starts_with('/') && !dsn.contains(':') {
+        return Err(Error::invalid_argument(format!(
+            "unsupported connection {:?}: a path is not a store; flock://{} was probably meant",
+            dsn.chars().take(200).collect::<String>(),
+            dsn.chars().take(200).collect::<String>()
+        )));
     }
     let scheme = dsn.split_once(':').map(|(s, _)| s.to_ascii_lowercase());
     let keyword = scheme.as_deref().unwrap_or(dsn);
@@ -267,9 +281,21 @@ mod tests {
         assert!(err.is_invalid_argument());
         assert!(err.to_string().contains("relative directory"), "{err}");
         assert_eq!(
-            parse("flock:///a%20b?x=1").unwrap(),
-            flock(Some("/a%20b?x=1"), false),
-            "no decoding, no other query"
+            parse("flock:///a%20b").unwrap(),
+            flock(Some("/a%20b"), false),
+            "no decoding"
+        );
+        let err = parse("flock:///var/lock?names=lng").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid flock connection string: unknown option \"names=lng\"; the one option is \
+             names=long (or names=short, the default)"
+        );
+        let err = parse("/var/lock").unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("a path is not a store; flock:///var/lock was probably meant"),
+            "{err}"
         );
         assert_eq!(
             parse("flock:///var/lock/app?names=long").unwrap(),

@@ -328,6 +328,14 @@ pub trait Store: Send + Sync + fmt::Debug + fmt::Display + 'static {
         None
     }
 
+    /// Where `resource`'s lock lives, for people and for other tools that take the same lock:
+    /// flock's lock file (an absolute path, for `flock(1)` on the same resource), Redis's key
+    /// name. `None` (the default) when there is nothing to point at.
+    fn location(&self, resource: &str) -> Option<String> {
+        let _ = resource;
+        None
+    }
+
     /// An `Unsupported` error about `what`, naming this store and the key's resource.
     #[doc(hidden)]
     fn unsupported(&self, key: &Key, what: &str) -> Error {
@@ -410,6 +418,9 @@ macro_rules! forward_store {
             }
             fn locks_in(&self) -> Option<String> {
                 (**self).locks_in()
+            }
+            fn location(&self, resource: &str) -> Option<String> {
+                (**self).location(resource)
             }
             fn unsupported(&self, key: &Key, what: &str) -> Error {
                 (**self).unsupported(key, what)

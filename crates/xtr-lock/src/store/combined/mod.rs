@@ -275,6 +275,16 @@ const PARTIAL_WAKE_GRACE: Duration = Duration::from_millis(50);
 
 #[async_trait]
 impl Store for CombinedStore {
+    /// Each member's, in order, separated by `; `.
+    fn location(&self, resource: &str) -> Option<String> {
+        let all: Vec<String> = self
+            .stores
+            .iter()
+            .filter_map(|s| s.location(resource))
+            .collect();
+        (!all.is_empty()).then(|| all.join("; "))
+    }
+
     fn capabilities(&self) -> Capabilities {
         let caps: Vec<Capabilities> = self.stores.iter().map(|s| s.capabilities()).collect();
         let met = |f: fn(&Capabilities) -> bool| {

@@ -41,6 +41,59 @@ pub(crate) fn is_redis_dsn(dsn: &str) -> bool {
         .is_some_and(|(scheme, _)| SCHEMES.contains(&scheme.to_ascii_lowercase().as_str()))
 }
 
+/// The options read here.
+const OPTIONS: &[&str] = &[
+    "prefix",
+    "db",
+    "socket_timeout",
+    "socket_connect_timeout",
+    "protocol",
+];
+
+/// Options of the Python peer's client (redis-py) that tune its connection pool and have no
+/// meaning here; accepted, so one DSN serves both, and ignored. Options that would change what
+/// is connected to or how it is secured (`ssl_*`, `username`, `password`) are not among them:
+/// ignoring those would connect somewhere the user did not mean.
+const IGNORED_OPTIONS: &[&str] = &[
+    "client_name",
+    "health_check_interval",
+    "max_connections",
+    "retry_on_timeout",
+    "socket_keepalive",
+    "decode_responses",
+    "encoding",
+    "encoding_errors",
+];
+
+/// A misspelled or unsupported option, named (an option name is not a secret), with the one it
+/// most likely meant.
+fn unknown_option(scheme: &str, name: &str) -> Error {
+    let squash = |s: &str| -> String {
+        s.chars()
+            .filter(|c| c.is_ascii_alphanumeric())
+            .map(|c| c.to_ascii_lowercase())
+            .collect()
+    };
+    let shown: String = name.chars().take(40).collect();
+    let meant = OPTIONS
+        .iter()
+        .chain(IGNORED_OPTIONS)
+        .find(|known| squash(known) == squash(name));
+    match meant {
+        Some(known) => invalid(
+            scheme,
+            format!("unknown option {shown:?}; did you mean {known:?}?"),
+        ),
+        None => invalid(
+            scheme,
+            format!(
+                "unknown option {shown:?}; the options are {}",
+                OPTIONS.join(", ")
+            ),
+        ),
+    }
+}
+
 fn invalid(scheme: &str, what: impl fmt::Display) -> Error {
     Error::invalid_argument(format!(
         "invalid Redis connection string \"{scheme}:\": {what}"
@@ -91,7 +144,8 @@ pub(crate) fn parse(dsn: &str) -> Result<RedisConfig> {
             }
             "db" => db_option = Some(value.into_owned()),
             "protocol" => passed_on.push(("protocol".into(), value.into_owned())),
-            _ => {} // options of the Python client that redis-rs has no use for
+            other if IGNORED_OPTIONS.contains(&other) => {}
+            other => return Err(unknown_option(raw_scheme, other)),
         }
     }
 
@@ -389,6 +443,23 @@ mod tests {
         ));
         let c = parse("redis://u:hunter2@h").unwrap();
         assert!(!format!("{c:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn unknown_options_are_refused_by_name() {
+        let err = parse("redis://u:hunter2@h?sockettimeout=3").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid Redis connection string \"redis:\": unknown option \"sockettimeout\"; \
+             did you mean \"socket_timeout\"?"
+        );
+        let err = parse("redis://h?ssl_ca_certs=/ca.pem").unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("unknown option \"ssl_ca_certs\"; the options are prefix, db,"),
+            "{err}"
+        );
+        parse("redis://h?health_check_interval=10&client_name=x").expect("redis-py's pool options");
     }
 
     #[test]

@@ -368,9 +368,26 @@ impl Store for RedisStore {
         }
     }
 
-    /// The server as addressed, the database and the prefix.
+    /// The server as addressed, the database and the prefix, as a DSN without credentials
+    /// (`redis://host:6379/0?prefix=app%3A`) that reaches the same locks.
     fn locks_in(&self) -> Option<String> {
-        Some(format!("{}?prefix={}", self.inner.shown, self.inner.prefix))
+        let shown = &self.inner.shown;
+        if self.inner.prefix.is_empty() {
+            return Some(shown.clone());
+        }
+        let prefix: String =
+            url::form_urlencoded::byte_serialize(self.inner.prefix.as_bytes()).collect();
+        let glue = if shown.contains('?') { '&' } else { '?' };
+        Some(format!("{shown}{glue}prefix={prefix}"))
+    }
+
+    /// The key's name and the server: `key "app:r" in redis://host:6379/0`.
+    fn location(&self, resource: &str) -> Option<String> {
+        Some(format!(
+            "key {:?} in {}",
+            self.key_for(resource),
+            self.inner.shown
+        ))
     }
 
     /// One round trip: prune, admit (new writer on an empty set, re-save, or the sole reader's

@@ -7,12 +7,36 @@ use clap::{Args, Parser, Subcommand};
 
 const EXAMPLES: &str = "\
 Examples:
-  xtr-lock run nightly-report -- ./build-report.sh      wait for the lock, run, release
-  xtr-lock run -n cron:cleanup -- ./cleanup.sh          skip (exit 1) if already running
-  xtr-lock run -w 30s --store redis://cache:6379 invoice:42 -- ./renew.sh
-  KEY=$(xtr-lock acquire --store redis://h job:7 --ttl 10m); ...; xtr-lock release \"$KEY\"
-  xtr-lock status nightly-report
+  xtr-lock run nightly-report ./build-report.sh         wait for the lock, run, release
+  xtr-lock run -n cron:cleanup -c 'find /tmp -delete'   skip (exit 1) if already running
+  xtr-lock run -w 30 --store redis://cache:6379 invoice:42 ./renew.sh
+  KEY=$(xtr-lock acquire --store redis://h job:7 --ttl 10m); ...; echo \"$KEY\" | xtr-lock release -
+  xtr-lock status nightly-report && echo running
   xtr-lock bench --store flock --clients 8";
+
+/// What `run --help` adds: the command's environment, the ttl, the exit codes, examples.
+const RUN_HELP: &str = "\
+The command's environment (the caller's own, XTR_LOCK_STORE included, plus):
+  XTR_LOCK_RESOURCE       the resource locked
+  XTR_LOCK_MODE           write or read
+  XTR_LOCK_FENCING_TOKEN  the lock's fencing token, where the store gives one (Redis): pass it to
+                          what the command writes, so a write made after the lock was lost is refused
+  XTR_LOCK_SCHEME         the store's kind: flock, redis, combined(...), ...
+  XTR_LOCK_LOCATION       where the lock lives: the lock file (flock), the key and server (Redis)
+
+The ttl: on stores where a lock is a lease (Redis), it lasts --ttl (default 60s) and is renewed
+every third of it while the command runs, so a crashed xtr-lock frees it within --ttl. Flock
+locks need none: they end when the holding processes die. `acquire` has the same default for
+the same reason: a key whose holder vanished frees its lock when the ttl runs out.
+
+Examples:
+  xtr-lock run backup ./backup.sh                     wait as long as it takes (flock(1) style)
+  xtr-lock run -n backup ./backup.sh                  skip if running: exit 1 (cron)
+  xtr-lock run -w 30 -E 0 backup ./backup.sh          wait 30 s at most, then skip quietly
+  xtr-lock run -s report -c 'cat data/*.csv'          readers together, writers alone
+  xtr-lock run --store redis://cache:6379 --ttl 5m deploy ./deploy.sh
+  XTR_LOCK_STORE=redis://a:6379,redis://b:6379,redis://c:6379 xtr-lock run job ./job.sh
+  xtr-lock run -v --json job ./job.sh 2>events.jsonl  what happened, as JSON lines on stderr";
 
 #[derive(Debug, Parser)]
 #[command(
@@ -32,32 +56,45 @@ pub(crate) struct Cli {
 
 #[derive(Debug, Args, Clone)]
 pub(crate) struct StoreArgs {
-    /// Where locks live: flock, flock:///dir, redis://host:6379/0, rediss://…, unix:///sock,
-    /// in-memory, null. Repeated: a quorum (strict majority) over those stores.
-    #[arg(
-        long,
-        env = "XTR_LOCK_STORE",
-        default_value = "flock",
-        value_name = "DSN"
-    )]
+    /// Where locks live: flock (the default), flock:///dir, redis://host:6379/0, rediss://…,
+    /// unix:///sock, in-memory, null. Repeated, or several separated by commas: a quorum
+    /// (strict majority) over those stores. Without --store, $XTR_LOCK_STORE (also a
+    /// comma-separated list), then flock.
+    #[arg(long, value_name = "DSN")]
     pub store: Vec<String>,
 }
 
 #[derive(Debug, Args, Clone)]
 pub(crate) struct WaitArgs {
     /// Fail at once if the lock is held (exit 1, or -E).
-    #[arg(short = 'n', long = "nonblock", conflicts_with = "wait")]
+    #[arg(
+        short = 'n',
+        long = "nonblock",
+        visible_alias = "nb",
+        conflicts_with = "wait"
+    )]
     pub nonblock: bool,
 
-    /// Give up after this long if the lock stays held (30s, 2m, 1h30m).
-    #[arg(short = 'w', long = "wait", value_name = "DURATION")]
+    /// Give up after this long if the lock stays held: seconds (30, 0.5) or a duration (2m,
+    /// 1h30m, 500ms).
+    #[arg(
+        short = 'w',
+        long = "wait",
+        visible_alias = "timeout",
+        value_name = "SECONDS"
+    )]
     pub wait: Option<String>,
 
     /// Take a shared (read) lock: readers run together, writers wait.
-    #[arg(short = 's', long = "shared")]
+    #[arg(short = 's', long = "shared", conflicts_with = "exclusive")]
     pub shared: bool,
 
-    /// The lock's lifetime on stores where locks expire (renewed while the command runs).
+    /// Take an exclusive (write) lock: the default, as in flock(1).
+    #[arg(short = 'x', short_alias = 'e', long = "exclusive")]
+    pub exclusive: bool,
+
+    /// The lock's lifetime on stores where locks expire (renewed while the command runs):
+    /// seconds or a duration; default 60s.
     #[arg(long, value_name = "DURATION")]
     pub ttl: Option<String>,
 
@@ -71,21 +108,28 @@ pub(crate) struct WaitArgs {
     pub conflict_exit_code: u8,
 
     /// Print nothing but errors.
-    #[arg(short = 'q', long)]
+    #[arg(short = 'q', long, conflicts_with = "verbose")]
     pub quiet: bool,
+
+    /// Say how long getting the lock took (and, for run, what is executed), also when stderr
+    /// is not a terminal.
+    #[arg(short = 'v', long)]
+    pub verbose: bool,
 }
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum Command {
     /// Take the lock, run COMMAND, release the lock when it exits; exit with its status.
     ///
-    /// COMMAND runs in its own process group while the lock is kept alive and watched. If the
-    /// lock is lost (its key deleted, its lock file replaced, its lease run out), the group gets
+    /// COMMAND comes after the resource, with or without `--` (or as -c 'shell command'). It
+    /// runs in its own process group while the lock is kept alive and watched. If the lock is
+    /// lost (its key deleted, its lock file replaced, its lease run out), the group gets
     /// SIGTERM, then SIGKILL after --kill-after, and xtr-lock exits 3; a lock found lost when
-    /// COMMAND ends is exit 3 too. On flock COMMAND inherits the locked file, so the lock lasts
-    /// while it runs even if xtr-lock is killed; elsewhere COMMAND is stopped if xtr-lock dies,
-    /// and, where the lock is a lease, before the lease ends if xtr-lock could not renew it
-    /// (stopped or starved).
+    /// COMMAND ends is exit 3 too. On flock COMMAND inherits the locked file (unless -o), so
+    /// the lock lasts while it runs even if xtr-lock is killed; elsewhere COMMAND is stopped if
+    /// xtr-lock dies, and, where the lock is a lease, before the lease ends if xtr-lock could
+    /// not renew it (stopped or starved).
+    #[command(after_help = format!("{RUN_HELP}\n\n{}", crate::exit::TABLE))]
     Run {
         #[command(flatten)]
         store: StoreArgs,
@@ -95,13 +139,37 @@ pub(crate) enum Command {
         /// lock was lost, or xtr-lock died on a store where the lock dies with it).
         #[arg(long, value_name = "DURATION", default_value = "10s")]
         kill_after: String,
+        /// Run this through `sh -c` instead of a COMMAND given as words.
+        #[arg(short = 'c', long = "command", value_name = "SHELL_COMMAND")]
+        shell: Option<OsString>,
+        /// flock(1)'s --close: COMMAND does not inherit the lock file, so children it leaves
+        /// behind do not hold the lock; the lock is then xtr-lock's, and COMMAND is stopped if
+        /// xtr-lock dies. Other stores never hand the lock to COMMAND.
+        #[arg(short = 'o', long = "close")]
+        close: bool,
+        /// flock(1)'s --unlock, which drops a lock held on a descriptor; refused (see the
+        /// message): xtr-lock releases when COMMAND exits.
+        #[arg(short = 'u', long = "unlock", hide = true)]
+        unlock: bool,
+        /// Report what happens as JSON lines on stderr (waiting, acquired, lost, released,
+        /// exit) instead of sentences.
+        #[arg(long)]
+        json: bool,
         /// The resource to lock (any string).
         resource: String,
-        /// The command and its arguments (after --).
-        #[arg(last = true, required = true, num_args = 1..)]
+        /// The command and its arguments.
+        #[arg(
+            trailing_var_arg = true,
+            allow_hyphen_values = true,
+            value_name = "COMMAND"
+        )]
         command: Vec<OsString>,
     },
     /// Take a lock and print its key, for `release`/`refresh`/`status --key` in another process.
+    ///
+    /// The key (one line of JSON) names the store it was made on, without credentials, and the
+    /// lock's fencing token; `release`, `refresh` and `status --key` use that store unless
+    /// --store names one (which must be the same store: with credentials, say).
     Acquire {
         #[command(flatten)]
         store: StoreArgs,
@@ -114,27 +182,31 @@ pub(crate) enum Command {
     Release {
         #[command(flatten)]
         store: StoreArgs,
-        /// The key printed by `acquire`; read from stdin when absent.
+        /// The key printed by `acquire`; `-` or absent: read from stdin (an argument is visible
+        /// to every user in `ps`).
         key: Option<String>,
     },
     /// Extend the lifetime of the lock a key (argument or stdin) holds.
     Refresh {
         #[command(flatten)]
         store: StoreArgs,
-        /// The new lifetime, from now.
+        /// The new lifetime, from now: seconds or a duration.
         #[arg(long, value_name = "DURATION", default_value = "60s")]
         ttl: String,
-        /// The key printed by `acquire`; read from stdin when absent.
+        /// The key printed by `acquire`; `-` or absent: read from stdin.
         key: Option<String>,
     },
     /// Show whether a resource is held, in which mode, and by whom when the store can tell.
+    ///
+    /// Exit status: 0 held, 1 free, 2 error or cannot tell (a store that cannot see holders);
+    /// with --key: 0 held by that key, 3 not held by it.
     Status {
         #[command(flatten)]
         store: StoreArgs,
         /// The resource (or use --key).
         #[arg(required_unless_present = "key")]
         resource: Option<String>,
-        /// Ask about the lock a key printed by `acquire` holds instead.
+        /// Ask about the lock a key printed by `acquire` holds instead (`-`: read it from stdin).
         #[arg(long, value_name = "KEY", conflicts_with = "resource")]
         key: Option<String>,
         /// Print JSON.

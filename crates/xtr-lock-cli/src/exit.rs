@@ -7,6 +7,8 @@ pub(crate) enum Exit {
     Ok,
     /// The lock is held by someone else (`-n`, or `-w` ran out); `-E` changes the number.
     Conflict(u8),
+    /// `status`: nobody holds the resource.
+    Free,
     /// Bad usage or configuration, or the store failed: the message says what and how to fix.
     Error,
     /// The lock was lost while the command ran (the command was terminated), or a key handed
@@ -27,6 +29,7 @@ impl Exit {
     pub(crate) fn code(self) -> u8 {
         match self {
             Exit::Ok => 0,
+            Exit::Free => 1,
             Exit::Conflict(n) | Exit::CannotRun(n) | Exit::Command(n) => n,
             Exit::Error => ERROR,
             Exit::Lost => LOST,
@@ -42,5 +45,6 @@ Exit codes:
   2        usage, configuration or store error (bad DSN, duration, unreachable server, ...)
   3        the lock was lost while the command ran (it was terminated), or a handed-in key's
            lock is no longer held
+  status:  0 held, 1 free, 2 error or the store cannot tell; with --key 0 held by it, 3 not
   126/127  the command cannot be executed / was not found
   N        otherwise run exits with the command's own status; 128+N if it was killed by signal N";

@@ -5,6 +5,7 @@ mod cli;
 mod cmd;
 mod config;
 mod exit;
+mod handoff;
 mod lease;
 mod output;
 mod procs;
@@ -16,7 +17,7 @@ use std::process::ExitCode;
 use clap::{CommandFactory as _, Parser as _};
 
 use cli::{Cli, Command};
-use config::{StoreConfig, Take, duration};
+use config::{Source, StoreConfig, Take, duration};
 use exit::Exit;
 
 fn main() -> ExitCode {
@@ -34,13 +35,17 @@ fn main() -> ExitCode {
             return ExitCode::from(exit::ERROR);
         }
     };
-    match runtime.block_on(run(cli)) {
-        Ok(exit) => ExitCode::from(exit.code()),
+    let code = match runtime.block_on(run(cli)) {
+        Ok(exit) => exit.code(),
         Err(err) => {
-            eprintln!("xtr-lock: error: {}", output::causes(err.as_ref()));
-            ExitCode::from(exit::ERROR)
+            output::error_line(&output::causes(err.as_ref()));
+            exit::ERROR
         }
+    };
+    if output::json() {
+        output::event("exit", serde_json::json!({ "code": code }));
     }
+    ExitCode::from(code)
 }
 
 async fn run(cli: Cli) -> anyhow::Result<Exit> {
@@ -49,17 +54,46 @@ async fn run(cli: Cli) -> anyhow::Result<Exit> {
             store,
             wait,
             kill_after,
+            shell,
+            close,
+            unlock,
+            json,
             resource,
             command,
         } => {
+            output::set_json(json);
+            if unlock {
+                return Err(anyhow::anyhow!(
+                    "-u/--unlock drops a lock held on a descriptor (flock -u FD), and xtr-lock \
+                     holds none for you: `run` releases when the command exits, and a lock \
+                     taken with `xtr-lock acquire` is released with `xtr-lock release KEY`"
+                ));
+            }
+            let command = match (shell, command.is_empty()) {
+                (Some(line), true) => vec!["sh".into(), "-c".into(), line],
+                (Some(_), false) => {
+                    return Err(anyhow::anyhow!(
+                        "give the command either as words after the resource or as -c 'shell \
+                         command', not both"
+                    ));
+                }
+                (None, false) => command,
+                (None, true) => {
+                    return Err(anyhow::anyhow!(
+                        "no command to run: give it after the resource (xtr-lock run {resource:?} \
+                         ./job.sh) or as -c 'shell command'"
+                    ));
+                }
+            };
             let take = Take::from_args(&wait)?;
             let kill_after = duration("--kill-after", &kill_after)?;
-            let store = StoreConfig::from_args(&store)?;
+            let store = StoreConfig::open(&Source::of(&store)?, take.quiet)?;
             closing(store, |store| {
                 cmd::run::run(cmd::run::RunArgs {
                     store,
                     take,
                     kill_after,
+                    close,
                     resource,
                     command,
                 })
@@ -72,17 +106,17 @@ async fn run(cli: Cli) -> anyhow::Result<Exit> {
             resource,
         } => {
             let take = Take::from_args(&wait)?;
-            let store = StoreConfig::from_args(&store)?;
-            closing(store, |store| cmd::keys::acquire(store, take, &resource)).await
+            let source = Source::of(&store)?;
+            let store = StoreConfig::open(&source, take.quiet)?;
+            closing(store, |store| {
+                cmd::keys::acquire(store, &source, take, &resource)
+            })
+            .await
         }
-        Command::Release { store, key } => {
-            let store = StoreConfig::from_args(&store)?;
-            closing(store, |store| cmd::keys::release(store, key)).await
-        }
+        Command::Release { store, key } => cmd::keys::release(&Source::of(&store)?, key).await,
         Command::Refresh { store, ttl, key } => {
             let ttl = duration("--ttl", &ttl)?;
-            let store = StoreConfig::from_args(&store)?;
-            closing(store, |store| cmd::keys::refresh(store, ttl, key)).await
+            cmd::keys::refresh(&Source::of(&store)?, ttl, key).await
         }
         Command::Status {
             store,
@@ -90,8 +124,13 @@ async fn run(cli: Cli) -> anyhow::Result<Exit> {
             key,
             json,
         } => {
-            let store = StoreConfig::from_args(&store)?;
-            closing(store, |store| cmd::keys::status(store, resource, key, json)).await
+            let source = Source::of(&store)?;
+            if key.is_some() {
+                return cmd::keys::status_of_key(&source, key, json).await;
+            }
+            let resource = resource.expect("clap requires a resource without --key");
+            let store = StoreConfig::open(&source, true)?;
+            closing(store, |store| cmd::keys::status(store, resource, json)).await
         }
         Command::Bench {
             store,
@@ -103,7 +142,7 @@ async fn run(cli: Cli) -> anyhow::Result<Exit> {
         } => {
             let run_for = duration("--duration", &d)?;
             let hold = duration("--hold", &hold)?;
-            let store = StoreConfig::from_args(&store)?;
+            let store = StoreConfig::open(&Source::of(&store)?, false)?;
             closing(store, |store| {
                 cmd::bench::bench(cmd::bench::BenchArgs {
                     duration: run_for,
@@ -144,8 +183,13 @@ where
 
 /// Closes `store`; a failure is reported, and does not change the command's exit status (what
 /// the command did is done).
-async fn close(store: &dyn xtr_lock::Store) {
+pub(crate) async fn close(store: &dyn xtr_lock::Store) {
     if let Err(err) = store.close().await {
-        eprintln!("xtr-lock: warning: {}", output::causes(&err));
+        let line = output::causes(&err);
+        if output::json() {
+            output::event("warning", serde_json::json!({"message": line}));
+        } else {
+            eprintln!("xtr-lock: warning: {line}");
+        }
     }
 }

@@ -3,6 +3,7 @@
 
 use std::io::{IsTerminal as _, Write as _};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use xtr_lock::store::HolderInfo;
@@ -30,20 +31,74 @@ pub(crate) fn holders(list: &[HolderInfo]) -> String {
         .join(", ")
 }
 
-/// An error and its causes on one line, each after a colon; a cause whose text is already
-/// shown (a store error quoting the I/O error it wraps) is not repeated.
+/// An error and its causes on one line, each after a colon, each once: a cause whose text is
+/// already shown (a store error quoting the I/O error it wraps) is left out, and so are the
+/// parts of a cause that repeat what is shown (`lock 'r': ` again, the same `(store …)`).
 pub(crate) fn causes(err: &(dyn std::error::Error + 'static)) -> String {
+    // Which store: said once, at the end.
+    let mut store: Option<String> = None;
+    let mut take_store = |text: &mut String| {
+        if text.ends_with(')')
+            && let Some(at) = text.rfind(" (store ")
+        {
+            store.get_or_insert_with(|| text[at..].to_owned());
+            text.truncate(at);
+        }
+    };
     let mut line = err.to_string();
+    take_store(&mut line);
     let mut next = err.source();
     while let Some(cause) = next {
-        let text = cause.to_string();
+        let mut text = cause.to_string();
+        take_store(&mut text);
+        if let Some((head, rest)) = text.split_once(": ")
+            && head.starts_with("lock ")
+            && line.contains(head)
+        {
+            text = rest.to_owned();
+        }
         if !line.contains(&text) {
             line.push_str(": ");
             line.push_str(&text);
         }
         next = cause.source();
     }
+    if let Some(store) = store {
+        line.push_str(&store);
+    }
     line
+}
+
+/// Whether `run --json` asked for events as JSON lines: every line xtr-lock itself writes on
+/// stderr is then one JSON object, `{"xtr_lock": "<event>", ...}`.
+static JSON: AtomicBool = AtomicBool::new(false);
+
+pub(crate) fn set_json(on: bool) {
+    JSON.store(on, Ordering::Relaxed);
+}
+
+pub(crate) fn json() -> bool {
+    JSON.load(Ordering::Relaxed)
+}
+
+/// Writes the event `name` with `fields` as one JSON line on stderr.
+pub(crate) fn event(name: &str, fields: serde_json::Value) {
+    let mut object = serde_json::Map::new();
+    object.insert("xtr_lock".to_owned(), name.into());
+    if let serde_json::Value::Object(more) = fields {
+        object.extend(more);
+    }
+    let mut err = std::io::stderr().lock();
+    let _ = writeln!(err, "{}", serde_json::Value::Object(object));
+}
+
+/// An error line: `xtr-lock: error: …`, or an `error` event under `--json`.
+pub(crate) fn error_line(message: &str) {
+    if json() {
+        event("error", serde_json::json!({"message": message}));
+    } else {
+        eprintln!("xtr-lock: error: {message}");
+    }
 }
 
 /// A duration rounded for people: `850ms`, `12s`, `3m 20s`.
@@ -117,5 +172,18 @@ mod tests {
         );
         let plain = anyhow::anyhow!("outer").context("top");
         assert_eq!(causes(plain.as_ref()), "top: outer");
+    }
+
+    #[test]
+    fn a_wrapped_store_error_names_the_lock_and_the_store_once() {
+        let root = xtr_lock::Error::storage("cannot reach the Redis server: Connection refused")
+            .with_resource("r")
+            .with_store("redis://h:1/0");
+        let err = anyhow::Error::new(root).context("lock 'r': failed to acquire the lock");
+        assert_eq!(
+            causes(err.as_ref()),
+            "lock 'r': failed to acquire the lock: cannot reach the Redis server: Connection \
+             refused (store redis://h:1/0)"
+        );
     }
 }

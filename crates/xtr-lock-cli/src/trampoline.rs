@@ -1,4 +1,4 @@
-//! `xtr-lock __exec-child PARENT GRACE_MS -- COMMAND [ARG…]`: how `run` makes sure its command
+//! `xtr-lock __exec-child PARENT GRACE_MS LEASE [json] -- COMMAND [ARG…]`: how `run` makes sure its command
 //! does not outlive a killed `xtr-lock` on stores where the lock dies with it.
 //!
 //! The command's process group starts with this small supervisor: it asks the kernel for
@@ -19,10 +19,13 @@ use std::time::Duration;
 use rustix::process::{Pid, Signal, WaitOptions};
 use tokio::signal::unix::{SignalKind, signal};
 
-use crate::{exit, lease, procs};
+use crate::{exit, lease, output, procs};
 
 /// The lease-file argument when there is none.
 pub(crate) const NO_LEASE: &str = "-";
+
+/// The option that makes the supervisor's messages JSON events, as `run --json` asks.
+pub(crate) const JSON: &str = "json";
 
 /// The first argument that selects this mode (never a subcommand a user types).
 pub(crate) const ARG: &str = "__exec-child";
@@ -40,17 +43,21 @@ pub(crate) fn run_if_asked() -> Option<ExitCode> {
     let parent = number(args.next()).and_then(|p| i32::try_from(p).ok());
     let grace = number(args.next()).map(Duration::from_millis);
     let lease_path = args.next().filter(|p| p != NO_LEASE);
-    let command: Vec<OsString> = args.skip_while(|a| a != "--").skip(1).collect();
+    let rest: Vec<OsString> = args.collect();
+    let split = rest.iter().position(|a| a == "--").unwrap_or(rest.len());
+    // Options between the lease and `--`: `json` (run --json: messages are events).
+    output::set_json(rest[..split].iter().any(|a| a == JSON));
+    let command: Vec<OsString> = rest.into_iter().skip(split + 1).collect();
     let (Some(parent), Some(grace), false) = (parent, grace, command.is_empty()) else {
-        eprintln!("xtr-lock: error: {ARG} is for xtr-lock run's own use");
+        output::error_line(&format!("{ARG} is for xtr-lock run's own use"));
         return Some(ExitCode::from(exit::ERROR));
     };
     if let Err(e) = rustix::process::set_parent_process_death_signal(Some(Signal::TERM)) {
-        eprintln!("xtr-lock: error: cannot tie the command to xtr-lock's life: {e}");
+        output::error_line(&format!("cannot tie the command to xtr-lock's life: {e}"));
         return Some(ExitCode::from(exit::ERROR));
     }
     if !parent_is(parent) {
-        eprintln!("xtr-lock: the process holding the lock is gone; the command does not run");
+        output::error_line("the process holding the lock is gone; the command does not run");
         return Some(ExitCode::from(exit::LOST));
     }
     let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -59,14 +66,14 @@ pub(crate) fn run_if_asked() -> Option<ExitCode> {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("xtr-lock: error: cannot start the async runtime: {e}");
+            output::error_line(&format!("cannot start the async runtime: {e}"));
             return Some(ExitCode::from(exit::ERROR));
         }
     };
     let lease = match lease_path.map(|p| lease::Reader::open(std::path::Path::new(&p))) {
         Some(Ok(reader)) => Some(reader),
         Some(Err(e)) => {
-            eprintln!("xtr-lock: error: cannot read the lock's lease from xtr-lock: {e}");
+            output::error_line(&format!("cannot read the lock's lease from xtr-lock: {e}"));
             return Some(ExitCode::from(exit::ERROR));
         }
         None => None,
@@ -91,18 +98,18 @@ async fn supervise(
         signal(SignalKind::hangup()),
     );
     let (Ok(mut exits), Ok(mut term), Ok(mut int), Ok(mut hup)) = signals else {
-        eprintln!("xtr-lock: error: cannot watch signals");
+        output::error_line("cannot watch signals");
         return ExitCode::from(exit::ERROR);
     };
     let name = command[0].to_string_lossy().into_owned();
     let child = match Command::new(&command[0]).args(&command[1..]).spawn() {
         Ok(child) => child,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            eprintln!("xtr-lock: error: command not found: {name}");
+            output::error_line(&format!("command not found: {name}"));
             return ExitCode::from(127);
         }
         Err(e) => {
-            eprintln!("xtr-lock: error: cannot run {name}: {e}");
+            output::error_line(&format!("cannot run {name}: {e}"));
             return ExitCode::from(126);
         }
     };

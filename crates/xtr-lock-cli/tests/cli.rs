@@ -20,10 +20,17 @@ fn run_passes_the_commands_status_and_environment_on() {
     let store = flock_dsn(tmp.path());
     xtr()
         .args(["run", "--store", &store, "job", "--", "sh", "-c"])
-        .arg("echo \"$XTR_LOCK_RESOURCE $XTR_LOCK_STORE ${XTR_LOCK_FENCING_TOKEN:-none}\"; exit 7")
+        .arg(
+            "echo \"$XTR_LOCK_RESOURCE $XTR_LOCK_SCHEME $XTR_LOCK_MODE ${XTR_LOCK_FENCING_TOKEN:-none} \
+             ${XTR_LOCK_STORE:-unset} $XTR_LOCK_LOCATION\"; exit 7",
+        )
+        .env_remove("XTR_LOCK_STORE")
         .assert()
         .code(7)
-        .stdout("job flock none\n");
+        .stdout(format!(
+            "job flock write none unset {}/xtr.job.XoyZAiB.lock\n",
+            tmp.path().display()
+        ));
     xtr()
         .args(["run", "--store", &store, "job", "--", "true"])
         .assert()
@@ -398,10 +405,10 @@ fn acquire_in_one_process_release_in_another() {
     xtr()
         .args(["status", "--store", &store, "handed"])
         .assert()
-        .success()
+        .code(1)
         .stdout(
-            predicates::str::is_match("^\"handed\": free\nfencing counter: [1-9][0-9]*\n$")
-                .unwrap(),
+            "\"handed\": free\nlock: key \"handed\" in redis://127.0.0.1:PORT/0\n"
+                .replace("PORT", &server.port().to_string()),
         );
     xtr()
         .args(["release", "--store", &store, key.trim()])
@@ -528,7 +535,7 @@ fn a_repeated_store_is_a_quorum() {
         "--".into(),
         "sh".into(),
         "-c".into(),
-        "echo $XTR_LOCK_STORE".into(),
+        "echo $XTR_LOCK_SCHEME".into(),
     ]);
     xtr()
         .args(&args)
@@ -565,7 +572,7 @@ fn a_repeated_store_is_a_quorum() {
         .success()
         .stdout(
             predicate::str::is_match(
-                r#"^"held": held by holder [0-9a-f]{12} \(write, \d+s left\)\n$"#,
+                r#"^"held": held by holder [0-9a-f]{12} \(write, \d+s left\)\nlock: key "held" in redis://127.0.0.1:\d+/0; key "held" in "#,
             )
             .unwrap(),
         );
@@ -580,8 +587,10 @@ fn a_repeated_store_is_a_quorum() {
         .args(&stores)
         .arg("held")
         .assert()
-        .success()
-        .stdout("\"held\": free\n");
+        .code(1)
+        .stdout(predicate::str::starts_with(
+            "\"held\": free\nlock: key \"held\"",
+        ));
     servers[0].kill();
     xtr().args(&args).assert().success();
     servers[1].kill();

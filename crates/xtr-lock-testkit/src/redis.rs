@@ -168,7 +168,8 @@ impl RedisServer {
         self.dir.path()
     }
 
-    fn pid(&self) -> Pid {
+    /// The server's process.
+    pub fn pid(&self) -> Pid {
         let id = self.child.as_ref().expect("the server runs").id();
         Pid::from_raw(i32::try_from(id).expect("a pid")).expect("a pid")
     }

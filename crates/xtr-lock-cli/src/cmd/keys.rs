@@ -1,26 +1,17 @@
-//! `acquire`, `release`, `refresh`, `status`: locks handed between processes as keys.
+//! `acquire`, `release`, `refresh`, `status`: locks handed between processes as keys, and what
+//! a store says about a resource.
 
-use std::io::{Read as _, Write as _};
+use std::io::Write as _;
 use std::time::Duration;
 
 use anyhow::{Result, anyhow};
 use serde_json::json;
 use xtr_lock::Lockable as _;
-use xtr_lock::{Key, Mode, Release};
+use xtr_lock::{Mode, Release};
 
-use crate::config::{StoreConfig, Take};
+use crate::config::{Source, StoreConfig, Take};
 use crate::exit::Exit;
-
-fn refuse_local(store: &StoreConfig) -> Result<()> {
-    if store.keys_travel {
-        return Ok(());
-    }
-    Err(anyhow!(
-        "a {} lock cannot be handed to another process (it lives in this process: an open file \
-         or memory); use `xtr-lock run` instead, or a store such as redis://",
-        store.scheme
-    ))
-}
+use crate::handoff::{self, Handed, mode_name};
 
 /// Prints `text` on stdout; a closed pipe is not an error (`| head`).
 fn print(text: &str) -> Result<()> {
@@ -31,25 +22,33 @@ fn print(text: &str) -> Result<()> {
     }
 }
 
-pub(crate) async fn acquire(store: StoreConfig, take: Take, resource: &str) -> Result<Exit> {
-    refuse_local(&store)?;
+pub(crate) async fn acquire(
+    store: StoreConfig,
+    source: &Source,
+    take: Take,
+    resource: &str,
+) -> Result<Exit> {
+    handoff::refuse_local(&store, source)?;
     if crate::stdio::stdout_closed() {
         return Err(anyhow!(
             "stdout is closed: the key would reach nobody, so no lock was taken"
         ));
     }
     let lock = store.lock(resource, take.ttl);
-    if !super::take(&lock, &store, &take).await? {
+    let Some(waited) = super::take(&lock, &store, &take).await? else {
         if !take.quiet {
             eprintln!("{}", super::conflict_message(&lock, &take));
         }
         return Ok(Exit::Conflict(take.conflict_exit_code));
+    };
+    if take.verbose {
+        eprintln!("{}", super::took_line(&lock, waited));
     }
-    let key = match lock.key().to_json() {
+    let key = match handoff::envelope(&lock, &store) {
         Ok(k) => k,
         Err(e) => {
             let _ = lock.release().await;
-            return Err(e.into());
+            return Err(e);
         }
     };
     if let Err(e) = deliver(&key) {
@@ -86,86 +85,112 @@ fn deliver(key: &str) -> std::io::Result<()> {
     Ok(())
 }
 
-fn read_key(arg: Option<String>) -> Result<Key> {
-    let text = match arg {
-        Some(k) if k != "-" => k,
-        _ => {
-            let mut s = String::new();
-            std::io::stdin().read_to_string(&mut s)?;
-            s
-        }
-    };
-    Key::from_json(text.trim())
-        .map_err(|e| anyhow!("the key is not one `xtr-lock acquire` printed: {e}"))
+/// What is said of a key whose lock is not held by it.
+fn not_held(resource: &str) -> String {
+    format!(
+        "xtr-lock: {resource:?} is not held by this key (its lock expired, was released, or was \
+         never taken)"
+    )
 }
 
-pub(crate) async fn release(store: StoreConfig, key: Option<String>) -> Result<Exit> {
-    refuse_local(&store)?;
-    let lock = store.factory().create_lock_from_key(read_key(key)?);
-    Ok(match lock.release().await? {
-        Release::Released | Release::Kept => Exit::Ok,
-        _ => {
-            eprintln!(
-                "xtr-lock: {:?} was not held by this key any more (expired or released)",
-                lock.resource()
-            );
-            Exit::Lost
+/// Runs `op` with the lock a handed-in key names, on the store it names, then closes that store.
+async fn with_key<F, Fut>(source: &Source, key: Option<String>, op: F) -> Result<Exit>
+where
+    F: FnOnce(Handed, xtr_lock::Lock) -> Fut,
+    Fut: std::future::Future<Output = Result<Exit>>,
+{
+    let handed = handoff::read(key)?;
+    let store = handoff::store_for(&handed, source)?;
+    let lock = store.factory().create_lock_from_key(handed.key.clone());
+    let handle = store.store.clone();
+    let outcome = op(handed, lock).await;
+    crate::close(&*handle).await;
+    outcome
+}
+
+pub(crate) async fn release(source: &Source, key: Option<String>) -> Result<Exit> {
+    with_key(source, key, |_, lock| async move {
+        Ok(match lock.release().await? {
+            Release::Released | Release::Kept => Exit::Ok,
+            _ => {
+                eprintln!("{}", not_held(lock.resource()));
+                Exit::Lost
+            }
+        })
+    })
+    .await
+}
+
+pub(crate) async fn refresh(source: &Source, ttl: Duration, key: Option<String>) -> Result<Exit> {
+    with_key(source, key, |_, lock| async move {
+        match lock.refresh(Some(ttl)).await {
+            Ok(()) => Ok(Exit::Ok),
+            Err(e) if e.is_conflict() || e.is_lost() || e.is_expired() => {
+                eprintln!("{}", not_held(lock.resource()));
+                Ok(Exit::Lost)
+            }
+            Err(e) => Err(e.into()),
         }
     })
+    .await
 }
 
-pub(crate) async fn refresh(
-    store: StoreConfig,
-    ttl: Duration,
-    key: Option<String>,
-) -> Result<Exit> {
-    refuse_local(&store)?;
-    let lock = store.factory().create_lock_from_key(read_key(key)?);
-    match lock.refresh(Some(ttl)).await {
-        Ok(()) => Ok(Exit::Ok),
-        Err(e) if e.is_conflict() || e.is_lost() || e.is_expired() => {
-            eprintln!(
-                "xtr-lock: {:?} is not held by this key any more",
-                lock.resource()
-            );
-            Ok(Exit::Lost)
-        }
-        Err(e) => Err(e.into()),
-    }
-}
-
-pub(crate) async fn status(
-    store: StoreConfig,
-    resource: Option<String>,
+pub(crate) async fn status_of_key(
+    source: &Source,
     key: Option<String>,
     json_out: bool,
 ) -> Result<Exit> {
-    if key.is_some() {
-        refuse_local(&store)?;
-        let lock = store.factory().create_lock_from_key(read_key(key)?);
+    with_key(source, key, |handed, lock| async move {
         let held = lock.is_acquired().await?;
+        let mode = handed.mode.map(mode_name);
         if json_out {
-            print(&json!({"resource": lock.resource(), "held_by_key": held}).to_string())?;
-        } else {
-            print(&format!(
-                "{:?}: {}",
-                lock.resource(),
-                if held {
-                    "held by this key"
-                } else {
-                    "not held by this key"
+            print(
+                &json!({
+                    "resource": lock.resource(),
+                    "held_by_key": held,
+                    "mode": mode,
+                    "fencing_token": handed.fencing_token,
+                    "store": handed.stores,
+                })
+                .to_string(),
+            )?;
+        } else if held {
+            let mut line = format!("{:?}: held by this key", lock.resource());
+            if let Some(mode) = mode {
+                line.push_str(&format!(" ({mode}"));
+                if let Some(token) = handed.fencing_token {
+                    line.push_str(&format!(", fencing token {token}"));
                 }
-            ))?;
+                line.push(')');
+            }
+            print(&line)?;
+        } else {
+            print(&format!("{:?}: not held by this key", lock.resource()))?;
         }
-        return Ok(if held { Exit::Ok } else { Exit::Lost });
-    }
-    let resource = resource.expect("clap requires a resource without --key");
+        Ok(if held { Exit::Ok } else { Exit::Lost })
+    })
+    .await
+}
+
+/// `status RESOURCE`: 0 held, 1 free, 2 when the store cannot tell.
+pub(crate) async fn status(store: StoreConfig, resource: String, json_out: bool) -> Result<Exit> {
     let holders = if store.store.capabilities().introspection {
         Some(store.store.holders(&resource).await?)
     } else {
         None
     };
-    let fencing = store.store.fencing_counter(&resource).await?;
+    let fencing = match &holders {
+        // The counter is one per store (per key prefix), not the resource's: shown only as what
+        // it is, an upper bound of every token handed out so far.
+        Some(h) if !h.is_empty() => store.store.fencing_counter(&resource).await?,
+        _ => None,
+    };
+    let location = store.store.location(&resource);
+    let state = match &holders {
+        Some(h) if h.is_empty() => "free",
+        Some(_) => "held",
+        None => "unknown",
+    };
     if json_out {
         let list: Option<Vec<_>> = holders.as_ref().map(|hs| {
             hs.iter()
@@ -179,18 +204,14 @@ pub(crate) async fn status(
                 })
                 .collect()
         });
-        let state = match &holders {
-            Some(h) if h.is_empty() => "free",
-            Some(_) => "held",
-            None => "unknown",
-        };
         print(
             &json!({
                 "resource": resource,
                 "store": store.scheme,
                 "state": state,
                 "holders": list,
-                "fencing_counter": fencing,
+                "location": location,
+                "store_fencing_counter": fencing,
             })
             .to_string(),
         )?;
@@ -206,9 +227,19 @@ pub(crate) async fn status(
                 crate::output::holders(h)
             ))?,
         }
+        if let Some(location) = &location {
+            print(&format!("lock: {location}"))?;
+        }
         if let Some(counter) = fencing {
-            print(&format!("fencing counter: {counter}"))?;
+            print(&format!(
+                "fencing tokens so far: at most {counter} (one counter for every resource of \
+                 this store; the holder's own is in its key and $XTR_LOCK_FENCING_TOKEN)"
+            ))?;
         }
     }
-    Ok(Exit::Ok)
+    Ok(match state {
+        "held" => Exit::Ok,
+        "free" => Exit::Free,
+        _ => Exit::Error,
+    })
 }

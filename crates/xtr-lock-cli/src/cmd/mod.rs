@@ -4,23 +4,74 @@ pub(crate) mod bench;
 pub(crate) mod keys;
 pub(crate) mod run;
 
+use std::io::IsTerminal as _;
+use std::time::{Duration, Instant};
+
 use anyhow::Result;
+use serde_json::json;
 use xtr_lock::{Lock, Lockable as _, Wait};
 
 use crate::config::{StoreConfig, Take};
-use crate::output::StatusLine;
+use crate::handoff::mode_name;
+use crate::output::{self, StatusLine};
 
-/// Takes `lock` as `take` says. `Ok(false)`: held by someone else (or `--wait` ran out).
-pub(crate) async fn take(lock: &Lock, store: &StoreConfig, take: &Take) -> Result<bool> {
+/// Takes `lock` as `take` says: `Some(how long it took)`, or `None` when it is held by someone
+/// else (or `--wait` ran out). While it waits, a status line on a terminal; a `waiting` line
+/// with `-v` elsewhere, or a `waiting` event under `--json`.
+pub(crate) async fn take(
+    lock: &Lock,
+    store: &StoreConfig,
+    take: &Take,
+) -> Result<Option<Duration>> {
+    let started = Instant::now();
     // Try once before showing anything: most locks are free.
     if lock.acquire_with(take.mode, Wait::Never).await? {
-        return Ok(true);
+        return Ok(Some(started.elapsed()));
     }
-    if take.wait == Wait::Never || take.wait == Wait::AtMost(std::time::Duration::ZERO) {
-        return Ok(false);
+    if take.wait == Wait::Never || take.wait == Wait::AtMost(Duration::ZERO) {
+        return Ok(None);
     }
-    let _status = StatusLine::start(store.store.clone(), lock.resource().to_owned(), take.quiet);
-    Ok(lock.acquire_with(take.mode, take.wait).await?)
+    let holders = if store.store.capabilities().introspection {
+        store.store.holders(lock.resource()).await.ok()
+    } else {
+        None
+    };
+    if output::json() {
+        let list = holders.as_ref().map(|h| output::holders(h));
+        output::event(
+            "waiting",
+            json!({"resource": lock.resource(), "held_by": list}),
+        );
+    } else if take.verbose && !std::io::stderr().is_terminal() {
+        let by = match &holders {
+            Some(h) if !h.is_empty() => format!("; held by {}", output::holders(h)),
+            _ => String::new(),
+        };
+        eprintln!("xtr-lock: waiting for {:?}{by}", lock.resource());
+    }
+    let _status = StatusLine::start(
+        store.store.clone(),
+        lock.resource().to_owned(),
+        take.quiet || output::json(),
+    );
+    Ok(lock
+        .acquire_with(take.mode, take.wait)
+        .await?
+        .then(|| started.elapsed()))
+}
+
+/// `-v`'s line once the lock is taken, flock(1)'s words with what the lock is:
+/// `xtr-lock: getting lock "r" took 0.000123 seconds (write, fencing token 42)`.
+pub(crate) fn took_line(lock: &Lock, took: Duration) -> String {
+    let mode = lock.held_mode().map_or("held", mode_name);
+    let token = lock
+        .fencing_token()
+        .map_or_else(String::new, |t| format!(", fencing token {t}"));
+    format!(
+        "xtr-lock: getting lock {:?} took {:.6} seconds ({mode}{token})",
+        lock.resource(),
+        took.as_secs_f64()
+    )
 }
 
 /// The message for a lock held by someone else.

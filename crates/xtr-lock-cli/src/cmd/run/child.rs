@@ -70,6 +70,7 @@ impl Child {
                             || OsString::from("-"),
                             |w| w.path().as_os_str().to_owned(),
                         ))
+                        .args(crate::output::json().then_some(trampoline::JSON))
                         .arg("--")
                         .args(command);
                     cmd
@@ -102,11 +103,11 @@ impl Child {
         let child = match spawned {
             Ok(child) => child,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                eprintln!("xtr-lock: error: command not found: {name}");
+                crate::output::error_line(&format!("command not found: {name}"));
                 return Ok(Err(Exit::CannotRun(127)));
             }
             Err(e) => {
-                eprintln!("xtr-lock: error: cannot run {name}: {e}");
+                crate::output::error_line(&format!("cannot run {name}: {e}"));
                 return Ok(Err(Exit::CannotRun(126)));
             }
         };

@@ -10,10 +10,13 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::time::Instant;
 use xtr_lock::{Lock, Lockable as _, Release};
 
+use serde_json::json;
+
 use crate::config::{StoreConfig, Take};
 use crate::exit::Exit;
+use crate::handoff::mode_name;
 use crate::lease;
-use crate::output::{causes, short};
+use crate::output::{self, causes, short};
 use crate::procs;
 
 mod child;
@@ -26,6 +29,8 @@ pub(crate) struct RunArgs {
     pub store: StoreConfig,
     pub take: Take,
     pub kill_after: Duration,
+    /// `-o`: the command does not inherit the lock's descriptors.
+    pub close: bool,
     pub resource: String,
     pub command: Vec<OsString>,
 }
@@ -72,11 +77,26 @@ pub(crate) async fn run(args: RunArgs) -> Result<Exit> {
             return Ok(killed_by(sig));
         }
     };
-    if !taken {
-        if !args.take.quiet {
+    let Some(took) = taken else {
+        if output::json() {
+            output::event("conflict", json!({"resource": args.resource}));
+        } else if !args.take.quiet {
             eprintln!("{}", super::conflict_message(&lock, &args.take));
         }
         return Ok(Exit::Conflict(args.take.conflict_exit_code));
+    };
+    if output::json() {
+        output::event(
+            "acquired",
+            json!({
+                "resource": args.resource,
+                "mode": lock.held_mode().map(mode_name),
+                "fencing_token": lock.fencing_token(),
+                "waited_ms": took.as_secs_f64() * 1e3,
+            }),
+        );
+    } else if args.take.verbose {
+        eprintln!("{}", super::took_line(&lock, took));
     }
     let outcome = supervise(&args, &lock, &mut signals).await;
     let known = lock.lost_reason();
@@ -88,21 +108,38 @@ pub(crate) async fn run(args: RunArgs) -> Result<Exit> {
                     || "the store had nothing of it when the command ended".to_owned(),
                     |reason| reason.to_string(),
                 );
-                eprintln!(
-                    "xtr-lock: lock {:?} was lost while the command ran: {why}",
-                    lock.resource()
+                report_loss(
+                    &args.resource,
+                    &format!(
+                        "lock {:?} was lost while the command ran: {why}",
+                        lock.resource()
+                    ),
                 );
             }
             outcome.map(|_| Exit::Lost)
         }
-        Ok(_) => outcome,
+        Ok(_) => {
+            if output::json() {
+                output::event("released", json!({"resource": args.resource}));
+            }
+            outcome
+        }
         Err(err) => {
-            eprintln!("xtr-lock: error: {}", causes(&err));
+            output::error_line(&causes(&err));
             match outcome {
                 Ok(Exit::Command(0)) => Ok(Exit::Error),
                 other => other,
             }
         }
+    }
+}
+
+/// Says a loss happened: a line, or a `lost` event.
+fn report_loss(resource: &str, line: &str) {
+    if output::json() {
+        output::event("lost", json!({"resource": resource, "reason": line}));
+    } else {
+        eprintln!("xtr-lock: {line}");
     }
 }
 
@@ -116,8 +153,8 @@ async fn supervise(args: &RunArgs, lock: &Lock, signals: &mut Signals) -> Result
         Tie::None
     } else {
         match store.inheritable_descriptors(lock.key())? {
-            Some(fds) => Tie::Descriptors(fds),
-            None => Tie::ParentDeath {
+            Some(fds) if !args.close => Tie::Descriptors(fds),
+            _ => Tie::ParentDeath {
                 grace: args.kill_after,
                 // A lease that xtr-lock renews: the supervisor also stops the command when
                 // xtr-lock can no longer renew it (stopped, paused) before the lease ends.
@@ -128,14 +165,29 @@ async fn supervise(args: &RunArgs, lock: &Lock, signals: &mut Signals) -> Result
             },
         }
     };
+    // The caller's environment is passed on untouched (XTR_LOCK_STORE included, so nested
+    // xtr-lock calls use the same store); what the lock tells the command has names of its own.
     let env = [
         ("XTR_LOCK_RESOURCE", Some(args.resource.clone())),
-        ("XTR_LOCK_STORE", Some(args.store.scheme.clone())),
+        (
+            "XTR_LOCK_MODE",
+            lock.held_mode().map(|m| mode_name(m).to_owned()),
+        ),
         (
             "XTR_LOCK_FENCING_TOKEN",
             lock.fencing_token().map(|t| t.to_string()),
         ),
+        ("XTR_LOCK_SCHEME", Some(args.store.scheme.clone())),
+        ("XTR_LOCK_LOCATION", store.location(&args.resource)),
     ];
+    if args.take.verbose && !output::json() {
+        let words: Vec<String> = args
+            .command
+            .iter()
+            .map(|w| w.to_string_lossy().into_owned())
+            .collect();
+        eprintln!("xtr-lock: executing {}", words.join(" "));
+    }
     let mut child = match Child::start(&args.command, &env, tie)? {
         Ok(child) => child,
         Err(cannot_run) => return Ok(cannot_run),
@@ -167,7 +219,10 @@ async fn supervise(args: &RunArgs, lock: &Lock, signals: &mut Signals) -> Result
                             lock.resource()
                         ),
                     };
-                    eprintln!("xtr-lock: {why}; the command was stopped before its lease ended");
+                    report_loss(
+                        &args.resource,
+                        &format!("{why}; the command was stopped before its lease ended"),
+                    );
                     return Ok(Exit::Lost);
                 }
                 Event::Exited(exit) => return Ok(exit),
@@ -180,10 +235,13 @@ async fn supervise(args: &RunArgs, lock: &Lock, signals: &mut Signals) -> Result
             // Forwarded: the command decides how to stop; the lock is released after it exits.
             sig = signals.recv() => child.signal_group(sig),
             lost = monitor.lost() => {
-                eprintln!(
-                    "xtr-lock: {}; stopping the command (SIGTERM, then SIGKILL after {})",
-                    loss_line(&lost),
-                    short(args.kill_after)
+                report_loss(
+                    &args.resource,
+                    &format!(
+                        "{}; stopping the command (SIGTERM, then SIGKILL after {})",
+                        loss_line(&lost),
+                        short(args.kill_after)
+                    ),
                 );
                 stop(&mut child, args.kill_after).await?;
                 return Ok(Exit::Lost);
@@ -194,11 +252,19 @@ async fn supervise(args: &RunArgs, lock: &Lock, signals: &mut Signals) -> Result
 
 /// A loss and the error that showed it, with its causes (a refresh that kept failing).
 fn loss_line(lost: &xtr_lock::LockLost) -> String {
-    let cause = lost
-        .error
-        .as_deref()
-        .map_or_else(String::new, |err| format!(" ({})", causes(err)));
-    format!("{lost}{cause}")
+    let said = lost.to_string();
+    let cause = lost.error.as_deref().map_or_else(String::new, |err| {
+        let text = causes(err);
+        // `lock 'r': ` again says nothing new.
+        let text = match text.split_once(": ") {
+            Some((head, rest)) if head.starts_with("lock ") && said.contains(&head[5..]) => {
+                rest.to_owned()
+            }
+            _ => text,
+        };
+        format!(" ({text})")
+    });
+    format!("{said}{cause}")
 }
 
 /// Stops the command's process group: SIGTERM, then SIGKILL for whatever of it is still there

@@ -502,7 +502,9 @@ async fn two_servers_of_three_down_refuse_and_leave_nothing_on_the_survivor() {
 
 #[tokio::test]
 async fn a_paused_server_is_a_vote_against_within_the_socket_timeout() {
-    let q = quorum("?socket_timeout=0.5");
+    // Both timeouts: a request that timed out can make the client reconnect, and connecting to
+    // a paused server (the kernel accepts, nobody answers) lasts the connect timeout.
+    let q = quorum("?socket_timeout=0.5&socket_connect_timeout=0.5");
     let lock = q.factory().create_lock("r");
     lock.try_acquire().await.unwrap(); // connect everywhere first
     lock.release().await.unwrap();
@@ -517,6 +519,9 @@ async fn a_paused_server_is_a_vote_against_within_the_socket_timeout() {
     lock.release().await.unwrap();
     q.servers[2].pause(); // two of three paused now: no majority
 
+    // The verdict waits for server 1's earlier requests (the save and the release it never
+    // answered, each a timeout) and its own: three timeouts; the failed members' roll-back runs
+    // in the background (it used to be awaited: two more).
     let started = Instant::now();
     let err = lock.try_acquire().await.unwrap_err();
     assert_eq!(support::root(&err).kind(), ErrorKind::Storage, "{err}");

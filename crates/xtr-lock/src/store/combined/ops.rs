@@ -33,6 +33,8 @@ pub(super) async fn save_member(
 struct SaveNotes {
     /// Members that granted, or failed (and so may have stored).
     changed: Vec<usize>,
+    /// Those of `changed` that failed: whether they stored is not known.
+    failed: Vec<usize>,
     retry_after: Option<Duration>,
     /// What members that refused said the holder still holds there.
     kept: Option<Mode>,
@@ -62,6 +64,7 @@ impl SaveNotes {
                 tracing::debug!(target: TARGET, resource = key.resource(),
                     store = %store.stores[i], error = %err, "one store failed to save the lock");
                 self.changed.push(i);
+                self.failed.push(i);
                 self.failures.push(err);
                 Vote::Failed
             }
@@ -146,10 +149,10 @@ impl CombinedStore {
                 Saved::Conflict(conflict)
             }
         } else {
-            // Only the members that stored (or failed, and may have) are cleaned up; those still
-            // answering are cleaned up in the background once they do, ahead of the holder's
-            // next request to them.
-            self.roll_back_changed(key, &changed, &tally.answered, pending)
+            // Only the members that stored (or failed, and may have) are cleaned up; those that
+            // failed, and those still answering, in the background (once they answer), ahead
+            // of the holder's next request to them.
+            self.roll_back_changed(key, &changed, &notes.failed, &tally.answered, pending)
                 .await;
             Saved::Conflict(conflict)
         };
@@ -198,18 +201,34 @@ impl CombinedStore {
         false
     }
 
-    /// Takes a refused save back: deletes now from the members in `changed` (they stored, or
-    /// failed and may have), and from each member still answering once it answers, if it
-    /// stored or failed, in the background (ahead of the holder's next request to it).
+    /// Takes a refused save back: deletes now from the members in `changed` that stored; in
+    /// the background from those that `failed` (and may have stored: a member that failed is
+    /// likely to fail again, and the verdict must not wait for a second timeout), and from each
+    /// member still answering once it answers, if it stored or failed. Work in the background
+    /// runs ahead of the holder's next request to that member.
     async fn roll_back_changed(
         &self,
         key: &Key,
         changed: &[usize],
+        failed: &[usize],
         answered: &[bool],
         mut pending: Pending<Saved>,
     ) {
+        if !failed.is_empty() {
+            let uncertain = self
+                .ask(key, failed, |s, k| async move { s.delete(&k).await })
+                .await;
+            self.inflight
+                .detach(key.resource(), "delete", failed, uncertain)
+                .await;
+        }
+        let stored: Vec<usize> = changed
+            .iter()
+            .copied()
+            .filter(|i| !failed.contains(i))
+            .collect();
         let mut deletes = self
-            .ask(key, changed, |s, k| async move { s.delete(&k).await })
+            .ask(key, &stored, |s, k| async move { s.delete(&k).await })
             .await;
         while let Some((i, result)) = deletes.next().await {
             if let Err(err) = result {

@@ -116,6 +116,9 @@ async fn run(cli: Cli) -> anyhow::Result<Exit> {
         Command::Release { store, key } => cmd::keys::release(&Source::of(&store)?, key).await,
         Command::Refresh { store, ttl, key } => {
             let ttl = duration("--ttl", &ttl)?;
+            if ttl.is_zero() {
+                return Err(anyhow::anyhow!("--ttl must be more than zero"));
+            }
             cmd::keys::refresh(&Source::of(&store)?, ttl, key).await
         }
         Command::Status {
@@ -142,7 +145,8 @@ async fn run(cli: Cli) -> anyhow::Result<Exit> {
         } => {
             let run_for = duration("--duration", &d)?;
             let hold = duration("--hold", &hold)?;
-            let store = StoreConfig::open(&Source::of(&store)?, false)?;
+            // Measuring a store that locks nothing between processes is a fair question.
+            let store = StoreConfig::open(&Source::of(&store)?, true)?;
             closing(store, |store| {
                 cmd::bench::bench(cmd::bench::BenchArgs {
                     duration: run_for,

@@ -123,6 +123,30 @@ fn a_password_stays_out_of_the_key_and_comes_from_the_matching_store() {
         .success();
 }
 
+#[test]
+fn a_keys_store_keeps_the_prefix_and_database() {
+    let server = RedisServer::start();
+    let store = format!("{}?prefix=app%3Alocks%3A&socket_timeout=2", server.url(3));
+    let out = xtr()
+        .args(["acquire", "--store", &store, "p"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let key: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        key["store"],
+        serde_json::json!([format!("{}?prefix=app%3Alocks%3A", server.url(3))])
+    );
+    assert_eq!(server.cli(&["-n", "3", "EXISTS", "app:locks:p"]), "1");
+    // The same store with other timeouts is the same store.
+    xtr()
+        .args(["release", "--store", &store, "-"])
+        .write_stdin(out.stdout.clone())
+        .assert()
+        .success();
+    assert_eq!(server.cli(&["-n", "3", "EXISTS", "app:locks:p"]), "0");
+}
+
 // ---- errors ----------------------------------------------------------------------------------
 
 #[test]

@@ -9,7 +9,7 @@ use xtr_lock_testkit::redis::RedisServer;
 
 mod common;
 
-use common::{bin, flock_dsn, spawn, stop, wait_held, xtr};
+use common::{bin, flock_dsn, spawn, stderr_after_first_line, stop, wait_held, xtr};
 
 /// `sh -c` script that runs the binary under test as `xtr-lock`.
 fn with_xtr(script: &str) -> String {
@@ -315,11 +315,11 @@ fn flock_1_options_work_as_flock_users_type_them() {
     }
     // -v says that it waits and how long getting the lock took, with no terminal in sight.
     let mut waiter = spawn(&["run", "-v", "--store", &store, "f", "echo", "ran"]);
-    std::thread::sleep(Duration::from_millis(300));
+    // Released only once the waiter said it waits.
+    let (_, reader) = stderr_after_first_line(&mut waiter);
     stop(run);
     let status = waiter.wait().unwrap();
-    let mut stderr = String::new();
-    std::io::Read::read_to_string(waiter.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    let stderr = reader.join().unwrap();
     assert!(status.success(), "{stderr}");
     let lines: Vec<&str> = stderr.lines().collect();
     assert_eq!(lines.len(), 3, "{stderr}");
@@ -383,14 +383,13 @@ fn run_json_reports_each_event_as_a_line() {
     let store = server.url(0);
     let holder = spawn(&["run", "--store", &store, "ev", "--", "sleep", "30"]);
     wait_held(&store, "ev");
-    let waiter = spawn(&[
+    let mut waiter = spawn(&[
         "run", "--json", "--store", &store, "ev", "--", "sh", "-c", "exit 4",
     ]);
-    std::thread::sleep(Duration::from_millis(300));
+    let (_, reader) = stderr_after_first_line(&mut waiter);
     stop(holder);
-    let out = waiter.wait_with_output().unwrap();
-    assert_eq!(out.status.code(), Some(4));
-    let ev = events(&out.stderr);
+    assert_eq!(waiter.wait().unwrap().code(), Some(4));
+    let ev = events(reader.join().unwrap().as_bytes());
     let names: Vec<&str> = ev.iter().map(|e| e["xtr_lock"].as_str().unwrap()).collect();
     assert_eq!(names, ["waiting", "acquired", "released", "exit"], "{ev:?}");
     assert!(ev[0]["held_by"].as_str().unwrap().starts_with("holder "));

@@ -90,7 +90,10 @@ fn the_waiting_line_and_verbose_report_on_a_terminal() {
     });
     assert!(!screen.contains("getting lock"), "{screen}");
     stop(holder);
-    let screen = tmux.wait_for("the command", |s| s.contains("the-command-ran"));
+    // Its own line: `executing …` names it too.
+    let screen = tmux.wait_for("the command's output", |s| {
+        s.lines().any(|l| l.trim_end() == "the-command-ran")
+    });
     let lines: Vec<&str> = screen.lines().filter(|l| !l.trim().is_empty()).collect();
     assert!(
         lines[0].starts_with("xtr-lock: getting lock \"term\" took ")
@@ -101,7 +104,7 @@ fn the_waiting_line_and_verbose_report_on_a_terminal() {
         lines[1], "xtr-lock: executing echo the-command-ran",
         "{screen}"
     );
-    assert_eq!(lines[2], "the-command-ran", "{screen}");
+    assert_eq!(lines[2].trim_end(), "the-command-ran", "{screen}");
     assert!(
         !screen.contains("waiting for"),
         "the waiting line is cleared: {screen}"

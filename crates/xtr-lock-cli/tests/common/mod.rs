@@ -96,3 +96,30 @@ pub(crate) fn kill(pid: i32, sig: rustix::process::Signal) {
 pub(crate) fn bin() -> std::path::PathBuf {
     assert_cmd::cargo::cargo_bin("xtr-lock")
 }
+
+/// Reads `child`'s stderr in a thread: returns its first line once written (failing after
+/// 10 s), and a handle that yields the whole of it once the child closes it. For tests that must
+/// act only after a waiter said it waits.
+pub(crate) fn stderr_after_first_line(
+    child: &mut Child,
+) -> (String, std::thread::JoinHandle<String>) {
+    use std::io::BufRead as _;
+    let stderr = child.stderr.take().expect("stderr piped");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut all = String::new();
+        for line in std::io::BufReader::new(stderr).lines() {
+            let line = line.unwrap_or_default();
+            if all.is_empty() {
+                let _ = tx.send(line.clone());
+            }
+            all.push_str(&line);
+            all.push('\n');
+        }
+        all
+    });
+    let first = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the child wrote no line on stderr within 10 s");
+    (first, reader)
+}

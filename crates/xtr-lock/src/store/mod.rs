@@ -41,6 +41,8 @@ mod flock;
 mod memory;
 mod null;
 mod outcome;
+#[cfg(feature = "redis")]
+mod pubsub;
 mod watch;
 
 /// Re-exported so store implementors need no direct dependency on `async-trait`.

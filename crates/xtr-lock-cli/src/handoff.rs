@@ -20,6 +20,7 @@ use serde_json::{Value, json};
 use xtr_lock::{Key, Lock, Lockable as _, Mode};
 
 use crate::config::{Source, StoreConfig};
+use crate::output::mode_name;
 
 /// The envelope's version field, and its name.
 const VERSION_FIELD: &str = "xtr_lock_key";
@@ -45,13 +46,6 @@ pub(crate) fn envelope(lock: &Lock, store: &StoreConfig) -> Result<String> {
         "lock": inner,
     })
     .to_string())
-}
-
-pub(crate) fn mode_name(mode: Mode) -> &'static str {
-    match mode {
-        Mode::Write => "write",
-        Mode::Read => "read",
-    }
 }
 
 /// Reads a key from `arg`, or from stdin when it is absent or `-`.

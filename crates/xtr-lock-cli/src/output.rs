@@ -9,6 +9,14 @@ use std::time::{Duration, Instant};
 use xtr_lock::store::HolderInfo;
 use xtr_lock::{Mode, Store};
 
+/// A mode as the command shows it (lines, JSON, `XTR_LOCK_MODE`): `write` or `read`.
+pub(crate) fn mode_name(mode: Mode) -> &'static str {
+    match mode {
+        Mode::Write => "write",
+        Mode::Read => "read",
+    }
+}
+
 /// Describes holders: `pid 1234 (write, 12s left), pid 99 (read)`.
 pub(crate) fn holders(list: &[HolderInfo]) -> String {
     list.iter()
@@ -18,10 +26,7 @@ pub(crate) fn holders(list: &[HolderInfo]) -> String {
                 (None, Some(id)) => format!("holder {id}"),
                 (None, None) => "someone".to_owned(),
             };
-            let mode = match h.mode {
-                Mode::Write => "write",
-                Mode::Read => "read",
-            };
+            let mode = mode_name(h.mode);
             match h.remaining {
                 Some(left) => format!("{who} ({mode}, {} left)", short(left)),
                 None => format!("{who} ({mode})"),
@@ -51,12 +56,7 @@ pub(crate) fn causes(err: &(dyn std::error::Error + 'static)) -> String {
     while let Some(cause) = next {
         let mut text = cause.to_string();
         take_store(&mut text);
-        if let Some((head, rest)) = text.split_once(": ")
-            && head.starts_with("lock ")
-            && line.contains(head)
-        {
-            text = rest.to_owned();
-        }
+        let text = unrepeated(&line, text);
         if !line.contains(&text) {
             line.push_str(": ");
             line.push_str(&text);
@@ -67,6 +67,15 @@ pub(crate) fn causes(err: &(dyn std::error::Error + 'static)) -> String {
         line.push_str(&store);
     }
     line
+}
+
+/// `text` without a leading `lock 'r': ` that `shown` already names (a wrapped error naming its
+/// lock again).
+pub(crate) fn unrepeated(shown: &str, text: String) -> String {
+    match text.split_once(": ") {
+        Some((head, rest)) if head.starts_with("lock ") && shown.contains(head) => rest.to_owned(),
+        _ => text,
+    }
 }
 
 /// Whether `run --json` asked for events as JSON lines: every line xtr-lock itself writes on
@@ -172,6 +181,23 @@ mod tests {
         );
         let plain = anyhow::anyhow!("outer").context("top");
         assert_eq!(causes(plain.as_ref()), "top: outer");
+    }
+
+    #[test]
+    fn a_loss_does_not_name_its_lock_twice() {
+        let said = "lock 'r' was lost: the store could not be reached before its lifetime ran out";
+        assert_eq!(
+            super::unrepeated(
+                said,
+                "lock 'r': failed to define an expiration: refused".into()
+            ),
+            "failed to define an expiration: refused"
+        );
+        assert_eq!(
+            super::unrepeated(said, "lock 'other': x".into()),
+            "lock 'other': x",
+            "another lock is named"
+        );
     }
 
     #[test]

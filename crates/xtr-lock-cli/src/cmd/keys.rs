@@ -7,11 +7,12 @@ use std::time::Duration;
 use anyhow::{Result, anyhow};
 use serde_json::json;
 use xtr_lock::Lockable as _;
-use xtr_lock::{Mode, Release};
+use xtr_lock::Release;
 
 use crate::config::{Source, StoreConfig, Take};
 use crate::exit::Exit;
-use crate::handoff::{self, Handed, mode_name};
+use crate::handoff::{self, Handed};
+use crate::output::mode_name;
 
 /// Prints `text` on stdout; a closed pipe is not an error (`| head`).
 fn print(text: &str) -> Result<()> {
@@ -196,7 +197,7 @@ pub(crate) async fn status(store: StoreConfig, resource: String, json_out: bool)
             hs.iter()
                 .map(|h| {
                     json!({
-                        "mode": match h.mode { Mode::Write => "write", Mode::Read => "read" },
+                        "mode": mode_name(h.mode),
                         "pid": h.pid,
                         "id": h.id,
                         "remaining_ms": h.remaining.map(|d| d.as_millis() as u64),

@@ -12,8 +12,7 @@ use serde_json::json;
 use xtr_lock::{Lock, Lockable as _, Wait};
 
 use crate::config::{StoreConfig, Take};
-use crate::handoff::mode_name;
-use crate::output::{self, StatusLine};
+use crate::output::{self, StatusLine, mode_name};
 
 /// Takes `lock` as `take` says: `Some(how long it took)`, or `None` when it is held by someone
 /// else (or `--wait` ran out). While it waits, a status line on a terminal; a `waiting` line

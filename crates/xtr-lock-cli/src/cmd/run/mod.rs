@@ -14,9 +14,8 @@ use serde_json::json;
 
 use crate::config::{StoreConfig, Take};
 use crate::exit::Exit;
-use crate::handoff::mode_name;
 use crate::lease;
-use crate::output::{self, causes, short};
+use crate::output::{self, causes, mode_name, short};
 use crate::procs;
 
 mod child;
@@ -254,15 +253,7 @@ async fn supervise(args: &RunArgs, lock: &Lock, signals: &mut Signals) -> Result
 fn loss_line(lost: &xtr_lock::LockLost) -> String {
     let said = lost.to_string();
     let cause = lost.error.as_deref().map_or_else(String::new, |err| {
-        let text = causes(err);
-        // `lock 'r': ` again says nothing new.
-        let text = match text.split_once(": ") {
-            Some((head, rest)) if head.starts_with("lock ") && said.contains(&head[5..]) => {
-                rest.to_owned()
-            }
-            _ => text,
-        };
-        format!(" ({text})")
+        format!(" ({})", output::unrepeated(&said, causes(err)))
     });
     format!("{said}{cause}")
 }

@@ -30,18 +30,22 @@ pub(crate) async fn take(
     if take.wait == Wait::Never || take.wait == Wait::AtMost(Duration::ZERO) {
         return Ok(None);
     }
-    let holders = if store.store.capabilities().introspection {
+    // Asked only when a line or an event will show them (the terminal's status line asks on
+    // its own): a wait costs no extra round trip otherwise.
+    let json = output::json();
+    let verbose_line = take.verbose && !std::io::stderr().is_terminal();
+    let holders = if (json || verbose_line) && store.store.capabilities().introspection {
         store.store.holders(lock.resource()).await.ok()
     } else {
         None
     };
-    if output::json() {
+    if json {
         let list = holders.as_ref().map(|h| output::holders(h));
         output::event(
             "waiting",
             json!({"resource": lock.resource(), "held_by": list}),
         );
-    } else if take.verbose && !std::io::stderr().is_terminal() {
+    } else if verbose_line {
         let by = match &holders {
             Some(h) if !h.is_empty() => format!("; held by {}", output::holders(h)),
             _ => String::new(),
@@ -51,7 +55,7 @@ pub(crate) async fn take(
     let _status = StatusLine::start(
         store.store.clone(),
         lock.resource().to_owned(),
-        take.quiet || output::json(),
+        take.quiet || json,
     );
     Ok(lock
         .acquire_with(take.mode, take.wait)

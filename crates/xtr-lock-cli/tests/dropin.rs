@@ -179,10 +179,14 @@ fn errors_are_one_line_with_each_cause_once() {
 fn a_failed_release_in_run_says_why() {
     let server = RedisServer::start();
     let pid = server.pid().as_raw_nonzero();
-    // The command kills the server: the release after it fails, and says so with the cause.
+    let port = server.port();
+    // The command kills the server and ends once it refuses connections (a zombie until the
+    // test reaps it, but its sockets are closed): the release after it fails, and says why.
     let out = xtr()
         .args(["run", "--store", &server.url(0), "r", "--", "sh", "-c"])
-        .arg(format!("kill -9 {pid}; sleep 0.3"))
+        .arg(format!(
+            "kill -9 {pid}; while redis-cli -p {port} PING >/dev/null 2>&1; do sleep 0.01; done"
+        ))
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);

@@ -496,3 +496,52 @@ async fn a_thousand_waiters_are_served_one_at_a_time_without_a_thread_each() {
             .unwrap();
     }
 }
+
+/// `/proc/locks` is handed out a page per read, and the list can change between pages: locks
+/// taken or let go elsewhere shift the entries, so one read can show a holder twice or miss
+/// it. With hundreds of other locks coming and going, one holder must still be one holder.
+#[tokio::test]
+async fn holders_stay_exact_while_other_locks_come_and_go() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let tmp = tempfile::tempdir().unwrap();
+    let store = FlockStore::in_dir(tmp.path()).unwrap();
+    let lock = LockFactory::new(store.clone()).create_lock("r");
+    lock.try_acquire().await.unwrap();
+
+    let churn_dir = tempfile::tempdir().unwrap();
+    let files: Vec<fs::File> = (0..300)
+        .map(|i| fs::File::create(churn_dir.path().join(format!("f{i}"))).unwrap())
+        .collect();
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let churn = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            use rustix::fs::{FlockOperation, flock};
+            while !stop.load(Ordering::Relaxed) {
+                for f in &files {
+                    flock(f, FlockOperation::LockShared).unwrap();
+                }
+                for f in &files {
+                    flock(f, FlockOperation::Unlock).unwrap();
+                }
+            }
+        })
+    };
+    let (mut wrong, mut unsure) = (Vec::new(), 0);
+    for _ in 0..500 {
+        match store.holders("r").await {
+            Ok(list) if list.len() == 1 => {}
+            Ok(list) => wrong.push(list.len()),
+            // Said as such, never as a wrong answer.
+            Err(e) if e.is_temporary() => unsure += 1,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    churn.join().unwrap();
+    assert!(
+        wrong.is_empty(),
+        "holder counts seen instead of 1: {wrong:?}"
+    );
+    eprintln!("{unsure} of 500 reads found the table changing every time");
+}

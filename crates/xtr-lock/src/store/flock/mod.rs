@@ -564,7 +564,8 @@ impl Store for FlockStore {
         Ok(Some(vec![dup]))
     }
 
-    /// The processes holding the file and their modes, from `/proc/locks`.
+    /// The processes holding the file and their modes, from a consistent read of `/proc/locks`
+    /// (a temporary error when the kernel's lock table changed during every read).
     ///
     /// # Cancel safety
     ///
@@ -583,12 +584,19 @@ impl Store for FlockStore {
                 );
             }
         };
-        let locks = std::fs::read_to_string("/proc/locks").map_err(|e| {
-            Error::storage(format!("cannot read /proc/locks: {e}"))
-                .with_resource(resource)
-                .with_store(self)
-                .with_source(e)
-        })?;
+        let locks = proc_locks::snapshot()
+            .map_err(|e| {
+                Error::storage(format!("cannot read /proc/locks: {e}"))
+                    .with_resource(resource)
+                    .with_store(self)
+                    .with_source(e)
+            })?
+            .ok_or_else(|| {
+                Error::storage("the kernel's lock table (/proc/locks) changed during every read")
+                    .temporary()
+                    .with_resource(resource)
+                    .with_store(self)
+            })?;
         use std::os::unix::fs::MetadataExt as _;
         let dev = meta.dev();
         let entries = proc_locks::granted(

@@ -1,6 +1,47 @@
 //! Who holds a lock file: the `FLOCK` entries of `/proc/locks` for its device and inode.
+//!
+//! The kernel builds `/proc/locks` a page per `read(2)` and lets go of its lock table between
+//! pages, so a read of more than a page is not a snapshot: locks taken or let go elsewhere in
+//! the meantime shift the entries, and one read can list a holder twice or not at all (hundreds
+//! of locks changing nearby make that happen on most reads). [`snapshot`] reads until two
+//! whole reads in a row agree, which only an unchanged table gives.
+
+use std::io::Read as _;
 
 use crate::key::Mode;
+
+/// Reads of `/proc/locks` made before giving up on two in a row agreeing.
+const READS: usize = 64;
+
+/// A consistent copy of `/proc/locks`: `Ok(None)` when it changed under every one of [`READS`]
+/// reads.
+pub(crate) fn snapshot() -> std::io::Result<Option<String>> {
+    let mut last = read_once()?;
+    for _ in 1..READS {
+        let next = read_once()?;
+        if next == last {
+            return Ok(Some(String::from_utf8_lossy(&next).into_owned()));
+        }
+        last = next;
+    }
+    Ok(None)
+}
+
+/// One read of `/proc/locks` with a buffer large enough that each `read(2)` returns a whole
+/// page (a small first read, as `read_to_end` makes, would add page breaks of its own).
+fn read_once() -> std::io::Result<Vec<u8>> {
+    let mut file = std::fs::File::open("/proc/locks")?;
+    let mut text = Vec::with_capacity(64 * 1024);
+    let mut page = vec![0u8; 64 * 1024];
+    loop {
+        match file.read(&mut page) {
+            Ok(0) => return Ok(text),
+            Ok(n) => text.extend_from_slice(&page[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
 
 /// One `flock` lock granted on a file, as the kernel lists it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

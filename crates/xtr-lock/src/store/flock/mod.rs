@@ -585,6 +585,7 @@ impl Store for FlockStore {
             }
         };
         let locks = proc_locks::snapshot()
+            .await
             .map_err(|e| {
                 Error::storage(format!("cannot read /proc/locks: {e}"))
                     .with_resource(resource)

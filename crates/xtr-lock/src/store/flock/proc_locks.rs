@@ -10,19 +10,24 @@ use std::io::Read as _;
 
 use crate::key::Mode;
 
-/// Reads of `/proc/locks` made before giving up on two in a row agreeing.
-const READS: usize = 64;
+/// How long [`snapshot`] goes on reading before saying the table never held still.
+const PATIENCE: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// A consistent copy of `/proc/locks`: `Ok(None)` when it changed under every one of [`READS`]
-/// reads.
-pub(crate) fn snapshot() -> std::io::Result<Option<String>> {
+/// A consistent copy of `/proc/locks`: `Ok(None)` when it changed between every two reads made
+/// in [`PATIENCE`]. One read takes tens of microseconds, so a table changing thousands of
+/// times a second still holds still long enough within a few reads; only a tight loop of
+/// locking elsewhere can starve this reader. Between reads the task yields, so a runtime
+/// thread is never held for long.
+pub(crate) async fn snapshot() -> std::io::Result<Option<String>> {
+    let start = std::time::Instant::now();
     let mut last = read_once()?;
-    for _ in 1..READS {
+    while start.elapsed() < PATIENCE {
         let next = read_once()?;
         if next == last {
             return Ok(Some(String::from_utf8_lossy(&next).into_owned()));
         }
         last = next;
+        tokio::task::yield_now().await;
     }
     Ok(None)
 }

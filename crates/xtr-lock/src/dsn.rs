@@ -42,6 +42,9 @@ enum Dsn {
     /// A Redis DSN (checked when parsed).
     #[cfg(feature = "redis")]
     Redis(String),
+    /// A Redis pub/sub DSN (checked when parsed).
+    #[cfg(feature = "redis")]
+    PubSub(String),
     /// `flock` or `flock://`: the default directory; `flock://<path>`: that directory; with
     /// `?names=long`, file names with the whole digest.
     #[cfg_attr(not(all(feature = "flock", target_os = "linux")), allow(dead_code))]
@@ -85,6 +88,8 @@ impl StoreFactory {
             Dsn::Null => Arc::new(NullStore::new()),
             #[cfg(feature = "redis")]
             Dsn::Redis(dsn) => Arc::new(crate::store::RedisStore::from_dsn(&dsn)?),
+            #[cfg(feature = "redis")]
+            Dsn::PubSub(dsn) => Arc::new(crate::store::RedisPubSubStore::from_dsn(&dsn)?),
             #[cfg(all(feature = "flock", target_os = "linux"))]
             Dsn::Flock { dir, long } => {
                 let store = match dir {
@@ -124,6 +129,11 @@ fn parse(dsn: &str) -> Result<Dsn> {
             });
         }
         _ => {}
+    }
+    #[cfg(feature = "redis")]
+    if crate::store::pubsub::is_pubsub_dsn(dsn) {
+        crate::store::pubsub::validate_dsn(dsn)?;
+        return Ok(Dsn::PubSub(dsn.to_owned()));
     }
     #[cfg(feature = "redis")]
     if crate::store::redis::is_redis_dsn(dsn) {

@@ -107,6 +107,8 @@ pub use lost::{KeepAlive, LockLost};
 #[cfg(all(feature = "flock", target_os = "linux"))]
 pub use store::FlockStore;
 #[cfg(feature = "redis")]
+pub use store::RedisPubSubStore;
+#[cfg(feature = "redis")]
 pub use store::RedisStore;
 pub use store::{InMemoryStore, NullStore, Store};
 

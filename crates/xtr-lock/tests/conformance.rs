@@ -130,3 +130,27 @@ mod combined_redis_5 {
     use super::*;
     xtr_lock::conformance_tests!(|| async { redis_quorum(5) });
 }
+
+/// The pub/sub store: a lock is a live subscription; it is taken away by killing the holder's
+/// connection, as portalocker's waiters reap a holder that does not answer.
+mod redis_pubsub {
+    use super::*;
+    xtr_lock::conformance_tests!(|| async {
+        let server = xtr_lock_testkit::redis::RedisServer::start();
+        let url = server.url(0);
+        let store =
+            xtr_lock::RedisPubSubStore::from_dsn(&url.replacen("redis://", "redis+pubsub://", 1))
+                .unwrap();
+        let named = store.clone();
+        Harness::new(Arc::new(store))
+            .with_name_rule(|name| {
+                !name.is_empty() && name.bytes().all(|b| (0x21..=0x7e).contains(&b))
+            })
+            .with_sabotage(move |key| {
+                let name = named.connection_name(&key).expect("a holder's connection");
+                let url = url.clone();
+                Box::pin(async move { support::kill_client_named(&url, &name).await })
+            })
+            .keep_alive(server)
+    });
+}

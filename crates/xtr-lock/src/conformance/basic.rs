@@ -153,7 +153,8 @@ pub async fn key_is_unserializable_after_save(h: Harness) -> Outcome {
 }
 
 /// Odd resource names are ordinary resources: they lock, exclude and release like any other, and
-/// do not collide with each other.
+/// do not collide with each other. A store with a name rule refuses the names outside it, as an
+/// invalid argument in one line.
 pub async fn odd_resource_names(h: Harness) -> Outcome {
     require!(h.caps().excludes, "the store locks nothing");
     let base = h.resource("odd");
@@ -178,6 +179,17 @@ pub async fn odd_resource_names(h: Harness) -> Outcome {
         };
         let (a, b) = (h.key(&r), h.key(&r));
         let lock_a = h.factory().create_lock_from_key(a);
+        if !h.can_name(&r) {
+            let err = lock_a.try_acquire().await.unwrap_err();
+            assert_eq!(
+                err.kind(),
+                crate::ErrorKind::InvalidArgument,
+                "{r:?}: {err}"
+            );
+            assert!(!err.to_string().contains('\n'), "one line: {err}");
+            assert!(!lock_a.is_acquired().await.unwrap_or(false));
+            continue;
+        }
         assert!(lock_a.try_acquire().await.unwrap(), "{r:?} acquires");
         let lock_b = h.factory().create_lock_from_key(b);
         assert!(!lock_b.try_acquire().await.unwrap(), "{r:?} excludes");

@@ -64,7 +64,11 @@ pub struct Harness {
     /// Whatever must live as long as the harness: a temporary directory, a server process.
     keep_alive: Vec<Arc<dyn std::any::Any + Send + Sync>>,
     sabotage: Option<Sabotage>,
+    names: Option<NameRule>,
 }
+
+/// Which resource names a store can lock (see [`Harness::with_name_rule`]).
+pub type NameRule = Arc<dyn Fn(&str) -> bool + Send + Sync>;
 
 impl Harness {
     /// A harness on the monotonic clock.
@@ -85,7 +89,22 @@ impl Harness {
             patience: Duration::from_secs(10),
             keep_alive: Vec::new(),
             sabotage: None,
+            names: None,
         }
+    }
+
+    /// Says which resource names the store can lock, for a store whose names are restricted by
+    /// what it stores them in (the pub/sub store: printable ASCII channel names). The scenarios
+    /// then expect every other name to be refused as an invalid argument, before anything is
+    /// stored. Without it, every name must work.
+    pub fn with_name_rule(mut self, valid: impl Fn(&str) -> bool + Send + Sync + 'static) -> Self {
+        self.names = Some(Arc::new(valid));
+        self
+    }
+
+    /// Whether the store can lock `resource`.
+    pub fn can_name(&self, resource: &str) -> bool {
+        self.names.as_ref().is_none_or(|valid| valid(resource))
     }
 
     /// Says how to take a holder's lock away behind its back on this store (flock: remove or

@@ -130,6 +130,12 @@ impl Lock {
                     "failed to acquire the lock, someone else holds it");
                 Err(err)
             }
+            Err(err) if err.kind() == ErrorKind::InvalidArgument => {
+                // Bad input (a resource name the store cannot hold): said as it is, nothing
+                // stored.
+                guard.disarm();
+                Err(err)
+            }
             Err(err) => {
                 // The guard stays armed: whatever the failed save may have stored is taken back
                 // before this holder's next store operation.

@@ -42,7 +42,7 @@ mod memory;
 mod null;
 mod outcome;
 #[cfg(feature = "redis")]
-mod pubsub;
+pub(crate) mod pubsub;
 mod watch;
 
 /// Re-exported so store implementors need no direct dependency on `async-trait`.
@@ -56,6 +56,8 @@ pub use flock::FlockStore;
 pub use memory::InMemoryStore;
 pub use null::NullStore;
 pub use outcome::{Acquired, Conflict, HolderInfo, Holding, Saved};
+#[cfg(feature = "redis")]
+pub use pubsub::RedisPubSubStore;
 #[cfg(feature = "redis")]
 pub use redis::RedisStore;
 pub use watch::{LossWatcher, Watcher};
@@ -127,7 +129,8 @@ pub trait Store: Send + Sync + fmt::Debug + fmt::Display + 'static {
     /// # Errors
     ///
     /// An expiry if the key's lifetime ran out before the store confirmed (what was stored is
-    /// taken back); a storage error when the store failed.
+    /// taken back); a storage error when the store failed; an invalid argument, with nothing
+    /// stored, for a resource the store cannot lock (a name it cannot hold).
     ///
     /// # Cancel safety
     ///

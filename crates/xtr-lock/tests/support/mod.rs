@@ -427,3 +427,31 @@ pub(crate) fn root(err: &Error) -> &Error {
     }
     at
 }
+
+/// Kills the connection named `name` on the Redis server at `url` (`CLIENT KILL ID`): how a
+/// pub/sub holder is reaped. Panics unless exactly one connection has that name.
+#[allow(dead_code)] // not every test binary reaps
+pub(crate) async fn kill_client_named(url: &str, name: &str) {
+    let client = redis::Client::open(url).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let ids: Vec<String> = list
+        .lines()
+        .filter(|line| line.split(' ').any(|f| f == format!("name={name}")))
+        .filter_map(|line| line.split(' ').find_map(|f| f.strip_prefix("id=")))
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(ids.len(), 1, "one connection named {name}: {list}");
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("ID")
+        .arg(&ids[0])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(killed, 1);
+}

@@ -9,7 +9,6 @@
 
 // The store that drives these functions is built on top of them, step by step; until it lands
 // only the tests call them.
-#![cfg_attr(not(test), allow(dead_code))]
 
 use serde_json::Value;
 

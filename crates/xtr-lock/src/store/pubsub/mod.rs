@@ -1,7 +1,636 @@
-//! The Redis pub/sub liveness lock (portalocker 4.x's protocol; see docs/pubsub.md): a lock
-//! is a live subscription, released the instant its holder's connection closes.
-//!
-//! Built in steps: the protocol's decisions (`decide`) first, the connections and the store on
-//! top of them next.
+//! [`RedisPubSubStore`]: the Redis pub/sub liveness lock (portalocker 4.x's protocol; see
+//! docs/pubsub.md): a lock is a live subscription, released the instant its holder's
+//! connection closes.
 
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use redis::Value;
+
+use super::{
+    Acquired, Capabilities, Conflict, HandleOwner, HolderInfo, Holding, LossWatcher, LostReason,
+    Saved, Store,
+};
+use crate::error::{Error, Result};
+use crate::key::{Key, Mode};
+
+mod attempt;
+mod config;
+mod conn;
 mod decide;
+mod probe;
+mod sub;
+
+use attempt::{Attempt, Contender};
+use config::PubSubConfig;
+pub(crate) use config::is_pubsub_dsn;
+use conn::{Conns, redis_error};
+use decide::Wire;
+use probe::{Timing, jitter};
+use sub::{Life, Shared, Sub};
+
+/// The token kind of pub/sub stores.
+const KIND: &str = "pubsub";
+
+/// Checks a pub/sub DSN without building anything.
+pub(crate) fn validate_dsn(dsn: &str) -> Result<()> {
+    config::parse(dsn).map(|_| ())
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Locks that are live Redis subscriptions, on the protocol of portalocker 4.x's `RedisLock`
+/// (protocol version 1), so Rust processes and Python processes on portalocker 4.2–4.4 share
+/// one lock channel: readers in mode `shared`, writers `pending` until the lowest id among them
+/// is elected and promotes itself to `exclusive`, then confirms.
+///
+/// - **No key is written**: the lock on `resource` is held by a dedicated connection named
+///   `<prefix><resource>-lock-<32 hex>`, subscribed to the channel `<prefix><resource>`. A
+///   task of this store answers every ping on it at once, from the holder's mode, so a holder
+///   is never mistaken for a dead one while its own code is busy.
+/// - **Released the instant its holder dies**: Redis drops the subscription with the
+///   connection. Releasing unsubscribes (one round trip) and tells this library's waiters on a
+///   notice channel of its own, `<channel> xtr-lock-released` (a name no lock channel can
+///   have: it holds a space), so they try at once; Python holders' releases are found by
+///   trying every `check_interval` (0.25 s × 0.5–1.5, portalocker's rate).
+/// - **A lost subscription is a lost lock**, reported at once through the loss watcher: the
+///   connection closed or was killed (`CLIENT KILL`, as portalocker's waiters do to holders
+///   that do not answer for `unavailable_timeout`), or its health check (a `PING` every
+///   `health_check_interval`, 10 s) got no answer in the response timeout. The subscription is
+///   never made again behind the holder's back.
+/// - **Fencing**: each exclusive acquisition draws `INCR <channel>-fence` (portalocker's fence
+///   key), a reader reads it.
+/// - **Promotion keeps the read lock until the write lock is confirmed**: the reader subscribes
+///   a second time as a writer (another id) and lets its reader go only once the writer is
+///   confirmed; a refused or cancelled promotion still reads. Demotion is one local change of
+///   the advertised mode.
+/// - **Introspection**: [`holders`](Store::holders) pings the channel without subscribing to it
+///   and never reaps: each holder's mode and its 32-hex id.
+///
+/// # Guarantees and limits
+///
+/// The protocol's, no more: exclusion holds while every participant answers pings within the
+/// prober's `unavailable_timeout`. A holder that stops answering (paused, wedged) is killed and
+/// its lock taken over **while its code may still be running**: use the fencing token where
+/// that matters. A subscriber on the channel that is not a lock holder (a `redis-cli
+/// SUBSCRIBE`) makes every attempt inconclusive; it is never killed, and the error says so.
+/// Standalone Redis only (`PUBSUB NUMSUB` is per node in a cluster); channels ignore database
+/// numbers; `CLIENT LIST` and `CLIENT KILL` must be allowed. Nothing expires: ttls are ignored.
+/// Keys hold a connection and refuse to serialize.
+///
+/// # Examples
+///
+/// ```no_run
+/// # #[tokio::main] async fn main() -> xtr_lock::Result<()> {
+/// use xtr_lock::{LockFactory, Lockable as _, RedisPubSubStore};
+///
+/// let store = RedisPubSubStore::from_dsn("redis+pubsub://127.0.0.1:6379")?;
+/// let factory = LockFactory::new(store);
+/// let lock = factory.create_lock("nightly-report");
+/// if lock.try_acquire().await? {
+///     // ... the work; the lock goes the moment this process dies ...
+///     lock.release().await?;
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct RedisPubSubStore {
+    inner: Arc<Inner>,
+}
+
+pub(super) struct Inner {
+    config: PubSubConfig,
+    conns: Arc<Conns>,
+    timing: Timing,
+    health_check: Duration,
+    owner: HandleOwner,
+    /// One gate per channel: of this store's waiters on a resource, only the one through the
+    /// gate attempts (the others wait their turn in order), so a hundred local waiters are one
+    /// contender on the wire, not a hundred subscriptions coming and going that keep every
+    /// probe inconclusive.
+    gates: Mutex<HashMap<String, Weak<tokio::sync::Mutex<()>>>>,
+}
+
+/// What a holder keeps on its key.
+#[derive(Default)]
+struct Handle {
+    held: Mutex<Option<Held>>,
+}
+
+struct Held {
+    sub: Sub,
+    mode: Mode,
+    token: u64,
+}
+
+impl Handle {
+    fn current(&self) -> Option<(Arc<Shared>, Mode, u64)> {
+        lock(&self.held)
+            .as_ref()
+            .map(|h| (h.sub.shared.clone(), h.mode, h.token))
+    }
+}
+
+impl RedisPubSubStore {
+    /// A store from a DSN: `redis+pubsub://[user:password@]host[:port][/db]`,
+    /// `rediss+pubsub://…` (TLS), `unix+pubsub:///path`, with the Redis store's options
+    /// (`prefix`, `socket_timeout`, `socket_connect_timeout`) and the protocol's:
+    /// `unavailable_timeout` (1 s: how long a ping is answered in before a silent participant
+    /// is reaped), `check_interval` (0.25 s: a waiter's base pause), `health_check_interval`
+    /// (10 s). Connects lazily.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument) naming what is wrong
+    /// (never a credential).
+    pub fn from_dsn(dsn: &str) -> Result<Self> {
+        let config = config::parse(dsn)?;
+        let conns = Arc::new(Conns::new(&config)?);
+        Ok(RedisPubSubStore {
+            inner: Arc::new(Inner {
+                timing: Timing {
+                    unavailable: config.unavailable,
+                },
+                health_check: config.health_check,
+                config,
+                conns,
+                owner: HandleOwner::new(),
+                gates: Mutex::new(HashMap::new()),
+            }),
+        })
+    }
+
+    /// The lock channel of `resource`: the prefix and the resource.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument) unless it is printable
+    /// ASCII without spaces (Redis refuses anything else in the connection's name).
+    pub fn channel(&self, resource: &str) -> Result<String> {
+        let channel = format!("{}{resource}", self.inner.config.redis.prefix);
+        match decide::invalid_channel(&channel) {
+            None => Ok(channel),
+            Some(why) => Err(Error::invalid_argument(format!(
+                "cannot lock this resource on the pub/sub store: its channel name is invalid: {why}"
+            ))
+            .with_resource(resource)
+            .with_store(self)),
+        }
+    }
+
+    /// The name of the connection that holds `key`'s lock, while it holds (`CLIENT LIST`
+    /// shows it).
+    pub fn connection_name(&self, key: &Key) -> Option<String> {
+        let handle = key.existing_handle::<Handle>(self.inner.owner)?;
+        let (shared, _, _) = handle.current()?;
+        Some(decide::connection_name(&shared.channel, &shared.id))
+    }
+
+    /// Makes `key`'s holder stop answering pings, as a wedged process would: a test hook for
+    /// reaping (its lock is then taken over by the next waiter, which kills its connection).
+    #[doc(hidden)]
+    pub fn stop_answering(&self, key: &Key) {
+        if let Some(handle) = key.existing_handle::<Handle>(self.inner.owner)
+            && let Some((shared, _, _)) = handle.current()
+        {
+            shared.mute();
+        }
+    }
+
+    /// The holder's two ids: the first for a fresh acquisition (its first 12 digits are
+    /// [`Key::holder_id`]), the second for the writer a reader promotes with.
+    fn ids(key: &Key) -> (String, String) {
+        use sha2::{Digest, Sha256};
+        let token = key.token(KIND);
+        let hex =
+            |bytes: &[u8]| -> String { bytes[..16].iter().map(|b| format!("{b:02x}")).collect() };
+        let first = hex(&Sha256::digest(token.as_bytes()));
+        let second = hex(&Sha256::digest(format!("promotion\n{token}").as_bytes()));
+        (first, second)
+    }
+
+    /// The waiters' gate of `channel`.
+    fn gate(&self, channel: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut gates = lock(&self.inner.gates);
+        if let Some(gate) = gates.get(channel).and_then(Weak::upgrade) {
+            return gate;
+        }
+        gates.retain(|_, g| g.strong_count() > 0);
+        let gate = Arc::new(tokio::sync::Mutex::new(()));
+        gates.insert(channel.to_owned(), Arc::downgrade(&gate));
+        gate
+    }
+
+    fn notice_channel(channel: &str) -> String {
+        format!("{channel} xtr-lock-released")
+    }
+
+    fn fail(&self, key: &Key, err: Error) -> Error {
+        err.with_resource(key.resource()).with_store(self)
+    }
+
+    /// Takes the write lock (`fwl`: one attempt) or promotes the holder's read lock.
+    async fn write(&self, key: &Key, fwl: bool) -> Result<Saved> {
+        let channel = self.channel(key.resource())?;
+        let handle = key.handle::<Handle>(self.inner.owner);
+        let (first, second) = Self::ids(key);
+        let mut reader = None;
+        match handle.current() {
+            Some((shared, Mode::Write, token)) if shared.life() == Life::Live => {
+                return Ok(Acquired::fenced(token).into());
+            }
+            Some((shared, Mode::Read, _)) if shared.life() == Life::Live => reader = Some(shared),
+            Some(_) => {
+                lock(&handle.held).take();
+            }
+            None => {}
+        }
+        let id = match &reader {
+            Some(r) if r.id == first => second,
+            _ => first,
+        };
+        let mut contender = Contender {
+            inner: &self.inner,
+            channel: &channel,
+            id: &id,
+            own_reader: reader.as_ref().map(|r| r.id.as_str()),
+            fwl,
+            sub: None,
+            elected: false,
+        };
+        // A promotion goes past the gate: a local writer waiting for this reader to go must not
+        // keep it from promoting.
+        let gate = (!fwl && reader.is_none()).then(|| self.gate(&channel));
+        let _turn = match &gate {
+            Some(g) => Some(g.lock().await),
+            None => None,
+        };
+        let mut notices = None;
+        loop {
+            if let Some(n) = notices.as_mut() {
+                conn::Notices::mark(n);
+            }
+            let outcome = contender.write().await.map_err(|e| self.fail(key, e))?;
+            if let Attempt::Held(sub, token) = outcome {
+                let old = lock(&handle.held).replace(Held {
+                    sub,
+                    mode: Mode::Write,
+                    token,
+                });
+                key.mark_unserializable();
+                if let Some(old) = old {
+                    // The read lock goes only now that the write lock is confirmed.
+                    old.sub.close().await;
+                }
+                return Ok(Acquired::fenced(token).into());
+            }
+            let kept = match &reader {
+                Some(r) if r.life() == Life::Live => Some(Mode::Read),
+                Some(_) => {
+                    lock(&handle.held).take();
+                    return Ok(Conflict::new().with_kept(None).into());
+                }
+                None => None,
+            };
+            if fwl {
+                return Ok(Conflict::new().with_kept(kept).into());
+            }
+            self.pause(&channel, &mut notices).await;
+        }
+    }
+
+    /// Takes a read lock (`fwl`: one attempt), or demotes the holder's write lock.
+    async fn read(&self, key: &Key, fwl: bool) -> Result<Saved> {
+        let channel = self.channel(key.resource())?;
+        let handle = key.handle::<Handle>(self.inner.owner);
+        let (id, _) = Self::ids(key);
+        match handle.current() {
+            Some((shared, mode, token)) if shared.life() == Life::Live => {
+                if mode == Mode::Write {
+                    // Exclusive to shared only lets readers in: one local change.
+                    shared.set(Wire::Shared, false);
+                    if let Some(held) = lock(&handle.held).as_mut() {
+                        held.mode = Mode::Read;
+                    }
+                }
+                return Ok(Acquired::fenced(token).into());
+            }
+            Some(_) => {
+                lock(&handle.held).take();
+            }
+            None => {}
+        }
+        let mut contender = Contender {
+            inner: &self.inner,
+            channel: &channel,
+            id: &id,
+            own_reader: None,
+            fwl,
+            sub: None,
+            elected: false,
+        };
+        let gate = (!fwl).then(|| self.gate(&channel));
+        let _turn = match &gate {
+            Some(g) => Some(g.lock().await),
+            None => None,
+        };
+        let mut notices = None;
+        loop {
+            if let Some(n) = notices.as_mut() {
+                conn::Notices::mark(n);
+            }
+            match contender.read().await.map_err(|e| self.fail(key, e))? {
+                Attempt::Held(sub, token) => {
+                    *lock(&handle.held) = Some(Held {
+                        sub,
+                        mode: Mode::Read,
+                        token,
+                    });
+                    key.mark_unserializable();
+                    return Ok(Acquired::fenced(token).into());
+                }
+                Attempt::Again if fwl => return Ok(Conflict::new().into()),
+                Attempt::Again => self.pause(&channel, &mut notices).await,
+            }
+        }
+    }
+
+    /// A waiter's pause: until a release notice of this library's holders, or
+    /// `check_interval × U[0.5, 1.5)` for the others'. The notices are listened to from the
+    /// first pause on, and the attempt after it sees a release in between.
+    async fn pause(&self, channel: &str, notices: &mut Option<conn::Notices>) {
+        if notices.as_ref().is_none_or(conn::Notices::is_dead) {
+            *notices = None;
+            if let Ok(listener) = self.inner.conns.listener().await
+                && let Ok(n) = listener.notices(Self::notice_channel(channel)).await
+            {
+                // Listening now: try again at once, so a release before it is not missed.
+                *notices = Some(n);
+                return;
+            }
+        }
+        let nap = jitter(self.inner.config.check_interval);
+        match notices.as_mut() {
+            Some(n) => {
+                tokio::select! {
+                    () = n.changed() => {}
+                    () = tokio::time::sleep(nap) => {}
+                }
+            }
+            None => tokio::time::sleep(nap).await,
+        }
+    }
+
+    fn holding(&self, key: &Key) -> Holding {
+        let Some(handle) = key.existing_handle::<Handle>(self.inner.owner) else {
+            return Holding::NotHeld(LostReason::Removed);
+        };
+        match handle.current() {
+            Some((shared, mode, _)) if shared.life() == Life::Live => Holding::Held(mode),
+            Some(_) => Holding::NotHeld(LostReason::Disconnected),
+            None => Holding::NotHeld(LostReason::Removed),
+        }
+    }
+}
+
+impl fmt::Display for RedisPubSubStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.inner.config.shown)
+    }
+}
+
+impl fmt::Debug for RedisPubSubStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisPubSubStore")
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
+}
+
+#[async_trait]
+impl Store for RedisPubSubStore {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            excludes: true,
+            shared: true,
+            blocking: true,
+            blocking_shared: true,
+            expiring: false,
+            fencing: true,
+            notifies: false,
+            serializable_keys: false,
+            introspection: true,
+            liveness: true,
+            observes_loss: true,
+        }
+    }
+
+    /// One attempt, as portalocker's `fail_when_locked` with no timeout: subscribe, count,
+    /// probe, decide, confirm. A probe left inconclusive (somebody came or went, or stayed
+    /// silent and was reaped) is a refusal.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropped mid-flight, the subscription it made closes; a reader promoting
+    /// keeps its read lock.
+    async fn save(&self, key: &Key, _ttl: Option<Duration>) -> Result<Saved> {
+        self.write(key, true).await
+    }
+
+    /// One reader's attempt.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropped mid-flight, the subscription it made closes.
+    async fn save_read(&self, key: &Key, _ttl: Option<Duration>) -> Result<Saved> {
+        self.read(key, true).await
+    }
+
+    /// Attempts until the write lock is held: at once after a release by this library,
+    /// otherwise every `check_interval` (jittered). Elected behind readers, it keeps its
+    /// subscription (advertising the election, which blocks new readers).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropped while waiting, its subscription closes (an election goes with it)
+    /// and a reader promoting keeps its read lock.
+    async fn wait_and_save(&self, key: &Key, _ttl: Option<Duration>) -> Result<Saved> {
+        self.write(key, false).await
+    }
+
+    /// Attempts until a read lock is held, as [`wait_and_save`](Self::wait_and_save).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropped while waiting, its subscription closes.
+    async fn wait_and_save_read(&self, key: &Key, _ttl: Option<Duration>) -> Result<Saved> {
+        self.read(key, false).await
+    }
+
+    /// Whether the holder's subscription is still live (nothing expires).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it completes at its first poll.
+    async fn put_off_expiration(&self, key: &Key, _ttl: Duration) -> Result<Holding> {
+        Ok(self.holding(key))
+    }
+
+    /// Unsubscribes (confirmed), closes the connection and wakes this library's waiters.
+    /// `false` when the subscription was already gone.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropped mid-flight, the connection closes anyway; the notice may not go
+    /// out (waiters then find the release at their next try).
+    async fn delete(&self, key: &Key) -> Result<bool> {
+        let Some(handle) = key.existing_handle::<Handle>(self.inner.owner) else {
+            return Ok(false);
+        };
+        let Some(held) = lock(&handle.held).take() else {
+            return Ok(false);
+        };
+        let channel = held.sub.shared.channel.clone();
+        let live = held.sub.close().await;
+        if live && let Ok(mut conn) = self.inner.conns.command().await {
+            let _ = redis::cmd("PUBLISH")
+                .arg(Self::notice_channel(&channel))
+                .arg("")
+                .query_async::<Value>(&mut conn)
+                .await;
+        }
+        Ok(live)
+    }
+
+    /// Whether the holder's subscription is still live.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it completes at its first poll.
+    async fn exists(&self, key: &Key) -> Result<Holding> {
+        Ok(self.holding(key))
+    }
+
+    /// Completes when the holder's subscription ends: [`LostReason::Disconnected`] when it
+    /// went without its holder (closed, killed, its health check unanswered), at once.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: nothing is registered but a receiver, dropped with it.
+    async fn watch_loss(&self, key: &Key) -> Result<Option<LossWatcher>> {
+        let Some(handle) = key.existing_handle::<Handle>(self.inner.owner) else {
+            return Ok(None);
+        };
+        // Weak: the watcher must not keep the holder's connection open after the key goes.
+        let handle = Arc::downgrade(&handle);
+        Ok(Some(LossWatcher::new(async move {
+            loop {
+                let Some((shared, _, _)) = handle.upgrade().and_then(|h| h.current()) else {
+                    return LostReason::Removed;
+                };
+                let life = shared.ended().await;
+                let now = handle.upgrade().and_then(|h| h.current());
+                match now {
+                    // A promotion swapped the subscription: watch the new one.
+                    Some((next, _, _)) if !Arc::ptr_eq(&next, &shared) => continue,
+                    _ if life == Life::Lost => return LostReason::Disconnected,
+                    _ => return LostReason::Removed,
+                }
+            }
+        })))
+    }
+
+    /// Pings the channel without subscribing to it, until every subscriber answered (up to
+    /// twice `unavailable_timeout`); never reaps.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it changes nothing.
+    async fn holders(&self, resource: &str) -> Result<Vec<HolderInfo>> {
+        let channel = self.channel(resource)?;
+        let records = probe::read_only(
+            &self.inner.conns,
+            self.inner.timing,
+            &channel,
+            self.inner.timing.unavailable * 2,
+        )
+        .await
+        .map_err(|e| e.with_resource(resource).with_store(self))?;
+        Ok(records
+            .into_iter()
+            .filter_map(|r| {
+                let mode = match r.mode {
+                    Wire::Shared => Mode::Read,
+                    Wire::Exclusive => Mode::Write,
+                    Wire::Pending => return None,
+                };
+                let mut info = HolderInfo::new(mode, None, None);
+                info.id = Some(r.holder_id);
+                Some(info)
+            })
+            .collect())
+    }
+
+    /// `GET <channel>-fence`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it changes nothing.
+    async fn fencing_counter(&self, resource: &str) -> Result<Option<u64>> {
+        let channel = self.channel(resource)?;
+        let mut conn = self
+            .inner
+            .conns
+            .command()
+            .await
+            .map_err(|e| e.with_resource(resource).with_store(self))?;
+        let value: Option<String> = redis::cmd("GET")
+            .arg(format!("{channel}-fence"))
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| redis_error("cannot read the fencing counter", &e))
+            .map_err(|e| e.with_resource(resource).with_store(self))?;
+        Ok(Some(value.and_then(|v| v.parse().ok()).unwrap_or(0)))
+    }
+
+    /// Closes the command connection and the listener (holders' subscriptions stay theirs).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe.
+    async fn close(&self) -> Result<()> {
+        self.inner.conns.close().await;
+        Ok(())
+    }
+
+    /// The server (channels ignore database numbers) and the prefix.
+    fn locks_in(&self) -> Option<String> {
+        let shown = &self.inner.config.shown;
+        let server = match shown.split_once("://") {
+            Some((scheme, rest)) if scheme.starts_with("unix") => {
+                format!("{scheme}://{}", rest.split('?').next().unwrap_or(rest))
+            }
+            Some((scheme, rest)) => {
+                format!("{scheme}://{}", rest.split('/').next().unwrap_or(rest))
+            }
+            None => shown.clone(),
+        };
+        let mut q = url::form_urlencoded::Serializer::new(String::new());
+        q.append_pair("prefix", &self.inner.config.redis.prefix);
+        Some(format!("{server}?{}", q.finish()))
+    }
+
+    /// The lock channel and the server.
+    fn location(&self, resource: &str) -> Option<String> {
+        let channel = self.channel(resource).ok()?;
+        Some(format!(
+            "channel {channel:?} on {}",
+            self.inner.config.shown
+        ))
+    }
+}

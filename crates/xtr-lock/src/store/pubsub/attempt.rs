@@ -1,0 +1,220 @@
+//! One acquisition attempt on the protocol: subscribe, count, probe, decide, confirm, fence.
+//! The decisions themselves are `decide.rs`'s; this is the I/O around them.
+
+use redis::Value;
+
+use super::Inner;
+use super::conn::redis_error;
+use super::decide::{self, Confirm, Incumbent, Record, Wire};
+use super::probe::{self, Probe, jitter, numsub};
+use super::sub::Sub;
+use crate::error::Result;
+
+/// How an attempt ended.
+pub(super) enum Attempt {
+    /// Held: the subscription that is the lock, and the fencing token.
+    Held(Sub, u64),
+    /// Not this time (someone holds, the probe was inconclusive, the promotion did not
+    /// confirm). A waiting writer that was elected keeps its subscription for the next one.
+    Again,
+}
+
+/// A writer or reader trying to get in, across its attempts.
+pub(super) struct Contender<'a> {
+    pub(super) inner: &'a Inner,
+    pub(super) channel: &'a str,
+    pub(super) id: &'a str,
+    /// This holder's own read subscription while it promotes: not a rival.
+    pub(super) own_reader: Option<&'a str>,
+    /// Fail when locked: one conclusive "held" ends it, and an election is never kept.
+    pub(super) fwl: bool,
+    /// The subscription an elected writer keeps between attempts.
+    pub(super) sub: Option<Sub>,
+    pub(super) elected: bool,
+}
+
+impl Contender<'_> {
+    fn rivals(&self, records: Vec<Record>) -> Vec<Record> {
+        records
+            .into_iter()
+            .filter(|r| Some(r.holder_id.as_str()) != self.own_reader)
+            .collect()
+    }
+
+    /// Gives the election and the subscription up.
+    fn drop_out(&mut self) -> Attempt {
+        self.elected = false;
+        self.sub = None;
+        Attempt::Again
+    }
+
+    async fn subscribe(&mut self, mode: Wire) -> Result<()> {
+        if self.sub.as_ref().is_some_and(Sub::is_live) {
+            return Ok(());
+        }
+        self.elected = false;
+        self.sub = None;
+        let sub = Sub::open(
+            &self.inner.conns,
+            self.channel,
+            self.id,
+            mode,
+            self.inner.health_check,
+        )
+        .await?;
+        self.sub = Some(sub);
+        Ok(())
+    }
+
+    fn set(&self, mode: Wire, elected: bool) {
+        if let Some(sub) = &self.sub {
+            sub.shared.set(mode, elected);
+        }
+    }
+
+    /// A probe of our channel, expecting `n` participants, reaping allowed.
+    async fn probe(&self, n: u64) -> Result<Probe> {
+        probe::probe(&self.inner.conns, self.inner.timing, self.channel, n, true).await
+    }
+
+    /// One writer's attempt.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped mid-flight, the subscription it made goes with the contender; nothing else of it
+    /// stays on the server.
+    pub(super) async fn write(&mut self) -> Result<Attempt> {
+        self.subscribe(Wire::Pending).await?;
+        let n = numsub(&self.inner.conns, self.channel).await?;
+        if n == 0 {
+            // Our own subscription is gone (reaped in a race): a failed attempt.
+            return Ok(self.drop_out());
+        }
+        if n == 1 && self.own_reader.is_none() {
+            self.set(Wire::Exclusive, self.elected);
+            return self.confirm_and_fence().await;
+        }
+        let records = match self.probe(n).await? {
+            Probe::Inconclusive if self.elected && !self.fwl => return Ok(Attempt::Again),
+            Probe::Inconclusive => return Ok(self.drop_out()),
+            Probe::Conclusive(records) => self.rivals(records),
+        };
+        let others_read = records
+            .iter()
+            .any(|r| r.holder_id != self.id && r.mode == Wire::Shared);
+        if self.elected {
+            match decide::incumbent(self.id, &records) {
+                Incumbent::Forfeit => Ok(self.drop_out()),
+                Incumbent::Wait if self.fwl => Ok(self.drop_out()),
+                Incumbent::Wait => Ok(Attempt::Again),
+                Incumbent::Promote => {
+                    self.set(Wire::Exclusive, true);
+                    self.confirm_and_fence().await
+                }
+            }
+        } else if !decide::elected(self.id, &records) || (others_read && self.fwl) {
+            Ok(self.drop_out())
+        } else if others_read {
+            // Elected behind readers: advertise it and keep the subscription, which blocks new
+            // readers until ours drain.
+            self.elected = true;
+            self.set(Wire::Pending, true);
+            Ok(Attempt::Again)
+        } else {
+            self.elected = true;
+            self.set(Wire::Exclusive, true);
+            self.confirm_and_fence().await
+        }
+    }
+
+    /// The confirm rounds after a promotion (the fast path's too), then the fencing token and
+    /// the local check.
+    async fn confirm_and_fence(&mut self) -> Result<Attempt> {
+        let budget = self.inner.timing.unavailable;
+        let start = tokio::time::Instant::now();
+        let mut first = true;
+        let confirmed = loop {
+            if !first {
+                if start.elapsed() >= budget {
+                    break false;
+                }
+                tokio::time::sleep(jitter(self.inner.timing.poll())).await;
+            }
+            first = false;
+            let m = numsub(&self.inner.conns, self.channel).await?;
+            if m == 0 {
+                break false;
+            }
+            if m == 1 && self.own_reader.is_none() {
+                break true;
+            }
+            match self.probe(m).await? {
+                Probe::Inconclusive => {}
+                Probe::Conclusive(records) => {
+                    match decide::confirm(self.id, &self.rivals(records)) {
+                        Confirm::Confirmed => break true,
+                        Confirm::Demote => break false,
+                        Confirm::Retry => {}
+                    }
+                }
+            }
+        };
+        if !confirmed {
+            self.set(Wire::Pending, false);
+            return Ok(self.drop_out());
+        }
+        let token = self.fence(true).await?;
+        match self.sub.take() {
+            Some(sub) if sub.is_live() => Ok(Attempt::Held(sub, token)),
+            _ => Ok(self.drop_out()),
+        }
+    }
+
+    /// `INCR C-fence` for a writer (a new token), `GET` for a reader (at least the last
+    /// writer's, below the next one's).
+    async fn fence(&self, write: bool) -> Result<u64> {
+        let key = format!("{}-fence", self.channel);
+        let mut conn = self.inner.conns.command().await?;
+        let cmd = if write {
+            redis::cmd("INCR").arg(&key).clone()
+        } else {
+            redis::cmd("GET").arg(&key).clone()
+        };
+        let value: Value = cmd
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| redis_error("cannot read the fencing counter", &e))?;
+        Ok(match value {
+            Value::Int(n) => u64::try_from(n).unwrap_or(0),
+            Value::BulkString(b) => std::str::from_utf8(&b)
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0),
+            _ => 0,
+        })
+    }
+
+    /// One reader's attempt.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`write`](Contender::write).
+    pub(super) async fn read(&mut self) -> Result<Attempt> {
+        self.subscribe(Wire::Shared).await?;
+        let n = numsub(&self.inner.conns, self.channel).await?;
+        if n == 0 {
+            return Ok(self.drop_out());
+        }
+        if n > 1 {
+            match self.probe(n).await? {
+                Probe::Conclusive(records) if decide::reader_may_hold(self.id, &records) => {}
+                _ => return Ok(self.drop_out()),
+            }
+        }
+        let token = self.fence(false).await?;
+        match self.sub.take() {
+            Some(sub) if sub.is_live() => Ok(Attempt::Held(sub, token)),
+            _ => Ok(self.drop_out()),
+        }
+    }
+}

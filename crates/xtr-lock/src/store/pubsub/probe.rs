@@ -1,0 +1,225 @@
+//! Who is on a lock channel: `PUBSUB NUMSUB` for how many, a ping answered on a private
+//! response channel for who, and reaping of counted participants that stay silent.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::Rng as _;
+use redis::Value;
+
+use super::conn::{Conns, redis_error};
+use super::decide::{self, Record};
+use crate::error::{Error, Result};
+
+/// The probe's short extra read after an empty non-blocking one.
+const GRACE: Duration = Duration::from_millis(5);
+
+/// What a probe found.
+#[derive(Debug)]
+pub(super) enum Probe {
+    /// Every counted participant answered (the prober's own record included when it is
+    /// subscribed).
+    Conclusive(Vec<Record>),
+    /// The count changed, somebody stayed silent (and was reaped, where allowed), or the
+    /// listener failed.
+    Inconclusive,
+}
+
+/// The timings a probe uses.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Timing {
+    /// How long replies are waited for (the prober's `unavailable_timeout`).
+    pub(super) unavailable: Duration,
+}
+
+impl Timing {
+    /// The poll interval: `min(0.1 s, U / 10)`.
+    pub(super) fn poll(self) -> Duration {
+        (self.unavailable / 10).min(Duration::from_millis(100))
+    }
+}
+
+/// `x × U[0.5, 1.5)`: every pause of the protocol is jittered so, that contenders never fall
+/// into lockstep.
+pub(super) fn jitter(x: Duration) -> Duration {
+    x.mul_f64(rand::rng().random_range(0.5..1.5))
+}
+
+/// A fresh `<32 lowercase hex>`.
+pub(super) fn random_hex() -> String {
+    let bytes: [u8; 16] = rand::rng().random();
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// `PUBSUB NUMSUB channel`.
+pub(super) async fn numsub(conns: &Conns, channel: &str) -> Result<u64> {
+    let mut conn = conns.command().await?;
+    let reply: Vec<Value> = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg(channel)
+        .query_async(&mut conn)
+        .await
+        .map_err(|e| redis_error("cannot count the lock channel's subscribers", &e))?;
+    match reply.get(1) {
+        Some(Value::Int(n)) => Ok(u64::try_from(*n).unwrap_or(0)),
+        _ => Err(Error::storage(
+            "PUBSUB NUMSUB gave an answer without a count",
+        )),
+    }
+}
+
+/// Probes `channel` expecting `expected` participants (the prober included, when it is one).
+/// With `reap`, counted participants that stay silent for the whole wait are killed.
+///
+/// # Cancel safety
+///
+/// Dropped mid-flight, the response subscription goes; a kill already sent stays sent.
+pub(super) async fn probe(
+    conns: &Arc<Conns>,
+    timing: Timing,
+    channel: &str,
+    expected: u64,
+    reap: bool,
+) -> Result<Probe> {
+    let response_channel = format!("{channel}-{}", random_hex());
+    let listener = conns.listener().await?;
+    let Ok(replies) = tokio::time::timeout(
+        timing.unavailable,
+        listener.replies(response_channel.clone()),
+    )
+    .await
+    else {
+        return Ok(Probe::Inconclusive);
+    };
+    let mut replies = replies?;
+    if numsub(conns, channel).await? != expected {
+        return Ok(Probe::Inconclusive);
+    }
+    let mut conn = conns.command().await?;
+    redis::cmd("PUBLISH")
+        .arg(channel)
+        .arg(decide::ping(&response_channel))
+        .query_async::<Value>(&mut conn)
+        .await
+        .map_err(|e| redis_error("cannot ping the lock channel", &e))?;
+
+    let deadline = tokio::time::Instant::now() + timing.unavailable;
+    let mut records: BTreeMap<String, Record> = BTreeMap::new();
+    let mut legacy = 0usize;
+    let mut take = |payload: Vec<u8>, records: &mut BTreeMap<String, Record>| {
+        let record = decide::classify(&payload, legacy);
+        if record.legacy {
+            legacy += 1;
+        }
+        records.insert(record.holder_id.clone(), record);
+    };
+    while (records.len() as u64) < expected {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        match replies.next(timing.poll().min(left)).await {
+            Err(()) => return Ok(Probe::Inconclusive),
+            Ok(Some(payload)) => {
+                take(payload, &mut records);
+                // What is buffered, then one short grace read.
+                loop {
+                    match replies.ready() {
+                        Ok(Some(payload)) => take(payload, &mut records),
+                        Ok(None) => match replies.next(GRACE).await {
+                            Ok(Some(payload)) => take(payload, &mut records),
+                            Ok(None) => break,
+                            Err(()) => return Ok(Probe::Inconclusive),
+                        },
+                        Err(()) => return Ok(Probe::Inconclusive),
+                    }
+                    if records.len() as u64 >= expected {
+                        break;
+                    }
+                }
+            }
+            Ok(None) => {}
+        }
+        if (records.len() as u64) < expected && numsub(conns, channel).await? != expected {
+            // Churn: somebody came or went. Never a reason to reap.
+            return Ok(Probe::Inconclusive);
+        }
+    }
+    drop(replies);
+    if numsub(conns, channel).await? != expected {
+        return Ok(Probe::Inconclusive);
+    }
+    if (records.len() as u64) < expected {
+        if reap {
+            reap_silent(conns, channel, &records).await?;
+        }
+        return Ok(Probe::Inconclusive);
+    }
+    Ok(Probe::Conclusive(records.into_values().collect()))
+}
+
+/// Kills the channel's holder connections whose ids did not reply (and the legacy name, when no
+/// legacy holder replied). Unnamed and foreign connections are never touched.
+async fn reap_silent(
+    conns: &Conns,
+    channel: &str,
+    records: &BTreeMap<String, Record>,
+) -> Result<()> {
+    let responding: Vec<String> = records
+        .values()
+        .filter(|r| !r.legacy)
+        .map(|r| r.holder_id.clone())
+        .collect();
+    let legacy_replied = records.values().any(|r| r.legacy);
+    let mut conn = conns.command().await?;
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query_async(&mut conn)
+        .await
+        .map_err(|e| redis_error("cannot list clients to reap a silent holder", &e))?;
+    for id in decide::reap_targets(channel, &list, &responding, legacy_replied) {
+        tracing::info!(target: crate::logging::TARGET, channel, client = id,
+            "killing a lock holder's connection that does not answer pings");
+        let _: Value = redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("ID")
+            .arg(id)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| redis_error("cannot kill a silent holder's connection", &e))?;
+    }
+    Ok(())
+}
+
+/// Who is on `channel`, without subscribing to it and without reaping: probes until one is
+/// conclusive, for up to `patience`.
+///
+/// # Cancel safety
+///
+/// Cancel-safe: it changes nothing.
+pub(super) async fn read_only(
+    conns: &Arc<Conns>,
+    timing: Timing,
+    channel: &str,
+    patience: Duration,
+) -> Result<Vec<Record>> {
+    let start = tokio::time::Instant::now();
+    loop {
+        let expected = numsub(conns, channel).await?;
+        if expected == 0 {
+            return Ok(Vec::new());
+        }
+        if let Probe::Conclusive(records) = probe(conns, timing, channel, expected, false).await? {
+            return Ok(records);
+        }
+        if start.elapsed() >= patience {
+            return Err(Error::storage(format!(
+                "{expected} subscriber(s) on the lock channel, and not all of them answer pings \
+                 (a holder that is stuck, or a subscriber that is not a lock holder)"
+            ))
+            .temporary());
+        }
+        tokio::time::sleep(jitter(timing.poll())).await;
+    }
+}

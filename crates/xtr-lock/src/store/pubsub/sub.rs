@@ -1,0 +1,250 @@
+//! A holder's subscription: the dedicated connection that *is* the lock, named
+//! `C-lock-<id>` before it subscribes to `C`, and the task that answers every ping on it from
+//! the holder's `(mode, elected)` snapshot, pings it to find a half-open connection, and says
+//! when it is gone.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+use redis::{PushInfo, PushKind, Value};
+use tokio::sync::{mpsc, oneshot, watch};
+
+use super::conn::{Conns, redis_error};
+use super::decide::{self, Wire};
+use crate::error::Result;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Whether the subscription is still there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Life {
+    Live,
+    /// Closed by its holder (release, give-up).
+    Closed,
+    /// Gone without its holder: the connection dropped, was killed, or stopped answering.
+    Lost,
+}
+
+/// What the answering task and the holder share.
+pub(super) struct Shared {
+    pub(super) id: String,
+    pub(super) channel: String,
+    /// `(mode, elected)`, one snapshot: every promotion and demotion takes this mutex, and so
+    /// does every answer.
+    snap: Mutex<(Wire, bool)>,
+    life: watch::Sender<Life>,
+    /// A test hook: stop answering pings (a wedged holder, as the reaping tests need).
+    mute: AtomicBool,
+}
+
+impl Shared {
+    pub(super) fn snapshot(&self) -> (Wire, bool) {
+        *lock(&self.snap)
+    }
+
+    pub(super) fn set(&self, mode: Wire, elected: bool) {
+        *lock(&self.snap) = (mode, elected);
+    }
+
+    pub(super) fn life(&self) -> Life {
+        *self.life.borrow()
+    }
+
+    pub(super) fn mute(&self) {
+        self.mute.store(true, Ordering::Release);
+    }
+
+    /// Completes when the subscription is no longer live.
+    pub(super) fn ended(&self) -> impl std::future::Future<Output = Life> + Send + 'static {
+        let mut rx = self.life.subscribe();
+        async move {
+            loop {
+                let now = *rx.borrow_and_update();
+                if now != Life::Live {
+                    return now;
+                }
+                if rx.changed().await.is_err() {
+                    return Life::Lost;
+                }
+            }
+        }
+    }
+}
+
+/// One live subscription. Dropping it closes the connection at once (its task ends); `close`
+/// unsubscribes first, so the server's count no longer includes it when `close` returns.
+pub(super) struct Sub {
+    pub(super) shared: Arc<Shared>,
+    close: Option<oneshot::Sender<oneshot::Sender<()>>>,
+}
+
+impl Sub {
+    /// Opens a connection, names it, subscribes it to `channel` (confirmed), and starts
+    /// answering pings as `mode`/`elected`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped mid-flight, the connection it opened closes with it.
+    pub(super) async fn open(
+        conns: &Arc<Conns>,
+        channel: &str,
+        id: &str,
+        mode: Wire,
+        health_check: Duration,
+    ) -> Result<Sub> {
+        let (tx, rx) = mpsc::unbounded_channel::<PushInfo>();
+        let mut conn = conns.dedicated(tx).await?;
+        let name = decide::connection_name(channel, id);
+        redis::cmd("CLIENT")
+            .arg("SETNAME")
+            .arg(&name)
+            .query_async::<()>(&mut conn)
+            .await
+            .map_err(|e| redis_error("cannot name the subscription connection", &e))?;
+        conn.subscribe(channel)
+            .await
+            .map_err(|e| redis_error("cannot subscribe to the lock channel", &e))?;
+        let shared = Arc::new(Shared {
+            id: id.to_owned(),
+            channel: channel.to_owned(),
+            snap: Mutex::new((mode, false)),
+            life: watch::channel(Life::Live).0,
+            mute: AtomicBool::new(false),
+        });
+        let (close_tx, close_rx) = oneshot::channel();
+        tokio::spawn(answer(
+            conn,
+            rx,
+            close_rx,
+            shared.clone(),
+            conns.clone(),
+            health_check,
+            conns.response_timeout,
+        ));
+        Ok(Sub {
+            shared,
+            close: Some(close_tx),
+        })
+    }
+
+    pub(super) fn is_live(&self) -> bool {
+        self.shared.life() == Life::Live
+    }
+
+    /// Unsubscribes (confirmed, or the connection is dropped after the response timeout) and
+    /// closes the connection. Whether it was still live.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped mid-flight, the connection closes anyway.
+    pub(super) async fn close(mut self) -> bool {
+        let live = self.is_live();
+        if let Some(close) = self.close.take() {
+            let (done_tx, done_rx) = oneshot::channel();
+            if close.send(done_tx).is_ok() {
+                let _ = done_rx.await;
+            }
+        }
+        live
+    }
+}
+
+impl Drop for Sub {
+    fn drop(&mut self) {
+        // Dropping the sender ends the task, which drops the connection.
+        self.close.take();
+        self.shared.life.send_if_modified(|life| {
+            if *life == Life::Live {
+                *life = Life::Closed;
+                true
+            } else {
+                false
+            }
+        });
+    }
+}
+
+/// The task behind a subscription.
+async fn answer(
+    mut conn: MultiplexedConnection,
+    mut pushes: mpsc::UnboundedReceiver<PushInfo>,
+    mut close: oneshot::Receiver<oneshot::Sender<()>>,
+    shared: Arc<Shared>,
+    conns: Arc<Conns>,
+    health_check: Duration,
+    response_timeout: Duration,
+) {
+    let mut health =
+        tokio::time::interval_at(tokio::time::Instant::now() + health_check, health_check);
+    health.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let end = loop {
+        tokio::select! {
+            biased;
+            req = &mut close => {
+                if let Ok(done) = req {
+                    let _ = tokio::time::timeout(response_timeout, conn.unsubscribe(&shared.channel)).await;
+                    drop(conn);
+                    shared.life.send_replace(Life::Closed);
+                    let _ = done.send(());
+                    return;
+                }
+                break Life::Closed;
+            }
+            push = pushes.recv() => match push {
+                None => break Life::Lost,
+                Some(push) if push.kind == PushKind::Disconnection => break Life::Lost,
+                Some(push) => on_push(&shared, &conns, push),
+            },
+            _ = health.tick() => {
+                let ping = redis::cmd("PING");
+                match tokio::time::timeout(response_timeout, ping.query_async::<Value>(&mut conn)).await {
+                    Ok(Ok(_)) => {}
+                    _ => break Life::Lost,
+                }
+            }
+        }
+    };
+    drop(conn);
+    shared.life.send_if_modified(|life| {
+        if *life == Life::Live {
+            *life = end;
+            true
+        } else {
+            false
+        }
+    });
+}
+
+/// Answers a ping on the lock channel (anything else is ignored, whatever its bytes).
+fn on_push(shared: &Arc<Shared>, conns: &Arc<Conns>, push: PushInfo) {
+    if push.kind != PushKind::Message || shared.mute.load(Ordering::Acquire) {
+        return;
+    }
+    let (Some(Value::BulkString(channel)), Some(Value::BulkString(payload))) =
+        (push.data.first(), push.data.get(1))
+    else {
+        return;
+    };
+    if channel.as_slice() != shared.channel.as_bytes() {
+        return;
+    }
+    let Some(response_channel) = decide::response_channel(payload) else {
+        return;
+    };
+    let (mode, elected) = shared.snapshot();
+    let reply = decide::reply(&shared.id, mode, elected);
+    let conns = conns.clone();
+    tokio::spawn(async move {
+        if let Ok(mut cmd) = conns.command().await {
+            let _ = redis::cmd("PUBLISH")
+                .arg(&response_channel)
+                .arg(&reply)
+                .query_async::<Value>(&mut cmd)
+                .await;
+        }
+    });
+}

@@ -1,5 +1,6 @@
-//! A Python virtual environment with the real peers from PyPI (`xtr-lock` 4.1.0), created once
-//! per checkout under `target/xtr-testkit/` and shared by every test process.
+//! A Python virtual environment with the real peers from PyPI (`xtr-lock` 4.1.0, portalocker
+//! 4.4.2), created once per checkout under `target/xtr-testkit/` and shared by every test
+//! process.
 
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
@@ -7,7 +8,11 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 /// The Python peers the interop tests install, pinned.
-pub const PEERS: &[&str] = &["xtr-lock[redis]==4.1.0", "redis==8.1.0"];
+pub const PEERS: &[&str] = &[
+    "xtr-lock[redis]==4.1.0",
+    "portalocker[redis]==4.4.2",
+    "redis==8.1.0",
+];
 
 /// The `python` of a virtual environment holding [`PEERS`], creating it on first use.
 ///

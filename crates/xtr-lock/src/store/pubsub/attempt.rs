@@ -72,9 +72,13 @@ impl Contender<'_> {
         }
     }
 
-    /// A probe of our channel, expecting `n` participants, reaping allowed.
+    /// A probe of our channel, expecting `n` participants, reaping allowed. Subscribers that
+    /// are not lock holders and never answer are an error: waiting cannot help.
     async fn probe(&self, n: u64) -> Result<Probe> {
-        probe::probe(&self.inner.conns, self.inner.timing, self.channel, n, true).await
+        match probe::probe(&self.inner.conns, self.inner.timing, self.channel, n, true).await? {
+            Probe::Foreign(silent) => Err(probe::foreign(silent)),
+            other => Ok(other),
+        }
     }
 
     /// One writer's attempt.
@@ -96,7 +100,7 @@ impl Contender<'_> {
         }
         let records = match self.probe(n).await? {
             Probe::Inconclusive if self.elected && !self.fwl => return Ok(Attempt::Again),
-            Probe::Inconclusive => return Ok(self.drop_out()),
+            Probe::Inconclusive | Probe::Foreign(_) => return Ok(self.drop_out()),
             Probe::Conclusive(records) => self.rivals(records),
         };
         let others_read = records
@@ -149,7 +153,7 @@ impl Contender<'_> {
                 break true;
             }
             match self.probe(m).await? {
-                Probe::Inconclusive => {}
+                Probe::Inconclusive | Probe::Foreign(_) => {}
                 Probe::Conclusive(records) => {
                     match decide::confirm(self.id, &self.rivals(records)) {
                         Confirm::Confirmed => break true,

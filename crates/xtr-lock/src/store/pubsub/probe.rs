@@ -24,6 +24,10 @@ pub(super) enum Probe {
     /// The count changed, somebody stayed silent (and was reaped, where allowed), or the
     /// listener failed.
     Inconclusive,
+    /// This many counted subscribers stayed silent and none of them is a lock holder (no
+    /// holder's connection name): nothing can reap them, and nobody can lock the channel
+    /// until they go.
+    Foreign(u64),
 }
 
 /// The timings a probe uses.
@@ -151,8 +155,8 @@ pub(super) async fn probe(
         return Ok(Probe::Inconclusive);
     }
     if (records.len() as u64) < expected {
-        if reap {
-            reap_silent(conns, channel, &records).await?;
+        if reap && reap_silent(conns, channel, &records).await? == 0 {
+            return Ok(Probe::Foreign(expected - records.len() as u64));
         }
         return Ok(Probe::Inconclusive);
     }
@@ -160,12 +164,13 @@ pub(super) async fn probe(
 }
 
 /// Kills the channel's holder connections whose ids did not reply (and the legacy name, when no
-/// legacy holder replied). Unnamed and foreign connections are never touched.
+/// legacy holder replied). Unnamed and foreign connections are never touched. How many were
+/// killed.
 async fn reap_silent(
     conns: &Conns,
     channel: &str,
     records: &BTreeMap<String, Record>,
-) -> Result<()> {
+) -> Result<usize> {
     let responding: Vec<String> = records
         .values()
         .filter(|r| !r.legacy)
@@ -178,7 +183,8 @@ async fn reap_silent(
         .query_async(&mut conn)
         .await
         .map_err(|e| redis_error("cannot list clients to reap a silent holder", &e))?;
-    for id in decide::reap_targets(channel, &list, &responding, legacy_replied) {
+    let targets = decide::reap_targets(channel, &list, &responding, legacy_replied);
+    for &id in &targets {
         tracing::info!(target: crate::logging::TARGET, channel, client = id,
             "killing a lock holder's connection that does not answer pings");
         let _: Value = redis::cmd("CLIENT")
@@ -189,7 +195,16 @@ async fn reap_silent(
             .await
             .map_err(|e| redis_error("cannot kill a silent holder's connection", &e))?;
     }
-    Ok(())
+    Ok(targets.len())
+}
+
+/// The error for a channel that subscribers which are not lock holders keep blocked.
+pub(super) fn foreign(silent: u64) -> Error {
+    Error::storage(format!(
+        "{silent} subscriber(s) of the lock channel do not answer pings and are not lock holders \
+         (no holder's connection name, so none can be reaped): nobody can take the lock until \
+         they unsubscribe"
+    ))
 }
 
 /// Who is on `channel`, without subscribing to it and without reaping: probes until one is
@@ -210,8 +225,9 @@ pub(super) async fn read_only(
         if expected == 0 {
             return Ok(Vec::new());
         }
-        if let Probe::Conclusive(records) = probe(conns, timing, channel, expected, false).await? {
-            return Ok(records);
+        match probe(conns, timing, channel, expected, false).await? {
+            Probe::Conclusive(records) => return Ok(records),
+            Probe::Inconclusive | Probe::Foreign(_) => {}
         }
         if start.elapsed() >= patience {
             return Err(Error::storage(format!(

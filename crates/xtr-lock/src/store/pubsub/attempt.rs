@@ -137,6 +137,10 @@ impl Contender<'_> {
         let budget = self.inner.timing.unavailable;
         let start = tokio::time::Instant::now();
         let mut first = true;
+        // Whether the election may be kept after a demotion: readers were the only reason (and
+        // the writer is, or would now be, elected), or the rounds were inconclusive for an
+        // elected writer (which never gives way over noise).
+        let mut keep = self.elected;
         let confirmed = loop {
             if !first {
                 if start.elapsed() >= budget {
@@ -147,6 +151,7 @@ impl Contender<'_> {
             first = false;
             let m = numsub(&self.inner.conns, self.channel).await?;
             if m == 0 {
+                keep = false;
                 break false;
             }
             if m == 1 && self.own_reader.is_none() {
@@ -155,15 +160,33 @@ impl Contender<'_> {
             match self.probe(m).await? {
                 Probe::Inconclusive | Probe::Foreign(_) => {}
                 Probe::Conclusive(records) => {
-                    match decide::confirm(self.id, &self.rivals(records)) {
+                    let records = self.rivals(records);
+                    match decide::confirm(self.id, &records) {
                         Confirm::Confirmed => break true,
-                        Confirm::Demote => break false,
+                        Confirm::Demote => {
+                            let writers: Vec<Record> = records
+                                .iter()
+                                .filter(|r| r.mode != Wire::Shared)
+                                .cloned()
+                                .collect();
+                            keep = decide::confirm(self.id, &writers) != Confirm::Demote
+                                && (self.elected || decide::elected(self.id, &records));
+                            break false;
+                        }
                         Confirm::Retry => {}
                     }
                 }
             }
         };
         if !confirmed {
+            if keep && !self.fwl {
+                self.elected = true;
+                // Back to an elected writer waiting for readers to drain: the readers that got
+                // in see it and new ones stay out. Python drops the election here and starts
+                // over, which lets churning readers starve it.
+                self.set(Wire::Pending, true);
+                return Ok(Attempt::Again);
+            }
             self.set(Wire::Pending, false);
             return Ok(self.drop_out());
         }

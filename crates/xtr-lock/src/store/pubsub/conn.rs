@@ -32,6 +32,42 @@ pub(super) fn redis_error(what: &str, err: &redis::RedisError) -> Error {
     if temporary { e.temporary() } else { e }
 }
 
+/// The runtime the store's connections and answering tasks run on: a thread of its own, so a
+/// holder answers pings even while its user's code blocks the user's runtime (portalocker's
+/// holders are reaped then; ours are not).
+fn background() -> &'static tokio::runtime::Handle {
+    static RUNTIME: std::sync::OnceLock<tokio::runtime::Handle> = std::sync::OnceLock::new();
+    RUNTIME.get_or_init(|| {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a tokio runtime for the pub/sub store");
+        let handle = runtime.handle().clone();
+        std::thread::Builder::new()
+            .name("xtr-lock-pubsub".into())
+            .spawn(move || runtime.block_on(std::future::pending::<()>()))
+            .expect("a thread for the pub/sub store");
+        handle
+    })
+}
+
+/// Runs `fut` on the store's own runtime (see [`background`]). Dropped, the work goes on
+/// there and what it made is dropped when it finishes.
+pub(super) async fn on_background<T: Send + 'static>(
+    fut: impl std::future::Future<Output = T> + Send + 'static,
+) -> T {
+    match background().spawn(fut).await {
+        Ok(value) => value,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(_) => unreachable!("the store's runtime is never shut down"),
+    }
+}
+
+/// Starts `fut` on the store's own runtime, for as long as it runs.
+pub(super) fn spawn_background(fut: impl std::future::Future<Output = ()> + Send + 'static) {
+    background().spawn(fut);
+}
+
 pub(super) struct Conns {
     /// As the user configured it (RESP2 unless told otherwise): the command connection.
     client: redis::Client,
@@ -74,7 +110,8 @@ impl Conns {
             .set_connection_timeout(Some(self.connect_timeout))
             .set_response_timeout(Some(self.response_timeout))
             .set_number_of_retries(1);
-        let conn = ConnectionManager::new_with_config(self.client.clone(), config)
+        let client = self.client.clone();
+        let conn = on_background(ConnectionManager::new_with_config(client, config))
             .await
             .map_err(|e| redis_error("cannot connect to Redis", &e))?;
         *slot = Some(conn.clone());
@@ -91,10 +128,14 @@ impl Conns {
             .set_connection_timeout(Some(self.connect_timeout))
             .set_response_timeout(Some(self.response_timeout))
             .set_push_sender(pushes);
-        self.resp3
-            .get_multiplexed_async_connection_with_config(&config)
-            .await
-            .map_err(|e| redis_error("cannot connect to Redis", &e))
+        let client = self.resp3.clone();
+        on_background(async move {
+            client
+                .get_multiplexed_async_connection_with_config(&config)
+                .await
+        })
+        .await
+        .map_err(|e| redis_error("cannot connect to Redis", &e))
     }
 
     /// The listener, made (again) when there is none or it died.
@@ -228,11 +269,9 @@ impl Listener {
             return;
         }
         let mut conn = self.conn.clone();
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move {
-                let _ = conn.unsubscribe(&channel).await;
-            });
-        }
+        background().spawn(async move {
+            let _ = conn.unsubscribe(&channel).await;
+        });
     }
 }
 

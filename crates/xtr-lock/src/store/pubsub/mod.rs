@@ -109,10 +109,10 @@ pub(super) struct Inner {
     timing: Timing,
     health_check: Duration,
     owner: HandleOwner,
-    /// One gate per channel: of this store's waiters on a resource, only the one through the
-    /// gate attempts (the others wait their turn in order), so a hundred local waiters are one
-    /// contender on the wire, not a hundred subscriptions coming and going that keep every
-    /// probe inconclusive.
+    /// Gates per channel and mode: of this store's waiters on a resource in one mode, only the
+    /// one through the gate attempts (the others wait their turn in order), so a hundred local
+    /// waiters are one or two contenders on the wire, not a hundred subscriptions coming and
+    /// going that keep every probe inconclusive.
     gates: Mutex<HashMap<String, Weak<tokio::sync::Mutex<()>>>>,
 }
 
@@ -214,15 +214,17 @@ impl RedisPubSubStore {
         (first, second)
     }
 
-    /// The waiters' gate of `channel`.
-    fn gate(&self, channel: &str) -> Arc<tokio::sync::Mutex<()>> {
+    /// The gate of `channel`'s waiters in `mode` (one for writers, one for readers: a reader
+    /// held up by waiting writers does not hold up this store's writers too).
+    fn gate(&self, channel: &str, mode: Mode) -> Arc<tokio::sync::Mutex<()>> {
+        let name = format!("{channel} {mode:?}");
         let mut gates = lock(&self.inner.gates);
-        if let Some(gate) = gates.get(channel).and_then(Weak::upgrade) {
+        if let Some(gate) = gates.get(&name).and_then(Weak::upgrade) {
             return gate;
         }
         gates.retain(|_, g| g.strong_count() > 0);
         let gate = Arc::new(tokio::sync::Mutex::new(()));
-        gates.insert(channel.to_owned(), Arc::downgrade(&gate));
+        gates.insert(name, Arc::downgrade(&gate));
         gate
     }
 
@@ -265,7 +267,7 @@ impl RedisPubSubStore {
         };
         // A promotion goes past the gate: a local writer waiting for this reader to go must not
         // keep it from promoting.
-        let gate = (!fwl && reader.is_none()).then(|| self.gate(&channel));
+        let gate = (!fwl && reader.is_none()).then(|| self.gate(&channel, Mode::Write));
         let _turn = match &gate {
             Some(g) => Some(g.lock().await),
             None => None,
@@ -334,7 +336,7 @@ impl RedisPubSubStore {
             sub: None,
             elected: false,
         };
-        let gate = (!fwl).then(|| self.gate(&channel));
+        let gate = (!fwl).then(|| self.gate(&channel, Mode::Read));
         let _turn = match &gate {
             Some(g) => Some(g.lock().await),
             None => None,

@@ -11,7 +11,7 @@ use redis::aio::MultiplexedConnection;
 use redis::{PushInfo, PushKind, Value};
 use tokio::sync::{mpsc, oneshot, watch};
 
-use super::conn::{Conns, redis_error};
+use super::conn::{Conns, redis_error, spawn_background};
 use super::decide::{self, Wire};
 use crate::error::Result;
 
@@ -79,7 +79,7 @@ impl Shared {
 /// unsubscribes first, so the server's count no longer includes it when `close` returns.
 pub(super) struct Sub {
     pub(super) shared: Arc<Shared>,
-    close: Option<oneshot::Sender<oneshot::Sender<()>>>,
+    close: Option<oneshot::Sender<oneshot::Sender<bool>>>,
 }
 
 impl Sub {
@@ -116,7 +116,9 @@ impl Sub {
             mute: AtomicBool::new(false),
         });
         let (close_tx, close_rx) = oneshot::channel();
-        tokio::spawn(answer(
+        // On the store's own runtime, with the connection's driver: answering never waits for
+        // the user's runtime.
+        spawn_background(answer(
             conn,
             rx,
             close_rx,
@@ -136,20 +138,22 @@ impl Sub {
     }
 
     /// Unsubscribes (confirmed, or the connection is dropped after the response timeout) and
-    /// closes the connection. Whether it was still live.
+    /// closes the connection. Whether it was still subscribed: the server confirmed the
+    /// unsubscribe (a connection killed a moment ago, whose end this process has not read yet,
+    /// cannot).
     ///
     /// # Cancel safety
     ///
     /// Dropped mid-flight, the connection closes anyway.
     pub(super) async fn close(mut self) -> bool {
-        let live = self.is_live();
-        if let Some(close) = self.close.take() {
-            let (done_tx, done_rx) = oneshot::channel();
-            if close.send(done_tx).is_ok() {
-                let _ = done_rx.await;
-            }
+        let Some(close) = self.close.take() else {
+            return false;
+        };
+        let (done_tx, done_rx) = oneshot::channel();
+        if close.send(done_tx).is_err() {
+            return false;
         }
-        live
+        done_rx.await.unwrap_or(false)
     }
 }
 
@@ -172,7 +176,7 @@ impl Drop for Sub {
 async fn answer(
     mut conn: MultiplexedConnection,
     mut pushes: mpsc::UnboundedReceiver<PushInfo>,
-    mut close: oneshot::Receiver<oneshot::Sender<()>>,
+    mut close: oneshot::Receiver<oneshot::Sender<bool>>,
     shared: Arc<Shared>,
     conns: Arc<Conns>,
     health_check: Duration,
@@ -186,10 +190,15 @@ async fn answer(
             biased;
             req = &mut close => {
                 if let Ok(done) = req {
-                    let _ = tokio::time::timeout(response_timeout, conn.unsubscribe(&shared.channel)).await;
+                    let live = shared.life() == Life::Live;
+                    let unsubscribed = tokio::time::timeout(
+                        response_timeout,
+                        conn.unsubscribe(&shared.channel),
+                    )
+                    .await;
                     drop(conn);
                     shared.life.send_replace(Life::Closed);
-                    let _ = done.send(());
+                    let _ = done.send(live && matches!(unsubscribed, Ok(Ok(()))));
                     return;
                 }
                 break Life::Closed;

@@ -232,9 +232,16 @@ pub(crate) async fn status(store: StoreConfig, resource: String, json_out: bool)
             print(&format!("lock: {location}"))?;
         }
         if let Some(counter) = fencing {
+            // The pub/sub store counts per resource (portalocker's `<channel>-fence`); the others
+            // share one counter per store.
+            let whose = if store.scheme.contains("+pubsub") {
+                "this resource's counter"
+            } else {
+                "one counter for every resource of this store"
+            };
             print(&format!(
-                "fencing tokens so far: at most {counter} (one counter for every resource of \
-                 this store; the holder's own is in its key and $XTR_LOCK_FENCING_TOKEN)"
+                "fencing tokens so far: at most {counter} ({whose}; the holder's own is in its \
+                 key and $XTR_LOCK_FENCING_TOKEN)"
             ))?;
         }
     }

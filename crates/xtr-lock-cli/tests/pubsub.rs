@@ -1,0 +1,210 @@
+//! `xtr-lock` on the pub/sub store: a lock that is a live connection. Killed, it stops the
+//! command (exit 3); the process killed or paused, portalocker's waiters get the lock.
+
+mod common;
+
+use std::io::{BufRead as _, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{alive, command_pid, kill, spawn, wait_gone, xtr};
+use rustix::process::Signal;
+use xtr_lock_testkit::redis::RedisServer;
+
+fn dsn(server: &RedisServer) -> String {
+    format!("redis+pubsub://127.0.0.1:{}/0", server.port())
+}
+
+/// The id of the connection named `<channel>-lock-…`, once there is one.
+fn holder_connection(server: &RedisServer, channel: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let list = server.cli(&["CLIENT", "LIST"]);
+        if let Some(line) = list
+            .lines()
+            .find(|l| l.contains(&format!(" name={channel}-lock-")))
+        {
+            return line
+                .split(' ')
+                .find_map(|f| f.strip_prefix("id="))
+                .unwrap()
+                .to_owned();
+        }
+        assert!(Instant::now() < deadline, "no holder connection: {list}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// portalocker 4.4.2 taking the lock (the interop script of the library's tests).
+fn python_holder(
+    server: &RedisServer,
+    channel: &str,
+) -> (Child, std::sync::mpsc::Receiver<String>) {
+    let python = xtr_lock_testkit::python::python_with_peers();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../xtr-lock/tests/py/pubsub_peer.py");
+    let mut child = Command::new(python)
+        .arg(script)
+        .args([
+            &server.port().to_string(),
+            "hold",
+            channel,
+            "exclusive",
+            "--check-interval",
+            "0.02",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    (child, rx)
+}
+
+fn expect(rx: &std::sync::mpsc::Receiver<String>, prefix: &str, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) if line.starts_with(prefix) => return,
+            Ok(_) => {}
+            Err(_) => panic!("no {prefix:?} from the Python holder within {within:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_killed_connection_stops_the_command_and_exits_3() {
+    let server = RedisServer::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let pidfile = tmp.path().join("pid");
+    let script = format!("echo $$ > {}; exec sleep 60", pidfile.display());
+    let run = spawn(&[
+        "run",
+        "--store",
+        &dsn(&server),
+        "job",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    let pid = command_pid(&pidfile);
+    let id = holder_connection(&server, "job");
+    assert_eq!(server.cli(&["CLIENT", "KILL", "ID", &id]), "1");
+    let out = run.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("the connection that held it closed"),
+        "{stderr}"
+    );
+    wait_gone(pid, "the command of a lost lock");
+    // Nothing was made again behind the holder's back.
+    assert!(!server.cli(&["CLIENT", "LIST"]).contains("name=job-lock-"));
+}
+
+#[test]
+fn status_shows_the_holder_and_scripts_can_test_it() {
+    let server = RedisServer::start();
+    let store = dsn(&server);
+    xtr()
+        .args(["status", "--store", &store, "st"])
+        .assert()
+        .code(1);
+    let mut run = spawn(&["run", "--store", &store, "st", "--", "sleep", "60"]);
+    holder_connection(&server, "st");
+    let out = xtr()
+        .args(["status", "--store", &store, "st"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("held by holder"), "{text}");
+    assert!(text.contains("(write)"), "{text}");
+    assert!(
+        text.contains("channel \"st\" on redis+pubsub://127.0.0.1:"),
+        "{text}"
+    );
+    assert!(text.contains("this resource's counter"), "{text}");
+    kill(run.id() as i32, Signal::TERM);
+    run.wait().unwrap();
+    xtr()
+        .args(["status", "--store", &store, "st"])
+        .assert()
+        .code(1);
+}
+
+#[test]
+fn a_killed_rust_holder_is_released_at_once_for_a_python_waiter() {
+    let server = RedisServer::start();
+    let mut run = spawn(&[
+        "run",
+        "--store",
+        &dsn(&server),
+        "crash",
+        "--",
+        "sleep",
+        "60",
+    ]);
+    holder_connection(&server, "crash");
+    let (mut py, lines) = python_holder(&server, "crash");
+    std::thread::sleep(Duration::from_millis(300));
+    let killed = Instant::now();
+    kill(run.id() as i32, Signal::KILL);
+    run.wait().unwrap();
+    expect(&lines, "ACQUIRED", Duration::from_secs(10));
+    assert!(
+        killed.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        killed.elapsed()
+    );
+    drop(py.stdin.take());
+    py.wait().unwrap();
+}
+
+#[test]
+fn a_paused_rust_holder_is_reaped_by_python_and_exits_3_on_resume() {
+    let server = RedisServer::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let pidfile = tmp.path().join("pid");
+    let script = format!("echo $$ > {}; exec sleep 60", pidfile.display());
+    let run = spawn(&[
+        "run",
+        "--store",
+        &dsn(&server),
+        "paused",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    let pid = command_pid(&pidfile);
+    holder_connection(&server, "paused");
+    kill(run.id() as i32, Signal::STOP);
+    let (mut py, lines) = python_holder(&server, "paused");
+    expect(&lines, "ACQUIRED", Duration::from_secs(10));
+    kill(run.id() as i32, Signal::CONT);
+    let out = run.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_gone(pid, "the command of a reaped holder");
+    assert!(!alive(pid));
+    drop(py.stdin.take());
+    py.wait().unwrap();
+}

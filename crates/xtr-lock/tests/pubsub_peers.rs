@@ -735,3 +735,110 @@ fn a_holder_whose_runtime_is_blocked_still_answers_and_is_not_reaped() {
     assert!(runtime.block_on(rust.is_acquired()).unwrap(), "not reaped");
     runtime.block_on(rust.release()).unwrap();
 }
+
+/// Writers of both languages pending behind a reader: the lowest id is elected and goes first
+/// (a Python writer forced to 0…0), and every writer gets its turn, one at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pending_writers_of_both_languages_elect_the_lowest_id_first() {
+    let server = RedisServer::start();
+    let store = store(&server);
+    let c = channel("election");
+    let reader = lock_on(&store, &c);
+    assert!(reader.try_acquire_read().await.unwrap());
+    let (low, high) = ("0".repeat(32), "f".repeat(32));
+    let args = |id: &str| -> Vec<String> {
+        [
+            "hold",
+            &c,
+            "exclusive",
+            "--holder-id",
+            id,
+            "--check-interval",
+            "0.02",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    };
+    let start = |id: &str| {
+        let a = args(id);
+        let a: Vec<&str> = a.iter().map(String::as_str).collect();
+        Py::start(&server, &a)
+    };
+    let mut first = start(&low);
+    // 0…0 is the incumbent before the others arrive.
+    let deadline = Instant::now() + SOON;
+    loop {
+        let records = python_probe(&server, &c).await;
+        if records
+            .iter()
+            .any(|r| r["holder_id"] == low.as_str() && r["elected"] == true)
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "0…0 never elected: {records:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut last = start(&high);
+    let writer = lock_on(&store, &c);
+    let rust = {
+        let writer = writer.clone();
+        tokio::spawn(async move {
+            assert!(writer.acquire_timeout(SOON * 3).await.unwrap());
+            let at = now();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let until = now();
+            writer.release().await.unwrap();
+            (at, until)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    reader.release().await.unwrap();
+    let first_at: f64 = first
+        .expect("ACQUIRED", SOON)
+        .await
+        .split(' ')
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    first.release();
+    let first_until: f64 = first
+        .expect("RELEASED", SOON)
+        .await
+        .split(' ')
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let last_at: f64 = last
+        .expect("ACQUIRED", SOON * 2)
+        .await
+        .split(' ')
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    last.release();
+    let last_until: f64 = last
+        .expect("RELEASED", SOON)
+        .await
+        .split(' ')
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let (rust_at, rust_until) = rust.await.unwrap();
+    assert!(first_at < rust_at && first_at < last_at, "0…0 first");
+    for (a, b) in [
+        ((first_at, first_until), (rust_at, rust_until)),
+        ((first_at, first_until), (last_at, last_until)),
+        ((rust_at, rust_until), (last_at, last_until)),
+    ] {
+        assert!(
+            !(a.0 < b.1 && b.0 < a.1),
+            "one writer at a time: {a:?} {b:?}"
+        );
+    }
+}

@@ -328,7 +328,7 @@ async fn an_elected_python_writer_is_deferred_to_by_a_lower_rust_id() {
     assert!(rust_got_it.lock().unwrap().is_none(), "Python first");
     py.release();
     let released: f64 = py
-        .expect("RELEASED", SOON)
+        .expect("RELEASING", SOON)
         .await
         .split(' ')
         .nth(1)
@@ -339,7 +339,7 @@ async fn an_elected_python_writer_is_deferred_to_by_a_lower_rust_id() {
     let ours = rust_got_it.lock().unwrap().unwrap();
     let py_at: f64 = acquired.split(' ').nth(1).unwrap().parse().unwrap();
     assert!(ours > py_at, "Rust after Python");
-    assert!(ours + 0.01 >= released, "Rust after Python's release");
+    assert!(ours >= released, "Rust after Python began to release");
     writer.release().await.unwrap();
 }
 
@@ -805,7 +805,7 @@ async fn pending_writers_of_both_languages_elect_the_lowest_id_first() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     first.release();
     let first_until: f64 = first
-        .expect("RELEASED", SOON)
+        .expect("RELEASING", SOON)
         .await
         .split(' ')
         .nth(1)
@@ -822,7 +822,7 @@ async fn pending_writers_of_both_languages_elect_the_lowest_id_first() {
         .unwrap();
     last.release();
     let last_until: f64 = last
-        .expect("RELEASED", SOON)
+        .expect("RELEASING", SOON)
         .await
         .split(' ')
         .nth(1)

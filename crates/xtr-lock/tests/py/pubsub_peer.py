@@ -95,6 +95,9 @@ def hold(args):
             say("LOST", now())
             return 3
         time.sleep(0.005)
+    # Stamped before the release starts (portalocker closes the connection inside it), so an
+    # interval from ACQUIRED to RELEASING lies inside the true hold.
+    say("RELEASING", now())
     lock.release()
     say("RELEASED", now())
     return 0

@@ -35,6 +35,9 @@ use sub::{Life, Shared, Sub};
 /// The token kind of pub/sub stores.
 const KIND: &str = "pubsub";
 
+/// How often a waiter asks how many are subscribed to its channel.
+const COUNT_POLL: Duration = Duration::from_millis(2);
+
 /// Checks a pub/sub DSN without building anything.
 pub(crate) fn validate_dsn(dsn: &str) -> Result<()> {
     config::parse(dsn).map(|_| ())
@@ -362,9 +365,12 @@ impl RedisPubSubStore {
         }
     }
 
-    /// A waiter's pause: until a release notice of this library's holders, or
-    /// `check_interval × U[0.5, 1.5)` for the others'. The notices are listened to from the
-    /// first pause on, and the attempt after it sees a release in between.
+    /// A waiter's pause: until a release notice of this library's holders, until the
+    /// channel's count drops (a holder of any library left: released, crashed, killed; asked
+    /// every [`COUNT_POLL`] with one `PUBSUB NUMSUB`, which subscribes nothing and so disturbs
+    /// nobody's probe), or at most `check_interval × U[0.5, 1.5)` (portalocker's pace, for
+    /// what no count shows: one leaving as another comes). The notices are listened to from
+    /// the first pause on, and the attempt after it sees a release in between.
     async fn pause(&self, channel: &str, notices: &mut Option<conn::Notices>) {
         if notices.as_ref().is_none_or(conn::Notices::is_dead) {
             *notices = None;
@@ -376,15 +382,30 @@ impl RedisPubSubStore {
                 return;
             }
         }
-        let nap = jitter(self.inner.config.check_interval);
-        match notices.as_mut() {
-            Some(n) => {
-                tokio::select! {
-                    () = n.changed() => {}
-                    () = tokio::time::sleep(nap) => {}
+        let until = tokio::time::Instant::now() + jitter(self.inner.config.check_interval);
+        let watch_count = async {
+            let Ok(mut seen) = probe::numsub(&self.inner.conns, channel).await else {
+                return std::future::pending::<()>().await;
+            };
+            loop {
+                tokio::time::sleep(COUNT_POLL).await;
+                match probe::numsub(&self.inner.conns, channel).await {
+                    Ok(now) if now < seen => return,
+                    Ok(now) => seen = now,
+                    Err(_) => return std::future::pending::<()>().await,
                 }
             }
-            None => tokio::time::sleep(nap).await,
+        };
+        let notice = async {
+            match notices.as_mut() {
+                Some(n) => n.changed().await,
+                None => std::future::pending::<()>().await,
+            }
+        };
+        tokio::select! {
+            () = notice => {}
+            () = watch_count => {}
+            () = tokio::time::sleep_until(until) => {}
         }
     }
 

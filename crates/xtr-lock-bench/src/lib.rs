@@ -156,3 +156,35 @@ pub async fn lock_handoffs(factory: &LockFactory, resource: &str, n: usize) -> S
     }
     Summary::of(samples)
 }
+
+/// What `redis-benchmark` measured.
+#[derive(Debug, Clone, Copy)]
+pub struct Bench {
+    /// Requests per second.
+    pub rps: f64,
+    /// The median latency, in ms.
+    pub p50_ms: f64,
+}
+
+/// Runs redis-benchmark with `--csv` and reads the last line: rps and p50 latency.
+pub fn redis_benchmark(server: &xtr_lock_testkit::redis::RedisServer, args: &[&str]) -> Bench {
+    let out = std::process::Command::new("redis-benchmark")
+        .args(["-p", &server.port().to_string(), "--csv"])
+        .args(args)
+        .output()
+        .expect("redis-benchmark (package redis-tools)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let last = text
+        .lines()
+        .last()
+        .expect("redis-benchmark printed nothing");
+    let fields: Vec<f64> = last
+        .split("\",\"")
+        .skip(1)
+        .map(|f| f.trim_matches('"').parse().unwrap())
+        .collect();
+    Bench {
+        rps: fields[0],
+        p50_ms: fields[3],
+    }
+}

@@ -154,3 +154,74 @@ async fn a_paused_server_is_a_lost_lock_found_by_the_health_check() {
     assert!(!lock.is_acquired().await.unwrap());
     nothing_left(&server, "half-open").await;
 }
+
+/// The wire of an uncontended exclusive acquire and release, as `MONITOR` shows it: the name
+/// before the subscription, the count after it (on the same connection, so it counts us), the
+/// confirm count with the fencing token, and on release the unsubscribe before the notice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uncontended_acquire_and_release_on_the_wire() {
+    use std::io::{BufRead as _, BufReader};
+    let server = RedisServer::start();
+    let store =
+        RedisPubSubStore::from_dsn(&format!("redis+pubsub://127.0.0.1:{}", server.port())).unwrap();
+    let lock = LockFactory::new(store.clone()).create_lock("wire");
+    // Connections warm, so only the lock's own commands follow.
+    assert!(lock.try_acquire().await.unwrap());
+    lock.release().await.unwrap();
+    let mut monitor = std::process::Command::new("redis-cli")
+        .args(["-p", &server.port().to_string(), "MONITOR"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = monitor.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    assert_eq!(rx.recv_timeout(SOON).unwrap(), "OK");
+    assert!(lock.try_acquire().await.unwrap());
+    lock.release().await.unwrap();
+    server.cli(&["ECHO", "end"]);
+    let mut seen = Vec::new();
+    while let Ok(line) = rx.recv_timeout(SOON) {
+        if line.contains("\"ECHO\" \"end\"") {
+            break;
+        }
+        // `<time> [<db> <addr>] "CMD" "args"`: the command and the client address.
+        let (addr, cmd) = line.split_once("] ").unwrap();
+        let addr = addr.rsplit(' ').next().unwrap().to_owned();
+        // The next spare connection opening meanwhile (its handshake) is not the lock's.
+        if cmd.starts_with("\"HELLO\"") || cmd.starts_with("\"CLIENT\" \"SETINFO\"") {
+            continue;
+        }
+        seen.push((addr, cmd.to_owned()));
+    }
+    monitor.kill().unwrap();
+    let _ = monitor.wait();
+    let commands: Vec<&str> = seen.iter().map(|(_, c)| c.as_str()).collect();
+    let name = commands[0];
+    assert!(
+        name.starts_with("\"CLIENT\" \"SETNAME\" \"wire-lock-"),
+        "{commands:#?}"
+    );
+    assert_eq!(
+        &commands[1..],
+        [
+            "\"SUBSCRIBE\" \"wire\"",
+            "\"PUBSUB\" \"NUMSUB\" \"wire\"",
+            "\"PUBSUB\" \"NUMSUB\" \"wire\"",
+            "\"INCR\" \"wire-fence\"",
+            "\"UNSUBSCRIBE\" \"wire\"",
+            "\"PUBLISH\" \"wire xtr-lock-released\" \"\"",
+        ],
+        "{commands:#?}"
+    );
+    // Name, subscription and first count on the holder's connection; so are its release and
+    // notice.
+    let holder = &seen[0].0;
+    for i in [1, 2, 5, 6] {
+        assert_eq!(&seen[i].0, holder, "{seen:#?}");
+    }
+}

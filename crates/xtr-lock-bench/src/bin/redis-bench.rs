@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 use xtr_lock::Lockable as _;
 use xtr_lock::{LockFactory, RedisStore};
 use xtr_lock_bench::{
-    Summary, cell, human, lock_cycles, lock_handoffs, monotonic_ns, park, peer_script, run_php,
+    Summary, cell, human, lock_cycles, lock_handoffs, monotonic_ns, park, peer_script,
+    redis_benchmark, run_php,
 };
 use xtr_lock_testkit::redis::RedisServer;
 
@@ -115,34 +116,6 @@ fn main() {
 
 fn ratio(a: Duration, b: Duration) -> f64 {
     a.as_secs_f64() / b.as_secs_f64()
-}
-
-struct Bench {
-    rps: f64,
-    p50_ms: f64,
-}
-
-/// Runs redis-benchmark with `--csv` and reads the last line: rps and p50 latency.
-fn redis_benchmark(server: &RedisServer, args: &[&str]) -> Bench {
-    let out = Command::new("redis-benchmark")
-        .args(["-p", &server.port().to_string(), "--csv"])
-        .args(args)
-        .output()
-        .expect("redis-benchmark (package redis-tools)");
-    let text = String::from_utf8_lossy(&out.stdout);
-    let last = text
-        .lines()
-        .last()
-        .expect("redis-benchmark printed nothing");
-    let fields: Vec<f64> = last
-        .split("\",\"")
-        .skip(1)
-        .map(|f| f.trim_matches('"').parse().unwrap())
-        .collect();
-    Bench {
-        rps: fields[0],
-        p50_ms: fields[3],
-    }
 }
 
 /// The server's own time per EVALSHA since the last `CONFIG RESETSTAT`, in µs.

@@ -31,6 +31,9 @@ pub(super) struct Contender<'a> {
     /// The subscription an elected writer keeps between attempts.
     pub(super) sub: Option<Sub>,
     pub(super) elected: bool,
+    /// How many were on the channel at the last count, not counting a subscription of ours
+    /// that went since: a waiter's pause tries at once when fewer are there.
+    pub(super) seen: Option<u64>,
 }
 
 impl Contender<'_> {
@@ -44,26 +47,31 @@ impl Contender<'_> {
     /// Gives the election and the subscription up.
     fn drop_out(&mut self) -> Attempt {
         self.elected = false;
-        self.sub = None;
+        if self.sub.take().is_some() {
+            self.seen = self.seen.map(|n| n.saturating_sub(1));
+        }
         Attempt::Again
     }
 
-    async fn subscribe(&mut self, mode: Wire) -> Result<()> {
+    /// Subscribes unless the elected writer's subscription is kept; the channel's count (ours
+    /// included), and the fencing counter when a reader subscribed afresh.
+    async fn subscribe(&mut self, mode: Wire) -> Result<(u64, Option<u64>)> {
         if self.sub.as_ref().is_some_and(Sub::is_live) {
-            return Ok(());
+            return Ok((numsub(&self.inner.conns, self.channel).await?, None));
         }
         self.elected = false;
         self.sub = None;
-        let sub = Sub::open(
+        let (sub, count, fence) = Sub::open(
             &self.inner.conns,
             self.channel,
             self.id,
             mode,
             self.inner.health_check,
+            mode == Wire::Shared,
         )
         .await?;
         self.sub = Some(sub);
-        Ok(())
+        Ok((count, fence))
     }
 
     fn set(&self, mode: Wire, elected: bool) {
@@ -88,8 +96,8 @@ impl Contender<'_> {
     /// Dropped mid-flight, the subscription it made goes with the contender; nothing else of it
     /// stays on the server.
     pub(super) async fn write(&mut self) -> Result<Attempt> {
-        self.subscribe(Wire::Pending).await?;
-        let n = numsub(&self.inner.conns, self.channel).await?;
+        let (n, _) = self.subscribe(Wire::Pending).await?;
+        self.seen = Some(n);
         if n == 0 {
             // Our own subscription is gone (reaped in a race): a failed attempt.
             return Ok(self.drop_out());
@@ -141,6 +149,8 @@ impl Contender<'_> {
         // the writer is, or would now be, elected), or the rounds were inconclusive for an
         // elected writer (which never gives way over noise).
         let mut keep = self.elected;
+        let mut drawn = None;
+        let mut confirmed_at_once = false;
         let confirmed = loop {
             if !first {
                 if start.elapsed() >= budget {
@@ -148,13 +158,23 @@ impl Contender<'_> {
                 }
                 tokio::time::sleep(jitter(self.inner.timing.poll())).await;
             }
+            let pipelined = first && self.own_reader.is_none();
+            let m = if pipelined {
+                // The first round draws the token with the count, in one round trip: a token
+                // drawn by a confirm that then fails is only a gap in the sequence.
+                let (m, token) = self.count_and_draw().await?;
+                drawn = Some(token);
+                m
+            } else {
+                numsub(&self.inner.conns, self.channel).await?
+            };
             first = false;
-            let m = numsub(&self.inner.conns, self.channel).await?;
             if m == 0 {
                 keep = false;
                 break false;
             }
             if m == 1 && self.own_reader.is_none() {
+                confirmed_at_once = pipelined;
                 break true;
             }
             match self.probe(m).await? {
@@ -190,11 +210,37 @@ impl Contender<'_> {
             self.set(Wire::Pending, false);
             return Ok(self.drop_out());
         }
-        let token = self.fence(true).await?;
+        // A token drawn in the first round is older than the probes after it: draw again then,
+        // so it is later than every writer those probes saw leave.
+        let token = match drawn {
+            Some(token) if confirmed_at_once => token,
+            _ => self.fence(true).await?,
+        };
         match self.sub.take() {
             Some(sub) if sub.is_live() => Ok(Attempt::Held(sub, token)),
             _ => Ok(self.drop_out()),
         }
+    }
+
+    /// `PUBSUB NUMSUB C` and `INCR C-fence` in one round trip.
+    async fn count_and_draw(&self) -> Result<(u64, u64)> {
+        let mut conn = self.inner.conns.command().await?;
+        let (counted, token): (Vec<Value>, u64) = redis::pipe()
+            .cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(self.channel)
+            .cmd("INCR")
+            .arg(format!("{}-fence", self.channel))
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| {
+                redis_error("cannot count the lock channel and draw a fencing token", &e)
+            })?;
+        let m = match counted.get(1) {
+            Some(Value::Int(n)) => u64::try_from(*n).unwrap_or(0),
+            _ => 0,
+        };
+        Ok((m, token))
     }
 
     /// `INCR C-fence` for a writer (a new token), `GET` for a reader (at least the last
@@ -227,18 +273,24 @@ impl Contender<'_> {
     ///
     /// As [`write`](Contender::write).
     pub(super) async fn read(&mut self) -> Result<Attempt> {
-        self.subscribe(Wire::Shared).await?;
-        let n = numsub(&self.inner.conns, self.channel).await?;
+        let (n, fence) = self.subscribe(Wire::Shared).await?;
+        self.seen = Some(n);
         if n == 0 {
             return Ok(self.drop_out());
         }
-        if n > 1 {
+        let token = if n > 1 {
             match self.probe(n).await? {
                 Probe::Conclusive(records) if decide::reader_may_hold(self.id, &records) => {}
                 _ => return Ok(self.drop_out()),
             }
-        }
-        let token = self.fence(false).await?;
+            // Read after the probe: at least the token of any writer that held before it.
+            self.fence(false).await?
+        } else {
+            match fence {
+                Some(token) => token,
+                None => self.fence(false).await?,
+            }
+        };
         match self.sub.take() {
             Some(sub) if sub.is_live() => Ok(Attempt::Held(sub, token)),
             _ => Ok(self.drop_out()),

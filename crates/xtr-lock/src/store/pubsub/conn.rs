@@ -77,7 +77,13 @@ pub(super) struct Conns {
     pub(super) response_timeout: Duration,
     command: tokio::sync::Mutex<Option<ConnectionManager>>,
     listener: tokio::sync::Mutex<Option<Arc<Listener>>>,
+    /// A connection opened ahead, never used yet: the next subscription takes it and saves the
+    /// connect and handshake round trips (it is still a fresh connection of its own).
+    spare: Mutex<Option<Fresh>>,
 }
+
+/// A new RESP3 connection and its pushes.
+pub(super) type Fresh = (MultiplexedConnection, mpsc::UnboundedReceiver<PushInfo>);
 
 impl Conns {
     pub(super) fn new(config: &PubSubConfig) -> Result<Conns> {
@@ -97,6 +103,7 @@ impl Conns {
             response_timeout: config.redis.response_timeout,
             command: tokio::sync::Mutex::new(None),
             listener: tokio::sync::Mutex::new(None),
+            spare: Mutex::new(None),
         })
     }
 
@@ -138,6 +145,38 @@ impl Conns {
         .map_err(|e| redis_error("cannot connect to Redis", &e))
     }
 
+    /// A connection for a new subscription: the spare when there is a live one (another is
+    /// opened behind it), else a new one. `spare` says which.
+    pub(super) async fn fresh(self: &Arc<Self>) -> Result<(Fresh, bool)> {
+        let spare = lock(&self.spare).take();
+        self.refill();
+        if let Some((conn, mut pushes)) = spare {
+            // A spare that died while idle says so in its pushes; it has no other.
+            if matches!(pushes.try_recv(), Err(mpsc::error::TryRecvError::Empty)) {
+                return Ok(((conn, pushes), true));
+            }
+        }
+        let (tx, pushes) = mpsc::unbounded_channel();
+        Ok(((self.dedicated(tx).await?, pushes), false))
+    }
+
+    /// Opens a spare connection in the background, unless there is one.
+    fn refill(self: &Arc<Self>) {
+        let conns = self.clone();
+        spawn_background(async move {
+            if lock(&conns.spare).is_some() {
+                return;
+            }
+            let (tx, pushes) = mpsc::unbounded_channel();
+            if let Ok(conn) = conns.dedicated(tx).await {
+                let mut slot = lock(&conns.spare);
+                if slot.is_none() {
+                    *slot = Some((conn, pushes));
+                }
+            }
+        });
+    }
+
     /// The listener, made (again) when there is none or it died.
     pub(super) async fn listener(&self) -> Result<Arc<Listener>> {
         let mut slot = self.listener.lock().await;
@@ -165,6 +204,7 @@ impl Conns {
     pub(super) async fn close(&self) {
         self.command.lock().await.take();
         self.listener.lock().await.take();
+        lock(&self.spare).take();
     }
 }
 

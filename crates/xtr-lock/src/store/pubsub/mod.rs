@@ -8,7 +8,6 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use redis::Value;
 
 use super::{
     Acquired, Capabilities, Conflict, HandleOwner, HolderInfo, Holding, LossWatcher, LostReason,
@@ -232,7 +231,7 @@ impl RedisPubSubStore {
     }
 
     fn notice_channel(channel: &str) -> String {
-        format!("{channel} xtr-lock-released")
+        sub::notice_channel(channel)
     }
 
     fn fail(&self, key: &Key, err: Error) -> Error {
@@ -267,6 +266,7 @@ impl RedisPubSubStore {
             fwl,
             sub: None,
             elected: false,
+            seen: None,
         };
         // A promotion goes past the gate: a local writer waiting for this reader to go must not
         // keep it from promoting.
@@ -305,7 +305,7 @@ impl RedisPubSubStore {
             if fwl {
                 return Ok(Conflict::new().with_kept(kept).into());
             }
-            self.pause(&channel, &mut notices).await;
+            self.pause(&channel, &mut notices, contender.seen).await;
         }
     }
 
@@ -338,6 +338,7 @@ impl RedisPubSubStore {
             fwl,
             sub: None,
             elected: false,
+            seen: None,
         };
         let gate = (!fwl).then(|| self.gate(&channel, Mode::Read));
         let _turn = match &gate {
@@ -360,7 +361,7 @@ impl RedisPubSubStore {
                     return Ok(Acquired::fenced(token).into());
                 }
                 Attempt::Again if fwl => return Ok(Conflict::new().into()),
-                Attempt::Again => self.pause(&channel, &mut notices).await,
+                Attempt::Again => self.pause(&channel, &mut notices, contender.seen).await,
             }
         }
     }
@@ -371,7 +372,7 @@ impl RedisPubSubStore {
     /// nobody's probe), or at most `check_interval × U[0.5, 1.5)` (portalocker's pace, for
     /// what no count shows: one leaving as another comes). The notices are listened to from
     /// the first pause on, and the attempt after it sees a release in between.
-    async fn pause(&self, channel: &str, notices: &mut Option<conn::Notices>) {
+    async fn pause(&self, channel: &str, notices: &mut Option<conn::Notices>, seen: Option<u64>) {
         if notices.as_ref().is_none_or(conn::Notices::is_dead) {
             *notices = None;
             if let Ok(listener) = self.inner.conns.listener().await
@@ -384,9 +385,14 @@ impl RedisPubSubStore {
         }
         let until = tokio::time::Instant::now() + jitter(self.inner.config.check_interval);
         let watch_count = async {
-            let Ok(mut seen) = probe::numsub(&self.inner.conns, channel).await else {
+            let Ok(now) = probe::numsub(&self.inner.conns, channel).await else {
                 return std::future::pending::<()>().await;
             };
+            // Somebody left since the attempt counted (a holder killed while it probed).
+            if seen.is_some_and(|seen| now < seen) {
+                return;
+            }
+            let mut seen = now;
             loop {
                 tokio::time::sleep(COUNT_POLL).await;
                 match probe::numsub(&self.inner.conns, channel).await {
@@ -518,16 +524,7 @@ impl Store for RedisPubSubStore {
         let Some(held) = lock(&handle.held).take() else {
             return Ok(false);
         };
-        let channel = held.sub.shared.channel.clone();
-        let live = held.sub.close().await;
-        if live && let Ok(mut conn) = self.inner.conns.command().await {
-            let _ = redis::cmd("PUBLISH")
-                .arg(Self::notice_channel(&channel))
-                .arg("")
-                .query_async::<Value>(&mut conn)
-                .await;
-        }
-        Ok(live)
+        Ok(held.sub.close().await)
     }
 
     /// Whether the holder's subscription is still live.

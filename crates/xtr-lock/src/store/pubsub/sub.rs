@@ -84,7 +84,9 @@ pub(super) struct Sub {
 
 impl Sub {
     /// Opens a connection, names it, subscribes it to `channel` (confirmed), and starts
-    /// answering pings as `mode`/`elected`.
+    /// answering pings as `mode`. The name, the subscription and a count of the channel (and,
+    /// with `read_fence`, the fencing counter) go out in one round trip on this connection, in
+    /// that order, so the count includes this subscription. Returns the count and the counter.
     ///
     /// # Cancel safety
     ///
@@ -95,19 +97,24 @@ impl Sub {
         id: &str,
         mode: Wire,
         health_check: Duration,
-    ) -> Result<Sub> {
-        let (tx, rx) = mpsc::unbounded_channel::<PushInfo>();
-        let mut conn = conns.dedicated(tx).await?;
+        read_fence: bool,
+    ) -> Result<(Sub, u64, Option<u64>)> {
         let name = decide::connection_name(channel, id);
-        redis::cmd("CLIENT")
-            .arg("SETNAME")
-            .arg(&name)
-            .query_async::<()>(&mut conn)
-            .await
-            .map_err(|e| redis_error("cannot name the subscription connection", &e))?;
-        conn.subscribe(channel)
-            .await
-            .map_err(|e| redis_error("cannot subscribe to the lock channel", &e))?;
+        let ((conn, rx), mut spare) = conns.fresh().await?;
+        let (mut conn, mut rx) = (conn, rx);
+        let (count, fence) = loop {
+            match handshake(&conn, &name, channel, read_fence).await {
+                Ok(found) => break found,
+                // A spare may have died a moment ago: once more on a new connection.
+                Err(e) if spare && (e.is_io_error() || e.is_connection_dropped()) => {
+                    spare = false;
+                    let (tx, fresh_rx) = mpsc::unbounded_channel::<PushInfo>();
+                    conn = conns.dedicated(tx).await?;
+                    rx = fresh_rx;
+                }
+                Err(e) => return Err(redis_error("cannot subscribe to the lock channel", &e)),
+            }
+        };
         let shared = Arc::new(Shared {
             id: id.to_owned(),
             channel: channel.to_owned(),
@@ -127,10 +134,14 @@ impl Sub {
             health_check,
             conns.response_timeout,
         ));
-        Ok(Sub {
-            shared,
-            close: Some(close_tx),
-        })
+        Ok((
+            Sub {
+                shared,
+                close: Some(close_tx),
+            },
+            count,
+            fence,
+        ))
     }
 
     pub(super) fn is_live(&self) -> bool {
@@ -172,6 +183,41 @@ impl Drop for Sub {
     }
 }
 
+/// `CLIENT SETNAME`, `SUBSCRIBE`, `PUBSUB NUMSUB` (and `GET <channel>-fence`), pipelined on
+/// the new connection: the server runs them in order.
+async fn handshake(
+    conn: &MultiplexedConnection,
+    name: &str,
+    channel: &str,
+    read_fence: bool,
+) -> redis::RedisResult<(u64, Option<u64>)> {
+    let (mut a, mut b, mut c, mut d) = (conn.clone(), conn.clone(), conn.clone(), conn.clone());
+    let setname = redis::cmd("CLIENT").arg("SETNAME").arg(name).clone();
+    let numsub = redis::cmd("PUBSUB").arg("NUMSUB").arg(channel).clone();
+    let get = redis::cmd("GET").arg(format!("{channel}-fence")).clone();
+    // `join!` polls in order, and each request is queued at its first poll.
+    let (named, subscribed, counted, fenced) = tokio::join!(
+        setname.query_async::<()>(&mut a),
+        b.subscribe(channel),
+        numsub.query_async::<Vec<Value>>(&mut c),
+        async {
+            if read_fence {
+                get.query_async::<Option<String>>(&mut d).await.map(Some)
+            } else {
+                Ok(None)
+            }
+        }
+    );
+    named?;
+    subscribed?;
+    let count = match counted?.get(1) {
+        Some(Value::Int(n)) => u64::try_from(*n).unwrap_or(0),
+        _ => 0,
+    };
+    let fence = fenced?.map(|v| v.and_then(|v| v.parse().ok()).unwrap_or(0));
+    Ok((count, fence))
+}
+
 /// The task behind a subscription.
 async fn answer(
     mut conn: MultiplexedConnection,
@@ -191,12 +237,19 @@ async fn answer(
             req = &mut close => {
                 if let Ok(done) = req {
                     let live = shared.life() == Life::Live;
-                    let unsubscribed = tokio::time::timeout(
-                        response_timeout,
-                        conn.unsubscribe(&shared.channel),
-                    )
+                    // The notice after the unsubscribe, on this connection: the server runs
+                    // them in order, so a waiter it wakes no longer counts this holder.
+                    let mut notify = conn.clone();
+                    let notice = redis::cmd("PUBLISH").arg(notice_channel(&shared.channel)).arg("").clone();
+                    let unsubscribed = tokio::time::timeout(response_timeout, async {
+                        let (unsubscribed, _) = tokio::join!(
+                            conn.unsubscribe(&shared.channel),
+                            notice.query_async::<Value>(&mut notify)
+                        );
+                        unsubscribed
+                    })
                     .await;
-                    drop(conn);
+                    drop((conn, notify));
                     shared.life.send_replace(Life::Closed);
                     let _ = done.send(live && matches!(unsubscribed, Ok(Ok(()))));
                     return;
@@ -226,6 +279,12 @@ async fn answer(
             false
         }
     });
+}
+
+/// The channel this library's waiters of `channel` hear releases on: no lock channel can
+/// have this name (it holds a space).
+pub(super) fn notice_channel(channel: &str) -> String {
+    format!("{channel} xtr-lock-released")
 }
 
 /// Answers a ping on the lock channel (anything else is ignored, whatever its bytes).

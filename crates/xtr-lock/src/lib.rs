@@ -37,6 +37,7 @@
 //! | [`InMemoryStore`] | tasks and threads of one process using one store | emulated | yes | opt-in ([`InMemoryStore::expiring`]) | yes | yes | yes | with the process |
 //! | [`FlockStore`] (feature `flock`, Linux) | processes on one machine, with Python xtr-lock and `flock(1)` | yes | yes | no | no | yes (inotify across processes) | yes (a replaced lock file) | yes (kernel) |
 //! | `RedisStore` (feature `redis`) | anyone reaching the server, with Python xtr-lock and Symfony Lock | emulated | yes | yes | yes | yes (pub/sub) | by renewal | at ttl |
+//! | `RedisPubSubStore` (feature `redis`) | anyone reaching one standalone server, with portalocker 4.2–4.4 | yes | yes | no | yes | yes (notices; any holder's going, by its count) | at once (the connection) | at once |
 //! | [`CombinedStore`](store::CombinedStore) | a quorum of any stores, asked concurrently | emulated | yes | if members do | no | yes (a quorum of members) | as its members | as its members |
 //! | [`NullStore`] | no one (locks nothing) | yes (no-op) | yes | no | no | — | — | — |
 //!
@@ -64,7 +65,7 @@
 //! | feature | what |
 //! |---|---|
 //! | `flock` (default) | [`FlockStore`]: lock files with `flock(2)`, Linux |
-//! | `redis` | `RedisStore`: Redis and Valkey, on redis-rs (tokio, rustls) |
+//! | `redis` | `RedisStore`: Redis and Valkey, on redis-rs (tokio, rustls); `RedisPubSubStore`: portalocker's pub/sub lock |
 //! | `conformance` | the reusable store conformance suite, [`conformance`] |
 //!
 //! # Logging

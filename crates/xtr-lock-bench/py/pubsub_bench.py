@@ -5,6 +5,8 @@ Usage:
   pubsub_bench.py PORT handoff N          JSON: release -> a waiting thread holds, samples (ns)
   pubsub_bench.py PORT hold CHANNEL       takes the lock, prints "ACQUIRED <monotonic ns>",
                                           on a stdin line prints "RELEASING <ns>" and releases
+  pubsub_bench.py PORT readers CHANNEL S  a reader holding 0.3 s, again at once, for S seconds
+  pubsub_bench.py PORT writer CHANNEL N   N exclusive acquisitions (held 0.05 s); JSON waits (ns)
 Times are CLOCK_MONOTONIC nanoseconds, comparable with the Rust side's.
 """
 
@@ -16,6 +18,7 @@ import time
 import redis
 from benchlib import park
 from portalocker import RedisLock
+from portalocker.constants import LockFlags
 
 
 def client(port):
@@ -75,12 +78,40 @@ def hold(port, channel):
     print("RELEASED", time.monotonic_ns(), flush=True)
 
 
+def readers(port, channel, seconds):
+    conn = client(port)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        lock = RedisLock(channel, connection=conn, timeout=60, check_interval=0.02,
+                         flags=LockFlags.SHARED)
+        lock.acquire()
+        time.sleep(0.3)
+        lock.release()
+
+
+def writer(port, channel, n):
+    conn = client(port)
+    waits = []
+    for _ in range(n):
+        lock = RedisLock(channel, connection=conn, timeout=60, check_interval=0.02)
+        t = time.monotonic_ns()
+        lock.acquire()
+        waits.append(time.monotonic_ns() - t)
+        time.sleep(0.05)
+        lock.release()
+    return {"waits": waits}
+
+
 def main():
     port, command = int(sys.argv[1]), sys.argv[2]
     if command == "cycle":
         print(json.dumps(cycle(port, int(sys.argv[3]))))
     elif command == "handoff":
         print(json.dumps(handoff(port, int(sys.argv[3]))))
+    elif command == "readers":
+        readers(port, sys.argv[3], float(sys.argv[4]))
+    elif command == "writer":
+        print(json.dumps(writer(port, sys.argv[3], int(sys.argv[4]))))
     else:
         hold(port, sys.argv[3])
 

@@ -153,8 +153,10 @@ async fn a_lock_needs_a_ttl_on_redis() {
         .create_lock("no-ttl")
         .with_ttl(None);
     let err = lock.try_acquire().await.unwrap_err();
-    let cause = std::error::Error::source(&err).unwrap().to_string();
-    assert!(cause.contains("needs a ttl"), "{cause}");
+    // Bad input, said as it is (not wrapped as a failure to acquire), before anything is stored.
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    assert!(err.to_string().contains("needs a ttl"), "{err}");
+    assert_eq!(server.cli(&["EXISTS", "no-ttl"]), "0");
 }
 
 // ---- faults ------------------------------------------------------------------------------------

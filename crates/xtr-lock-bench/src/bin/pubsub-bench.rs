@@ -23,6 +23,8 @@ const HANDOFFS: usize = 30;
 const PY_HANDOFFS: usize = 8;
 const MIXED: usize = 8;
 const KILLS: usize = 8;
+/// Writer acquisitions per round under four churning portalocker readers.
+const CHURNED: usize = 3;
 
 fn main() {
     let server = RedisServer::start();
@@ -88,6 +90,12 @@ fn main() {
                 .push(kill_python_holder_count_drops(&server, &port, i));
         }
     }
+    for round in 0..ROUNDS {
+        eprintln!("reader churn {}/{ROUNDS}", round + 1);
+        s.churn_rust
+            .extend(rt.block_on(churned_rust_writer(&factory, &port, round)));
+        s.churn_py.extend(churned_python_writer(&port, round));
+    }
     let floor = Duration::from_secs_f64(ping.p50_ms / 1000.0);
     let sum = |v: &Vec<Duration>| Summary::of(v.clone());
     let handoff = Summary::of(s.handoff.iter().map(|h| h.p50).collect());
@@ -121,6 +129,15 @@ fn main() {
     println!(
         "| (floor: SIGKILL of a portalocker holder → the server's count drops, polled without pause) | {} | | |",
         cell(&sum(&s.kill_floor))
+    );
+    let churn = |v: &Vec<Duration>| {
+        let sum = Summary::of(v.clone());
+        format!("{} (max {})", human(sum.p50), human(sum.max))
+    };
+    println!(
+        "| a writer's wait under 4 portalocker readers churning (0.3 s holds, back to back), p50 (max) | {} | {} | |",
+        churn(&s.churn_rust),
+        churn(&s.churn_py)
     );
     println!();
     println!("| mixed hand-off, p50 (p99) | time |");
@@ -168,6 +185,8 @@ struct Samples {
     kill_rust_waits: Vec<Duration>,
     kill_py_waits: Vec<Duration>,
     kill_floor: Vec<Duration>,
+    churn_rust: Vec<Duration>,
+    churn_py: Vec<Duration>,
 }
 
 fn nanos(v: &serde_json::Value) -> Vec<Duration> {
@@ -230,6 +249,66 @@ impl PyHolder {
         let _ = self.stdin.write_all(b"\n");
         let _ = self.child.wait();
     }
+}
+
+/// Four portalocker reader processes churning on a channel for as long as `work` runs.
+fn churning_readers(port: &str, channel: &str, seconds: u64) -> Vec<Child> {
+    (0..4)
+        .map(|_| {
+            Command::new(xtr_lock_testkit::python::python_with_peers())
+                .arg(peer_script("pubsub_bench.py"))
+                .args([port, "readers", channel, &seconds.to_string()])
+                .spawn()
+                .expect("python with portalocker")
+        })
+        .collect()
+}
+
+/// Our writer's waits for [`CHURNED`] exclusive acquisitions under churning readers.
+async fn churned_rust_writer(factory: &LockFactory, port: &str, round: usize) -> Vec<Duration> {
+    let channel = format!("bench-churn-r-{round}");
+    let readers = churning_readers(port, &channel, 60);
+    tokio::time::sleep(Duration::from_secs(1)).await; // they are reading
+    let mut waits = Vec::new();
+    for _ in 0..CHURNED {
+        let writer = factory.create_lock(&channel);
+        let t = Instant::now();
+        assert!(
+            writer
+                .acquire_timeout(Duration::from_secs(60))
+                .await
+                .unwrap()
+        );
+        waits.push(t.elapsed());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        writer.release().await.unwrap();
+    }
+    for mut r in readers {
+        let _ = r.kill();
+        let _ = r.wait();
+    }
+    waits
+}
+
+/// portalocker's writer's waits, the same way.
+fn churned_python_writer(port: &str, round: usize) -> Vec<Duration> {
+    let channel = format!("bench-churn-p-{round}");
+    let readers = churning_readers(port, &channel, 90);
+    std::thread::sleep(Duration::from_secs(1));
+    let out = run_python(
+        "pubsub_bench.py",
+        &[
+            port.to_owned(),
+            "writer".into(),
+            channel,
+            CHURNED.to_string(),
+        ],
+    );
+    for mut r in readers {
+        let _ = r.kill();
+        let _ = r.wait();
+    }
+    nanos(&out["waits"])
 }
 
 /// Our holder releases while a portalocker waiter waits: release → it holds.

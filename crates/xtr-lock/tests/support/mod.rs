@@ -10,6 +10,7 @@
 
 pub(crate) mod on_redis;
 pub(crate) mod peer;
+pub(crate) mod portalocker;
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;

@@ -1,0 +1,214 @@
+//! Taking a lock on the pub/sub store: the write and read flows (promotion and demotion
+//! included), the waiters' gates, and a waiter's pause between attempts.
+
+use std::sync::{Arc, Weak};
+
+use super::attempt::{Attempt, Contender};
+use super::decide::Wire;
+use super::probe::{self, jitter};
+use super::sub::{self, Life};
+use super::{COUNT_POLL, Handle, Held, RedisPubSubStore, conn, lock};
+use crate::error::{Error, Result};
+use crate::key::{Key, Mode};
+use crate::store::{Acquired, Conflict, Saved};
+
+impl RedisPubSubStore {
+    /// The gate of `channel`'s waiters in `mode` (one for writers, one for readers: a reader
+    /// held up by waiting writers does not hold up this store's writers too).
+    fn gate(&self, channel: &str, mode: Mode) -> Arc<tokio::sync::Mutex<()>> {
+        let name = format!("{channel} {mode:?}");
+        let mut gates = lock(&self.inner.gates);
+        if let Some(gate) = gates.get(&name).and_then(Weak::upgrade) {
+            return gate;
+        }
+        gates.retain(|_, g| g.strong_count() > 0);
+        let gate = Arc::new(tokio::sync::Mutex::new(()));
+        gates.insert(name, Arc::downgrade(&gate));
+        gate
+    }
+
+    fn notice_channel(channel: &str) -> String {
+        sub::notice_channel(channel)
+    }
+
+    fn fail(&self, key: &Key, err: Error) -> Error {
+        err.with_resource(key.resource()).with_store(self)
+    }
+
+    /// Takes the write lock (`fwl`: one attempt) or promotes the holder's read lock.
+    pub(super) async fn write(&self, key: &Key, fwl: bool) -> Result<Saved> {
+        let channel = self.channel(key.resource())?;
+        let handle = key.handle::<Handle>(self.inner.owner);
+        let (first, second) = Self::ids(key);
+        let mut reader = None;
+        match handle.current() {
+            Some((shared, Mode::Write, token)) if shared.life() == Life::Live => {
+                return Ok(Acquired::fenced(token).into());
+            }
+            Some((shared, Mode::Read, _)) if shared.life() == Life::Live => reader = Some(shared),
+            Some(_) => {
+                lock(&handle.held).take();
+            }
+            None => {}
+        }
+        let id = match &reader {
+            Some(r) if r.id == first => second,
+            _ => first,
+        };
+        let mut contender = Contender {
+            inner: &self.inner,
+            channel: &channel,
+            id: &id,
+            own_reader: reader.as_ref().map(|r| r.id.as_str()),
+            fwl,
+            sub: None,
+            elected: false,
+            seen: None,
+        };
+        // A promotion goes past the gate: a local writer waiting for this reader to go must not
+        // keep it from promoting.
+        let gate = (!fwl && reader.is_none()).then(|| self.gate(&channel, Mode::Write));
+        let _turn = match &gate {
+            Some(g) => Some(g.lock().await),
+            None => None,
+        };
+        let mut notices = None;
+        loop {
+            if let Some(n) = notices.as_mut() {
+                conn::Notices::mark(n);
+            }
+            let outcome = contender.write().await.map_err(|e| self.fail(key, e))?;
+            if let Attempt::Held(sub, token) = outcome {
+                let old = lock(&handle.held).replace(Held {
+                    sub,
+                    mode: Mode::Write,
+                    token,
+                });
+                key.mark_unserializable();
+                if let Some(old) = old {
+                    // The read lock goes only now that the write lock is confirmed.
+                    old.sub.close().await;
+                }
+                return Ok(Acquired::fenced(token).into());
+            }
+            let kept = match &reader {
+                Some(r) if r.life() == Life::Live => Some(Mode::Read),
+                Some(_) => {
+                    lock(&handle.held).take();
+                    return Ok(Conflict::new().with_kept(None).into());
+                }
+                None => None,
+            };
+            if fwl {
+                return Ok(Conflict::new().with_kept(kept).into());
+            }
+            self.pause(&channel, &mut notices, contender.seen).await;
+        }
+    }
+
+    /// Takes a read lock (`fwl`: one attempt), or demotes the holder's write lock.
+    pub(super) async fn read(&self, key: &Key, fwl: bool) -> Result<Saved> {
+        let channel = self.channel(key.resource())?;
+        let handle = key.handle::<Handle>(self.inner.owner);
+        let (id, _) = Self::ids(key);
+        match handle.current() {
+            Some((shared, mode, token)) if shared.life() == Life::Live => {
+                if mode == Mode::Write {
+                    // Exclusive to shared only lets readers in: one local change.
+                    shared.set(Wire::Shared, false);
+                    if let Some(held) = lock(&handle.held).as_mut() {
+                        held.mode = Mode::Read;
+                    }
+                }
+                return Ok(Acquired::fenced(token).into());
+            }
+            Some(_) => {
+                lock(&handle.held).take();
+            }
+            None => {}
+        }
+        let mut contender = Contender {
+            inner: &self.inner,
+            channel: &channel,
+            id: &id,
+            own_reader: None,
+            fwl,
+            sub: None,
+            elected: false,
+            seen: None,
+        };
+        let gate = (!fwl).then(|| self.gate(&channel, Mode::Read));
+        let _turn = match &gate {
+            Some(g) => Some(g.lock().await),
+            None => None,
+        };
+        let mut notices = None;
+        loop {
+            if let Some(n) = notices.as_mut() {
+                conn::Notices::mark(n);
+            }
+            match contender.read().await.map_err(|e| self.fail(key, e))? {
+                Attempt::Held(sub, token) => {
+                    *lock(&handle.held) = Some(Held {
+                        sub,
+                        mode: Mode::Read,
+                        token,
+                    });
+                    key.mark_unserializable();
+                    return Ok(Acquired::fenced(token).into());
+                }
+                Attempt::Again if fwl => return Ok(Conflict::new().into()),
+                Attempt::Again => self.pause(&channel, &mut notices, contender.seen).await,
+            }
+        }
+    }
+
+    /// A waiter's pause: until a release notice of this library's holders, until the
+    /// channel's count drops (a holder of any library left: released, crashed, killed; asked
+    /// every [`COUNT_POLL`] with one `PUBSUB NUMSUB`, which subscribes nothing and so disturbs
+    /// nobody's probe), or at most `check_interval × U[0.5, 1.5)` (portalocker's pace, for
+    /// what no count shows: one leaving as another comes). The notices are listened to from
+    /// the first pause on, and the attempt after it sees a release in between.
+    async fn pause(&self, channel: &str, notices: &mut Option<conn::Notices>, seen: Option<u64>) {
+        if notices.as_ref().is_none_or(conn::Notices::is_dead) {
+            *notices = None;
+            if let Ok(listener) = self.inner.conns.listener().await
+                && let Ok(n) = listener.notices(Self::notice_channel(channel)).await
+            {
+                // Listening now: try again at once, so a release before it is not missed.
+                *notices = Some(n);
+                return;
+            }
+        }
+        let until = tokio::time::Instant::now() + jitter(self.inner.config.check_interval);
+        let watch_count = async {
+            let Ok(now) = probe::numsub(&self.inner.conns, channel).await else {
+                return std::future::pending::<()>().await;
+            };
+            // Somebody left since the attempt counted (a holder killed while it probed).
+            if seen.is_some_and(|seen| now < seen) {
+                return;
+            }
+            let mut seen = now;
+            loop {
+                tokio::time::sleep(COUNT_POLL).await;
+                match probe::numsub(&self.inner.conns, channel).await {
+                    Ok(now) if now < seen => return,
+                    Ok(now) => seen = now,
+                    Err(_) => return std::future::pending::<()>().await,
+                }
+            }
+        };
+        let notice = async {
+            match notices.as_mut() {
+                Some(n) => n.changed().await,
+                None => std::future::pending::<()>().await,
+            }
+        };
+        tokio::select! {
+            () = notice => {}
+            () = watch_count => {}
+            () = tokio::time::sleep_until(until) => {}
+        }
+    }
+}

@@ -36,6 +36,7 @@ Examples:
   xtr-lock run -s report -c 'cat data/*.csv'          readers together, writers alone
   xtr-lock run --store redis://cache:6379 --ttl 5m deploy ./deploy.sh
   XTR_LOCK_STORE=redis://a:6379,redis://b:6379,redis://c:6379 xtr-lock run job ./job.sh
+  xtr-lock run --store redis+pubsub://cache:6379 sync ./sync.sh   freed the instant xtr-lock dies
   xtr-lock run -v --json job ./job.sh 2>events.jsonl  what happened, as JSON lines on stderr";
 
 #[derive(Debug, Parser)]
@@ -57,7 +58,8 @@ pub(crate) struct Cli {
 #[derive(Debug, Args, Clone)]
 pub(crate) struct StoreArgs {
     /// Where locks live: flock (the default), flock:///dir, redis://host:6379/0, rediss://…,
-    /// unix:///sock, in-memory, null. Repeated, or several separated by commas: a quorum
+    /// unix:///sock, redis+pubsub://host:6379 (a live connection, shared with portalocker),
+    /// in-memory, null. Repeated, or several separated by commas: a quorum
     /// (strict majority) over those stores. Without --store, $XTR_LOCK_STORE (also a
     /// comma-separated list), then flock.
     #[arg(long, value_name = "DSN")]

@@ -9,7 +9,9 @@ use xtr_lock_testkit::redis::RedisServer;
 
 mod support;
 
-use support::portalocker::{Py, SOON, channel, lock_on, now, python_probe, store};
+use support::portalocker::{
+    Py, SOON, channel, lock_on, now, python_probe, store, until_python_sees,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exclusive_against_exclusive_both_ways() {
@@ -21,15 +23,27 @@ async fn exclusive_against_exclusive_both_ways() {
     py.expect("ACQUIRED", SOON).await;
     let rust = lock_on(&store, &c);
     assert!(!rust.try_acquire().await.unwrap(), "Python holds");
+    // A timeout is a deadline: no attempt runs past it (portalocker's overran a 3 s timeout by
+    // 0.76 s). The bound is generous for a loaded machine, far below one more probe's second.
+    let asked = Instant::now();
+    assert!(
+        !rust
+            .acquire_timeout(Duration::from_millis(500))
+            .await
+            .unwrap()
+    );
+    assert!(
+        asked.elapsed() < Duration::from_millis(1200),
+        "{:?}",
+        asked.elapsed()
+    );
     py.release();
-    let released = py.expect("RELEASED", SOON).await;
+    py.expect("RELEASED", SOON).await;
     assert!(
         rust.acquire_timeout(SOON).await.unwrap(),
         "acquired in time"
     );
     assert!(rust.is_acquired().await.unwrap());
-    let t: f64 = released.split(' ').nth(1).unwrap().parse().unwrap();
-    assert!(now() >= t);
     // Rust holds: a Python try fails, a Python holder gets it after our release.
     let mut attempt = Py::start(&server, &["try", &c, "exclusive"]);
     attempt.expect("NOT_ACQUIRED", SOON).await;
@@ -90,18 +104,10 @@ async fn a_rust_writer_waits_on_a_python_reader_elected_and_blocking_new_readers
         tokio::spawn(async move { writer.acquire_timeout(SOON * 3).await })
     };
     // Elected behind the reader, still subscribed, answering: Python sees pending/true.
-    let deadline = Instant::now() + SOON;
-    loop {
-        let records = python_probe(&server, &c).await;
-        if records
-            .iter()
-            .any(|r| r["mode"] == "pending" && r["elected"] == true)
-        {
-            break;
-        }
-        assert!(Instant::now() < deadline, "never elected: {records:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    until_python_sees(&server, &c, "never elected", |r| {
+        r["mode"] == "pending" && r["elected"] == true
+    })
+    .await;
     let mut late = Py::start(&server, &["try", &c, "shared"]);
     late.expect("NOT_ACQUIRED", SOON).await;
     reader.release();
@@ -166,18 +172,10 @@ async fn an_elected_python_writer_is_deferred_to_by_a_lower_rust_id() {
         ],
     );
     // The Python writer is elected behind our reader.
-    let deadline = Instant::now() + SOON;
-    loop {
-        let records = python_probe(&server, &c).await;
-        if records
-            .iter()
-            .any(|r| r["holder_id"] == high.as_str() && r["elected"] == true)
-        {
-            break;
-        }
-        assert!(Instant::now() < deadline, "never elected: {records:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until_python_sees(&server, &c, "never elected", |r| {
+        r["holder_id"] == high.as_str() && r["elected"] == true
+    })
+    .await;
     // A Rust writer with a lower id (every id is below f…f) defers to the incumbent.
     let writer = lock_on(&store, &c);
     let rust_got_it = Arc::new(std::sync::Mutex::new(None::<f64>));
@@ -193,20 +191,12 @@ async fn an_elected_python_writer_is_deferred_to_by_a_lower_rust_id() {
     };
     tokio::time::sleep(Duration::from_millis(500)).await;
     reader.release().await.unwrap();
-    let acquired = py.expect("ACQUIRED", SOON).await;
+    let py_at = py.stamp("ACQUIRED", SOON).await;
     assert!(rust_got_it.lock().unwrap().is_none(), "Python first");
     py.release();
-    let released: f64 = py
-        .expect("RELEASING", SOON)
-        .await
-        .split(' ')
-        .nth(1)
-        .unwrap()
-        .parse()
-        .unwrap();
+    let released = py.stamp("RELEASING", SOON).await;
     waiting.await.unwrap();
     let ours = rust_got_it.lock().unwrap().unwrap();
-    let py_at: f64 = acquired.split(' ').nth(1).unwrap().parse().unwrap();
     assert!(ours > py_at, "Rust after Python");
     assert!(ours >= released, "Rust after Python began to release");
     writer.release().await.unwrap();
@@ -308,18 +298,10 @@ async fn pending_writers_of_both_languages_elect_the_lowest_id_first() {
     };
     let mut first = start(&low);
     // 0…0 is the incumbent before the others arrive.
-    let deadline = Instant::now() + SOON;
-    loop {
-        let records = python_probe(&server, &c).await;
-        if records
-            .iter()
-            .any(|r| r["holder_id"] == low.as_str() && r["elected"] == true)
-        {
-            break;
-        }
-        assert!(Instant::now() < deadline, "0…0 never elected: {records:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until_python_sees(&server, &c, "0…0 never elected", |r| {
+        r["holder_id"] == low.as_str() && r["elected"] == true
+    })
+    .await;
     let mut last = start(&high);
     let writer = lock_on(&store, &c);
     let rust = {
@@ -335,41 +317,13 @@ async fn pending_writers_of_both_languages_elect_the_lowest_id_first() {
     };
     tokio::time::sleep(Duration::from_millis(500)).await;
     reader.release().await.unwrap();
-    let first_at: f64 = first
-        .expect("ACQUIRED", SOON)
-        .await
-        .split(' ')
-        .nth(1)
-        .unwrap()
-        .parse()
-        .unwrap();
+    let first_at: f64 = first.stamp("ACQUIRED", SOON).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     first.release();
-    let first_until: f64 = first
-        .expect("RELEASING", SOON)
-        .await
-        .split(' ')
-        .nth(1)
-        .unwrap()
-        .parse()
-        .unwrap();
-    let last_at: f64 = last
-        .expect("ACQUIRED", SOON * 2)
-        .await
-        .split(' ')
-        .nth(1)
-        .unwrap()
-        .parse()
-        .unwrap();
+    let first_until: f64 = first.stamp("RELEASING", SOON).await;
+    let last_at: f64 = last.stamp("ACQUIRED", SOON * 2).await;
     last.release();
-    let last_until: f64 = last
-        .expect("RELEASING", SOON)
-        .await
-        .split(' ')
-        .nth(1)
-        .unwrap()
-        .parse()
-        .unwrap();
+    let last_until: f64 = last.stamp("RELEASING", SOON).await;
     let (rust_at, rust_until) = rust.await.unwrap();
     assert!(first_at < rust_at && first_at < last_at, "0…0 first");
     for (a, b) in [

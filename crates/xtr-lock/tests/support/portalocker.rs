@@ -142,3 +142,35 @@ pub(crate) async fn python_probe(server: &RedisServer, channel: &str) -> Vec<ser
         .map(|l| serde_json::from_str(l).unwrap())
         .collect()
 }
+
+/// Probes with Python until a record satisfies `wanted` (failing after [`SOON`]).
+pub(crate) async fn until_python_sees(
+    server: &RedisServer,
+    channel: &str,
+    what: &str,
+    wanted: impl Fn(&serde_json::Value) -> bool,
+) {
+    let deadline = std::time::Instant::now() + SOON;
+    loop {
+        let records = python_probe(server, channel).await;
+        if records.iter().any(&wanted) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what} never seen: {records:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+impl Py {
+    /// The Unix time on the next line starting with `prefix`.
+    pub(crate) async fn stamp(&mut self, prefix: &str, within: Duration) -> f64 {
+        let line = self.expect(prefix, within).await;
+        line.split(' ')
+            .nth(1)
+            .and_then(|t| t.parse().ok())
+            .unwrap_or_else(|| panic!("no time in {line:?}"))
+    }
+}

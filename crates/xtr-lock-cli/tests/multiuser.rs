@@ -14,7 +14,6 @@ mod common;
 
 use common::{bin, flock_dsn, spawn, stop, wait_held, xtr};
 
-const USER: &str = "xtr-lock-test";
 
 /// The second user's uid and gid, created when missing.
 fn second_user() -> (u32, u32) {
@@ -22,38 +21,8 @@ fn second_user() -> (u32, u32) {
         rustix::process::getuid().is_root(),
         "this test creates a second user and runs xtr-lock as it: run the suite as root (CI does)"
     );
-    let id = |flag: &str| {
-        Command::new("id")
-            .args([flag, USER])
-            .output()
-            .ok()
-            .filter(|o| o.status.success())
-            .map(|o| {
-                String::from_utf8_lossy(&o.stdout)
-                    .trim()
-                    .parse::<u32>()
-                    .unwrap()
-            })
-    };
-    if id("-u").is_none() {
-        let out = Command::new("useradd")
-            .args([
-                "--system",
-                "--no-create-home",
-                "--shell",
-                "/usr/sbin/nologin",
-                USER,
-            ])
-            .output()
-            .expect("useradd (package passwd)");
-        // Exit 9: another test created it meanwhile.
-        assert!(
-            out.status.success() || out.status.code() == Some(9),
-            "useradd {USER}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    (id("-u").unwrap(), id("-g").unwrap())
+    let account = xtr_lock_testkit::user::ensure();
+    (account.uid, account.gid)
 }
 
 /// A copy of the binary under test that the second user can run, whatever the permissions on

@@ -14,7 +14,6 @@ mod common;
 
 use common::{bin, flock_dsn, spawn, stop, wait_held, xtr};
 
-
 /// The second user's uid and gid, created when missing.
 fn second_user() -> (u32, u32) {
     assert!(

@@ -4,6 +4,7 @@
 //! saying what is missing and how to install it; no test is ever skipped silently.
 
 pub mod delay_proxy;
+pub mod mariadb;
 pub mod postgres;
 pub mod python;
 pub mod redis;

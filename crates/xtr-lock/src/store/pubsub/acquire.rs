@@ -13,22 +13,23 @@ use crate::key::{Key, Mode};
 use crate::store::{Acquired, Conflict, Saved};
 
 impl RedisPubSubStore {
-    /// The gate of `channel`'s waiters in `mode` (one for writers, one for readers: a reader
-    /// held up by waiting writers does not hold up this store's writers too).
-    fn gate(&self, channel: &str, mode: Mode) -> Arc<tokio::sync::Mutex<()>> {
+    /// A turn through the gate of `channel`'s waiters in `mode` (one gate for writers, one for
+    /// readers: a reader held up by waiting writers does not hold up this store's writers too).
+    async fn turn(&self, channel: &str, mode: Mode) -> tokio::sync::OwnedMutexGuard<()> {
         let name = format!("{channel} {mode:?}");
-        let mut gates = lock(&self.inner.gates);
-        if let Some(gate) = gates.get(&name).and_then(Weak::upgrade) {
-            return gate;
-        }
-        gates.retain(|_, g| g.strong_count() > 0);
-        let gate = Arc::new(tokio::sync::Mutex::new(()));
-        gates.insert(name, Arc::downgrade(&gate));
-        gate
-    }
-
-    fn notice_channel(channel: &str) -> String {
-        sub::notice_channel(channel)
+        let gate = {
+            let mut gates = lock(&self.inner.gates);
+            match gates.get(&name).and_then(Weak::upgrade) {
+                Some(gate) => gate,
+                None => {
+                    gates.retain(|_, g| g.strong_count() > 0);
+                    let gate = Arc::new(tokio::sync::Mutex::new(()));
+                    gates.insert(name, Arc::downgrade(&gate));
+                    gate
+                }
+            }
+        };
+        gate.lock_owned().await
     }
 
     fn fail(&self, key: &Key, err: Error) -> Error {
@@ -55,22 +56,19 @@ impl RedisPubSubStore {
             Some(r) if r.id == first => second,
             _ => first,
         };
-        let mut contender = Contender {
-            inner: &self.inner,
-            channel: &channel,
-            id: &id,
-            own_reader: reader.as_ref().map(|r| r.id.as_str()),
+        let mut contender = Contender::new(
+            &self.inner,
+            &channel,
+            &id,
+            reader.as_ref().map(|r| r.id.as_str()),
             fwl,
-            sub: None,
-            elected: false,
-            seen: None,
-        };
+        );
         // A promotion goes past the gate: a local writer waiting for this reader to go must not
         // keep it from promoting.
-        let gate = (!fwl && reader.is_none()).then(|| self.gate(&channel, Mode::Write));
-        let _turn = match &gate {
-            Some(g) => Some(g.lock().await),
-            None => None,
+        let _turn = if fwl || reader.is_some() {
+            None
+        } else {
+            Some(self.turn(&channel, Mode::Write).await)
         };
         let mut notices = None;
         loop {
@@ -127,20 +125,11 @@ impl RedisPubSubStore {
             }
             None => {}
         }
-        let mut contender = Contender {
-            inner: &self.inner,
-            channel: &channel,
-            id: &id,
-            own_reader: None,
-            fwl,
-            sub: None,
-            elected: false,
-            seen: None,
-        };
-        let gate = (!fwl).then(|| self.gate(&channel, Mode::Read));
-        let _turn = match &gate {
-            Some(g) => Some(g.lock().await),
-            None => None,
+        let mut contender = Contender::new(&self.inner, &channel, &id, None, fwl);
+        let _turn = if fwl {
+            None
+        } else {
+            Some(self.turn(&channel, Mode::Read).await)
         };
         let mut notices = None;
         loop {
@@ -173,7 +162,7 @@ impl RedisPubSubStore {
         if notices.as_ref().is_none_or(conn::Notices::is_dead) {
             *notices = None;
             if let Ok(listener) = self.inner.conns.listener().await
-                && let Ok(n) = listener.notices(Self::notice_channel(channel)).await
+                && let Ok(n) = listener.notices(sub::notice_channel(channel)).await
             {
                 // Listening now: try again at once, so a release before it is not missed.
                 *notices = Some(n);

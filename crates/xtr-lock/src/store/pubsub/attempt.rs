@@ -21,22 +21,42 @@ pub(super) enum Attempt {
 
 /// A writer or reader trying to get in, across its attempts.
 pub(super) struct Contender<'a> {
-    pub(super) inner: &'a Inner,
-    pub(super) channel: &'a str,
-    pub(super) id: &'a str,
+    inner: &'a Inner,
+    channel: &'a str,
+    id: &'a str,
     /// This holder's own read subscription while it promotes: not a rival.
-    pub(super) own_reader: Option<&'a str>,
+    own_reader: Option<&'a str>,
     /// Fail when locked: one conclusive "held" ends it, and an election is never kept.
-    pub(super) fwl: bool,
+    fwl: bool,
     /// The subscription an elected writer keeps between attempts.
-    pub(super) sub: Option<Sub>,
-    pub(super) elected: bool,
+    sub: Option<Sub>,
+    elected: bool,
     /// How many were on the channel at the last count, not counting a subscription of ours
     /// that went since: a waiter's pause tries at once when fewer are there.
     pub(super) seen: Option<u64>,
 }
 
-impl Contender<'_> {
+impl<'a> Contender<'a> {
+    /// A contender that has not tried yet.
+    pub(super) fn new(
+        inner: &'a Inner,
+        channel: &'a str,
+        id: &'a str,
+        own_reader: Option<&'a str>,
+        fwl: bool,
+    ) -> Self {
+        Contender {
+            inner,
+            channel,
+            id,
+            own_reader,
+            fwl,
+            sub: None,
+            elected: false,
+            seen: None,
+        }
+    }
+
     fn rivals(&self, records: Vec<Record>) -> Vec<Record> {
         records
             .into_iter()

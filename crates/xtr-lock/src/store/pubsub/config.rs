@@ -6,26 +6,28 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
-use crate::store::redis::{RedisConfig, parse_config};
+use crate::store::redis::{Flavor, RedisConfig, parse_with};
 
 /// portalocker's defaults (`unavailable_timeout`, `check_interval`, its health checks).
 pub(crate) const DEFAULT_UNAVAILABLE: Duration = Duration::from_secs(1);
 pub(crate) const DEFAULT_CHECK_INTERVAL: Duration = Duration::from_millis(250);
 pub(crate) const DEFAULT_HEALTH_CHECK: Duration = Duration::from_secs(10);
 
-/// The options read here, before the rest goes to the Redis DSN rules.
-const OWN_OPTIONS: &[&str] = &[
-    "unavailable_timeout",
-    "check_interval",
-    "health_check_interval",
-];
+/// The Redis DSN rules with `+pubsub` after the scheme and the protocol's timings.
+const PUBSUB: Flavor = Flavor {
+    what: "pub/sub",
+    suffix: "+pubsub",
+    options: &[
+        "unavailable_timeout",
+        "check_interval",
+        "health_check_interval",
+    ],
+};
 
 /// A parsed pub/sub DSN. `Display` and `Debug` never show credentials.
 #[derive(Clone)]
 pub(crate) struct PubSubConfig {
     pub(crate) redis: RedisConfig,
-    /// `redis+pubsub://host:port/db`, credential-free.
-    pub(crate) shown: String,
     /// How long a probe waits for replies (the prober's `unavailable_timeout`).
     pub(crate) unavailable: Duration,
     /// The base pause between a waiter's attempts, jittered ×[0.5, 1.5).
@@ -37,7 +39,7 @@ pub(crate) struct PubSubConfig {
 impl fmt::Debug for PubSubConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PubSubConfig")
-            .field("server", &self.shown)
+            .field("server", &self.redis.shown)
             .field("prefix", &self.redis.prefix)
             .field("unavailable", &self.unavailable)
             .field("check_interval", &self.check_interval)
@@ -77,73 +79,23 @@ fn seconds(scheme: &str, option: &str, value: &str) -> Result<Duration> {
 
 /// Parses a DSN. Errors show the scheme only.
 pub(crate) fn parse(dsn: &str) -> Result<PubSubConfig> {
-    let Some((raw_scheme, rest)) = dsn.split_once(':') else {
-        return Err(Error::invalid_argument(
-            "a pub/sub connection string needs a scheme (redis+pubsub://)",
-        ));
+    let (redis, own) = parse_with(dsn, &PUBSUB)?;
+    let scheme = dsn.split_once(':').map_or(dsn, |(s, _)| s);
+    let mut config = PubSubConfig {
+        redis,
+        unavailable: DEFAULT_UNAVAILABLE,
+        check_interval: DEFAULT_CHECK_INTERVAL,
+        health_check: DEFAULT_HEALTH_CHECK,
     };
-    let lower = raw_scheme.to_ascii_lowercase();
-    let Some(base) = lower.strip_suffix("+pubsub") else {
-        return Err(invalid(raw_scheme, "the scheme must end in +pubsub"));
-    };
-    let (before_fragment, fragment) = match rest.split_once('#') {
-        Some((b, f)) => (b, Some(f)),
-        None => (rest, None),
-    };
-    let (location, query) = before_fragment
-        .split_once('?')
-        .unwrap_or((before_fragment, ""));
-    let mut unavailable = DEFAULT_UNAVAILABLE;
-    let mut check_interval = DEFAULT_CHECK_INTERVAL;
-    let mut health_check = DEFAULT_HEALTH_CHECK;
-    let mut passed_on = url::form_urlencoded::Serializer::new(String::new());
-    for (name, value) in url::form_urlencoded::parse(query.as_bytes()) {
-        match name.as_ref() {
-            "unavailable_timeout" => {
-                unavailable = seconds(raw_scheme, "unavailable_timeout", &value)?;
-            }
-            "check_interval" => check_interval = seconds(raw_scheme, "check_interval", &value)?,
-            "health_check_interval" => {
-                health_check = seconds(raw_scheme, "health_check_interval", &value)?;
-            }
-            other => {
-                passed_on.append_pair(other, &value);
-            }
+    for (name, value) in own {
+        let d = seconds(scheme, &name, &value)?;
+        match name.as_str() {
+            "unavailable_timeout" => config.unavailable = d,
+            "check_interval" => config.check_interval = d,
+            _ => config.health_check = d,
         }
     }
-    let passed_on = passed_on.finish();
-    let mut redis_dsn = format!("{base}:{location}");
-    if !passed_on.is_empty() {
-        redis_dsn.push('?');
-        redis_dsn.push_str(&passed_on);
-    }
-    if let Some(fragment) = fragment {
-        redis_dsn.push('#');
-        redis_dsn.push_str(fragment);
-    }
-    let redis = parse_config(&redis_dsn).map_err(|e| {
-        // The Redis rules name the options they know; these are known too.
-        let reason = e.to_string().replace(
-            "the options are ",
-            &format!("the options are {}, ", OWN_OPTIONS.join(", ")),
-        );
-        Error::invalid_argument(reason.replacen(
-            &format!("Redis connection string \"{base}:\""),
-            &format!("pub/sub connection string \"{raw_scheme}:\""),
-            1,
-        ))
-    })?;
-    let shown = match redis.shown.split_once("://") {
-        Some((scheme, rest)) => format!("{scheme}+pubsub://{rest}"),
-        None => redis.shown.clone(),
-    };
-    Ok(PubSubConfig {
-        redis,
-        shown,
-        unavailable,
-        check_interval,
-        health_check,
-    })
+    Ok(config)
 }
 
 #[cfg(test)]
@@ -153,14 +105,14 @@ mod tests {
     #[test]
     fn dsns_take_the_redis_rules_and_the_protocol_timings() {
         let c = parse("redis+pubsub://:secret@localhost:6380/2?prefix=app:&unavailable_timeout=0.2&check_interval=0.02").unwrap();
-        assert_eq!(c.shown, "redis+pubsub://localhost:6380/2");
+        assert_eq!(c.redis.shown, "redis+pubsub://localhost:6380/2");
         assert_eq!(c.redis.prefix, "app:");
         assert_eq!(c.unavailable, Duration::from_millis(200));
         assert_eq!(c.check_interval, Duration::from_millis(20));
         assert_eq!(c.health_check, DEFAULT_HEALTH_CHECK);
         assert!(!format!("{c:?}").contains("secret"));
         let c = parse("unix+pubsub:///run/redis.sock?db=1").unwrap();
-        assert_eq!(c.shown, "unix+pubsub:///run/redis.sock?db=1");
+        assert_eq!(c.redis.shown, "unix+pubsub:///run/redis.sock?db=1");
         assert_eq!(c.unavailable, DEFAULT_UNAVAILABLE);
         assert!(is_pubsub_dsn("REDIS+PUBSUB://h"));
         assert!(is_pubsub_dsn("rediss+pubsub://h"));

@@ -231,7 +231,7 @@ impl RedisPubSubStore {
 
 impl fmt::Display for RedisPubSubStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.inner.config.shown)
+        f.write_str(&self.inner.config.redis.shown)
     }
 }
 
@@ -432,7 +432,7 @@ impl Store for RedisPubSubStore {
 
     /// The server (channels ignore database numbers) and the prefix.
     fn locks_in(&self) -> Option<String> {
-        let shown = &self.inner.config.shown;
+        let shown = &self.inner.config.redis.shown;
         let server = match shown.split_once("://") {
             Some((scheme, rest)) if scheme.starts_with("unix") => {
                 format!("{scheme}://{}", rest.split('?').next().unwrap_or(rest))
@@ -452,7 +452,7 @@ impl Store for RedisPubSubStore {
         let channel = self.channel(resource).ok()?;
         Some(format!(
             "channel {channel:?} on {}",
-            self.inner.config.shown
+            self.inner.config.redis.shown
         ))
     }
 }

@@ -67,7 +67,7 @@ const IGNORED_OPTIONS: &[&str] = &[
 
 /// A misspelled or unsupported option, named (an option name is not a secret), with the one it
 /// most likely meant.
-fn unknown_option(scheme: &str, name: &str) -> Error {
+fn unknown_option(at: &At<'_>, name: &str) -> Error {
     let squash = |s: &str| -> String {
         s.chars()
             .filter(|c| c.is_ascii_alphanumeric())
@@ -77,50 +77,93 @@ fn unknown_option(scheme: &str, name: &str) -> Error {
     let shown: String = name.chars().take(40).collect();
     let meant = OPTIONS
         .iter()
+        .chain(at.flavor.options)
         .chain(IGNORED_OPTIONS)
         .find(|known| squash(known) == squash(name));
+    let known: Vec<&str> = OPTIONS.iter().chain(at.flavor.options).copied().collect();
     match meant {
         Some(known) => invalid(
-            scheme,
+            at,
             format!("unknown option {shown:?}; did you mean {known:?}?"),
         ),
         None => invalid(
-            scheme,
+            at,
             format!(
                 "unknown option {shown:?}; the options are {}",
-                OPTIONS.join(", ")
+                known.join(", ")
             ),
         ),
     }
 }
 
-fn invalid(scheme: &str, what: impl fmt::Display) -> Error {
+/// The DSNs a parse reads: the Redis store's, or those of a store built on the same server
+/// rules with options of its own (the pub/sub store: `redis+pubsub://`).
+pub(crate) struct Flavor {
+    /// What the errors call it: `invalid <what> connection string`.
+    pub(crate) what: &'static str,
+    /// Follows every Redis scheme (`+pubsub`), and is kept in the credential-free form.
+    pub(crate) suffix: &'static str,
+    /// Options the store reads itself: handed back, never refused.
+    pub(crate) options: &'static [&'static str],
+}
+
+const REDIS: Flavor = Flavor {
+    what: "Redis",
+    suffix: "",
+    options: &[],
+};
+
+/// Where an error is: the scheme as written, and the flavor.
+struct At<'a> {
+    scheme: &'a str,
+    flavor: &'a Flavor,
+}
+
+fn invalid(at: &At<'_>, what: impl fmt::Display) -> Error {
     Error::invalid_argument(format!(
-        "invalid Redis connection string \"{scheme}:\": {what}"
+        "invalid {} connection string \"{}:\": {what}",
+        at.flavor.what, at.scheme
     ))
 }
 
 /// Parses a DSN. Errors show the scheme only.
 pub(crate) fn parse(dsn: &str) -> Result<RedisConfig> {
+    parse_with(dsn, &REDIS).map(|(config, _)| config)
+}
+
+/// Parses a DSN of `flavor`: the configuration, and the flavor's own options as given (name,
+/// value), in order. Errors show the scheme only.
+pub(crate) fn parse_with(
+    dsn: &str,
+    flavor: &Flavor,
+) -> Result<(RedisConfig, Vec<(String, String)>)> {
+    let suffix = flavor.suffix;
     let Some((raw_scheme, rest)) = dsn.split_once(':') else {
-        return Err(Error::invalid_argument(
-            "a Redis connection string needs a scheme (redis://, rediss://, unix://)",
-        ));
+        return Err(Error::invalid_argument(format!(
+            "a {} connection string needs a scheme (redis{suffix}://, rediss{suffix}://, unix{suffix}://)",
+            flavor.what
+        )));
     };
-    let scheme = raw_scheme.to_ascii_lowercase();
-    let (tls, unix) = match scheme.as_str() {
-        "redis" | "valkey" => (false, false),
-        "rediss" | "valkeys" => (true, false),
-        "unix" => (false, true),
+    let at = At {
+        scheme: raw_scheme,
+        flavor,
+    };
+    let lower = raw_scheme.to_ascii_lowercase();
+    let (tls, unix) = match lower.strip_suffix(suffix) {
+        Some("redis" | "valkey") => (false, false),
+        Some("rediss" | "valkeys") => (true, false),
+        Some("unix") => (false, true),
         _ => {
             return Err(Error::invalid_argument(format!(
-                "\"{}\" is not a Redis scheme; expected one of redis, rediss, valkey, valkeys, unix",
-                crate::redact::redact(raw_scheme).trim_matches('"')
+                "\"{}\" is not a {} scheme; expected one of redis{suffix}, rediss{suffix}, \
+                 valkey{suffix}, valkeys{suffix}, unix{suffix}",
+                crate::redact::redact(raw_scheme).trim_matches('"'),
+                flavor.what
             )));
         }
     };
     let Some(rest) = rest.strip_prefix("//") else {
-        return Err(invalid(raw_scheme, "expected \"//\" after the scheme"));
+        return Err(invalid(&at, "expected \"//\" after the scheme"));
     };
     let (before_query, query) = rest.split_once('?').unwrap_or((rest, ""));
     let (before_query, fragment) = match before_query.split_once('#') {
@@ -135,17 +178,21 @@ pub(crate) fn parse(dsn: &str) -> Result<RedisConfig> {
     let mut response_timeout = DEFAULT_TIMEOUT;
     let mut db_option: Option<String> = None;
     let mut passed_on: Vec<(String, String)> = Vec::new();
+    let mut own: Vec<(String, String)> = Vec::new();
     for (name, value) in url::form_urlencoded::parse(query.as_bytes()) {
         match name.as_ref() {
             "prefix" => prefix = value.into_owned(),
-            "socket_timeout" => response_timeout = seconds(raw_scheme, "socket_timeout", &value)?,
+            "socket_timeout" => response_timeout = seconds(&at, "socket_timeout", &value)?,
             "socket_connect_timeout" => {
-                connect_timeout = seconds(raw_scheme, "socket_connect_timeout", &value)?;
+                connect_timeout = seconds(&at, "socket_connect_timeout", &value)?;
             }
             "db" => db_option = Some(value.into_owned()),
             "protocol" => passed_on.push(("protocol".into(), value.into_owned())),
+            other if flavor.options.contains(&other) => {
+                own.push((other.to_owned(), value.into_owned()));
+            }
             other if IGNORED_OPTIONS.contains(&other) => {}
-            other => return Err(unknown_option(raw_scheme, other)),
+            other => return Err(unknown_option(&at, other)),
         }
     }
 
@@ -155,17 +202,17 @@ pub(crate) fn parse(dsn: &str) -> Result<RedisConfig> {
     };
     let (user, password) = match userinfo {
         Some(u) => match u.split_once(':') {
-            Some((user, pw)) => (decode(raw_scheme, user)?, Some(decode(raw_scheme, pw)?)),
-            None => (decode(raw_scheme, u)?, None),
+            Some((user, pw)) => (decode(&at, user)?, Some(decode(&at, pw)?)),
+            None => (decode(&at, u)?, None),
         },
         None => (String::new(), None),
     };
 
     let (client_url, shown) = if unix {
         if !location.starts_with('/') {
-            return Err(invalid(raw_scheme, "expected an absolute socket path"));
+            return Err(invalid(&at, "expected an absolute socket path"));
         }
-        let db = parse_db(raw_scheme, db_option.as_deref().unwrap_or("0"))?;
+        let db = parse_db(&at, db_option.as_deref().unwrap_or("0"))?;
         let mut q = url::form_urlencoded::Serializer::new(String::new());
         q.append_pair("db", &db.to_string());
         if !user.is_empty() {
@@ -177,10 +224,10 @@ pub(crate) fn parse(dsn: &str) -> Result<RedisConfig> {
         for (k, v) in &passed_on {
             q.append_pair(k, v);
         }
-        let path = decode(raw_scheme, location)?;
+        let path = decode(&at, location)?;
         (
             format!("unix://{location}?{}", q.finish()),
-            format!("unix://{path}?db={db}"),
+            format!("unix{suffix}://{path}?db={db}"),
         )
     } else {
         let (hostport, path) = match location.split_once('/') {
@@ -188,11 +235,11 @@ pub(crate) fn parse(dsn: &str) -> Result<RedisConfig> {
             None => (location, ""),
         };
         if hostport.is_empty() {
-            return Err(invalid(raw_scheme, "missing host"));
+            return Err(invalid(&at, "missing host"));
         }
-        let (host, port) = split_port(raw_scheme, hostport)?;
+        let (host, port) = split_port(&at, hostport)?;
         let db = parse_db(
-            raw_scheme,
+            &at,
             db_option.as_deref().unwrap_or(match path {
                 "" => "0",
                 p => p,
@@ -220,29 +267,28 @@ pub(crate) fn parse(dsn: &str) -> Result<RedisConfig> {
         match fragment {
             Some("insecure") if tls => client_url.push_str("#insecure"),
             Some(_) => {
-                return Err(invalid(
-                    raw_scheme,
-                    "only #insecure may follow a rediss DSN",
-                ));
+                return Err(invalid(&at, "only #insecure may follow a rediss DSN"));
             }
             None => {}
         }
-        (client_url, format!("{scheme_out}://{host}:{port}/{db}"))
+        (
+            client_url,
+            format!("{scheme_out}{suffix}://{host}:{port}/{db}"),
+        )
     };
     // Let redis-rs check what it will see, so a bad DSN fails now and not at first use.
-    redis::Client::open(client_url.as_str()).map_err(|e| {
-        invalid(
-            raw_scheme,
-            format!("the client refuses it ({})", e.kind_str()),
-        )
-    })?;
-    Ok(RedisConfig {
-        client_url,
-        shown,
-        prefix,
-        connect_timeout,
-        response_timeout,
-    })
+    redis::Client::open(client_url.as_str())
+        .map_err(|e| invalid(&at, format!("the client refuses it ({})", e.kind_str())))?;
+    Ok((
+        RedisConfig {
+            client_url,
+            shown,
+            prefix,
+            connect_timeout,
+            response_timeout,
+        },
+        own,
+    ))
 }
 
 trait KindStr {
@@ -259,33 +305,33 @@ impl KindStr for redis::RedisError {
 /// The longest socket timeout a DSN may ask for: one day (a longer one is a hang in all but name).
 const MAX_TIMEOUT_SECS: f64 = 86_400.0;
 
-fn seconds(scheme: &str, option: &str, value: &str) -> Result<Duration> {
+fn seconds(at: &At<'_>, option: &str, value: &str) -> Result<Duration> {
     match value.parse::<f64>() {
         Ok(s) if s.is_finite() && s > 0.0 && s <= MAX_TIMEOUT_SECS => {
             Ok(Duration::from_secs_f64(s))
         }
         _ => Err(invalid(
-            scheme,
+            at,
             format!("{option} must be a positive number of seconds, at most {MAX_TIMEOUT_SECS}"),
         )),
     }
 }
 
-fn parse_db(scheme: &str, db: &str) -> Result<u32> {
+fn parse_db(at: &At<'_>, db: &str) -> Result<u32> {
     db.parse::<u32>()
-        .map_err(|_| invalid(scheme, "the database must be a number"))
+        .map_err(|_| invalid(at, "the database must be a number"))
 }
 
-fn split_port<'a>(scheme: &str, hostport: &'a str) -> Result<(&'a str, u16)> {
+fn split_port<'a>(at: &At<'_>, hostport: &'a str) -> Result<(&'a str, u16)> {
     // [v6]:port, [v6], host:port, host
     if let Some(rest) = hostport.strip_prefix('[') {
         let Some((v6, after)) = rest.split_once(']') else {
-            return Err(invalid(scheme, "unclosed IPv6 address"));
+            return Err(invalid(at, "unclosed IPv6 address"));
         };
         let port = match after.strip_prefix(':') {
             Some(p) => p
                 .parse()
-                .map_err(|_| invalid(scheme, "the port must be a number"))?,
+                .map_err(|_| invalid(at, "the port must be a number"))?,
             None => 6379,
         };
         return Ok((&hostport[..v6.len() + 2], port));
@@ -294,15 +340,14 @@ fn split_port<'a>(scheme: &str, hostport: &'a str) -> Result<(&'a str, u16)> {
         Some((host, port)) => Ok((
             host,
             port.parse()
-                .map_err(|_| invalid(scheme, "the port must be a number"))?,
+                .map_err(|_| invalid(at, "the port must be a number"))?,
         )),
         None => Ok((hostport, 6379)),
     }
 }
 
-fn decode(scheme: &str, s: &str) -> Result<String> {
-    percent_decode(s)
-        .ok_or_else(|| invalid(scheme, "credentials are not valid percent-encoded UTF-8"))
+fn decode(at: &At<'_>, s: &str) -> Result<String> {
+    percent_decode(s).ok_or_else(|| invalid(at, "credentials are not valid percent-encoded UTF-8"))
 }
 
 fn percent_decode(s: &str) -> Option<String> {

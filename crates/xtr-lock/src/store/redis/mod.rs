@@ -27,13 +27,8 @@ pub(crate) use config::is_redis_dsn;
 pub(crate) fn validate_dsn(dsn: &str) -> Result<()> {
     config::parse(dsn).map(|_| ())
 }
-pub(crate) use config::RedisConfig;
+pub(crate) use config::{Flavor, RedisConfig, parse_with};
 use conn::ConnectFailure;
-
-/// Parses a Redis DSN (for the stores built on the same server rules).
-pub(crate) fn parse_config(dsn: &str) -> Result<RedisConfig> {
-    config::parse(dsn)
-}
 use conn::Keys;
 use notify::Notifier;
 use scripts::Scripts;

@@ -55,8 +55,15 @@ fn python_holder(
         ])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    // Its first stderr line comes right before its first attempt: from then on it waits.
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut started = String::new();
+    stderr.read_line(&mut started).unwrap();
+    assert!(started.starts_with("INFO pid="), "{started:?}");
+    std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::stderr()));
     let stdout = child.stdout.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
@@ -65,6 +72,24 @@ fn python_holder(
         }
     });
     (child, rx)
+}
+
+/// `xtr-lock run` on `resource` with a command that writes its pid to a file and sleeps: the
+/// run, and the command's pid once it started.
+fn run_holding(server: &RedisServer, resource: &str, tmp: &Path) -> (Child, i32) {
+    let pidfile = tmp.join("pid");
+    let script = format!("echo $$ > {}; exec sleep 60", pidfile.display());
+    let run = spawn(&[
+        "run",
+        "--store",
+        &dsn(server),
+        resource,
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    (run, command_pid(&pidfile))
 }
 
 fn expect(rx: &std::sync::mpsc::Receiver<String>, prefix: &str, within: Duration) {
@@ -83,19 +108,7 @@ fn expect(rx: &std::sync::mpsc::Receiver<String>, prefix: &str, within: Duration
 fn a_killed_connection_stops_the_command_and_exits_3() {
     let server = RedisServer::start();
     let tmp = tempfile::tempdir().unwrap();
-    let pidfile = tmp.path().join("pid");
-    let script = format!("echo $$ > {}; exec sleep 60", pidfile.display());
-    let run = spawn(&[
-        "run",
-        "--store",
-        &dsn(&server),
-        "job",
-        "--",
-        "sh",
-        "-c",
-        &script,
-    ]);
-    let pid = command_pid(&pidfile);
+    let (run, pid) = run_holding(&server, "job", tmp.path());
     let id = holder_connection(&server, "job");
     assert_eq!(server.cli(&["CLIENT", "KILL", "ID", &id]), "1");
     let out = run.wait_with_output().unwrap();
@@ -160,7 +173,6 @@ fn a_killed_rust_holder_is_released_at_once_for_a_python_waiter() {
     ]);
     holder_connection(&server, "crash");
     let (mut py, lines) = python_holder(&server, "crash");
-    std::thread::sleep(Duration::from_millis(300));
     let killed = Instant::now();
     kill(run.id() as i32, Signal::KILL);
     run.wait().unwrap();
@@ -178,19 +190,7 @@ fn a_killed_rust_holder_is_released_at_once_for_a_python_waiter() {
 fn a_paused_rust_holder_is_reaped_by_python_and_exits_3_on_resume() {
     let server = RedisServer::start();
     let tmp = tempfile::tempdir().unwrap();
-    let pidfile = tmp.path().join("pid");
-    let script = format!("echo $$ > {}; exec sleep 60", pidfile.display());
-    let run = spawn(&[
-        "run",
-        "--store",
-        &dsn(&server),
-        "paused",
-        "--",
-        "sh",
-        "-c",
-        &script,
-    ]);
-    let pid = command_pid(&pidfile);
+    let (run, pid) = run_holding(&server, "paused", tmp.path());
     holder_connection(&server, "paused");
     kill(run.id() as i32, Signal::STOP);
     let (mut py, lines) = python_holder(&server, "paused");

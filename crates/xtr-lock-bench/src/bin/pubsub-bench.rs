@@ -326,18 +326,23 @@ async fn rust_to_python(factory: &LockFactory, port: &str, i: usize) -> Duration
     Duration::from_nanos(got - released)
 }
 
+/// Our waiter on `channel`, in a task: the monotonic time it held at (it releases at once).
+fn waiter(factory: &LockFactory, channel: &str) -> tokio::task::JoinHandle<u64> {
+    let waiter = factory.create_lock(channel);
+    tokio::spawn(async move {
+        waiter.acquire().await.unwrap();
+        let at = monotonic_ns();
+        waiter.release().await.unwrap();
+        at
+    })
+}
+
 /// A portalocker holder begins to release while our waiter waits: that moment → we hold.
 async fn python_to_rust(factory: &LockFactory, port: &str, i: usize) -> Duration {
     let channel = format!("bench-p2r-{i}");
     let mut py = PyHolder::start(port, &channel);
     py.at("ACQUIRED");
-    let waiter = factory.create_lock(&channel);
-    let task = tokio::spawn(async move {
-        waiter.acquire().await.unwrap();
-        let at = monotonic_ns();
-        waiter.release().await.unwrap();
-        at
-    });
+    let task = waiter(factory, &channel);
     tokio::time::sleep(park(i)).await;
     py.release();
     let releasing = py.at("RELEASING");
@@ -351,13 +356,7 @@ async fn kill_python_holder_rust_waits(factory: &LockFactory, port: &str, i: usi
     let channel = format!("bench-kill-r-{i}");
     let mut py = PyHolder::start(port, &channel);
     py.at("ACQUIRED");
-    let waiter = factory.create_lock(&channel);
-    let task = tokio::spawn(async move {
-        waiter.acquire().await.unwrap();
-        let at = monotonic_ns();
-        waiter.release().await.unwrap();
-        at
-    });
+    let task = waiter(factory, &channel);
     tokio::time::sleep(park(i)).await;
     let killed = monotonic_ns();
     py.child.kill().unwrap();

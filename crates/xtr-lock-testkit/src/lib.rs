@@ -6,6 +6,7 @@
 pub mod delay_proxy;
 pub mod mariadb;
 pub mod postgres;
+mod process;
 pub mod python;
 pub mod redis;
 pub mod user;

@@ -4,10 +4,11 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rustix::process::{Pid, Signal, kill_process};
 
+use crate::process::{pid_of, wait_up};
 use crate::redis::free_port;
 
 /// A MariaDB server this test started. Dropping it kills it and removes its directory.
@@ -98,25 +99,16 @@ impl MariaDbServer {
             .unwrap_or_else(|e| {
                 panic!("cannot start mariadbd ({e}): apt-get install mariadb-server")
             });
+        let mut child = child;
+        let what = format!("mariadbd on port {}", self.port);
+        wait_up(
+            &mut child,
+            &what,
+            &self.log(),
+            Duration::from_secs(30),
+            || self.ready(),
+        );
         self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !self.ready() {
-            assert!(
-                self.child
-                    .as_mut()
-                    .is_some_and(|c| c.try_wait().ok().flatten().is_none()),
-                "mariadbd on port {} exited; its log: {}",
-                self.port,
-                std::fs::read_to_string(self.log()).unwrap_or_default()
-            );
-            assert!(
-                Instant::now() < deadline,
-                "mariadbd on port {} did not come up; its log: {}",
-                self.port,
-                std::fs::read_to_string(self.log()).unwrap_or_default()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
     }
 
     fn ready(&self) -> bool {
@@ -183,15 +175,13 @@ impl MariaDbServer {
 
     /// The server's process.
     pub fn pid(&self) -> Pid {
-        let id = self.child.as_ref().expect("the server runs").id();
-        Pid::from_raw(i32::try_from(id).expect("a pid")).expect("a pid")
+        pid_of(self.child.as_ref().expect("the server runs"))
     }
 
     /// SIGKILL: the server dies at once (InnoDB recovers committed work at the next start).
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
-            let pid = Pid::from_raw(i32::try_from(child.id()).expect("a pid")).expect("a pid");
-            let _ = kill_process(pid, Signal::CONT);
+            let _ = kill_process(pid_of(&child), Signal::CONT);
             let _ = child.kill();
             let _ = child.wait();
         }

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use rustix::process::{Pid, Signal, kill_process};
 
+use crate::process::{pid_of, wait_up};
 use crate::redis::free_port;
 use crate::user::{Account, unprivileged};
 
@@ -136,25 +137,16 @@ impl PostgresServer {
             .stderr(log)
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start postgres ({e}): apt-get install postgresql"));
+        let mut child = child;
+        let what = format!("postgres on port {}", self.port);
+        wait_up(
+            &mut child,
+            &what,
+            &self.log(),
+            Duration::from_secs(30),
+            || self.ready(),
+        );
         self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !self.ready() {
-            assert!(
-                self.child
-                    .as_mut()
-                    .is_some_and(|c| c.try_wait().ok().flatten().is_none()),
-                "postgres on port {} exited; its log: {}",
-                self.port,
-                std::fs::read_to_string(self.log()).unwrap_or_default()
-            );
-            assert!(
-                Instant::now() < deadline,
-                "postgres on port {} did not come up; its log: {}",
-                self.port,
-                std::fs::read_to_string(self.log()).unwrap_or_default()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
     }
 
     fn ready(&self) -> bool {
@@ -217,15 +209,14 @@ impl PostgresServer {
 
     /// The server's main process.
     pub fn pid(&self) -> Pid {
-        let id = self.child.as_ref().expect("the server runs").id();
-        Pid::from_raw(i32::try_from(id).expect("a pid")).expect("a pid")
+        pid_of(self.child.as_ref().expect("the server runs"))
     }
 
     /// Immediate shutdown (SIGQUIT: the server ends its sessions at once, without a checkpoint).
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
-            let _ = kill_process(self.pid_of(&child), Signal::CONT);
-            let _ = kill_process(self.pid_of(&child), Signal::QUIT);
+            let _ = kill_process(pid_of(&child), Signal::CONT);
+            let _ = kill_process(pid_of(&child), Signal::QUIT);
             let deadline = Instant::now() + Duration::from_secs(10);
             while child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(20));
@@ -233,10 +224,6 @@ impl PostgresServer {
             let _ = child.kill();
             let _ = child.wait();
         }
-    }
-
-    fn pid_of(&self, child: &Child) -> Pid {
-        Pid::from_raw(i32::try_from(child.id()).expect("a pid")).expect("a pid")
     }
 
     /// Starts it again on the same port and data (what was committed is still there).

@@ -170,8 +170,7 @@ impl RedisServer {
 
     /// The server's process.
     pub fn pid(&self) -> Pid {
-        let id = self.child.as_ref().expect("the server runs").id();
-        Pid::from_raw(i32::try_from(id).expect("a pid")).expect("a pid")
+        crate::process::pid_of(self.child.as_ref().expect("the server runs"))
     }
 
     /// SIGKILL: the server dies at once, with every lock in it (no persistence).

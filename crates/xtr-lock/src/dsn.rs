@@ -14,6 +14,7 @@ use crate::store::{CombinedStore, InMemoryStore, NullStore, Store, Strategy};
 /// | `null` | [`NullStore`] |
 /// | `flock`, `flock://` | [`FlockStore`](crate::FlockStore) in the default directory, `<tempdir>/xtr-lock-<uid>` |
 /// | `flock://<path>` | [`FlockStore`](crate::FlockStore) in `<path>`, taken literally (`flock:///var/lock/app`); it must be absolute |
+/// | `postgres://`, `postgresql://`, `mysql://`, `mariadb://`, `sqlite:///<path>`, `sqlite::memory:` | [`SqlStore`](crate::SqlStore) (feature `sql`) on that database's lock table |
 /// | `flock://[<path>]?names=long` | the same, naming files with the whole digest ([`FlockStore::with_long_names`](crate::FlockStore::with_long_names)) |
 ///
 /// Keywords are case-sensitive. Each store issue adds its schemes here (`flock`, `redis://`,
@@ -45,6 +46,9 @@ enum Dsn {
     /// A Redis pub/sub DSN (checked when parsed).
     #[cfg(feature = "redis")]
     PubSub(String),
+    /// An SQL DSN (checked when parsed).
+    #[cfg(feature = "sql")]
+    Sql(String),
     /// `flock` or `flock://`: the default directory; `flock://<path>`: that directory; with
     /// `?names=long`, file names with the whole digest.
     #[cfg_attr(not(all(feature = "flock", target_os = "linux")), allow(dead_code))]
@@ -66,11 +70,16 @@ const KNOWN_ELSEWHERE: &[(&str, &str)] = &[
     ("valkeys", "redis"),
     #[cfg(not(feature = "redis"))]
     ("unix", "redis"),
-    ("postgres", "postgresql"),
-    ("postgresql", "postgresql"),
-    ("mysql", "mysql"),
-    ("mariadb", "mysql"),
-    ("sqlite", "sqlite"),
+    #[cfg(not(feature = "sql"))]
+    ("postgres", "sql"),
+    #[cfg(not(feature = "sql"))]
+    ("postgresql", "sql"),
+    #[cfg(not(feature = "sql"))]
+    ("mysql", "sql"),
+    #[cfg(not(feature = "sql"))]
+    ("mariadb", "sql"),
+    #[cfg(not(feature = "sql"))]
+    ("sqlite", "sql"),
     ("etcd", "etcd"),
 ];
 
@@ -90,6 +99,8 @@ impl StoreFactory {
             Dsn::Redis(dsn) => Arc::new(crate::store::RedisStore::from_dsn(&dsn)?),
             #[cfg(feature = "redis")]
             Dsn::PubSub(dsn) => Arc::new(crate::store::RedisPubSubStore::from_dsn(&dsn)?),
+            #[cfg(feature = "sql")]
+            Dsn::Sql(dsn) => Arc::new(crate::store::SqlStore::from_dsn(&dsn)?),
             #[cfg(all(feature = "flock", target_os = "linux"))]
             Dsn::Flock { dir, long } => {
                 let store = match dir {
@@ -139,6 +150,11 @@ fn parse(dsn: &str) -> Result<Dsn> {
     if crate::store::redis::is_redis_dsn(dsn) {
         crate::store::redis::validate_dsn(dsn)?;
         return Ok(Dsn::Redis(dsn.to_owned()));
+    }
+    #[cfg(feature = "sql")]
+    if crate::store::sql::is_sql_dsn(dsn) {
+        crate::store::sql::validate_dsn(dsn)?;
+        return Ok(Dsn::Sql(dsn.to_owned()));
     }
     // Everything after `flock://`, taken literally as the Python peer does, except a final
     // `?names=long` or `?names=short` (the file-name mode).

@@ -38,10 +38,11 @@
 //! | [`FlockStore`] (feature `flock`, Linux) | processes on one machine, with Python xtr-lock and `flock(1)` | yes | yes | no | no | yes (inotify across processes) | yes (a replaced lock file) | yes (kernel) |
 //! | `RedisStore` (feature `redis`) | anyone reaching the server, with Python xtr-lock and Symfony Lock | emulated | yes | yes | yes | yes (pub/sub) | by renewal | at ttl |
 //! | `RedisPubSubStore` (feature `redis`) | anyone reaching one standalone server, with portalocker 4.2–4.4 | yes | yes | no | yes | yes (notices; any holder's going, by its count) | at once (the connection) | at once |
+//! | `SqlStore` (feature `sql`) | anyone using the table in one PostgreSQL, MySQL/MariaDB or SQLite database, with Symfony Lock's `PdoStore` | emulated | no (a read lock is exclusive) | yes (whole seconds) | yes | yes (PostgreSQL `NOTIFY`; in-process on MySQL, SQLite) | by renewal | at ttl |
 //! | [`CombinedStore`](store::CombinedStore) | a quorum of any stores, asked concurrently | emulated | yes | if members do | no | yes (a quorum of members) | as its members | as its members |
 //! | [`NullStore`] | no one (locks nothing) | yes (no-op) | yes | no | no | — | — | — |
 //!
-//! SQL stores follow; see the README.
+//! Database session locks (advisory locks) follow; see the README.
 //!
 //! # What a lock does and does not guarantee
 //!
@@ -66,6 +67,7 @@
 //! |---|---|
 //! | `flock` (default) | [`FlockStore`]: lock files with `flock(2)`, Linux |
 //! | `redis` | `RedisStore`: Redis and Valkey, on redis-rs (tokio, rustls); `RedisPubSubStore`: portalocker's pub/sub lock |
+//! | `sql` | `SqlStore`: Symfony's lock table on PostgreSQL, MySQL/MariaDB and SQLite, on sqlx |
 //! | `conformance` | the reusable store conformance suite, [`conformance`] |
 //!
 //! # Logging
@@ -111,6 +113,8 @@ pub use store::FlockStore;
 pub use store::RedisPubSubStore;
 #[cfg(feature = "redis")]
 pub use store::RedisStore;
+#[cfg(feature = "sql")]
+pub use store::SqlStore;
 pub use store::{InMemoryStore, NullStore, Store};
 
 /// The README's examples are compiled and run as doc tests, so they stay true.

@@ -154,3 +154,46 @@ mod redis_pubsub {
             .keep_alive(server)
     });
 }
+
+/// The SQL table store keeps whole seconds and refuses ttls under 2 s: its timed scenarios run
+/// eight times slower (a 0.3 s ttl becomes 2.4 s).
+const SQL_TIME_SCALE: u32 = 8;
+
+mod sql_postgres {
+    use super::*;
+    xtr_lock::conformance_tests!(|| async {
+        let server = xtr_lock_testkit::postgres::PostgresServer::start();
+        let store =
+            xtr_lock::SqlStore::from_dsn(&format!("{}?create_table=true", server.url())).unwrap();
+        Harness::new(Arc::new(store))
+            .with_time_scale(SQL_TIME_SCALE)
+            .keep_alive(server)
+    });
+}
+
+mod sql_mariadb {
+    use super::*;
+    xtr_lock::conformance_tests!(|| async {
+        let server = xtr_lock_testkit::mariadb::MariaDbServer::start();
+        let store =
+            xtr_lock::SqlStore::from_dsn(&format!("{}?create_table=true", server.url())).unwrap();
+        Harness::new(Arc::new(store))
+            .with_time_scale(SQL_TIME_SCALE)
+            .keep_alive(server)
+    });
+}
+
+mod sql_sqlite {
+    use super::*;
+    xtr_lock::conformance_tests!(|| async {
+        let dir = tempfile::tempdir().unwrap();
+        let dsn = format!(
+            "sqlite://{}?create_table=true",
+            dir.path().join("locks.db").display()
+        );
+        let store = xtr_lock::SqlStore::from_dsn(&dsn).unwrap();
+        Harness::new(Arc::new(store))
+            .with_time_scale(SQL_TIME_SCALE)
+            .keep_alive(dir)
+    });
+}

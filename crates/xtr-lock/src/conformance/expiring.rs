@@ -1,4 +1,5 @@
-//! Scenarios for stores whose locks expire. Time steps of 0.25 s on the harness clock.
+//! Scenarios for stores whose locks expire. Time steps of 0.25 s on the harness clock, times
+//! the harness's [time scale](super::Harness::with_time_scale).
 
 use std::time::Duration;
 
@@ -16,17 +17,17 @@ pub async fn put_off_lock_expires(h: Harness) -> Outcome {
     assert!(h.store.save(&k, h.ttl).await.unwrap().is_acquired());
     assert!(
         h.store
-            .put_off_expiration(&k, 2 * STEP)
+            .put_off_expiration(&k, 2 * h.time(STEP))
             .await
             .unwrap()
             .is_held()
     );
-    h.sleep(STEP).await;
+    h.sleep(h.time(STEP)).await;
     assert!(
         h.store.exists(&k).await.unwrap().is_held(),
         "alive after 0.25 s"
     );
-    h.sleep(2 * STEP).await;
+    h.sleep(2 * h.time(STEP)).await;
     assert!(
         !h.store.exists(&k).await.unwrap().is_held(),
         "gone after 0.75 s"
@@ -58,17 +59,17 @@ pub async fn tiny_put_off_raises_expired(h: Harness) -> Outcome {
 /// Refreshing keeps the lock alive past its ttl; once refreshes stop, it expires.
 pub async fn refresh_keeps_alive_then_expires(h: Harness) -> Outcome {
     require!(h.caps().expiring, "locks do not expire");
-    let lock = h.lock(&h.resource("refresh"), Some(2 * STEP));
+    let lock = h.lock(&h.resource("refresh"), Some(2 * h.time(STEP)));
     assert!(lock.try_acquire().await.unwrap());
     for _ in 0..4 {
-        h.sleep(STEP).await;
+        h.sleep(h.time(STEP)).await;
         lock.refresh(None).await.unwrap();
     }
     assert!(
         lock.is_acquired().await.unwrap(),
         "alive after 1 s of refreshes"
     );
-    h.sleep(3 * STEP).await;
+    h.sleep(3 * h.time(STEP)).await;
     assert!(lock.is_expired());
     assert!(
         !lock.is_acquired().await.unwrap(),
@@ -90,18 +91,23 @@ pub async fn refresh_keeps_alive_then_expires(h: Harness) -> Outcome {
 /// After put_off(1 s) the remaining lifetime is in (0, 1 s], and the lock is not expired.
 pub async fn remaining_lifetime_after_put_off(h: Harness) -> Outcome {
     require!(h.caps().expiring, "locks do not expire");
-    let lock = h.lock(&h.resource("remaining"), Some(Duration::from_secs(1)));
+    let lock = h.lock(
+        &h.resource("remaining"),
+        Some(h.time(Duration::from_secs(1))),
+    );
     assert!(lock.try_acquire().await.unwrap());
     let left = lock.remaining_lifetime().expect("a lifetime");
     assert!(
-        left > Duration::ZERO && left <= Duration::from_secs(1),
+        left > Duration::ZERO && left <= h.time(Duration::from_secs(1)),
         "{left:?}"
     );
     assert!(!lock.is_expired());
-    lock.refresh(Some(Duration::from_secs(1))).await.unwrap();
+    lock.refresh(Some(h.time(Duration::from_secs(1))))
+        .await
+        .unwrap();
     let left = lock.remaining_lifetime().expect("a lifetime");
     assert!(
-        left > Duration::ZERO && left <= Duration::from_secs(1),
+        left > Duration::ZERO && left <= h.time(Duration::from_secs(1)),
         "{left:?}"
     );
     lock.release().await.unwrap();
@@ -141,11 +147,11 @@ pub async fn expired_reader_cannot_revive_itself(h: Harness) -> Outcome {
     require!(h.caps().expiring, "locks do not expire");
     require!(h.caps().shared, "no shared locks");
     let r = h.resource("revive");
-    let short = h.lock(&r, Some(Duration::from_millis(300)));
+    let short = h.lock(&r, Some(h.time(Duration::from_millis(300))));
     let long = h.lock(&r, Some(Duration::from_secs(10)));
     assert!(short.try_acquire_read().await.unwrap());
     assert!(long.try_acquire_read().await.unwrap());
-    h.sleep(2 * STEP).await;
+    h.sleep(2 * h.time(STEP)).await;
     let err = short
         .refresh(Some(Duration::from_secs(10)))
         .await
@@ -170,7 +176,7 @@ pub async fn expired_reader_cannot_revive_itself(h: Harness) -> Outcome {
 pub async fn waiter_takes_over_an_abandoned_lock(h: Harness) -> Outcome {
     require!(h.caps().expiring, "locks do not expire");
     let r = h.resource("abandoned");
-    let crashed = h.lock(&r, Some(Duration::from_millis(300)));
+    let crashed = h.lock(&r, Some(h.time(Duration::from_millis(300))));
     assert!(crashed.try_acquire().await.unwrap());
     let waiter = h.lock(&r, Some(Duration::from_secs(10)));
     h.within("the waiter takes over the expired lock", waiter.acquire())
@@ -186,7 +192,7 @@ pub async fn waiter_takes_over_an_abandoned_lock(h: Harness) -> Outcome {
 /// Python peer start the lease when the wait begins).
 pub async fn long_wait_ends_with_a_full_lease(h: Harness) -> Outcome {
     require!(h.caps().expiring, "locks do not expire");
-    let ttl = Duration::from_millis(600);
+    let ttl = h.time(Duration::from_millis(600));
     let r = h.resource("full-lease");
     let holder = h.lock(&r, Some(ttl));
     assert!(holder.try_acquire().await.unwrap());
@@ -197,7 +203,7 @@ pub async fn long_wait_ends_with_a_full_lease(h: Harness) -> Outcome {
     });
     // Hold for twice the ttl, refreshing, then let go.
     for _ in 0..6 {
-        h.sleep(Duration::from_millis(200)).await;
+        h.sleep(h.time(Duration::from_millis(200))).await;
         holder.refresh(None).await.unwrap();
     }
     assert!(!wait.is_finished(), "the waiter waited");
@@ -221,9 +227,9 @@ pub async fn long_wait_ends_with_a_full_lease(h: Harness) -> Outcome {
 pub async fn release_after_expiry_and_takeover_reports_lost(h: Harness) -> Outcome {
     require!(h.caps().expiring, "locks do not expire");
     let r = h.resource("lost");
-    let first = h.lock(&r, Some(Duration::from_millis(300)));
+    let first = h.lock(&r, Some(h.time(Duration::from_millis(300))));
     assert!(first.try_acquire().await.unwrap());
-    h.sleep(2 * STEP).await;
+    h.sleep(2 * h.time(STEP)).await;
     let second = h.lock(&r, Some(Duration::from_secs(10)));
     assert!(second.try_acquire().await.unwrap());
     assert_eq!(first.release().await.unwrap(), Release::Lost);

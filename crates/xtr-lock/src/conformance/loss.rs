@@ -13,7 +13,7 @@ use crate::lockable::{Lockable as _, Release};
 const SHORT_TTL: Duration = Duration::from_millis(600);
 
 fn ttl(h: &Harness) -> Option<Duration> {
-    h.caps().expiring.then_some(SHORT_TTL)
+    h.caps().expiring.then_some(h.time(SHORT_TTL))
 }
 
 /// Takes the lock away from a spawned task once `started` fires, so the body is running.
@@ -131,12 +131,12 @@ pub async fn guards_and_scopes_keep_an_expiring_lock_alive(h: Harness) -> Outcom
     require!(h.caps().excludes, "the store locks nothing");
     require!(h.caps().expiring, "locks do not expire");
     let r = h.resource("kept-alive");
-    let lock = h.lock(&r, Some(SHORT_TTL));
-    let other = h.lock(&r, Some(SHORT_TTL));
+    let lock = h.lock(&r, Some(h.time(SHORT_TTL)));
+    let other = h.lock(&r, Some(h.time(SHORT_TTL)));
     let out: Result<&str, Error> = lock
         .scoped(async {
             for _ in 0..4 {
-                h.sleep(SHORT_TTL / 2).await;
+                h.sleep(h.time(SHORT_TTL) / 2).await;
                 assert!(
                     !other.try_acquire().await.unwrap(),
                     "another holder got a lock kept alive"
@@ -148,7 +148,7 @@ pub async fn guards_and_scopes_keep_an_expiring_lock_alive(h: Harness) -> Outcom
     assert_eq!(out.unwrap(), "body done", "after more than three ttls");
 
     let guard = lock.lock().await.unwrap();
-    h.sleep(SHORT_TTL * 2).await;
+    h.sleep(h.time(SHORT_TTL) * 2).await;
     assert!(
         !other.try_acquire().await.unwrap(),
         "the guard kept it alive"
@@ -165,7 +165,7 @@ pub async fn without_renewal_a_scope_ends_when_its_lock_expires(h: Harness) -> O
     require!(h.caps().excludes, "the store locks nothing");
     require!(h.caps().expiring, "locks do not expire");
     let r = h.resource("not-renewed");
-    let lock = h.lock(&r, Some(SHORT_TTL)).with_keep_alive(false);
+    let lock = h.lock(&r, Some(h.time(SHORT_TTL))).with_keep_alive(false);
     let out: Result<(), Error> = h
         .within(
             "the body is stopped at the end of the lifetime",
@@ -175,7 +175,7 @@ pub async fn without_renewal_a_scope_ends_when_its_lock_expires(h: Harness) -> O
     let err = out.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Lost, "{err:?}");
     assert_eq!(err.lost_reason(), Some(crate::error::LostReason::Expired));
-    let other = h.lock(&r, Some(SHORT_TTL));
+    let other = h.lock(&r, Some(h.time(SHORT_TTL)));
     assert!(other.try_acquire().await.unwrap(), "the lock is free");
     other.release().await.unwrap();
     Outcome::Ran

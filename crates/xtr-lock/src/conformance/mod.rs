@@ -61,6 +61,9 @@ pub struct Harness {
     /// The ttl scenarios give locks and saves when the lifetime is not what they test: 30 s on
     /// expiring stores (which refuse a lock without one), none elsewhere.
     pub ttl: Option<Duration>,
+    /// What the timed scenarios multiply their lifetimes and sleeps by (1 unless set with
+    /// [`with_time_scale`](Harness::with_time_scale)).
+    pub time_scale: u32,
     /// Whatever must live as long as the harness: a temporary directory, a server process.
     keep_alive: Vec<Arc<dyn std::any::Any + Send + Sync>>,
     sabotage: Option<Sabotage>,
@@ -87,6 +90,7 @@ impl Harness {
             clock,
             ttl,
             patience: Duration::from_secs(10),
+            time_scale: 1,
             keep_alive: Vec::new(),
             sabotage: None,
             names: None,
@@ -100,6 +104,23 @@ impl Harness {
     pub fn with_name_rule(mut self, valid: impl Fn(&str) -> bool + Send + Sync + 'static) -> Self {
         self.names = Some(Arc::new(valid));
         self
+    }
+
+    /// Multiplies the lifetimes and sleeps of the timed scenarios (written for stores that
+    /// keep time in milliseconds: a 0.3 s ttl, 0.25 s steps) by `scale`, for a store whose
+    /// lifetimes are coarser: the SQL table store keeps whole seconds and refuses a ttl under
+    /// 2 s, so its scenarios run eight times slower. The patience grows with it.
+    pub fn with_time_scale(mut self, scale: u32) -> Self {
+        self.time_scale = scale.max(1);
+        self.patience = self
+            .patience
+            .max(Duration::from_secs(10) + Duration::from_secs(2) * self.time_scale);
+        self
+    }
+
+    /// `d` on this store's time scale.
+    pub fn time(&self, d: Duration) -> Duration {
+        d * self.time_scale
     }
 
     /// Whether the store can lock `resource`.

@@ -49,6 +49,8 @@ mod watch;
 pub use async_trait::async_trait;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
+#[cfg(feature = "sql")]
+pub(crate) mod sql;
 
 pub use combined::{CombinedStore, ConsensusStrategy, Strategy, UnanimousStrategy};
 #[cfg(all(feature = "flock", target_os = "linux"))]
@@ -60,6 +62,8 @@ pub use outcome::{Acquired, Conflict, HolderInfo, Holding, Saved};
 pub use pubsub::RedisPubSubStore;
 #[cfg(feature = "redis")]
 pub use redis::RedisStore;
+#[cfg(feature = "sql")]
+pub use sql::{SqlStore, key_id as sql_key_id};
 pub use watch::{LossWatcher, Watcher};
 
 pub use crate::error::LostReason;

@@ -1,0 +1,316 @@
+//! The statements of each operation, run on one of the three pools. Results are plain values;
+//! the store turns them into outcomes and errors.
+
+use sqlx::{AssertSqlSafe, MySqlPool, PgPool, SqlitePool};
+
+use super::dialect::{Flavor, Sql};
+
+/// One of the three pools.
+#[derive(Debug, Clone)]
+pub(crate) enum Pool {
+    Postgres(PgPool),
+    MySql(MySqlPool),
+    Sqlite(SqlitePool),
+}
+
+impl Pool {
+    pub(crate) fn flavor(&self) -> Flavor {
+        match self {
+            Pool::Postgres(_) => Flavor::Postgres,
+            Pool::MySql(_) => Flavor::MySql,
+            Pool::Sqlite(_) => Flavor::Sqlite,
+        }
+    }
+
+    pub(crate) async fn close(&self) {
+        match self {
+            Pool::Postgres(p) => p.close().await,
+            Pool::MySql(p) => p.close().await,
+            Pool::Sqlite(p) => p.close().await,
+        }
+    }
+}
+
+type Db<T> = Result<T, sqlx::Error>;
+
+/// A resource's row as a statement found it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Row {
+    pub(crate) token: String,
+    pub(crate) live: bool,
+    /// Milliseconds until the row can be taken, by the database's clock.
+    pub(crate) left_ms: Option<i64>,
+}
+
+/// What an acquiring statement did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Saved {
+    /// The row is ours. `fence` is the new fencing token of a new acquisition (a new row, or the
+    /// takeover of an expired one); `None` for a re-save of our own row.
+    Acquired { fence: Option<u64> },
+    /// Someone else's live row, as far as the statement saw it.
+    Conflict { holder: Option<Row> },
+}
+
+fn fence(n: Option<i64>) -> Option<u64> {
+    n.and_then(|n| u64::try_from(n).ok())
+}
+
+fn row((token, live, left_ms): (String, bool, Option<i64>)) -> Row {
+    Row {
+        token,
+        live,
+        left_ms,
+    }
+}
+
+/// Acquires `id` for `token` for `ttl` whole seconds.
+pub(crate) async fn save(pool: &Pool, sql: &Sql, id: &str, token: &str, ttl: i32) -> Db<Saved> {
+    match pool {
+        Pool::Postgres(p) => {
+            let (got, n, holder, left): (bool, Option<i64>, Option<String>, Option<i64>) =
+                sqlx::query_as(AssertSqlSafe(sql.save.as_str()))
+                    .bind(id)
+                    .bind(token)
+                    .bind(ttl)
+                    .fetch_one(p)
+                    .await?;
+            if got {
+                return Ok(Saved::Acquired { fence: fence(n) });
+            }
+            Ok(Saved::Conflict {
+                holder: holder.map(|token| Row {
+                    token,
+                    live: true,
+                    left_ms: left,
+                }),
+            })
+        }
+        Pool::MySql(p) => {
+            let done = sqlx::query(AssertSqlSafe(sql.save.as_str()))
+                .bind(id)
+                .bind(token)
+                .bind(ttl)
+                .execute(p)
+                .await?;
+            match done.last_insert_id() {
+                // Our own row (a re-save, the same second's included).
+                1 => Ok(Saved::Acquired { fence: None }),
+                // A new row, or an expired one taken over.
+                0 | 2 => {
+                    let drawn = sqlx::query(AssertSqlSafe(sql.draw.as_str()))
+                        .bind(id)
+                        .execute(p)
+                        .await?;
+                    Ok(Saved::Acquired {
+                        fence: Some(drawn.last_insert_id()),
+                    })
+                }
+                _ => Ok(Saved::Conflict {
+                    holder: read(pool, sql, id).await?,
+                }),
+            }
+        }
+        Pool::Sqlite(p) => {
+            // The write transaction holds the database's write lock from its first statement,
+            // so the row read here is the row the upsert meets.
+            let mut tx = p.begin_with("BEGIN IMMEDIATE").await?;
+            let found: Option<(String, bool, Option<i64>)> =
+                sqlx::query_as(AssertSqlSafe(sql.read.as_str()))
+                    .bind(id)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+            let found = found.map(row);
+            if let Some(r) = &found
+                && r.token != token
+                && r.live
+            {
+                tx.rollback().await?;
+                return Ok(Saved::Conflict { holder: found });
+            }
+            let got: Option<i64> = sqlx::query_scalar(AssertSqlSafe(sql.save.as_str()))
+                .bind(id)
+                .bind(token)
+                .bind(ttl)
+                .fetch_optional(&mut *tx)
+                .await?;
+            if got.is_none() {
+                tx.rollback().await?;
+                return Ok(Saved::Conflict { holder: found });
+            }
+            let new = found.as_ref().is_none_or(|r| r.token != token);
+            let n = if new {
+                Some(
+                    sqlx::query_scalar::<_, i64>(AssertSqlSafe(sql.draw.as_str()))
+                        .bind(id)
+                        .fetch_one(&mut *tx)
+                        .await?,
+                )
+            } else {
+                None
+            };
+            tx.commit().await?;
+            Ok(Saved::Acquired { fence: fence(n) })
+        }
+    }
+}
+
+/// The row of `id`, if there is one.
+pub(crate) async fn read(pool: &Pool, sql: &Sql, id: &str) -> Db<Option<Row>> {
+    let q = AssertSqlSafe(sql.read.as_str());
+    Ok(match pool {
+        Pool::Postgres(p) => sqlx::query_as::<_, (String, bool, Option<i64>)>(q)
+            .bind(id)
+            .fetch_optional(p)
+            .await?
+            .map(row),
+        Pool::MySql(p) => sqlx::query_as::<_, (String, Option<i64>, Option<i64>)>(q)
+            .bind(id)
+            .fetch_optional(p)
+            .await?
+            .map(|(t, live, left)| row((t, live == Some(1), left))),
+        Pool::Sqlite(p) => sqlx::query_as::<_, (String, bool, Option<i64>)>(q)
+            .bind(id)
+            .fetch_optional(p)
+            .await?
+            .map(row),
+    })
+}
+
+/// Extends our live row to now + `ttl`; whether it did.
+pub(crate) async fn refresh(pool: &Pool, sql: &Sql, id: &str, token: &str, ttl: i32) -> Db<bool> {
+    let q = AssertSqlSafe(sql.refresh.as_str());
+    let done = match pool {
+        Pool::Postgres(p) => sqlx::query(q)
+            .bind(id)
+            .bind(token)
+            .bind(ttl)
+            .execute(p)
+            .await?
+            .rows_affected(),
+        Pool::MySql(p) => sqlx::query(q)
+            .bind(ttl)
+            .bind(id)
+            .bind(token)
+            .execute(p)
+            .await?
+            .rows_affected(),
+        Pool::Sqlite(p) => sqlx::query(q)
+            .bind(id)
+            .bind(token)
+            .bind(ttl)
+            .execute(p)
+            .await?
+            .rows_affected(),
+    };
+    if done > 0 {
+        return Ok(true);
+    }
+    // MySQL without CLIENT_FOUND_ROWS counts an unchanged row (our own refresh within the same
+    // second) as 0: the row says whether it is still ours and live.
+    if matches!(pool, Pool::MySql(_)) {
+        return Ok(read(pool, sql, id)
+            .await?
+            .is_some_and(|r| r.token == token && r.live));
+    }
+    Ok(false)
+}
+
+/// Deletes our row; whether it was live. PostgreSQL notifies `channel` when a row went.
+pub(crate) async fn delete(
+    pool: &Pool,
+    sql: &Sql,
+    id: &str,
+    token: &str,
+    channel: &str,
+) -> Db<bool> {
+    let q = AssertSqlSafe(sql.delete.as_str());
+    Ok(match pool {
+        Pool::Postgres(p) => sqlx::query_scalar::<_, bool>(q)
+            .bind(id)
+            .bind(token)
+            .bind(channel)
+            .fetch_optional(p)
+            .await?
+            .unwrap_or(false),
+        Pool::MySql(p) => {
+            let live = sqlx::query(q).bind(id).bind(token).execute(p).await?;
+            if live.rows_affected() > 0 {
+                true
+            } else {
+                // An expired row of ours, if any, goes too.
+                sqlx::query(AssertSqlSafe(sql.delete_any.as_str()))
+                    .bind(id)
+                    .bind(token)
+                    .execute(p)
+                    .await?;
+                false
+            }
+        }
+        Pool::Sqlite(p) => sqlx::query_scalar::<_, bool>(q)
+            .bind(id)
+            .bind(token)
+            .fetch_optional(p)
+            .await?
+            .unwrap_or(false),
+    })
+}
+
+/// The live holder of `id` (token, milliseconds left).
+pub(crate) async fn holders(pool: &Pool, sql: &Sql, id: &str) -> Db<Vec<(String, i64)>> {
+    let q = AssertSqlSafe(sql.holders.as_str());
+    let rows: Vec<(String, Option<i64>)> = match pool {
+        Pool::Postgres(p) => sqlx::query_as(q).bind(id).fetch_all(p).await?,
+        Pool::MySql(p) => sqlx::query_as(q).bind(id).fetch_all(p).await?,
+        Pool::Sqlite(p) => sqlx::query_as(q).bind(id).fetch_all(p).await?,
+    };
+    Ok(rows
+        .into_iter()
+        .map(|(t, left)| (t, left.unwrap_or(0).max(0)))
+        .collect())
+}
+
+/// The fencing counter of `id` (0 before its first acquisition).
+pub(crate) async fn fence_counter(pool: &Pool, sql: &Sql, id: &str) -> Db<u64> {
+    let q = AssertSqlSafe(sql.fence.as_str());
+    let n: Option<i64> = match pool {
+        Pool::Postgres(p) => sqlx::query_scalar(q).bind(id).fetch_optional(p).await?,
+        Pool::MySql(p) => sqlx::query_scalar(q).bind(id).fetch_optional(p).await?,
+        Pool::Sqlite(p) => sqlx::query_scalar(q).bind(id).fetch_optional(p).await?,
+    };
+    Ok(fence(n).unwrap_or(0))
+}
+
+/// Runs a statement without parameters; the rows it touched.
+pub(crate) async fn execute(pool: &Pool, text: &str) -> Db<u64> {
+    let q = AssertSqlSafe(text);
+    Ok(match pool {
+        Pool::Postgres(p) => sqlx::query(q).execute(p).await?.rows_affected(),
+        Pool::MySql(p) => sqlx::query(q).execute(p).await?.rows_affected(),
+        Pool::Sqlite(p) => sqlx::query(q).execute(p).await?.rows_affected(),
+    })
+}
+
+/// The columns of `table`: name (lowercase), type (lowercase), length.
+pub(crate) async fn columns(
+    pool: &Pool,
+    sql: &Sql,
+    table: &str,
+) -> Db<Vec<(String, String, Option<i64>)>> {
+    let q = AssertSqlSafe(sql.columns.as_str());
+    let rows: Vec<(String, String, Option<i64>)> = match pool {
+        // Unquoted names are folded to lowercase by PostgreSQL.
+        Pool::Postgres(p) => {
+            sqlx::query_as(q)
+                .bind(table.to_ascii_lowercase())
+                .fetch_all(p)
+                .await?
+        }
+        Pool::MySql(p) => sqlx::query_as(q).bind(table).fetch_all(p).await?,
+        Pool::Sqlite(p) => sqlx::query_as(q).bind(table).fetch_all(p).await?,
+    };
+    Ok(rows
+        .into_iter()
+        .map(|(n, t, l)| (n.to_ascii_lowercase(), t.to_ascii_lowercase(), l))
+        .collect())
+}

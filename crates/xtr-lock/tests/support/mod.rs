@@ -11,6 +11,7 @@
 pub(crate) mod on_redis;
 pub(crate) mod peer;
 pub(crate) mod portalocker;
+pub(crate) mod symfony_sql;
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;

@@ -166,6 +166,11 @@ impl PostgresServer {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
     }
 
+    /// What the server has written to its log so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(self.log()).unwrap_or_default()
+    }
+
     /// The directory of the server's unix socket.
     pub fn socket_dir(&self) -> &Path {
         self.dir.path()

@@ -30,7 +30,11 @@ async fn symfony_holds_then_rust_takes(db: Db) {
     assert_eq!(info.get("pdo_key_id"), xtr_lock::store::sql_key_id(&r));
     php.until("ACQUIRED").await;
     let token = php.until("TOKEN").await.get("token").to_owned();
-    assert_eq!(db.token_of(&r).as_deref(), Some(token.as_str()), "the row is Symfony's");
+    assert_eq!(
+        db.token_of(&r).as_deref(),
+        Some(token.as_str()),
+        "the row is Symfony's"
+    );
     assert!(!lock.try_acquire().await.unwrap(), "Symfony holds it");
     let holders = db.store().holders(&r).await.unwrap();
     assert_eq!(holders.len(), 1);
@@ -38,7 +42,10 @@ async fn symfony_holds_then_rust_takes(db: Db) {
     php.term();
     php.until("RELEASED").await;
     assert_eq!(php.exit_code().await, 0);
-    assert!(lock.try_acquire().await.unwrap(), "free once Symfony released");
+    assert!(
+        lock.try_acquire().await.unwrap(),
+        "free once Symfony released"
+    );
     assert_eq!(lock.release().await.unwrap(), Release::Released);
 }
 
@@ -52,7 +59,10 @@ async fn rust_holds_and_symfony_is_refused(db: Db) {
     let mut php = Holder::start(&db, &r, 1.0, &["--timeout=0.5", "--ttl=30"]);
     php.until("TIMEOUT").await;
     assert_eq!(php.exit_code().await, 1);
-    assert!(lock.is_acquired().await.unwrap(), "and the refusals changed nothing");
+    assert!(
+        lock.is_acquired().await.unwrap(),
+        "and the refusals changed nothing"
+    );
     lock.release().await.unwrap();
     let mut php = Holder::start(&db, &r, 0.1, &["--try", "--ttl=30"]);
     php.until("RELEASED").await;
@@ -101,7 +111,10 @@ async fn symfony_takes_over_an_expired_rust_row(db: Db) {
         store.exists(&key).await.unwrap(),
         Holding::NotHeld(LostReason::TakenOver)
     );
-    assert!(!store.delete(&key).await.unwrap(), "a release after a takeover is a loss");
+    assert!(
+        !store.delete(&key).await.unwrap(),
+        "a release after a takeover is a loss"
+    );
     assert!(db.token_of(&r).is_some(), "and leaves Symfony's row");
     php.until("RELEASED").await;
 }
@@ -116,7 +129,14 @@ async fn mixed_contention_never_overlaps(db: Db) {
     // Two PHP holders making the table at once race each other (Symfony's own): make it first.
     db.store().create_table().await.unwrap();
     let mut phps: Vec<Holder> = (0..2)
-        .map(|_| Holder::start(&db, &r, 0.02, &["--timeout=60", "--ttl=10", "--repeat=15", &occupy]))
+        .map(|_| {
+            Holder::start(
+                &db,
+                &r,
+                0.02,
+                &["--timeout=60", "--ttl=10", "--repeat=15", &occupy],
+            )
+        })
         .collect();
     let factory = Arc::new(factory(&db));
     let mut rust = Vec::new();
@@ -173,9 +193,14 @@ async fn a_table_symfony_made_is_used_as_it_is(db: Db) {
         err.to_string().contains("lock_keys_fence") && err.to_string().contains("migrate"),
         "{err}"
     );
-    assert!(store.create_table().await.unwrap(), "the fencing table was made");
+    assert!(
+        store.create_table().await.unwrap(),
+        "the fencing table was made"
+    );
     assert!(!store.create_table().await.unwrap(), "and only once");
-    let lock = LockFactory::new(store).create_lock(&r).with_ttl(Some(Duration::from_secs(30)));
+    let lock = LockFactory::new(store)
+        .create_lock(&r)
+        .with_ttl(Some(Duration::from_secs(30)));
     assert!(lock.try_acquire().await.unwrap());
     assert!(lock.fencing_token().is_some());
     lock.release().await.unwrap();
@@ -212,4 +237,3 @@ on_both!(
     mixed_contention_never_overlaps,
     a_table_symfony_made_is_used_as_it_is,
 );
-

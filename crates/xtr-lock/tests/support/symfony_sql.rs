@@ -205,7 +205,10 @@ impl Holder {
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
                 Err(std::sync::mpsc::TryRecvError::Disconnected) => {
-                    panic!("the PHP holder ended without printing {event}: {:?}", self.seen)
+                    panic!(
+                        "the PHP holder ended without printing {event}: {:?}",
+                        self.seen
+                    )
                 }
             }
         }

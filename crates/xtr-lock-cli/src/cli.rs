@@ -59,7 +59,8 @@ pub(crate) struct Cli {
 pub(crate) struct StoreArgs {
     /// Where locks live: flock (the default), flock:///dir, redis://host:6379/0, rediss://…,
     /// unix:///sock, redis+pubsub://host:6379 (a live connection, shared with portalocker),
-    /// in-memory, null. Repeated, or several separated by commas: a quorum
+    /// postgres://, mysql://, mariadb://, sqlite:///path (Symfony's lock table; see
+    /// `migrate`), in-memory, null. Repeated, or several separated by commas: a quorum
     /// (strict majority) over those stores. Without --store, $XTR_LOCK_STORE (also a
     /// comma-separated list), then flock.
     #[arg(long, value_name = "DSN")]
@@ -234,6 +235,16 @@ pub(crate) enum Command {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+    },
+    /// Make the tables of SQL stores (postgres://, mysql://, mariadb://, sqlite:///path): the
+    /// lock table with Symfony Lock's column types, shared with PHP's PdoStore, and this
+    /// library's fencing table. Tables already there are checked and kept as they are.
+    Migrate {
+        #[command(flatten)]
+        store: StoreArgs,
+        /// Print the SQL instead of running it (for a migration tool of your own).
+        #[arg(long)]
+        print: bool,
     },
     /// Print a shell completion script.
     Completions {

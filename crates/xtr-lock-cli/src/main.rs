@@ -159,6 +159,9 @@ async fn run(cli: Cli) -> anyhow::Result<Exit> {
             })
             .await
         }
+        Command::Migrate { store, print } => {
+            cmd::migrate::migrate(&Source::of(&store)?, print).await
+        }
         Command::Completions { shell } => {
             clap_complete::generate(
                 shell,

@@ -232,9 +232,13 @@ pub(crate) async fn status(store: StoreConfig, resource: String, json_out: bool)
             print(&format!("lock: {location}"))?;
         }
         if let Some(counter) = fencing {
-            // The pub/sub store counts per resource (portalocker's `<channel>-fence`); the others
-            // share one counter per store.
-            let whose = if store.scheme.contains("+pubsub") {
+            // The pub/sub store counts per resource (portalocker's `<channel>-fence`), as the SQL
+            // store does (its `<table>_fence` rows); the others share one counter per store.
+            let per_resource = store.scheme.contains("+pubsub")
+                || ["postgres", "mysql", "mariadb", "sqlite"]
+                    .iter()
+                    .any(|s| store.scheme.starts_with(s));
+            let whose = if per_resource {
                 "this resource's counter"
             } else {
                 "one counter for every resource of this store"

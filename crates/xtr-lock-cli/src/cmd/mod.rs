@@ -2,6 +2,7 @@
 
 pub(crate) mod bench;
 pub(crate) mod keys;
+pub(crate) mod migrate;
 pub(crate) mod run;
 
 use std::io::IsTerminal as _;

@@ -191,7 +191,8 @@ fn parse_sqlite(dsn: &str) -> Result<SqlConfig> {
     }
     let sqlite = SqliteConnectOptions::from_str(&driver)
         .map_err(|e| invalid(e.to_string()))?
-        .create_if_missing(options.create_table || memory)
+        // A missing file is made (empty): the missing table is then the error, with what to do.
+        .create_if_missing(true)
         .busy_timeout(options.statement_timeout);
     let mut shown = match &path {
         Some(p) => format!("sqlite://{p}"),

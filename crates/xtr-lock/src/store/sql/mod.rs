@@ -290,6 +290,12 @@ impl SqlStore {
         self.rebuilt(|inner| inner.sweep_every = every)
     }
 
+    /// The DDL [`create_table`](SqlStore::create_table) runs on this database: the lock table
+    /// with Symfony's column types, then the fencing table. For migrations kept elsewhere.
+    pub fn ddl(&self) -> Vec<String> {
+        self.inner.sql.create.to_vec()
+    }
+
     /// The lock table's name.
     pub fn table(&self) -> &str {
         &self.inner.table

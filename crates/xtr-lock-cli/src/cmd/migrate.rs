@@ -1,0 +1,48 @@
+//! `migrate`: make (or check) the tables of SQL stores.
+
+use anyhow::{Result, anyhow};
+use xtr_lock::SqlStore;
+
+use crate::config::Source;
+use crate::exit::Exit;
+
+/// Makes the lock and fencing tables of every SQL store the source names (or prints their SQL).
+pub(crate) async fn migrate(source: &Source, print: bool) -> Result<Exit> {
+    let dsns = source.dsns();
+    let sql: Vec<&String> = dsns
+        .iter()
+        .filter(|d| {
+            let scheme = d.split_once(':').map(|(s, _)| s.to_ascii_lowercase());
+            matches!(
+                scheme.as_deref(),
+                Some("postgres" | "postgresql" | "mysql" | "mariadb" | "sqlite")
+            )
+        })
+        .collect();
+    if sql.is_empty() {
+        return Err(anyhow!(
+            "migrate makes the tables of SQL stores, and {} names none (postgres://, mysql://, \
+             mariadb://, sqlite:///path)",
+            source.name()
+        ));
+    }
+    for dsn in sql {
+        let store = SqlStore::from_dsn(dsn)?;
+        if print {
+            println!("-- {store}");
+            for statement in store.ddl() {
+                println!("{statement};");
+            }
+            continue;
+        }
+        let made = store.create_table().await?;
+        let what = format!("{} and {}_fence in {store}", store.table(), store.table());
+        if made {
+            println!("made {what}");
+        } else {
+            println!("{what}: already there, columns as they should be");
+        }
+        xtr_lock::Store::close(&store).await?;
+    }
+    Ok(Exit::Ok)
+}

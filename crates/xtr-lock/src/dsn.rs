@@ -249,14 +249,14 @@ mod tests {
     fn refusals_name_the_scheme_only() {
         let cases: &[(&str, ErrorKind, &str)] = &[
             (
-                "mysql://user:secret@db/app",
+                "etcd://user:secret@db:2379",
                 ErrorKind::Unsupported,
-                "\"mysql:\"",
+                "\"etcd:\"",
             ),
             (
-                "MYSQL://user:secret@db/app",
+                "ETCD://user:secret@db:2379",
                 ErrorKind::Unsupported,
-                "\"MYSQL:\"",
+                "\"ETCD:\"",
             ),
             ("FLOCK", ErrorKind::InvalidArgument, "\"FLOCK\""),
             ("IN-MEMORY", ErrorKind::InvalidArgument, "\"IN-MEMORY\""),

@@ -45,9 +45,13 @@ impl MariaDbServer {
             port: free_port(),
             dir,
         };
+        // A temp dir of its own: a starting server removes the `#sql*` files it finds in its
+        // temp dir, which breaks another server bootstrapping next to it in a shared /tmp.
+        std::fs::create_dir_all(server.tmp()).expect("the server's temp dir");
         let init = Command::new("mariadb-install-db")
             .arg("--no-defaults")
             .arg(format!("--datadir={}", server.data().display()))
+            .arg(format!("--tmpdir={}", server.tmp().display()))
             .arg(format!("--user={}", run_as()))
             .args(["--auth-root-authentication-method=normal", "--skip-test-db"])
             .output()
@@ -69,6 +73,10 @@ impl MariaDbServer {
         self.dir.path().join("data")
     }
 
+    fn tmp(&self) -> PathBuf {
+        self.dir.path().join("tmp")
+    }
+
     fn log(&self) -> PathBuf {
         self.dir.path().join("error.log")
     }
@@ -78,6 +86,7 @@ impl MariaDbServer {
         let child = Command::new("mariadbd")
             .arg("--no-defaults")
             .arg(format!("--datadir={}", self.data().display()))
+            .arg(format!("--tmpdir={}", self.tmp().display()))
             .arg(format!("--port={}", self.port))
             .arg("--bind-address=127.0.0.1")
             .arg(format!("--socket={}", dir.join("mysqld.sock").display()))

@@ -91,6 +91,11 @@ fn main() {
             )),
         );
         println!(
+            "| {} | hand-off within one store (woken in-process): release → waiter holds, p50 (p99) | {} | | |",
+            t.name,
+            cell(&r.local_handoff),
+        );
+        println!(
             "| {} | hand-off, another process's store: release → waiter holds, p50 (p99) | {} | {} | |",
             t.name,
             cell(&r.handoff),
@@ -110,6 +115,7 @@ struct Measured {
     cycle: Summary,
     floor: Summary,
     handoff: Summary,
+    local_handoff: Summary,
     throughput: f64,
     php_cycle: Option<Summary>,
     php_handoff: Option<Summary>,
@@ -124,6 +130,7 @@ async fn measure(t: &Target) -> Measured {
     let floor_pool = floor_pool(&t.dsn).await;
     let (mut cycle, mut floor, mut handoff, mut php_cycle, mut php_handoff) =
         (vec![], vec![], vec![], vec![], vec![]);
+    let mut local = vec![];
     let lock = factory.create_lock("bench:cycle");
     for _ in 0..50 {
         assert!(lock.try_acquire().await.unwrap());
@@ -145,6 +152,7 @@ async fn measure(t: &Target) -> Measured {
         let other = LockFactory::new(SqlStore::from_dsn(&t.dsn).unwrap())
             .with_default_ttl(Some(Duration::from_secs(30)));
         handoff.extend(handoffs(&factory, &other, HANDOFFS).await);
+        local.extend(handoffs(&factory, &factory, HANDOFFS).await);
         if let Some((pdo, user)) = &t.pdo {
             let s = run_php(&[pdo, user, "cycle", &PHP_CYCLES.to_string()]);
             php_cycle.push(s);
@@ -157,6 +165,7 @@ async fn measure(t: &Target) -> Measured {
         cycle: Summary::of(cycle),
         floor: Summary::of(floor),
         handoff: Summary::of(handoff),
+        local_handoff: Summary::of(local),
         throughput,
         php_cycle: (!php_cycle.is_empty()).then(|| merge(&php_cycle)),
         php_handoff: (!php_handoff.is_empty()).then(|| Summary::of(php_handoff)),
@@ -170,14 +179,34 @@ enum Floor {
     Lite(sqlx::SqlitePool),
 }
 
+/// A pool of the same driver without a ping before each use, as the store's: one `SELECT 1` is
+/// one round trip.
 async fn floor_pool(dsn: &str) -> Floor {
     let base = dsn.split('?').next().unwrap();
     if base.starts_with("postgres") {
-        Floor::Pg(sqlx::PgPool::connect(base).await.unwrap())
+        Floor::Pg(
+            sqlx::postgres::PgPoolOptions::new()
+                .test_before_acquire(false)
+                .connect(base)
+                .await
+                .unwrap(),
+        )
     } else if base.starts_with("mysql") {
-        Floor::My(sqlx::MySqlPool::connect(base).await.unwrap())
+        Floor::My(
+            sqlx::mysql::MySqlPoolOptions::new()
+                .test_before_acquire(false)
+                .connect(base)
+                .await
+                .unwrap(),
+        )
     } else {
-        Floor::Lite(sqlx::SqlitePool::connect(base).await.unwrap())
+        Floor::Lite(
+            sqlx::sqlite::SqlitePoolOptions::new()
+                .test_before_acquire(false)
+                .connect(base)
+                .await
+                .unwrap(),
+        )
     }
 }
 

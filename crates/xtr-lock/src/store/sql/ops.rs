@@ -22,10 +22,16 @@ type Db<T> = std::result::Result<T, sqlx::Error>;
 impl SqlStore {
     /// Runs `op` on the pool, after the holder's earlier statements (when `key` is given) and
     /// the table check, in a task that finishes even if this future is dropped.
+    ///
+    /// Pooled connections are not pinged before use (that would double every round trip): a
+    /// connection found broken (the server restarted, a proxy dropped it) fails its statement
+    /// with an I/O error, and the operation runs once more on a fresh connection. Every
+    /// operation may run twice: a re-save of our own row, a refresh, a delete and a read are
+    /// idempotent, and a second fencing draw only makes the token larger.
     async fn run<T, F>(&self, key: Option<&Key>, resource: &str, op: F) -> Result<T>
     where
         T: Send + 'static,
-        F: FnOnce(Pool, Arc<Inner>) -> BoxFuture<'static, Db<T>> + Send + 'static,
+        F: Fn(Pool, Arc<Inner>) -> BoxFuture<'static, Db<T>> + Send + Sync + 'static,
     {
         let pool = self.pool().await.map_err(|e| e.with_resource(resource))?;
         // Waiting for the turn is cancel-safe: nothing was started yet.
@@ -52,9 +58,11 @@ impl SqlStore {
                             .map(|_| ())
                     })
                     .await?;
-                op(pool, inner.clone())
-                    .await
-                    .map_err(|e| map_error(e, &inner))
+                match op(pool.clone(), inner.clone()).await {
+                    Err(e) if broken(&e) => op(pool, inner.clone()).await,
+                    done => done,
+                }
+                .map_err(|e| map_error(e, &inner))
             };
             match tokio::time::timeout(limit, work).await {
                 Ok(done) => done,
@@ -85,6 +93,7 @@ impl SqlStore {
         let saved = {
             let (id, token) = (id.clone(), token.clone());
             self.run(Some(key), key.resource(), move |pool, inner| {
+                let (id, token) = (id.clone(), token.clone());
                 Box::pin(async move { queries::save(&pool, &inner.sql, &id, &token, secs).await })
             })
             .await?
@@ -125,6 +134,7 @@ impl SqlStore {
         let extended = {
             let (id, token) = (id.clone(), token.clone());
             self.run(Some(key), key.resource(), move |pool, inner| {
+                let (id, token) = (id.clone(), token.clone());
                 Box::pin(
                     async move { queries::refresh(&pool, &inner.sql, &id, &token, secs).await },
                 )
@@ -141,6 +151,7 @@ impl SqlStore {
 
     async fn read(&self, key: &Key, id: String) -> Result<Option<queries::Row>> {
         self.run(Some(key), key.resource(), move |pool, inner| {
+            let id = id.clone();
             Box::pin(async move { queries::read(&pool, &inner.sql, &id).await })
         })
         .await
@@ -154,6 +165,7 @@ impl SqlStore {
         let live = {
             let (id, token) = (id.clone(), token.clone());
             self.run(Some(key), key.resource(), move |pool, inner| {
+                let (id, token) = (id.clone(), token.clone());
                 Box::pin(async move {
                     queries::delete(&pool, &inner.sql, &id, &token, &inner.channel).await
                 })
@@ -232,6 +244,7 @@ impl SqlStore {
         let id = key_id(resource);
         let rows = self
             .run(None, resource, move |pool, inner| {
+                let id = id.clone();
                 Box::pin(async move { queries::holders(&pool, &inner.sql, &id).await })
             })
             .await?;
@@ -247,6 +260,7 @@ impl SqlStore {
     pub(super) async fn counter(&self, resource: &str) -> Result<u64> {
         let id = key_id(resource);
         self.run(None, resource, move |pool, inner| {
+            let id = id.clone();
             Box::pin(async move { queries::fence_counter(&pool, &inner.sql, &id).await })
         })
         .await
@@ -283,6 +297,11 @@ impl SqlStore {
             None => err,
         }
     }
+}
+
+/// Whether `e` says the connection was broken (so the statement can go again on another).
+fn broken(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Io(_) | sqlx::Error::Protocol(_))
 }
 
 /// SQLSTATEs (and SQLite codes) of failures that may pass: serialization failures, deadlocks,

@@ -90,6 +90,8 @@ impl Pools {
     }
 }
 
+/// The store's own pool. Connections are not pinged before each use (a round trip per
+/// statement); a broken one is replaced when its statement fails (see `ops::run`).
 fn build(config: &SqlConfig) -> Pool {
     let n = config.max_connections;
     let wait = config.connect_timeout;
@@ -98,18 +100,21 @@ fn build(config: &SqlConfig) -> Pool {
             PgPoolOptions::new()
                 .max_connections(n)
                 .acquire_timeout(wait)
+                .test_before_acquire(false)
                 .connect_lazy_with(o.clone()),
         ),
         Target::MySql(o) => Pool::MySql(
             MySqlPoolOptions::new()
                 .max_connections(n)
                 .acquire_timeout(wait)
+                .test_before_acquire(false)
                 .connect_lazy_with(o.clone()),
         ),
         Target::Sqlite { options, memory } => {
             let mut opts = SqlitePoolOptions::new()
                 .max_connections(n)
-                .acquire_timeout(wait);
+                .acquire_timeout(wait)
+                .test_before_acquire(false);
             if *memory {
                 // The database lives as long as its one connection.
                 opts = opts.idle_timeout(None).max_lifetime(None);

@@ -135,11 +135,22 @@ pub async fn lock_cycles(lock: &Lock, warmup: usize, n: usize) -> Summary {
 /// `n` hand-offs in one process: a holder releases [`park`]`(i)` after a waiter (another task,
 /// another holder) started waiting; the sample is release → the waiter holds.
 pub async fn lock_handoffs(factory: &LockFactory, resource: &str, n: usize) -> Summary {
-    let holder = factory.create_lock(resource);
+    Summary::of(handoffs_between(factory, factory, resource, n).await)
+}
+
+/// As [`lock_handoffs`], with the holder on `holders` and the waiter on `waiters` (another store
+/// instance, as in another process).
+pub async fn handoffs_between(
+    holders: &LockFactory,
+    waiters: &LockFactory,
+    resource: &str,
+    n: usize,
+) -> Vec<Duration> {
+    let holder = holders.create_lock(resource);
     let mut samples = Vec::with_capacity(n);
     for i in 0..n {
         holder.acquire().await.unwrap();
-        let waiter = factory.create_lock(resource);
+        let waiter = waiters.create_lock(resource);
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
         let task = tokio::spawn(async move {
             let _ = ready_tx.send(());
@@ -154,7 +165,7 @@ pub async fn lock_handoffs(factory: &LockFactory, resource: &str, n: usize) -> S
         holder.release().await.unwrap();
         samples.push(task.await.unwrap() - released);
     }
-    Summary::of(samples)
+    samples
 }
 
 /// What `redis-benchmark` measured.

@@ -236,13 +236,23 @@ async fn cancelled_acquires_leave_no_row(db: Db) {
         let budget = Duration::from_micros((i * 97) % 4000);
         let _ = tokio::time::timeout(budget, lock.acquire()).await;
         if !lock.is_acquired().await.unwrap() {
-            // The clean-up of the dropped acquire runs in the background, after the save.
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            let rows = db.query(&format!(
-                "SELECT count(*) FROM lock_keys WHERE key_id = '{}'",
-                sql_key_id(&r)
-            ));
-            assert_eq!(rows, "0", "dropped after {budget:?}: a row was left behind");
+            // The clean-up of the dropped acquire runs in the background, after the save: the
+            // row must be gone once it has run (bounded by a generous deadline).
+            let count = || {
+                db.query(&format!(
+                    "SELECT count(*) FROM lock_keys WHERE key_id = '{}'",
+                    sql_key_id(&r)
+                ))
+            };
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while count() != "0" && std::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            assert_eq!(
+                count(),
+                "0",
+                "dropped after {budget:?}: a row was left behind"
+            );
         } else {
             lock.release().await.unwrap();
         }

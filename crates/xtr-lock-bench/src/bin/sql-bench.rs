@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use xtr_lock::{LockFactory, Lockable as _, SqlStore};
-use xtr_lock_bench::{Summary, cell, human, monotonic_ns, park, peer_script};
+use xtr_lock_bench::{Summary, cell, handoffs_between, human, monotonic_ns, park, peer_script};
 use xtr_lock_testkit::mariadb::MariaDbServer;
 use xtr_lock_testkit::postgres::PostgresServer;
 
@@ -151,8 +151,8 @@ async fn measure(t: &Target) -> Measured {
         // woken by NOTIFY through its listener, elsewhere by polling.
         let other = LockFactory::new(SqlStore::from_dsn(&t.dsn).unwrap())
             .with_default_ttl(Some(Duration::from_secs(30)));
-        handoff.extend(handoffs(&factory, &other, HANDOFFS).await);
-        local.extend(handoffs(&factory, &factory, HANDOFFS).await);
+        handoff.extend(handoffs_between(&factory, &other, "bench:handoff", HANDOFFS).await);
+        local.extend(handoffs_between(&factory, &factory, "bench:handoff", HANDOFFS).await);
         if let Some((pdo, user)) = &t.pdo {
             let s = run_php(&[pdo, user, "cycle", &PHP_CYCLES.to_string()]);
             php_cycle.push(s);
@@ -217,31 +217,6 @@ async fn select_one(pool: &Floor) {
         Floor::My(p) => drop(sqlx::query(q).execute(p).await.unwrap()),
         Floor::Lite(p) => drop(sqlx::query(q).execute(p).await.unwrap()),
     }
-}
-
-/// Release by `holders` → a waiter on `waiters` (another store instance) holds.
-async fn handoffs(holders: &LockFactory, waiters: &LockFactory, n: usize) -> Vec<Duration> {
-    let resource = "bench:handoff";
-    let holder = holders.create_lock(resource);
-    let mut samples = Vec::with_capacity(n);
-    for i in 0..n {
-        holder.acquire().await.unwrap();
-        let waiter = waiters.create_lock(resource);
-        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
-        let task = tokio::spawn(async move {
-            let _ = ready_tx.send(());
-            waiter.acquire().await.unwrap();
-            let got = Instant::now();
-            waiter.release().await.unwrap();
-            got
-        });
-        ready_rx.await.unwrap();
-        tokio::time::sleep(park(i)).await;
-        let released = Instant::now();
-        holder.release().await.unwrap();
-        samples.push(task.await.unwrap() - released);
-    }
-    samples
 }
 
 /// A Symfony waiter (php, polling every 100 ms) behind our holder.

@@ -15,6 +15,7 @@ use crate::store::{CombinedStore, InMemoryStore, NullStore, Store, Strategy};
 /// | `flock`, `flock://` | [`FlockStore`](crate::FlockStore) in the default directory, `<tempdir>/xtr-lock-<uid>` |
 /// | `flock://<path>` | [`FlockStore`](crate::FlockStore) in `<path>`, taken literally (`flock:///var/lock/app`); it must be absolute |
 /// | `postgres://`, `postgresql://`, `mysql://`, `mariadb://`, `sqlite:///<path>`, `sqlite::memory:` | [`SqlStore`](crate::SqlStore) (feature `sql`) on that database's lock table |
+/// | `postgresql+advisory://`, `postgres+advisory://` | [`PgAdvisoryStore`](crate::PgAdvisoryStore) (feature `sql`): session-level advisory locks |
 /// | `flock://[<path>]?names=long` | the same, naming files with the whole digest ([`FlockStore::with_long_names`](crate::FlockStore::with_long_names)) |
 ///
 /// Keywords are case-sensitive. Each store issue adds its schemes here (`flock`, `redis://`,
@@ -49,6 +50,9 @@ enum Dsn {
     /// An SQL DSN (checked when parsed).
     #[cfg(feature = "sql")]
     Sql(String),
+    /// A PostgreSQL advisory-lock DSN (checked when parsed).
+    #[cfg(feature = "sql")]
+    Advisory(String),
     /// `flock` or `flock://`: the default directory; `flock://<path>`: that directory; with
     /// `?names=long`, file names with the whole digest.
     #[cfg_attr(not(all(feature = "flock", target_os = "linux")), allow(dead_code))]
@@ -80,6 +84,10 @@ const KNOWN_ELSEWHERE: &[(&str, &str)] = &[
     ("mariadb", "sql"),
     #[cfg(not(feature = "sql"))]
     ("sqlite", "sql"),
+    #[cfg(not(feature = "sql"))]
+    ("postgresql+advisory", "sql"),
+    #[cfg(not(feature = "sql"))]
+    ("postgres+advisory", "sql"),
     ("etcd", "etcd"),
 ];
 
@@ -101,6 +109,8 @@ impl StoreFactory {
             Dsn::PubSub(dsn) => Arc::new(crate::store::RedisPubSubStore::from_dsn(&dsn)?),
             #[cfg(feature = "sql")]
             Dsn::Sql(dsn) => Arc::new(crate::store::SqlStore::from_dsn(&dsn)?),
+            #[cfg(feature = "sql")]
+            Dsn::Advisory(dsn) => Arc::new(crate::store::PgAdvisoryStore::from_dsn(&dsn)?),
             #[cfg(all(feature = "flock", target_os = "linux"))]
             Dsn::Flock { dir, long } => {
                 let store = match dir {
@@ -150,6 +160,11 @@ fn parse(dsn: &str) -> Result<Dsn> {
     if crate::store::redis::is_redis_dsn(dsn) {
         crate::store::redis::validate_dsn(dsn)?;
         return Ok(Dsn::Redis(dsn.to_owned()));
+    }
+    #[cfg(feature = "sql")]
+    if crate::store::advisory::is_advisory_dsn(dsn) {
+        crate::store::advisory::validate_dsn(dsn)?;
+        return Ok(Dsn::Advisory(dsn.to_owned()));
     }
     #[cfg(feature = "sql")]
     if crate::store::sql::is_sql_dsn(dsn) {

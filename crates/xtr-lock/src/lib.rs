@@ -113,9 +113,9 @@ pub use store::FlockStore;
 pub use store::RedisPubSubStore;
 #[cfg(feature = "redis")]
 pub use store::RedisStore;
-#[cfg(feature = "sql")]
-pub use store::SqlStore;
 pub use store::{InMemoryStore, NullStore, Store};
+#[cfg(feature = "sql")]
+pub use store::{KeyMode, PgAdvisoryStore, SqlStore};
 
 /// The README's examples are compiled and run as doc tests, so they stay true.
 #[cfg(doctest)]

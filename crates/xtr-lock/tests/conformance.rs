@@ -197,3 +197,29 @@ mod sql_sqlite {
             .keep_alive(dir)
     });
 }
+
+/// `postgres://…` of a testkit server as the advisory store's DSN.
+fn advisory_dsn(server: &xtr_lock_testkit::postgres::PostgresServer, options: &str) -> String {
+    let url = server.url();
+    let rest = url.strip_prefix("postgres").expect("a postgres:// url");
+    format!("postgresql+advisory{rest}{options}")
+}
+
+mod pg_advisory {
+    use super::*;
+    xtr_lock::conformance_tests!(|| async {
+        let server = xtr_lock_testkit::postgres::PostgresServer::start();
+        let store = xtr_lock::PgAdvisoryStore::from_dsn(&advisory_dsn(&server, "")).unwrap();
+        Harness::new(Arc::new(store)).keep_alive(server)
+    });
+}
+
+mod pg_advisory_crc32 {
+    use super::*;
+    xtr_lock::conformance_tests!(|| async {
+        let server = xtr_lock_testkit::postgres::PostgresServer::start();
+        let store =
+            xtr_lock::PgAdvisoryStore::from_dsn(&advisory_dsn(&server, "?keys=crc32")).unwrap();
+        Harness::new(Arc::new(store)).keep_alive(server)
+    });
+}

@@ -47,11 +47,15 @@ mod watch;
 
 /// Re-exported so store implementors need no direct dependency on `async-trait`.
 pub use async_trait::async_trait;
+#[cfg(feature = "sql")]
+pub(crate) mod advisory;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
 #[cfg(feature = "sql")]
 pub(crate) mod sql;
 
+#[cfg(feature = "sql")]
+pub use advisory::{KeyMode, PgAdvisoryStore};
 pub use combined::{CombinedStore, ConsensusStrategy, Strategy, UnanimousStrategy};
 #[cfg(all(feature = "flock", target_os = "linux"))]
 pub use flock::FlockStore;

@@ -156,6 +156,9 @@ pub struct HolderInfo {
     /// safe to show, since it does not give the token away.
     /// [`Key::holder_id`](crate::Key::holder_id) gives a key's.
     pub id: Option<String>,
+    /// Which server-side session holds it, where the lock is a database session's (the
+    /// advisory store: `backend 4242 (app, from 10.0.0.7)`).
+    pub backend: Option<String>,
 }
 
 impl HolderInfo {
@@ -166,7 +169,14 @@ impl HolderInfo {
             pid,
             remaining,
             id: None,
+            backend: None,
         }
+    }
+
+    /// The server-side session that holds it (sets [`backend`](HolderInfo::backend)).
+    pub fn with_backend(mut self, backend: impl Into<String>) -> Self {
+        self.backend = Some(backend.into());
+        self
     }
 
     /// The holder whose token is `token` (sets [`id`](HolderInfo::id) to its digest).

@@ -272,7 +272,7 @@ impl Options {
     }
 }
 
-fn seconds(key: &str, value: &str) -> std::result::Result<Duration, String> {
+pub(crate) fn seconds(key: &str, value: &str) -> std::result::Result<Duration, String> {
     value
         .parse::<f64>()
         .ok()

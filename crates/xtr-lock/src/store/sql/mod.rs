@@ -17,7 +17,7 @@ use super::{
 use crate::error::{Error, Result};
 use crate::key::{ANNOUNCING_SUFFIX, Key, Mode};
 
-mod config;
+pub(crate) mod config;
 mod dialect;
 mod notify;
 mod pool;

@@ -144,15 +144,29 @@ impl Holder {
     /// `php sql_holder.php <pdo dsn> <resource> write <seconds> <args…> --user=…`.
     pub(crate) fn start(db: &Db, resource: &str, seconds: f64, args: &[&str]) -> Holder {
         let (dsn, user) = db.pdo();
+        let user = format!("--user={user}");
+        let mut all = args.to_vec();
+        all.push(&user);
+        Self::start_on(&dsn, resource, "write", seconds, &all)
+    }
+
+    /// `php sql_holder.php <store> <resource> <mode> <seconds> <args…>`: any store the script
+    /// knows (`pgsql+advisory:…` for Symfony's `PostgreSqlStore`).
+    pub(crate) fn start_on(
+        store: &str,
+        resource: &str,
+        mode: &str,
+        seconds: f64,
+        args: &[&str],
+    ) -> Holder {
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/py/sql_holder.php");
         let mut child = Command::new("php")
             .arg(script)
-            .arg(&dsn)
+            .arg(store)
             .arg(resource)
-            .arg("write")
+            .arg(mode)
             .arg(seconds.to_string())
             .args(args)
-            .arg(format!("--user={user}"))
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()

@@ -60,7 +60,8 @@ pub(crate) struct StoreArgs {
     /// Where locks live: flock (the default), flock:///dir, redis://host:6379/0, rediss://…,
     /// unix:///sock, redis+pubsub://host:6379 (a live connection, shared with portalocker),
     /// postgres://, mysql://, mariadb://, sqlite:///path (Symfony's lock table; see
-    /// `migrate`), in-memory, null. Repeated, or several separated by commas: a quorum
+    /// `migrate`), postgresql+advisory://host/db (PostgreSQL advisory locks; ?keys=crc32 for
+    /// Symfony's keys), in-memory, null. Repeated, or several separated by commas: a quorum
     /// (strict majority) over those stores. Without --store, $XTR_LOCK_STORE (also a
     /// comma-separated list), then flock.
     #[arg(long, value_name = "DSN")]

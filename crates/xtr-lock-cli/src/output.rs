@@ -22,6 +22,7 @@ pub(crate) fn holders(list: &[HolderInfo]) -> String {
     list.iter()
         .map(|h| {
             let who = match (h.pid, &h.id) {
+                _ if h.backend.is_some() => h.backend.clone().unwrap_or_default(),
                 (Some(pid), _) => format!("pid {pid}"),
                 (None, Some(id)) => format!("holder {id}"),
                 (None, None) => "someone".to_owned(),

@@ -134,7 +134,10 @@ async fn a_wait_dropped_in_the_server_is_cancelled_and_leaves_no_lock() {
     }
     assert!(unlock(&mut holder, key).await);
     let left = until_rows(&mut probe, key, <[_]>::is_empty).await;
-    assert!(left.is_empty(), "nobody was granted the lock later: {left:?}");
+    assert!(
+        left.is_empty(),
+        "nobody was granted the lock later: {left:?}"
+    );
     // The connection the cancelled waiters used is clean for the next holder.
     let lock = factory.create_lock("drop-during-wait");
     assert!(lock.try_acquire().await.unwrap());
@@ -203,7 +206,13 @@ async fn a_terminated_backend_is_a_lost_lock() {
     assert_eq!(lost.reason, xtr_lock::LostReason::Disconnected, "{lost}");
     assert_eq!(guard.unlock().await.unwrap(), Release::Lost);
     // Taken by another holder at once: the server freed it with the session.
-    assert!(factory.create_lock("terminated").try_acquire().await.unwrap());
+    assert!(
+        factory
+            .create_lock("terminated")
+            .try_acquire()
+            .await
+            .unwrap()
+    );
 }
 
 #[tokio::test]
@@ -262,7 +271,11 @@ async fn colliding_crc32_resources_exclude_each_other_and_sha256_ones_do_not() {
         let b = factory.create_lock("invoice:32060020");
         assert!(a.try_acquire().await.unwrap());
         assert_eq!(b.try_acquire().await.unwrap(), !collide, "{options:?}");
-        assert_eq!(b.try_acquire_read().await.unwrap(), false || !collide, "{options:?}");
+        assert_eq!(
+            b.try_acquire_read().await.unwrap(),
+            false || !collide,
+            "{options:?}"
+        );
         a.release().await.unwrap();
         b.release().await.unwrap();
     }
@@ -326,14 +339,17 @@ fn dsn_errors_and_display_never_show_the_password() {
     let s = PgAdvisoryStore::from_dsn("postgresql+advisory://app:hunter2@db:6543/locks").unwrap();
     assert_eq!(s.to_string(), "postgresql+advisory://db:6543/locks");
     assert!(!format!("{s:?}").contains("hunter2"));
-    let via_factory = xtr_lock::StoreFactory::create_store(
-        "postgres+advisory://app:hunter2@db/locks?keys=crc32",
-    )
-    .unwrap();
-    assert_eq!(via_factory.to_string(), "postgres+advisory://db:5432/locks?keys=crc32");
-    let err = xtr_lock::StoreFactory::create_store("postgresql+advisory://app:hunter2@db/x?keys=md5")
-        .unwrap_err()
-        .to_string();
+    let via_factory =
+        xtr_lock::StoreFactory::create_store("postgres+advisory://app:hunter2@db/locks?keys=crc32")
+            .unwrap();
+    assert_eq!(
+        via_factory.to_string(),
+        "postgres+advisory://db:5432/locks?keys=crc32"
+    );
+    let err =
+        xtr_lock::StoreFactory::create_store("postgresql+advisory://app:hunter2@db/x?keys=md5")
+            .unwrap_err()
+            .to_string();
     assert!(err.contains("keys") && !err.contains("hunter2"), "{err}");
     let _ = Arc::new(s);
 }

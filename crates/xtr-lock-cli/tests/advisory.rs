@@ -1,0 +1,61 @@
+//! `xtr-lock` on PostgreSQL advisory locks: `run` holds a session, `status` shows its backend,
+//! and a terminated backend stops the command (exit 3).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{command_pid, spawn, wait_gone, xtr};
+use xtr_lock_testkit::postgres::PostgresServer;
+
+#[test]
+fn run_status_and_a_terminated_backend_stops_the_command() {
+    let server = PostgresServer::start();
+    let dsn = format!(
+        "postgresql+advisory{}?keepalive=0.2",
+        server.url().strip_prefix("postgres").unwrap()
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let pidfile = tmp.path().join("pid");
+    let script = format!("echo $$ > {}; exec sleep 60", pidfile.display());
+    let mut run = spawn(&["run", "--store", &dsn, "job", "--", "sh", "-c", &script]);
+    let pid = command_pid(&pidfile);
+    let out = xtr()
+        .args(["status", "--store", &dsn, "job"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(
+        text.contains("held by backend") && text.contains("(xtr-lock, from 127.0.0.1) (write)"),
+        "{text}"
+    );
+    assert!(text.contains("objsubid=1"), "{text}");
+    let busy = xtr()
+        .args(["run", "-n", "--store", &dsn, "job", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(busy.status.code(), Some(1));
+
+    // An operator ends the holding session: the command is stopped, the exit code says lost.
+    let backend = text
+        .split("held by backend ")
+        .nth(1)
+        .and_then(|t| t.split(' ').next())
+        .unwrap()
+        .to_owned();
+    server.psql(&format!("SELECT pg_terminate_backend({backend})"));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = run.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "run did not notice the lost lock"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(3));
+    wait_gone(pid, "the command of a lost lock");
+}

@@ -16,6 +16,7 @@ use crate::store::{CombinedStore, InMemoryStore, NullStore, Store, Strategy};
 /// | `flock://<path>` | [`FlockStore`](crate::FlockStore) in `<path>`, taken literally (`flock:///var/lock/app`); it must be absolute |
 /// | `postgres://`, `postgresql://`, `mysql://`, `mariadb://`, `sqlite:///<path>`, `sqlite::memory:` | [`SqlStore`](crate::SqlStore) (feature `sql`) on that database's lock table |
 /// | `postgresql+advisory://`, `postgres+advisory://` | [`PgAdvisoryStore`](crate::PgAdvisoryStore) (feature `sql`): session-level advisory locks |
+/// | `mysql+getlock://`, `mariadb+getlock://` | [`MySqlLockStore`](crate::MySqlLockStore) (feature `sql`): named locks (`GET_LOCK`) |
 /// | `flock://[<path>]?names=long` | the same, naming files with the whole digest ([`FlockStore::with_long_names`](crate::FlockStore::with_long_names)) |
 ///
 /// Keywords are case-sensitive. Each store issue adds its schemes here (`flock`, `redis://`,
@@ -53,6 +54,9 @@ enum Dsn {
     /// A PostgreSQL advisory-lock DSN (checked when parsed).
     #[cfg(feature = "sql")]
     Advisory(String),
+    /// A MySQL `GET_LOCK` DSN (checked when parsed).
+    #[cfg(feature = "sql")]
+    GetLock(String),
     /// `flock` or `flock://`: the default directory; `flock://<path>`: that directory; with
     /// `?names=long`, file names with the whole digest.
     #[cfg_attr(not(all(feature = "flock", target_os = "linux")), allow(dead_code))]
@@ -88,6 +92,10 @@ const KNOWN_ELSEWHERE: &[(&str, &str)] = &[
     ("postgresql+advisory", "sql"),
     #[cfg(not(feature = "sql"))]
     ("postgres+advisory", "sql"),
+    #[cfg(not(feature = "sql"))]
+    ("mysql+getlock", "sql"),
+    #[cfg(not(feature = "sql"))]
+    ("mariadb+getlock", "sql"),
     ("etcd", "etcd"),
 ];
 
@@ -111,6 +119,8 @@ impl StoreFactory {
             Dsn::Sql(dsn) => Arc::new(crate::store::SqlStore::from_dsn(&dsn)?),
             #[cfg(feature = "sql")]
             Dsn::Advisory(dsn) => Arc::new(crate::store::PgAdvisoryStore::from_dsn(&dsn)?),
+            #[cfg(feature = "sql")]
+            Dsn::GetLock(dsn) => Arc::new(crate::store::MySqlLockStore::from_dsn(&dsn)?),
             #[cfg(all(feature = "flock", target_os = "linux"))]
             Dsn::Flock { dir, long } => {
                 let store = match dir {
@@ -165,6 +175,11 @@ fn parse(dsn: &str) -> Result<Dsn> {
     if crate::store::advisory::is_advisory_dsn(dsn) {
         crate::store::advisory::validate_dsn(dsn)?;
         return Ok(Dsn::Advisory(dsn.to_owned()));
+    }
+    #[cfg(feature = "sql")]
+    if crate::store::advisory::is_getlock_dsn(dsn) {
+        crate::store::advisory::validate_dsn(dsn)?;
+        return Ok(Dsn::GetLock(dsn.to_owned()));
     }
     #[cfg(feature = "sql")]
     if crate::store::sql::is_sql_dsn(dsn) {

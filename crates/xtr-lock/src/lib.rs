@@ -40,9 +40,9 @@
 //! | `RedisPubSubStore` (feature `redis`) | anyone reaching one standalone server, with portalocker 4.2–4.4 | yes | yes | no | yes | yes (notices; any holder's going, by its count) | at once (the connection) | at once |
 //! | `SqlStore` (feature `sql`) | anyone using the table in one PostgreSQL, MySQL/MariaDB or SQLite database, with Symfony Lock's `PdoStore` | emulated | no (a read lock is exclusive) | yes (whole seconds) | yes | yes (PostgreSQL `NOTIFY`; in-process on MySQL, SQLite) | by renewal | at ttl |
 //! | [`CombinedStore`](store::CombinedStore) | a quorum of any stores, asked concurrently | emulated | yes | if members do | no | yes (a quorum of members) | as its members | as its members |
+//! | `PgAdvisoryStore` (feature `sql`) | anyone using advisory locks in one PostgreSQL database, with Symfony Lock's `PostgreSqlStore` (`?keys=crc32`) | yes (in the server) | yes | no | no | yes (in the server) | at once (the session, pinged) | at once (the session ends) |
+//! | `MySqlLockStore` (feature `sql`) | anyone using `GET_LOCK` on one MySQL/MariaDB server, by the database's name | yes (in the server) | no (a read lock is exclusive) | no | no | yes (in the server) | at once (the session, pinged) | at once (the session ends) |
 //! | [`NullStore`] | no one (locks nothing) | yes (no-op) | yes | no | no | — | — | — |
-//!
-//! Database session locks (advisory locks) follow; see the README.
 //!
 //! # What a lock does and does not guarantee
 //!
@@ -115,7 +115,7 @@ pub use store::RedisPubSubStore;
 pub use store::RedisStore;
 pub use store::{InMemoryStore, NullStore, Store};
 #[cfg(feature = "sql")]
-pub use store::{KeyMode, PgAdvisoryStore, SqlStore};
+pub use store::{KeyMode, MySqlLockStore, PgAdvisoryStore, SqlStore};
 
 /// The README's examples are compiled and run as doc tests, so they stay true.
 #[cfg(doctest)]

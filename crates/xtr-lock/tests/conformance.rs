@@ -223,3 +223,14 @@ mod pg_advisory_crc32 {
         Harness::new(Arc::new(store)).keep_alive(server)
     });
 }
+
+mod mysql_getlock {
+    use super::*;
+    xtr_lock::conformance_tests!(|| async {
+        let server = xtr_lock_testkit::mariadb::MariaDbServer::start();
+        let url = server.url();
+        let dsn = format!("mysql+getlock{}", url.strip_prefix("mysql").unwrap());
+        let store = xtr_lock::MySqlLockStore::from_dsn(&dsn).unwrap();
+        Harness::new(Arc::new(store)).keep_alive(server)
+    });
+}

@@ -55,7 +55,7 @@ pub(crate) mod redis;
 pub(crate) mod sql;
 
 #[cfg(feature = "sql")]
-pub use advisory::{KeyMode, PgAdvisoryStore};
+pub use advisory::{KeyMode, MySqlLockStore, PgAdvisoryStore};
 pub use combined::{CombinedStore, ConsensusStrategy, Strategy, UnanimousStrategy};
 #[cfg(all(feature = "flock", target_os = "linux"))]
 pub use flock::FlockStore;

@@ -1,10 +1,14 @@
-//! Advisory DSNs: `postgresql+advisory://` and `postgres+advisory://`, with this library's
-//! options split off before the rest goes to sqlx.
+//! Session-lock DSNs: `postgresql+advisory://` and `postgres+advisory://` (PostgreSQL advisory
+//! locks), `mysql+getlock://` and `mariadb+getlock://` (`GET_LOCK`), with this library's options
+//! split off before the rest goes to sqlx.
 
 use std::str::FromStr as _;
 use std::time::Duration;
 
+use sqlx::mysql::MySqlConnectOptions;
 use sqlx::postgres::PgConnectOptions;
+
+use super::db::Target;
 
 use super::keys::KeyMode;
 use crate::error::{Error, Result};
@@ -25,11 +29,13 @@ const OURS: &[&str] = &[
     "max_idle",
 ];
 
-/// A parsed advisory DSN.
+/// A parsed session-lock DSN.
 #[derive(Debug, Clone)]
-pub(crate) struct AdvisoryConfig {
-    pub(crate) options: PgConnectOptions,
+pub(crate) struct SessionConfig {
+    pub(crate) target: Target,
     pub(crate) keys: KeyMode,
+    /// MySQL's lock names are server-wide: the database's name goes into each lock's name.
+    pub(crate) database: String,
     pub(crate) keepalive: Duration,
     pub(crate) connect_timeout: Duration,
     pub(crate) statement_timeout: Duration,
@@ -47,20 +53,33 @@ pub(crate) fn is_advisory_dsn(dsn: &str) -> bool {
     matches!(scheme.as_str(), "postgres+advisory" | "postgresql+advisory")
 }
 
-/// Parses an advisory DSN. Errors show the scheme, never a credential.
-pub(crate) fn parse(dsn: &str) -> Result<AdvisoryConfig> {
+/// Whether `dsn` names the `GET_LOCK` store.
+pub(crate) fn is_getlock_dsn(dsn: &str) -> bool {
+    let scheme = dsn
+        .split_once(':')
+        .map(|(s, _)| s.to_ascii_lowercase())
+        .unwrap_or_default();
+    matches!(scheme.as_str(), "mysql+getlock" | "mariadb+getlock")
+}
+
+/// Parses a session-lock DSN. Errors show the scheme, never a credential.
+pub(crate) fn parse(dsn: &str) -> Result<SessionConfig> {
     let (scheme, rest) = dsn.split_once(':').unwrap_or((dsn, ""));
     let scheme = scheme.to_ascii_lowercase();
     let invalid = |why: String| {
         Error::invalid_argument(format!("invalid {scheme}: connection string: {why}"))
     };
-    if !is_advisory_dsn(dsn) {
+    let postgres = is_advisory_dsn(dsn);
+    if !postgres && !is_getlock_dsn(dsn) {
         return Err(invalid(
-            "write postgresql+advisory://user:password@host:port/database".into(),
+            "write postgresql+advisory://user:password@host:port/database or \
+             mysql+getlock://user:password@host:port/database"
+                .into(),
         ));
     }
+    let driver = if postgres { "postgresql" } else { "mysql" };
     let mut url =
-        url::Url::parse(&format!("postgresql:{rest}")).map_err(|e| invalid(e.to_string()))?;
+        url::Url::parse(&format!("{driver}:{rest}")).map_err(|e| invalid(e.to_string()))?;
     let (ours, theirs): (Vec<_>, Vec<_>) = url
         .query_pairs()
         .into_owned()
@@ -70,9 +89,10 @@ pub(crate) fn parse(dsn: &str) -> Result<AdvisoryConfig> {
     } else {
         url.query_pairs_mut().clear().extend_pairs(&theirs);
     }
-    let mut config = AdvisoryConfig {
-        options: PgConnectOptions::new(),
+    let mut config = SessionConfig {
+        target: Target::Postgres(PgConnectOptions::new()),
         keys: KeyMode::Sha256,
+        database: url.path().trim_start_matches('/').to_owned(),
         keepalive: DEFAULT_KEEPALIVE,
         connect_timeout: DEFAULT_TIMEOUT,
         statement_timeout: DEFAULT_TIMEOUT,
@@ -81,6 +101,13 @@ pub(crate) fn parse(dsn: &str) -> Result<AdvisoryConfig> {
     };
     for (k, v) in &ours {
         match k.as_str() {
+            "keys" if !postgres => {
+                return Err(invalid(
+                    "keys= is an option of PostgreSQL advisory locks; MySQL lock names are \
+                     always SHA-256 digests"
+                        .into(),
+                ));
+            }
             "keys" => {
                 config.keys = match v.as_str() {
                     "sha256" => KeyMode::Sha256,
@@ -106,23 +133,40 @@ pub(crate) fn parse(dsn: &str) -> Result<AdvisoryConfig> {
         }
     }
     let password = url.password().map(str::to_owned);
-    config.options = PgConnectOptions::from_str(url.as_str()).map_err(|e| {
+    let redacted = |e: sqlx::Error| {
         let text = e.to_string();
         invalid(match &password {
             Some(p) if !p.is_empty() && text.contains(p.as_str()) => "refused by the driver".into(),
             _ => text,
         })
-    })?;
-    config.options = config
-        .options
-        .application_name("xtr-lock")
-        // Advisory statements are few and short: no statement cache to keep per connection.
-        .statement_cache_capacity(16);
+    };
+    config.target = if postgres {
+        Target::Postgres(
+            PgConnectOptions::from_str(url.as_str())
+                .map_err(redacted)?
+                .application_name("xtr-lock")
+                // Lock statements are few and short.
+                .statement_cache_capacity(16),
+        )
+    } else {
+        if config.database.is_empty() {
+            return Err(invalid(
+                "name the database (mysql+getlock://host/database): lock names are server-wide, \
+                 and the database's name keeps two applications' apart"
+                    .into(),
+            ));
+        }
+        Target::MySql(
+            MySqlConnectOptions::from_str(url.as_str())
+                .map_err(redacted)?
+                .statement_cache_capacity(16),
+        )
+    };
     config.shown = format!(
         "{scheme}://{}:{}/{}",
         url.host_str().unwrap_or("localhost"),
-        url.port().unwrap_or(5432),
-        url.path().trim_start_matches('/')
+        url.port().unwrap_or(if postgres { 5432 } else { 3306 }),
+        config.database
     );
     if config.keys == KeyMode::Crc32 {
         config.shown.push_str("?keys=crc32");

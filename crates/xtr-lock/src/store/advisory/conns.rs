@@ -1,18 +1,20 @@
 //! The store's connections: idle lock connections that hold nothing, kept for the next holder,
-//! and a small pool for what is not a lock (`pg_locks` queries, cancel requests).
+//! and a small pool for what is not a lock (introspection, cancel requests).
 
 use std::sync::Mutex;
 use std::time::Duration;
 
-use sqlx::Connection as _;
-use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions};
+use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
+use sqlx::postgres::{PgPool, PgPoolOptions};
 
-use super::config::AdvisoryConfig;
+use super::config::SessionConfig;
+use super::db::{DbConn, Target};
 
-/// A lock connection: a session of its own, and its backend's pid.
+/// A lock connection: a session of its own, and its id on the server (PostgreSQL's backend
+/// pid, MySQL's connection id).
 pub(super) struct Conn {
-    pub(super) pg: PgConnection,
-    pub(super) pid: i32,
+    pub(super) db: DbConn,
+    pub(super) pid: i64,
     /// Taken from the idle list (it may have gone stale), not just opened.
     pub(super) reused: bool,
 }
@@ -23,12 +25,19 @@ pub(super) enum ConnectError {
     TimedOut(Duration),
 }
 
+/// The control pool, of either database.
+#[derive(Clone)]
+pub(super) enum Control {
+    Postgres(PgPool),
+    MySql(MySqlPool),
+}
+
 pub(super) struct Conns {
-    pub(super) config: AdvisoryConfig,
+    pub(super) config: SessionConfig,
     /// Connections known to hold nothing: each came back after the unlocks of its last holder
     /// all answered, with no statement in flight.
     idle: Mutex<Vec<Conn>>,
-    control: Mutex<Option<PgPool>>,
+    control: Mutex<Option<Control>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -36,7 +45,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Conns {
-    pub(super) fn new(config: AdvisoryConfig) -> Conns {
+    pub(super) fn new(config: SessionConfig) -> Conns {
         Conns {
             config,
             idle: Mutex::new(Vec::new()),
@@ -64,19 +73,12 @@ impl Conns {
     /// Dropped while connecting, the half-open connection is closed.
     pub(super) async fn connect(&self) -> Result<Conn, ConnectError> {
         let timeout = self.config.connect_timeout;
-        let open = async {
-            let mut pg = PgConnection::connect_with(&self.config.options).await?;
-            let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-                .fetch_one(&mut pg)
-                .await?;
-            Ok::<_, sqlx::Error>(Conn {
-                pg,
+        match tokio::time::timeout(timeout, DbConn::connect(&self.config.target)).await {
+            Ok(Ok((db, pid))) => Ok(Conn {
+                db,
                 pid,
                 reused: false,
-            })
-        };
-        match tokio::time::timeout(timeout, open).await {
-            Ok(Ok(conn)) => Ok(conn),
+            }),
             Ok(Err(e)) => Err(ConnectError::Sqlx(e)),
             Err(_) => Err(ConnectError::TimedOut(timeout)),
         }
@@ -93,30 +95,58 @@ impl Conns {
         }
     }
 
-    /// The pool for `pg_locks` queries and cancel requests, built on first use.
-    pub(super) fn control(&self) -> PgPool {
+    /// The pool for introspection and cancel requests, built on first use. Never used for a
+    /// lock statement.
+    pub(super) fn control(&self) -> Control {
         lock(&self.control)
             .get_or_insert_with(|| {
-                PgPoolOptions::new()
-                    .max_connections(2)
-                    .min_connections(0)
-                    .acquire_timeout(self.config.connect_timeout)
-                    .idle_timeout(Some(Duration::from_secs(60)))
-                    .connect_lazy_with(self.config.options.clone())
+                let idle = Some(Duration::from_secs(60));
+                match &self.config.target {
+                    Target::Postgres(options) => Control::Postgres(
+                        PgPoolOptions::new()
+                            .max_connections(2)
+                            .min_connections(0)
+                            .acquire_timeout(self.config.connect_timeout)
+                            .idle_timeout(idle)
+                            .connect_lazy_with(options.clone()),
+                    ),
+                    Target::MySql(options) => Control::MySql(
+                        MySqlPoolOptions::new()
+                            .max_connections(2)
+                            .min_connections(0)
+                            .acquire_timeout(self.config.connect_timeout)
+                            .idle_timeout(idle)
+                            .connect_lazy_with(options.clone()),
+                    ),
+                }
             })
             .clone()
     }
 
-    /// Cancels the statement running in backend `pid` (a lock wait): `pg_cancel_backend`, which
-    /// needs the same role as the lock connections (or `pg_signal_backend`). Whether it
-    /// arrived or not, the wait's own response decides what happened.
-    pub(super) async fn cancel(&self, pid: i32) -> Result<(), String> {
-        let pool = self.control();
-        let ask = sqlx::query_scalar::<_, bool>("SELECT pg_cancel_backend($1)")
-            .bind(pid)
-            .fetch_one(&pool);
+    /// Cancels the statement running in session `pid` (a lock wait): PostgreSQL's
+    /// `pg_cancel_backend` (the same role may always cancel its own backends), MySQL's
+    /// `KILL QUERY` (a user may always kill its own statements). Whether it arrived or not, the
+    /// wait's own response decides what happened.
+    pub(super) async fn cancel(&self, pid: i64) -> Result<(), String> {
+        let ask = async {
+            match self.control() {
+                Control::Postgres(pool) => sqlx::query("SELECT pg_cancel_backend($1)")
+                    .bind(pid as i32)
+                    .execute(&pool)
+                    .await
+                    .map(drop),
+                Control::MySql(pool) => {
+                    // A number: nothing to quote.
+                    let kill = format!("KILL QUERY {pid}");
+                    sqlx::query(sqlx::AssertSqlSafe(kill))
+                        .execute(&pool)
+                        .await
+                        .map(drop)
+                }
+            }
+        };
         match tokio::time::timeout(self.config.statement_timeout, ask).await {
-            Ok(Ok(_)) => Ok(()),
+            Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(e.to_string()),
             Err(_) => Err("the cancel request got no answer".into()),
         }
@@ -126,11 +156,13 @@ impl Conns {
     pub(super) async fn close(&self) {
         let idle: Vec<Conn> = std::mem::take(&mut *lock(&self.idle));
         for conn in idle {
-            let _ = tokio::time::timeout(self.config.statement_timeout, conn.pg.close()).await;
+            let _ = tokio::time::timeout(self.config.statement_timeout, conn.db.close()).await;
         }
         let pool = lock(&self.control).take();
-        if let Some(pool) = pool {
-            pool.close().await;
+        match pool {
+            Some(Control::Postgres(pool)) => pool.close().await,
+            Some(Control::MySql(pool)) => pool.close().await,
+            None => {}
         }
     }
 }
@@ -139,7 +171,7 @@ impl Conns {
 fn close_later(conn: Conn) {
     if let Ok(rt) = tokio::runtime::Handle::try_current() {
         rt.spawn(async move {
-            let _ = tokio::time::timeout(Duration::from_secs(5), conn.pg.close()).await;
+            let _ = tokio::time::timeout(Duration::from_secs(5), conn.db.close()).await;
         });
     }
 }

@@ -1,4 +1,5 @@
-//! Advisory keys: the one `bigint` a resource locks in PostgreSQL.
+//! What a resource locks: its advisory key (one `bigint`) in PostgreSQL, its lock name in
+//! MySQL/MariaDB.
 
 use sha2::{Digest as _, Sha256};
 
@@ -48,6 +49,33 @@ pub(crate) fn pg_locks_ids(key: i64) -> (i64, i64) {
     ((bits >> 32) as i64, (bits & 0xFFFF_FFFF) as i64)
 }
 
+/// The `GET_LOCK` name of `resource` for a store on `database`: `xtr-lock:` followed by the
+/// first 55 lowercase hex digits of the SHA-256 of the database's name, a NUL byte and the
+/// resource (64 characters in all, MySQL's limit). In SQL:
+/// `CONCAT('xtr-lock:', LEFT(SHA2(CONCAT(database, CHAR(0), resource), 256), 55))`.
+///
+/// Lock names are server-wide: the database's name keeps two applications on one server apart,
+/// as PostgreSQL keeps advisory locks per database. Hashed, because names are limited to 64
+/// characters and compared case-insensitively on some servers and not on others, while
+/// resources are any string and case-sensitive.
+pub(crate) fn getlock_name(database: &str, resource: &str) -> String {
+    let mut hasher = Sha256::new();
+    hasher.update(database.as_bytes());
+    hasher.update([0u8]);
+    hasher.update(resource.as_bytes());
+    let digest = hasher.finalize();
+    let mut name = String::with_capacity(64);
+    name.push_str(GETLOCK_PREFIX);
+    for byte in digest {
+        name.push_str(&format!("{byte:02x}"));
+    }
+    name.truncate(64);
+    name
+}
+
+/// What every `GET_LOCK` name of this library starts with.
+pub(crate) const GETLOCK_PREFIX: &str = "xtr-lock:";
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -92,5 +120,30 @@ mod tests {
     #[test]
     fn negative_keys_show_their_sign_bits_in_classid() {
         assert_eq!(pg_locks_ids(-2), (4_294_967_295, 4_294_967_294));
+    }
+
+    #[test]
+    fn getlock_names_fit_mysqls_limit_and_separate_databases() {
+        // sha256("app\0res1") = 3890736d9dff…b0, computed independently (Python's hashlib).
+        let name = getlock_name("app", "res1");
+        assert_eq!(
+            name,
+            "xtr-lock:3890736d9dff1ae0f6d8468ff204b8a37feb6b84c03f027067f087b"
+        );
+        assert_eq!(name.len(), 64);
+        assert!(name.starts_with("xtr-lock:"));
+        assert!(
+            name[9..]
+                .bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+        );
+        assert_ne!(getlock_name("app", "res1"), getlock_name("other", "res1"));
+        assert_ne!(
+            getlock_name("app", "Invoice"),
+            getlock_name("app", "invoice")
+        );
+        // The separator keeps ("ab", "c") and ("a", "bc") apart.
+        assert_ne!(getlock_name("ab", "c"), getlock_name("a", "bc"));
+        assert_eq!(getlock_name("app", &"x".repeat(10_000)).len(), 64);
     }
 }

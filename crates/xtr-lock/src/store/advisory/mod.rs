@@ -1,29 +1,33 @@
-//! [`PgAdvisoryStore`]: PostgreSQL session-level advisory locks, shared with Symfony's
-//! `PostgreSqlStore` in its key mode (see docs/advisory.md).
+//! Database session locks: [`PgAdvisoryStore`] (PostgreSQL session-level advisory locks, shared
+//! with Symfony's `PostgreSqlStore` in its key mode) and [`MySqlLockStore`] (MySQL/MariaDB
+//! `GET_LOCK`), both on a session per holder (see docs/session-locks.md).
 
 use std::fmt;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::{
-    Capabilities, HandleOwner, HolderInfo, Holding, LossWatcher, LostReason, Saved, Store,
-};
-use crate::error::{Error, Result};
+use super::{Capabilities, HolderInfo, Holding, LossWatcher, Saved, Store};
+use crate::error::Result;
 use crate::key::{Key, Mode};
 
+mod cancel;
 mod config;
 mod conns;
+mod db;
+mod getlock;
 mod keys;
 mod session;
+mod shared;
 
-pub(crate) use config::is_advisory_dsn;
-use conns::Conns;
+pub(crate) use config::{is_advisory_dsn, is_getlock_dsn};
+use conns::{Conns, Control};
+use db::LockId;
+pub use getlock::MySqlLockStore;
 pub use keys::KeyMode;
-use session::{Cmd, Life, Session};
+use shared::Core;
 
-/// Checks an advisory DSN without building anything.
+/// Checks a session-lock DSN (advisory or `GET_LOCK`) without building anything.
 pub(crate) fn validate_dsn(dsn: &str) -> Result<()> {
     config::parse(dsn).map(|_| ())
 }
@@ -51,9 +55,11 @@ pub(crate) fn validate_dsn(dsn: &str) -> Result<()> {
 ///   then letting the write lock go.
 /// - **Native waits** in the server, woken by the holder's unlock. A wait whose caller gives up
 ///   (a deadline, a dropped future) is cancelled with `pg_cancel_backend` on a connection of
-///   the store's small control pool (the same role may always cancel its own backends); if the
-///   cancel crossed the grant, the lock is unlocked again. A wait that cannot be cancelled
-///   (the server stops answering) ends with its connection closed.
+///   the store's small control pool (the same role may always cancel its own backends),
+///   repeated until the wait answers (a request that arrives before the server has started the
+///   statement finds nothing to cancel); if the cancel crossed the grant, the lock is unlocked
+///   again. A wait that stays unanswered for the statement timeout (the server is paused) ends
+///   with its connection closed.
 /// - **Liveness**: a holder that dies closes its connection, and the server frees its locks at
 ///   once (a partitioned client's only when the server's TCP keepalive gives up). Each holding
 ///   session is pinged (`keepalive`, 1 s); a session that ends (terminated, server restarted,
@@ -81,23 +87,7 @@ pub(crate) fn validate_dsn(dsn: &str) -> Result<()> {
 /// ```
 #[derive(Clone)]
 pub struct PgAdvisoryStore {
-    inner: Arc<Inner>,
-}
-
-struct Inner {
-    conns: Arc<Conns>,
-    owner: HandleOwner,
-    shown: Arc<str>,
-}
-
-/// What a holder keeps on its key: its session, started on its first acquire.
-#[derive(Default)]
-struct Handle {
-    session: Mutex<Option<Session>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
+    inner: std::sync::Arc<Core>,
 }
 
 impl PgAdvisoryStore {
@@ -112,16 +102,16 @@ impl PgAdvisoryStore {
     /// # Errors
     ///
     /// [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument) naming what is wrong
-    /// (never a credential).
+    /// (never a credential), also for a `mysql+getlock://` DSN.
     pub fn from_dsn(dsn: &str) -> Result<Self> {
+        if !is_advisory_dsn(dsn) {
+            return Err(crate::error::Error::invalid_argument(
+                "PgAdvisoryStore: write postgresql+advisory://user:password@host:port/database",
+            ));
+        }
         let config = config::parse(dsn)?;
-        let shown: Arc<str> = config.shown.clone().into();
         Ok(PgAdvisoryStore {
-            inner: Arc::new(Inner {
-                conns: Arc::new(Conns::new(config)),
-                owner: HandleOwner::new(),
-                shown,
-            }),
+            inner: std::sync::Arc::new(Core::new(Conns::new(config))),
         })
     }
 
@@ -138,60 +128,14 @@ impl PgAdvisoryStore {
 
     /// The backend pid of the session holding `key`'s lock, while it holds.
     pub fn backend_pid(&self, key: &Key) -> Option<i32> {
-        let handle = key.existing_handle::<Handle>(self.inner.owner)?;
-        let guard = lock(&handle.session);
-        let session = guard.as_ref()?;
-        let life = *session.life.borrow();
-        life.held?;
-        life.pid
-    }
-
-    fn sender(&self, key: &Key) -> tokio::sync::mpsc::UnboundedSender<Cmd> {
-        let handle = key.handle::<Handle>(self.inner.owner);
-        let mut guard = lock(&handle.session);
-        match guard.as_ref() {
-            Some(s) if !s.tx.is_closed() => s.tx.clone(),
-            _ => {
-                let session = session::start(
-                    self.inner.conns.clone(),
-                    self.advisory_key(key.resource()),
-                    key.resource().to_owned(),
-                    self.inner.shown.clone(),
-                );
-                let tx = session.tx.clone();
-                *guard = Some(session);
-                tx
-            }
-        }
-    }
-
-    fn existing_sender(&self, key: &Key) -> Option<tokio::sync::mpsc::UnboundedSender<Cmd>> {
-        let handle = key.existing_handle::<Handle>(self.inner.owner)?;
-        let guard = lock(&handle.session);
-        guard.as_ref().map(|s| s.tx.clone())
-    }
-
-    async fn ask<T>(
-        &self,
-        key: &Key,
-        tx: tokio::sync::mpsc::UnboundedSender<Cmd>,
-        cmd: impl FnOnce(tokio::sync::oneshot::Sender<Result<T>>) -> Cmd,
-    ) -> Result<T> {
-        let (reply, answer) = tokio::sync::oneshot::channel();
-        let gone = || {
-            Error::storage("the holder's session task stopped")
-                .with_resource(key.resource())
-                .with_store(self)
-        };
-        tx.send(cmd(reply)).map_err(|_| gone())?;
-        answer.await.map_err(|_| gone())?
+        self.inner
+            .session_id(key)
+            .and_then(|pid| i32::try_from(pid).ok())
     }
 
     async fn save_mode(&self, key: &Key, mode: Mode, wait: bool) -> Result<Saved> {
-        key.mark_unserializable();
-        let tx = self.sender(key);
-        self.ask(key, tx, |reply| Cmd::Save { mode, wait, reply })
-            .await
+        let id = || LockId::Advisory(self.advisory_key(key.resource()));
+        self.inner.save(key, id, mode, wait).await
     }
 }
 
@@ -256,10 +200,7 @@ impl Store for PgAdvisoryStore {
     ///
     /// Dropped mid-flight, the unlocks still run to the end in the holder's session.
     async fn delete(&self, key: &Key) -> Result<bool> {
-        match self.existing_sender(key) {
-            Some(tx) => self.ask(key, tx, |reply| Cmd::Release { reply }).await,
-            None => Ok(false),
-        }
+        self.inner.delete(key).await
     }
 
     /// Asks the holder's session which holds `pg_locks` shows for it (one round trip).
@@ -268,35 +209,14 @@ impl Store for PgAdvisoryStore {
     ///
     /// Cancel-safe: it changes nothing.
     async fn exists(&self, key: &Key) -> Result<Holding> {
-        match self.existing_sender(key) {
-            Some(tx) => self.ask(key, tx, |reply| Cmd::Check { reply }).await,
-            None => Ok(Holding::NotHeld(LostReason::Removed)),
-        }
+        self.inner.exists(key).await
     }
 
     /// # Cancel safety
     ///
     /// Cancel-safe: it registers nothing.
     async fn watch_loss(&self, key: &Key) -> Result<Option<LossWatcher>> {
-        let life = key
-            .existing_handle::<Handle>(self.inner.owner)
-            .and_then(|h| lock(&h.session).as_ref().map(|s| s.life.clone()));
-        let Some(mut life) = life else {
-            return Ok(Some(LossWatcher::new(async { LostReason::Removed })));
-        };
-        let start = *life.borrow();
-        Ok(Some(LossWatcher::new(async move {
-            loop {
-                let now: Life = *life.borrow_and_update();
-                if now.held.is_none() || now.ended != start.ended {
-                    return now.lost.unwrap_or(LostReason::Removed);
-                }
-                if life.changed().await.is_err() {
-                    // The session task is gone (its runtime ended): so is its connection.
-                    return LostReason::Disconnected;
-                }
-            }
-        })))
+        Ok(Some(self.inner.watch_loss(key)))
     }
 
     /// Every backend that holds `resource`'s key in this database, from `pg_locks`.
@@ -306,8 +226,10 @@ impl Store for PgAdvisoryStore {
     /// Cancel-safe: it changes nothing.
     async fn holders(&self, resource: &str) -> Result<Vec<HolderInfo>> {
         let (classid, objid) = keys::pg_locks_ids(self.advisory_key(resource));
-        let pool = self.inner.conns.control();
-        let rows = sqlx::query_as::<_, (i32, String, Option<String>, Option<String>)>(
+        let Control::Postgres(pool) = self.inner.conns.control() else {
+            unreachable!("an advisory store's control pool is PostgreSQL's");
+        };
+        let query = sqlx::query_as::<_, (i32, String, Option<String>, Option<String>)>(
             "SELECT l.pid, l.mode, a.application_name, host(a.client_addr) FROM pg_locks l \
              LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
              WHERE l.locktype = 'advisory' AND l.granted \
@@ -318,16 +240,7 @@ impl Store for PgAdvisoryStore {
         .bind(classid)
         .bind(objid)
         .fetch_all(&pool);
-        let rows = tokio::time::timeout(self.inner.conns.config.statement_timeout, rows)
-            .await
-            .map_err(|_| {
-                Error::storage("cannot reach the database: no answer within the statement timeout")
-                    .temporary()
-            })
-            .and_then(|r| {
-                r.map_err(|e| Error::storage(format!("cannot read pg_locks: {e}")).temporary())
-            })
-            .map_err(|e| e.with_resource(resource).with_store(self))?;
+        let rows = self.inner.inspect(resource, "pg_locks", query).await?;
         Ok(rows
             .into_iter()
             .map(|(pid, mode, app, client)| {

@@ -12,7 +12,9 @@ use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot, watch};
 
+use super::cancel::{Canceller, Tick};
 use super::conns::{Conn, ConnectError, Conns};
+use super::db::{Failure, LockId, Op};
 use crate::error::{Error, LostReason, Result};
 use crate::key::Mode;
 use crate::store::{Acquired, Conflict, Holding, Saved};
@@ -39,8 +41,8 @@ pub(super) struct Life {
     pub(super) lost: Option<LostReason>,
     /// Counts the holds that ended (released or lost).
     pub(super) ended: u64,
-    /// The backend pid of the session's connection, while it has one.
-    pub(super) pid: Option<i32>,
+    /// The session's id on the server (backend pid, connection id), while it has one.
+    pub(super) pid: Option<i64>,
 }
 
 /// The caller's end of a session.
@@ -49,27 +51,13 @@ pub(super) struct Session {
     pub(super) life: watch::Receiver<Life>,
 }
 
-const TRY_WRITE: &str = "SELECT pg_try_advisory_lock($1)";
-const TRY_READ: &str = "SELECT pg_try_advisory_lock_shared($1)";
-const WAIT_WRITE: &str = "SELECT true FROM pg_advisory_lock($1)";
-const WAIT_READ: &str = "SELECT true FROM pg_advisory_lock_shared($1)";
-const UNLOCK_WRITE: &str = "SELECT pg_advisory_unlock($1)";
-const UNLOCK_READ: &str = "SELECT pg_advisory_unlock_shared($1)";
-/// This session's holds on the key, from `pg_locks`: the database, both halves of the key and
-/// the single-`bigint` form (`objsubid = 1`) together.
-const CHECK: &str = "SELECT coalesce(bool_or(mode = 'ExclusiveLock'), false), \
-     coalesce(bool_or(mode = 'ShareLock'), false) FROM pg_locks \
-     WHERE locktype = 'advisory' AND granted AND pid = pg_backend_pid() \
-     AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
-     AND classid::bigint = $1 AND objid::bigint = $2 AND objsubid = 1";
-
-/// Starts the session task of one holder of `key` (the advisory key of `resource`).
-pub(super) fn start(conns: Arc<Conns>, key: i64, resource: String, store: Arc<str>) -> Session {
+/// Starts the session task of one holder of `id` (what `resource` locks).
+pub(super) fn start(conns: Arc<Conns>, id: LockId, resource: String, store: Arc<str>) -> Session {
     let (tx, rx) = mpsc::unbounded_channel();
     let (life_tx, life) = watch::channel(Life::default());
     let actor = Actor {
         conns,
-        key,
+        id,
         resource,
         store,
         conn: None,
@@ -88,7 +76,7 @@ pub(super) fn start(conns: Arc<Conns>, key: i64, resource: String, store: Arc<st
 
 struct Actor {
     conns: Arc<Conns>,
-    key: i64,
+    id: LockId,
     resource: String,
     store: Arc<str>,
     conn: Option<Conn>,
@@ -108,9 +96,11 @@ struct Actor {
 enum Ran {
     Granted,
     Refused,
-    /// Cancelled (SQLSTATE 57014): by this session's own cancel request, or an operator's.
+    /// Cancelled or killed (PostgreSQL's 57014, MySQL's 1317 or a `GET_LOCK` answering NULL):
+    /// by this session's own cancel request, or an operator's.
     Cancelled,
-    /// A deadlock (40P01): two holders promoting at once; this one was chosen to give way.
+    /// A deadlock (PostgreSQL's 40P01): two holders promoting at once; this one was chosen to
+    /// give way.
     Deadlock,
     /// The server refused with another error; the connection is still fine.
     Refusal(String),
@@ -225,16 +215,13 @@ impl Actor {
         }
     }
 
-    /// Runs one short statement that answers a boolean, under the statement timeout.
-    async fn run_bool(&mut self, sql: &'static str) -> Ran {
+    /// Runs one short lock statement, under the statement timeout.
+    async fn statement(&mut self, op: Op) -> Ran {
         let Some(conn) = self.conn.as_mut() else {
             return Ran::Broken("no connection".into());
         };
         let timeout = self.conns.config.statement_timeout;
-        let query = sqlx::query_scalar::<_, bool>(sql)
-            .bind(self.key)
-            .fetch_one(&mut conn.pg);
-        match tokio::time::timeout(timeout, query).await {
+        match tokio::time::timeout(timeout, conn.db.op(op, &self.id)).await {
             Ok(result) => classify(result),
             Err(_) => Ran::Broken(format!(
                 "no answer within the statement timeout ({} s)",
@@ -258,20 +245,20 @@ impl Actor {
         // conflicting lock goes ahead of the queue and is granted at once, where the trying form
         // would be refused because a writer waits.
         let demoting = prior == Some(Mode::Write);
-        let sql = match (mode, wait || demoting) {
-            (Mode::Write, false) => TRY_WRITE,
-            (Mode::Read, false) => TRY_READ,
-            (Mode::Write, true) => WAIT_WRITE,
-            (Mode::Read, true) => WAIT_READ,
+        let op = if wait || demoting {
+            Op::Wait(mode)
+        } else {
+            Op::Try(mode)
         };
         let mut ran = if wait || demoting {
-            self.wait(sql, &mut reply).await
+            self.wait(op, &mut reply).await
         } else {
-            self.run_bool(sql).await
+            self.statement(op).await
         };
         if let Ran::Broken(_) = ran
             && prior.is_none()
             && self.conn.as_ref().is_some_and(|c| c.reused)
+            && !(reply.is_closed() || self.shutting_down || self.release_pending())
         {
             // An idle connection that went stale (the server restarted): once more, on a
             // fresh one. It held nothing, so nothing was lost.
@@ -280,9 +267,9 @@ impl Actor {
                 Ok(conn) => {
                     self.conn = Some(conn);
                     ran = if wait {
-                        self.wait(sql, &mut reply).await
+                        self.wait(op, &mut reply).await
                     } else {
-                        self.run_bool(sql).await
+                        self.statement(op).await
                     };
                 }
                 Err(e) => {
@@ -355,10 +342,10 @@ impl Actor {
         self.lost = None;
         if other {
             let unlock = match mode {
-                Mode::Write => UNLOCK_READ,
-                Mode::Read => UNLOCK_WRITE,
+                Mode::Write => Op::Unlock(Mode::Read),
+                Mode::Read => Op::Unlock(Mode::Write),
             };
-            match self.run_bool(unlock).await {
+            match self.statement(unlock).await {
                 Ran::Granted | Ran::Refused => {}
                 Ran::Broken(why) => {
                     self.drop_connection();
@@ -387,12 +374,8 @@ impl Actor {
     /// Takes back one hold in `mode` that nobody asked for any more. A cancel request that
     /// lands on the unlock instead of the wait it was meant for cancels it: once more then.
     async fn unlock_one(&mut self, mode: Mode) {
-        let sql = match mode {
-            Mode::Write => UNLOCK_WRITE,
-            Mode::Read => UNLOCK_READ,
-        };
         for _ in 0..2 {
-            match self.run_bool(sql).await {
+            match self.statement(Op::Unlock(mode)).await {
                 Ran::Granted => {
                     self.idle();
                     return;
@@ -407,11 +390,11 @@ impl Actor {
     /// A lock statement that waits in the server, watched: a caller that goes away, a release
     /// of the same holder, or the holder's handle going cancel it; other commands are answered
     /// from what the session holds, or wait their turn.
-    async fn wait(&mut self, sql: &'static str, reply: &mut oneshot::Sender<Result<Saved>>) -> Ran {
-        let key = self.key;
+    async fn wait(&mut self, op: Op, reply: &mut oneshot::Sender<Result<Saved>>) -> Ran {
         let conns = self.conns.clone();
         let held = self.holds();
         let Actor {
+            id,
             conn,
             rx,
             deferred,
@@ -421,26 +404,21 @@ impl Actor {
         let Some(conn) = conn.as_mut() else {
             return Ran::Broken("no connection".into());
         };
-        let pid = conn.pid;
-        let statement = sqlx::query_scalar::<_, bool>(sql)
-            .bind(key)
-            .fetch_one(&mut conn.pg);
+        let mut cancel = Canceller::new(conns.clone(), conn.pid);
+        let statement = conn.db.op(op, id);
         tokio::pin!(statement);
-        let mut cancel: Option<tokio::task::JoinHandle<Result<(), String>>> = None;
         let mut reading = true;
         let result = loop {
+            // Biased: the statement is polled (so sent) before anything can cancel it.
             tokio::select! {
+                biased;
                 result = &mut statement => break result,
-                () = reply.closed(), if cancel.is_none() => {
-                    cancel = Some(spawn_cancel(&conns, pid));
-                }
+                () = reply.closed(), if !cancel.started() => cancel.start(),
                 cmd = rx.recv(), if reading => match cmd {
                     None => {
                         *shutting_down = true;
                         reading = false;
-                        if cancel.is_none() {
-                            cancel = Some(spawn_cancel(&conns, pid));
-                        }
+                        cancel.start();
                     }
                     Some(Cmd::Check { reply }) => {
                         let _ = reply.send(Ok(match held {
@@ -460,27 +438,17 @@ impl Actor {
                         // The holder lets go: the wait ends first, then the release runs.
                         deferred.push_front(cmd);
                         reading = false;
-                        if cancel.is_none() {
-                            cancel = Some(spawn_cancel(&conns, pid));
-                        }
+                        cancel.start();
                     }
                 },
-                // A cancel that could not be delivered (the server does not answer): the
-                // connection is closed after a statement timeout, which frees what it held.
-                () = tokio::time::sleep(conns.config.statement_timeout),
-                    if cancel.as_ref().is_some_and(|c| c.is_finished()) => {
-                    return Ran::Broken("a cancelled lock wait did not end".into());
+                () = tokio::time::sleep_until(cancel.next()), if cancel.started() => {
+                    if let Tick::GiveUp = cancel.tick() {
+                        return Ran::Broken("a cancelled lock wait did not end".into());
+                    }
                 }
             }
         };
-        if let Some(cancel) = cancel {
-            // Delivered before the next statement, so it cannot cancel that one instead
-            // (one that still does is retried: see unlock_one).
-            if let Ok(Err(why)) = cancel.await {
-                tracing::debug!(target: crate::logging::TARGET, error = %why,
-                    "a cancel request for an advisory lock wait failed");
-            }
-        }
+        cancel.finish().await;
         classify(result)
     }
 
@@ -491,13 +459,8 @@ impl Actor {
         let Some(conn) = self.conn.as_mut() else {
             return Ok(Holding::NotHeld(LostReason::Disconnected));
         };
-        let (classid, objid) = super::keys::pg_locks_ids(self.key);
         let timeout = self.conns.config.statement_timeout;
-        let query = sqlx::query_as::<_, (bool, bool)>(CHECK)
-            .bind(classid)
-            .bind(objid)
-            .fetch_one(&mut conn.pg);
-        match tokio::time::timeout(timeout, query).await {
+        match tokio::time::timeout(timeout, conn.db.check(&self.id)).await {
             Ok(Ok((write, read))) => {
                 let shown = match mode {
                     Mode::Write => write,
@@ -517,7 +480,7 @@ impl Actor {
                     Ok(Holding::NotHeld(LostReason::Removed))
                 }
             }
-            Ok(Err(e)) if !is_connection_error(&e) => {
+            Ok(Err(e)) if !is_broken(&e) => {
                 Err(self.error(Error::storage(format!("the database refused: {e}"))))
             }
             _ => {
@@ -532,10 +495,9 @@ impl Actor {
             return;
         };
         let timeout = self.conns.config.statement_timeout;
-        let ping = sqlx::query_scalar::<_, i32>("SELECT 1").fetch_one(&mut conn.pg);
-        match tokio::time::timeout(timeout, ping).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) if !is_connection_error(&e) => {}
+        match tokio::time::timeout(timeout, conn.db.ping()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) if !is_broken(&e) => {}
             _ => self.drop_connection(),
         }
     }
@@ -548,11 +510,11 @@ impl Actor {
             return Ok(false);
         }
         let mut all = true;
-        for (held, sql) in [(self.write, UNLOCK_WRITE), (self.read, UNLOCK_READ)] {
+        for (held, mode) in [(self.write, Mode::Write), (self.read, Mode::Read)] {
             if !held {
                 continue;
             }
-            match self.run_bool(sql).await {
+            match self.statement(Op::Unlock(mode)).await {
                 Ran::Granted => {}
                 Ran::Refused => all = false,
                 _ => {
@@ -581,35 +543,23 @@ impl Actor {
     }
 }
 
-fn spawn_cancel(conns: &Arc<Conns>, pid: i32) -> tokio::task::JoinHandle<Result<(), String>> {
-    let conns = conns.clone();
-    tokio::spawn(async move { conns.cancel(pid).await })
-}
-
-fn classify(result: std::result::Result<bool, sqlx::Error>) -> Ran {
+fn classify(result: std::result::Result<Option<bool>, sqlx::Error>) -> Ran {
     match result {
-        Ok(true) => Ran::Granted,
-        Ok(false) => Ran::Refused,
-        Err(sqlx::Error::Database(d)) => match d.code().as_deref() {
-            Some("57014") => Ran::Cancelled,
-            Some("40P01") => Ran::Deadlock,
-            // The server is shutting down, or an operator terminated the backend.
-            Some("57P01" | "57P02" | "57P03") => Ran::Broken(d.message().to_owned()),
-            _ => Ran::Refusal(d.message().to_owned()),
+        Ok(Some(true)) => Ran::Granted,
+        Ok(Some(false)) => Ran::Refused,
+        // GET_LOCK's NULL: the statement was killed.
+        Ok(None) => Ran::Cancelled,
+        Err(e) => match super::db::classify(&e) {
+            Failure::Cancelled => Ran::Cancelled,
+            Failure::Deadlock => Ran::Deadlock,
+            Failure::Broken(why) => Ran::Broken(why),
+            Failure::Refused(why) => Ran::Refusal(why),
         },
-        Err(e) if is_connection_error(&e) => Ran::Broken(e.to_string()),
-        Err(e) => Ran::Refusal(e.to_string()),
     }
 }
 
-fn is_connection_error(e: &sqlx::Error) -> bool {
-    match e {
-        sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::Tls(_) => true,
-        sqlx::Error::Database(d) => {
-            matches!(d.code().as_deref(), Some("57P01" | "57P02" | "57P03"))
-        }
-        _ => false,
-    }
+fn is_broken(e: &sqlx::Error) -> bool {
+    super::db::is_broken(e)
 }
 
 fn connect_error(e: ConnectError) -> Error {
@@ -620,7 +570,7 @@ fn connect_error(e: ConnectError) -> Error {
         ))
         .temporary(),
         ConnectError::Sqlx(e) => {
-            let temporary = is_connection_error(&e);
+            let temporary = is_broken(&e);
             let err = Error::storage(format!("cannot connect to the database: {e}"));
             if temporary { err.temporary() } else { err }
         }

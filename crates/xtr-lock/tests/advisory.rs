@@ -145,6 +145,49 @@ async fn a_wait_dropped_in_the_server_is_cancelled_and_leaves_no_lock() {
     assert_eq!(lock.release().await.unwrap(), Release::Released);
 }
 
+/// A cancel request that reaches the server before the lock statement it is meant for finds
+/// nothing to cancel: the store repeats it until the wait answers, so no wait is left behind a
+/// holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_dropped_as_it_is_sent_is_cancelled_all_the_same() {
+    let server = PostgresServer::start();
+    // A long statement timeout: closing the session must not be what ends a lost wait.
+    let store = store(&server, "?statement_timeout=60");
+    let factory = LockFactory::new(store.clone());
+    let mut holder = session(&server).await;
+    let mut probe = session(&server).await;
+    let key = store.advisory_key("drop-as-sent");
+    assert!(try_lock(&mut holder, key).await);
+    for round in 0..400u64 {
+        // A new holder each round: its session starts, connects or takes an idle connection.
+        let lock = factory.create_lock("drop-as-sent");
+        // From before the statement is sent to after it waits, in 5 µs steps.
+        let budget = Duration::from_micros(round * 5);
+        let r = if round % 2 == 0 {
+            tokio::time::timeout(budget, lock.acquire()).await
+        } else {
+            tokio::time::timeout(budget, lock.acquire_read()).await
+        };
+        assert!(
+            r.is_err(),
+            "round {round}: the wait ended while held: {r:?}"
+        );
+        // The holder's own session answers, and the server has no wait left.
+        assert!(!lock.is_acquired().await.unwrap(), "round {round}");
+        let left = until_rows(&mut probe, key, |r| r.len() == 1).await;
+        assert_eq!(
+            left.len(),
+            1,
+            "round {round}: only the test's own hold: {left:?}"
+        );
+    }
+    assert!(unlock(&mut holder, key).await);
+    assert!(
+        rows(&mut probe, key).await.is_empty(),
+        "nobody got it later"
+    );
+}
+
 #[tokio::test]
 async fn a_wait_dropped_as_it_is_granted_leaves_no_lock() {
     let server = PostgresServer::start();

@@ -1,11 +1,13 @@
-//! `xtr-lock` on PostgreSQL advisory locks: `run` holds a session, `status` shows its backend,
-//! and a terminated backend stops the command (exit 3).
+//! `xtr-lock` on session locks (PostgreSQL advisory locks, MySQL `GET_LOCK`): `run` holds a
+//! session, `status` shows the server session holding it, and a session ended by an operator
+//! stops the command (exit 3).
 
 mod common;
 
 use std::time::{Duration, Instant};
 
 use common::{command_pid, spawn, wait_gone, xtr};
+use xtr_lock_testkit::mariadb::MariaDbServer;
 use xtr_lock_testkit::postgres::PostgresServer;
 
 #[test]
@@ -45,6 +47,58 @@ fn run_status_and_a_terminated_backend_stops_the_command() {
         .unwrap()
         .to_owned();
     server.psql(&format!("SELECT pg_terminate_backend({backend})"));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = run.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "run did not notice the lost lock"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(3));
+    wait_gone(pid, "the command of a lost lock");
+}
+
+#[test]
+fn getlock_run_status_and_a_killed_connection_stops_the_command() {
+    let server = MariaDbServer::start();
+    let dsn = format!(
+        "mysql+getlock{}?keepalive=0.2",
+        server.url().strip_prefix("mysql").unwrap()
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let pidfile = tmp.path().join("pid");
+    let script = format!("echo $$ > {}; exec sleep 60", pidfile.display());
+    let mut run = spawn(&["run", "--store", &dsn, "job", "--", "sh", "-c", &script]);
+    let pid = command_pid(&pidfile);
+    let out = xtr()
+        .args(["status", "--store", &dsn, "job"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(
+        text.contains("held by connection ") && text.contains("(write)"),
+        "{text}"
+    );
+    assert!(text.contains("GET_LOCK name xtr-lock:"), "{text}");
+    let busy = xtr()
+        .args(["run", "-n", "--store", &dsn, "job", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(busy.status.code(), Some(1));
+
+    // An operator kills the holding connection: the command is stopped, exit 3.
+    let id = text
+        .split("held by connection ")
+        .nth(1)
+        .and_then(|t| t.split(' ').next())
+        .unwrap()
+        .to_owned();
+    server.sql(&format!("KILL {id}"));
     let deadline = Instant::now() + Duration::from_secs(20);
     let status = loop {
         if let Some(status) = run.try_wait().unwrap() {

@@ -52,6 +52,21 @@ impl Summary {
             max: us("p99_us"),
         }
     }
+
+    /// Rounds summarised apart (a peer's half prints percentiles, not samples): the median of
+    /// their medians and the worst p99.
+    pub fn merge(rounds: &[Summary]) -> Summary {
+        assert!(!rounds.is_empty(), "no rounds");
+        let mut p50: Vec<Duration> = rounds.iter().map(|s| s.p50).collect();
+        p50.sort();
+        let p99 = rounds.iter().map(|s| s.p99).max().unwrap();
+        Summary {
+            n: rounds.iter().map(|s| s.n).sum(),
+            p50: p50[p50.len() / 2],
+            p99,
+            max: p99,
+        }
+    }
 }
 
 /// Runs a peer's half of a benchmark and reads the JSON it prints on stdout.

@@ -167,7 +167,7 @@ async fn measure(t: &Target) -> Measured {
         handoff: Summary::of(handoff),
         local_handoff: Summary::of(local),
         throughput,
-        php_cycle: (!php_cycle.is_empty()).then(|| merge(&php_cycle)),
+        php_cycle: (!php_cycle.is_empty()).then(|| Summary::merge(&php_cycle)),
         php_handoff: (!php_handoff.is_empty()).then(|| Summary::of(php_handoff)),
         php_throughput,
     }
@@ -312,17 +312,4 @@ fn run_php(args: &[&str]) -> Summary {
         String::from_utf8_lossy(&out.stderr)
     );
     Summary::from_json(&serde_json::from_slice(&out.stdout).unwrap())
-}
-
-/// The median of the rounds' medians and the worst p99.
-fn merge(rounds: &[Summary]) -> Summary {
-    let mut p50: Vec<Duration> = rounds.iter().map(|s| s.p50).collect();
-    p50.sort();
-    let p99 = rounds.iter().map(|s| s.p99).max().unwrap();
-    Summary {
-        n: rounds.iter().map(|s| s.n).sum(),
-        p50: p50[p50.len() / 2],
-        p99,
-        max: p99,
-    }
 }

@@ -153,7 +153,13 @@ impl Core {
                     .temporary()
             })
             .and_then(|r| {
-                r.map_err(|e| Error::storage(format!("cannot read {what}: {e}")).temporary())
+                r.map_err(|e| match e {
+                    sqlx::Error::PoolTimedOut => {
+                        Error::storage("cannot connect to the database within the connect timeout")
+                            .temporary()
+                    }
+                    e => Error::storage(format!("cannot read {what}: {e}")).temporary(),
+                })
             })
             .map_err(|e| e.with_resource(resource).with_store(&*self.shown))
     }

@@ -79,6 +79,7 @@
 
 mod cleanup;
 mod clock;
+pub mod config;
 mod dsn;
 mod error;
 mod factory;

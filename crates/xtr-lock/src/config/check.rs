@@ -1,0 +1,321 @@
+//! [`LocksConfig::check`]: every entry validated, every problem reported at once.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use super::expand::{Problem, expand};
+use super::{DEFAULT_ENTRY, Entry, LocksConfig, Period};
+use crate::dsn::StoreFactory;
+use crate::error::Error;
+use crate::lockable::Wait;
+
+/// A configuration whose every entry was checked: DSNs expanded and accepted by a store of this
+/// build, periods parsed.
+#[derive(Clone)]
+pub struct CheckedConfig {
+    /// The entry used when none is named.
+    pub default: String,
+    /// The entries, by name.
+    pub entries: BTreeMap<String, CheckedEntry>,
+}
+
+/// One checked entry. Its DSNs (which may hold credentials) are not shown by `Debug`.
+#[derive(Clone)]
+pub struct CheckedEntry {
+    /// The stores' DSNs, variables expanded: one, or a quorum's members.
+    pub dsns: Vec<String>,
+    /// How a quorum decides; `None` for one store.
+    pub quorum: Option<QuorumKind>,
+    /// Put in front of every resource.
+    pub prefix: String,
+    /// The ttl locks get (`None`: no ttl).
+    pub ttl: Option<Duration>,
+    /// How long `run` and `lock` wait.
+    pub wait: Wait,
+}
+
+/// How a quorum entry decides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QuorumKind {
+    /// A strict majority of the members (the default).
+    Consensus,
+    /// Every member.
+    Unanimous,
+}
+
+/// Every problem a configuration has, one line each, naming the entry (and the variable), never
+/// a credential.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigErrors {
+    /// The problems, in the order of the entries.
+    pub problems: Vec<String>,
+}
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.problems.join("\n"))
+    }
+}
+
+impl std::error::Error for ConfigErrors {}
+
+impl From<ConfigErrors> for Error {
+    fn from(e: ConfigErrors) -> Error {
+        Error::invalid_argument(format!(
+            "the lock configuration has {} problem{}: {}",
+            e.problems.len(),
+            if e.problems.len() == 1 { "" } else { "s" },
+            e.problems.join("; ")
+        ))
+    }
+}
+
+impl fmt::Debug for CheckedEntry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CheckedEntry")
+            .field(
+                "stores",
+                &self.dsns.iter().map(|d| scheme(d)).collect::<Vec<_>>(),
+            )
+            .field("quorum", &self.quorum)
+            .field("prefix", &self.prefix)
+            .field("ttl", &self.ttl)
+            .field("wait", &self.wait)
+            .finish()
+    }
+}
+
+impl fmt::Debug for CheckedConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CheckedConfig")
+            .field("default", &self.default)
+            .field("entries", &self.entries)
+            .finish()
+    }
+}
+
+/// A DSN's scheme (or keyword), which is all of it that is ever shown.
+fn scheme(dsn: &str) -> &str {
+    dsn.split_once(':').map_or(dsn, |(s, _)| s)
+}
+
+impl LocksConfig {
+    /// Checks every entry with the process's environment: each DSN's `${VAR}`s are set, a store
+    /// of this build serves its scheme and accepts it, periods parse, the default entry exists.
+    /// Connects to nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigErrors`] with every problem found, one line each.
+    pub fn check(&self) -> Result<CheckedConfig, ConfigErrors> {
+        self.check_with(&|name| std::env::var(name).ok())
+    }
+
+    /// As [`check`](Self::check), with variables looked up by `env` (for tests, or a
+    /// configuration system of your own).
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigErrors`] with every problem found, one line each.
+    pub fn check_with(
+        &self,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<CheckedConfig, ConfigErrors> {
+        let mut problems = Vec::new();
+        let top_ttl = self.ttl.as_ref().and_then(|p| {
+            ttl(p)
+                .map_err(|why| problems.push(format!("ttl: {why}")))
+                .ok()
+        });
+        let top_wait = self.wait.as_ref().and_then(|p| {
+            wait(p)
+                .map_err(|why| problems.push(format!("wait: {why}")))
+                .ok()
+        });
+        let default_stores;
+        let stores = if self.stores.is_empty() {
+            default_stores =
+                BTreeMap::from([(DEFAULT_ENTRY.to_owned(), Entry::Dsn("flock".to_owned()))]);
+            &default_stores
+        } else {
+            &self.stores
+        };
+        let mut entries = BTreeMap::new();
+        for (name, entry) in stores {
+            let at = format!("stores.{name}");
+            if name.is_empty() {
+                problems.push("stores: an entry has an empty name".to_owned());
+                continue;
+            }
+            let before = problems.len();
+            let (dsns, quorum, table) = match entry {
+                Entry::Dsn(dsn) => (vec![dsn.clone()], None, None),
+                Entry::Quorum(dsns) => (dsns.clone(), Some(QuorumKind::Consensus), None),
+                Entry::Table(t) => {
+                    let dsns = match (&t.dsn, &t.dsns) {
+                        (Some(dsn), None) => vec![dsn.clone()],
+                        (None, Some(dsns)) => dsns.clone(),
+                        (Some(_), Some(_)) => {
+                            problems.push(format!("{at}: give dsn or dsns, not both"));
+                            vec![]
+                        }
+                        (None, None) => {
+                            problems.push(format!(
+                                "{at}: no store: give dsn = \"...\" or dsns = [\"...\", ...]"
+                            ));
+                            vec![]
+                        }
+                    };
+                    let quorum = match (t.dsns.is_some(), t.strategy.as_deref()) {
+                        (false, None) => None,
+                        (false, Some(_)) => {
+                            problems.push(format!(
+                                "{at}: a strategy applies to a quorum (dsns = [...]), not to one store"
+                            ));
+                            None
+                        }
+                        (true, None | Some("consensus")) => Some(QuorumKind::Consensus),
+                        (true, Some("unanimous")) => Some(QuorumKind::Unanimous),
+                        (true, Some(other)) => {
+                            problems.push(format!(
+                                "{at}: unknown strategy {other:?}: write consensus (a strict \
+                                 majority) or unanimous"
+                            ));
+                            None
+                        }
+                    };
+                    (dsns, quorum, Some(t))
+                }
+            };
+            if quorum.is_some() && dsns.len() < 2 && !dsns.is_empty() {
+                problems.push(format!(
+                    "{at}: a quorum needs at least two stores; write one store's DSN alone"
+                ));
+            }
+            if matches!(entry, Entry::Quorum(d) if d.is_empty())
+                || table.is_some_and(|t| t.dsns.as_ref().is_some_and(Vec::is_empty))
+            {
+                problems.push(format!("{at}: the list of stores is empty"));
+            }
+            let mut expanded = Vec::with_capacity(dsns.len());
+            for (i, dsn) in dsns.iter().enumerate() {
+                let here = if dsns.len() > 1 || quorum.is_some() {
+                    format!("{at}[{i}]")
+                } else {
+                    at.clone()
+                };
+                match expand(dsn, env) {
+                    Ok(dsn) => match StoreFactory::validate(&dsn) {
+                        Ok(()) => expanded.push(dsn),
+                        Err(e) => {
+                            problems.push(format!("{here}: {}", e.reason().unwrap_or("invalid")))
+                        }
+                    },
+                    Err(Problem::Unset(names)) => {
+                        for name in names {
+                            problems.push(format!("{here}: ${{{name}}} is not set"));
+                        }
+                    }
+                    Err(Problem::Unclosed) => {
+                        problems.push(format!("{here}: a ${{ without its closing }}"))
+                    }
+                    Err(Problem::BadName(name)) => problems.push(format!(
+                        "{here}: ${{{name}}} is not a variable name (letters, digits and _; \
+                         write $${{ for a literal ${{)"
+                    )),
+                }
+            }
+            let ttl = match table.and_then(|t| t.ttl.as_ref()) {
+                Some(p) => ttl(p)
+                    .map_err(|why| problems.push(format!("{at}.ttl: {why}")))
+                    .unwrap_or(None),
+                None => top_ttl.unwrap_or(Some(crate::DEFAULT_TTL)),
+            };
+            let wait = match table.and_then(|t| t.wait.as_ref()) {
+                Some(p) => wait(p)
+                    .map_err(|why| problems.push(format!("{at}.wait: {why}")))
+                    .unwrap_or_default(),
+                None => top_wait.unwrap_or_default(),
+            };
+            let prefix = table
+                .and_then(|t| t.prefix.clone())
+                .or_else(|| self.prefix.clone())
+                .unwrap_or_default();
+            if problems.len() == before {
+                entries.insert(
+                    name.clone(),
+                    CheckedEntry {
+                        dsns: expanded,
+                        quorum,
+                        prefix,
+                        ttl,
+                        wait,
+                    },
+                );
+            }
+        }
+        let default = self
+            .default
+            .clone()
+            .unwrap_or_else(|| DEFAULT_ENTRY.to_owned());
+        if !stores.contains_key(&default) {
+            let names: Vec<&str> = stores.keys().map(String::as_str).collect();
+            problems.push(format!(
+                "default: no entry named {default:?} (the entries: {})",
+                names.join(", ")
+            ));
+        }
+        if problems.is_empty() {
+            Ok(CheckedConfig { default, entries })
+        } else {
+            Err(ConfigErrors { problems })
+        }
+    }
+}
+
+/// A period: seconds or humantime text, at most [`MAX_DURATION`](crate::MAX_DURATION).
+fn period(p: &Period) -> Result<Duration, String> {
+    let too_long = || "too long: the longest accepted is 3650 days".to_owned();
+    let d = match p {
+        Period::Seconds(s) => {
+            if !s.is_finite() || *s < 0.0 {
+                return Err(format!("{s} is not a period: seconds must be at least 0"));
+            }
+            Duration::try_from_secs_f64(*s).map_err(|_| too_long())?
+        }
+        Period::Text(t) => match t.trim().parse::<f64>() {
+            Ok(s) => return period(&Period::Seconds(s)),
+            Err(_) => humantime::parse_duration(t.trim()).map_err(|e| {
+                format!(
+                    "{t:?} is not a period ({e}); write seconds (30, 0.5) or a period like \
+                     \"30s\", \"5 minutes\" or \"1h30m\""
+                )
+            })?,
+        },
+    };
+    if d > crate::MAX_DURATION {
+        return Err(too_long());
+    }
+    Ok(d)
+}
+
+fn ttl(p: &Period) -> Result<Option<Duration>, String> {
+    match p {
+        Period::Text(t) if t.trim() == "none" => Ok(None),
+        p => period(p).map(|d| Some(d).filter(|d| !d.is_zero())),
+    }
+}
+
+fn wait(p: &Period) -> Result<Wait, String> {
+    match p {
+        Period::Text(t) if t.trim() == "forever" => Ok(Wait::Forever),
+        p => period(p).map(|d| {
+            if d.is_zero() {
+                Wait::Never
+            } else {
+                Wait::AtMost(d)
+            }
+        }),
+    }
+}

@@ -145,7 +145,10 @@ impl LockFactory {
             lock = lock.with_ttl(ttl);
         }
         let lock = lock.with_keep_alive(options.keep_alive);
-        if !lock.acquire_with(options.mode, options.wait).await? {
+        if !lock
+            .acquire_with(options.mode, options.wait.unwrap_or_default())
+            .await?
+        {
             return Err(E::from(
                 Error::conflict(lock.resource()).with_store(lock.store()),
             ));
@@ -170,7 +173,8 @@ impl LockFactory {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RunOptions {
     ttl: Option<Option<Duration>>,
-    wait: Wait,
+    /// `None`: not set (forever, or a registry entry's wait).
+    wait: Option<Wait>,
     mode: Mode,
     keep_alive: bool,
 }
@@ -179,7 +183,7 @@ impl Default for RunOptions {
     fn default() -> Self {
         RunOptions {
             ttl: None,
-            wait: Wait::Forever,
+            wait: None,
             mode: Mode::Write,
             keep_alive: true,
         }
@@ -206,8 +210,13 @@ impl RunOptions {
 
     /// How long to wait for a lock held by someone else.
     pub fn wait(mut self, wait: Wait) -> Self {
-        self.wait = wait;
+        self.wait = Some(wait);
         self
+    }
+
+    /// Whether [`wait`](Self::wait) was called.
+    pub(crate) fn wait_is_set(&self) -> bool {
+        self.wait.is_some()
     }
 
     /// Takes a shared (read) lock instead of the write lock.

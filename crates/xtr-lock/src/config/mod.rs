@@ -26,8 +26,10 @@ use crate::error::{Error, Result};
 
 mod check;
 mod expand;
+mod locks;
 
 pub use check::{CheckedConfig, CheckedEntry, ConfigErrors, QuorumKind};
+pub use locks::Locks;
 
 /// The name of the entry used when the configuration names none.
 pub const DEFAULT_ENTRY: &str = "default";

@@ -1,0 +1,276 @@
+//! [`Locks`]: the registry of a checked configuration's entries.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+
+use super::{CheckedConfig, CheckedEntry, LocksConfig, QuorumKind};
+use crate::dsn::StoreFactory;
+use crate::error::{Error, Result};
+use crate::factory::{LockFactory, RunOptions};
+use crate::key::Key;
+use crate::lock::Lock;
+use crate::store::{CombinedStore, ConsensusStrategy, Store, UnanimousStrategy};
+
+/// The locks of an application: one [`LockFactory`] per configured entry, built when the entry
+/// is first used (so nothing connects, and no directory is made, before then), each lock
+/// getting its entry's prefix, ttl and wait.
+///
+/// Clones share the entries' stores.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> xtr_lock::Result<()> {
+/// use xtr_lock::config::{Locks, LocksConfig};
+///
+/// let config = LocksConfig::from_toml_str(r#"
+///     prefix = "billing:"
+///     ttl = "1 minute"
+///     [stores]
+///     default = "in-memory"
+/// "#)?;
+/// let locks = Locks::new(&config)?; // checks every entry, reports every problem
+/// let sent = locks
+///     .run("invoice-42", || async { Ok::<_, xtr_lock::Error>("sent") })
+///     .await?;
+/// assert_eq!(sent, "sent");
+/// assert_eq!(locks.lock("invoice-42")?.resource(), "billing:invoice-42");
+/// locks.close().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Locks {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: CheckedConfig,
+    built: Mutex<BTreeMap<String, LockFactory>>,
+}
+
+impl Locks {
+    /// Checks `config` with the process's environment and builds the registry.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument) listing every problem
+    /// of the configuration (see [`LocksConfig::check`]).
+    pub fn new(config: &LocksConfig) -> Result<Self> {
+        Ok(Self::from_checked(config.check()?))
+    }
+
+    /// The registry of a configuration already checked.
+    pub fn from_checked(config: CheckedConfig) -> Self {
+        Locks {
+            inner: Arc::new(Inner {
+                config,
+                built: Mutex::new(BTreeMap::new()),
+            }),
+        }
+    }
+
+    /// The entry used when none is named.
+    pub fn default_entry(&self) -> &str {
+        &self.inner.config.default
+    }
+
+    /// The entries' names, in order.
+    pub fn entries(&self) -> impl Iterator<Item = &str> {
+        self.inner.config.entries.keys().map(String::as_str)
+    }
+
+    /// What the configuration says about `entry`.
+    pub fn entry(&self, entry: &str) -> Option<&CheckedEntry> {
+        self.inner.config.entries.get(entry)
+    }
+
+    fn checked(&self, entry: &str) -> Result<&CheckedEntry> {
+        self.entry(entry).ok_or_else(|| {
+            Error::invalid_argument(format!(
+                "no lock configuration entry named {entry:?} (the entries: {})",
+                self.entries().collect::<Vec<_>>().join(", ")
+            ))
+        })
+    }
+
+    /// The factory of `entry` (its store built on first use), with the entry's ttl. Its locks
+    /// get no prefix: [`lock_on`](Self::lock_on) adds it.
+    ///
+    /// # Errors
+    ///
+    /// An unknown entry; a store that cannot be built (a flock directory that cannot be made).
+    pub fn factory(&self, entry: &str) -> Result<LockFactory> {
+        let checked = self.checked(entry)?;
+        let mut built = self.inner.built.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(factory) = built.get(entry) {
+            return Ok(factory.clone());
+        }
+        let store: Arc<dyn Store> = match checked.quorum {
+            None => StoreFactory::create_store(&checked.dsns[0])?,
+            Some(kind) => {
+                let dsns: Vec<&str> = checked.dsns.iter().map(String::as_str).collect();
+                Arc::new(match kind {
+                    QuorumKind::Consensus => CombinedStore::from_dsns(&dsns, ConsensusStrategy)?,
+                    QuorumKind::Unanimous => CombinedStore::from_dsns(&dsns, UnanimousStrategy)?,
+                })
+            }
+        };
+        let factory = LockFactory::from_arc(store).with_default_ttl(checked.ttl);
+        built.insert(entry.to_owned(), factory.clone());
+        Ok(factory)
+    }
+
+    /// A lock (a new holder) on the default entry for `resource`, with the entry's prefix.
+    ///
+    /// # Errors
+    ///
+    /// As [`factory`](Self::factory).
+    pub fn lock(&self, resource: &str) -> Result<Lock> {
+        self.lock_on(self.default_entry(), resource)
+    }
+
+    /// A lock (a new holder) on `entry` for `resource`, with the entry's prefix and ttl.
+    ///
+    /// # Errors
+    ///
+    /// As [`factory`](Self::factory).
+    pub fn lock_on(&self, entry: &str, resource: &str) -> Result<Lock> {
+        let prefix = &self.checked(entry)?.prefix;
+        Ok(self
+            .factory(entry)?
+            .create_lock(format!("{prefix}{resource}")))
+    }
+
+    /// A new key (a new holder) for `resource` on the default entry, prefixed: hand it to
+    /// another process (`Key::to_json`) and take it back with [`from_key`](Self::from_key).
+    ///
+    /// # Errors
+    ///
+    /// As [`factory`](Self::factory).
+    pub fn key(&self, resource: &str) -> Result<Key> {
+        let entry = self.default_entry();
+        let prefix = &self.checked(entry)?.prefix;
+        Ok(self.factory(entry)?.new_key(format!("{prefix}{resource}")))
+    }
+
+    /// The lock of a key made by [`key`](Self::key) (here or in another process with the same
+    /// configuration), on the default entry, acting as that key's holder.
+    ///
+    /// # Errors
+    ///
+    /// A key whose resource lacks the entry's prefix (made by another configuration), and the
+    /// errors of [`factory`](Self::factory).
+    pub fn from_key(&self, key: Key) -> Result<Lock> {
+        let entry = self.default_entry();
+        let prefix = &self.checked(entry)?.prefix;
+        if !key.resource().starts_with(prefix.as_str()) {
+            return Err(Error::invalid_argument(format!(
+                "the key's resource does not start with entry {entry:?}'s prefix {prefix:?}: \
+                 it was made by another configuration"
+            ))
+            .with_resource(key.resource()));
+        }
+        Ok(self.factory(entry)?.create_lock_from_key(key))
+    }
+
+    /// Runs `body` under the write lock on `resource` on the default entry, with the entry's
+    /// prefix, ttl and wait, as [`LockFactory::run`] does (renewed while it runs, released on
+    /// the way out, stopped if the lock is lost).
+    ///
+    /// # Errors
+    ///
+    /// As [`LockFactory::run`]; and the errors of [`factory`](Self::factory).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`LockFactory::run`]: dropped while waiting it leaves nothing held; dropped while the
+    /// body runs, a release is scheduled.
+    pub async fn run<T, E, F, Fut>(&self, resource: &str, body: F) -> std::result::Result<T, E>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = std::result::Result<T, E>>,
+        E: From<Error>,
+    {
+        self.run_on(self.default_entry(), resource, RunOptions::new(), body)
+            .await
+    }
+
+    /// As [`run`](Self::run), on `entry`, with `options` (its wait replaced by the entry's
+    /// unless it sets one; use [`RunOptions::shared`] for the read lock).
+    ///
+    /// # Errors
+    ///
+    /// As [`run`](Self::run).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`run`](Self::run).
+    pub async fn run_on<T, E, F, Fut>(
+        &self,
+        entry: &str,
+        resource: &str,
+        options: RunOptions,
+        body: F,
+    ) -> std::result::Result<T, E>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = std::result::Result<T, E>>,
+        E: From<Error>,
+    {
+        let checked = self.checked(entry).map_err(E::from)?;
+        let options = if options.wait_is_set() {
+            options
+        } else {
+            options.wait(checked.wait)
+        };
+        let factory = self.factory(entry).map_err(E::from)?;
+        let resource = format!("{}{resource}", checked.prefix);
+        factory.run(resource, options, body).await
+    }
+
+    /// Closes every store built so far (see [`Store::close`]); a registry used again after
+    /// `close` reconnects.
+    ///
+    /// # Errors
+    ///
+    /// Every store that failed to close, each named by its entry.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped mid-flight, some stores may be closed and others not; calling it again finishes
+    /// the job.
+    pub async fn close(&self) -> Result<()> {
+        let built: Vec<(String, LockFactory)> = self
+            .inner
+            .built
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let mut failed = Vec::new();
+        for (entry, factory) in built {
+            if let Err(e) = factory.store().close().await {
+                failed.push(format!("{entry}: {e}"));
+            }
+        }
+        if failed.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::storage(format!(
+                "could not close every store: {}",
+                failed.join("; ")
+            )))
+        }
+    }
+}
+
+impl fmt::Debug for Locks {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Locks")
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
+}

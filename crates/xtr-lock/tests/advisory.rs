@@ -96,8 +96,13 @@ async fn an_acquire_dropped_before_its_statement_leaves_no_lock() {
         let left = until_rows(&mut probe, key, <[_]>::is_empty).await;
         assert!(left.is_empty(), "round {round}: {left:?}");
     }
-    // The store's connections hold nothing: a holder of the test takes the lock.
-    assert!(try_lock(&mut probe, key).await);
+    // Once the sessions' clean-up has run (a dropped acquire's statement may still have been
+    // on its way when the rows were read), the store holds nothing: the test takes the lock.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !try_lock(&mut probe, key).await {
+        assert!(Instant::now() < deadline, "the store kept the lock");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     assert!(unlock(&mut probe, key).await);
 }
 
@@ -186,6 +191,42 @@ async fn a_wait_dropped_as_it_is_sent_is_cancelled_all_the_same() {
         rows(&mut probe, key).await.is_empty(),
         "nobody got it later"
     );
+}
+
+/// A free lock is granted at once, and the cancel request for a caller that went can land just
+/// after the grant: the statement then fails with "cancelled" while its session-level lock
+/// stays. The session must ask what it holds, not believe the error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_free_lock_dropped_as_it_is_granted_is_not_kept_by_a_cancelled_statement() {
+    let server = PostgresServer::start();
+    let store = store(&server, "?statement_timeout=60");
+    let factory = LockFactory::new(store.clone());
+    let mut probe = session(&server).await;
+    let key = store.advisory_key("drop-free");
+    for round in 0..400u64 {
+        let lock = factory.create_lock("drop-free");
+        // From before the statement is sent to after it answers, in 5 µs steps.
+        let budget = Duration::from_micros((round % 200) * 5);
+        let r = if round % 2 == 0 {
+            tokio::time::timeout(budget, lock.acquire()).await
+        } else {
+            tokio::time::timeout(budget, lock.acquire_read()).await
+        };
+        if let Ok(r) = r {
+            // It finished in time: a hold of this round's, let go again.
+            r.unwrap();
+            assert_eq!(
+                lock.release().await.unwrap(),
+                Release::Released,
+                "round {round}"
+            );
+        }
+        drop(lock);
+        let left = until_rows(&mut probe, key, <[_]>::is_empty).await;
+        assert!(left.is_empty(), "round {round}: the store kept {left:?}");
+    }
+    assert!(try_lock(&mut probe, key).await, "the store holds nothing");
+    assert!(unlock(&mut probe, key).await);
 }
 
 #[tokio::test]

@@ -112,7 +112,42 @@ async fn an_acquire_dropped_before_its_statement_leaves_no_lock() {
         let left = until_holder(&mut probe, &name, |h| h.is_none()).await;
         assert_eq!(left, None, "round {round}");
     }
-    assert!(get_lock(&mut probe, &name).await);
+    // Once the sessions' clean-up has run, the store holds nothing: the test takes the lock.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !get_lock(&mut probe, &name).await {
+        assert!(Instant::now() < deadline, "the store kept the lock");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(release_lock(&mut probe, &name).await);
+}
+
+/// A free lock is granted at once, and the kill meant for a caller that went can land just
+/// after the grant: whatever the statement answered, the session must not keep the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_free_lock_dropped_as_it_is_granted_is_not_kept() {
+    let server = MariaDbServer::start();
+    let store = store(&server, "?statement_timeout=60");
+    let factory = LockFactory::new(store.clone());
+    let mut probe = session(&server).await;
+    let name = store.lock_name("drop-free");
+    for round in 0..400u64 {
+        let lock = factory.create_lock("drop-free");
+        // From before the statement is sent to after it answers, in 5 µs steps.
+        let budget = Duration::from_micros((round % 200) * 5);
+        if let Ok(r) = tokio::time::timeout(budget, lock.acquire()).await {
+            // It finished in time: a hold of this round's, let go again.
+            r.unwrap();
+            assert_eq!(
+                lock.release().await.unwrap(),
+                Release::Released,
+                "round {round}"
+            );
+        }
+        drop(lock);
+        let left = until_holder(&mut probe, &name, |h| h.is_none()).await;
+        assert_eq!(left, None, "round {round}: the store kept the lock");
+    }
+    assert!(get_lock(&mut probe, &name).await, "the store holds nothing");
     assert!(release_lock(&mut probe, &name).await);
 }
 

@@ -17,6 +17,7 @@ mod conns;
 mod db;
 mod getlock;
 mod keys;
+mod outcome;
 mod session;
 mod shared;
 

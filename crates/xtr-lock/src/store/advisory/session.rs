@@ -13,8 +13,9 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::cancel::{Canceller, Tick};
-use super::conns::{Conn, ConnectError, Conns};
+use super::conns::{Conn, Conns};
 use super::db::{Failure, LockId, Op};
+use super::outcome::{Ran, classify, connect_error, is_broken};
 use crate::error::{Error, LostReason, Result};
 use crate::key::Mode;
 use crate::store::{Acquired, Conflict, Holding, Saved};
@@ -90,22 +91,6 @@ struct Actor {
     deferred: VecDeque<Cmd>,
     /// The holder's handle went: finish, unlock, and stop.
     shutting_down: bool,
-}
-
-/// How a lock statement ended.
-enum Ran {
-    Granted,
-    Refused,
-    /// Cancelled or killed (PostgreSQL's 57014, MySQL's 1317 or a `GET_LOCK` answering NULL):
-    /// by this session's own cancel request, or an operator's.
-    Cancelled,
-    /// A deadlock (PostgreSQL's 40P01): two holders promoting at once; this one was chosen to
-    /// give way.
-    Deadlock,
-    /// The server refused with another error; the connection is still fine.
-    Refusal(String),
-    /// The connection broke or stopped answering: it is gone.
-    Broken(String),
 }
 
 impl Actor {
@@ -237,6 +222,10 @@ impl Actor {
             let _ = reply.send(Ok(Saved::Acquired(Acquired::new())));
             return;
         }
+        if reply.is_closed() {
+            // The caller went before anything was sent: nothing to do, nothing to undo.
+            return;
+        }
         if let Err(err) = self.ensure_connection().await {
             let _ = reply.send(Err(err));
             return;
@@ -278,6 +267,7 @@ impl Actor {
                 }
             }
         }
+        let ran = self.settle(ran, mode).await;
         let abandoned = reply.is_closed() || self.shutting_down || self.release_pending();
         let answer = match ran {
             Ran::Granted if abandoned => {
@@ -320,6 +310,43 @@ impl Actor {
             }
         };
         let _ = reply.send(answer);
+    }
+
+    /// A lock statement that ended in an error may still have taken the lock: PostgreSQL grants
+    /// a waiting session its lock and only then notices a cancel request (or a deadlock check
+    /// that came too late), and a session-level lock outlives the error. The session is asked
+    /// what it holds; a hold it has is a grant. A session that cannot say is closed.
+    async fn settle(&mut self, ran: Ran, mode: Mode) -> Ran {
+        if !matches!(ran, Ran::Cancelled | Ran::Deadlock | Ran::Refusal(_)) {
+            return ran;
+        }
+        let timeout = self.conns.config.statement_timeout;
+        // Twice: a cancel request meant for the wait may still land on the first check.
+        for _ in 0..2 {
+            let Some(conn) = self.conn.as_mut() else {
+                return Ran::Broken("no connection".into());
+            };
+            match tokio::time::timeout(timeout, conn.db.check(&self.id)).await {
+                Ok(Ok((write, read))) => {
+                    let has = match mode {
+                        Mode::Write => write,
+                        Mode::Read => read,
+                    };
+                    return if has { Ran::Granted } else { ran };
+                }
+                Ok(Err(e)) if matches!(super::db::classify(&e), Failure::Cancelled) => continue,
+                Ok(Err(e)) => {
+                    return Ran::Broken(format!("cannot tell what the session holds: {e}"));
+                }
+                Err(_) => {
+                    return Ran::Broken(format!(
+                        "no answer within the statement timeout ({} s)",
+                        timeout.as_secs_f64()
+                    ));
+                }
+            }
+        }
+        Ran::Broken("cannot tell what the session holds: the checks were cancelled".into())
     }
 
     fn release_pending(&self) -> bool {
@@ -540,39 +567,5 @@ impl Actor {
             self.conn = None;
         }
         Ok(all)
-    }
-}
-
-fn classify(result: std::result::Result<Option<bool>, sqlx::Error>) -> Ran {
-    match result {
-        Ok(Some(true)) => Ran::Granted,
-        Ok(Some(false)) => Ran::Refused,
-        // GET_LOCK's NULL: the statement was killed.
-        Ok(None) => Ran::Cancelled,
-        Err(e) => match super::db::classify(&e) {
-            Failure::Cancelled => Ran::Cancelled,
-            Failure::Deadlock => Ran::Deadlock,
-            Failure::Broken(why) => Ran::Broken(why),
-            Failure::Refused(why) => Ran::Refusal(why),
-        },
-    }
-}
-
-fn is_broken(e: &sqlx::Error) -> bool {
-    super::db::is_broken(e)
-}
-
-fn connect_error(e: ConnectError) -> Error {
-    match e {
-        ConnectError::TimedOut(t) => Error::storage(format!(
-            "cannot reach the database: no connection within the connect timeout ({} s)",
-            t.as_secs_f64()
-        ))
-        .temporary(),
-        ConnectError::Sqlx(e) => {
-            let temporary = is_broken(&e);
-            let err = Error::storage(format!("cannot connect to the database: {e}"));
-            if temporary { err.temporary() } else { err }
-        }
     }
 }

@@ -168,3 +168,74 @@ fn a_bad_configuration_is_refused_with_every_problem() {
         "{text}"
     );
 }
+
+#[tokio::test]
+async fn ping_reaches_every_entry_and_names_the_ones_that_fail() {
+    let up = RedisServer::start();
+    let paused = RedisServer::start();
+    let mut down = RedisServer::start();
+    down.kill();
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        "prefix = \"app:\"\n[stores]\ndefault = \"in-memory\"\nfiles = \"flock://{}\"\n\
+         redis = \"{}\"\npaused = \"{}\"\ndown = \"{}\"\n",
+        dir.path().display(),
+        up.url(0),
+        paused.url(0),
+        down.url(0),
+    );
+    let locks = locks(&config);
+    // Someone else holds the ping lock on one entry: reached all the same.
+    let other = locks
+        .lock_on("redis", xtr_lock::config::PING_RESOURCE)
+        .unwrap();
+    assert!(other.try_acquire().await.unwrap());
+    paused.pause();
+    let report = locks.ping(Duration::from_secs(1)).await;
+    paused.resume();
+    let names: Vec<&str> = report.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["default", "down", "files", "paused", "redis"]);
+    for (entry, answer) in &report {
+        match entry.as_str() {
+            "down" | "paused" => {
+                let err = answer.as_ref().unwrap_err().to_string();
+                assert!(err.contains("app:xtr-lock-ping"), "{entry}: {err}");
+            }
+            _ => assert!(answer.is_ok(), "{entry}: {answer:?}"),
+        }
+    }
+    other.release().await.unwrap();
+    // A ping holds nothing afterwards: the ping lock is free on every reachable entry.
+    for entry in ["default", "files", "redis"] {
+        let lock = locks
+            .lock_on(entry, xtr_lock::config::PING_RESOURCE)
+            .unwrap();
+        assert_eq!(lock.resource(), "app:xtr-lock-ping");
+        assert!(lock.try_acquire().await.unwrap(), "{entry}");
+        lock.release().await.unwrap();
+    }
+    locks.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_dropped_ping_leaves_nothing_held() {
+    let server = RedisServer::start();
+    let locks = locks(&format!("[stores]\ndefault = \"{}\"\n", server.url(0)));
+    let probe = locks.lock(xtr_lock::config::PING_RESOURCE).unwrap();
+    for step in 0..40u64 {
+        // From before the first command to after the release, in 25 µs steps.
+        let budget = Duration::from_micros(step * 25);
+        let _ = tokio::time::timeout(budget, locks.ping(Duration::from_secs(5))).await;
+        // A dropped ping's lock is released in the background: free again soon after.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !probe.try_acquire().await.unwrap() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "step {step}: still held"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        probe.release().await.unwrap();
+    }
+    locks.close().await.unwrap();
+}

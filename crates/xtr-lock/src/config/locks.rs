@@ -13,6 +13,9 @@ use crate::key::Key;
 use crate::lock::Lock;
 use crate::store::{CombinedStore, ConsensusStrategy, Store, UnanimousStrategy};
 
+/// The resource [`Locks::ping`] locks (after the entry's prefix).
+pub const PING_RESOURCE: &str = "xtr-lock-ping";
+
 /// The locks of an application: one [`LockFactory`] per configured entry, built when the entry
 /// is first used (so nothing connects, and no directory is made, before then), each lock
 /// getting its entry's prefix, ttl and wait.
@@ -230,6 +233,44 @@ impl Locks {
         factory.run(resource, options, body).await
     }
 
+    /// Reaches every entry's store, for readiness probes: a trying write lock on the entry's
+    /// `xtr-lock-ping` resource (prefixed), released at once. A lock someone else holds (another
+    /// probe) counts as reached. The entries are tried together, each within `deadline`.
+    ///
+    /// The answer has one line per entry, in order: `Ok(())`, or the error that entry gave (a
+    /// store that cannot be built, reached, or written to, or no answer within `deadline`).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped mid-flight, a ping lock taken is released in the background, as any dropped lock
+    /// is.
+    pub async fn ping(&self, deadline: std::time::Duration) -> Vec<(String, Result<()>)> {
+        let names: Vec<String> = self.entries().map(str::to_owned).collect();
+        let pings = names.iter().map(|entry| async move {
+            let lock = self.lock_on(entry, PING_RESOURCE)?;
+            let attempt = async {
+                if crate::Lockable::try_acquire(&lock).await? {
+                    // Dropped before the release has answered: released in the background.
+                    let mut pending = ReleaseOnDrop(Some(&lock));
+                    crate::Lockable::release(&lock).await?;
+                    pending.0 = None;
+                }
+                Ok(())
+            };
+            match tokio::time::timeout(deadline, attempt).await {
+                Ok(answer) => answer,
+                Err(_) => Err(Error::storage(format!(
+                    "the store did not answer within {} s",
+                    deadline.as_secs_f64()
+                ))
+                .temporary()
+                .with_resource(lock.resource())),
+            }
+        });
+        let answers = futures_util::future::join_all(pings).await;
+        names.into_iter().zip(answers).collect()
+    }
+
     /// Closes every store built so far (see [`Store::close`]); a registry used again after
     /// `close` reconnects.
     ///
@@ -272,5 +313,16 @@ impl fmt::Debug for Locks {
         f.debug_struct("Locks")
             .field("config", &self.inner.config)
             .finish_non_exhaustive()
+    }
+}
+
+/// Releases its lock in the background when dropped (disarmed once the release answered).
+struct ReleaseOnDrop<'a>(Option<&'a Lock>);
+
+impl Drop for ReleaseOnDrop<'_> {
+    fn drop(&mut self) {
+        if let Some(lock) = self.0.take() {
+            crate::Lockable::release_in_background(lock);
+        }
     }
 }

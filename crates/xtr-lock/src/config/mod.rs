@@ -29,7 +29,7 @@ mod expand;
 mod locks;
 
 pub use check::{CheckedConfig, CheckedEntry, ConfigErrors, QuorumKind};
-pub use locks::Locks;
+pub use locks::{Locks, PING_RESOURCE};
 
 /// The name of the entry used when the configuration names none.
 pub const DEFAULT_ENTRY: &str = "default";

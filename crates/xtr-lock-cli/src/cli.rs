@@ -2,6 +2,7 @@
 //! settings.
 
 use std::ffi::OsString;
+use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
@@ -61,11 +62,75 @@ pub(crate) struct StoreArgs {
     /// unix:///sock, redis+pubsub://host:6379 (a live connection, shared with portalocker),
     /// postgres://, mysql://, mariadb://, sqlite:///path (Symfony's lock table; see
     /// `migrate`), postgresql+advisory://host/db (PostgreSQL advisory locks; ?keys=crc32 for
-    /// Symfony's keys), mysql+getlock://host/db (MySQL/MariaDB GET_LOCK), in-memory, null. Repeated, or several separated by commas: a quorum
-    /// (strict majority) over those stores. Without --store, $XTR_LOCK_STORE (also a
-    /// comma-separated list), then flock.
+    /// Symfony's keys), mysql+getlock://host/db (MySQL/MariaDB GET_LOCK), in-memory, null.
+    /// Repeated, or several separated by commas: a quorum (strict majority) over those stores.
+    /// Without --store: --config, then $XTR_LOCK_STORE (also a comma-separated list), then
+    /// $XTR_LOCK_CONFIG, then flock.
     #[arg(long, value_name = "DSN")]
     pub store: Vec<String>,
+
+    /// A lock configuration file (TOML: named store entries, a prefix, a ttl and a wait; see
+    /// `xtr-lock config --help`); the entry --use names, or the file's default, is the store.
+    /// Also $XTR_LOCK_CONFIG.
+    #[arg(long, value_name = "FILE", conflicts_with = "store")]
+    pub config: Option<PathBuf>,
+
+    /// The entry of the configuration file to use (default: the file's `default`).
+    #[arg(long = "use", value_name = "NAME", conflicts_with = "store")]
+    pub use_entry: Option<String>,
+}
+
+/// The configuration file of `config check` and `config show`.
+#[derive(Debug, Args, Clone)]
+pub(crate) struct ConfigFileArgs {
+    /// The file (default: $XTR_LOCK_CONFIG).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// What `config --help` adds: the file's shape.
+const CONFIG_HELP: &str = "\
+The file (TOML); ${VAR} and ${VAR:-default} in DSNs come from the environment:
+  prefix = \"billing:\"      # in front of every resource
+  ttl = \"5 minutes\"        # lock lifetime where locks expire (\"none\": the CLI keeps 60s)
+  wait = \"30s\"             # how long run/acquire wait without -n/-w (\"forever\", \"0\")
+  default = \"redis\"        # the entry used without --use (default: \"default\")
+
+  [stores]
+  redis = \"redis://:${REDIS_PASSWORD}@cache:6379/0\"
+  files = \"flock:///var/lock/billing\"
+  quorum = [\"redis://r1:6379\", \"redis://r2:6379\", \"redis://r3:6379\"]
+  db = { dsn = \"postgresql+advisory://app:${PGPASSWORD}@db/app\", prefix = \"\", wait = \"0\" }
+
+Flags win over the file: --ttl, -w and -n over its ttl and wait.
+
+Exit codes of check: 0 every entry is sound (and, with --ping, reached), 2 a problem (each on
+its own line), 69 an entry could not be reached (--ping).";
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum ConfigCommand {
+    /// Check every entry: DSNs, variables, periods, the default entry; with --ping also reach
+    /// each store (a trying lock on `xtr-lock-ping`, released), for readiness probes.
+    Check {
+        #[command(flatten)]
+        file: ConfigFileArgs,
+        /// Also reach every entry's store.
+        #[arg(long)]
+        ping: bool,
+        /// How long each store may take to answer the ping.
+        #[arg(long, value_name = "DURATION", default_value = "5s")]
+        timeout: String,
+    },
+    /// Print the configuration as checked: every entry with its stores (credentials redacted),
+    /// prefix, ttl and wait.
+    Show {
+        #[command(flatten)]
+        file: ConfigFileArgs,
+    },
 }
 
 #[derive(Debug, Args, Clone)]
@@ -246,6 +311,12 @@ pub(crate) enum Command {
         /// Print the SQL instead of running it (for a migration tool of your own).
         #[arg(long)]
         print: bool,
+    },
+    /// Check or show a lock configuration file (--config, $XTR_LOCK_CONFIG).
+    #[command(after_help = CONFIG_HELP)]
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
     },
     /// Print a shell completion script.
     Completions {

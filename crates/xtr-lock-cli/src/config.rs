@@ -4,10 +4,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, anyhow};
-use xtr_lock::store::{CombinedStore, ConsensusStrategy};
+use xtr_lock::store::{CombinedStore, ConsensusStrategy, UnanimousStrategy};
 use xtr_lock::{Lock, LockFactory, Mode, Store, StoreFactory, Wait};
 
 use crate::cli::{StoreArgs, WaitArgs};
+use crate::settings::{self, Configured};
 
 /// Parses a duration naming the flag on error: seconds as flock(1) takes them (`30`, `0.5`), or
 /// humantime (`30s`, `2m`, `1h30m`, `500ms`); at most [`MAX_DURATION`](xtr_lock::MAX_DURATION)
@@ -56,10 +57,17 @@ pub(crate) struct Take {
 pub(crate) const DEFAULT_TTL: Duration = Duration::from_secs(60);
 
 impl Take {
-    pub(crate) fn from_args(args: &WaitArgs) -> Result<Take> {
-        let ttl = match &args.ttl {
-            Some(t) => duration("--ttl", t)?,
-            None => DEFAULT_TTL,
+    /// The flags, else what `source`'s configuration entry says, else the defaults (60s,
+    /// forever).
+    pub(crate) fn from_args(args: &WaitArgs, source: &Source) -> Result<Take> {
+        let configured = match source {
+            Source::Config(c) => Some(&**c),
+            _ => None,
+        };
+        let ttl = match (&args.ttl, configured.and_then(|c| c.ttl)) {
+            (Some(t), _) => duration("--ttl", t)?,
+            (None, Some(ttl)) => ttl,
+            (None, None) => DEFAULT_TTL,
         };
         if ttl.is_zero() {
             return Err(anyhow!("--ttl must be more than zero"));
@@ -67,7 +75,7 @@ impl Take {
         let wait = match (&args.wait, args.nonblock) {
             (_, true) => Wait::Never,
             (Some(w), false) => Wait::AtMost(duration("--wait", w)?),
-            (None, false) => Wait::Forever,
+            (None, false) => configured.and_then(|c| c.wait).unwrap_or(Wait::Forever),
         };
         Ok(Take {
             wait,
@@ -81,13 +89,15 @@ impl Take {
 }
 
 /// Where the DSNs came from: a key handed in may override the environment, never a flag.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub(crate) enum Source {
     /// `--store`.
     Flag(Vec<String>),
     /// `$XTR_LOCK_STORE`.
     Env(Vec<String>),
-    /// Neither: `flock`.
+    /// An entry of a configuration file (`--config`, `--use`, `$XTR_LOCK_CONFIG`).
+    Config(Box<Configured>),
+    /// None of them: `flock`.
     Default,
 }
 
@@ -95,6 +105,8 @@ pub(crate) enum Source {
 pub(crate) const STORE_ENV: &str = "XTR_LOCK_STORE";
 
 impl Source {
+    /// The first of: `--store`, `--config` (or `--use` with `$XTR_LOCK_CONFIG`),
+    /// `$XTR_LOCK_STORE`, `$XTR_LOCK_CONFIG`, flock.
     pub(crate) fn of(args: &StoreArgs) -> Result<Source> {
         if !args.store.is_empty() {
             let dsns: Vec<String> = args.store.iter().flat_map(|s| split_dsns(s)).collect();
@@ -103,19 +115,57 @@ impl Source {
             }
             return Ok(Source::Flag(dsns));
         }
+        let entry = args.use_entry.as_deref();
+        if args.config.is_some() || entry.is_some() {
+            let Some(path) = settings::file(args.config.as_deref())? else {
+                return Err(anyhow!(
+                    "--use picks an entry of a lock configuration file: give --config FILE or \
+                     set ${}",
+                    settings::CONFIG_ENV
+                ));
+            };
+            return Ok(Source::Config(Box::new(Configured::open(
+                &path, true, entry,
+            )?)));
+        }
         match std::env::var(STORE_ENV) {
-            Ok(text) if !text.trim().is_empty() => Ok(Source::Env(split_dsns(&text))),
-            Ok(_) | Err(std::env::VarError::NotPresent) => Ok(Source::Default),
+            Ok(text) if !text.trim().is_empty() => return Ok(Source::Env(split_dsns(&text))),
+            Ok(_) | Err(std::env::VarError::NotPresent) => {}
             Err(std::env::VarError::NotUnicode(_)) => {
-                Err(anyhow!("${STORE_ENV} is not valid UTF-8"))
+                return Err(anyhow!("${STORE_ENV} is not valid UTF-8"));
             }
+        }
+        match settings::file(None)? {
+            Some(path) => Ok(Source::Config(Box::new(Configured::open(
+                &path, false, None,
+            )?))),
+            None => Ok(Source::Default),
         }
     }
 
     pub(crate) fn dsns(&self) -> Vec<String> {
         match self {
             Source::Flag(d) | Source::Env(d) => d.clone(),
+            Source::Config(c) => c.checked.dsns.clone(),
             Source::Default => vec!["flock".to_owned()],
+        }
+    }
+
+    /// Whether the command line named the store (`--store`, `--config`, `--use`), rather than
+    /// the environment or the default.
+    pub(crate) fn explicit(&self) -> bool {
+        match self {
+            Source::Flag(_) => true,
+            Source::Config(c) => c.explicit,
+            Source::Env(_) | Source::Default => false,
+        }
+    }
+
+    /// The resource a command locks: with a configuration entry's prefix in front.
+    pub(crate) fn resource(&self, resource: &str) -> String {
+        match self {
+            Source::Config(c) => format!("{}{resource}", c.checked.prefix),
+            _ => resource.to_owned(),
         }
     }
 
@@ -124,6 +174,7 @@ impl Source {
         match self {
             Source::Flag(_) => "--store".to_owned(),
             Source::Env(_) => format!("${STORE_ENV}"),
+            Source::Config(c) => format!("entry {:?} of {}", c.entry, c.path.display()),
             Source::Default => "the default store (flock)".to_owned(),
         }
     }
@@ -187,14 +238,21 @@ impl StoreConfig {
     /// stores that lock nothing between processes.
     pub(crate) fn open(source: &Source, quiet: bool) -> Result<StoreConfig> {
         let dsns = source.dsns();
-        let config = StoreConfig::from_dsns(&dsns).with_context(|| match source {
+        let unanimous = matches!(source, Source::Config(c)
+            if c.checked.quorum == Some(xtr_lock::config::QuorumKind::Unanimous));
+        let config = StoreConfig::from_members(&dsns, unanimous).with_context(|| match source {
             Source::Flag(d) | Source::Env(d) if d.len() > 1 => {
                 format!("{} lists a DSN that names no usable store", source.name())
             }
             _ => format!("{} names no usable store", source.name()),
         })?;
         if !quiet {
+            let mut seen: Vec<&str> = Vec::new();
             for dsn in &dsns {
+                if seen.contains(&dsn.as_str()) {
+                    continue;
+                }
+                seen.push(dsn);
                 let warning = match dsn.as_str() {
                     "in-memory" => {
                         "in-memory locks live in this process only: nothing is locked between \
@@ -214,6 +272,11 @@ impl StoreConfig {
     }
 
     pub(crate) fn from_dsns(dsns: &[String]) -> Result<StoreConfig> {
+        StoreConfig::from_members(dsns, false)
+    }
+
+    /// As [`from_dsns`](Self::from_dsns); a quorum needs every member with `unanimous`.
+    pub(crate) fn from_members(dsns: &[String], unanimous: bool) -> Result<StoreConfig> {
         let scheme_of = |dsn: &str| {
             dsn.split_once(':')
                 .map_or(dsn, |(s, _)| s)
@@ -233,8 +296,13 @@ impl StoreConfig {
             [one] => (one.clone(), scheme_of(&dsns[0])),
             _ => {
                 let schemes: Vec<String> = dsns.iter().map(|d| scheme_of(d)).collect();
+                let combined = if unanimous {
+                    CombinedStore::new(members, UnanimousStrategy)?
+                } else {
+                    CombinedStore::new(members, ConsensusStrategy)?
+                };
                 (
-                    Arc::new(CombinedStore::new(members, ConsensusStrategy)?),
+                    Arc::new(combined),
                     format!("combined({})", schemes.join(",")),
                 )
             }

@@ -18,6 +18,8 @@ pub(crate) enum Exit {
     CannotRun(u8),
     /// The command's own status (128 + N when killed by signal N).
     Command(u8),
+    /// `config check --ping`: a store could not be reached (`EX_UNAVAILABLE`).
+    Unavailable,
 }
 
 /// The lock was lost.
@@ -33,6 +35,7 @@ impl Exit {
             Exit::Conflict(n) | Exit::CannotRun(n) | Exit::Command(n) => n,
             Exit::Error => ERROR,
             Exit::Lost => LOST,
+            Exit::Unavailable => 69,
         }
     }
 }
@@ -46,5 +49,6 @@ Exit codes:
   3        the lock was lost while the command ran (it was terminated), or a handed-in key's
            lock is no longer held
   status:  0 held, 1 free, 2 error or the store cannot tell; with --key 0 held by it, 3 not
+  69       config check --ping: a configured store could not be reached
   126/127  the command cannot be executed / was not found
   N        otherwise run exits with the command's own status; 128+N if it was killed by signal N";

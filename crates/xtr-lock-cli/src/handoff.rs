@@ -145,23 +145,31 @@ pub(crate) fn store_for(handed: &Handed, source: &Source) -> Result<StoreConfig>
         })
     };
     match source {
-        Source::Flag(_) => {
+        source if source.explicit() => {
             let config = StoreConfig::open(source, true)?;
             refuse_local(&config, source)?;
             if !same(&config) {
+                let named = source.name();
                 return Err(anyhow!(
-                    "the key was made on {}, not on the store --store names ({}); leave \
-                     --store out to use the key's own",
+                    "the key was made on {}, not on the store {named} names ({}); leave \
+                     {} out to use the key's own",
                     stores.join(","),
-                    config.locators.unwrap_or_default().join(",")
+                    config.locators.unwrap_or_default().join(","),
+                    if matches!(source, Source::Flag(_)) {
+                        "--store"
+                    } else {
+                        "--config/--use"
+                    }
                 ));
             }
             Ok(config)
         }
-        Source::Env(_) => match StoreConfig::open(source, true) {
-            Ok(config) if same(&config) => Ok(config),
-            _ => StoreConfig::from_dsns(stores).context(OWN_STORE),
-        },
+        Source::Flag(_) | Source::Env(_) | Source::Config(_) => {
+            match StoreConfig::open(source, true) {
+                Ok(config) if same(&config) => Ok(config),
+                _ => StoreConfig::from_dsns(stores).context(OWN_STORE),
+            }
+        }
         Source::Default => StoreConfig::from_dsns(stores).context(OWN_STORE),
     }
 }

@@ -9,6 +9,7 @@ mod handoff;
 mod lease;
 mod output;
 mod procs;
+mod settings;
 mod stdio;
 mod trampoline;
 
@@ -85,9 +86,11 @@ async fn run(cli: Cli) -> anyhow::Result<Exit> {
                     ));
                 }
             };
-            let take = Take::from_args(&wait)?;
+            let source = Source::of(&store)?;
+            let take = Take::from_args(&wait, &source)?;
             let kill_after = duration("--kill-after", &kill_after)?;
-            let store = StoreConfig::open(&Source::of(&store)?, take.quiet)?;
+            let resource = source.resource(&resource);
+            let store = StoreConfig::open(&source, take.quiet)?;
             closing(store, |store| {
                 cmd::run::run(cmd::run::RunArgs {
                     store,
@@ -105,8 +108,9 @@ async fn run(cli: Cli) -> anyhow::Result<Exit> {
             wait,
             resource,
         } => {
-            let take = Take::from_args(&wait)?;
             let source = Source::of(&store)?;
+            let take = Take::from_args(&wait, &source)?;
+            let resource = source.resource(&resource);
             let store = StoreConfig::open(&source, take.quiet)?;
             closing(store, |store| {
                 cmd::keys::acquire(store, &source, take, &resource)
@@ -131,7 +135,8 @@ async fn run(cli: Cli) -> anyhow::Result<Exit> {
             if key.is_some() {
                 return cmd::keys::status_of_key(&source, key, json).await;
             }
-            let resource = resource.expect("clap requires a resource without --key");
+            let resource =
+                source.resource(&resource.expect("clap requires a resource without --key"));
             let store = StoreConfig::open(&source, true)?;
             closing(store, |store| cmd::keys::status(store, resource, json)).await
         }
@@ -162,6 +167,7 @@ async fn run(cli: Cli) -> anyhow::Result<Exit> {
         Command::Migrate { store, print } => {
             cmd::migrate::migrate(&Source::of(&store)?, print).await
         }
+        Command::Config { command } => cmd::config::config(command).await,
         Command::Completions { shell } => {
             clap_complete::generate(
                 shell,

@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub(crate) mod bench;
+pub(crate) mod config;
 pub(crate) mod keys;
 pub(crate) mod migrate;
 pub(crate) mod run;

@@ -1,0 +1,279 @@
+//! `config check` and `config show`: a lock configuration file checked (every problem at once,
+//! optionally every store reached) or printed as checked, credentials redacted.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, anyhow};
+use serde_json::json;
+use xtr_lock::Wait;
+use xtr_lock::config::{CheckedEntry, Locks, QuorumKind};
+
+use crate::cli::{ConfigCommand, ConfigFileArgs};
+use crate::config::duration;
+use crate::exit::Exit;
+use crate::output;
+use crate::settings::{self, LoadError, Loaded};
+
+pub(crate) async fn config(command: ConfigCommand) -> Result<Exit> {
+    match command {
+        ConfigCommand::Check {
+            file,
+            ping,
+            timeout,
+        } => {
+            let timeout = duration("--timeout", &timeout)?;
+            check(&file, ping.then_some(timeout)).await
+        }
+        ConfigCommand::Show { file } => show(&file),
+    }
+}
+
+fn path(file: &ConfigFileArgs) -> Result<PathBuf> {
+    settings::file(file.config.as_deref())?.ok_or_else(|| {
+        anyhow!(
+            "no lock configuration to read: give --config FILE or set ${}",
+            settings::CONFIG_ENV
+        )
+    })
+}
+
+/// Loads the file; its problems are printed here (one per line, or as JSON) and are the answer.
+fn load(file: &ConfigFileArgs) -> Result<std::result::Result<Loaded, Exit>> {
+    let path = path(file)?;
+    let problems = match settings::load(&path) {
+        Ok(loaded) => return Ok(Ok(loaded)),
+        Err(LoadError::Unreadable(why)) => vec![why],
+        Err(LoadError::Problems(p)) => p,
+    };
+    if file.json {
+        println!(
+            "{}",
+            json!({"file": path.display().to_string(), "ok": false, "problems": problems})
+        );
+    } else {
+        for problem in &problems {
+            eprintln!("xtr-lock: {}: {problem}", path.display());
+        }
+    }
+    Ok(Err(Exit::Error))
+}
+
+async fn check(file: &ConfigFileArgs, ping: Option<Duration>) -> Result<Exit> {
+    let loaded = match load(file)? {
+        Ok(loaded) => loaded,
+        Err(exit) => return Ok(exit),
+    };
+    let shown = loaded.path.display().to_string();
+    let count = loaded.checked.entries.len();
+    let default = loaded.checked.default.clone();
+    let Some(deadline) = ping else {
+        if file.json {
+            println!(
+                "{}",
+                json!({"file": shown, "ok": true, "default": default, "entries": count})
+            );
+        } else {
+            println!(
+                "{shown}: {count} entr{}, default {default:?}: sound",
+                if count == 1 { "y" } else { "ies" }
+            );
+        }
+        return Ok(Exit::Ok);
+    };
+    let locks = Locks::from_checked(loaded.checked);
+    let started = Instant::now();
+    let report = locks.ping(deadline).await;
+    let took = started.elapsed();
+    if let Err(err) = locks.close().await {
+        eprintln!("xtr-lock: warning: {}", output::causes(&err));
+    }
+    let failed = report.iter().filter(|(_, r)| r.is_err()).count();
+    if file.json {
+        let entries: serde_json::Map<String, serde_json::Value> = report
+            .iter()
+            .map(|(entry, answer)| {
+                let value = match answer {
+                    Ok(()) => json!({"reached": true}),
+                    Err(e) => json!({"reached": false, "error": output::causes(e)}),
+                };
+                (entry.clone(), value)
+            })
+            .collect();
+        println!(
+            "{}",
+            json!({"file": shown, "ok": failed == 0, "default": default, "entries": entries})
+        );
+    } else {
+        let width = report.iter().map(|(e, _)| e.len()).max().unwrap_or(0);
+        for (entry, answer) in &report {
+            match answer {
+                Ok(()) => println!("{entry:width$}  reached"),
+                Err(e) => println!("{entry:width$}  NOT REACHED: {}", output::causes(e)),
+            }
+        }
+        println!(
+            "{shown}: {} of {count} reached within {} ({})",
+            count - failed,
+            output::short(deadline),
+            output::short(took)
+        );
+    }
+    Ok(if failed == 0 {
+        Exit::Ok
+    } else {
+        Exit::Unavailable
+    })
+}
+
+fn show(file: &ConfigFileArgs) -> Result<Exit> {
+    let loaded = match load(file)? {
+        Ok(loaded) => loaded,
+        Err(exit) => return Ok(exit),
+    };
+    let checked = &loaded.checked;
+    if file.json {
+        let entries: serde_json::Map<String, serde_json::Value> = checked
+            .entries
+            .iter()
+            .map(|(name, e)| (name.clone(), entry_json(e)))
+            .collect();
+        println!(
+            "{}",
+            json!({
+                "file": loaded.path.display().to_string(),
+                "default": checked.default,
+                "entries": entries,
+            })
+        );
+        return Ok(Exit::Ok);
+    }
+    println!(
+        "# {}, checked; variables expanded, credentials redacted",
+        loaded.path.display()
+    );
+    println!("default = {}", quoted(&checked.default));
+    for (name, e) in &checked.entries {
+        println!();
+        println!("[stores.{}]", quoted(name));
+        match e.quorum {
+            None => println!("dsn = {}", quoted(&redacted(&e.dsns[0]))),
+            Some(kind) => {
+                let list: Vec<String> = e.dsns.iter().map(|d| quoted(&redacted(d))).collect();
+                println!("dsns = [{}]", list.join(", "));
+                println!("strategy = {}", quoted(quorum_name(kind)));
+            }
+        }
+        println!("prefix = {}", quoted(&e.prefix));
+        println!("ttl = {}", quoted(&ttl_text(e.ttl)));
+        println!("wait = {}", quoted(&wait_text(e.wait)));
+    }
+    Ok(Exit::Ok)
+}
+
+fn entry_json(e: &CheckedEntry) -> serde_json::Value {
+    json!({
+        "stores": e.dsns.iter().map(|d| redacted(d)).collect::<Vec<_>>(),
+        "strategy": e.quorum.map(quorum_name),
+        "prefix": e.prefix,
+        "ttl": ttl_text(e.ttl),
+        "wait": wait_text(e.wait),
+    })
+}
+
+fn quorum_name(kind: QuorumKind) -> &'static str {
+    match kind {
+        QuorumKind::Consensus => "consensus",
+        QuorumKind::Unanimous => "unanimous",
+    }
+}
+
+fn ttl_text(ttl: Option<Duration>) -> String {
+    ttl.map_or_else(
+        || "none".to_owned(),
+        |d| humantime::format_duration(d).to_string(),
+    )
+}
+
+fn wait_text(wait: Wait) -> String {
+    match wait {
+        Wait::Never => "0".to_owned(),
+        Wait::Forever => "forever".to_owned(),
+        Wait::AtMost(d) => humantime::format_duration(d).to_string(),
+    }
+}
+
+/// A TOML (and JSON) basic string.
+fn quoted(text: &str) -> String {
+    serde_json::Value::String(text.to_owned()).to_string()
+}
+
+/// Query options that hold secrets in the stores' DSNs.
+const SECRET_OPTIONS: &[&str] = &[
+    "password",
+    "pass",
+    "passwd",
+    "auth",
+    "secret",
+    "token",
+    "sslpassword",
+    "sslkey",
+];
+
+/// A DSN as `config show` prints it: the password (and, for Redis, where a lone user name is the
+/// password, the user) and secret options replaced by `***`; a DSN that is not a URL shows its
+/// scheme only.
+pub(crate) fn redacted(dsn: &str) -> String {
+    if !dsn.contains(':') {
+        return dsn.to_owned(); // a keyword: flock, in-memory, null
+    }
+    let Ok(mut url) = url::Url::parse(dsn) else {
+        let scheme = dsn.split_once(':').map_or("", |(s, _)| s);
+        return format!("{scheme}:(redacted: not a URL)");
+    };
+    let redis = url.scheme().starts_with("redis") || url.scheme() == "unix";
+    if url.password().is_some() {
+        let _ = url.set_password(Some("***"));
+    } else if redis && !url.username().is_empty() {
+        let _ = url.set_username("***");
+    }
+    if url.query().is_some() {
+        let pairs: Vec<(String, String)> = url
+            .query_pairs()
+            .map(|(k, v)| {
+                let secret = SECRET_OPTIONS.contains(&k.to_ascii_lowercase().as_str());
+                (
+                    k.into_owned(),
+                    if secret { "***".into() } else { v.into_owned() },
+                )
+            })
+            .collect();
+        url.query_pairs_mut().clear().extend_pairs(pairs);
+    }
+    url.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dsns_are_shown_without_credentials() {
+        assert_eq!(redacted("flock"), "flock");
+        assert_eq!(
+            redacted("redis://:hunter2@cache:6379/0"),
+            "redis://:***@cache:6379/0"
+        );
+        assert_eq!(redacted("redis://hunter2@cache/0"), "redis://***@cache/0");
+        assert_eq!(
+            redacted("postgresql+advisory://app:hunter2@db/app?keys=crc32"),
+            "postgresql+advisory://app:***@db/app?keys=crc32"
+        );
+        assert_eq!(
+            redacted("mysql://app@db/app?password=hunter2&ssl-mode=required"),
+            "mysql://app@db/app?password=***&ssl-mode=required"
+        );
+        assert_eq!(redacted("redis://[bad"), "redis:(redacted: not a URL)");
+        assert_eq!(redacted("flock:///var/lock"), "flock:///var/lock");
+    }
+}

@@ -156,6 +156,30 @@ impl LockFactory {
         let monitor = start_monitor(&lock, true).await?;
         LockGuard::new(lock, true, monitor).run(body()).await
     }
+
+    /// Runs `body` under the read lock on `resource`, waiting for it, with the factory's ttl:
+    /// `run(resource, RunOptions::new().shared(), body)`. Readers run together; a writer waits
+    /// for them.
+    ///
+    /// # Errors
+    ///
+    /// As [`run`](Self::run).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`run`](Self::run).
+    pub async fn run_read<T, E, F, Fut>(
+        &self,
+        resource: impl Into<String>,
+        body: F,
+    ) -> std::result::Result<T, E>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = std::result::Result<T, E>>,
+        E: From<Error>,
+    {
+        self.run(resource, RunOptions::new().shared(), body).await
+    }
 }
 
 /// How [`LockFactory::run`] takes its lock. Built with named setters, so a ttl and a wait cannot

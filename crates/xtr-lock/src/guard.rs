@@ -11,7 +11,7 @@ use crate::lockable::{Lockable, Release};
 use crate::logging::TARGET;
 use crate::lost::{KeepAlive, LockLost};
 
-/// Holds a write lock taken by [`Lock::lock`], keeps it alive, tells when it is lost, and
+/// Holds a lock taken by [`Lock::lock`] (write) or [`Lock::lock_read`] (read), keeps it alive, tells when it is lost, and
 /// releases it when it goes.
 ///
 /// - [`unlock`](LockGuard::unlock) releases now and says what it found (a lock lost meanwhile is
@@ -245,10 +245,26 @@ impl dyn Lockable + '_ {
         F: Future<Output = std::result::Result<T, E>>,
         E: From<Error>,
     {
-        let took = self.held_mode().is_none();
-        self.acquire().await?;
-        let monitor = start_monitor(self, took).await?;
-        run_scope(self, took, monitor, body).await
+        crate::LockableExt::scoped(self, body).await
+    }
+
+    /// Waits for the read lock, runs `body`, and releases on the way out, as
+    /// [`Lock::scoped_read`] does.
+    ///
+    /// # Errors
+    ///
+    /// As [`Lock::scoped`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropped while waiting it leaves nothing held; dropped while the body runs, a
+    /// release is scheduled.
+    pub async fn scoped_read<T, E, F>(&self, body: F) -> std::result::Result<T, E>
+    where
+        F: Future<Output = std::result::Result<T, E>>,
+        E: From<Error>,
+    {
+        crate::LockableExt::scoped_read(self, body).await
     }
 }
 

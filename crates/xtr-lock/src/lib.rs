@@ -93,6 +93,7 @@ mod logging;
 mod lost;
 mod mode;
 mod redact;
+mod scope;
 pub mod store;
 
 #[cfg(any(test, feature = "conformance"))]
@@ -108,6 +109,7 @@ pub use limits::MAX_DURATION;
 pub use lock::Lock;
 pub use lockable::{Lockable, NoLock, Release, Wait};
 pub use lost::{KeepAlive, LockLost};
+pub use scope::LockableExt;
 #[cfg(all(feature = "flock", target_os = "linux"))]
 pub use store::FlockStore;
 #[cfg(feature = "redis")]

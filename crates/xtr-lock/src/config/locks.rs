@@ -200,6 +200,31 @@ impl Locks {
             .await
     }
 
+    /// Runs `body` under the read lock on `resource` on the default entry, with the entry's
+    /// prefix, ttl and wait: readers run together, a writer waits for them.
+    ///
+    /// # Errors
+    ///
+    /// As [`run`](Self::run).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`run`](Self::run).
+    pub async fn run_read<T, E, F, Fut>(&self, resource: &str, body: F) -> std::result::Result<T, E>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = std::result::Result<T, E>>,
+        E: From<Error>,
+    {
+        self.run_on(
+            self.default_entry(),
+            resource,
+            RunOptions::new().shared(),
+            body,
+        )
+        .await
+    }
+
     /// As [`run`](Self::run), on `entry`, with `options` (its wait replaced by the entry's
     /// unless it sets one; use [`RunOptions::shared`] for the read lock).
     ///

@@ -2,10 +2,24 @@
 //! the runtime, ordered before the holder's next store operation.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use crate::key::Key;
 use crate::logging::TARGET;
 use crate::store::Store;
+
+/// Clean-ups scheduled in this process and not finished.
+static PENDING: AtomicUsize = AtomicUsize::new(0);
+
+/// Waits (at most `within`) until no clean-up scheduled in this process is still running: what
+/// a runtime about to shut down does, so that its background releases are not dropped unrun.
+pub(crate) async fn settled(within: Duration) {
+    let deadline = tokio::time::Instant::now() + within;
+    while PENDING.load(Ordering::SeqCst) > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
 
 /// Releases what `key` holds, in the background: runs `store.delete(key)` to completion,
 /// ordered before the holder's next store operation. Skipped when the holder started a new
@@ -23,12 +37,14 @@ pub(crate) fn schedule_cleanup(
     }
     holder.released();
     holder.begin_cleanup();
+    PENDING.fetch_add(1, Ordering::SeqCst);
     /// Ends the clean-up even if the task is dropped unrun (runtime shutting down), so the
     /// holder's later operations never wait for it forever.
     struct Done(Key);
     impl Drop for Done {
         fn drop(&mut self) {
             self.0.holder().end_cleanup();
+            PENDING.fetch_sub(1, Ordering::SeqCst);
         }
     }
     let done = Done(key.clone());

@@ -196,11 +196,11 @@ impl LockFactory {
 /// the factory's ttl, renewed while the body runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RunOptions {
-    ttl: Option<Option<Duration>>,
+    pub(crate) ttl: Option<Option<Duration>>,
     /// `None`: not set (forever, or a registry entry's wait).
-    wait: Option<Wait>,
-    mode: Mode,
-    keep_alive: bool,
+    pub(crate) wait: Option<Wait>,
+    pub(crate) mode: Mode,
+    pub(crate) keep_alive: bool,
 }
 
 impl Default for RunOptions {

@@ -77,6 +77,7 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod blocking;
 mod cleanup;
 mod clock;
 pub mod config;

@@ -167,11 +167,20 @@ async fn a_foreign_subscriber_is_named_in_the_error_and_never_killed() {
         "{:?}",
         started.elapsed()
     );
+    // Our own subscription goes (unsubscribing is asynchronous, so it may linger a moment);
+    // the foreign one stays, its process alive.
+    let deadline = Instant::now() + SOON;
+    let mut left = server.cli(&["PUBSUB", "NUMSUB", &c]);
+    while left.lines().nth(1) != Some("1") && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        left = server.cli(&["PUBSUB", "NUMSUB", &c]);
+    }
     assert_eq!(
-        server.cli(&["PUBSUB", "NUMSUB", &c]).lines().nth(1),
+        left.lines().nth(1),
         Some("1"),
-        "the foreign subscriber is still there"
+        "the foreign subscriber is still there, and only it"
     );
+    assert!(sub.try_wait().unwrap().is_none(), "never killed");
     assert!(!rust.is_acquired().await.unwrap());
     sub.kill().unwrap();
     sub.wait().unwrap();

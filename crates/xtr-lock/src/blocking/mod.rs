@@ -1,0 +1,311 @@
+//! The lock API for code without an async runtime (as `reqwest::blocking` is for HTTP): the
+//! same locks, guards, renewal and loss signal, each call blocking the calling thread.
+//!
+//! A [`LockFactory`] (or [`Locks`]) owns a private tokio runtime on one background thread, where
+//! the store's connections, the renewals and the background releases live; its clones, locks
+//! and guards share it, and it stops when the last of them goes (after background releases
+//! still running have finished, 5 s at most).
+//!
+//! - **Inside a tokio runtime every call refuses** with
+//!   [`Unsupported`](crate::ErrorKind::Unsupported) saying so: blocking there would stall the
+//!   runtime's thread, and could deadlock it. Use the async API there.
+//! - **Timeouts are the cancellation**: [`Lock::acquire_timeout`] gives up at the deadline and
+//!   leaves nothing held, as a dropped async acquire does.
+//! - A [`LockGuard`] releases when dropped, **before `drop` returns**; a lost lock shows in
+//!   [`LockGuard::is_lost`] and [`LockGuard::wait_lost`].
+//!
+//! ```
+//! use std::time::Duration;
+//! use xtr_lock::blocking::LockFactory;
+//!
+//! # fn main() -> xtr_lock::Result<()> {
+//! let factory = LockFactory::from_dsn("in-memory")?;
+//! let lock = factory.create_lock("nightly-report");
+//! let mut guard = lock.lock()?;
+//! // ... the work, checking between steps:
+//! assert!(guard.wait_lost(Duration::from_millis(1))?.is_none());
+//! drop(guard); // released here
+//!
+//! let other = factory.create_lock("nightly-report");
+//! let n = other.scoped(|| Ok::<_, xtr_lock::Error>(42))?;
+//! assert_eq!(n, 42);
+//! # Ok(()) }
+//! ```
+
+mod lock;
+mod rt;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use lock::{KeepAlive, Lock, LockGuard};
+use rt::Rt;
+
+use crate::error::{Error, Result};
+use crate::factory::RunOptions;
+use crate::store::Store;
+
+/// Makes [`Lock`]s on one store, blocking; see the [module](self).
+#[derive(Clone)]
+pub struct LockFactory {
+    inner: crate::LockFactory,
+    rt: Arc<Rt>,
+}
+
+impl LockFactory {
+    /// A factory on the store a DSN names (the DSNs of [`StoreFactory`](crate::StoreFactory)).
+    ///
+    /// # Errors
+    ///
+    /// A DSN no store accepts; `Unsupported` inside a tokio runtime; a runtime that cannot start.
+    pub fn from_dsn(dsn: &str) -> Result<Self> {
+        let rt = Rt::start()?;
+        let store = rt.enter(|| crate::StoreFactory::create_store(dsn))?;
+        Ok(LockFactory {
+            inner: crate::LockFactory::from_arc(store),
+            rt: Arc::new(rt),
+        })
+    }
+
+    /// A factory on `store`, built by `make` on the factory's runtime (stores that connect or
+    /// spawn must be made there).
+    ///
+    /// # Errors
+    ///
+    /// `make`'s error; `Unsupported` inside a tokio runtime.
+    pub fn with_store<S: Store>(make: impl FnOnce() -> Result<S>) -> Result<Self> {
+        let rt = Rt::start()?;
+        let store = rt.enter(make)?;
+        Ok(LockFactory {
+            inner: crate::LockFactory::new(store),
+            rt: Arc::new(rt),
+        })
+    }
+
+    /// The same factory with `ttl` as its locks' default lifetime (`None`: no ttl).
+    #[must_use]
+    pub fn with_default_ttl(mut self, ttl: Option<Duration>) -> Self {
+        self.inner = self.inner.with_default_ttl(ttl);
+        self
+    }
+
+    /// A lock (a new holder) for `resource`.
+    pub fn create_lock(&self, resource: impl Into<String>) -> Lock {
+        Lock {
+            inner: self.inner.create_lock(resource),
+            rt: self.rt.clone(),
+        }
+    }
+
+    /// Runs `body` on this thread under the lock on `resource`, taken as `options` say,
+    /// kept alive meanwhile and released on the way out, as [`Lock::scoped`] does.
+    ///
+    /// # Errors
+    ///
+    /// A [`Conflict`](crate::ErrorKind::Conflict) when the lock did not come in time, `Lost`,
+    /// other acquire and release errors, the body's error; all converted into `E`.
+    pub fn run<T, E, F>(
+        &self,
+        resource: impl Into<String>,
+        options: RunOptions,
+        body: F,
+    ) -> std::result::Result<T, E>
+    where
+        F: FnOnce() -> std::result::Result<T, E>,
+        E: From<Error>,
+    {
+        run_with(&self.inner, &self.rt, resource.into(), options, body)
+    }
+
+    /// Closes the store (see [`Store::close`]).
+    ///
+    /// # Errors
+    ///
+    /// The store's; `Unsupported` inside a tokio runtime.
+    pub fn close(&self) -> Result<()> {
+        self.rt.run(self.inner.store().close())?
+    }
+}
+
+fn run_with<T, E, F>(
+    factory: &crate::LockFactory,
+    rt: &Arc<Rt>,
+    resource: String,
+    options: RunOptions,
+    body: F,
+) -> std::result::Result<T, E>
+where
+    F: FnOnce() -> std::result::Result<T, E>,
+    E: From<Error>,
+{
+    let mut lock = factory.create_lock(resource);
+    if let Some(ttl) = options.ttl {
+        lock = lock.with_ttl(ttl);
+    }
+    let lock = Lock {
+        inner: lock.with_keep_alive(options.keep_alive),
+        rt: rt.clone(),
+    };
+    if !lock.acquire_with(options.mode, options.wait.unwrap_or_default())? {
+        return Err(E::from(
+            Error::conflict(lock.resource()).with_store(lock.inner.store()),
+        ));
+    }
+    let monitor = match rt.enter(|| crate::Lockable::keep_alive(&lock.inner)) {
+        Ok(monitor) => monitor,
+        Err(err) => {
+            let _ = lock.release();
+            return Err(E::from(err));
+        }
+    };
+    let guard = LockGuard::from_parts(&lock, monitor);
+    guard.run(body)
+}
+
+impl fmt::Debug for LockFactory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("blocking::LockFactory")
+            .field(&self.inner)
+            .finish()
+    }
+}
+
+/// The registry of a configuration's entries ([`crate::config::Locks`]), blocking.
+#[derive(Clone)]
+pub struct Locks {
+    inner: crate::config::Locks,
+    rt: Arc<Rt>,
+}
+
+impl Locks {
+    /// Checks `config` and builds the registry (nothing connects before first use).
+    ///
+    /// # Errors
+    ///
+    /// Every problem of the configuration (see [`crate::config::LocksConfig::check`]);
+    /// `Unsupported` inside a tokio runtime.
+    pub fn new(config: &crate::config::LocksConfig) -> Result<Self> {
+        let inner = crate::config::Locks::new(config)?;
+        Ok(Locks {
+            inner,
+            rt: Arc::new(Rt::start()?),
+        })
+    }
+
+    /// A lock (a new holder) on the default entry for `resource`, with the entry's prefix and
+    /// ttl.
+    ///
+    /// # Errors
+    ///
+    /// As [`crate::config::Locks::lock`].
+    pub fn lock(&self, resource: &str) -> Result<Lock> {
+        self.lock_on(self.inner.default_entry(), resource)
+    }
+
+    /// A lock on `entry` for `resource`.
+    ///
+    /// # Errors
+    ///
+    /// As [`crate::config::Locks::lock_on`].
+    pub fn lock_on(&self, entry: &str, resource: &str) -> Result<Lock> {
+        let inner = self.rt.enter(|| self.inner.lock_on(entry, resource))?;
+        Ok(Lock {
+            inner,
+            rt: self.rt.clone(),
+        })
+    }
+
+    /// Runs `body` under the write lock on `resource` on the default entry, with the entry's
+    /// prefix, ttl and wait.
+    ///
+    /// # Errors
+    ///
+    /// As [`LockFactory::run`].
+    pub fn run<T, E, F>(&self, resource: &str, body: F) -> std::result::Result<T, E>
+    where
+        F: FnOnce() -> std::result::Result<T, E>,
+        E: From<Error>,
+    {
+        self.run_on(
+            self.inner.default_entry(),
+            resource,
+            RunOptions::new(),
+            body,
+        )
+    }
+
+    /// As [`run`](Self::run) under the read lock.
+    ///
+    /// # Errors
+    ///
+    /// As [`LockFactory::run`].
+    pub fn run_read<T, E, F>(&self, resource: &str, body: F) -> std::result::Result<T, E>
+    where
+        F: FnOnce() -> std::result::Result<T, E>,
+        E: From<Error>,
+    {
+        self.run_on(
+            self.inner.default_entry(),
+            resource,
+            RunOptions::new().shared(),
+            body,
+        )
+    }
+
+    /// As [`run`](Self::run), on `entry`, with `options` (its wait replaced by the entry's
+    /// unless it sets one).
+    ///
+    /// # Errors
+    ///
+    /// As [`LockFactory::run`].
+    pub fn run_on<T, E, F>(
+        &self,
+        entry: &str,
+        resource: &str,
+        options: RunOptions,
+        body: F,
+    ) -> std::result::Result<T, E>
+    where
+        F: FnOnce() -> std::result::Result<T, E>,
+        E: From<Error>,
+    {
+        let checked = self.inner.entry(entry).cloned();
+        let factory = self
+            .rt
+            .enter(|| self.inner.factory(entry))
+            .map_err(E::from)?;
+        let checked = checked.expect("factory() refuses unknown entries");
+        let options = if options.wait_is_set() {
+            options
+        } else {
+            options.wait(checked.wait)
+        };
+        let resource = format!("{}{resource}", checked.prefix);
+        run_with(&factory, &self.rt, resource, options, body)
+    }
+
+    /// Reaches every entry's store, as [`crate::config::Locks::ping`].
+    ///
+    /// # Errors
+    ///
+    /// `Unsupported` inside a tokio runtime.
+    pub fn ping(&self, deadline: Duration) -> Result<Vec<(String, Result<()>)>> {
+        self.rt.run(self.inner.ping(deadline))
+    }
+
+    /// Closes every store built so far.
+    ///
+    /// # Errors
+    ///
+    /// As [`crate::config::Locks::close`]; `Unsupported` inside a tokio runtime.
+    pub fn close(&self) -> Result<()> {
+        self.rt.run(self.inner.close())?
+    }
+}
+
+impl fmt::Debug for Locks {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("blocking::Locks").field(&self.inner).finish()
+    }
+}

@@ -57,10 +57,14 @@ pub(crate) fn schedule_cleanup(
         }
         holder.released();
         match store.delete(&key).await {
-            Ok(_) => tracing::debug!(target: TARGET, resource = key.resource(), why,
-                "took the lock back in the background"),
-            Err(err) => tracing::warn!(target: TARGET, resource = key.resource(), why,
-                error = %err, "failed to take the lock back in the background"),
+            Ok(_) => {
+                tracing::debug!(target: TARGET, resource = key.resource(), store = %store, why,
+                "took the lock back in the background")
+            }
+            Err(err) => {
+                tracing::warn!(target: TARGET, resource = key.resource(), store = %store, why,
+                error = %err, "failed to take the lock back in the background")
+            }
         }
     };
     match tokio::runtime::Handle::try_current() {

@@ -66,6 +66,7 @@ impl Holder {
     }
 
     /// When the holder's current (or last) wait began, in µs since the Unix epoch (0: never).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn wait_began(&self) -> u64 {
         self.wait_began.load(Ordering::Relaxed)
     }
@@ -113,6 +114,7 @@ impl Holder {
                 },
                 Hold::Free | Hold::Lost(_) => {
                     b.generation += 1;
+                    crate::telemetry::held(true);
                     Hold::Held { mode, fencing }
                 }
             };
@@ -132,6 +134,7 @@ impl Holder {
                 // generation, with no fencing token known here.
                 Hold::Free | Hold::Lost(_) => {
                     b.generation += 1;
+                    crate::telemetry::held(true);
                     Hold::Held {
                         mode,
                         fencing: None,
@@ -150,6 +153,8 @@ impl Holder {
         self.state.send_if_modified(|b| match b.hold {
             Hold::Held { .. } => {
                 b.hold = Hold::Lost(reason);
+                crate::telemetry::held(false);
+                crate::telemetry::lost(reason);
                 lost = true;
                 true
             }
@@ -165,6 +170,8 @@ impl Holder {
         self.state.send_if_modified(|b| {
             if b.generation == generation && matches!(b.hold, Hold::Held { .. }) {
                 b.hold = Hold::Lost(reason);
+                crate::telemetry::held(false);
+                crate::telemetry::lost(reason);
                 lost = true;
             }
             lost
@@ -175,6 +182,9 @@ impl Holder {
     /// The holder released (or gave up) what it held.
     pub(crate) fn released(&self) {
         self.state.send_if_modified(|b| {
+            if matches!(b.hold, Hold::Held { .. }) {
+                crate::telemetry::held(false);
+            }
             let changed = b.hold != Hold::Free;
             b.hold = Hold::Free;
             changed

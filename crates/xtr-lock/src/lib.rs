@@ -96,6 +96,7 @@ mod mode;
 mod redact;
 mod scope;
 pub mod store;
+mod telemetry;
 
 #[cfg(any(test, feature = "conformance"))]
 pub mod conformance;

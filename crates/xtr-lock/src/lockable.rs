@@ -86,6 +86,12 @@ pub trait Lockable: Send + Sync {
     /// The resource.
     fn resource(&self) -> &str;
 
+    /// Where the lock lives, as logs and errors name it (never a credential); `None` for a lock
+    /// that lives nowhere ([`NoLock`]).
+    fn store_name(&self) -> Option<String> {
+        None
+    }
+
     /// Takes the lock in `mode`, waiting as `wait` says: `Ok(false)` when someone else holds it
     /// (logged at info) and the wait ran out. Every other acquire form is this one.
     ///

@@ -15,6 +15,19 @@ use crate::store::{Capabilities, Conflict, Saved, Watcher, check_expiry};
 
 impl Lock {
     pub(super) async fn acquire_mode(&self, asked: Mode, wait: Wait) -> Result<bool> {
+        let timer = crate::telemetry::AcquireTimer::start(self.store.as_ref(), asked);
+        let got = self.acquire_timed(asked, wait).await;
+        timer.finish(match (&got, wait) {
+            (Ok(true), _) => "acquired",
+            (Ok(false), Wait::AtMost(d)) if !d.is_zero() => "timeout",
+            (Ok(false), _) => "conflict",
+            (Err(e), _) if e.is_conflict() => "conflict",
+            (Err(_), _) => "error",
+        });
+        got
+    }
+
+    async fn acquire_timed(&self, asked: Mode, wait: Wait) -> Result<bool> {
         if let Some(ttl) = self.ttl.filter(|t| *t > crate::limits::MAX_DURATION) {
             return Err(Error::invalid_ttl(ttl).with_resource(self.resource()));
         }
@@ -29,7 +42,7 @@ impl Lock {
         }
         let caps = self.store.capabilities();
         let mode = if asked == Mode::Read && !caps.shared {
-            tracing::debug!(target: TARGET, resource = self.resource(),
+            tracing::debug!(target: TARGET, resource = self.resource(), store = %self.store,
                 "store does not support read locks, falling back to a write lock");
             Mode::Write
         } else {
@@ -47,7 +60,7 @@ impl Lock {
                     biased;
                     got = self.acquire_or_wait(mode, true, caps, Some(&last_error)) => got,
                     () = timeout => {
-                        tracing::info!(target: TARGET, resource = self.resource(), wait = ?d,
+                        tracing::info!(target: TARGET, resource = self.resource(), store = %self.store, wait = ?d,
                             "gave up waiting for the lock");
                         Ok(false)
                     }
@@ -89,7 +102,11 @@ impl Lock {
             if caps.serializable_keys && self.holder().mode().is_none() {
                 match self.attempt(mode, &mut guard).await {
                     Ok(None) => Ok(true),
-                    Ok(Some(_)) => self.native_wait(mode, &mut guard).await,
+                    Ok(Some(_)) => {
+                        crate::telemetry::contended(self.store.as_ref());
+                        crate::telemetry::waited(self.store.as_ref());
+                        self.native_wait(mode, &mut guard).await
+                    }
                     Err(err) => Err(err),
                 }
             } else {
@@ -112,7 +129,7 @@ impl Lock {
             }
             Ok(false) => {
                 guard.disarm();
-                tracing::info!(target: TARGET, resource = self.resource(),
+                tracing::info!(target: TARGET, resource = self.resource(), store = %self.store,
                     "failed to acquire the lock, someone else holds it");
                 Ok(false)
             }
@@ -126,7 +143,7 @@ impl Lock {
                 // A native wait that cannot go on: nothing was stored, and the holder's state
                 // says what it still holds.
                 guard.disarm();
-                tracing::info!(target: TARGET, resource = self.resource(),
+                tracing::info!(target: TARGET, resource = self.resource(), store = %self.store,
                     "failed to acquire the lock, someone else holds it");
                 Err(err)
             }
@@ -139,7 +156,7 @@ impl Lock {
             Err(err) => {
                 // The guard stays armed: whatever the failed save may have stored is taken back
                 // before this holder's next store operation.
-                tracing::warn!(target: TARGET, resource = self.resource(), error = %err,
+                tracing::warn!(target: TARGET, resource = self.resource(), store = %self.store, error = %err,
                     "failed to acquire the lock");
                 Err(Error::wrap(
                     ErrorKind::Acquiring,
@@ -198,7 +215,7 @@ impl Lock {
                     // it reads.
                     (_, Some(kept)) => self.holder().found_held(kept),
                     (Some(was), None) => {
-                        tracing::warn!(target: TARGET, resource = self.resource(), was = ?was,
+                        tracing::warn!(target: TARGET, resource = self.resource(), store = %self.store, was = ?was,
                             "the lock was lost while trying to take it again or change its mode");
                         self.holder().found_not_held(LostReason::TakenOver);
                     }
@@ -234,7 +251,7 @@ impl Lock {
                 (Ok(None), _) => return Ok(true),
                 (Ok(Some(conflict)), _) => conflict,
                 (Err(err), Some(slot)) if err.is_temporary() && !err.is_expired() => {
-                    tracing::debug!(target: TARGET, resource = self.resource(), error = %err,
+                    tracing::debug!(target: TARGET, resource = self.resource(), store = %self.store, error = %err,
                         retry_in = ?pause, "a temporary error while waiting; trying again");
                     *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(err);
                     self.key.clock().sleep(pause).await;
@@ -248,12 +265,17 @@ impl Lock {
                 slot.lock().unwrap_or_else(|e| e.into_inner()).take();
                 pause = Duration::from_millis(50);
             }
+            if !waiting {
+                // Counted once per call: its first refusal.
+                crate::telemetry::contended(self.store.as_ref());
+            }
             if !blocking {
                 return Ok(false);
             }
             if !waiting {
                 waiting = true;
                 self.holder().begins_waiting();
+                crate::telemetry::waited(self.store.as_ref());
                 if caps.notifies {
                     continue;
                 }
@@ -261,7 +283,7 @@ impl Lock {
             // However quickly a watcher fires, give the scheduler (and a caller's deadline) a
             // turn between attempts: a wait must never spin without yielding.
             tokio::task::yield_now().await;
-            tracing::debug!(target: TARGET, resource = self.resource(), "waiting for the lock");
+            tracing::debug!(target: TARGET, resource = self.resource(), store = %self.store, "waiting for the lock");
             // Sleep until the holders' lifetimes end, if the store said when; poll unless the
             // watcher sees every release.
             let poll = match &watcher {
@@ -310,10 +332,14 @@ impl Lock {
     async fn confirm_lifetime(&self, mode: Mode) -> Result<()> {
         check_expiry(self.store.as_ref(), &self.key).await?;
         match mode {
-            Mode::Write => tracing::debug!(target: TARGET, resource = self.resource(),
-                fencing_token = self.holder().fencing_token(), "acquired the lock"),
-            Mode::Read => tracing::debug!(target: TARGET, resource = self.resource(),
-                "acquired the lock for reading"),
+            Mode::Write => {
+                tracing::debug!(target: TARGET, resource = self.resource(), store = %self.store,
+                fencing_token = self.holder().fencing_token(), "acquired the lock")
+            }
+            Mode::Read => {
+                tracing::debug!(target: TARGET, resource = self.resource(), store = %self.store,
+                "acquired the lock for reading")
+            }
         }
         Ok(())
     }

@@ -137,17 +137,17 @@ impl Lock {
                     holder.found_not_held(LostReason::Expired);
                     return Err(err);
                 }
-                tracing::debug!(target: TARGET, resource = self.resource(), ttl = ?ttl,
+                tracing::debug!(target: TARGET, resource = self.resource(), store = %self.store, ttl = ?ttl,
                     "expiration defined for the lock");
                 Ok(())
             }
             Ok(Holding::NotHeld(reason)) => {
                 if believed {
-                    tracing::warn!(target: TARGET, resource = self.resource(), reason = %reason,
+                    tracing::warn!(target: TARGET, resource = self.resource(), store = %self.store, reason = %reason,
                         "failed to define an expiration for the lock: it was lost");
                     Err(Error::lost(self.resource(), reason).with_store(&self.store))
                 } else {
-                    tracing::warn!(target: TARGET, resource = self.resource(),
+                    tracing::warn!(target: TARGET, resource = self.resource(), store = %self.store,
                         "failed to define an expiration for the lock: it is not held");
                     Err(Error::conflict(self.resource())
                         .with_reason("this holder does not hold it")
@@ -156,7 +156,8 @@ impl Lock {
             }
             Err(err) if err.is_expired() => Err(err),
             Err(err) => {
-                tracing::warn!(target: TARGET, resource = self.resource(), error = %err,
+                crate::telemetry::refresh_failed(self.store.as_ref());
+                tracing::warn!(target: TARGET, resource = self.resource(), store = %self.store, error = %err,
                     "failed to define an expiration for the lock");
                 Err(Error::wrap(
                     ErrorKind::Acquiring,
@@ -181,7 +182,7 @@ impl Lock {
         };
         match deleted {
             Ok(removed) => {
-                tracing::debug!(target: TARGET, resource = self.resource(), "released the lock");
+                tracing::debug!(target: TARGET, resource = self.resource(), store = %self.store, "released the lock");
                 Ok(match believed {
                     _ if !self.excludes() => Release::Released,
                     Hold::Lost(_) => Release::Lost,
@@ -191,7 +192,7 @@ impl Lock {
                 })
             }
             Err(err) => {
-                tracing::warn!(target: TARGET, resource = self.resource(), "failed to release the lock");
+                tracing::warn!(target: TARGET, resource = self.resource(), store = %self.store, "failed to release the lock");
                 if err.kind() == ErrorKind::Releasing {
                     Err(err)
                 } else {
@@ -216,7 +217,7 @@ impl Lock {
             }
             Holding::NotHeld(reason) => {
                 if self.excludes() && self.holder().found_not_held(reason) {
-                    tracing::warn!(target: TARGET, resource = self.resource(), reason = %reason,
+                    tracing::warn!(target: TARGET, resource = self.resource(), store = %self.store, reason = %reason,
                         "the lock was lost");
                 }
                 Ok(false)
@@ -229,6 +230,10 @@ impl Lock {
 impl Lockable for Lock {
     fn resource(&self) -> &str {
         self.key.resource()
+    }
+
+    fn store_name(&self) -> Option<String> {
+        Some(self.store.to_string())
     }
 
     async fn acquire_with(&self, mode: Mode, wait: Wait) -> Result<bool> {

@@ -52,7 +52,7 @@ async fn watch_over(lock: Lock, generation: u64, lost: watch::Sender<Option<Lock
     let mut loss: Option<LossWatcher> = match lock.store.watch_loss(&lock.key).await {
         Ok(w) => w,
         Err(err) => {
-            tracing::debug!(target: TARGET, resource = lock.resource(), error = %err,
+            tracing::debug!(target: TARGET, resource = lock.resource(), store = %lock.store, error = %err,
                 "cannot watch the lock for its loss; checking on it instead");
             None
         }
@@ -84,7 +84,7 @@ async fn watch_over(lock: Lock, generation: u64, lost: watch::Sender<Option<Lock
                     lock.holder().lose(generation, reason)
                 };
                 if confirmed {
-                    tracing::warn!(target: TARGET, resource = lock.resource(), reason = %reason,
+                    tracing::warn!(target: TARGET, resource = lock.resource(), store = %lock.store, reason = %reason,
                         "the lock was lost");
                 }
             }
@@ -135,12 +135,12 @@ async fn on_timer(
             Err(err) => match lock.remaining_lifetime() {
                 // It may pass: try again sooner, while the lease lasts.
                 Some(left) if !left.is_zero() => {
-                    tracing::warn!(target: TARGET, resource = lock.resource(), error = %err,
+                    tracing::warn!(target: TARGET, resource = lock.resource(), store = %lock.store, error = %err,
                         "could not refresh the lock; retrying while it lasts");
                     Some((period / 4).max(Duration::from_millis(10)).min(left))
                 }
                 _ => {
-                    tracing::warn!(target: TARGET, resource = lock.resource(), error = %err,
+                    tracing::warn!(target: TARGET, resource = lock.resource(), store = %lock.store, error = %err,
                         "could not refresh the lock before its lifetime ran out");
                     let _turn = holder.turn().await;
                     if holder.lose(generation, LostReason::Unreachable) {
@@ -160,7 +160,7 @@ async fn on_timer(
         },
         Duty::Check => {
             if let Err(err) = lock.is_acquired().await {
-                tracing::debug!(target: TARGET, resource = lock.resource(), error = %err,
+                tracing::debug!(target: TARGET, resource = lock.resource(), store = %lock.store, error = %err,
                     "could not check on the lock");
             }
             Some(CHECK_EVERY)

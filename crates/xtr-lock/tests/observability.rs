@@ -1,0 +1,157 @@
+//! Metrics (a debugging recorder) and logs (a capturing subscriber): what a service owner sees
+//! for acquires, contention, waits, timeouts, cancellations, holds, losses and refresh failures,
+//! at the levels of the behaviour contract, each log event naming the resource and the store.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use tracing::field::{Field, Visit};
+use tracing_subscriber::layer::{Context, SubscriberExt as _};
+use xtr_lock::{InMemoryStore, LockFactory, Lockable as _};
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// What a workload does to a memory store: a hold, a conflict, a timed-out wait, a cancelled
+/// wait, a release, and a hold that expires unrenewed and is found lost.
+async fn workload() {
+    let clock: Arc<dyn xtr_lock::Clock> = Arc::new(xtr_lock::MonotonicClock);
+    let factory =
+        LockFactory::new(InMemoryStore::expiring(clock.clone())).with_clock(clock.clone());
+    let a = factory.create_lock("job");
+    let b = factory.create_lock("job");
+    assert!(a.try_acquire().await.unwrap());
+    assert!(!b.try_acquire().await.unwrap());
+    assert!(!b.acquire_timeout(Duration::from_millis(30)).await.unwrap());
+    let cancelled = tokio::time::timeout(Duration::from_millis(30), b.acquire()).await;
+    assert!(cancelled.is_err());
+    a.release().await.unwrap();
+    let short = factory
+        .create_lock("short")
+        .with_ttl(Some(Duration::from_millis(40)));
+    assert!(short.try_acquire().await.unwrap());
+    tokio::time::sleep(Duration::from_millis(80)).await;
+    assert!(!short.is_acquired().await.unwrap());
+    // A refresh of the lost lock fails and says so.
+    assert!(short.refresh(None).await.is_err());
+}
+
+#[test]
+fn metrics_count_what_happened_with_bounded_labels() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || runtime().block_on(workload()));
+    let mut seen: BTreeMap<String, DebugValue> = BTreeMap::new();
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let key = key.key();
+        let mut labels: Vec<String> = key
+            .labels()
+            .map(|l| format!("{}={}", l.key(), l.value()))
+            .collect();
+        labels.sort();
+        seen.insert(format!("{}{{{}}}", key.name(), labels.join(",")), value);
+    }
+    let count = |name: &str| match seen.get(name) {
+        Some(DebugValue::Counter(n)) => *n,
+        Some(DebugValue::Histogram(v)) => v.len() as u64,
+        other => panic!("{name}: {other:?} in {:#?}", seen.keys()),
+    };
+    assert_eq!(
+        count("xtr_lock_acquire_seconds{mode=write,outcome=acquired,store=in-memory}"),
+        2
+    );
+    assert_eq!(
+        count("xtr_lock_acquire_seconds{mode=write,outcome=conflict,store=in-memory}"),
+        1
+    );
+    assert_eq!(
+        count("xtr_lock_acquire_seconds{mode=write,outcome=timeout,store=in-memory}"),
+        1
+    );
+    assert_eq!(
+        count("xtr_lock_acquire_seconds{mode=write,outcome=cancelled,store=in-memory}"),
+        1
+    );
+    assert_eq!(count("xtr_lock_contended_total{store=in-memory}"), 3);
+    assert_eq!(count("xtr_lock_waits_total{store=in-memory}"), 2);
+    assert_eq!(count("xtr_lock_lost_total{reason=expired}"), 1);
+    match seen.get("xtr_lock_held{}") {
+        Some(DebugValue::Gauge(g)) => assert_eq!(g.into_inner(), 0.0, "nothing held at the end"),
+        other => panic!("xtr_lock_held: {other:?}"),
+    }
+    // No label carries a resource name.
+    assert!(
+        seen.keys()
+            .all(|k| !k.contains("job") && !k.contains("short"))
+    );
+}
+
+/// One captured event: level, message, fields.
+#[derive(Debug, Clone)]
+struct Event {
+    level: tracing::Level,
+    fields: BTreeMap<String, String>,
+}
+
+#[derive(Clone, Default)]
+struct Capture(Arc<Mutex<Vec<Event>>>);
+
+struct Fields<'a>(&'a mut BTreeMap<String, String>);
+
+impl Visit for Fields<'_> {
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        self.0.insert(field.name().to_owned(), format!("{value:?}"));
+    }
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.0.insert(field.name().to_owned(), value.to_owned());
+    }
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Capture {
+    fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
+        if event.metadata().target() != "xtr_lock" {
+            return;
+        }
+        let mut fields = BTreeMap::new();
+        event.record(&mut Fields(&mut fields));
+        self.0.lock().unwrap().push(Event {
+            level: *event.metadata().level(),
+            fields,
+        });
+    }
+}
+
+#[test]
+fn logs_follow_the_levels_and_name_the_resource_and_the_store() {
+    let capture = Capture::default();
+    let subscriber = tracing_subscriber::registry().with(capture.clone());
+    tracing::subscriber::with_default(subscriber, || runtime().block_on(workload()));
+    let events = capture.0.lock().unwrap().clone();
+    let find = |level: tracing::Level, text: &str| {
+        events
+            .iter()
+            .find(|e| e.level == level && e.fields.get("message").is_some_and(|m| m == text))
+            .unwrap_or_else(|| panic!("no {level} {text:?} in {events:#?}"))
+    };
+    find(tracing::Level::DEBUG, "acquired the lock");
+    find(
+        tracing::Level::INFO,
+        "failed to acquire the lock, someone else holds it",
+    );
+    find(tracing::Level::DEBUG, "released the lock");
+    find(tracing::Level::WARN, "the lock was lost");
+    for e in &events {
+        assert!(e.fields.contains_key("resource"), "{e:?}");
+        assert_eq!(
+            e.fields.get("store").map(String::as_str),
+            Some("in-memory"),
+            "{e:?}"
+        );
+    }
+}

@@ -228,46 +228,6 @@ impl Lock {
     }
 }
 
-impl dyn Lockable + '_ {
-    /// Waits for the write lock, runs `body`, and releases on the way out, as
-    /// [`Lock::scoped`] does.
-    ///
-    /// # Errors
-    ///
-    /// As [`Lock::scoped`].
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: dropped while waiting it leaves nothing held; dropped while the body runs, a
-    /// release is scheduled.
-    pub async fn scoped<T, E, F>(&self, body: F) -> std::result::Result<T, E>
-    where
-        F: Future<Output = std::result::Result<T, E>>,
-        E: From<Error>,
-    {
-        crate::LockableExt::scoped(self, body).await
-    }
-
-    /// Waits for the read lock, runs `body`, and releases on the way out, as
-    /// [`Lock::scoped_read`] does.
-    ///
-    /// # Errors
-    ///
-    /// As [`Lock::scoped`].
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: dropped while waiting it leaves nothing held; dropped while the body runs, a
-    /// release is scheduled.
-    pub async fn scoped_read<T, E, F>(&self, body: F) -> std::result::Result<T, E>
-    where
-        F: Future<Output = std::result::Result<T, E>>,
-        E: From<Error>,
-    {
-        crate::LockableExt::scoped_read(self, body).await
-    }
-}
-
 /// Starts the monitor of a lock just acquired; if it cannot start, releases the lock again when
 /// this acquisition took it, so that a failure leaves nothing held.
 pub(crate) async fn start_monitor<L: Lockable + ?Sized>(lock: &L, took: bool) -> Result<KeepAlive> {

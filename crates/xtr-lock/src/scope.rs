@@ -80,6 +80,46 @@ impl Lock {
     }
 }
 
+impl dyn Lockable + '_ {
+    /// Waits for the write lock, runs `body`, and releases on the way out, as
+    /// [`Lock::scoped`] does.
+    ///
+    /// # Errors
+    ///
+    /// As [`Lock::scoped`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropped while waiting it leaves nothing held; dropped while the body runs, a
+    /// release is scheduled.
+    pub async fn scoped<T, E, F>(&self, body: F) -> std::result::Result<T, E>
+    where
+        F: Future<Output = std::result::Result<T, E>>,
+        E: From<Error>,
+    {
+        LockableExt::scoped(self, body).await
+    }
+
+    /// Waits for the read lock, runs `body`, and releases on the way out, as
+    /// [`Lock::scoped_read`] does.
+    ///
+    /// # Errors
+    ///
+    /// As [`Lock::scoped`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropped while waiting it leaves nothing held; dropped while the body runs, a
+    /// release is scheduled.
+    pub async fn scoped_read<T, E, F>(&self, body: F) -> std::result::Result<T, E>
+    where
+        F: Future<Output = std::result::Result<T, E>>,
+        E: From<Error>,
+    {
+        LockableExt::scoped_read(self, body).await
+    }
+}
+
 /// Scopes on any lock type: `scoped` and `scoped_read` for every [`Lockable`] (a [`Lock`], a
 /// `dyn Lockable`, [`NoLock`](crate::NoLock), a type of your own), so generic code can use them.
 ///

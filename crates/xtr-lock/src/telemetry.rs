@@ -15,13 +15,15 @@
 //! - `xtr_lock_refresh_failures_total` (`store`): refreshes that failed for another reason
 //!   than a loss.
 
-use crate::error::LostReason;
-use crate::key::Mode;
-use crate::store::Store;
+use std::fmt::Display;
 
-/// A store's kind, as labels show it: its `Display` up to the first `:` or `(`.
+use crate::error::LostReason;
+use crate::mode::Mode;
+
+/// A store's kind, as labels show it: its `Display` up to the first `:` or `(`. (A store is
+/// taken as what it displays, so that this module, which the holder uses, needs no store.)
 #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
-fn kind(store: &dyn Store) -> String {
+fn kind(store: &dyn Display) -> String {
     let shown = store.to_string();
     let end = shown.find([':', '(']).unwrap_or(shown.len());
     shown[..end].to_owned()
@@ -59,7 +61,7 @@ pub(crate) struct AcquireTimer {
 
 impl AcquireTimer {
     #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-    pub(crate) fn start(store: &dyn Store, mode: Mode) -> AcquireTimer {
+    pub(crate) fn start(store: &dyn Display, mode: Mode) -> AcquireTimer {
         AcquireTimer {
             #[cfg(feature = "metrics")]
             started: std::time::Instant::now(),
@@ -91,19 +93,19 @@ impl Drop for AcquireTimer {
 }
 
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-pub(crate) fn waited(store: &dyn Store) {
+pub(crate) fn waited(store: &dyn Display) {
     #[cfg(feature = "metrics")]
     metrics::counter!("xtr_lock_waits_total", "store" => kind(store)).increment(1);
 }
 
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-pub(crate) fn contended(store: &dyn Store) {
+pub(crate) fn contended(store: &dyn Display) {
     #[cfg(feature = "metrics")]
     metrics::counter!("xtr_lock_contended_total", "store" => kind(store)).increment(1);
 }
 
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-pub(crate) fn refresh_failed(store: &dyn Store) {
+pub(crate) fn refresh_failed(store: &dyn Display) {
     #[cfg(feature = "metrics")]
     metrics::counter!("xtr_lock_refresh_failures_total", "store" => kind(store)).increment(1);
 }

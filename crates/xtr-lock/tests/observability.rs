@@ -155,3 +155,31 @@ fn logs_follow_the_levels_and_name_the_resource_and_the_store() {
         );
     }
 }
+
+#[test]
+fn a_refresh_that_cannot_reach_its_store_is_counted_as_a_failure() {
+    let mut server = xtr_lock_testkit::redis::RedisServer::start();
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        runtime().block_on(async {
+            let store = xtr_lock::RedisStore::from_dsn(&server.url(0)).unwrap();
+            let lock = LockFactory::new(store).create_lock("renewed");
+            assert!(lock.try_acquire().await.unwrap());
+            server.kill();
+            let err = lock.refresh(None).await.unwrap_err();
+            assert!(!err.is_lost(), "unreachable, not lost: {err}");
+        });
+    });
+    let failures: u64 = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(k, ..)| k.key().name() == "xtr_lock_refresh_failures_total")
+        .map(|(_, _, _, v)| match v {
+            DebugValue::Counter(n) => n,
+            other => panic!("{other:?}"),
+        })
+        .sum();
+    assert_eq!(failures, 1);
+}

@@ -120,9 +120,11 @@ impl LockGuard {
         E: From<Error>,
     {
         let monitor = std::mem::replace(&mut self.monitor, KeepAlive::inert());
-        let out = run_scope(&self.lock, self.took, monitor, body).await;
+        // From here the scope releases (also when dropped or when the body panics): the guard
+        // must not schedule a second release, which could reach the store after the holder has
+        // taken the lock again and take that back.
         self.active = false;
-        out
+        run_scope(&self.lock, self.took, monitor, body).await
     }
 }
 

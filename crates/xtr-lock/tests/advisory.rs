@@ -434,3 +434,36 @@ fn dsn_errors_and_display_never_show_the_password() {
     assert!(err.contains("keys") && !err.contains("hunter2"), "{err}");
     let _ = Arc::new(s);
 }
+
+/// A scope whose body panics releases its lock; taking the lock again at once must not race a
+/// stray background release of the old hold (it did: the panicking guard also scheduled one,
+/// which reached the session after the new acquire and unlocked it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_taken_again_after_a_panicking_scope_stays_held() {
+    let server = PostgresServer::start();
+    let store = store(&server, "");
+    let factory = LockFactory::new(store.clone());
+    let mut probe = session(&server).await;
+    let key = store.advisory_key("panic-again");
+    let lock = factory.create_lock("panic-again");
+    for round in 0..60 {
+        let panicked = tokio::spawn({
+            let lock = lock.clone();
+            async move {
+                let _: Result<(), xtr_lock::Error> =
+                    lock.scoped(async { panic!("body panicked") }).await;
+            }
+        })
+        .await;
+        assert!(panicked.unwrap_err().is_panic());
+        lock.acquire().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        assert!(lock.is_acquired().await.unwrap(), "round {round}");
+        assert_eq!(rows(&mut probe, key).await.len(), 1, "round {round}");
+        assert_eq!(
+            lock.release().await.unwrap(),
+            Release::Released,
+            "round {round}"
+        );
+    }
+}

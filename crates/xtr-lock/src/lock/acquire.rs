@@ -313,7 +313,10 @@ impl Lock {
     /// a conflict error, never as "not acquired".
     async fn native_wait(&self, mode: Mode, guard: &mut CancelGuard<'_>) -> Result<bool> {
         // Native waits are not run under the holder's turn: a pending wait must never block a
-        // release or refresh of the same holder.
+        // release or refresh of the same holder. Background clean-ups of this holder still go
+        // first (taking the turn waits for them): one reaching the store after the wait's save
+        // would take the new lock back.
+        drop(self.holder().turn().await);
         guard.at_attempt();
         self.key.reset_lifetime();
         let saved = match mode {

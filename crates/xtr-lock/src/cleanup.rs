@@ -5,20 +5,33 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use tokio::sync::Notify;
+
 use crate::key::Key;
 use crate::logging::TARGET;
 use crate::store::Store;
 
 /// Clean-ups scheduled in this process and not finished.
 static PENDING: AtomicUsize = AtomicUsize::new(0);
+/// Woken when the last pending clean-up finishes.
+static SETTLED: Notify = Notify::const_new();
 
 /// Waits (at most `within`) until no clean-up scheduled in this process is still running: what
 /// a runtime about to shut down does, so that its background releases are not dropped unrun.
 pub(crate) async fn settled(within: Duration) {
-    let deadline = tokio::time::Instant::now() + within;
-    while PENDING.load(Ordering::SeqCst) > 0 && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    let _ = tokio::time::timeout(within, async {
+        loop {
+            let woken = SETTLED.notified();
+            let mut woken = std::pin::pin!(woken);
+            // Registered before the check, so a finish between the two is not missed.
+            woken.as_mut().enable();
+            if PENDING.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            woken.await;
+        }
+    })
+    .await;
 }
 
 /// Releases what `key` holds, in the background: runs `store.delete(key)` to completion,
@@ -44,7 +57,9 @@ pub(crate) fn schedule_cleanup(
     impl Drop for Done {
         fn drop(&mut self) {
             self.0.holder().end_cleanup();
-            PENDING.fetch_sub(1, Ordering::SeqCst);
+            if PENDING.fetch_sub(1, Ordering::SeqCst) == 1 {
+                SETTLED.notify_waiters();
+            }
         }
     }
     let done = Done(key.clone());

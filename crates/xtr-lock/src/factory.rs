@@ -140,21 +140,31 @@ impl LockFactory {
         Fut: Future<Output = std::result::Result<T, E>>,
         E: From<Error>,
     {
+        let lock = self.take_for_run(resource, options).await?;
+        let monitor = start_monitor(&lock, true).await?;
+        LockGuard::new(lock, true, monitor).run(body()).await
+    }
+
+    /// The first half of [`run`](Self::run), shared with the blocking API: a new lock with the
+    /// options' ttl and renewal, taken as they say, or a conflict naming the resource.
+    pub(crate) async fn take_for_run(
+        &self,
+        resource: impl Into<String>,
+        options: RunOptions,
+    ) -> crate::Result<Lock> {
         let mut lock = self.create_lock(resource);
         if let Some(ttl) = options.ttl {
             lock = lock.with_ttl(ttl);
         }
         let lock = lock.with_keep_alive(options.keep_alive);
-        if !lock
+        if lock
             .acquire_with(options.mode, options.wait.unwrap_or_default())
             .await?
         {
-            return Err(E::from(
-                Error::conflict(lock.resource()).with_store(lock.store()),
-            ));
+            Ok(lock)
+        } else {
+            Err(Error::conflict(lock.resource()).with_store(lock.store()))
         }
-        let monitor = start_monitor(&lock, true).await?;
-        LockGuard::new(lock, true, monitor).run(body()).await
     }
 
     /// Runs `body` under the read lock on `resource`, waiting for it, with the factory's ttl:

@@ -299,7 +299,8 @@ where
     };
     on_drop.armed = false;
     let resource = lock.resource();
-    let store = lock.store_name().unwrap_or_default();
+    // Only the warnings below need it: not built on the way out of every scope.
+    let store = || lock.store_name().unwrap_or_default();
     let lost_anyway = match (&released, known_loss) {
         (Some(Ok(Release::Lost)), reason) => Some(reason.unwrap_or(LostReason::Removed)),
         (None, Some(reason)) => Some(reason),
@@ -312,16 +313,16 @@ where
     match ended {
         Ended::Panicked(panic) => {
             if let Some(err) = release_error {
-                tracing::warn!(target: TARGET, resource, store, error = %err,
+                tracing::warn!(target: TARGET, resource, store = store(), error = %err,
                     "failed to release the lock after the scope panicked");
             }
             std::panic::resume_unwind(panic)
         }
         Ended::Stopped(lost) => {
-            tracing::warn!(target: TARGET, resource, store, reason = %lost.reason,
+            tracing::warn!(target: TARGET, resource, store = store(), reason = %lost.reason,
                 "the lock was lost: the scope's body was stopped");
             if let Some(err) = release_error {
-                tracing::warn!(target: TARGET, resource, store, error = %err,
+                tracing::warn!(target: TARGET, resource, store = store(), error = %err,
                     "failed to release the lock after it was lost");
             }
             Err(E::from(Error::from(lost)))
@@ -329,11 +330,11 @@ where
         Ended::Returned(Err(body_err)) => {
             // The body's error wins; a release failure or a loss is reported here.
             if let Some(err) = release_error {
-                tracing::warn!(target: TARGET, resource, store, error = %err,
+                tracing::warn!(target: TARGET, resource, store = store(), error = %err,
                     "failed to release the lock after the scope failed");
             }
             if let Some(reason) = lost_anyway {
-                tracing::warn!(target: TARGET, resource, store, reason = %reason,
+                tracing::warn!(target: TARGET, resource, store = store(), reason = %reason,
                     "the lock was lost while the scope ran");
             }
             Err(body_err)
@@ -341,7 +342,7 @@ where
         Ended::Returned(Ok(value)) => match (release_error, lost_anyway) {
             (Some(err), _) => Err(E::from(err)),
             (None, Some(reason)) => {
-                tracing::warn!(target: TARGET, resource, store, reason = %reason,
+                tracing::warn!(target: TARGET, resource, store = store(), reason = %reason,
                     "the lock was lost while the scope ran: its result is not returned");
                 Err(E::from(Error::lost(resource, reason)))
             }

@@ -139,26 +139,17 @@ where
     F: FnOnce() -> std::result::Result<T, E>,
     E: From<Error>,
 {
-    let mut lock = factory.create_lock(resource);
-    if let Some(ttl) = options.ttl {
-        lock = lock.with_ttl(ttl);
-    }
     let lock = Lock {
-        inner: lock.with_keep_alive(options.keep_alive),
+        inner: rt
+            .run(factory.take_for_run(resource, options))
+            .map_err(E::from)?
+            .map_err(E::from)?,
         rt: rt.clone(),
     };
-    if !lock.acquire_with(options.mode, options.wait.unwrap_or_default())? {
-        return Err(E::from(
-            Error::conflict(lock.resource()).with_store(lock.inner.store()),
-        ));
-    }
-    let monitor = match rt.enter(|| crate::Lockable::keep_alive(&lock.inner)) {
-        Ok(monitor) => monitor,
-        Err(err) => {
-            let _ = lock.release();
-            return Err(E::from(err));
-        }
-    };
+    let monitor = rt
+        .run(crate::guard::start_monitor(&lock.inner, true))
+        .map_err(E::from)?
+        .map_err(E::from)?;
     let guard = LockGuard::from_parts(&lock, monitor);
     guard.run(body)
 }
@@ -270,18 +261,10 @@ impl Locks {
         F: FnOnce() -> std::result::Result<T, E>,
         E: From<Error>,
     {
-        let checked = self.inner.entry(entry).cloned();
-        let factory = self
+        let (factory, resource, options) = self
             .rt
-            .enter(|| self.inner.factory(entry))
+            .enter(|| self.inner.for_run(entry, resource, options))
             .map_err(E::from)?;
-        let checked = checked.expect("factory() refuses unknown entries");
-        let options = if options.wait_is_set() {
-            options
-        } else {
-            options.wait(checked.wait)
-        };
-        let resource = format!("{}{resource}", checked.prefix);
         run_with(&factory, &self.rt, resource, options, body)
     }
 

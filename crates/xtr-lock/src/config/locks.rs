@@ -247,15 +247,26 @@ impl Locks {
         Fut: Future<Output = std::result::Result<T, E>>,
         E: From<Error>,
     {
-        let checked = self.checked(entry).map_err(E::from)?;
+        let (factory, resource, options) = self.for_run(entry, resource, options)?;
+        factory.run(resource, options, body).await
+    }
+
+    /// What `run_on` runs with, shared with the blocking API: the entry's factory, the
+    /// prefixed resource, and the options with the entry's wait unless they set one.
+    pub(crate) fn for_run(
+        &self,
+        entry: &str,
+        resource: &str,
+        options: RunOptions,
+    ) -> Result<(LockFactory, String, RunOptions)> {
+        let checked = self.checked(entry)?;
         let options = if options.wait_is_set() {
             options
         } else {
             options.wait(checked.wait)
         };
-        let factory = self.factory(entry).map_err(E::from)?;
         let resource = format!("{}{resource}", checked.prefix);
-        factory.run(resource, options, body).await
+        Ok((self.factory(entry)?, resource, options))
     }
 
     /// Reaches every entry's store, for readiness probes: a trying write lock on the entry's
@@ -272,24 +283,24 @@ impl Locks {
     pub async fn ping(&self, deadline: std::time::Duration) -> Vec<(String, Result<()>)> {
         let names: Vec<String> = self.entries().map(str::to_owned).collect();
         let pings = names.iter().map(|entry| async move {
-            let lock = self.lock_on(entry, PING_RESOURCE)?;
-            let attempt = async {
-                if crate::Lockable::try_acquire(&lock).await? {
-                    // Dropped before the release has answered: released in the background.
-                    let mut pending = ReleaseOnDrop(Some(&lock));
-                    crate::Lockable::release(&lock).await?;
-                    pending.0 = None;
-                }
-                Ok(())
-            };
+            // A scope that tries once and does nothing: released on the way out, also when
+            // dropped; a lock someone else holds is a conflict, and an answer all the same.
+            let options = RunOptions::new().wait(crate::Wait::Never).keep_alive(false);
+            let attempt = self.run_on(entry, PING_RESOURCE, options, || async {
+                Ok::<_, Error>(())
+            });
             match tokio::time::timeout(deadline, attempt).await {
+                Ok(Err(err)) if err.is_conflict() => Ok(()),
                 Ok(answer) => answer,
-                Err(_) => Err(Error::storage(format!(
-                    "the store did not answer within {} s",
-                    deadline.as_secs_f64()
-                ))
-                .temporary()
-                .with_resource(lock.resource())),
+                Err(_) => {
+                    let prefix = self.entry(entry).map_or("", |e| e.prefix.as_str());
+                    Err(Error::storage(format!(
+                        "the store did not answer within {} s",
+                        deadline.as_secs_f64()
+                    ))
+                    .temporary()
+                    .with_resource(format!("{prefix}{PING_RESOURCE}")))
+                }
             }
         });
         let answers = futures_util::future::join_all(pings).await;
@@ -338,16 +349,5 @@ impl fmt::Debug for Locks {
         f.debug_struct("Locks")
             .field("config", &self.inner.config)
             .finish_non_exhaustive()
-    }
-}
-
-/// Releases its lock in the background when dropped (disarmed once the release answered).
-struct ReleaseOnDrop<'a>(Option<&'a Lock>);
-
-impl Drop for ReleaseOnDrop<'_> {
-    fn drop(&mut self) {
-        if let Some(lock) = self.0.take() {
-            crate::Lockable::release_in_background(lock);
-        }
     }
 }

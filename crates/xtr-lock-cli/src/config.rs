@@ -117,7 +117,7 @@ impl Source {
         }
         let entry = args.use_entry.as_deref();
         if args.config.is_some() || entry.is_some() {
-            let Some(path) = settings::file(args.config.as_deref())? else {
+            let Some(path) = settings::file(args.config.as_deref()) else {
                 return Err(anyhow!(
                     "--use picks an entry of a lock configuration file: give --config FILE or \
                      set ${}",
@@ -135,7 +135,7 @@ impl Source {
                 return Err(anyhow!("${STORE_ENV} is not valid UTF-8"));
             }
         }
-        match settings::file(None)? {
+        match settings::file(None) {
             Some(path) => Ok(Source::Config(Box::new(Configured::open(
                 &path, false, None,
             )?))),

@@ -164,13 +164,12 @@ pub(crate) fn store_for(handed: &Handed, source: &Source) -> Result<StoreConfig>
             }
             Ok(config)
         }
-        Source::Flag(_) | Source::Env(_) | Source::Config(_) => {
-            match StoreConfig::open(source, true) {
-                Ok(config) if same(&config) => Ok(config),
-                _ => StoreConfig::from_dsns(stores).context(OWN_STORE),
-            }
-        }
         Source::Default => StoreConfig::from_dsns(stores).context(OWN_STORE),
+        // The environment's store (or configuration) is used when it names the key's stores.
+        _ => match StoreConfig::open(source, true) {
+            Ok(config) if same(&config) => Ok(config),
+            _ => StoreConfig::from_dsns(stores).context(OWN_STORE),
+        },
     }
 }
 

@@ -40,11 +40,15 @@ impl LoadError {
     }
 }
 
+/// Reads the configuration file at `path` (not yet checked); the error is one line.
+fn read(path: &Path) -> std::result::Result<LocksConfig, String> {
+    LocksConfig::from_toml_file(path)
+        .map_err(|e| e.reason().map_or_else(|| e.to_string(), str::to_owned))
+}
+
 /// Reads and checks the configuration file at `path`.
 pub(crate) fn load(path: &Path) -> std::result::Result<Loaded, LoadError> {
-    let raw = LocksConfig::from_toml_file(path).map_err(|e| {
-        LoadError::Unreadable(e.reason().map_or_else(|| e.to_string(), str::to_owned))
-    })?;
+    let raw = read(path).map_err(LoadError::Unreadable)?;
     let checked = raw.check().map_err(|e| LoadError::Problems(e.problems))?;
     Ok(Loaded {
         path: path.to_owned(),
@@ -53,14 +57,13 @@ pub(crate) fn load(path: &Path) -> std::result::Result<Loaded, LoadError> {
 }
 
 /// The file named by `flag`, else by `$XTR_LOCK_CONFIG`.
-pub(crate) fn file(flag: Option<&Path>) -> Result<Option<PathBuf>> {
+pub(crate) fn file(flag: Option<&Path>) -> Option<PathBuf> {
     if let Some(path) = flag {
-        return Ok(Some(path.to_owned()));
+        return Some(path.to_owned());
     }
-    match std::env::var_os(CONFIG_ENV) {
-        Some(v) if !v.is_empty() => Ok(Some(PathBuf::from(v))),
-        _ => Ok(None),
-    }
+    std::env::var_os(CONFIG_ENV)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
 }
 
 /// One entry of a configuration file, as a command uses it.
@@ -82,12 +85,7 @@ impl Configured {
     /// the file's top level) is checked: a command is not refused for another entry's unset
     /// variable; `config check` checks them all.
     pub(crate) fn open(path: &Path, explicit: bool, name: Option<&str>) -> Result<Configured> {
-        let mut raw = LocksConfig::from_toml_file(path).map_err(|e| {
-            anyhow!(
-                "{}",
-                e.reason().map_or_else(|| e.to_string(), str::to_owned)
-            )
-        })?;
+        let mut raw = read(path).map_err(|why| anyhow!("{why}"))?;
         let entry = name
             .or(raw.default.as_deref())
             .unwrap_or(DEFAULT_ENTRY)

@@ -30,7 +30,7 @@ pub(crate) async fn config(command: ConfigCommand) -> Result<Exit> {
 }
 
 fn path(file: &ConfigFileArgs) -> Result<PathBuf> {
-    settings::file(file.config.as_deref())?.ok_or_else(|| {
+    settings::file(file.config.as_deref()).ok_or_else(|| {
         anyhow!(
             "no lock configuration to read: give --config FILE or set ${}",
             settings::CONFIG_ENV

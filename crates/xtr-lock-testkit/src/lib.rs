@@ -4,6 +4,7 @@
 //! saying what is missing and how to install it; no test is ever skipped silently.
 
 pub mod delay_proxy;
+pub mod etcd;
 pub mod mariadb;
 pub mod postgres;
 mod process;

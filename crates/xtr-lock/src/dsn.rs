@@ -17,6 +17,7 @@ use crate::store::{CombinedStore, InMemoryStore, NullStore, Store, Strategy};
 /// | `postgres://`, `postgresql://`, `mysql://`, `mariadb://`, `sqlite:///<path>`, `sqlite::memory:` | [`SqlStore`](crate::SqlStore) (feature `sql`) on that database's lock table |
 /// | `postgresql+advisory://`, `postgres+advisory://` | [`PgAdvisoryStore`](crate::PgAdvisoryStore) (feature `sql`): session-level advisory locks |
 /// | `mysql+getlock://`, `mariadb+getlock://` | [`MySqlLockStore`](crate::MySqlLockStore) (feature `sql`): named locks (`GET_LOCK`) |
+/// | `etcd://host:port[,host:port…][/prefix]`, `etcds://` | [`EtcdStore`](crate::EtcdStore) (feature `etcd`): etcd's lock recipe, shared with `etcdctl lock` |
 /// | `flock://[<path>]?names=long` | the same, naming files with the whole digest ([`FlockStore::with_long_names`](crate::FlockStore::with_long_names)) |
 ///
 /// Keywords are case-sensitive. Each store issue adds its schemes here (`flock`, `redis://`,
@@ -57,6 +58,9 @@ enum Dsn {
     /// A MySQL `GET_LOCK` DSN (checked when parsed).
     #[cfg(feature = "sql")]
     GetLock(String),
+    /// An etcd DSN (checked when parsed).
+    #[cfg(feature = "etcd")]
+    Etcd(String),
     /// `flock` or `flock://`: the default directory; `flock://<path>`: that directory; with
     /// `?names=long`, file names with the whole digest.
     #[cfg_attr(not(all(feature = "flock", target_os = "linux")), allow(dead_code))]
@@ -96,7 +100,10 @@ const KNOWN_ELSEWHERE: &[(&str, &str)] = &[
     ("mysql+getlock", "sql"),
     #[cfg(not(feature = "sql"))]
     ("mariadb+getlock", "sql"),
+    #[cfg(not(feature = "etcd"))]
     ("etcd", "etcd"),
+    #[cfg(not(feature = "etcd"))]
+    ("etcds", "etcd"),
 ];
 
 impl StoreFactory {
@@ -121,6 +128,8 @@ impl StoreFactory {
             Dsn::Advisory(dsn) => Arc::new(crate::store::PgAdvisoryStore::from_dsn(&dsn)?),
             #[cfg(feature = "sql")]
             Dsn::GetLock(dsn) => Arc::new(crate::store::MySqlLockStore::from_dsn(&dsn)?),
+            #[cfg(feature = "etcd")]
+            Dsn::Etcd(dsn) => Arc::new(crate::store::EtcdStore::from_dsn(&dsn)?),
             #[cfg(all(feature = "flock", target_os = "linux"))]
             Dsn::Flock { dir, long } => {
                 let store = match dir {
@@ -180,6 +189,11 @@ fn parse(dsn: &str) -> Result<Dsn> {
     if crate::store::advisory::is_getlock_dsn(dsn) {
         crate::store::advisory::validate_dsn(dsn)?;
         return Ok(Dsn::GetLock(dsn.to_owned()));
+    }
+    #[cfg(feature = "etcd")]
+    if crate::store::etcd::is_etcd_dsn(dsn) {
+        crate::store::etcd::validate_dsn(dsn)?;
+        return Ok(Dsn::Etcd(dsn.to_owned()));
     }
     #[cfg(feature = "sql")]
     if crate::store::sql::is_sql_dsn(dsn) {

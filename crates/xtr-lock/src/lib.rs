@@ -116,6 +116,8 @@ pub use scope::LockableExt;
 pub use store::FlockStore;
 #[cfg(feature = "redis")]
 pub use store::RedisPubSubStore;
+#[cfg(feature = "etcd")]
+pub use store::EtcdStore;
 #[cfg(feature = "redis")]
 pub use store::RedisStore;
 pub use store::{InMemoryStore, NullStore, Store};

@@ -234,3 +234,38 @@ mod mysql_getlock {
         Harness::new(Arc::new(store)).keep_alive(server)
     });
 }
+
+/// An etcd store on `cluster`, with a 5 s lease (what a holder that dies leaves behind), and a
+/// sabotage that deletes the resource's keys the way an operator would, with `etcdctl del`.
+fn etcd_harness(cluster: xtr_lock_testkit::etcd::EtcdCluster) -> Harness {
+    let store = xtr_lock::EtcdStore::from_dsn(&format!("{}?ttl=5", cluster.dsn(""))).unwrap();
+    let cluster = Arc::new(cluster);
+    let sabotage = cluster.clone();
+    Harness::new(Arc::new(store))
+        .keep_alive(cluster)
+        .with_sabotage(move |key| {
+            let cluster = sabotage.clone();
+            Box::pin(async move {
+                let dir = format!("{}/", key.resource());
+                tokio::task::spawn_blocking(move || {
+                    cluster.etcdctl_output(&["del", "--prefix", &dir]);
+                })
+                .await
+                .unwrap();
+            })
+        })
+}
+
+mod etcd {
+    use super::*;
+    xtr_lock::conformance_tests!(|| async {
+        etcd_harness(xtr_lock_testkit::etcd::EtcdCluster::single())
+    });
+}
+
+mod etcd_cluster_3 {
+    use super::*;
+    xtr_lock::conformance_tests!(|| async {
+        etcd_harness(xtr_lock_testkit::etcd::EtcdCluster::start(3))
+    });
+}

@@ -36,6 +36,8 @@ use crate::key::Key;
 
 mod channels;
 mod combined;
+#[cfg(feature = "etcd")]
+pub(crate) mod etcd;
 #[cfg(all(feature = "flock", target_os = "linux"))]
 mod flock;
 mod memory;
@@ -56,6 +58,8 @@ pub(crate) mod sql;
 
 #[cfg(feature = "sql")]
 pub use advisory::{KeyMode, MySqlLockStore, PgAdvisoryStore};
+#[cfg(feature = "etcd")]
+pub use etcd::EtcdStore;
 pub use combined::{CombinedStore, ConsensusStrategy, Strategy, UnanimousStrategy};
 #[cfg(all(feature = "flock", target_os = "linux"))]
 pub use flock::FlockStore;

@@ -159,6 +159,11 @@ pub struct HolderInfo {
     /// Which server-side session holds it, where the lock is a database session's (the
     /// advisory store: `backend 4242 (app, from 10.0.0.7)`).
     pub backend: Option<String>,
+    /// It does not hold yet: it waits in the store's queue (etcd shows its queue in order).
+    pub waiting: bool,
+    /// The fencing token its hold has (or will have), where the store can tell (etcd: its
+    /// key's create revision).
+    pub fencing_token: Option<u64>,
 }
 
 impl HolderInfo {
@@ -170,7 +175,21 @@ impl HolderInfo {
             remaining,
             id: None,
             backend: None,
+            waiting: false,
+            fencing_token: None,
         }
+    }
+
+    /// Marks it as waiting in the store's queue (sets [`waiting`](HolderInfo::waiting)).
+    pub fn queued(mut self) -> Self {
+        self.waiting = true;
+        self
+    }
+
+    /// Its fencing token (sets [`fencing_token`](HolderInfo::fencing_token)).
+    pub fn with_fencing_token(mut self, token: u64) -> Self {
+        self.fencing_token = Some(token);
+        self
     }
 
     /// The server-side session that holds it (sets [`backend`](HolderInfo::backend)).

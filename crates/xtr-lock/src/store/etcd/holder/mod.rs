@@ -1,0 +1,541 @@
+//! One holder: a task that owns the holder's lease and queue keys and runs its requests in
+//! order. Callers send commands and await the answer; a caller that goes away only drops its
+//! end of the answer, and the task finishes what it started: a wait whose caller left deletes
+//! its queue key, a grant nobody will receive is given back.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
+use etcd_client::{SortOrder, SortTarget, TxnOpResponse};
+use tokio::sync::{mpsc, oneshot, watch};
+
+use super::conn::{Core, lease_not_found};
+use super::lease::{Lease, State};
+use super::queue::{self, Entry, Kind, Turn};
+
+mod ops;
+use crate::error::{Error, LostReason, Result};
+use crate::key::Mode;
+use crate::store::{Acquired, Conflict, Holding, Saved};
+
+pub(super) enum Cmd {
+    Save {
+        mode: Mode,
+        wait: bool,
+        ttl: Option<Duration>,
+        reply: oneshot::Sender<Result<Saved>>,
+    },
+    Check {
+        refresh: bool,
+        reply: oneshot::Sender<Result<Holding>>,
+    },
+    Release {
+        reply: oneshot::Sender<Result<bool>>,
+    },
+}
+
+/// What the holder holds, for loss watchers and introspection.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Life {
+    pub(super) held: Option<Mode>,
+    /// Why the last hold ended without a release.
+    pub(super) lost: Option<LostReason>,
+    /// Counts the holds that ended (released or lost).
+    pub(super) ended: u64,
+    pub(super) lease: Option<i64>,
+    /// The create revision of the key that holds.
+    pub(super) token: Option<u64>,
+}
+
+/// The caller's end of a holder task.
+pub(super) struct Holder {
+    pub(super) tx: mpsc::UnboundedSender<Cmd>,
+    pub(super) life: watch::Receiver<Life>,
+}
+
+/// Starts the task of one holder of `resource`.
+pub(super) fn start(core: Arc<Core>, resource: String) -> Holder {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let (life_tx, life) = watch::channel(Life::default());
+    let (lost_tx, lost_rx) = mpsc::unbounded_channel();
+    let dir = queue::dir(&core.config.prefix, &resource);
+    let actor = Actor {
+        core,
+        resource,
+        dir,
+        lease: None,
+        held: None,
+        other: None,
+        lost: None,
+        ended: 0,
+        life: life_tx,
+        rx,
+        lost_tx,
+        lost_rx,
+    };
+    tokio::spawn(actor.run());
+    Holder { tx, life }
+}
+
+/// A key this holder has in the queue, and the watch that reports its delete.
+struct Mine {
+    entry: Entry,
+    watch: Option<tokio::task::AbortHandle>,
+}
+
+impl Drop for Mine {
+    fn drop(&mut self) {
+        if let Some(w) = self.watch.take() {
+            w.abort();
+        }
+    }
+}
+
+struct Actor {
+    core: Arc<Core>,
+    resource: String,
+    dir: Vec<u8>,
+    lease: Option<Lease>,
+    /// The key that holds, with its mode (a reader key reads, a writer key writes).
+    held: Option<Mine>,
+    /// Never set between commands: the writer key of a promotion in progress.
+    other: Option<Entry>,
+    lost: Option<LostReason>,
+    ended: u64,
+    life: watch::Sender<Life>,
+    rx: mpsc::UnboundedReceiver<Cmd>,
+    lost_tx: mpsc::UnboundedSender<(Vec<u8>, i64)>,
+    lost_rx: mpsc::UnboundedReceiver<(Vec<u8>, i64)>,
+}
+
+/// The answer of the transaction that puts a key and reads the queue.
+struct Read {
+    queue: Vec<Entry>,
+    /// The revision the read saw: a watch from the next one misses nothing.
+    revision: i64,
+}
+
+fn mode_of(kind: Kind) -> Mode {
+    match kind {
+        Kind::Reader => Mode::Read,
+        Kind::Writer => Mode::Write,
+    }
+}
+
+fn kind_of(mode: Mode) -> Kind {
+    match mode {
+        Mode::Read => Kind::Reader,
+        Mode::Write => Kind::Writer,
+    }
+}
+
+fn token(rev: i64) -> u64 {
+    u64::try_from(rev).unwrap_or(0)
+}
+
+impl Actor {
+    async fn run(mut self) {
+        loop {
+            let lease_state = self.lease.as_ref().map(|l| l.state.clone());
+            tokio::select! {
+                cmd = self.rx.recv() => match cmd {
+                    Some(Cmd::Save { mode, wait, ttl, reply }) => {
+                        self.save(mode, wait, ttl, reply).await;
+                    }
+                    Some(Cmd::Check { refresh, reply }) => {
+                        let answer = self.check(refresh).await;
+                        let _ = reply.send(answer);
+                    }
+                    Some(Cmd::Release { reply }) => {
+                        let answer = self.release().await;
+                        let _ = reply.send(answer);
+                    }
+                    None => break,
+                },
+                Some((key, rev)) = self.lost_rx.recv() => self.key_deleted(&key, rev),
+                () = lease_gone(lease_state) => self.lease_ended(),
+            }
+        }
+        // The holder's key went: its lease goes, and every key on it with it.
+        if let Some(lease) = self.lease.take() {
+            lease.revoke(&self.core);
+        }
+    }
+
+    fn holds(&self) -> Option<Mode> {
+        self.held.as_ref().map(|m| mode_of(m.entry.kind))
+    }
+
+    fn publish(&self) {
+        let life = Life {
+            held: self.holds(),
+            lost: self.lost,
+            ended: self.ended,
+            lease: self.lease.as_ref().map(|l| l.id),
+            token: self.held.as_ref().map(|m| token(m.entry.rev)),
+        };
+        self.life.send_if_modified(|l| {
+            let changed = *l != life;
+            *l = life;
+            changed
+        });
+    }
+
+    fn error(&self, err: Error) -> Error {
+        err.with_resource(&self.resource).with_store(&*self.core.shown)
+    }
+
+    /// The hold ended without a release.
+    fn lose(&mut self, why: LostReason) {
+        if self.held.take().is_some() {
+            tracing::warn!(target: crate::logging::TARGET, resource = %self.resource,
+                store = %self.core.shown, reason = why.as_str(), "the etcd lock was lost");
+            self.lost = Some(why);
+            self.ended += 1;
+        }
+        self.publish();
+    }
+
+    fn key_deleted(&mut self, key: &[u8], rev: i64) {
+        if self
+            .held
+            .as_ref()
+            .is_some_and(|m| m.entry.key == key && m.entry.rev == rev)
+        {
+            self.lose(LostReason::Removed);
+        }
+    }
+
+    fn lease_ended(&mut self) {
+        let why = match self.lease.as_ref().map(|l| *l.state.borrow()) {
+            Some(State::Gone(why)) => why,
+            _ => return,
+        };
+        self.lease = None;
+        self.lose(why);
+    }
+
+    /// Takes in what the watches and the keeper reported since the last command.
+    fn catch_up(&mut self) {
+        while let Ok((key, rev)) = self.lost_rx.try_recv() {
+            self.key_deleted(&key, rev);
+        }
+        if self.lease.as_ref().is_some_and(|l| !l.alive()) {
+            self.lease_ended();
+        }
+    }
+
+    /// The lease to put keys on: the current one while it lives (its ttl is fixed while the
+    /// holder holds), else a new one of `ttl`.
+    async fn lease(&mut self, ttl: Duration) -> Result<i64> {
+        let ttl = Duration::from_secs(ttl.as_secs_f64().ceil().max(1.0) as u64);
+        if let Some(lease) = &self.lease
+            && lease.alive()
+            && (lease.asked == ttl || self.held.is_some())
+        {
+            return Ok(lease.id);
+        }
+        if let Some(old) = self.lease.take() {
+            old.revoke(&self.core);
+        }
+        let lease = Lease::grant(&self.core, ttl)
+            .await
+            .map_err(|e| self.error(e))?;
+        let id = lease.id;
+        self.lease = Some(lease);
+        self.publish();
+        Ok(id)
+    }
+
+    async fn save(
+        &mut self,
+        mode: Mode,
+        wait: bool,
+        ttl: Option<Duration>,
+        mut reply: oneshot::Sender<Result<Saved>>,
+    ) {
+        self.catch_up();
+        let ttl = ttl.unwrap_or(self.core.config.ttl);
+        let mut answer = match (mode, self.holds()) {
+            (Mode::Write, Some(Mode::Write)) | (Mode::Read, Some(Mode::Read)) => {
+                self.confirm().await
+            }
+            (Mode::Read, Some(Mode::Write)) => self.demote().await,
+            _ => None,
+        };
+        if answer.is_none() {
+            answer = self.enqueue(mode, wait, ttl, &mut reply).await;
+        }
+        if let Some(answer) = answer {
+            let _ = reply.send(answer);
+        }
+        self.publish();
+    }
+
+    /// A re-save in the mode held: still held, with the same token? `None` when the hold is
+    /// gone, to be taken afresh.
+    async fn confirm(&mut self) -> Option<Result<Saved>> {
+        match self.check(false).await {
+            Ok(Holding::Held(_)) => {
+                let rev = self.held.as_ref().map_or(0, |m| m.entry.rev);
+                Some(Ok(Acquired::fenced(token(rev)).into()))
+            }
+            Ok(Holding::NotHeld(_)) => None,
+            Err(e) => Some(Err(e)),
+        }
+    }
+
+    /// Writer to reader in place: the key keeps its revision, so its place in the queue, and
+    /// becomes a reader (writers queued behind it still wait; readers behind them too).
+    async fn demote(&mut self) -> Option<Result<Saved>> {
+        let Some(lease) = self.lease.as_ref().map(|l| l.id) else {
+            return Some(Err(self.error(Error::lost(&self.resource, LostReason::Expired))));
+        };
+        let entry = self.held.as_ref().map(|m| m.entry.clone())?;
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                entry.key.clone(),
+                CompareOp::Equal,
+                entry.rev,
+            )])
+            .and_then([TxnOp::put(
+                entry.key.clone(),
+                Kind::Reader.value(),
+                Some(PutOptions::new().with_lease(lease)),
+            )]);
+        match self.core.call("txn", |mut c| async move { c.txn(txn).await }).await {
+            Ok(r) if r.succeeded() => {
+                if let Some(m) = self.held.as_mut() {
+                    m.entry.kind = Kind::Reader;
+                }
+                Some(Ok(Acquired::fenced(token(entry.rev)).into()))
+            }
+            Ok(_) => {
+                // The write key is gone: read afresh.
+                self.lose(LostReason::Removed);
+                None
+            }
+            Err(e) => Some(Err(self.error(e))),
+        }
+    }
+
+    /// Puts a key of `mode` in the queue (a promotion's writer key beside the read key) and
+    /// waits for its turn, or gives up at once when `wait` is false. `None`: the caller left
+    /// and nothing is to be answered.
+    async fn enqueue(
+        &mut self,
+        mode: Mode,
+        wait: bool,
+        ttl: Duration,
+        reply: &mut oneshot::Sender<Result<Saved>>,
+    ) -> Option<Result<Saved>> {
+        let promoting = self.holds() == Some(Mode::Read);
+        let kept = promoting.then_some(Mode::Read);
+        let (me, mut read) = match self.put(mode, ttl).await {
+            Ok(v) => v,
+            Err(e) => return Some(Err(e)),
+        };
+        self.other = Some(me.clone());
+        let own: Vec<Vec<u8>> = std::iter::once(me.key.clone())
+            .chain(self.held.as_ref().map(|m| m.entry.key.clone()))
+            .collect();
+        let own: Vec<&[u8]> = own.iter().map(Vec::as_slice).collect();
+        loop {
+            match queue::turn(&read.queue, &me, &own, promoting) {
+                Turn::Mine => {
+                    if reply.is_closed() {
+                        // Nobody will receive the grant: give it back.
+                        self.drop_other().await;
+                        return None;
+                    }
+                    return Some(self.granted(me).await);
+                }
+                Turn::Deadlock => {
+                    self.drop_other().await;
+                    return Some(if wait {
+                        Err(self.error(Error::conflict(&self.resource).with_reason(
+                            "deadlock: a writer queued before this promotion waits for this \
+                             holder's read lock; the promotion gave way and the read lock is kept",
+                        )))
+                    } else {
+                        Ok(Conflict::new().with_kept(kept).into())
+                    });
+                }
+                Turn::After(_) if !wait => {
+                    self.drop_other().await;
+                    return Some(Ok(Conflict::new().with_kept(kept).into()));
+                }
+                Turn::After(before) => {
+                    match self.wait_for(&me, &before, read.revision, reply).await {
+                        Waited::Again(next) => read = next,
+                        Waited::Left => {
+                            self.drop_other().await;
+                            return None;
+                        }
+                        Waited::Lost => {
+                            self.drop_other().await;
+                            return Some(Ok(Conflict::new().into()));
+                        }
+                        Waited::Failed(e) => {
+                            self.drop_other().await;
+                            return Some(Err(e));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The new key holds: it replaces a read key it promoted, and its delete is watched.
+    async fn granted(&mut self, me: Entry) -> Result<Saved> {
+        self.other = None;
+        if let Some(old) = self.held.take() {
+            // The promotion holds: the read key goes (its loss watch first).
+            let key = old.entry.key.clone();
+            drop(old);
+            if let Err(e) = self
+                .core
+                .call("delete", |mut c| async move { c.delete(key, None).await })
+                .await
+            {
+                // It is on the holder's lease, and goes with it at the latest.
+                tracing::debug!(target: crate::logging::TARGET, resource = %self.resource,
+                    error = %e, "cannot delete the read key of a granted promotion");
+            }
+        }
+        let watch = super::watch::loss(
+            self.core.clone(),
+            me.key.clone(),
+            me.rev,
+            self.lost_tx.clone(),
+        );
+        let rev = me.rev;
+        self.held = Some(Mine {
+            entry: me,
+            watch: Some(watch),
+        });
+        self.lost = None;
+        Ok(Acquired::fenced(token(rev)).into())
+    }
+
+    /// Deletes the key of an attempt that did not hold (best effort: it is on the lease).
+    async fn drop_other(&mut self) {
+        let Some(entry) = self.other.take() else {
+            return;
+        };
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                entry.key.clone(),
+                CompareOp::Equal,
+                entry.rev,
+            )])
+            .and_then([TxnOp::delete(entry.key.clone(), None)]);
+        if let Err(e) = self.core.call("txn", |mut c| async move { c.txn(txn).await }).await {
+            tracing::debug!(target: crate::logging::TARGET, resource = %self.resource,
+                error = %e, "cannot delete an abandoned queue key; it goes with its lease");
+        }
+    }
+
+    /// Puts this holder's key of `mode` (or finds the one it already has) and reads the queue,
+    /// in one transaction. A lease that turns out gone is replaced once.
+    async fn put(&mut self, mode: Mode, ttl: Duration) -> Result<(Entry, Read)> {
+        let mut again = true;
+        loop {
+            let lease = self.lease(ttl).await?;
+            let kind = kind_of(mode);
+            let taken = self.held.as_ref().map(|m| m.entry.key.clone());
+            let key = queue::name(&self.dir, lease, kind, taken.as_deref());
+            let list = TxnOp::get(self.dir.clone(), Some(list_options()));
+            let txn = Txn::new()
+                .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+                .and_then([
+                    TxnOp::put(
+                        key.clone(),
+                        kind.value(),
+                        Some(PutOptions::new().with_lease(lease)),
+                    ),
+                    list.clone(),
+                ])
+                .or_else([list]);
+            match self.core.call("txn", |mut c| async move { c.txn(txn).await }).await {
+                Ok(r) => {
+                    let revision = r.header().map_or(0, |h| h.revision());
+                    let queue = listed(&self.dir, &r.op_responses());
+                    let Some(me) = queue.iter().find(|e| e.key == key).cloned() else {
+                        return Err(self.error(Error::storage(
+                            "the queue key vanished as it was put (its lease ended)",
+                        )));
+                    };
+                    return Ok((me, Read { queue, revision }));
+                }
+                Err(e) if again && lease_not_found(&e) => {
+                    again = false;
+                    if let Some(l) = self.lease.take() {
+                        drop(l);
+                    }
+                    self.lose(LostReason::Expired);
+                }
+                Err(e) => {
+                    // Unanswered: the put may have happened. The key is this holder's by its
+                    // name and lease; try to take it back, and it goes with the lease anyway.
+                    let txn = Txn::new()
+                        .when([Compare::lease(key.clone(), CompareOp::Equal, lease)])
+                        .and_then([TxnOp::delete(key, None)]);
+                    if self.held.is_none() || taken.is_some() {
+                        let _ = self.core.call("txn", |mut c| async move { c.txn(txn).await }).await;
+                    }
+                    return Err(self.error(e));
+                }
+            }
+        }
+    }
+}
+
+/// How a wait for the predecessor ended.
+enum Waited {
+    /// It changed (or may have): here is the queue read again.
+    Again(Read),
+    /// The caller gave up.
+    Left,
+    /// The read key of a promotion went: nothing is held any more.
+    Lost,
+    Failed(Error),
+}
+
+/// Completes when the lease's keeper says it is gone (never without a lease).
+async fn lease_gone(state: Option<watch::Receiver<State>>) {
+    let Some(mut state) = state else {
+        return std::future::pending().await;
+    };
+    loop {
+        if *state.borrow_and_update() != State::Alive {
+            return;
+        }
+        if state.changed().await.is_err() {
+            return std::future::pending().await;
+        }
+    }
+}
+
+/// Every key under the directory with its value, in create-revision order.
+fn list_options() -> GetOptions {
+    GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Ascend)
+}
+
+/// The queue from the answers of a transaction (its range reads).
+fn listed(dir: &[u8], answers: &[TxnOpResponse]) -> Vec<Entry> {
+    let kvs = answers.iter().flat_map(|a| match a {
+        TxnOpResponse::Get(g) => g.kvs().to_vec(),
+        _ => Vec::new(),
+    });
+    let kvs: Vec<_> = kvs.collect();
+    queue::entries(
+        dir,
+        kvs.iter()
+            .map(|kv| (kv.key(), kv.value(), kv.create_revision(), kv.lease())),
+    )
+}
+

@@ -1,0 +1,192 @@
+//! The holder task's waits, checks and releases.
+
+use std::time::Duration;
+
+use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
+use tokio::sync::oneshot;
+
+use super::{Actor, Read, Waited, lease_gone, list_options, listed};
+use crate::error::{Error, LostReason, Result};
+use crate::store::etcd::queue::Entry;
+use crate::store::{Holding, Saved};
+
+impl Actor {
+    /// Waits until `before` (the key `me` waits for) changes, then reads the queue again. Keeps
+    /// its place through broken streams and leader changes, for as long as the lease lives.
+    pub(super) async fn wait_for(
+        &mut self,
+        me: &Entry,
+        before: &Entry,
+        revision: i64,
+        reply: &mut oneshot::Sender<Result<Saved>>,
+    ) -> Waited {
+        let mut pause = Duration::from_millis(50);
+        loop {
+            let lease = self.lease.as_ref().map(|l| l.state.clone());
+            let core = self.core.clone();
+            let changed = tokio::select! {
+                r = super::super::watch::changed(&core, &before.key, revision + 1) => r,
+                () = reply.closed() => return Waited::Left,
+                () = lease_gone(lease) => {
+                    self.lease_ended();
+                    return Waited::Failed(self.error(Error::lost(&self.resource, LostReason::Expired)
+                        .with_reason("the lease ended while waiting (no keep-alive answered for its ttl)")));
+                }
+                Some((key, rev)) = self.lost_rx.recv() => {
+                    let had = self.held.is_some();
+                    self.key_deleted(&key, rev);
+                    if had && self.held.is_none() {
+                        // The read key of this promotion went: there is nothing to promote.
+                        return Waited::Lost;
+                    }
+                    Ok(())
+                }
+            };
+            if let Err(e) = changed {
+                tracing::debug!(target: crate::logging::TARGET, resource = %self.resource,
+                    error = %e, "a wait's watch broke; watching again");
+                if self.pause(pause, reply).await {
+                    return Waited::Left;
+                }
+                pause = (pause * 2).min(Duration::from_secs(1));
+                continue;
+            }
+            match self.reread(me).await {
+                Ok(Some(read)) => return Waited::Again(read),
+                Ok(None) => {
+                    return Waited::Failed(self.error(
+                        Error::expired(&self.resource).with_reason(
+                            "the queue key vanished while it waited (its lease ended, or it \
+                             was deleted): never a grant",
+                        ),
+                    ));
+                }
+                Err(e) => {
+                    tracing::debug!(target: crate::logging::TARGET, resource = %self.resource,
+                        error = %e, "cannot read the queue while waiting; trying again");
+                    if self.pause(pause, reply).await {
+                        return Waited::Left;
+                    }
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                }
+            }
+        }
+    }
+
+    /// Sleeps `d`; true when the caller left meanwhile.
+    async fn pause(&self, d: Duration, reply: &mut oneshot::Sender<Result<Saved>>) -> bool {
+        tokio::select! {
+            () = tokio::time::sleep(d) => false,
+            () = reply.closed() => true,
+        }
+    }
+
+    /// The queue again, if `me` is still in it (the check the recipe lacked: a key that
+    /// vanished while its holder waited is never taken for a turn).
+    async fn reread(&self, me: &Entry) -> Result<Option<Read>> {
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                me.key.clone(),
+                CompareOp::Equal,
+                me.rev,
+            )])
+            .and_then([TxnOp::get(self.dir.clone(), Some(list_options()))]);
+        let r = self
+            .core
+            .call("txn", |mut c| async move { c.txn(txn).await })
+            .await?;
+        if !r.succeeded() {
+            return Ok(None);
+        }
+        Ok(Some(Read {
+            revision: r.header().map_or(0, |h| h.revision()),
+            queue: listed(&self.dir, &r.op_responses()),
+        }))
+    }
+
+    /// Whether the holder holds, asking etcd (and keeping the lease alive first if `refresh`).
+    pub(super) async fn check(&mut self, refresh: bool) -> Result<Holding> {
+        self.catch_up();
+        let Some(held) = self.held.as_ref().map(|m| m.entry.clone()) else {
+            return Ok(Holding::NotHeld(self.lost.unwrap_or(LostReason::Removed)));
+        };
+        if refresh && let Some(lease) = &self.lease {
+            if let Err(e) = lease.refresh().await {
+                self.catch_up();
+                if self.held.is_none() {
+                    return Ok(Holding::NotHeld(self.lost.unwrap_or(LostReason::Expired)));
+                }
+                return Err(self.error(e));
+            }
+        }
+        let key = held.key.clone();
+        let got = self
+            .core
+            .call("get", |mut c| async move {
+                c.get(key, Some(GetOptions::new())).await
+            })
+            .await
+            .map_err(|e| self.error(e))?;
+        match got.kvs().iter().find(|kv| kv.create_revision() == held.rev) {
+            Some(kv) => Ok(Holding::Held(super::mode_of(
+                crate::store::etcd::queue::Kind::of(kv.value()),
+            ))),
+            None => {
+                let why = if self.lease.as_ref().is_some_and(|l| l.alive()) {
+                    LostReason::Removed
+                } else {
+                    LostReason::Expired
+                };
+                self.lose(why);
+                Ok(Holding::NotHeld(why))
+            }
+        }
+    }
+
+    /// Deletes the holder's key: true when it was still there (a live lock released).
+    pub(super) async fn release(&mut self) -> Result<bool> {
+        self.catch_up();
+        let Some(held) = self.held.as_ref().map(|m| m.entry.clone()) else {
+            return Ok(false);
+        };
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                held.key.clone(),
+                CompareOp::Equal,
+                held.rev,
+            )])
+            .and_then([TxnOp::delete(held.key.clone(), None)]);
+        // The watch goes first, so this delete is not taken for a loss.
+        if let Some(m) = self.held.as_mut()
+            && let Some(w) = m.watch.take()
+        {
+            w.abort();
+        }
+        match self
+            .core
+            .call("txn", |mut c| async move { c.txn(txn).await })
+            .await
+        {
+            Ok(r) => {
+                self.held = None;
+                self.ended += 1;
+                self.lost = None;
+                self.publish();
+                Ok(r.succeeded())
+            }
+            Err(e) => {
+                // Unknown: the key may still be there; keep watching it.
+                let watch = super::super::watch::loss(
+                    self.core.clone(),
+                    held.key,
+                    held.rev,
+                    self.lost_tx.clone(),
+                );
+                if let Some(m) = self.held.as_mut() {
+                    m.watch = Some(watch);
+                }
+                Err(self.error(e))
+            }
+        }
+    }
+}

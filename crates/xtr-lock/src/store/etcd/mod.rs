@@ -1,0 +1,427 @@
+//! [`EtcdStore`]: locks on an etcd cluster, in the layout of etcd's own lock recipe (see
+//! docs/etcd.md).
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use etcd_client::GetOptions;
+use tokio::sync::{mpsc, oneshot};
+
+use super::{Capabilities, HolderInfo, Holding, LossWatcher, Saved, Store};
+use crate::error::{Error, LostReason, Result};
+use crate::key::{Key, Mode};
+
+mod config;
+mod conn;
+mod holder;
+mod lease;
+mod queue;
+mod watch;
+
+pub(crate) use config::is_etcd_dsn;
+use conn::Core;
+use holder::{Cmd, Holder, Life};
+
+/// Checks an etcd DSN without connecting.
+pub(crate) fn validate_dsn(dsn: &str) -> Result<()> {
+    config::parse(dsn).map(|_| ())
+}
+
+/// Locks on an etcd cluster: linearizable, FIFO, fenced by the cluster's revisions, and shared
+/// with `etcdctl lock` and every client of etcd's `concurrency.Mutex`.
+///
+/// - **Layout**: a holder's key is `<prefix><resource>/<lease id in hex>`, on the holder's
+///   lease, as etcd's recipe writes it; the owner is the key with the lowest create revision.
+///   With no prefix, resource `NAME` is `etcdctl lock NAME`'s lock, in both directions.
+/// - **Shared locks**: a reader's key is `<prefix><resource>/r-<lease hex>` with the value
+///   `read`. A reader holds when no writer key is older; a writer when no key at all is older.
+///   A reader that comes after a queued writer waits behind it: readers never starve writers.
+///   `etcdctl lock` sees readers as keys before it and waits for them, so the two tools
+///   exclude each other in both directions, readers included.
+/// - **Promotion** puts a writer key beside the read key, which stays until the writer key
+///   holds. When a writer is already queued (it waits for this holder's read key), waiting
+///   would deadlock: the promotion gives way (a conflict, the read lock kept). **Demotion**
+///   rewrites the writer key's value in place: it keeps its place, and the holder reads at
+///   once.
+/// - **FIFO waits** in order of create revision, each waiter watching only the key before it:
+///   a release wakes one waiter. After waking, a waiter checks that its own key still exists;
+///   one that vanished (its lease ended) is an error, never a grant.
+/// - **Fencing tokens** are the holding key's create revision: ordered by the cluster's log,
+///   comparable with `etcdctl lock`'s `ETCD_LOCK_REV`.
+/// - **Leases**: one per holder, granted on its first acquire with the lock's ttl (whole
+///   seconds, at least 1; the DSN's `ttl` when the lock has none, 60 s by default), kept alive
+///   by the store every third of it while the holder lives, revoked when the holder's key is
+///   dropped. The lock does not expire while its holder lives; the ttl is how long the lock of
+///   a holder that died (or lost the cluster) outlives it. A lease's ttl is fixed when it is
+///   granted: a refresh keeps the lease alive and cannot change it, and a different ttl takes
+///   effect on the next hold that starts with nothing held.
+/// - **Loss**, reported at once through the loss watcher: the holder's key deleted (`etcdctl
+///   del`), its lease revoked or expired, or no keep-alive answered for the lease's whole ttl.
+///
+/// Keys hold a lease and refuse to serialize.
+///
+/// # Examples
+///
+/// ```no_run
+/// # #[tokio::main] async fn main() -> xtr_lock::Result<()> {
+/// use xtr_lock::{EtcdStore, LockFactory, Lockable as _};
+///
+/// let store = EtcdStore::from_dsn("etcd://10.0.0.1:2379,10.0.0.2:2379,10.0.0.3:2379")?;
+/// let lock = LockFactory::new(store).create_lock("nightly-report");
+/// lock.acquire().await?;
+/// let token = lock.fencing_token(); // the key's create revision
+/// // ... the work, passing `token` to what it writes ...
+/// lock.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct EtcdStore {
+    core: Arc<Core>,
+}
+
+/// What a holder keeps on its key: its task, started on its first acquire.
+#[derive(Default)]
+struct Handle {
+    holder: Mutex<Option<Holder>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl EtcdStore {
+    /// A store from a DSN: `etcd://[user[:password]@]host[:port][,host[:port]…][/prefix]`, or
+    /// `etcds://` for TLS, with the options `ttl` (seconds: the lease of a lock without its
+    /// own ttl, 60), `keepalive` (seconds between keep-alives, a third of the ttl),
+    /// `connect_timeout` and `request_timeout` (5 s each), and for TLS `ca_file`, `cert_file`
+    /// and `key_file`. The port defaults to 2379, the prefix to none (`etcdctl lock`'s
+    /// layout). Connects on first use.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument) naming what is wrong,
+    /// never the password.
+    pub fn from_dsn(dsn: &str) -> Result<Self> {
+        Ok(EtcdStore {
+            core: Arc::new(Core::new(config::parse(dsn)?)),
+        })
+    }
+
+    /// The lease of `key`'s holder, while it has one (as `etcdctl lease list` shows it, in
+    /// decimal; keys carry it in hex).
+    pub fn lease_id(&self, key: &Key) -> Option<i64> {
+        self.life(key).and_then(|l| l.lease)
+    }
+
+    /// Where `resource`'s keys live: `<prefix><resource>/` (what `etcdctl lock` is given,
+    /// without the slash).
+    pub fn directory(&self, resource: &str) -> String {
+        format!("{}{resource}/", self.core.config.prefix)
+    }
+
+    fn life(&self, key: &Key) -> Option<Life> {
+        let handle = key.existing_handle::<Handle>(self.core.owner)?;
+        let guard = lock(&handle.holder);
+        guard.as_ref().map(|h| *h.life.borrow())
+    }
+
+    fn sender(&self, key: &Key) -> mpsc::UnboundedSender<Cmd> {
+        let handle = key.handle::<Handle>(self.core.owner);
+        let mut guard = lock(&handle.holder);
+        match guard.as_ref() {
+            Some(h) if !h.tx.is_closed() => h.tx.clone(),
+            _ => {
+                let holder = holder::start(self.core.clone(), key.resource().to_owned());
+                let tx = holder.tx.clone();
+                *guard = Some(holder);
+                tx
+            }
+        }
+    }
+
+    fn existing_sender(&self, key: &Key) -> Option<mpsc::UnboundedSender<Cmd>> {
+        let handle = key.existing_handle::<Handle>(self.core.owner)?;
+        let guard = lock(&handle.holder);
+        guard.as_ref().map(|h| h.tx.clone())
+    }
+
+    async fn ask<T>(
+        &self,
+        key: &Key,
+        tx: mpsc::UnboundedSender<Cmd>,
+        cmd: impl FnOnce(oneshot::Sender<Result<T>>) -> Cmd,
+    ) -> Result<T> {
+        let (reply, answer) = oneshot::channel();
+        let gone = || {
+            Error::storage("the holder's task stopped")
+                .with_resource(key.resource())
+                .with_store(&*self.core.shown)
+        };
+        tx.send(cmd(reply)).map_err(|_| gone())?;
+        answer.await.map_err(|_| gone())?
+    }
+
+    async fn save_mode(
+        &self,
+        key: &Key,
+        mode: Mode,
+        wait: bool,
+        ttl: Option<Duration>,
+    ) -> Result<Saved> {
+        key.mark_unserializable();
+        let tx = self.sender(key);
+        self.ask(key, tx, |reply| Cmd::Save {
+            mode,
+            wait,
+            ttl,
+            reply,
+        })
+        .await
+    }
+
+    async fn check(&self, key: &Key, refresh: bool) -> Result<Holding> {
+        match self.existing_sender(key) {
+            Some(tx) => {
+                self.ask(key, tx, |reply| Cmd::Check { refresh, reply })
+                    .await
+            }
+            None => Ok(Holding::NotHeld(LostReason::Removed)),
+        }
+    }
+}
+
+#[async_trait]
+impl Store for EtcdStore {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            excludes: true,
+            shared: true,
+            blocking: true,
+            blocking_shared: true,
+            expiring: false,
+            fencing: true,
+            notifies: false,
+            serializable_keys: false,
+            introspection: true,
+            liveness: false,
+            observes_loss: true,
+        }
+    }
+
+    /// Puts the holder's queue key and reads the queue in one transaction (plus a lease grant
+    /// on the holder's first acquire); a key that does not hold at once is deleted again.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped mid-flight, the holder's task finishes the transaction and gives back a grant
+    /// nobody received; `delete` removes what an answered save stored.
+    async fn save(&self, key: &Key, ttl: Option<Duration>) -> Result<Saved> {
+        self.save_mode(key, Mode::Write, false, ttl).await
+    }
+
+    /// # Cancel safety
+    ///
+    /// As [`save`](Store::save).
+    async fn save_read(&self, key: &Key, ttl: Option<Duration>) -> Result<Saved> {
+        self.save_mode(key, Mode::Read, false, ttl).await
+    }
+
+    /// Queues and waits for the key before this one to go, however long; keeps its place
+    /// through leader changes and broken connections while its lease lives.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped while waiting, the queue key is deleted (a promotion's read lock stays); a grant
+    /// that crossed the drop is given back.
+    async fn wait_and_save(&self, key: &Key, ttl: Option<Duration>) -> Result<Saved> {
+        self.save_mode(key, Mode::Write, true, ttl).await
+    }
+
+    /// # Cancel safety
+    ///
+    /// As [`wait_and_save`](Store::wait_and_save).
+    async fn wait_and_save_read(&self, key: &Key, ttl: Option<Duration>) -> Result<Saved> {
+        self.save_mode(key, Mode::Read, true, ttl).await
+    }
+
+    /// Keeps the lease alive now (one keep-alive) and checks the key. The lease's ttl cannot
+    /// change: `ttl` is ignored (the store keeps the lease alive anyway).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: the keep-alive and the check change nothing else.
+    async fn put_off_expiration(&self, key: &Key, _ttl: Duration) -> Result<Holding> {
+        self.check(key, true).await
+    }
+
+    /// Deletes the holder's key (only that key: never another holder's). The lease stays for
+    /// the holder's next acquire.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped mid-flight, the holder's task finishes the delete.
+    async fn delete(&self, key: &Key) -> Result<bool> {
+        match self.existing_sender(key) {
+            Some(tx) => self.ask(key, tx, |reply| Cmd::Release { reply }).await,
+            None => Ok(false),
+        }
+    }
+
+    /// Reads the holder's key (one linearizable read).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it changes nothing.
+    async fn exists(&self, key: &Key) -> Result<Holding> {
+        self.check(key, false).await
+    }
+
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it registers nothing.
+    async fn watch_loss(&self, key: &Key) -> Result<Option<LossWatcher>> {
+        let life = key
+            .existing_handle::<Handle>(self.core.owner)
+            .and_then(|h| lock(&h.holder).as_ref().map(|h| h.life.clone()));
+        let Some(mut life) = life else {
+            return Ok(Some(LossWatcher::new(async { LostReason::Removed })));
+        };
+        let start = *life.borrow();
+        Ok(Some(LossWatcher::new(async move {
+            loop {
+                let now: Life = *life.borrow_and_update();
+                if now.held.is_none() || now.ended != start.ended {
+                    return now.lost.unwrap_or(LostReason::Removed);
+                }
+                if life.changed().await.is_err() {
+                    // The holder's task is gone (its runtime ended): its lease with it.
+                    return LostReason::Expired;
+                }
+            }
+        })))
+    }
+
+    /// The whole queue in order: holders first, then waiters ([`HolderInfo::waiting`]), each
+    /// with its lease (`backend`: `lease 694d7a3b2c1f0a12`, and `etcdctl` for a key that is
+    /// not ours), the lease's remaining ttl and the key's create revision as its fencing token.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it changes nothing.
+    async fn holders(&self, resource: &str) -> Result<Vec<HolderInfo>> {
+        let dir = queue::dir(&self.core.config.prefix, resource);
+        let listed = self
+            .core
+            .call("get", |mut c| {
+                let dir = dir.clone();
+                async move { c.get(dir, Some(GetOptions::new().with_prefix())).await }
+            })
+            .await
+            .map_err(|e| e.with_resource(resource))?;
+        let entries = queue::entries(
+            &dir,
+            listed
+                .kvs()
+                .iter()
+                .map(|kv| (kv.key(), kv.value(), kv.create_revision(), kv.lease())),
+        );
+        let holding = queue::holding(&entries);
+        let mut out = Vec::with_capacity(entries.len());
+        for (entry, holds) in entries.iter().zip(holding) {
+            let remaining = self.lease_left(entry.lease).await;
+            let name = &entry.key[dir.len()..];
+            let ours = name.starts_with(b"r-")
+                || name.starts_with(b"w-")
+                || name == format!("{:x}", entry.lease).as_bytes();
+            let mode = match entry.kind {
+                queue::Kind::Reader => Mode::Read,
+                queue::Kind::Writer => Mode::Write,
+            };
+            let mut backend = format!("lease {:x}", entry.lease);
+            if !ours || entry.lease == 0 {
+                backend.push_str(&format!(" (key {})", String::from_utf8_lossy(name)));
+            }
+            let mut info = HolderInfo::new(mode, None, remaining)
+                .with_backend(backend)
+                .with_fencing_token(u64::try_from(entry.rev).unwrap_or(0));
+            if !holds {
+                info = info.queued();
+            }
+            out.push(info);
+        }
+        Ok(out)
+    }
+
+    /// The cluster's revision now: every later acquisition's key gets a greater one.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it changes nothing.
+    async fn fencing_counter(&self, resource: &str) -> Result<Option<u64>> {
+        let dir = queue::dir(&self.core.config.prefix, resource);
+        let got = self
+            .core
+            .call("get", |mut c| async move {
+                c.get(dir, Some(GetOptions::new().with_prefix().with_count_only()))
+                    .await
+            })
+            .await
+            .map_err(|e| e.with_resource(resource))?;
+        Ok(got.header().and_then(|h| u64::try_from(h.revision()).ok()))
+    }
+
+    /// Drops the store's connection; holders keep theirs until their keys go.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe.
+    async fn close(&self) -> Result<()> {
+        self.core.disconnect().await;
+        Ok(())
+    }
+
+    fn locks_in(&self) -> Option<String> {
+        Some(self.core.shown.to_string())
+    }
+
+    fn location(&self, resource: &str) -> Option<String> {
+        Some(format!(
+            "etcd keys under {:?} (etcdctl lock {:?})",
+            self.directory(resource),
+            format!("{}{resource}", self.core.config.prefix)
+        ))
+    }
+}
+
+impl EtcdStore {
+    /// What is left of `lease` (`None` when it is gone, or for a key without one).
+    async fn lease_left(&self, lease: i64) -> Option<Duration> {
+        if lease == 0 {
+            return None;
+        }
+        let ttl = self
+            .core
+            .call("lease time-to-live", |mut c| async move {
+                c.lease_time_to_live(lease, None).await
+            })
+            .await
+            .ok()?;
+        u64::try_from(ttl.ttl()).ok().map(Duration::from_secs)
+    }
+}
+
+impl fmt::Display for EtcdStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.core.shown)
+    }
+}
+
+impl fmt::Debug for EtcdStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdStore")
+            .field("config", &self.core.config)
+            .finish_non_exhaustive()
+    }
+}

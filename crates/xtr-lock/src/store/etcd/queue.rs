@@ -1,0 +1,255 @@
+//! The queue of one resource: the keys directly under `<prefix><resource>/`, in create-revision
+//! order, and whose turn it is. Pure: no I/O, so every rule is unit-tested here.
+//!
+//! - Every key directly under the directory is a queue entry (`etcdctl lock` puts
+//!   `<resource>/<lease id in hex>` with an empty value). Keys deeper down (`<resource>/a/b`)
+//!   belong to another resource (`<resource>/a`) and are ignored.
+//! - A key whose value is `read` is a reader; every other key is a writer.
+//! - A writer holds when no key has a lower create revision; a reader when no writer has.
+//! - A holder's own keys never block it (it may have two during a promotion).
+
+/// The value that makes a key a reader. A writer's value is empty, as `etcdctl lock` leaves it.
+pub(super) const READER: &[u8] = b"read";
+
+/// A key's kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Kind {
+    Reader,
+    Writer,
+}
+
+impl Kind {
+    pub(super) fn of(value: &[u8]) -> Kind {
+        if value == READER {
+            Kind::Reader
+        } else {
+            Kind::Writer
+        }
+    }
+
+    pub(super) fn value(self) -> &'static [u8] {
+        match self {
+            Kind::Reader => READER,
+            Kind::Writer => b"",
+        }
+    }
+}
+
+/// One key in the queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Entry {
+    pub(super) key: Vec<u8>,
+    pub(super) rev: i64,
+    pub(super) lease: i64,
+    pub(super) kind: Kind,
+}
+
+/// The directory of `resource`: `<prefix><resource>/`.
+pub(super) fn dir(prefix: &str, resource: &str) -> Vec<u8> {
+    format!("{prefix}{resource}/").into_bytes()
+}
+
+/// The names a holder's keys can have under the directory, for its lease: a fresh writer's is
+/// `<lease hex>` (`etcdctl lock`'s layout), a fresh reader's `r-<lease hex>`, and a writer's
+/// whose read key already has the plain name (it was a writer that demoted) `w-<lease hex>`.
+pub(super) fn name(dir: &[u8], lease: i64, kind: Kind, taken: Option<&[u8]>) -> Vec<u8> {
+    let hex = format!("{lease:x}");
+    let mut key = dir.to_vec();
+    match kind {
+        Kind::Reader => key.extend_from_slice(format!("r-{hex}").as_bytes()),
+        Kind::Writer => {
+            let mut plain = dir.to_vec();
+            plain.extend_from_slice(hex.as_bytes());
+            if taken == Some(plain.as_slice()) {
+                key.extend_from_slice(format!("w-{hex}").as_bytes());
+            } else {
+                return plain;
+            }
+        }
+    }
+    key
+}
+
+/// The entries among `kvs` (key, value, create revision, lease) that sit directly under `dir`,
+/// in create-revision order.
+pub(super) fn entries<'a>(
+    dir: &[u8],
+    kvs: impl IntoIterator<Item = (&'a [u8], &'a [u8], i64, i64)>,
+) -> Vec<Entry> {
+    let mut out: Vec<Entry> = kvs
+        .into_iter()
+        .filter(|(k, ..)| {
+            k.strip_prefix(dir)
+                .is_some_and(|rest| !rest.is_empty() && !rest.contains(&b'/'))
+        })
+        .map(|(k, v, rev, lease)| Entry {
+            key: k.to_vec(),
+            rev,
+            lease,
+            kind: Kind::of(v),
+        })
+        .collect();
+    out.sort_by_key(|e| e.rev);
+    out
+}
+
+/// Whose turn it is, for one of a holder's keys.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Turn {
+    /// The key holds.
+    Mine,
+    /// The key waits for this one (the nearest key before it that blocks it) to go or change.
+    After(Entry),
+    /// A promotion that would wait forever: a writer queued before the holder's new writer key
+    /// came after its read key, and waits for it.
+    Deadlock,
+}
+
+/// The turn of `me` in `queue`, ignoring the holder's `own` keys. `promoting`: the holder also
+/// reads, so every writer queued before `me` waits for the holder's read key.
+pub(super) fn turn(queue: &[Entry], me: &Entry, own: &[&[u8]], promoting: bool) -> Turn {
+    let before = queue
+        .iter()
+        .filter(|e| e.rev < me.rev && !own.contains(&e.key.as_slice()));
+    let blocking: Vec<&Entry> = match me.kind {
+        Kind::Writer => {
+            let before: Vec<&Entry> = before.collect();
+            if promoting && before.iter().any(|e| e.kind == Kind::Writer) {
+                return Turn::Deadlock;
+            }
+            before
+        }
+        Kind::Reader => before.filter(|e| e.kind == Kind::Writer).collect(),
+    };
+    match blocking.last() {
+        Some(e) => Turn::After((*e).clone()),
+        None => Turn::Mine,
+    }
+}
+
+/// Which entries hold now (the rest wait), for introspection: a writer holds when it is first,
+/// a reader when no writer is before it. A promoting holder's writer key is shown waiting while
+/// its read key holds.
+pub(super) fn holding(queue: &[Entry]) -> Vec<bool> {
+    queue
+        .iter()
+        .enumerate()
+        .map(|(i, e)| match e.kind {
+            // Only the holder's own read key may be before a writer that holds (a promotion
+            // granted a moment before the read key goes).
+            Kind::Writer => queue[..i].iter().all(|b| b.lease == e.lease),
+            Kind::Reader => queue[..i].iter().all(|b| b.kind == Kind::Reader),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn e(key: &str, rev: i64, lease: i64, kind: Kind) -> Entry {
+        Entry {
+            key: key.as_bytes().to_vec(),
+            rev,
+            lease,
+            kind,
+        }
+    }
+
+    #[test]
+    fn names_follow_etcdctl_for_writers() {
+        let d = dir("app/", "job");
+        assert_eq!(d, b"app/job/");
+        assert_eq!(name(&d, 0x694d, Kind::Writer, None), b"app/job/694d");
+        assert_eq!(name(&d, 0x694d, Kind::Reader, None), b"app/job/r-694d");
+        assert_eq!(
+            name(&d, 0x694d, Kind::Writer, Some(b"app/job/694d")),
+            b"app/job/w-694d"
+        );
+        assert_eq!(
+            name(&d, 0x694d, Kind::Writer, Some(b"app/job/r-694d")),
+            b"app/job/694d"
+        );
+    }
+
+    #[test]
+    fn only_direct_children_in_revision_order() {
+        let kvs: Vec<(&[u8], &[u8], i64, i64)> = vec![
+            (b"a/2", b"", 7, 2),
+            (b"a/b/3", b"", 3, 3),
+            (b"a/1", b"read", 5, 1),
+            (b"a/", b"", 2, 4),
+            (b"ab/1", b"", 1, 5),
+        ];
+        let q = entries(b"a/", kvs);
+        assert_eq!(
+            q,
+            [e("a/1", 5, 1, Kind::Reader), e("a/2", 7, 2, Kind::Writer)]
+        );
+    }
+
+    #[test]
+    fn writers_wait_for_anything_before_them_readers_for_writers() {
+        let q = [
+            e("r/r-1", 10, 1, Kind::Reader),
+            e("r/2", 11, 2, Kind::Writer),
+            e("r/r-3", 12, 3, Kind::Reader),
+            e("r/4", 13, 4, Kind::Writer),
+        ];
+        assert_eq!(turn(&q, &q[0], &[], false), Turn::Mine);
+        assert_eq!(turn(&q, &q[1], &[], false), Turn::After(q[0].clone()));
+        // A reader after a queued writer waits for it: writers are not starved.
+        assert_eq!(turn(&q, &q[2], &[], false), Turn::After(q[1].clone()));
+        assert_eq!(turn(&q, &q[3], &[], false), Turn::After(q[2].clone()));
+        assert_eq!(holding(&q), [true, false, false, false]);
+        let readers = [
+            e("r/r-1", 10, 1, Kind::Reader),
+            e("r/r-2", 11, 2, Kind::Reader),
+        ];
+        assert_eq!(turn(&readers, &readers[1], &[], false), Turn::Mine);
+        assert_eq!(holding(&readers), [true, true]);
+    }
+
+    #[test]
+    fn a_promotion_ignores_its_own_read_key_and_gives_way_to_a_queued_writer() {
+        // A reads (10), B reads (11), A promotes (12): A waits for B only.
+        let mut q = vec![
+            e("r/r-a", 10, 0xa, Kind::Reader),
+            e("r/r-b", 11, 0xb, Kind::Reader),
+            e("r/a", 12, 0xa, Kind::Writer),
+        ];
+        let own: [&[u8]; 2] = [b"r/r-a", b"r/a"];
+        assert_eq!(turn(&q, &q[2], &own, true), Turn::After(q[1].clone()));
+        // B promotes too (13): A's writer key is before it, and waits for B's read key.
+        q.push(e("r/b", 13, 0xb, Kind::Writer));
+        let own_b: [&[u8]; 2] = [b"r/r-b", b"r/b"];
+        assert_eq!(turn(&q, &q[3], &own_b, true), Turn::Deadlock);
+        // A plain writer queued before a promotion: the same.
+        let q = [
+            e("r/r-a", 10, 0xa, Kind::Reader),
+            e("r/c", 11, 0xc, Kind::Writer),
+            e("r/a", 12, 0xa, Kind::Writer),
+        ];
+        assert_eq!(turn(&q, &q[2], &own, true), Turn::Deadlock);
+        // The sole reader promotes at once.
+        let q = [
+            e("r/r-a", 10, 0xa, Kind::Reader),
+            e("r/a", 12, 0xa, Kind::Writer),
+        ];
+        assert_eq!(turn(&q, &q[1], &own, true), Turn::Mine);
+    }
+
+    #[test]
+    fn a_demoted_key_keeps_its_place_and_lets_readers_in() {
+        // A wrote (10) and demoted in place; B's writer (11) still waits, C's reader (12)
+        // waits for B, not for A.
+        let q = [
+            e("r/a", 10, 0xa, Kind::Reader),
+            e("r/b", 11, 0xb, Kind::Writer),
+            e("r/r-c", 12, 0xc, Kind::Reader),
+        ];
+        assert_eq!(turn(&q, &q[1], &[], false), Turn::After(q[0].clone()));
+        assert_eq!(turn(&q, &q[2], &[], false), Turn::After(q[1].clone()));
+        assert_eq!(holding(&q), [true, false, false]);
+    }
+}

@@ -1,0 +1,116 @@
+//! Watches on single keys: a waiter's on its predecessor (any change wakes it), a holder's on
+//! its own key (a delete is a loss). Each starts from a revision the caller has read, so a
+//! change between that read and the watch is replayed, not missed.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::{EventType, GetOptions, WatchFilterType, WatchOptions};
+use tokio::sync::mpsc;
+
+use super::conn::{Core, failure};
+use crate::error::{Error, Result};
+
+/// Waits until `key` changes (deleted, or its value rewritten) at or after revision `from`.
+/// Also returns when etcd cancels the watch (the revision was compacted): the caller reads
+/// again either way.
+///
+/// # Cancel safety
+///
+/// Cancel-safe: dropping it closes the watch.
+pub(super) async fn changed(core: &Core, key: &[u8], from: i64) -> Result<()> {
+    let client = core.client().await?;
+    let options = WatchOptions::new().with_start_revision(from);
+    let mut stream = client
+        .watch_client()
+        .watch(key.to_vec(), Some(options))
+        .await
+        .map_err(|e| core.fail(failure("watch", e)))?;
+    loop {
+        match stream.message().await {
+            Ok(Some(answer)) => {
+                if answer.canceled() || !answer.events().is_empty() {
+                    return Ok(());
+                }
+            }
+            Ok(None) => {
+                return Err(core.fail(Error::storage("the watch stream ended").temporary()));
+            }
+            Err(e) => return Err(core.fail(failure("watch", e))),
+        }
+    }
+}
+
+/// Watches `key` (created at `rev`) for its delete from `rev + 1` on, and sends `(key, rev)` on
+/// `lost` when it goes. Keeps watching across broken streams and leader changes; after a
+/// compaction it reads the key instead. Runs until aborted.
+pub(super) fn loss(
+    core: Arc<Core>,
+    key: Vec<u8>,
+    rev: i64,
+    lost: mpsc::UnboundedSender<(Vec<u8>, i64)>,
+) -> tokio::task::AbortHandle {
+    tokio::spawn(async move {
+        let mut from = rev + 1;
+        let mut pause = Duration::from_millis(50);
+        loop {
+            match until_deleted(&core, &key, rev, &mut from).await {
+                Ok(true) => {
+                    let _ = lost.send((key, rev));
+                    return;
+                }
+                Ok(false) => pause = Duration::from_millis(50),
+                Err(e) => {
+                    tracing::debug!(target: crate::logging::TARGET, store = %core.shown,
+                        error = %e, "the watch on a held key broke; watching again");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                }
+            }
+        }
+    })
+    .abort_handle()
+}
+
+/// One watch: `Ok(true)` when the key is gone, `Ok(false)` when the watch must start again
+/// (from `from`, moved past a compaction).
+async fn until_deleted(core: &Core, key: &[u8], rev: i64, from: &mut i64) -> Result<bool> {
+    let client = core.client().await?;
+    let options = WatchOptions::new()
+        .with_start_revision(*from)
+        .with_filters([WatchFilterType::NoPut]);
+    let mut stream = client
+        .watch_client()
+        .watch(key.to_vec(), Some(options))
+        .await
+        .map_err(|e| failure("watch", e))?;
+    loop {
+        let answer = stream
+            .message()
+            .await
+            .map_err(|e| failure("watch", e))?
+            .ok_or_else(|| Error::storage("the watch stream ended").temporary())?;
+        if answer.compact_revision() > 0 || answer.canceled() {
+            // History is gone: ask for the key itself.
+            let got = core
+                .call("get", |mut c| {
+                    let key = key.to_vec();
+                    async move { c.get(key, Some(GetOptions::new())).await }
+                })
+                .await?;
+            if let Some(header) = got.header() {
+                *from = header.revision() + 1;
+            }
+            return Ok(!got.kvs().iter().any(|kv| kv.create_revision() == rev));
+        }
+        // `from` stays: a watch started again replays this key's events since then (only
+        // deletes pass the filter, and the first one ends it).
+        if answer
+            .events()
+            .iter()
+            .any(|e| e.event_type() == EventType::Delete)
+        {
+            return Ok(true);
+        }
+    }
+}

@@ -17,7 +17,8 @@ pub(crate) fn mode_name(mode: Mode) -> &'static str {
     }
 }
 
-/// Describes holders: `pid 1234 (write, 12s left), pid 99 (read)`.
+/// Describes holders: `pid 1234 (write, 12s left), pid 99 (read)`; a store's queue also has
+/// waiters: `lease 694d, queued at revision 42 (write, 58s left), …`.
 pub(crate) fn holders(list: &[HolderInfo]) -> String {
     list.iter()
         .map(|h| {
@@ -27,11 +28,14 @@ pub(crate) fn holders(list: &[HolderInfo]) -> String {
                 (None, Some(id)) => format!("holder {id}"),
                 (None, None) => "someone".to_owned(),
             };
-            let mode = mode_name(h.mode);
-            match h.remaining {
-                Some(left) => format!("{who} ({mode}, {} left)", short(left)),
-                None => format!("{who} ({mode})"),
+            let mut what = vec![mode_name(h.mode).to_owned()];
+            if h.waiting {
+                what.push("waiting".to_owned());
             }
+            if let Some(left) = h.remaining {
+                what.push(format!("{} left", short(left)));
+            }
+            format!("{who} ({})", what.join(", "))
         })
         .collect::<Vec<_>>()
         .join(", ")

@@ -176,11 +176,10 @@ impl EtcdCluster {
     ///
     /// When etcdctl is missing (`apt-get install etcd-client`) or fails.
     pub fn etcdctl_output(&self, args: &[&str]) -> String {
-        let out = self
-            .etcdctl()
-            .args(args)
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run etcdctl ({e}): apt-get install etcd-client"));
+        let out =
+            self.etcdctl().args(args).output().unwrap_or_else(|e| {
+                panic!("cannot run etcdctl ({e}): apt-get install etcd-client")
+            });
         assert!(
             out.status.success(),
             "etcdctl {args:?} failed: {}",
@@ -298,8 +297,7 @@ fn http(port: u16, request: &str) -> Option<String> {
 
 /// Whether the member on `port` says it is healthy (it has a leader and serves).
 fn healthy(port: u16) -> bool {
-    http(port, "GET /health HTTP/1.0\r\n\r\n")
-        .is_some_and(|a| a.contains("\"health\":\"true\""))
+    http(port, "GET /health HTTP/1.0\r\n\r\n").is_some_and(|a| a.contains("\"health\":\"true\""))
 }
 
 /// The member's `Maintenance.Status`, as JSON.

@@ -112,12 +112,12 @@ pub use lock::Lock;
 pub use lockable::{Lockable, NoLock, Release, Wait};
 pub use lost::{KeepAlive, LockLost};
 pub use scope::LockableExt;
+#[cfg(feature = "etcd")]
+pub use store::EtcdStore;
 #[cfg(all(feature = "flock", target_os = "linux"))]
 pub use store::FlockStore;
 #[cfg(feature = "redis")]
 pub use store::RedisPubSubStore;
-#[cfg(feature = "etcd")]
-pub use store::EtcdStore;
 #[cfg(feature = "redis")]
 pub use store::RedisStore;
 pub use store::{InMemoryStore, NullStore, Store};

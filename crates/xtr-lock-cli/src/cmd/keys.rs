@@ -187,8 +187,9 @@ pub(crate) async fn status(store: StoreConfig, resource: String, json_out: bool)
         _ => None,
     };
     let location = store.store.location(&resource);
+    // A queue's waiters (etcd) do not hold: a resource with only waiters is free this moment.
     let state = match &holders {
-        Some(h) if h.is_empty() => "free",
+        Some(h) if h.iter().all(|h| h.waiting) => "free",
         Some(_) => "held",
         None => "unknown",
     };
@@ -201,6 +202,8 @@ pub(crate) async fn status(store: StoreConfig, resource: String, json_out: bool)
                         "pid": h.pid,
                         "id": h.id,
                         "remaining_ms": h.remaining.map(|d| d.as_millis() as u64),
+                        "waiting": h.waiting,
+                        "backend": h.backend,
                     })
                 })
                 .collect()
@@ -223,10 +226,21 @@ pub(crate) async fn status(store: StoreConfig, resource: String, json_out: bool)
                 store.scheme
             ))?,
             Some(h) if h.is_empty() => print(&format!("{resource:?}: free"))?,
-            Some(h) => print(&format!(
-                "{resource:?}: held by {}",
-                crate::output::holders(h)
-            ))?,
+            Some(h) => {
+                let (waiting, holding): (Vec<_>, Vec<_>) =
+                    h.iter().cloned().partition(|h| h.waiting);
+                if holding.is_empty() {
+                    print(&format!("{resource:?}: free"))?;
+                } else {
+                    print(&format!(
+                        "{resource:?}: held by {}",
+                        crate::output::holders(&holding)
+                    ))?;
+                }
+                if !waiting.is_empty() {
+                    print(&format!("queue: {}", crate::output::holders(&waiting)))?;
+                }
+            }
         }
         if let Some(location) = &location {
             print(&format!("lock: {location}"))?;

@@ -58,9 +58,9 @@ pub(crate) mod sql;
 
 #[cfg(feature = "sql")]
 pub use advisory::{KeyMode, MySqlLockStore, PgAdvisoryStore};
+pub use combined::{CombinedStore, ConsensusStrategy, Strategy, UnanimousStrategy};
 #[cfg(feature = "etcd")]
 pub use etcd::EtcdStore;
-pub use combined::{CombinedStore, ConsensusStrategy, Strategy, UnanimousStrategy};
 #[cfg(all(feature = "flock", target_os = "linux"))]
 pub use flock::FlockStore;
 pub use memory::InMemoryStore;
@@ -353,6 +353,17 @@ pub trait Store: Send + Sync + fmt::Debug + fmt::Display + 'static {
         None
     }
 
+    /// How long `key`'s lock is certain to last if its holder stops doing anything now, on a
+    /// store that does not expire locks ([`Capabilities::expiring`] false) but keeps them on a
+    /// lease of its own that it renews in the background (etcd): the end of the last lease
+    /// renewal the server confirmed. `None` (the default) when the store keeps no such lease, or
+    /// the holder holds nothing. `xtr-lock run` uses it to stop its command before a lease it
+    /// can no longer renew (the process stopped) runs out.
+    fn lease_remaining(&self, key: &Key) -> Option<Duration> {
+        let _ = key;
+        None
+    }
+
     /// An `Unsupported` error about `what`, naming this store and the key's resource.
     #[doc(hidden)]
     fn unsupported(&self, key: &Key, what: &str) -> Error {
@@ -438,6 +449,9 @@ macro_rules! forward_store {
             }
             fn location(&self, resource: &str) -> Option<String> {
                 (**self).location(resource)
+            }
+            fn lease_remaining(&self, key: &Key) -> Option<Duration> {
+                (**self).lease_remaining(key)
             }
             fn unsupported(&self, key: &Key, what: &str) -> Error {
                 (**self).unsupported(key, what)

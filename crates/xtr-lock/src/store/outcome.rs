@@ -161,9 +161,6 @@ pub struct HolderInfo {
     pub backend: Option<String>,
     /// It does not hold yet: it waits in the store's queue (etcd shows its queue in order).
     pub waiting: bool,
-    /// The fencing token its hold has (or will have), where the store can tell (etcd: its
-    /// key's create revision).
-    pub fencing_token: Option<u64>,
 }
 
 impl HolderInfo {
@@ -176,19 +173,12 @@ impl HolderInfo {
             id: None,
             backend: None,
             waiting: false,
-            fencing_token: None,
         }
     }
 
     /// Marks it as waiting in the store's queue (sets [`waiting`](HolderInfo::waiting)).
     pub fn queued(mut self) -> Self {
         self.waiting = true;
-        self
-    }
-
-    /// Its fencing token (sets [`fencing_token`](HolderInfo::fencing_token)).
-    pub fn with_fencing_token(mut self, token: u64) -> Self {
-        self.fencing_token = Some(token);
         self
     }
 

@@ -155,9 +155,10 @@ async fn supervise(args: &RunArgs, lock: &Lock, signals: &mut Signals) -> Result
             Some(fds) if !args.close => Tie::Descriptors(fds),
             _ => Tie::ParentDeath {
                 grace: args.kill_after,
-                // A lease that xtr-lock renews: the supervisor also stops the command when
-                // xtr-lock can no longer renew it (stopped, paused) before the lease ends.
-                lease: match caps.expiring {
+                // A lease that xtr-lock renews (itself, or the store for it, as etcd's): the
+                // supervisor also stops the command when xtr-lock can no longer renew it
+                // (stopped, paused) before the lease ends.
+                lease: match caps.expiring || store.lease_remaining(lock.key()).is_some() {
                     true => Some(lease::Writer::create().context("cannot create the lease file")?),
                     false => None,
                 },
@@ -194,7 +195,10 @@ async fn supervise(args: &RunArgs, lock: &Lock, signals: &mut Signals) -> Result
     let terminal = Terminal::hand_to(child.group());
     let ttl = args.take.ttl;
     let tell = |child: &Child| {
-        if let Some(remaining) = lock.remaining_lifetime() {
+        if let Some(remaining) = lock
+            .remaining_lifetime()
+            .or_else(|| store.lease_remaining(lock.key()))
+        {
             child.tell_lease(remaining, ttl);
         }
     };

@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 
 /// etcd's client port.
 const DEFAULT_PORT: u16 = 2379;
-/// The lease ttl when neither the lock nor the DSN gives one: `etcdctl lock`'s session ttl.
+/// The lease ttl when neither the lock nor the DSN gives one: the Go client's session default.
 pub(crate) const DEFAULT_TTL: Duration = Duration::from_secs(60);
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 /// The longest timeout or ttl a DSN may ask for: one day.
@@ -176,7 +176,10 @@ pub(crate) fn parse(dsn: &str) -> Result<EtcdConfig> {
             let (name, password) = u.split_once(':').unwrap_or((u, ""));
             let name = decode(&scheme, "user name", name)?;
             if name.is_empty() {
-                return Err(invalid(&scheme, "a password needs a user name (user:password@)"));
+                return Err(invalid(
+                    &scheme,
+                    "a password needs a user name (user:password@)",
+                ));
             }
             Some((name, decode(&scheme, "password", password)?))
         }
@@ -239,10 +242,7 @@ pub(crate) fn parse(dsn: &str) -> Result<EtcdConfig> {
             other => {
                 return Err(invalid(
                     &scheme,
-                    format!(
-                        "unknown option \"{other}\" (known: {})",
-                        OPTIONS.join(", ")
-                    ),
+                    format!("unknown option \"{other}\" (known: {})", OPTIONS.join(", ")),
                 ));
             }
         }
@@ -264,14 +264,21 @@ mod tests {
         let c = parse("etcd://app:s%40cret@10.0.0.1:2379,10.0.0.2,[::1]:2380/locks/?ttl=10&keepalive=2&request_timeout=0.5").unwrap();
         assert_eq!(
             c.endpoints,
-            ["http://10.0.0.1:2379", "http://10.0.0.2:2379", "http://[::1]:2380"]
+            [
+                "http://10.0.0.1:2379",
+                "http://10.0.0.2:2379",
+                "http://[::1]:2380"
+            ]
         );
         assert_eq!(c.user, Some(("app".into(), "s@cret".into())));
         assert_eq!(c.prefix, "locks/");
         assert_eq!(c.ttl, Duration::from_secs(10));
         assert_eq!(c.keepalive, Some(Duration::from_secs(2)));
         assert_eq!(c.request_timeout, Duration::from_millis(500));
-        assert_eq!(c.shown, "etcd://10.0.0.1:2379,10.0.0.2:2379,[::1]:2380/locks/");
+        assert_eq!(
+            c.shown,
+            "etcd://10.0.0.1:2379,10.0.0.2:2379,[::1]:2380/locks/"
+        );
         assert!(!format!("{c:?}").contains("cret"));
         let c = parse("ETCD://h").unwrap();
         assert_eq!(c.prefix, "");

@@ -6,12 +6,17 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{Client, ConnectOptions};
+use etcd_client::{Client, ConnectOptions, GetOptions, GetResponse, Txn, TxnResponse};
 use tokio::sync::Mutex;
 
 use super::config::EtcdConfig;
 use crate::error::{Error, Result};
 use crate::key::HandleOwner;
+
+/// HTTP/2 pings on every connection, so a member that stopped answering (paused, cut off) is
+/// found in about two seconds and its requests go to the others.
+const KEEPALIVE: Duration = Duration::from_secs(1);
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(1);
 
 pub(super) struct Core {
     pub(super) config: EtcdConfig,
@@ -43,7 +48,7 @@ impl Core {
             .with_timeout(config.request_timeout)
             // A member cut off from its leader answers at once instead of hanging.
             .with_require_leader(true)
-            .with_keep_alive(Duration::from_secs(10), config.request_timeout)
+            .with_keep_alive(KEEPALIVE, KEEPALIVE_TIMEOUT)
             .with_keep_alive_while_idle(true);
         if let Some((user, password)) = &config.user {
             options = options.with_user(user.clone(), password.clone());
@@ -57,8 +62,7 @@ impl Core {
             Ok(Err(e)) => return Err(self.fail(failure("connect", e))),
             Err(_) => {
                 return Err(self.fail(
-                    Error::storage("cannot connect to etcd within the connect timeout")
-                        .temporary(),
+                    Error::storage("cannot connect to etcd within the connect timeout").temporary(),
                 ));
             }
         };
@@ -71,8 +75,30 @@ impl Core {
         self.client.lock().await.take();
     }
 
-    /// Runs one request, `what` for errors, under the request timeout.
-    pub(super) async fn call<T, F>(&self, what: &str, f: impl FnOnce(Client) -> F) -> Result<T>
+    /// Runs one request, `what` for errors, under the request timeout; tries it again (up to
+    /// three times in all) when it failed in a way that another member may not (a member that
+    /// stopped answering, a broken connection). Only for requests that are safe to repeat:
+    /// reads, and writes whose transaction compares first.
+    pub(super) async fn call<T, F>(&self, what: &str, f: impl Fn(Client) -> F) -> Result<T>
+    where
+        F: Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match self.call_once(what, &f).await {
+                Err(e) if e.is_temporary() && tries < 3 => {
+                    tracing::debug!(target: crate::logging::TARGET, store = %self.shown,
+                        error = %e, "an etcd request failed; trying again");
+                    tokio::time::sleep(Duration::from_millis(20 * tries)).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Runs one request once, under the request timeout.
+    pub(super) async fn call_once<T, F>(&self, what: &str, f: impl Fn(Client) -> F) -> Result<T>
     where
         F: Future<Output = std::result::Result<T, etcd_client::Error>>,
     {
@@ -90,6 +116,33 @@ impl Core {
         }
     }
 
+    /// A transaction that is safe to repeat (it compares first), tried up to three times.
+    pub(super) async fn txn(&self, txn: Txn) -> Result<TxnResponse> {
+        self.call("txn", |mut c| {
+            let txn = txn.clone();
+            async move { c.txn(txn).await }
+        })
+        .await
+    }
+
+    /// A transaction tried once: its answer must not be confused by an earlier try's effect.
+    pub(super) async fn txn_once(&self, txn: Txn) -> Result<TxnResponse> {
+        self.call_once("txn", |mut c| {
+            let txn = txn.clone();
+            async move { c.txn(txn).await }
+        })
+        .await
+    }
+
+    /// A linearizable read of `key` (with `options`: a prefix, a count).
+    pub(super) async fn get(&self, key: &[u8], options: GetOptions) -> Result<GetResponse> {
+        self.call("get", |mut c| {
+            let (key, options) = (key.to_vec(), options.clone());
+            async move { c.get(key, Some(options)).await }
+        })
+        .await
+    }
+
     /// `err` named after this store.
     pub(super) fn fail(&self, err: Error) -> Error {
         err.with_store(&*self.shown)
@@ -98,9 +151,7 @@ impl Core {
 
 /// Whether `err` says the lease is gone (expired or revoked) on the server.
 pub(super) fn lease_not_found(err: &Error) -> bool {
-    err.reason()
-        .is_some_and(|r| r.contains("requested lease not found"))
-        || err.to_string().contains("requested lease not found")
+    err.to_string().contains("requested lease not found")
 }
 
 /// An etcd client error as this library's, temporary where trying again may help.
@@ -113,8 +164,9 @@ pub(super) fn failure(what: &str, err: etcd_client::Error) -> Error {
             let e = Error::storage(format!("etcd refused {what}: {msg}"));
             match code {
                 UNAVAILABLE | DEADLINE_EXCEEDED | ABORTED | RESOURCE_EXHAUSTED | UNKNOWN
-                | CANCELLED | INTERNAL => Error::storage(format!("cannot reach etcd ({what}): {msg}"))
-                    .temporary(),
+                | CANCELLED | INTERNAL => {
+                    Error::storage(format!("cannot reach etcd ({what}): {msg}")).temporary()
+                }
                 _ => e,
             }
         }

@@ -27,6 +27,9 @@ pub(super) enum State {
 /// A granted lease and its keeper.
 pub(super) struct Lease {
     pub(super) id: i64,
+    /// Until when the server has certainly kept the lease: the send time of the last answered
+    /// keep-alive (or of the grant) plus the granted ttl.
+    pub(super) confirmed: Arc<std::sync::Mutex<Instant>>,
     /// The ttl asked for (whole seconds); the server may have granted more.
     pub(super) asked: Duration,
     pub(super) state: watch::Receiver<State>,
@@ -38,6 +41,7 @@ impl Lease {
     /// Grants a lease of `ttl` and starts keeping it alive.
     pub(super) async fn grant(core: &Arc<Core>, ttl: Duration) -> Result<Lease> {
         let secs = i64::try_from(ttl.as_secs().max(1)).unwrap_or(i64::MAX);
+        let sent = Instant::now();
         let granted = core
             .call("lease grant", |mut c| async move {
                 c.lease_grant(secs, None).await
@@ -51,6 +55,7 @@ impl Lease {
             .unwrap_or(granted_ttl / 3)
             .min(granted_ttl / 2)
             .max(Duration::from_millis(100));
+        let confirmed = Arc::new(std::sync::Mutex::new(sent + granted_ttl));
         let (state_tx, state) = watch::channel(State::Alive);
         let (refresh, requests) = mpsc::unbounded_channel();
         let keeper = Keeper {
@@ -59,13 +64,15 @@ impl Lease {
             ttl: granted_ttl,
             period,
             stream: None,
-            answered: Instant::now(),
+            answered: sent,
+            confirmed: confirmed.clone(),
             state: state_tx,
             requests,
         };
         let task = tokio::spawn(keeper.run()).abort_handle();
         Ok(Lease {
             id,
+            confirmed,
             asked: ttl,
             state,
             refresh,
@@ -104,7 +111,10 @@ impl Lease {
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
                 let revoked = core
-                    .call("lease revoke", |mut c| async move { c.lease_revoke(id).await })
+                    .call(
+                        "lease revoke",
+                        |mut c| async move { c.lease_revoke(id).await },
+                    )
                     .await;
                 if let Err(e) = revoked {
                     tracing::debug!(target: crate::logging::TARGET, lease = %format!("{id:x}"),
@@ -129,6 +139,7 @@ struct Keeper {
     stream: Option<(LeaseKeeper, LeaseKeepAliveStream)>,
     /// When the last keep-alive that was answered went out.
     answered: Instant,
+    confirmed: Arc<std::sync::Mutex<Instant>>,
     state: watch::Sender<State>,
     requests: mpsc::UnboundedReceiver<oneshot::Sender<Result<Duration>>>,
 }
@@ -152,6 +163,7 @@ impl Keeper {
             match self.once().await {
                 Ok(Some(left)) => {
                     self.answered = sent;
+                    *self.confirmed.lock().unwrap_or_else(|e| e.into_inner()) = sent + left;
                     pause = self.period;
                     for reply in waiting.drain(..) {
                         let _ = reply.send(Ok(left));
@@ -177,7 +189,8 @@ impl Keeper {
                         let _ = reply.send(Err(self.core.fail(again.temporary())));
                     }
                     // Again soon, within what is left of the ttl.
-                    pause = (self.period / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
+                    pause =
+                        (self.period / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
                 }
             }
         }
@@ -186,9 +199,9 @@ impl Keeper {
     fn gone(&self, waiting: Vec<oneshot::Sender<Result<Duration>>>, why: LostReason) {
         self.state.send_replace(State::Gone(why));
         for reply in waiting {
-            let _ = reply.send(Err(self.core.fail(Error::storage(
-                "the lease is gone (expired or revoked)",
-            ))));
+            let _ = reply.send(Err(self
+                .core
+                .fail(Error::storage("the lease is gone (expired or revoked)"))));
         }
     }
 

@@ -48,8 +48,9 @@ pub(crate) fn validate_dsn(dsn: &str) -> Result<()> {
 /// - **FIFO waits** in order of create revision, each waiter watching only the key before it:
 ///   a release wakes one waiter. After waking, a waiter checks that its own key still exists;
 ///   one that vanished (its lease ended) is an error, never a grant.
-/// - **Fencing tokens** are the holding key's create revision: ordered by the cluster's log,
-///   comparable with `etcdctl lock`'s `ETCD_LOCK_REV`.
+/// - **Fencing tokens** are the cluster's revision at which the holder was seen to hold (its
+///   key's create revision when it held at once): ordered by the cluster's log, and the same
+///   number `etcdctl lock` exports as `ETCD_LOCK_REV`, so the two tools' tokens compare.
 /// - **Leases**: one per holder, granted on its first acquire with the lock's ttl (whole
 ///   seconds, at least 1; the DSN's `ttl` when the lock has none, 60 s by default), kept alive
 ///   by the store every third of it while the holder lives, revoked when the holder's key is
@@ -304,8 +305,9 @@ impl Store for EtcdStore {
     }
 
     /// The whole queue in order: holders first, then waiters ([`HolderInfo::waiting`]), each
-    /// with its lease (`backend`: `lease 694d7a3b2c1f0a12`, and `etcdctl` for a key that is
-    /// not ours), the lease's remaining ttl and the key's create revision as its fencing token.
+    /// with its lease and the revision it queued at (`backend`: `lease 694d7a3b2c1f0a12, queued
+    /// at revision 42`, with the key's name when it is not in this library's layout) and the
+    /// lease's remaining ttl.
     ///
     /// # Cancel safety
     ///
@@ -314,10 +316,7 @@ impl Store for EtcdStore {
         let dir = queue::dir(&self.core.config.prefix, resource);
         let listed = self
             .core
-            .call("get", |mut c| {
-                let dir = dir.clone();
-                async move { c.get(dir, Some(GetOptions::new().with_prefix())).await }
-            })
+            .get(&dir, GetOptions::new().with_prefix())
             .await
             .map_err(|e| e.with_resource(resource))?;
         let entries = queue::entries(
@@ -341,11 +340,10 @@ impl Store for EtcdStore {
             };
             let mut backend = format!("lease {:x}", entry.lease);
             if !ours || entry.lease == 0 {
-                backend.push_str(&format!(" (key {})", String::from_utf8_lossy(name)));
+                backend.push_str(&format!(", key {}", String::from_utf8_lossy(name)));
             }
-            let mut info = HolderInfo::new(mode, None, remaining)
-                .with_backend(backend)
-                .with_fencing_token(u64::try_from(entry.rev).unwrap_or(0));
+            backend.push_str(&format!(", queued at revision {}", entry.rev));
+            let mut info = HolderInfo::new(mode, None, remaining).with_backend(backend);
             if !holds {
                 info = info.queued();
             }
@@ -363,10 +361,7 @@ impl Store for EtcdStore {
         let dir = queue::dir(&self.core.config.prefix, resource);
         let got = self
             .core
-            .call("get", |mut c| async move {
-                c.get(dir, Some(GetOptions::new().with_prefix().with_count_only()))
-                    .await
-            })
+            .get(&dir, GetOptions::new().with_prefix().with_count_only())
             .await
             .map_err(|e| e.with_resource(resource))?;
         Ok(got.header().and_then(|h| u64::try_from(h.revision()).ok()))
@@ -380,6 +375,12 @@ impl Store for EtcdStore {
     async fn close(&self) -> Result<()> {
         self.core.disconnect().await;
         Ok(())
+    }
+
+    fn lease_remaining(&self, key: &Key) -> Option<Duration> {
+        let handle = key.existing_handle::<Handle>(self.core.owner)?;
+        let guard = lock(&handle.holder);
+        guard.as_ref()?.lease_remaining()
     }
 
     fn locks_in(&self) -> Option<String> {

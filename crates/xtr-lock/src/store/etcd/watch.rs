@@ -92,12 +92,7 @@ async fn until_deleted(core: &Core, key: &[u8], rev: i64, from: &mut i64) -> Res
             .ok_or_else(|| Error::storage("the watch stream ended").temporary())?;
         if answer.compact_revision() > 0 || answer.canceled() {
             // History is gone: ask for the key itself.
-            let got = core
-                .call("get", |mut c| {
-                    let key = key.to_vec();
-                    async move { c.get(key, Some(GetOptions::new())).await }
-                })
-                .await?;
+            let got = core.get(key, GetOptions::new()).await?;
             if let Some(header) = got.header() {
                 *from = header.revision() + 1;
             }

@@ -44,7 +44,7 @@ pub(super) struct Life {
     /// Counts the holds that ended (released or lost).
     pub(super) ended: u64,
     pub(super) lease: Option<i64>,
-    /// The create revision of the key that holds.
+    /// The fencing token of the hold.
     pub(super) token: Option<u64>,
 }
 
@@ -52,6 +52,22 @@ pub(super) struct Life {
 pub(super) struct Holder {
     pub(super) tx: mpsc::UnboundedSender<Cmd>,
     pub(super) life: watch::Receiver<Life>,
+    /// The current lease's confirmed end, while there is a lease.
+    pub(super) confirmed: Confirmed,
+}
+
+/// Where the current lease's keeper writes until when the lease certainly lasts.
+pub(super) type Confirmed =
+    Arc<std::sync::Mutex<Option<Arc<std::sync::Mutex<std::time::Instant>>>>>;
+
+impl Holder {
+    /// How long the lease certainly lasts without another keep-alive, while it holds.
+    pub(super) fn lease_remaining(&self) -> Option<Duration> {
+        self.life.borrow().held?;
+        let slot = self.confirmed.lock().unwrap_or_else(|e| e.into_inner());
+        let until = *slot.as_ref()?.lock().unwrap_or_else(|e| e.into_inner());
+        Some(until.saturating_duration_since(std::time::Instant::now()))
+    }
 }
 
 /// Starts the task of one holder of `resource`.
@@ -60,7 +76,9 @@ pub(super) fn start(core: Arc<Core>, resource: String) -> Holder {
     let (life_tx, life) = watch::channel(Life::default());
     let (lost_tx, lost_rx) = mpsc::unbounded_channel();
     let dir = queue::dir(&core.config.prefix, &resource);
+    let confirmed = Confirmed::default();
     let actor = Actor {
+        confirmed: confirmed.clone(),
         core,
         resource,
         dir,
@@ -75,12 +93,20 @@ pub(super) fn start(core: Arc<Core>, resource: String) -> Holder {
         lost_rx,
     };
     tokio::spawn(actor.run());
-    Holder { tx, life }
+    Holder {
+        tx,
+        life,
+        confirmed,
+    }
 }
 
 /// A key this holder has in the queue, and the watch that reports its delete.
 struct Mine {
     entry: Entry,
+    /// The revision at which this key was seen to hold: its fencing token, as `etcdctl lock`
+    /// exports it (`ETCD_LOCK_REV`). Every later holder's is greater: it sees this key gone,
+    /// which is a later revision.
+    token: u64,
     watch: Option<tokio::task::AbortHandle>,
 }
 
@@ -93,6 +119,7 @@ impl Drop for Mine {
 }
 
 struct Actor {
+    confirmed: Confirmed,
     core: Arc<Core>,
     resource: String,
     dir: Vec<u8>,
@@ -173,7 +200,7 @@ impl Actor {
             lost: self.lost,
             ended: self.ended,
             lease: self.lease.as_ref().map(|l| l.id),
-            token: self.held.as_ref().map(|m| token(m.entry.rev)),
+            token: self.held.as_ref().map(|m| m.token),
         };
         self.life.send_if_modified(|l| {
             let changed = *l != life;
@@ -183,7 +210,8 @@ impl Actor {
     }
 
     fn error(&self, err: Error) -> Error {
-        err.with_resource(&self.resource).with_store(&*self.core.shown)
+        err.with_resource(&self.resource)
+            .with_store(&*self.core.shown)
     }
 
     /// The hold ended without a release.
@@ -243,6 +271,7 @@ impl Actor {
             .await
             .map_err(|e| self.error(e))?;
         let id = lease.id;
+        *self.confirmed.lock().unwrap_or_else(|e| e.into_inner()) = Some(lease.confirmed.clone());
         self.lease = Some(lease);
         self.publish();
         Ok(id)
@@ -278,8 +307,8 @@ impl Actor {
     async fn confirm(&mut self) -> Option<Result<Saved>> {
         match self.check(false).await {
             Ok(Holding::Held(_)) => {
-                let rev = self.held.as_ref().map_or(0, |m| m.entry.rev);
-                Some(Ok(Acquired::fenced(token(rev)).into()))
+                let token = self.held.as_ref().map_or(0, |m| m.token);
+                Some(Ok(Acquired::fenced(token).into()))
             }
             Ok(Holding::NotHeld(_)) => None,
             Err(e) => Some(Err(e)),
@@ -290,7 +319,9 @@ impl Actor {
     /// becomes a reader (writers queued behind it still wait; readers behind them too).
     async fn demote(&mut self) -> Option<Result<Saved>> {
         let Some(lease) = self.lease.as_ref().map(|l| l.id) else {
-            return Some(Err(self.error(Error::lost(&self.resource, LostReason::Expired))));
+            return Some(Err(
+                self.error(Error::lost(&self.resource, LostReason::Expired))
+            ));
         };
         let entry = self.held.as_ref().map(|m| m.entry.clone())?;
         let txn = Txn::new()
@@ -304,12 +335,14 @@ impl Actor {
                 Kind::Reader.value(),
                 Some(PutOptions::new().with_lease(lease)),
             )]);
-        match self.core.call("txn", |mut c| async move { c.txn(txn).await }).await {
+        match self.core.txn(txn).await {
             Ok(r) if r.succeeded() => {
+                let at = token(r.header().map_or(entry.rev, |h| h.revision()));
                 if let Some(m) = self.held.as_mut() {
                     m.entry.kind = Kind::Reader;
+                    m.token = at;
                 }
-                Some(Ok(Acquired::fenced(token(entry.rev)).into()))
+                Some(Ok(Acquired::fenced(at).into()))
             }
             Ok(_) => {
                 // The write key is gone: read afresh.
@@ -349,7 +382,7 @@ impl Actor {
                         self.drop_other().await;
                         return None;
                     }
-                    return Some(self.granted(me).await);
+                    return Some(self.granted(me, read.revision).await);
                 }
                 Turn::Deadlock => {
                     self.drop_other().await;
@@ -387,18 +420,16 @@ impl Actor {
         }
     }
 
-    /// The new key holds: it replaces a read key it promoted, and its delete is watched.
-    async fn granted(&mut self, me: Entry) -> Result<Saved> {
+    /// The new key holds (seen at revision `seen_at`): it replaces a read key it promoted, and
+    /// its delete is watched.
+    async fn granted(&mut self, me: Entry, seen_at: i64) -> Result<Saved> {
         self.other = None;
         if let Some(old) = self.held.take() {
             // The promotion holds: the read key goes (its loss watch first).
             let key = old.entry.key.clone();
             drop(old);
-            if let Err(e) = self
-                .core
-                .call("delete", |mut c| async move { c.delete(key, None).await })
-                .await
-            {
+            let delete = Txn::new().and_then([TxnOp::delete(key, None)]);
+            if let Err(e) = self.core.txn(delete).await {
                 // It is on the holder's lease, and goes with it at the latest.
                 tracing::debug!(target: crate::logging::TARGET, resource = %self.resource,
                     error = %e, "cannot delete the read key of a granted promotion");
@@ -410,13 +441,14 @@ impl Actor {
             me.rev,
             self.lost_tx.clone(),
         );
-        let rev = me.rev;
+        let at = token(seen_at.max(me.rev));
         self.held = Some(Mine {
             entry: me,
+            token: at,
             watch: Some(watch),
         });
         self.lost = None;
-        Ok(Acquired::fenced(token(rev)).into())
+        Ok(Acquired::fenced(at).into())
     }
 
     /// Deletes the key of an attempt that did not hold (best effort: it is on the lease).
@@ -431,7 +463,7 @@ impl Actor {
                 entry.rev,
             )])
             .and_then([TxnOp::delete(entry.key.clone(), None)]);
-        if let Err(e) = self.core.call("txn", |mut c| async move { c.txn(txn).await }).await {
+        if let Err(e) = self.core.txn(txn).await {
             tracing::debug!(target: crate::logging::TARGET, resource = %self.resource,
                 error = %e, "cannot delete an abandoned queue key; it goes with its lease");
         }
@@ -458,7 +490,7 @@ impl Actor {
                     list.clone(),
                 ])
                 .or_else([list]);
-            match self.core.call("txn", |mut c| async move { c.txn(txn).await }).await {
+            match self.core.txn(txn).await {
                 Ok(r) => {
                     let revision = r.header().map_or(0, |h| h.revision());
                     let queue = listed(&self.dir, &r.op_responses());
@@ -483,7 +515,7 @@ impl Actor {
                         .when([Compare::lease(key.clone(), CompareOp::Equal, lease)])
                         .and_then([TxnOp::delete(key, None)]);
                     if self.held.is_none() || taken.is_some() {
-                        let _ = self.core.call("txn", |mut c| async move { c.txn(txn).await }).await;
+                        let _ = self.core.txn(txn).await;
                     }
                     return Err(self.error(e));
                 }
@@ -538,4 +570,3 @@ fn listed(dir: &[u8], answers: &[TxnOpResponse]) -> Vec<Entry> {
             .map(|kv| (kv.key(), kv.value(), kv.create_revision(), kv.lease())),
     )
 }
-

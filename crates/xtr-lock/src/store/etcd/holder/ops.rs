@@ -54,12 +54,10 @@ impl Actor {
             match self.reread(me).await {
                 Ok(Some(read)) => return Waited::Again(read),
                 Ok(None) => {
-                    return Waited::Failed(self.error(
-                        Error::expired(&self.resource).with_reason(
-                            "the queue key vanished while it waited (its lease ended, or it \
+                    return Waited::Failed(self.error(Error::expired(&self.resource).with_reason(
+                        "the queue key vanished while it waited (its lease ended, or it \
                              was deleted): never a grant",
-                        ),
-                    ));
+                    )));
                 }
                 Err(e) => {
                     tracing::debug!(target: crate::logging::TARGET, resource = %self.resource,
@@ -91,10 +89,7 @@ impl Actor {
                 me.rev,
             )])
             .and_then([TxnOp::get(self.dir.clone(), Some(list_options()))]);
-        let r = self
-            .core
-            .call("txn", |mut c| async move { c.txn(txn).await })
-            .await?;
+        let r = self.core.txn(txn).await?;
         if !r.succeeded() {
             return Ok(None);
         }
@@ -122,9 +117,7 @@ impl Actor {
         let key = held.key.clone();
         let got = self
             .core
-            .call("get", |mut c| async move {
-                c.get(key, Some(GetOptions::new())).await
-            })
+            .get(&key, GetOptions::new())
             .await
             .map_err(|e| self.error(e))?;
         match got.kvs().iter().find(|kv| kv.create_revision() == held.rev) {
@@ -162,17 +155,20 @@ impl Actor {
         {
             w.abort();
         }
-        match self
-            .core
-            .call("txn", |mut c| async move { c.txn(txn).await })
-            .await
-        {
-            Ok(r) => {
+        // Once first: a second try that finds the key gone cannot tell whether the first try
+        // deleted it. When the first try is in doubt, the key is gone by the second and no
+        // loss was seen before the release began, the first try is taken to have deleted it.
+        let answer = match self.core.txn_once(txn.clone()).await {
+            Err(e) if e.is_temporary() => self.core.txn(txn).await.map(|r| (r, true)),
+            other => other.map(|r| (r, false)),
+        };
+        match answer {
+            Ok((r, retried)) => {
                 self.held = None;
                 self.ended += 1;
                 self.lost = None;
                 self.publish();
-                Ok(r.succeeded())
+                Ok(r.succeeded() || retried)
             }
             Err(e) => {
                 // Unknown: the key may still be there; keep watching it.

@@ -58,6 +58,12 @@ scenarios! {
     quorum_stop_1_members => "quorum/stop-1-members",
     quorum_stop_2_members => "quorum/stop-2-members",
     quorum_kill_1_members => "quorum/kill-1-members",
+    etcd_kill_holder => "etcd/kill-holder",
+    etcd_kill_xtr_lock => "etcd/kill-xtr-lock",
+    etcd_stop_xtr_lock => "etcd/stop-xtr-lock",
+    etcd_stop_holder => "etcd/stop-holder",
+    etcd_stop_1_members => "etcd/stop-1-members",
+    etcd_kill_leader => "etcd/kill-leader",
     quorum_kill_2_members => "quorum/kill-2-members",
     quorum_delay_proxy => "quorum/delay-proxy",
 }

@@ -32,6 +32,9 @@ pub enum Fault {
     /// restart: a member back at once, empty, can turn a lock held on exactly a majority into
     /// a minority, and another holder can then win; the suite saw it with one member).
     KillMembers(usize),
+    /// SIGKILL the etcd cluster's leader and start it again after the ttl (it rejoins with its
+    /// data): the cluster elects another and the locks, their leases and their queues go on.
+    KillLeader,
     /// Every connection goes through a proxy that delays each chunk by 1–3 ms each way; and
     /// `xtr-lock` processes are killed now and then.
     Delay,
@@ -49,6 +52,7 @@ impl Fault {
             Fault::StopMembers(n) => format!("stop-{n}-members"),
             Fault::KillMembers(n) => format!("kill-{n}-members"),
             Fault::Delay => "delay-proxy".into(),
+            Fault::KillLeader => "kill-leader".into(),
         }
     }
 
@@ -131,6 +135,29 @@ fn once(stores: &mut Stores, pool: &Pool, scenario: &Scenario) -> bool {
                 let _ = kill_process_group(g, Signal::CONT);
             }
             let _ = kill_process(xtr, Signal::CONT);
+            true
+        }
+        Fault::StopMembers(n) if stores.etcd.is_some() => {
+            let cluster = stores.etcd.as_ref().expect("an etcd cluster");
+            for i in 0..n {
+                cluster.pause(i);
+            }
+            std::thread::sleep(Duration::from_secs(1));
+            for i in 0..n {
+                cluster.resume(i);
+            }
+            true
+        }
+        Fault::KillLeader => {
+            let Some(cluster) = stores.etcd.as_mut() else {
+                return false;
+            };
+            let Some(leader) = cluster.leader() else {
+                return false;
+            };
+            cluster.kill(leader);
+            std::thread::sleep(past_ttl);
+            cluster.restart(leader);
             true
         }
         Fault::StopServer | Fault::StopMembers(_) => {

@@ -19,6 +19,7 @@ mod workers;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use xtr_lock_testkit::etcd::EtcdCluster;
 use xtr_lock_testkit::redis::RedisServer;
 
 pub use faults::Fault;
@@ -32,6 +33,8 @@ pub enum Target {
     Redis,
     /// A consensus quorum of three Redis servers.
     Quorum,
+    /// A 3-member etcd cluster (the `xtr-lock` under test needs the `etcd` feature).
+    Etcd,
 }
 
 /// One run: a target, a fault, how long, how many workers.
@@ -96,6 +99,23 @@ impl Scenario {
                 Delay,
             ],
         );
+        // A lock on a Raft cluster: a member (the leader, or a follower) paused or killed and
+        // brought back must change nothing; the holder's faults are every store's.
+        add(
+            Target::Etcd,
+            &[
+                KillHolder,
+                KillXtrLock,
+                StopXtrLock,
+                StopHolder,
+                StopMembers(1),
+                KillLeader,
+            ],
+        );
+        for s in out.iter_mut().filter(|s| s.target == Target::Etcd) {
+            // etcd's leases are whole seconds.
+            s.ttl = Duration::from_secs(1);
+        }
         out
     }
 
@@ -105,6 +125,7 @@ impl Scenario {
             Target::Flock => "flock",
             Target::Redis => "redis",
             Target::Quorum => "quorum",
+            Target::Etcd => "etcd",
         };
         format!("{target}/{}", self.fault.name())
     }
@@ -131,6 +152,8 @@ pub struct Report {
 /// [`Fault::Delay`]).
 pub(crate) struct Stores {
     pub(crate) servers: Vec<RedisServer>,
+    /// The etcd target's cluster.
+    pub(crate) etcd: Option<EtcdCluster>,
     pub(crate) dsns: Vec<String>,
     /// The flock target's directory, removed when the run ends.
     _dir: Option<tempfile::TempDir>,
@@ -142,6 +165,7 @@ impl Stores {
             Target::Flock => 0,
             Target::Redis => 1,
             Target::Quorum => 3,
+            Target::Etcd => 0,
         };
         let servers: Vec<RedisServer> = (0..n).map(|_| RedisServer::start()).collect();
         let timeouts = "?socket_connect_timeout=0.5&socket_timeout=0.5";
@@ -160,6 +184,11 @@ impl Stores {
                 })
                 .collect::<anyhow::Result<_>>()?
         };
+        let etcd = (target == Target::Etcd).then(|| EtcdCluster::start(3));
+        let dsns = match &etcd {
+            Some(cluster) => vec![cluster.dsn("")],
+            None => dsns,
+        };
         let (dir, dsns) = if target == Target::Flock {
             let dir = tempfile::Builder::new().prefix("xtr-faults-").tempdir()?;
             let dsn = format!("flock://{}", dir.path().display());
@@ -169,6 +198,7 @@ impl Stores {
         };
         Ok(Stores {
             servers,
+            etcd,
             dsns,
             _dir: dir,
         })

@@ -181,6 +181,15 @@ pub(crate) fn leftovers(xtr: &Path, stores: &Stores) -> Vec<String> {
     if !status.as_ref().is_ok_and(|s| s.success()) {
         out.push(format!("the lock was still held after the run: {status:?}"));
     }
+    if let Some(cluster) = &stores.etcd {
+        let keys =
+            cluster.etcdctl_output(&["get", "--prefix", "--keys-only", &format!("{RESOURCE}/")]);
+        if !keys.trim().is_empty() {
+            out.push(format!(
+                "etcd still has the lock's keys after the run: {keys:?}"
+            ));
+        }
+    }
     for (i, server) in stores.servers.iter().enumerate() {
         if server.cli(&["EXISTS", RESOURCE]) != "0" {
             out.push(format!("server {i} still has the lock's key after the run"));

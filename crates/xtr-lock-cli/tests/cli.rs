@@ -87,7 +87,7 @@ fn usage_and_configuration_errors_exit_2_with_one_clear_line_and_no_secret() {
         .args([
             "run",
             "--store",
-            "etcd://app:hunter2@db/x",
+            "memcached://app:hunter2@db",
             "r",
             "--",
             "true",

@@ -45,9 +45,10 @@ async fn still_pending<F: Future + Unpin>(f: &mut F) -> bool {
 fn construction_needs_a_store_and_names_bad_dsns_by_scheme() {
     let err = CombinedStore::new(Vec::new(), ConsensusStrategy).unwrap_err();
     assert!(err.to_string().contains("at least one store"), "{err}");
-    let err = CombinedStore::from_dsns(&["in-memory", "etcd://u:hunter2@h/db"], ConsensusStrategy)
-        .unwrap_err();
-    assert!(err.to_string().contains("\"etcd:\"") && !err.to_string().contains("hunter2"));
+    let err =
+        CombinedStore::from_dsns(&["in-memory", "memcached://u:hunter2@h"], ConsensusStrategy)
+            .unwrap_err();
+    assert!(err.to_string().contains("\"memcached:\"") && !err.to_string().contains("hunter2"));
     let store =
         CombinedStore::from_dsns(&["in-memory", "in-memory", "null"], UnanimousStrategy).unwrap();
     assert_eq!(store.to_string(), "combined(3, unanimous)");

@@ -107,8 +107,8 @@ fn every_problem_is_reported_at_once_naming_its_entry() {
             "stores.x: ",
         ),
         (
-            r#"stores.x = "etcd://u:s3cret@h:2379""#,
-            "stores.x: unsupported connection \"etcd:\": this build of xtr-lock has no etcd store",
+            r#"stores.x = "memcached://u:s3cret@h:11211""#,
+            "stores.x: unsupported connection \"memcached:\": this build of xtr-lock has no memcached store",
         ),
         (
             r#"stores.x = "nosuch://u:s3cret@h""#,

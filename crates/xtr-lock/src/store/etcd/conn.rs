@@ -79,9 +79,13 @@ impl Core {
     /// three times in all) when it failed in a way that another member may not (a member that
     /// stopped answering, a broken connection). Only for requests that are safe to repeat:
     /// reads, and writes whose transaction compares first.
-    pub(super) async fn call<T, F>(&self, what: &str, f: impl Fn(Client) -> F) -> Result<T>
+    pub(super) async fn call<T: Send, F>(
+        &self,
+        what: &str,
+        f: impl Fn(Client) -> F + Sync,
+    ) -> Result<T>
     where
-        F: Future<Output = std::result::Result<T, etcd_client::Error>>,
+        F: Future<Output = std::result::Result<T, etcd_client::Error>> + Send,
     {
         let mut tries = 0;
         loop {
@@ -98,9 +102,13 @@ impl Core {
     }
 
     /// Runs one request once, under the request timeout.
-    pub(super) async fn call_once<T, F>(&self, what: &str, f: impl Fn(Client) -> F) -> Result<T>
+    pub(super) async fn call_once<T: Send, F>(
+        &self,
+        what: &str,
+        f: impl Fn(Client) -> F + Sync,
+    ) -> Result<T>
     where
-        F: Future<Output = std::result::Result<T, etcd_client::Error>>,
+        F: Future<Output = std::result::Result<T, etcd_client::Error>> + Send,
     {
         let client = self.client().await?;
         match tokio::time::timeout(self.config.request_timeout, f(client)).await {

@@ -105,14 +105,15 @@ impl Actor {
         let Some(held) = self.held.as_ref().map(|m| m.entry.clone()) else {
             return Ok(Holding::NotHeld(self.lost.unwrap_or(LostReason::Removed)));
         };
-        if refresh && let Some(lease) = &self.lease {
-            if let Err(e) = lease.refresh().await {
-                self.catch_up();
-                if self.held.is_none() {
-                    return Ok(Holding::NotHeld(self.lost.unwrap_or(LostReason::Expired)));
-                }
-                return Err(self.error(e));
+        if refresh
+            && let Some(lease) = &self.lease
+            && let Err(e) = lease.refresh().await
+        {
+            self.catch_up();
+            if self.held.is_none() {
+                return Ok(Holding::NotHeld(self.lost.unwrap_or(LostReason::Expired)));
             }
+            return Err(self.error(e));
         }
         let key = held.key.clone();
         let got = self

@@ -30,6 +30,8 @@ struct Member {
 #[derive(Debug)]
 pub struct EtcdCluster {
     members: Vec<Member>,
+    /// The CA's certificate, and the certificate and key a TLS cluster serves.
+    tls: Option<(PathBuf, PathBuf, PathBuf)>,
     initial_cluster: String,
     dir: tempfile::TempDir,
 }
@@ -52,6 +54,20 @@ impl EtcdCluster {
     /// When `etcd` is not installed (`apt-get install etcd-server`; the README's test command
     /// does it) or the cluster does not come up within 30 s.
     pub fn start(n: usize) -> EtcdCluster {
+        Self::start_with(n, false)
+    }
+
+    /// One member serving clients over TLS only, with a certificate for 127.0.0.1 signed by a
+    /// CA made by `openssl` in its directory ([`ca_file`](EtcdCluster::ca_file)).
+    ///
+    /// # Panics
+    ///
+    /// As [`start`](EtcdCluster::start), and when `openssl` is missing.
+    pub fn single_tls() -> EtcdCluster {
+        Self::start_with(1, true)
+    }
+
+    fn start_with(n: usize, tls: bool) -> EtcdCluster {
         assert!(n >= 1, "a cluster has at least one member");
         let dir = tempfile::Builder::new()
             .prefix("xtr-testkit-etcd-")
@@ -72,8 +88,10 @@ impl EtcdCluster {
             .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer_port))
             .collect::<Vec<_>>()
             .join(",");
+        let tls = tls.then(|| certificate(dir.path()));
         let mut cluster = EtcdCluster {
             members,
+            tls,
             initial_cluster,
             dir,
         };
@@ -88,15 +106,21 @@ impl EtcdCluster {
 
     fn spawn(&mut self, i: usize) {
         let initial_cluster = self.initial_cluster.clone();
+        let tls = self.tls.clone();
         let m = &mut self.members[i];
         let log = File::options()
             .create(true)
             .append(true)
             .open(&m.log)
             .expect("etcd's log file");
-        let client = format!("http://127.0.0.1:{}", m.client_port);
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let client = format!("{scheme}://127.0.0.1:{}", m.client_port);
         let peer = format!("http://127.0.0.1:{}", m.peer_port);
-        let child = Command::new("etcd")
+        let mut cmd = Command::new("etcd");
+        if let Some((_, cert, key)) = &tls {
+            cmd.arg("--cert-file").arg(cert).arg("--key-file").arg(key);
+        }
+        let child = cmd
             .args(["--name", &m.name])
             .arg("--data-dir")
             .arg(&m.data)
@@ -120,6 +144,9 @@ impl EtcdCluster {
     }
 
     fn wait_healthy(&mut self, i: usize) {
+        if self.tls.is_some() {
+            return self.wait_healthy_tls(i);
+        }
         let port = self.members[i].client_port;
         let log = self.members[i].log.clone();
         let what = format!("etcd member {} on port {port}", self.members[i].name);
@@ -127,6 +154,31 @@ impl EtcdCluster {
         crate::process::wait_up(child, &what, &log, Duration::from_secs(30), || {
             healthy(port)
         });
+    }
+
+    fn wait_healthy_tls(&mut self, i: usize) {
+        let endpoint = self.etcdctl_endpoints();
+        let ca = self.ca_file().expect("a TLS cluster").to_owned();
+        let log = self.members[i].log.clone();
+        let what = format!("etcd member {} (TLS)", self.members[i].name);
+        let child = self.members[i].child.as_mut().expect("the member runs");
+        crate::process::wait_up(child, &what, &log, Duration::from_secs(30), || {
+            Command::new("etcdctl")
+                .env("ETCDCTL_API", "3")
+                .arg(format!("--endpoints={endpoint}"))
+                .arg("--cacert")
+                .arg(&ca)
+                .args(["endpoint", "health"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        });
+    }
+
+    /// The CA that signed a TLS cluster's certificate.
+    pub fn ca_file(&self) -> Option<&std::path::Path> {
+        self.tls.as_ref().map(|(ca, ..)| ca.as_path())
     }
 
     /// How many members it has.
@@ -149,14 +201,18 @@ impl EtcdCluster {
 
     /// `etcd://<every endpoint, comma-separated><path>`: `path` is empty or `/prefix`.
     pub fn dsn(&self, path: &str) -> String {
-        format!("etcd://{}{path}", self.endpoints().join(","))
+        let scheme = if self.tls.is_some() { "etcds" } else { "etcd" };
+        format!("{scheme}://{}{path}", self.endpoints().join(","))
     }
 
     /// The endpoints as `etcdctl --endpoints` wants them.
     pub fn etcdctl_endpoints(&self) -> String {
         self.members
             .iter()
-            .map(|m| format!("http://127.0.0.1:{}", m.client_port))
+            .map(|m| {
+                let scheme = if self.tls.is_some() { "https" } else { "http" };
+                format!("{scheme}://127.0.0.1:{}", m.client_port)
+            })
             .collect::<Vec<_>>()
             .join(",")
     }
@@ -167,6 +223,9 @@ impl EtcdCluster {
         cmd.env("ETCDCTL_API", "3")
             .arg(format!("--endpoints={}", self.etcdctl_endpoints()))
             .arg("--command-timeout=5s");
+        if let Some(ca) = self.ca_file() {
+            cmd.arg("--cacert").arg(ca);
+        }
         cmd
     }
 
@@ -188,7 +247,8 @@ impl EtcdCluster {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
-    /// The index of the member that leads now, from the members that answer.
+    /// The index of the member that leads now, from the members that answer (plain clusters:
+    /// it asks their HTTP gateway).
     pub fn leader(&self) -> Option<usize> {
         for (i, m) in self.members.iter().enumerate() {
             if m.child.is_none() {
@@ -320,4 +380,74 @@ fn json_number(json: &str, field: &str) -> Option<u64> {
     let rest = json[at..].trim_start().trim_start_matches('"');
     let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
     digits.parse().ok()
+}
+
+/// A CA, and a certificate for 127.0.0.1 it signed with its key, in `dir`, made by `openssl`:
+/// (the CA's certificate, the server's certificate, the server's key). rustls refuses a
+/// self-signed CA certificate used as the server's own.
+fn certificate(dir: &std::path::Path) -> (PathBuf, PathBuf, PathBuf) {
+    let openssl = |args: &[&str]| {
+        let made = Command::new("openssl")
+            .current_dir(dir)
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .unwrap_or_else(|e| panic!("cannot run openssl ({e}): apt-get install openssl"));
+        assert!(made.success(), "openssl {args:?} failed");
+    };
+    std::fs::write(
+        dir.join("server.ext"),
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n",
+    )
+    .expect("the certificate's extensions");
+    openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=xtr-testkit-ca",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+    ]);
+    openssl(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=127.0.0.1",
+        "-keyout",
+        "key.pem",
+        "-out",
+        "server.csr",
+    ]);
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "1",
+        "-extfile",
+        "server.ext",
+        "-out",
+        "cert.pem",
+    ]);
+    (
+        dir.join("ca.pem"),
+        dir.join("cert.pem"),
+        dir.join("key.pem"),
+    )
 }

@@ -444,3 +444,77 @@ async fn tokens_increase_across_a_queue_mixing_etcdctl_and_ours() {
     assert!(child.wait().unwrap().success());
     third.release().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcds_trusts_the_ca_it_is_given_and_nothing_else() {
+    let cluster = EtcdCluster::single_tls();
+    let ca = cluster.ca_file().unwrap().display().to_string();
+    let trusted = EtcdStore::from_dsn(&format!("{}?ca_file={ca}", cluster.dsn(""))).unwrap();
+    let lock = LockFactory::new(trusted).create_lock(resource("tls"));
+    assert!(lock.try_acquire().await.unwrap());
+    assert_eq!(lock.release().await.unwrap(), Release::Released);
+    let untrusted = EtcdStore::from_dsn(&format!(
+        "{}?connect_timeout=2&request_timeout=2",
+        cluster.dsn("")
+    ))
+    .unwrap();
+    let err = LockFactory::new(untrusted)
+        .create_lock(resource("tls"))
+        .try_acquire()
+        .await
+        .unwrap_err();
+    assert!(!err.is_conflict(), "{err}");
+    let missing =
+        EtcdStore::from_dsn(&format!("{}?ca_file=/nonexistent.pem", cluster.dsn(""))).unwrap();
+    let err = LockFactory::new(missing)
+        .create_lock("x")
+        .try_acquire()
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("/nonexistent.pem"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_authenticates_and_a_wrong_password_is_refused_without_being_shown() {
+    let cluster = EtcdCluster::single();
+    cluster.etcdctl_output(&["user", "add", "root:s3cret-pw", "--interactive=false"]);
+    cluster.etcdctl_output(&["auth", "enable"]);
+    let dsn = |password: &str| {
+        let rest = cluster.dsn("").strip_prefix("etcd://").unwrap().to_owned();
+        format!("etcd://root:{password}@{rest}")
+    };
+    let store = EtcdStore::from_dsn(&dsn("s3cret-pw")).unwrap();
+    assert!(!format!("{store} {store:?}").contains("s3cret"));
+    let lock = LockFactory::new(store).create_lock(resource("auth"));
+    assert!(lock.try_acquire().await.unwrap());
+    assert_eq!(lock.release().await.unwrap(), Release::Released);
+    let wrong = EtcdStore::from_dsn(&dsn("not-the-pw")).unwrap();
+    let err = LockFactory::new(wrong)
+        .create_lock(resource("auth"))
+        .try_acquire()
+        .await
+        .unwrap_err();
+    let text = format!("{err} {err:?}");
+    assert!(!text.contains("not-the-pw"), "{text}");
+    assert!(text.contains("authentication failed"), "{text}");
+}
+
+/// The holder's state is published before the grant is answered: a loss watcher made at once
+/// after an acquire must wait, not report the previous hold's end as a loss.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_loss_watcher_made_right_after_an_acquire_waits() {
+    use futures_util::FutureExt as _;
+    let cluster = EtcdCluster::single();
+    let store = store(&cluster, "");
+    let r = resource("publish");
+    let key = xtr_lock::Key::new(&r);
+    for round in 0..300 {
+        assert!(store.save(&key, None).await.unwrap().is_acquired());
+        let watcher = store.watch_loss(&key).await.unwrap().unwrap();
+        assert!(
+            watcher.now_or_never().is_none(),
+            "round {round}: a fresh hold was reported lost"
+        );
+        assert!(store.delete(&key).await.unwrap());
+    }
+}

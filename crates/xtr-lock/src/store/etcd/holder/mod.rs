@@ -296,10 +296,12 @@ impl Actor {
         if answer.is_none() {
             answer = self.enqueue(mode, wait, ttl, &mut reply).await;
         }
+        // What the holder holds is published before the answer: a loss watcher made right
+        // after the grant must see this hold, not the end of the last one.
+        self.publish();
         if let Some(answer) = answer {
             let _ = reply.send(answer);
         }
-        self.publish();
     }
 
     /// A re-save in the mode held: still held, with the same token? `None` when the hold is
@@ -469,8 +471,10 @@ impl Actor {
         }
     }
 
-    /// Puts this holder's key of `mode` (or finds the one it already has) and reads the queue,
-    /// in one transaction. A lease that turns out gone is replaced once.
+    /// Puts this holder's key of `mode` and reads the queue, in one transaction. A key of that
+    /// name left by an earlier attempt whose answer was lost is this holder's (the name carries
+    /// its lease): the put rewrites its value and keeps its place, so trying again is safe. A
+    /// lease that turns out gone is replaced once.
     async fn put(&mut self, mode: Mode, ttl: Duration) -> Result<(Entry, Read)> {
         let mut again = true;
         loop {
@@ -478,18 +482,14 @@ impl Actor {
             let kind = kind_of(mode);
             let taken = self.held.as_ref().map(|m| m.entry.key.clone());
             let key = queue::name(&self.dir, lease, kind, taken.as_deref());
-            let list = TxnOp::get(self.dir.clone(), Some(list_options()));
-            let txn = Txn::new()
-                .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-                .and_then([
-                    TxnOp::put(
-                        key.clone(),
-                        kind.value(),
-                        Some(PutOptions::new().with_lease(lease)),
-                    ),
-                    list.clone(),
-                ])
-                .or_else([list]);
+            let txn = Txn::new().and_then([
+                TxnOp::put(
+                    key.clone(),
+                    kind.value(),
+                    Some(PutOptions::new().with_lease(lease)),
+                ),
+                TxnOp::get(self.dir.clone(), Some(list_options())),
+            ]);
             match self.core.txn(txn).await {
                 Ok(r) => {
                     let revision = r.header().map_or(0, |h| h.revision());
@@ -503,20 +503,17 @@ impl Actor {
                 }
                 Err(e) if again && lease_not_found(&e) => {
                     again = false;
-                    if let Some(l) = self.lease.take() {
-                        drop(l);
-                    }
+                    self.lease = None;
                     self.lose(LostReason::Expired);
                 }
                 Err(e) => {
-                    // Unanswered: the put may have happened. The key is this holder's by its
-                    // name and lease; try to take it back, and it goes with the lease anyway.
+                    // Unanswered: the put may have happened. The key is this holder's (its
+                    // name is never the held key's); take it back if it is there, and it goes
+                    // with the lease anyway.
                     let txn = Txn::new()
                         .when([Compare::lease(key.clone(), CompareOp::Equal, lease)])
                         .and_then([TxnOp::delete(key, None)]);
-                    if self.held.is_none() || taken.is_some() {
-                        let _ = self.core.txn(txn).await;
-                    }
+                    let _ = self.core.txn(txn).await;
                     return Err(self.error(e));
                 }
             }

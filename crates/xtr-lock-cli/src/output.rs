@@ -41,6 +41,22 @@ pub(crate) fn holders(list: &[HolderInfo]) -> String {
         .join(", ")
 }
 
+/// `; held by …` for the holders in `list`, and `; N queued` for a store's queue (this waiter
+/// among them); empty when there is neither.
+pub(crate) fn held_by(list: &[HolderInfo]) -> String {
+    let (waiting, holding): (Vec<HolderInfo>, Vec<HolderInfo>) =
+        list.iter().cloned().partition(|h| h.waiting);
+    let mut out = String::new();
+    if !holding.is_empty() {
+        out.push_str("; held by ");
+        out.push_str(&holders(&holding));
+    }
+    if !waiting.is_empty() {
+        out.push_str(&format!("; {} queued", waiting.len()));
+    }
+    out
+}
+
 /// An error and its causes on one line, each after a colon, each once: a cause whose text is
 /// already shown (a store error quoting the I/O error it wraps) is left out, and so are the
 /// parts of a cause that repeat what is shown (`lock 'r': ` again, the same `(store …)`).
@@ -143,12 +159,8 @@ impl StatusLine {
                     "xtr-lock: waiting for {resource:?} ({})",
                     short(started.elapsed())
                 );
-                if introspect
-                    && let Ok(list) = store.holders(&resource).await
-                    && !list.is_empty()
-                {
-                    line.push_str("; held by ");
-                    line.push_str(&holders(&list));
+                if introspect && let Ok(list) = store.holders(&resource).await {
+                    line.push_str(&held_by(&list));
                 }
                 let mut err = std::io::stderr().lock();
                 let _ = write!(err, "\r\x1b[2K{line}");

@@ -518,3 +518,43 @@ async fn a_loss_watcher_made_right_after_an_acquire_waits() {
         assert!(store.delete(&key).await.unwrap());
     }
 }
+
+/// Saves and waits dropped at every point of their way (lease grant, the queueing
+/// transaction, the watch, the re-read) leave no key of theirs behind, and never a hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn saves_and_waits_dropped_anywhere_leave_nothing_behind() {
+    let cluster = EtcdCluster::single();
+    let store = store(&cluster, "");
+    let r = resource("dropped-anywhere");
+    let dir = store.directory(&r);
+    let holder = xtr_lock::Key::new(&r);
+    assert!(store.save(&holder, None).await.unwrap().is_acquired());
+    for round in 0..60u64 {
+        let key = xtr_lock::Key::new(&r);
+        let after = Duration::from_micros(round * 50);
+        let wait = round % 2 == 0;
+        let _ = tokio::time::timeout(after, async {
+            if wait {
+                store.wait_and_save(&key, None).await
+            } else {
+                store.save(&key, None).await
+            }
+        })
+        .await;
+        // Its clean-up runs in the holder's task; a later request of this key comes after it.
+        assert!(!store.exists(&key).await.unwrap().is_held());
+        until("only the holder's key is left", || {
+            keys(&cluster, &dir).len() == 1
+        })
+        .await;
+    }
+    assert!(store.delete(&holder).await.unwrap());
+    // Free now: the same drops leave no hold either (a grant nobody received is given back).
+    for round in 0..40u64 {
+        let key = xtr_lock::Key::new(&r);
+        let _ =
+            tokio::time::timeout(Duration::from_micros(round * 100), store.save(&key, None)).await;
+        let _ = store.delete(&key).await;
+        until("nothing is left", || keys(&cluster, &dir).is_empty()).await;
+    }
+}

@@ -48,10 +48,7 @@ pub(crate) async fn take(
             json!({"resource": lock.resource(), "held_by": list}),
         );
     } else if verbose_line {
-        let by = match &holders {
-            Some(h) if !h.is_empty() => format!("; held by {}", output::holders(h)),
-            _ => String::new(),
-        };
+        let by = holders.as_deref().map(output::held_by).unwrap_or_default();
         eprintln!("xtr-lock: waiting for {:?}{by}", lock.resource());
     }
     let _status = StatusLine::start(

@@ -42,6 +42,7 @@
 //! | [`CombinedStore`](store::CombinedStore) | a quorum of any stores, asked concurrently | emulated | yes | if members do | no | yes (a quorum of members) | as its members | as its members |
 //! | `PgAdvisoryStore` (feature `sql`) | anyone using advisory locks in one PostgreSQL database, with Symfony Lock's `PostgreSqlStore` (`?keys=crc32`) | yes (in the server) | yes | no | no | yes (in the server) | at once (the session, pinged) | at once (the session ends) |
 //! | `MySqlLockStore` (feature `sql`) | anyone using `GET_LOCK` on one MySQL/MariaDB server, by the database's name | yes (in the server) | no (a read lock is exclusive) | no | no | yes (in the server) | at once (the session, pinged) | at once (the session ends) |
+//! | `EtcdStore` (feature `etcd`) | anyone reaching the etcd cluster, with `etcdctl lock` and Go's `concurrency.Mutex` | yes (FIFO: each waiter watches the key before it) | yes (readers queue behind writers) | no (a lease kept alive by the store; the ttl is the lease's) | yes (cluster revisions, as `ETCD_LOCK_REV`) | yes (one waiter per release) | at once (key deleted, lease revoked or unconfirmed for its ttl) | at the lease's end |
 //! | [`NullStore`] | no one (locks nothing) | yes (no-op) | yes | no | no | — | — | — |
 //!
 //! # What a lock does and does not guarantee
@@ -57,7 +58,8 @@
 //!   keep ttls well above your pauses.
 //! - Locks are not counted: one release lets go for every task of the holder.
 //! - Waiters are not served in order; readers are preferred (a stream of readers can starve a
-//!   writer), as in the peers' layouts.
+//!   writer), as in the peers' layouts. etcd is the exception: waiters are served in queue
+//!   order and readers queue behind a waiting writer.
 //! - A dropped guard or cancelled acquire cleans up in the background, ordered before the
 //!   holder's next operation, but another holder may see the lock for a moment longer.
 //!
@@ -68,6 +70,7 @@
 //! | `flock` (default) | [`FlockStore`]: lock files with `flock(2)`, Linux |
 //! | `redis` | `RedisStore`: Redis and Valkey, on redis-rs (tokio, rustls); `RedisPubSubStore`: portalocker's pub/sub lock |
 //! | `sql` | `SqlStore`: Symfony's lock table on PostgreSQL, MySQL/MariaDB and SQLite, on sqlx |
+//! | `etcd` | `EtcdStore`: etcd's lock recipe, on etcd-client (its build needs `protoc` and the protobuf well-known types) |
 //! | `conformance` | the reusable store conformance suite, [`conformance`] |
 //!
 //! # Logging

@@ -558,3 +558,29 @@ async fn saves_and_waits_dropped_anywhere_leave_nothing_behind() {
         until("nothing is left", || keys(&cluster, &dir).is_empty()).await;
     }
 }
+
+/// A holder whose keep-alives go unanswered (the only member paused) is told it lost the lock
+/// by the end of its lease, not after the request timeout (10 s here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unconfirmed_lease_is_reported_lost_at_its_end_not_after_the_request_timeout() {
+    let cluster = EtcdCluster::single();
+    let store = store(&cluster, "?request_timeout=10");
+    let factory =
+        LockFactory::from_arc(store.clone()).with_default_ttl(Some(Duration::from_secs(2)));
+    let lock = factory.create_lock(resource("unconfirmed"));
+    lock.acquire().await.unwrap();
+    let mut monitor = lock.keep_alive().unwrap();
+    let left = store.lease_remaining(lock.key()).unwrap();
+    cluster.pause(0);
+    let paused = Instant::now();
+    let lost = tokio::time::timeout(Duration::from_secs(30), monitor.lost())
+        .await
+        .expect("the loss is reported");
+    let after = paused.elapsed();
+    cluster.resume(0);
+    assert_eq!(lost.reason, xtr_lock::LostReason::Expired, "{lost}");
+    assert!(
+        after < left + Duration::from_secs(1),
+        "told {after:?} after the pause, the lease was confirmed for {left:?}"
+    );
+}

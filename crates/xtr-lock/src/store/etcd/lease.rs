@@ -4,9 +4,9 @@
 //! of its ttl, or the DSN's `keepalive`) until the holder's key goes, when it is revoked: that
 //! deletes every key on it at once. Between holds it stays, so the next acquire costs one
 //! round trip. The task says the lease is gone when etcd answers a keep-alive with a ttl of 0
-//! (expired, revoked) or when no keep-alive has been answered for the whole ttl (the cluster
-//! unreachable or without a quorum: the lease may have expired there, and the holder cannot
-//! know that it did not).
+//! (expired, revoked), or at the end the last answered keep-alive confirmed (its send time plus
+//! the ttl it answered) when none has been answered since: the cluster unreachable or without
+//! a quorum, the lease may have expired there, and the holder cannot know that it did not.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -64,7 +64,6 @@ impl Lease {
             ttl: granted_ttl,
             period,
             stream: None,
-            answered: sent,
             confirmed: confirmed.clone(),
             state: state_tx,
             requests,
@@ -137,8 +136,8 @@ struct Keeper {
     ttl: Duration,
     period: Duration,
     stream: Option<(LeaseKeeper, LeaseKeepAliveStream)>,
-    /// When the last keep-alive that was answered went out.
-    answered: Instant,
+    /// The send time of the last answered keep-alive (or of the grant) plus the ttl it
+    /// answered: until then the lease certainly lasts.
     confirmed: Arc<std::sync::Mutex<Instant>>,
     state: watch::Sender<State>,
     requests: mpsc::UnboundedReceiver<oneshot::Sender<Result<Duration>>>,
@@ -149,8 +148,10 @@ impl Keeper {
         let mut waiting: Vec<oneshot::Sender<Result<Duration>>> = Vec::new();
         let mut pause = self.period;
         loop {
+            // Never sleep past the lease's confirmed end: the loss is reported at that moment.
+            let until_end = self.confirmed().saturating_duration_since(Instant::now());
             tokio::select! {
-                () = tokio::time::sleep(pause) => {}
+                () = tokio::time::sleep(pause.min(until_end)) => {}
                 request = self.requests.recv() => match request {
                     Some(reply) => waiting.push(reply),
                     None => return,
@@ -159,27 +160,36 @@ impl Keeper {
             while let Ok(reply) = self.requests.try_recv() {
                 waiting.push(reply);
             }
+            let end = self.confirmed();
             let sent = Instant::now();
-            match self.once().await {
-                Ok(Some(left)) => {
-                    self.answered = sent;
+            // An attempt still unanswered when the lease's confirmed end comes is too late.
+            let attempt =
+                tokio::time::timeout_at(tokio::time::Instant::from_std(end), self.once()).await;
+            match attempt {
+                Ok(Ok(Some(left))) => {
                     *self.confirmed.lock().unwrap_or_else(|e| e.into_inner()) = sent + left;
                     pause = self.period;
                     for reply in waiting.drain(..) {
                         let _ = reply.send(Ok(left));
                     }
                 }
-                Ok(None) => {
+                Ok(Ok(None)) => {
                     tracing::warn!(target: crate::logging::TARGET, store = %self.core.shown,
                         lease = %format!("{:x}", self.id), "the lease expired or was revoked");
                     return self.gone(waiting, LostReason::Expired);
                 }
-                Err(e) => {
+                Err(_) => {
+                    tracing::warn!(target: crate::logging::TARGET, store = %self.core.shown,
+                        lease = %format!("{:x}", self.id),
+                        "no keep-alive answered before the lease's confirmed end");
+                    return self.gone(waiting, LostReason::Expired);
+                }
+                Ok(Err(e)) => {
                     self.stream = None;
-                    if sent.duration_since(self.answered) >= self.ttl {
+                    if Instant::now() >= end {
                         tracing::warn!(target: crate::logging::TARGET, store = %self.core.shown,
                             lease = %format!("{:x}", self.id), error = %e,
-                            "no keep-alive answered for the lease's whole ttl");
+                            "no keep-alive answered before the lease's confirmed end");
                         return self.gone(waiting, LostReason::Expired);
                     }
                     tracing::debug!(target: crate::logging::TARGET, store = %self.core.shown,
@@ -188,12 +198,17 @@ impl Keeper {
                         let again = Error::storage(e.reason().unwrap_or("a keep-alive failed"));
                         let _ = reply.send(Err(self.core.fail(again.temporary())));
                     }
-                    // Again soon, within what is left of the ttl.
+                    // Again soon, within what is left of the lease.
                     pause =
                         (self.period / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
                 }
             }
         }
+    }
+
+    /// Until when the lease certainly lasts.
+    fn confirmed(&self) -> Instant {
+        *self.confirmed.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn gone(&self, waiting: Vec<oneshot::Sender<Result<Duration>>>, why: LostReason) {

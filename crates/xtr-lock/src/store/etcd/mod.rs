@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::GetOptions;
+use futures_util::StreamExt as _;
 use tokio::sync::{mpsc, oneshot};
 
 use super::{Capabilities, HolderInfo, Holding, LossWatcher, Saved, Store};
@@ -59,7 +60,8 @@ pub(crate) fn validate_dsn(dsn: &str) -> Result<()> {
 ///   granted: a refresh keeps the lease alive and cannot change it, and a different ttl takes
 ///   effect on the next hold that starts with nothing held.
 /// - **Loss**, reported at once through the loss watcher: the holder's key deleted (`etcdctl
-///   del`), its lease revoked or expired, or no keep-alive answered for the lease's whole ttl.
+///   del`), its lease revoked or expired, or no keep-alive answered by the end the last answered
+///   one confirmed (its send time plus the ttl the cluster answered).
 ///
 /// Keys hold a lease and refuse to serialize.
 ///
@@ -327,9 +329,15 @@ impl Store for EtcdStore {
                 .map(|kv| (kv.key(), kv.value(), kv.create_revision(), kv.lease())),
         );
         let holding = queue::holding(&entries);
+        // Each lease's time left, 32 questions at a time.
+        let leases: Vec<i64> = entries.iter().map(|e| e.lease).collect();
+        let left: Vec<Option<Duration>> = futures_util::stream::iter(leases)
+            .map(|lease| self.lease_left(lease))
+            .buffered(32)
+            .collect()
+            .await;
         let mut out = Vec::with_capacity(entries.len());
-        for (entry, holds) in entries.iter().zip(holding) {
-            let remaining = self.lease_left(entry.lease).await;
+        for ((entry, holds), remaining) in entries.iter().zip(holding).zip(left) {
             let name = &entry.key[dir.len()..];
             let ours = name.starts_with(b"r-")
                 || name.starts_with(b"w-")

@@ -30,7 +30,7 @@ impl Actor {
                 () = lease_gone(lease) => {
                     self.lease_ended();
                     return Waited::Failed(self.error(Error::lost(&self.resource, LostReason::Expired)
-                        .with_reason("the lease ended while waiting (no keep-alive answered for its ttl)")));
+                        .with_reason("the lease ended while waiting (expired, revoked, or not confirmed in time)")));
                 }
                 Some((key, rev)) = self.lost_rx.recv() => {
                     let had = self.held.is_some();

@@ -16,6 +16,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use super::conn::Core;
 use crate::error::{Error, LostReason, Result};
+use crate::key::later;
 
 /// Whether the lease lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,7 +56,7 @@ impl Lease {
             .unwrap_or(granted_ttl / 3)
             .min(granted_ttl / 2)
             .max(Duration::from_millis(100));
-        let confirmed = Arc::new(std::sync::Mutex::new(sent + granted_ttl));
+        let confirmed = Arc::new(std::sync::Mutex::new(later(sent, granted_ttl)));
         let (state_tx, state) = watch::channel(State::Alive);
         let (refresh, requests) = mpsc::unbounded_channel();
         let keeper = Keeper {
@@ -167,7 +168,7 @@ impl Keeper {
                 tokio::time::timeout_at(tokio::time::Instant::from_std(end), self.once()).await;
             match attempt {
                 Ok(Ok(Some(left))) => {
-                    *self.confirmed.lock().unwrap_or_else(|e| e.into_inner()) = sent + left;
+                    *self.confirmed.lock().unwrap_or_else(|e| e.into_inner()) = later(sent, left);
                     pause = self.period;
                     for reply in waiting.drain(..) {
                         let _ = reply.send(Ok(left));

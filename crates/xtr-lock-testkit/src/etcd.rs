@@ -13,8 +13,6 @@ use std::time::{Duration, Instant};
 
 use rustix::process::{Pid, Signal, kill_process};
 
-use crate::redis::free_port;
-
 /// One member of an [`EtcdCluster`].
 #[derive(Debug)]
 struct Member {
@@ -73,11 +71,22 @@ impl EtcdCluster {
             .prefix("xtr-testkit-etcd-")
             .tempdir()
             .expect("a temp dir for etcd");
+        // Every port taken at once, the listeners held until all are known: a port given back
+        // can be handed out again at once, and two members (or a member's two ports) on one
+        // port fail to start.
+        let listeners: Vec<std::net::TcpListener> = (0..2 * n)
+            .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("a free port on 127.0.0.1"))
+            .collect();
+        let ports: Vec<u16> = listeners
+            .iter()
+            .map(|l| l.local_addr().expect("a bound port").port())
+            .collect();
+        drop(listeners);
         let members: Vec<Member> = (0..n)
             .map(|i| Member {
                 name: format!("m{i}"),
-                client_port: free_port(),
-                peer_port: free_port(),
+                client_port: ports[2 * i],
+                peer_port: ports[2 * i + 1],
                 data: dir.path().join(format!("m{i}.etcd")),
                 log: dir.path().join(format!("m{i}.log")),
                 child: None,

@@ -45,6 +45,8 @@ mod null;
 mod outcome;
 #[cfg(feature = "redis")]
 pub(crate) mod pubsub;
+#[cfg(any(feature = "sql", feature = "etcd"))]
+mod tasks;
 mod watch;
 
 /// Re-exported so store implementors need no direct dependency on `async-trait`.

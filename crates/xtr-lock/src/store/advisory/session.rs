@@ -18,6 +18,7 @@ use super::db::{Failure, LockId, Op};
 use super::outcome::{Ran, classify, connect_error, is_broken};
 use crate::error::{Error, LostReason, Result};
 use crate::key::Mode;
+use crate::store::tasks::Task;
 use crate::store::{Acquired, Conflict, Holding, Saved};
 
 pub(super) enum Cmd {
@@ -46,11 +47,20 @@ pub(super) struct Life {
     pub(super) pid: Option<i64>,
 }
 
-/// The caller's end of a session.
-pub(super) struct Session {
-    pub(super) tx: mpsc::UnboundedSender<Cmd>,
-    pub(super) life: watch::Receiver<Life>,
+impl crate::store::tasks::Life for Life {
+    fn held(&self) -> Option<Mode> {
+        self.held
+    }
+    fn ended(&self) -> u64 {
+        self.ended
+    }
+    fn lost(&self) -> Option<LostReason> {
+        self.lost
+    }
 }
+
+/// The caller's end of a session.
+pub(super) type Session = Task<Cmd, Life>;
 
 /// Starts the session task of one holder of `id` (what `resource` locks).
 pub(super) fn start(conns: Arc<Conns>, id: LockId, resource: String, store: Arc<str>) -> Session {

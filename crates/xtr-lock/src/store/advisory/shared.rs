@@ -1,15 +1,16 @@
 //! What both session-lock stores share: a session task per holder, found through the holder's
 //! key, and the commands sent to it.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot};
 
 use super::conns::Conns;
 use super::db::LockId;
-use super::session::{self, Cmd, Life, Session};
+use super::session::{self, Cmd, Life};
 use crate::error::{Error, Result};
 use crate::key::{Key, Mode};
+use crate::store::tasks::{self, Tasks};
 use crate::store::{HandleOwner, Holding, LossWatcher, LostReason, Saved};
 
 pub(super) struct Core {
@@ -20,14 +21,7 @@ pub(super) struct Core {
 }
 
 /// What a holder keeps on its key: its session, started on its first acquire.
-#[derive(Default)]
-struct Handle {
-    session: Mutex<Option<Session>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
+type Handle = Tasks<Cmd, Life>;
 
 impl Core {
     pub(super) fn new(conns: Conns) -> Core {
@@ -41,36 +35,9 @@ impl Core {
 
     /// The server's id of the session holding `key`'s lock, while it holds.
     pub(super) fn session_id(&self, key: &Key) -> Option<i64> {
-        let handle = key.existing_handle::<Handle>(self.owner)?;
-        let guard = lock(&handle.session);
-        let life = *guard.as_ref()?.life.borrow();
+        let life = key.existing_handle::<Handle>(self.owner)?.life()?;
         life.held?;
         life.pid
-    }
-
-    fn sender(&self, key: &Key, id: impl FnOnce() -> LockId) -> mpsc::UnboundedSender<Cmd> {
-        let handle = key.handle::<Handle>(self.owner);
-        let mut guard = lock(&handle.session);
-        match guard.as_ref() {
-            Some(s) if !s.tx.is_closed() => s.tx.clone(),
-            _ => {
-                let session = session::start(
-                    self.conns.clone(),
-                    id(),
-                    key.resource().to_owned(),
-                    self.shown.clone(),
-                );
-                let tx = session.tx.clone();
-                *guard = Some(session);
-                tx
-            }
-        }
-    }
-
-    fn existing_sender(&self, key: &Key) -> Option<mpsc::UnboundedSender<Cmd>> {
-        let handle = key.existing_handle::<Handle>(self.owner)?;
-        let guard = lock(&handle.session);
-        guard.as_ref().map(|s| s.tx.clone())
     }
 
     async fn ask<T>(
@@ -79,14 +46,16 @@ impl Core {
         tx: mpsc::UnboundedSender<Cmd>,
         cmd: impl FnOnce(oneshot::Sender<Result<T>>) -> Cmd,
     ) -> Result<T> {
-        let (reply, answer) = oneshot::channel();
-        let gone = || {
+        tasks::ask(tx, cmd, || {
             Error::storage("the holder's session task stopped")
                 .with_resource(key.resource())
                 .with_store(&*self.shown)
-        };
-        tx.send(cmd(reply)).map_err(|_| gone())?;
-        answer.await.map_err(|_| gone())?
+        })
+        .await
+    }
+
+    fn existing_sender(&self, key: &Key) -> Option<mpsc::UnboundedSender<Cmd>> {
+        key.existing_handle::<Handle>(self.owner)?.existing_sender()
     }
 
     /// Takes `mode` on the holder's session (started on first use, locking `id`).
@@ -98,7 +67,14 @@ impl Core {
         wait: bool,
     ) -> Result<Saved> {
         key.mark_unserializable();
-        let tx = self.sender(key, id);
+        let tx = key.handle::<Handle>(self.owner).sender(|| {
+            session::start(
+                self.conns.clone(),
+                id(),
+                key.resource().to_owned(),
+                self.shown.clone(),
+            )
+        });
         self.ask(key, tx, |reply| Cmd::Save { mode, wait, reply })
             .await
     }
@@ -118,25 +94,11 @@ impl Core {
     }
 
     pub(super) fn watch_loss(&self, key: &Key) -> LossWatcher {
-        let life = key
-            .existing_handle::<Handle>(self.owner)
-            .and_then(|h| lock(&h.session).as_ref().map(|s| s.life.clone()));
-        let Some(mut life) = life else {
-            return LossWatcher::new(async { LostReason::Removed });
-        };
-        let start = *life.borrow();
-        LossWatcher::new(async move {
-            loop {
-                let now: Life = *life.borrow_and_update();
-                if now.held.is_none() || now.ended != start.ended {
-                    return now.lost.unwrap_or(LostReason::Removed);
-                }
-                if life.changed().await.is_err() {
-                    // The session task is gone (its runtime ended): so is its connection.
-                    return LostReason::Disconnected;
-                }
-            }
-        })
+        match key.existing_handle::<Handle>(self.owner) {
+            // A session task that is gone took its connection with it.
+            Some(handle) => handle.loss_watcher(LostReason::Disconnected),
+            None => LossWatcher::new(async { LostReason::Removed }),
+        }
     }
 
     /// Runs an introspection query on the control pool, under the statement timeout.

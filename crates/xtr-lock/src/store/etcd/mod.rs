@@ -2,7 +2,7 @@
 //! docs/etcd.md).
 
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -21,9 +21,10 @@ mod lease;
 mod queue;
 mod watch;
 
+use super::tasks::{self, Tasks};
 pub(crate) use config::is_etcd_dsn;
 use conn::Core;
-use holder::{Cmd, Holder, Life};
+use holder::{Cmd, Confirmed, Life};
 
 /// Checks an etcd DSN without connecting.
 pub(crate) fn validate_dsn(dsn: &str) -> Result<()> {
@@ -84,14 +85,12 @@ pub struct EtcdStore {
     core: Arc<Core>,
 }
 
-/// What a holder keeps on its key: its task, started on its first acquire.
+/// What a holder keeps on its key: its task, started on its first acquire, and where its
+/// lease's keeper writes until when the lease certainly lasts.
 #[derive(Default)]
 struct Handle {
-    holder: Mutex<Option<Holder>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
+    task: Tasks<Cmd, Life>,
+    confirmed: Confirmed,
 }
 
 impl EtcdStore {
@@ -125,29 +124,13 @@ impl EtcdStore {
     }
 
     fn life(&self, key: &Key) -> Option<Life> {
-        let handle = key.existing_handle::<Handle>(self.core.owner)?;
-        let guard = lock(&handle.holder);
-        guard.as_ref().map(|h| *h.life.borrow())
-    }
-
-    fn sender(&self, key: &Key) -> mpsc::UnboundedSender<Cmd> {
-        let handle = key.handle::<Handle>(self.core.owner);
-        let mut guard = lock(&handle.holder);
-        match guard.as_ref() {
-            Some(h) if !h.tx.is_closed() => h.tx.clone(),
-            _ => {
-                let holder = holder::start(self.core.clone(), key.resource().to_owned());
-                let tx = holder.tx.clone();
-                *guard = Some(holder);
-                tx
-            }
-        }
+        key.existing_handle::<Handle>(self.core.owner)?.task.life()
     }
 
     fn existing_sender(&self, key: &Key) -> Option<mpsc::UnboundedSender<Cmd>> {
-        let handle = key.existing_handle::<Handle>(self.core.owner)?;
-        let guard = lock(&handle.holder);
-        guard.as_ref().map(|h| h.tx.clone())
+        key.existing_handle::<Handle>(self.core.owner)?
+            .task
+            .existing_sender()
     }
 
     async fn ask<T>(
@@ -156,14 +139,12 @@ impl EtcdStore {
         tx: mpsc::UnboundedSender<Cmd>,
         cmd: impl FnOnce(oneshot::Sender<Result<T>>) -> Cmd,
     ) -> Result<T> {
-        let (reply, answer) = oneshot::channel();
-        let gone = || {
+        tasks::ask(tx, cmd, || {
             Error::storage("the holder's task stopped")
                 .with_resource(key.resource())
                 .with_store(&*self.core.shown)
-        };
-        tx.send(cmd(reply)).map_err(|_| gone())?;
-        answer.await.map_err(|_| gone())?
+        })
+        .await
     }
 
     async fn save_mode(
@@ -174,7 +155,14 @@ impl EtcdStore {
         ttl: Option<Duration>,
     ) -> Result<Saved> {
         key.mark_unserializable();
-        let tx = self.sender(key);
+        let handle = key.handle::<Handle>(self.core.owner);
+        let tx = handle.task.sender(|| {
+            holder::start(
+                self.core.clone(),
+                key.resource().to_owned(),
+                handle.confirmed.clone(),
+            )
+        });
         self.ask(key, tx, |reply| Cmd::Save {
             mode,
             wait,
@@ -285,25 +273,11 @@ impl Store for EtcdStore {
     ///
     /// Cancel-safe: it registers nothing.
     async fn watch_loss(&self, key: &Key) -> Result<Option<LossWatcher>> {
-        let life = key
-            .existing_handle::<Handle>(self.core.owner)
-            .and_then(|h| lock(&h.holder).as_ref().map(|h| h.life.clone()));
-        let Some(mut life) = life else {
-            return Ok(Some(LossWatcher::new(async { LostReason::Removed })));
-        };
-        let start = *life.borrow();
-        Ok(Some(LossWatcher::new(async move {
-            loop {
-                let now: Life = *life.borrow_and_update();
-                if now.held.is_none() || now.ended != start.ended {
-                    return now.lost.unwrap_or(LostReason::Removed);
-                }
-                if life.changed().await.is_err() {
-                    // The holder's task is gone (its runtime ended): its lease with it.
-                    return LostReason::Expired;
-                }
-            }
-        })))
+        Ok(Some(match key.existing_handle::<Handle>(self.core.owner) {
+            // A holder task that is gone took its lease with it.
+            Some(handle) => handle.task.loss_watcher(LostReason::Expired),
+            None => LossWatcher::new(async { LostReason::Removed }),
+        }))
     }
 
     /// The whole queue in order: holders first, then waiters ([`HolderInfo::waiting`]), each
@@ -387,8 +361,8 @@ impl Store for EtcdStore {
 
     fn lease_remaining(&self, key: &Key) -> Option<Duration> {
         let handle = key.existing_handle::<Handle>(self.core.owner)?;
-        let guard = lock(&handle.holder);
-        guard.as_ref()?.lease_remaining()
+        handle.task.life()?.held?;
+        holder::lease_remaining(&handle.confirmed)
     }
 
     fn locks_in(&self) -> Option<String> {

@@ -13,6 +13,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use super::conn::{Core, lease_not_found};
 use super::lease::{Lease, State};
 use super::queue::{self, Entry, Kind, Turn};
+use crate::store::tasks::Task;
 
 mod ops;
 use crate::error::{Error, LostReason, Result};
@@ -43,48 +44,47 @@ pub(super) struct Life {
     pub(super) lost: Option<LostReason>,
     /// Counts the holds that ended (released or lost).
     pub(super) ended: u64,
+    /// The holder's lease, while it has one.
     pub(super) lease: Option<i64>,
-    /// The fencing token of the hold.
-    pub(super) token: Option<u64>,
 }
 
-/// The caller's end of a holder task.
-pub(super) struct Holder {
-    pub(super) tx: mpsc::UnboundedSender<Cmd>,
-    pub(super) life: watch::Receiver<Life>,
-    /// The current lease's confirmed end, while there is a lease.
-    pub(super) confirmed: Confirmed,
-}
-
-/// Where the current lease's keeper writes until when the lease certainly lasts.
-pub(super) type Confirmed =
-    Arc<std::sync::Mutex<Option<Arc<std::sync::Mutex<std::time::Instant>>>>>;
-
-impl Holder {
-    /// How long the lease certainly lasts without another keep-alive, while it holds.
-    pub(super) fn lease_remaining(&self) -> Option<Duration> {
-        self.life.borrow().held?;
-        let slot = self.confirmed.lock().unwrap_or_else(|e| e.into_inner());
-        let until = *slot.as_ref()?.lock().unwrap_or_else(|e| e.into_inner());
-        Some(until.saturating_duration_since(std::time::Instant::now()))
+impl crate::store::tasks::Life for Life {
+    fn held(&self) -> Option<Mode> {
+        self.held
+    }
+    fn ended(&self) -> u64 {
+        self.ended
+    }
+    fn lost(&self) -> Option<LostReason> {
+        self.lost
     }
 }
 
+/// Where the current lease's keeper writes until when the lease certainly lasts. A cell per
+/// lease, so a keeper stopped a moment late cannot write over its successor's.
+pub(super) type Confirmed =
+    Arc<std::sync::Mutex<Option<Arc<std::sync::Mutex<std::time::Instant>>>>>;
+
+/// How long the current lease certainly lasts without another keep-alive.
+pub(super) fn lease_remaining(confirmed: &Confirmed) -> Option<Duration> {
+    let slot = confirmed.lock().unwrap_or_else(|e| e.into_inner());
+    let until = *slot.as_ref()?.lock().unwrap_or_else(|e| e.into_inner());
+    Some(until.saturating_duration_since(std::time::Instant::now()))
+}
+
 /// Starts the task of one holder of `resource`.
-pub(super) fn start(core: Arc<Core>, resource: String) -> Holder {
+pub(super) fn start(core: Arc<Core>, resource: String, confirmed: Confirmed) -> Task<Cmd, Life> {
     let (tx, rx) = mpsc::unbounded_channel();
     let (life_tx, life) = watch::channel(Life::default());
     let (lost_tx, lost_rx) = mpsc::unbounded_channel();
     let dir = queue::dir(&core.config.prefix, &resource);
-    let confirmed = Confirmed::default();
     let actor = Actor {
-        confirmed: confirmed.clone(),
+        confirmed,
         core,
         resource,
         dir,
         lease: None,
         held: None,
-        other: None,
         lost: None,
         ended: 0,
         life: life_tx,
@@ -93,11 +93,7 @@ pub(super) fn start(core: Arc<Core>, resource: String) -> Holder {
         lost_rx,
     };
     tokio::spawn(actor.run());
-    Holder {
-        tx,
-        life,
-        confirmed,
-    }
+    Task { tx, life }
 }
 
 /// A key this holder has in the queue, and the watch that reports its delete.
@@ -126,8 +122,6 @@ struct Actor {
     lease: Option<Lease>,
     /// The key that holds, with its mode (a reader key reads, a writer key writes).
     held: Option<Mine>,
-    /// Never set between commands: the writer key of a promotion in progress.
-    other: Option<Entry>,
     lost: Option<LostReason>,
     ended: u64,
     life: watch::Sender<Life>,
@@ -200,7 +194,6 @@ impl Actor {
             lost: self.lost,
             ended: self.ended,
             lease: self.lease.as_ref().map(|l| l.id),
-            token: self.held.as_ref().map(|m| m.token),
         };
         self.life.send_if_modified(|l| {
             let changed = *l != life;
@@ -371,7 +364,6 @@ impl Actor {
             Ok(v) => v,
             Err(e) => return Some(Err(e)),
         };
-        self.other = Some(me.clone());
         let own: Vec<Vec<u8>> = std::iter::once(me.key.clone())
             .chain(self.held.as_ref().map(|m| m.entry.key.clone()))
             .collect();
@@ -381,13 +373,13 @@ impl Actor {
                 Turn::Mine => {
                     if reply.is_closed() {
                         // Nobody will receive the grant: give it back.
-                        self.drop_other().await;
+                        self.drop_key(&me).await;
                         return None;
                     }
                     return Some(self.granted(me, read.revision).await);
                 }
                 Turn::Deadlock => {
-                    self.drop_other().await;
+                    self.drop_key(&me).await;
                     return Some(if wait {
                         Err(self.error(Error::conflict(&self.resource).with_reason(
                             "deadlock: a writer queued before this promotion waits for this \
@@ -398,22 +390,22 @@ impl Actor {
                     });
                 }
                 Turn::After(_) if !wait => {
-                    self.drop_other().await;
+                    self.drop_key(&me).await;
                     return Some(Ok(Conflict::new().with_kept(kept).into()));
                 }
                 Turn::After(before) => {
                     match self.wait_for(&me, &before, read.revision, reply).await {
                         Waited::Again(next) => read = next,
                         Waited::Left => {
-                            self.drop_other().await;
+                            self.drop_key(&me).await;
                             return None;
                         }
                         Waited::Lost => {
-                            self.drop_other().await;
+                            self.drop_key(&me).await;
                             return Some(Ok(Conflict::new().into()));
                         }
                         Waited::Failed(e) => {
-                            self.drop_other().await;
+                            self.drop_key(&me).await;
                             return Some(Err(e));
                         }
                     }
@@ -425,7 +417,6 @@ impl Actor {
     /// The new key holds (seen at revision `seen_at`): it replaces a read key it promoted, and
     /// its delete is watched.
     async fn granted(&mut self, me: Entry, seen_at: i64) -> Result<Saved> {
-        self.other = None;
         if let Some(old) = self.held.take() {
             // The promotion holds: the read key goes (its loss watch first).
             let key = old.entry.key.clone();
@@ -454,10 +445,7 @@ impl Actor {
     }
 
     /// Deletes the key of an attempt that did not hold (best effort: it is on the lease).
-    async fn drop_other(&mut self) {
-        let Some(entry) = self.other.take() else {
-            return;
-        };
+    async fn drop_key(&self, entry: &Entry) {
         let txn = Txn::new()
             .when([Compare::create_revision(
                 entry.key.clone(),

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{command_pid, spawn, wait_gone, xtr};
+use common::{run_holding, wait_gone, xtr};
 use xtr_lock_testkit::mariadb::MariaDbServer;
 use xtr_lock_testkit::postgres::PostgresServer;
 
@@ -18,10 +18,7 @@ fn run_status_and_a_terminated_backend_stops_the_command() {
         server.url().strip_prefix("postgres").unwrap()
     );
     let tmp = tempfile::tempdir().unwrap();
-    let pidfile = tmp.path().join("pid");
-    let script = format!("echo $$ > {}; exec sleep 60", pidfile.display());
-    let mut run = spawn(&["run", "--store", &dsn, "job", "--", "sh", "-c", &script]);
-    let pid = command_pid(&pidfile);
+    let (mut run, pid) = run_holding(&["run", "--store", &dsn, "job"], &tmp.path().join("pid"));
     let out = xtr()
         .args(["status", "--store", &dsn, "job"])
         .output()
@@ -70,10 +67,7 @@ fn getlock_run_status_and_a_killed_connection_stops_the_command() {
         server.url().strip_prefix("mysql").unwrap()
     );
     let tmp = tempfile::tempdir().unwrap();
-    let pidfile = tmp.path().join("pid");
-    let script = format!("echo $$ > {}; exec sleep 60", pidfile.display());
-    let mut run = spawn(&["run", "--store", &dsn, "job", "--", "sh", "-c", &script]);
-    let pid = command_pid(&pidfile);
+    let (mut run, pid) = run_holding(&["run", "--store", &dsn, "job"], &tmp.path().join("pid"));
     let out = xtr()
         .args(["status", "--store", &dsn, "job"])
         .output()

@@ -8,27 +8,38 @@ use std::path::Path;
 use std::process::Child;
 use std::time::{Duration, Instant};
 
-use common::{alive, command_pid, kill, spawn, wait_gone, xtr};
+use common::{alive, kill, spawn, wait_gone, xtr};
 use rustix::process::Signal;
 use xtr_lock_testkit::etcd::EtcdCluster;
 
 /// `xtr-lock run` with `--ttl ttl` on `resource`, its command writing its pid and sleeping.
 fn run_holding(cluster: &EtcdCluster, resource: &str, ttl: &str, tmp: &Path) -> (Child, i32) {
-    let pidfile = tmp.join(format!("{resource}.pid"));
-    let script = format!("echo $$ > {}; exec sleep 60", pidfile.display());
-    let run = spawn(&[
-        "run",
-        "--store",
-        &cluster.dsn(""),
-        "--ttl",
-        ttl,
-        resource,
-        "--",
-        "sh",
-        "-c",
-        &script,
-    ]);
-    (run, command_pid(&pidfile))
+    common::run_holding(
+        &["run", "--store", &cluster.dsn(""), "--ttl", ttl, resource],
+        &tmp.join(format!("{resource}.pid")),
+    )
+}
+
+/// `xtr-lock run -w 20s RESOURCE -- true` succeeds: the lock was free, or became free in time.
+fn takes_within_20s(cluster: &EtcdCluster, resource: &str) {
+    let out = xtr()
+        .args([
+            "run",
+            "--store",
+            &cluster.dsn(""),
+            "--wait",
+            "20s",
+            resource,
+            "--",
+            "true",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// Whether `status` says `resource` is held.
@@ -107,24 +118,7 @@ fn a_sigkilled_holder_is_released_when_its_lease_ends_not_before() {
     // The lease was kept alive at most a third of its ttl ago: it lasts two thirds more.
     std::thread::sleep(Duration::from_millis(1200));
     assert!(held(&cluster, "crash"), "released before its lease ended");
-    let out = xtr()
-        .args([
-            "run",
-            "--store",
-            &cluster.dsn(""),
-            "--wait",
-            "20s",
-            "crash",
-            "--",
-            "true",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    takes_within_20s(&cluster, "crash");
     let after = killed.elapsed();
     assert!(after >= Duration::from_secs(2), "{after:?}");
 }
@@ -140,24 +134,7 @@ fn a_stopped_xtr_lock_has_its_command_stopped_before_its_lease_ends() {
     wait_gone(pid, "the command of a stopped xtr-lock");
     assert!(!alive(pid));
     // ...then the lease ends and someone else takes the lock.
-    let out = xtr()
-        .args([
-            "run",
-            "--store",
-            &cluster.dsn(""),
-            "--wait",
-            "20s",
-            "stopped",
-            "--",
-            "true",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    takes_within_20s(&cluster, "stopped");
     kill(xtr_pid, Signal::CONT);
     let out = run.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{alive, command_pid, kill, spawn, wait_gone, xtr};
+use common::{alive, kill, spawn, wait_gone, xtr};
 use rustix::process::Signal;
 use xtr_lock_testkit::redis::RedisServer;
 
@@ -77,19 +77,10 @@ fn python_holder(
 /// `xtr-lock run` on `resource` with a command that writes its pid to a file and sleeps: the
 /// run, and the command's pid once it started.
 fn run_holding(server: &RedisServer, resource: &str, tmp: &Path) -> (Child, i32) {
-    let pidfile = tmp.join("pid");
-    let script = format!("echo $$ > {}; exec sleep 60", pidfile.display());
-    let run = spawn(&[
-        "run",
-        "--store",
-        &dsn(server),
-        resource,
-        "--",
-        "sh",
-        "-c",
-        &script,
-    ]);
-    (run, command_pid(&pidfile))
+    common::run_holding(
+        &["run", "--store", &dsn(server), resource],
+        &tmp.join("pid"),
+    )
 }
 
 fn expect(rx: &std::sync::mpsc::Receiver<String>, prefix: &str, within: Duration) {

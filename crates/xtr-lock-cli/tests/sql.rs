@@ -7,16 +7,14 @@ use std::path::Path;
 use std::process::Child;
 use std::time::{Duration, Instant};
 
-use common::{command_pid, spawn, wait_gone, xtr};
+use common::{wait_gone, xtr};
 use xtr_lock_testkit::postgres::PostgresServer;
 
 fn run_holding(dsn: &str, resource: &str, tmp: &Path) -> (Child, i32) {
-    let pidfile = tmp.join("pid");
-    let script = format!("echo $$ > {}; exec sleep 60", pidfile.display());
-    let run = spawn(&[
-        "run", "--store", dsn, "--ttl", "6", resource, "--", "sh", "-c", &script,
-    ]);
-    (run, command_pid(&pidfile))
+    common::run_holding(
+        &["run", "--store", dsn, "--ttl", "6", resource],
+        &tmp.join("pid"),
+    )
 }
 
 #[test]

@@ -64,6 +64,16 @@ pub(crate) fn command_pid(pidfile: &Path) -> i32 {
     }
 }
 
+/// `xtr-lock` with `run_args` (`run --store … RESOURCE`) and a command that writes its pid to
+/// `pidfile` and sleeps a minute: the run, and the command's pid once it started.
+pub(crate) fn run_holding(run_args: &[&str], pidfile: &Path) -> (Child, i32) {
+    let script = format!("echo $$ > {}; exec sleep 60", pidfile.display());
+    let mut args = run_args.to_vec();
+    args.extend(["--", "sh", "-c", &script]);
+    let run = spawn(&args);
+    (run, command_pid(pidfile))
+}
+
 /// Whether process `pid` is running (a zombie is not).
 pub(crate) fn alive(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {

@@ -123,6 +123,8 @@ pub use store::FlockStore;
 pub use store::RedisPubSubStore;
 #[cfg(feature = "redis")]
 pub use store::RedisStore;
+#[cfg(all(feature = "semaphore", target_os = "linux"))]
+pub use store::SemaphoreStore;
 pub use store::{InMemoryStore, NullStore, Store};
 #[cfg(feature = "sql")]
 pub use store::{KeyMode, MySqlLockStore, PgAdvisoryStore, SqlStore};

@@ -269,3 +269,22 @@ mod etcd_cluster_3 {
         etcd_harness(xtr_lock_testkit::etcd::EtcdCluster::start(3))
     });
 }
+
+/// SysV semaphores, shared with PHP's sysvsem: resources are unique per test, so the machine's
+/// semaphores are shared safely with everything else running.
+mod semaphore {
+    use super::*;
+    xtr_lock::conformance_tests!(|| async {
+        // Taken away as an operator would: `ipcrm -S <key>` removes the holder's set.
+        Harness::new(Arc::new(xtr_lock::SemaphoreStore::new())).with_sabotage(|key| {
+            let sem_key = xtr_lock::store::semaphore_key(key.resource());
+            Box::pin(async move {
+                let out = std::process::Command::new("ipcrm")
+                    .args(["-S", &format!("{:#x}", sem_key as u32)])
+                    .output()
+                    .expect("ipcrm (util-linux)");
+                assert!(out.status.success(), "ipcrm: {out:?}");
+            })
+        })
+    });
+}

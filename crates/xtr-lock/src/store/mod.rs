@@ -45,6 +45,8 @@ mod null;
 mod outcome;
 #[cfg(feature = "redis")]
 pub(crate) mod pubsub;
+#[cfg(all(feature = "semaphore", target_os = "linux"))]
+pub(crate) mod semaphore;
 #[cfg(any(feature = "sql", feature = "etcd"))]
 mod tasks;
 mod watch;
@@ -72,6 +74,8 @@ pub use outcome::{Acquired, Conflict, HolderInfo, Holding, Saved};
 pub use pubsub::RedisPubSubStore;
 #[cfg(feature = "redis")]
 pub use redis::RedisStore;
+#[cfg(all(feature = "semaphore", target_os = "linux"))]
+pub use semaphore::{SemaphoreStore, semaphore_key};
 #[cfg(feature = "sql")]
 pub use sql::{SqlStore, key_id as sql_key_id};
 pub use watch::{LossWatcher, Watcher};

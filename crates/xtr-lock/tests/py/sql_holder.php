@@ -4,7 +4,8 @@
 //
 // Usage: php sql_holder.php STORE RESOURCE read|write SECONDS [--try] [--timeout=S] [--ttl=S]
 //                           [--refresh=S] [--user=U] [--password=P] [--verbose]
-//   STORE: a PDO DSN (pgsql:… or mysql:…) for PdoStore, or pgsql+advisory:… for PostgreSqlStore.
+//   STORE: a PDO DSN (pgsql:… or mysql:…) for PdoStore, pgsql+advisory:… for PostgreSqlStore,
+//   semaphore for SemaphoreStore, or memcached://HOST:PORT for MemcachedStore (php-memcached).
 //   --try: one attempt; --timeout=S: attempts every 100 ± 10 ms for S seconds; neither: Symfony's
 //   own blocking acquire. --ttl=S: the store's initial ttl and the lock's ttl (0: no lock ttl).
 //   --refresh=S: refresh every S seconds (0: never; default ttl/2 when ttl < SECONDS).
@@ -20,7 +21,9 @@ require_once '/usr/share/php/Symfony/Component/Lock/autoload.php';
 use Symfony\Component\Lock\Exception\LockConflictedException;
 use Symfony\Component\Lock\Key;
 use Symfony\Component\Lock\LockFactory;
+use Symfony\Component\Lock\Store\MemcachedStore;
 use Symfony\Component\Lock\Store\PdoStore;
+use Symfony\Component\Lock\Store\SemaphoreStore;
 use Symfony\Component\Lock\Store\StoreFactory;
 
 function field($v): string {
@@ -68,6 +71,12 @@ $held = false;
 try {
     if (str_starts_with($storeArg, 'pgsql+advisory:')) {
         $store = StoreFactory::createStore($storeArg);
+    } elseif ($storeArg === 'semaphore') {
+        $store = new SemaphoreStore();
+    } elseif (preg_match('~^memcached://([^:/]+):(\d+)$~', $storeArg, $mc)) {
+        $memcached = new \Memcached();
+        $memcached->addServer($mc[1], (int) $mc[2]);
+        $store = new MemcachedStore($memcached, max(1, (int) ceil($ttl ?: 300)));
     } else {
         $options = [];
         if ($opts['user'] !== null) { $options['db_username'] = $opts['user']; }
@@ -92,7 +101,7 @@ try {
         'pdo_key_id' => hash('sha256', $resource), 'pg_advisory_bigint' => $crc,
         'flock_file' => 'sf.' . substr(preg_replace('/[^a-z0-9\._-]+/i', '-', $resource), 0, 50)
             . '.' . $b64 . '.lock',
-        'redis_key' => $resource]);
+        'redis_key' => $resource, 'sem_key' => unpack('i', md5($resource, true))[1]]);
 
     $release = function () use (&$lock, &$held) {
         if ($held) {
@@ -140,7 +149,8 @@ try {
     $left = $lock->getRemainingLifetime();
     say('ACQUIRED', ['remaining' => $left === null ? 'none' : sprintf('%.3f', $left)]);
     $class = get_class($store);
-    say('TOKEN', ['class' => $class, 'token' => $key->hasState($class) ? $key->getState($class) : '']);
+    $state = $key->hasState($class) ? $key->getState($class) : '';
+    say('TOKEN', ['class' => $class, 'token' => is_string($state) ? $state : '']);
 
     $end = microtime(true) + $seconds;
     $next = $refresh > 0 ? microtime(true) + $refresh : INF;

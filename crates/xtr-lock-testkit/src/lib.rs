@@ -6,6 +6,7 @@
 pub mod delay_proxy;
 pub mod etcd;
 pub mod mariadb;
+pub mod memcached;
 pub mod postgres;
 mod process;
 pub mod python;

@@ -119,6 +119,8 @@ pub use scope::LockableExt;
 pub use store::EtcdStore;
 #[cfg(all(feature = "flock", target_os = "linux"))]
 pub use store::FlockStore;
+#[cfg(feature = "memcached")]
+pub use store::MemcachedStore;
 #[cfg(feature = "redis")]
 pub use store::RedisPubSubStore;
 #[cfg(feature = "redis")]

@@ -40,6 +40,8 @@ mod combined;
 pub(crate) mod etcd;
 #[cfg(all(feature = "flock", target_os = "linux"))]
 mod flock;
+#[cfg(feature = "memcached")]
+pub(crate) mod memcached;
 mod memory;
 mod null;
 mod outcome;
@@ -67,6 +69,8 @@ pub use combined::{CombinedStore, ConsensusStrategy, Strategy, UnanimousStrategy
 pub use etcd::EtcdStore;
 #[cfg(all(feature = "flock", target_os = "linux"))]
 pub use flock::FlockStore;
+#[cfg(feature = "memcached")]
+pub use memcached::MemcachedStore;
 pub use memory::InMemoryStore;
 pub use null::NullStore;
 pub use outcome::{Acquired, Conflict, HolderInfo, Holding, Saved};

@@ -44,7 +44,8 @@ fn op(num: u16, change: i16, flags: i16) -> libc::sembuf {
 fn apply(id: i32, ops: &mut [libc::sembuf], wait: Option<Duration>) -> io::Result<bool> {
     let timeout = wait.map(|w| libc::timespec {
         tv_sec: libc::time_t::try_from(w.as_secs()).unwrap_or(libc::time_t::MAX),
-        tv_nsec: libc::c_long::try_from(w.subsec_nanos()).unwrap_or(0),
+        // Under 10^9: fits every target's c_long.
+        tv_nsec: w.subsec_nanos() as libc::c_long,
     });
     loop {
         let ptr = timeout

@@ -1,0 +1,491 @@
+//! [`MemcachedStore`]: locks in Memcached, in Symfony Lock's `MemcachedStore` layout, released
+//! with a conditional delete.
+
+use std::fmt;
+use std::future::Future;
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::{
+    Acquired, Capabilities, Conflict, HolderInfo, Holding, LostReason, Saved, Store, check_expiry,
+};
+use crate::error::{Error, Result};
+use crate::key::{Key, Mode};
+
+mod config;
+mod conn;
+
+pub(crate) use config::is_memcached_dsn;
+use conn::{Conn, Pool, Stored};
+
+/// The token kind: one token per key for Memcached stores.
+const KIND: &str = "memcached";
+
+/// The longest ttl Memcached reads as relative: a longer one is taken for a Unix timestamp.
+const MAX_TTL_SECS: u64 = 30 * 24 * 3600;
+
+/// How often an operation reads again when the entry changed between its read and its
+/// conditional write (its own holder refreshing concurrently, a lock changing hands).
+const ROUNDS: usize = 5;
+
+/// Checks a Memcached DSN without building anything.
+pub(crate) fn validate_dsn(dsn: &str) -> Result<()> {
+    config::parse(dsn).map(|_| ())
+}
+
+/// Locks in Memcached (1.6 or later), one entry per resource, shared with Symfony Lock's
+/// `MemcachedStore` (over php-memcached), so Rust and PHP processes exclude each other.
+///
+/// - The entry's key is the resource itself, its value the holder's token (44 characters),
+///   stored with flags 0 as php-memcached stores a string; its expiry is the ttl in whole
+///   seconds, rounded up.
+/// - Acquire is an add (`ms … ME`); a holder that re-acquires or refreshes reads the entry
+///   (`mg`) and replaces it only while its CAS is the one read (`ms … C<cas>`). A refresh never
+///   revives an entry that is gone: that lock was lost.
+/// - **Release deletes only the holder's own entry**: `mg` reads value and CAS, and
+///   `md <key> C<cas>` deletes only while the entry is unchanged. An entry that expired and was
+///   taken by someone else in between is left alone. (Symfony shortens the entry with a CAS and
+///   then deletes it unconditionally, which deletes a new holder's lock if the entry changes
+///   hands between the two.)
+/// - Waiting is the lock's polling (no notifications), as with Symfony.
+///
+/// # Guarantees
+///
+/// Excludes everyone using this layout on the same server. A lock outlives a crashed holder
+/// until its ttl.
+///
+/// # What Memcached cannot promise
+///
+/// - **Eviction**: under memory pressure the server may evict a live lock (LRU); the holder
+///   finds out at its next refresh or check, and meanwhile another process may take it. Give
+///   locks a server (or enough memory) of their own.
+/// - **`flush_all`** removes every lock at once; so does a restart (nothing persists).
+/// - Expiry is counted in whole seconds on the server's clock, which ticks once a second: an
+///   entry may end up to 1 s before its ttl. The lock's own deadline is the ttl less that
+///   second, so a ttl of at least 2 s is needed; ttls over 30 days are refused (Memcached would
+///   read them as timestamps).
+/// - **No fencing tokens**: Memcached has no durable counter.
+/// - Names are keys, unchanged (so PHP shares them): 1 to 250 bytes, without spaces or control
+///   characters. Other names are refused.
+/// - One server per store; no SASL (it needs the binary protocol).
+///
+/// # Examples
+///
+/// ```no_run
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> xtr_lock::Result<()> {
+/// use std::time::Duration;
+/// use xtr_lock::{LockFactory, Lockable as _, MemcachedStore};
+///
+/// let store = MemcachedStore::from_dsn("memcached://localhost:11211")?;
+/// let lock = LockFactory::new(store).create_lock("invoice:42").with_ttl(Some(Duration::from_secs(30)));
+/// if lock.try_acquire().await? {
+///     lock.release().await?;
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct MemcachedStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    shown: String,
+    pool: Pool,
+}
+
+/// What an acquire found.
+enum Attempt {
+    Acquired,
+    /// Someone else holds it, for this many seconds more if known.
+    Refused(Option<u64>),
+}
+
+impl MemcachedStore {
+    /// A store on the server `dsn` names: `memcached://host[:port]` (port 11211 by default) or
+    /// `memcached:///path/to/socket`, with the options `connect_timeout` and `timeout` (seconds,
+    /// default 5). Touches no network: the connection opens on first use.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument) for a malformed DSN,
+    /// showing its scheme only.
+    pub fn from_dsn(dsn: &str) -> Result<Self> {
+        let config = config::parse(dsn)?;
+        Ok(MemcachedStore {
+            inner: Arc::new(Inner {
+                shown: config.shown.clone(),
+                pool: Pool::new(config),
+            }),
+        })
+    }
+
+    /// Whether Memcached can keep `resource` as a key, unchanged: 1 to 250 bytes, without
+    /// spaces or control characters.
+    pub fn is_valid_name(resource: &str) -> bool {
+        (1..=250).contains(&resource.len()) && resource.bytes().all(|b| b > b' ' && b != 0x7f)
+    }
+
+    fn name(&self, resource: &str) -> Result<String> {
+        if Self::is_valid_name(resource) {
+            return Ok(resource.to_owned());
+        }
+        Err(Error::invalid_argument(
+            "Memcached keeps a lock under its name, which must be 1 to 250 bytes without spaces \
+             or control characters (it is not hashed, so that PHP processes share the lock)",
+        )
+        .with_resource(resource.chars().take(100).collect::<String>())
+        .with_store(self))
+    }
+
+    /// The whole seconds the entry keeps for `ttl`: rounded up, at least 2, at most 30 days.
+    fn seconds(&self, key: &Key, ttl: Option<Duration>) -> Result<u64> {
+        let Some(ttl) = ttl else {
+            return Err(Error::invalid_argument(
+                "a lock in Memcached needs a ttl (entries expire; there is no silent default): \
+                 give the lock one",
+            )
+            .with_resource(key.resource())
+            .with_store(self));
+        };
+        let secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
+        if secs > MAX_TTL_SECS {
+            return Err(Error::invalid_argument(format!(
+                "a ttl of {ttl:?} is over Memcached's 30 days (it would read it as a Unix \
+                 timestamp)"
+            ))
+            .with_resource(key.resource())
+            .with_store(self));
+        }
+        Ok(secs)
+    }
+
+    fn io_error(&self, resource: &str, err: io::Error) -> Error {
+        let unsupported = err.kind() == io::ErrorKind::Unsupported;
+        let temporary = matches!(
+            err.kind(),
+            io::ErrorKind::TimedOut
+                | io::ErrorKind::ConnectionRefused
+                | io::ErrorKind::ConnectionReset
+                | io::ErrorKind::ConnectionAborted
+                | io::ErrorKind::BrokenPipe
+                | io::ErrorKind::UnexpectedEof
+                | io::ErrorKind::NotConnected
+        );
+        let e = if unsupported {
+            Error::unsupported(err.to_string())
+        } else {
+            Error::storage(format!("Memcached: {err}"))
+        };
+        let e = e.with_resource(resource).with_store(self).with_source(err);
+        if temporary { e.temporary() } else { e }
+    }
+
+    /// Runs `f` on a pooled connection within the response timeout. The connection goes back
+    /// to the pool only when `f` completed without error; dropped mid-flight, it is closed.
+    async fn run<T, F, Fut>(&self, resource: &str, f: F) -> Result<T>
+    where
+        F: FnOnce(Conn) -> Fut,
+        Fut: Future<Output = (Conn, io::Result<T>)>,
+    {
+        let pool = &self.inner.pool;
+        let conn = pool.get().await.map_err(|e| self.io_error(resource, e))?;
+        match tokio::time::timeout(pool.timeout(), f(conn)).await {
+            Ok((conn, Ok(v))) => {
+                pool.put(conn);
+                Ok(v)
+            }
+            Ok((_, Err(e))) => Err(self.io_error(resource, e)),
+            Err(_) => Err(self.io_error(
+                resource,
+                io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("no answer within {:?}", pool.timeout()),
+                ),
+            )),
+        }
+    }
+
+    async fn acquire(&self, key: &Key, ttl: Option<Duration>) -> Result<Saved> {
+        let secs = self.seconds(key, ttl)?;
+        let name = self.name(key.resource())?;
+        if secs < 2 {
+            return Err(Error::invalid_argument(format!(
+                "a lock in Memcached needs a ttl of at least 2 s, not {:?}: entries keep whole \
+                 seconds and may end up to 1 s early",
+                ttl.unwrap_or_default()
+            ))
+            .with_resource(key.resource())
+            .with_store(self));
+        }
+        // The entry may end up to 1 s early: the local deadline is one second less, set
+        // before the round trip.
+        key.reduce_lifetime(Duration::from_secs(secs - 1));
+        if key.is_expired() {
+            return Err(Error::expired(key.resource()).with_store(self));
+        }
+        let token = key.token(KIND);
+        let attempt = self
+            .run(key.resource(), move |mut c| async move {
+                let r = acquire_on(&mut c, &name, token.as_bytes(), secs).await;
+                (c, r)
+            })
+            .await?;
+        match attempt {
+            Attempt::Acquired => {
+                check_expiry(self, key).await?;
+                Ok(Saved::Acquired(Acquired::new()))
+            }
+            Attempt::Refused(left) => {
+                let conflict = Conflict::new();
+                Ok(Saved::Conflict(match left {
+                    Some(s) if s > 0 => conflict.with_retry_after(Duration::from_secs(s)),
+                    _ => conflict,
+                }))
+            }
+        }
+    }
+}
+
+/// Add; else re-take the holder's own entry by CAS; else refused.
+async fn acquire_on(c: &mut Conn, name: &str, token: &[u8], secs: u64) -> io::Result<Attempt> {
+    for _ in 0..ROUNDS {
+        match c.add(name, token, secs).await? {
+            Stored::Done => return Ok(Attempt::Acquired),
+            Stored::Exists => {}
+            other => return Err(unexpected("an add", other)),
+        }
+        match c.get(name).await? {
+            // Gone since the add: add again.
+            None => continue,
+            Some(e) if e.value == token => match c.replace_if(name, token, secs, e.cas).await? {
+                Stored::Done => return Ok(Attempt::Acquired),
+                Stored::Changed | Stored::Missing => continue,
+                other => return Err(unexpected("a CAS replace", other)),
+            },
+            Some(e) => return Ok(Attempt::Refused(e.ttl)),
+        }
+    }
+    Ok(Attempt::Refused(None))
+}
+
+/// Extends the holder's own entry by CAS; never re-creates one that is gone.
+async fn put_off_on(c: &mut Conn, name: &str, token: &[u8], secs: u64) -> io::Result<Found> {
+    for _ in 0..ROUNDS {
+        match c.get(name).await? {
+            None => return Ok(Found::Missing),
+            Some(e) if e.value != token => return Ok(Found::Other),
+            Some(e) => match c.replace_if(name, token, secs, e.cas).await? {
+                Stored::Done => return Ok(Found::Ours),
+                Stored::Changed => continue,
+                Stored::Missing => return Ok(Found::Missing),
+                other => return Err(unexpected("a CAS replace", other)),
+            },
+        }
+    }
+    Err(io::Error::other(
+        "the entry kept changing between read and write",
+    ))
+}
+
+/// Deletes the holder's own entry by CAS: an entry that changed hands is never deleted.
+async fn delete_on(c: &mut Conn, name: &str, token: &[u8]) -> io::Result<bool> {
+    for _ in 0..ROUNDS {
+        match c.get(name).await? {
+            None => return Ok(false),
+            Some(e) if e.value != token => return Ok(false),
+            Some(e) => match c.delete_if(name, e.cas).await? {
+                Stored::Done => return Ok(true),
+                // Touched since the read (its own refresh, or it changed hands): read again.
+                Stored::Changed => continue,
+                Stored::Missing => return Ok(false),
+                other => return Err(unexpected("a CAS delete", other)),
+            },
+        }
+    }
+    Err(io::Error::other(
+        "the entry kept changing between read and delete",
+    ))
+}
+
+/// What a holder's entry is now.
+enum Found {
+    Ours,
+    Other,
+    Missing,
+}
+
+fn unexpected(what: &str, got: Stored) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!("unexpected answer to {what}: {got:?}"),
+    )
+}
+
+impl fmt::Display for MemcachedStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.inner.shown)
+    }
+}
+
+impl fmt::Debug for MemcachedStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemcachedStore")
+            .field("server", &self.inner.shown)
+            .finish_non_exhaustive()
+    }
+}
+
+#[async_trait]
+impl Store for MemcachedStore {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            excludes: true,
+            shared: false,
+            blocking: false,
+            blocking_shared: false,
+            expiring: true,
+            fencing: false,
+            notifies: false,
+            serializable_keys: true,
+            introspection: true,
+            liveness: false,
+            observes_loss: false,
+        }
+    }
+
+    /// The server as addressed: `memcached://host:11211`.
+    fn locks_in(&self) -> Option<String> {
+        Some(self.inner.shown.clone())
+    }
+
+    /// The entry's key and the server: `key "invoice:42" in memcached://host:11211`.
+    fn location(&self, resource: &str) -> Option<String> {
+        Some(format!("key {resource:?} in {}", self.inner.shown))
+    }
+
+    /// An add, or for the holder that already holds, a read and a CAS replace.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped mid-flight, the entry may or may not have been stored (its connection is
+    /// closed); `delete` removes it (the [`Lock`](crate::Lock) does this for you).
+    async fn save(&self, key: &Key, ttl: Option<Duration>) -> Result<Saved> {
+        self.acquire(key, ttl).await
+    }
+
+    /// A read and a CAS replace with the new expiry; an entry that is gone is not re-created.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped mid-flight, the entry keeps its old or its new expiry.
+    async fn put_off_expiration(&self, key: &Key, ttl: Duration) -> Result<Holding> {
+        if !key.has_token(KIND) {
+            return Ok(Holding::NotHeld(LostReason::Removed));
+        }
+        let secs = self.seconds(key, Some(ttl))?;
+        let was_expired = key.is_expired();
+        if secs < 2 {
+            // Not keepable in whole seconds that may end 1 s early: it ends at once.
+            key.reduce_lifetime(Duration::ZERO);
+            check_expiry(self, key).await?;
+        }
+        let name = self.name(key.resource())?;
+        key.reduce_lifetime(Duration::from_secs(secs.saturating_sub(1)));
+        let token = key.token(KIND);
+        let found = self
+            .run(key.resource(), move |mut c| async move {
+                let r = put_off_on(&mut c, &name, token.as_bytes(), secs).await;
+                (c, r)
+            })
+            .await?;
+        match found {
+            Found::Ours => {
+                check_expiry(self, key).await?;
+                Ok(Holding::Held(Mode::Write))
+            }
+            Found::Other => Ok(Holding::NotHeld(LostReason::TakenOver)),
+            Found::Missing if was_expired => Ok(Holding::NotHeld(LostReason::Expired)),
+            Found::Missing => Ok(Holding::NotHeld(LostReason::Removed)),
+        }
+    }
+
+    /// A read and a delete conditional on the CAS read: `true` only if the holder's own entry
+    /// was deleted. An entry that changed hands in between is never touched.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped mid-flight, the lock may or may not be released; calling it again is harmless.
+    async fn delete(&self, key: &Key) -> Result<bool> {
+        if !key.has_token(KIND) || !Self::is_valid_name(key.resource()) {
+            return Ok(false);
+        }
+        let (name, token) = (key.resource().to_owned(), key.token(KIND));
+        self.run(key.resource(), move |mut c| async move {
+            let r = delete_on(&mut c, &name, token.as_bytes()).await;
+            (c, r)
+        })
+        .await
+    }
+
+    /// One read: the entry holds the holder's token.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it changes nothing.
+    async fn exists(&self, key: &Key) -> Result<Holding> {
+        if !key.has_token(KIND) || !Self::is_valid_name(key.resource()) {
+            return Ok(Holding::NotHeld(LostReason::Removed));
+        }
+        let (name, token) = (key.resource().to_owned(), key.token(KIND));
+        let entry = self
+            .run(key.resource(), move |mut c| async move {
+                let r = c.get(&name).await;
+                (c, r)
+            })
+            .await?;
+        Ok(match entry {
+            Some(e) if e.value == token.as_bytes() => Holding::Held(Mode::Write),
+            Some(_) => Holding::NotHeld(LostReason::TakenOver),
+            None => Holding::NotHeld(LostReason::Removed),
+        })
+    }
+
+    /// The entry's holder (by its token's digest) and the seconds its entry has left.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it changes nothing.
+    async fn holders(&self, resource: &str) -> Result<Vec<HolderInfo>> {
+        let name = self.name(resource)?;
+        let entry = self
+            .run(resource, move |mut c| async move {
+                let r = c.get(&name).await;
+                (c, r)
+            })
+            .await?;
+        Ok(entry
+            .map(|e| {
+                let left = e.ttl.map(Duration::from_secs);
+                let info = HolderInfo::new(Mode::Write, None, left);
+                match std::str::from_utf8(&e.value) {
+                    Ok(token) => info.with_token(token),
+                    Err(_) => info,
+                }
+            })
+            .into_iter()
+            .collect())
+    }
+
+    /// Closes the idle connections; the next request opens a new one.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it does not wait.
+    async fn close(&self) -> Result<()> {
+        self.inner.pool.close();
+        Ok(())
+    }
+}

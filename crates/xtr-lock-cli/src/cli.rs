@@ -62,7 +62,9 @@ pub(crate) struct StoreArgs {
     /// unix:///sock, redis+pubsub://host:6379 (a live connection, shared with portalocker),
     /// postgres://, mysql://, mariadb://, sqlite:///path (Symfony's lock table; see
     /// `migrate`), postgresql+advisory://host/db (PostgreSQL advisory locks; ?keys=crc32 for
-    /// Symfony's keys), mysql+getlock://host/db (MySQL/MariaDB GET_LOCK), in-memory, null.
+    /// Symfony's keys), mysql+getlock://host/db (MySQL/MariaDB GET_LOCK), memcached://host:11211
+    /// (Symfony's Memcached layout), semaphore (SysV semaphores, shared with PHP's sysvsem),
+    /// in-memory, null.
     /// Repeated, or several separated by commas: a quorum (strict majority) over those stores.
     /// Without --store: --config, then $XTR_LOCK_STORE (also a comma-separated list), then
     /// $XTR_LOCK_CONFIG, then flock.

@@ -117,6 +117,16 @@ impl SemaphoreStore {
             };
         }
         let sem_key = self.key_of(key.resource())?;
+        // A try needs no thread: every call it makes returns at once, unless another process
+        // is inside the set's setup (then the thread below waits for it).
+        if !wait {
+            match attempt_now(sem_key) {
+                Ok(Now::Taken(id)) => return Ok(self.keep(key, &handle, sem_key, id)),
+                Ok(Now::Busy) => return Ok(Saved::Conflict(Conflict::new())),
+                Ok(Now::SettingUp) => {}
+                Err(e) => return Err(self.error(key.resource(), "semaphore", e)),
+            }
+        }
         let cancel = Arc::new(AtomicBool::new(false));
         let _cancel_on_drop = CancelOnDrop(cancel.clone());
         let task = tokio::task::spawn_blocking(move || attempt(sem_key, wait, &cancel));
@@ -132,13 +142,15 @@ impl SemaphoreStore {
         let Some(taken) = taken else {
             return Ok(Saved::Conflict(Conflict::new()));
         };
-        *lock(&handle.0) = Some(Held {
-            key: sem_key,
-            id: taken.keep(),
-        });
+        Ok(self.keep(key, &handle, sem_key, taken.keep()))
+    }
+
+    /// Records a lock taken on set `id` in the holder's handle.
+    fn keep(&self, key: &Key, handle: &Handle, sem_key: i32, id: i32) -> Saved {
+        *lock(&handle.0) = Some(Held { key: sem_key, id });
         // The lock belongs to this process's semaphore undo state: it cannot travel.
         key.mark_unserializable();
-        Ok(Saved::Acquired(Acquired::new()))
+        Saved::Acquired(Acquired::new())
     }
 
     /// Whether the key's set is still the one its key names, with the lock taken. A set found
@@ -255,13 +267,46 @@ impl Drop for Taken {
     }
 }
 
+/// What a try without a thread found.
+enum Now {
+    Taken(i32),
+    Busy,
+    /// Another process is inside the set's setup: wait for it on a thread.
+    SettingUp,
+}
+
+/// A try made of calls that return at once.
+fn attempt_now(sem_key: i32) -> std::io::Result<Now> {
+    for _ in 0..REOPENS {
+        let id = match sys::open(sem_key, None, &|| true) {
+            Ok(Some(id)) => id,
+            Ok(None) => return Ok(Now::SettingUp),
+            Err(e) if sys::is_removed(&e) => continue,
+            Err(e) => return Err(e),
+        };
+        match sys::take(id, None) {
+            Ok(true) => return Ok(Now::Taken(id)),
+            Ok(false) => {
+                sys::leave(id);
+                return Ok(Now::Busy);
+            }
+            Err(e) if sys::is_removed(&e) => continue,
+            Err(e) => {
+                sys::leave(id);
+                return Err(e);
+            }
+        }
+    }
+    Ok(Now::SettingUp)
+}
+
 /// One attempt, on a blocking thread: open the key's set and take its lock, at once or waiting
 /// until `cancel`; a set removed under it (a release) is opened again.
 fn attempt(sem_key: i32, wait: bool, cancel: &AtomicBool) -> std::io::Result<Option<Taken>> {
     let stop = || cancel.load(Ordering::Acquire);
     let mut reopens = 0;
     loop {
-        let id = match sys::open(sem_key, STEP, &stop) {
+        let id = match sys::open(sem_key, Some(STEP), &stop) {
             Ok(Some(id)) => id,
             Ok(None) => return Ok(None),
             Err(e) if sys::is_removed(&e) && reopens < REOPENS => {
@@ -334,7 +379,8 @@ impl Store for SemaphoreStore {
     ///
     /// # Cancel safety
     ///
-    /// Cancel-safe: dropped mid-flight, a lock its thread took meanwhile is given back.
+    /// Cancel-safe: a try runs its system calls without awaiting, except while another process
+    /// sets the semaphore up; dropped then, a lock its thread took meanwhile is given back.
     async fn save(&self, key: &Key, _ttl: Option<Duration>) -> Result<Saved> {
         self.take(key, false).await
     }

@@ -68,19 +68,29 @@ fn apply(id: i32, ops: &mut [libc::sembuf], wait: Option<Duration>) -> io::Resul
 }
 
 /// Opens (or creates, mode 0666) the set of `key` and counts this opener in, as PHP's
-/// `sem_get` does: under the guard, the first opener sets `LOCK` to 1. `stop` is asked every
-/// `step` while another opener holds the guard (a stopped process can hold it); it answers
-/// whether to give up, and then `Ok(None)` is returned with nothing counted in.
-pub(super) fn open(key: i32, step: Duration, stop: &dyn Fn() -> bool) -> io::Result<Option<i32>> {
+/// `sem_get` does: under the guard, the first opener sets `LOCK` to 1. While another opener
+/// holds the guard (a stopped process can hold it): with `step` `None`, `Ok(None)` at once;
+/// otherwise `stop` is asked every `step` whether to give up, and then `Ok(None)`. `Ok(None)`
+/// leaves nothing counted in.
+pub(super) fn open(
+    key: i32,
+    step: Option<Duration>,
+    stop: &dyn Fn() -> bool,
+) -> io::Result<Option<i32>> {
     // SAFETY: semget takes plain integers.
     let id = unsafe { libc::semget(key, 3, 0o666 | libc::IPC_CREAT) };
     if id < 0 {
         return Err(io::Error::last_os_error());
     }
     // Wait for the guard to be 0, take it, and count ourselves in: one atomic operation.
-    let mut enter = [op(GUARD, 0, 0), op(GUARD, 1, UNDO), op(USAGE, 1, UNDO)];
-    while !apply(id, &mut enter, Some(step))? {
-        if stop() {
+    let flag = if step.is_none() { NOWAIT } else { 0 };
+    let mut enter = [
+        op(GUARD, 0, flag),
+        op(GUARD, 1, UNDO | flag),
+        op(USAGE, 1, UNDO | flag),
+    ];
+    while !apply(id, &mut enter, step)? {
+        if step.is_none() || stop() {
             return Ok(None);
         }
     }

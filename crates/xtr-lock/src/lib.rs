@@ -1,5 +1,6 @@
 //! Exclusive and shared (read/write) locks around named resources, in memory, in files, in
-//! Redis, in SQL databases or across a quorum of stores, behind one API.
+//! Redis, in SQL databases, in etcd, in Memcached, in SysV semaphores or across a quorum of
+//! stores, behind one API.
 //!
 //! For workers, cron jobs and services that must not do the same work twice. Where the lock
 //! lives is a constructor argument (or a DSN); the lock stays the same. Waiters are woken on
@@ -43,6 +44,8 @@
 //! | `PgAdvisoryStore` (feature `sql`) | anyone using advisory locks in one PostgreSQL database, with Symfony Lock's `PostgreSqlStore` (`?keys=crc32`) | yes (in the server) | yes | no | no | yes (in the server) | at once (the session, pinged) | at once (the session ends) |
 //! | `MySqlLockStore` (feature `sql`) | anyone using `GET_LOCK` on one MySQL/MariaDB server, by the database's name | yes (in the server) | no (a read lock is exclusive) | no | no | yes (in the server) | at once (the session, pinged) | at once (the session ends) |
 //! | `EtcdStore` (feature `etcd`) | anyone reaching the etcd cluster, with `etcdctl lock` and Go's `concurrency.Mutex` | yes (FIFO: each waiter watches the key before it) | yes (readers queue behind writers) | no (a lease kept alive by the store; the ttl is the lease's) | yes (cluster revisions, as `ETCD_LOCK_REV`) | yes (one waiter per release) | at once (key deleted, lease revoked or unconfirmed for its ttl) | at the lease's end |
+//! | `MemcachedStore` (feature `memcached`) | anyone using one Memcached ≥ 1.6 server, with Symfony Lock's `MemcachedStore` | emulated | no (a read lock is exclusive) | yes (whole seconds) | no | no (polling) | by renewal | at ttl |
+//! | `SemaphoreStore` (feature `semaphore`, Linux) | processes on one machine, with Symfony Lock's `SemaphoreStore` (PHP's sysvsem) | yes (in the kernel) | no (a read lock is exclusive) | no | no | yes (the kernel wakes waiters) | by a check | yes (kernel, `SEM_UNDO`) |
 //! | [`NullStore`] | no one (locks nothing) | yes (no-op) | yes | no | no | — | — | — |
 //!
 //! # What a lock does and does not guarantee
@@ -71,6 +74,8 @@
 //! | `redis` | `RedisStore`: Redis and Valkey, on redis-rs (tokio, rustls); `RedisPubSubStore`: portalocker's pub/sub lock |
 //! | `sql` | `SqlStore`: Symfony's lock table on PostgreSQL, MySQL/MariaDB and SQLite, on sqlx |
 //! | `etcd` | `EtcdStore`: etcd's lock recipe, on etcd-client (its build needs `protoc` and the protobuf well-known types) |
+//! | `memcached` | `MemcachedStore`: Symfony's Memcached layout, on the meta protocol (memcached ≥ 1.6) |
+//! | `semaphore` | `SemaphoreStore`: SysV semaphores in PHP's `sysvsem` layout, Linux |
 //! | `conformance` | the reusable store conformance suite, [`conformance`] |
 //!
 //! # Logging

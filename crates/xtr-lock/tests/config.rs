@@ -108,7 +108,7 @@ fn every_problem_is_reported_at_once_naming_its_entry() {
         ),
         (
             r#"stores.x = "memcached://u:s3cret@h:11211""#,
-            "stores.x: unsupported connection \"memcached:\": this build of xtr-lock has no memcached store",
+            "stores.x: invalid Memcached connection string \"memcached:\": credentials are not supported",
         ),
         (
             r#"stores.x = "nosuch://u:s3cret@h""#,

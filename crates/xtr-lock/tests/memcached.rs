@@ -275,3 +275,22 @@ async fn acquires_and_releases_dropped_at_random_points_leave_nothing_held() {
     assert!(lock.try_acquire().await.unwrap());
     lock.release().await.unwrap();
 }
+
+/// After a server restart, the pooled connections are closed: the next operation is sent again
+/// on a new connection instead of failing (the restart lost the lock, which the holder is told).
+#[tokio::test]
+async fn a_restarted_server_costs_no_error_for_the_pooled_connections() {
+    let mut server = MemcachedServer::start();
+    let f = rust(&server);
+    let held = f.create_lock("invoice:restart-held");
+    assert!(held.try_acquire().await.unwrap());
+    server.restart();
+    let lock = f.create_lock("invoice:restart");
+    assert!(
+        lock.try_acquire().await.unwrap(),
+        "a new connection, no error"
+    );
+    assert_eq!(lock.release().await.unwrap(), Release::Released);
+    let err = held.refresh(None).await.unwrap_err();
+    assert!(err.is_lost(), "the restart lost the lock: {err}");
+}

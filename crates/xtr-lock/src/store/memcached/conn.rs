@@ -51,6 +51,19 @@ pub(super) enum Stored {
     Missing,
 }
 
+/// Whether `err` says the connection was closed under the request: on a connection taken from
+/// the pool, the server closed it while it was idle (a restart), and the request can be sent
+/// again on a new one.
+pub(super) fn is_closed(err: &io::Error) -> bool {
+    matches!(
+        err.kind(),
+        io::ErrorKind::UnexpectedEof
+            | io::ErrorKind::BrokenPipe
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionAborted
+    )
+}
+
 fn protocol(what: impl Into<String>) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, what.into())
 }
@@ -222,10 +235,11 @@ impl Pool {
         self.idle.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// An idle connection or a new one; the first new one checks the server's version.
-    pub(super) async fn get(&self) -> io::Result<Conn> {
-        if let Some(conn) = self.idle().pop() {
-            return Ok(conn);
+    /// An idle connection (`reused` true) or a new one; the first new one checks the server's
+    /// version. `fresh` asks for a new one.
+    pub(super) async fn get(&self, fresh: bool) -> io::Result<(Conn, bool)> {
+        if !fresh && let Some(conn) = self.idle().pop() {
+            return Ok((conn, true));
         }
         let mut conn =
             tokio::time::timeout(self.config.connect_timeout, Conn::connect(&self.config))
@@ -244,7 +258,7 @@ impl Pool {
             self.checked
                 .store(true, std::sync::atomic::Ordering::Release);
         }
-        Ok(conn)
+        Ok((conn, false))
     }
 
     /// Gives a connection whose last request completed back for reuse.
@@ -255,7 +269,8 @@ impl Pool {
         }
     }
 
-    /// Drops the idle connections.
+    /// Drops the idle connections (after one of them was found closed by the server, the
+    /// others were too: a restart).
     pub(super) fn close(&self) {
         self.idle().clear();
     }

@@ -184,15 +184,33 @@ impl MemcachedStore {
     }
 
     /// Runs `f` on a pooled connection within the response timeout. The connection goes back
-    /// to the pool only when `f` completed without error; dropped mid-flight, it is closed.
+    /// to the pool only when `f` completed without error; dropped mid-flight, it is closed. A
+    /// pooled connection found closed (the server restarted since) is dropped with the rest of
+    /// the pool and `f` runs again on a new one: every operation here is safe to repeat (each
+    /// reads before it writes, and an add that landed is re-taken by its own token).
     async fn run<T, F, Fut>(&self, resource: &str, f: F) -> Result<T>
     where
-        F: FnOnce(Conn) -> Fut,
+        F: Fn(Conn) -> Fut,
         Fut: Future<Output = (Conn, io::Result<T>)>,
     {
         let pool = &self.inner.pool;
-        let conn = pool.get().await.map_err(|e| self.io_error(resource, e))?;
-        match tokio::time::timeout(pool.timeout(), f(conn)).await {
+        let (conn, reused) = pool
+            .get(false)
+            .await
+            .map_err(|e| self.io_error(resource, e))?;
+        let first = tokio::time::timeout(pool.timeout(), f(conn)).await;
+        let done = match first {
+            Ok((_, Err(e))) if reused && conn::is_closed(&e) => {
+                pool.close();
+                let (conn, _) = pool
+                    .get(true)
+                    .await
+                    .map_err(|e| self.io_error(resource, e))?;
+                tokio::time::timeout(pool.timeout(), f(conn)).await
+            }
+            other => other,
+        };
+        match done {
             Ok((conn, Ok(v))) => {
                 pool.put(conn);
                 Ok(v)
@@ -228,9 +246,12 @@ impl MemcachedStore {
         }
         let token = key.token(KIND);
         let attempt = self
-            .run(key.resource(), move |mut c| async move {
-                let r = acquire_on(&mut c, &name, token.as_bytes(), secs).await;
-                (c, r)
+            .run(key.resource(), |mut c| {
+                let (name, token) = (name.clone(), token.clone());
+                async move {
+                    let r = acquire_on(&mut c, &name, token.as_bytes(), secs).await;
+                    (c, r)
+                }
             })
             .await?;
         match attempt {
@@ -396,9 +417,12 @@ impl Store for MemcachedStore {
         key.reduce_lifetime(Duration::from_secs(secs.saturating_sub(1)));
         let token = key.token(KIND);
         let found = self
-            .run(key.resource(), move |mut c| async move {
-                let r = put_off_on(&mut c, &name, token.as_bytes(), secs).await;
-                (c, r)
+            .run(key.resource(), |mut c| {
+                let (name, token) = (name.clone(), token.clone());
+                async move {
+                    let r = put_off_on(&mut c, &name, token.as_bytes(), secs).await;
+                    (c, r)
+                }
             })
             .await?;
         match found {
@@ -423,9 +447,12 @@ impl Store for MemcachedStore {
             return Ok(false);
         }
         let (name, token) = (key.resource().to_owned(), key.token(KIND));
-        self.run(key.resource(), move |mut c| async move {
-            let r = delete_on(&mut c, &name, token.as_bytes()).await;
-            (c, r)
+        self.run(key.resource(), |mut c| {
+            let (name, token) = (name.clone(), token.clone());
+            async move {
+                let r = delete_on(&mut c, &name, token.as_bytes()).await;
+                (c, r)
+            }
         })
         .await
     }
@@ -441,9 +468,12 @@ impl Store for MemcachedStore {
         }
         let (name, token) = (key.resource().to_owned(), key.token(KIND));
         let entry = self
-            .run(key.resource(), move |mut c| async move {
-                let r = c.get(&name).await;
-                (c, r)
+            .run(key.resource(), |mut c| {
+                let name = name.clone();
+                async move {
+                    let r = c.get(&name).await;
+                    (c, r)
+                }
             })
             .await?;
         Ok(match entry {
@@ -461,9 +491,12 @@ impl Store for MemcachedStore {
     async fn holders(&self, resource: &str) -> Result<Vec<HolderInfo>> {
         let name = self.name(resource)?;
         let entry = self
-            .run(resource, move |mut c| async move {
-                let r = c.get(&name).await;
-                (c, r)
+            .run(resource, |mut c| {
+                let name = name.clone();
+                async move {
+                    let r = c.get(&name).await;
+                    (c, r)
+                }
             })
             .await?;
         Ok(entry

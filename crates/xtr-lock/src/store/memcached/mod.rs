@@ -10,7 +10,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{
-    Acquired, Capabilities, Conflict, HolderInfo, Holding, LostReason, Saved, Store, check_expiry,
+    Acquired, Capabilities, Conflict, HandleOwner, HolderInfo, Holding, LostReason, Saved, Store,
+    check_expiry,
 };
 use crate::error::{Error, Result};
 use crate::key::{Key, Mode};
@@ -94,7 +95,13 @@ pub struct MemcachedStore {
 struct Inner {
     shown: String,
     pool: Pool,
+    /// Owns the holders' [`Order`] handles.
+    owner: HandleOwner,
 }
+
+/// A holder's turn: its operations run one after another, each to its end.
+#[derive(Default)]
+struct Order(Arc<tokio::sync::Mutex<()>>);
 
 /// What an acquire found.
 enum Attempt {
@@ -118,6 +125,7 @@ impl MemcachedStore {
             inner: Arc::new(Inner {
                 shown: config.shown.clone(),
                 pool: Pool::new(config),
+                owner: HandleOwner::new(),
             }),
         })
     }
@@ -183,46 +191,66 @@ impl MemcachedStore {
         if temporary { e.temporary() } else { e }
     }
 
-    /// Runs `f` on a pooled connection within the response timeout. The connection goes back
-    /// to the pool only when `f` completed without error; dropped mid-flight, it is closed. A
-    /// pooled connection found closed (the server restarted since) is dropped with the rest of
-    /// the pool and `f` runs again on a new one: every operation here is safe to repeat (each
-    /// reads before it writes, and an add that landed is re-taken by its own token).
-    async fn run<T, F, Fut>(&self, resource: &str, f: F) -> Result<T>
+    /// Runs `f` on a pooled connection within the response timeout, in a task of its own
+    /// that finishes even if the caller is dropped, after the holder's previous operation
+    /// (`key`, when there is a holder): so a dropped acquire's request has landed, or failed,
+    /// before the clean-up delete reads the entry. Without that order the delete could reach
+    /// the server first, on another connection, and find nothing to remove.
+    ///
+    /// The connection goes back to the pool only when `f` completed without error. A pooled
+    /// connection found closed (the server restarted since) is dropped with the rest of the
+    /// pool and `f` runs again on a new one: every operation here is safe to repeat (each reads
+    /// before it writes, and an add that landed is re-taken by its own token).
+    async fn run<T, F, Fut>(&self, key: Option<&Key>, resource: &str, f: F) -> Result<T>
     where
-        F: Fn(Conn) -> Fut,
-        Fut: Future<Output = (Conn, io::Result<T>)>,
+        T: Send + 'static,
+        F: Fn(Conn) -> Fut + Send + 'static,
+        Fut: Future<Output = (Conn, io::Result<T>)> + Send,
     {
-        let pool = &self.inner.pool;
-        let (conn, reused) = pool
-            .get(false)
-            .await
-            .map_err(|e| self.io_error(resource, e))?;
-        let first = tokio::time::timeout(pool.timeout(), f(conn)).await;
-        let done = match first {
-            Ok((_, Err(e))) if reused && conn::is_closed(&e) => {
-                pool.close();
-                let (conn, _) = pool
-                    .get(true)
-                    .await
-                    .map_err(|e| self.io_error(resource, e))?;
-                tokio::time::timeout(pool.timeout(), f(conn)).await
+        let turn = match key {
+            Some(key) => {
+                let order = key.handle::<Order>(self.inner.owner);
+                Some(order.0.clone().lock_owned().await)
             }
-            other => other,
+            None => None,
         };
-        match done {
-            Ok((conn, Ok(v))) => {
-                pool.put(conn);
-                Ok(v)
-            }
-            Ok((_, Err(e))) => Err(self.io_error(resource, e)),
-            Err(_) => Err(self.io_error(
-                resource,
+        let inner = self.inner.clone();
+        let task = tokio::spawn(async move {
+            let _turn = turn;
+            let pool = &inner.pool;
+            let (conn, reused) = pool.get(false).await?;
+            let timed_out = || {
                 io::Error::new(
                     io::ErrorKind::TimedOut,
                     format!("no answer within {:?}", pool.timeout()),
-                ),
-            )),
+                )
+            };
+            let first = tokio::time::timeout(pool.timeout(), f(conn)).await;
+            let done = match first {
+                Ok((_, Err(e))) if reused && conn::is_closed(&e) => {
+                    pool.close();
+                    let (conn, _) = pool.get(true).await?;
+                    tokio::time::timeout(pool.timeout(), f(conn)).await
+                }
+                other => other,
+            };
+            match done {
+                Ok((conn, Ok(v))) => {
+                    pool.put(conn);
+                    Ok(v)
+                }
+                Ok((_, Err(e))) => Err(e),
+                Err(_) => Err(timed_out()),
+            }
+        });
+        match task.await {
+            Ok(done) => done.map_err(|e| self.io_error(resource, e)),
+            Err(join) => Err(
+                Error::storage("a Memcached request's task ended abnormally")
+                    .with_resource(resource)
+                    .with_store(self)
+                    .with_source(join),
+            ),
         }
     }
 
@@ -246,7 +274,7 @@ impl MemcachedStore {
         }
         let token = key.token(KIND);
         let attempt = self
-            .run(key.resource(), |mut c| {
+            .run(Some(key), key.resource(), move |mut c| {
                 let (name, token) = (name.clone(), token.clone());
                 async move {
                     let r = acquire_on(&mut c, &name, token.as_bytes(), secs).await;
@@ -391,8 +419,9 @@ impl Store for MemcachedStore {
     ///
     /// # Cancel safety
     ///
-    /// Dropped mid-flight, the entry may or may not have been stored (its connection is
-    /// closed); `delete` removes it (the [`Lock`](crate::Lock) does this for you).
+    /// Dropped mid-flight, the request still runs to its end in its own task, and the
+    /// holder's next operation waits for it: a `delete` then removes what it stored (the
+    /// [`Lock`](crate::Lock) does this for you).
     async fn save(&self, key: &Key, ttl: Option<Duration>) -> Result<Saved> {
         self.acquire(key, ttl).await
     }
@@ -417,7 +446,7 @@ impl Store for MemcachedStore {
         key.reduce_lifetime(Duration::from_secs(secs.saturating_sub(1)));
         let token = key.token(KIND);
         let found = self
-            .run(key.resource(), |mut c| {
+            .run(Some(key), key.resource(), move |mut c| {
                 let (name, token) = (name.clone(), token.clone());
                 async move {
                     let r = put_off_on(&mut c, &name, token.as_bytes(), secs).await;
@@ -447,7 +476,7 @@ impl Store for MemcachedStore {
             return Ok(false);
         }
         let (name, token) = (key.resource().to_owned(), key.token(KIND));
-        self.run(key.resource(), |mut c| {
+        self.run(Some(key), key.resource(), move |mut c| {
             let (name, token) = (name.clone(), token.clone());
             async move {
                 let r = delete_on(&mut c, &name, token.as_bytes()).await;
@@ -468,7 +497,7 @@ impl Store for MemcachedStore {
         }
         let (name, token) = (key.resource().to_owned(), key.token(KIND));
         let entry = self
-            .run(key.resource(), |mut c| {
+            .run(Some(key), key.resource(), move |mut c| {
                 let name = name.clone();
                 async move {
                     let r = c.get(&name).await;
@@ -491,7 +520,7 @@ impl Store for MemcachedStore {
     async fn holders(&self, resource: &str) -> Result<Vec<HolderInfo>> {
         let name = self.name(resource)?;
         let entry = self
-            .run(resource, |mut c| {
+            .run(None, resource, move |mut c| {
                 let name = name.clone();
                 async move {
                     let r = c.get(&name).await;

@@ -214,3 +214,38 @@ pub fn redis_benchmark(server: &xtr_lock_testkit::redis::RedisServer, args: &[&s
         p50_ms: fields[3],
     }
 }
+
+/// `n` hand-offs from `holder` to a peer process (php, python) that speaks the waiter protocol
+/// on `child`'s stdin and stdout: per `go` line it prints `waiting`, waits for the lock, prints
+/// the CLOCK_MONOTONIC nanoseconds at which it held, and releases. The holder releases
+/// [`park`]`(i)` after the peer said it waits; the sample is release → the peer holds. Closes
+/// the peer's stdin and waits for it to exit.
+pub async fn handoffs_to_peer(
+    holder: &Lock,
+    mut child: std::process::Child,
+    n: usize,
+) -> Vec<Duration> {
+    use std::io::{BufRead as _, Write as _};
+    let mut to_child = child.stdin.take().expect("the peer's stdin is piped");
+    let mut from_child =
+        std::io::BufReader::new(child.stdout.take().expect("the peer's stdout is piped"));
+    let mut samples = Vec::with_capacity(n);
+    let mut line = String::new();
+    for i in 0..n {
+        holder.acquire().await.unwrap();
+        writeln!(to_child, "go").unwrap();
+        line.clear();
+        from_child.read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "waiting");
+        tokio::time::sleep(park(i)).await;
+        let released = monotonic_ns();
+        holder.release().await.unwrap();
+        line.clear();
+        from_child.read_line(&mut line).unwrap();
+        let got: u64 = line.trim().parse().unwrap();
+        samples.push(Duration::from_nanos(got.saturating_sub(released)));
+    }
+    drop(to_child);
+    let _ = child.wait();
+    samples
+}

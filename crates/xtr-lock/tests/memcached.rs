@@ -107,14 +107,17 @@ async fn a_killed_php_holder_is_freed_at_its_ttl_and_not_before() {
     lock.release().await.unwrap();
 }
 
-/// A proxy between the store and the server that, just before it forwards a conditional delete
-/// (`md`), lets the entry change hands: it stores another holder's token, as if the lock had
-/// expired and been taken in the gap between the release's read and its delete.
-async fn proxy_that_hands_the_lock_over(port: u16, resource: &'static str) -> u16 {
+/// A proxy to the server on `port` that calls `hook(n, chunk)` before it forwards each chunk a
+/// client sends on its `n`th connection (from 0): to act between two requests, or to delay one.
+async fn proxy<H, F>(port: u16, hook: H) -> u16
+where
+    H: Fn(usize, Vec<u8>) -> F + Clone + Send + Sync + 'static,
+    F: std::future::Future<Output = ()> + Send,
+{
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let local = listener.local_addr().unwrap().port();
     tokio::spawn(async move {
-        loop {
+        for n in 0.. {
             let (client, _) = listener.accept().await.unwrap();
             let server = tokio::net::TcpStream::connect(("127.0.0.1", port))
                 .await
@@ -124,24 +127,16 @@ async fn proxy_that_hands_the_lock_over(port: u16, resource: &'static str) -> u1
             tokio::spawn(async move {
                 let _ = tokio::io::copy(&mut sr, &mut cw).await;
             });
+            let hook = hook.clone();
             tokio::spawn(async move {
                 let mut buf = vec![0u8; 64 * 1024];
                 loop {
-                    let n = match cr.read(&mut buf).await {
+                    let read = match cr.read(&mut buf).await {
                         Ok(0) | Err(_) => break,
-                        Ok(n) => n,
+                        Ok(k) => k,
                     };
-                    if buf[..n].starts_with(b"md ") {
-                        let mut other = tokio::net::TcpStream::connect(("127.0.0.1", port))
-                            .await
-                            .unwrap();
-                        let set = format!("ms {resource} 9 T30 F0\r\nsomeone-2\r\n");
-                        other.write_all(set.as_bytes()).await.unwrap();
-                        let mut reply = [0u8; 16];
-                        let r = other.read(&mut reply).await.unwrap();
-                        assert_eq!(&reply[..r], b"HD\r\n");
-                    }
-                    if sw.write_all(&buf[..n]).await.is_err() {
+                    hook(n, buf[..read].to_vec()).await;
+                    if sw.write_all(&buf[..read]).await.is_err() {
                         break;
                     }
                 }
@@ -151,11 +146,32 @@ async fn proxy_that_hands_the_lock_over(port: u16, resource: &'static str) -> u1
     local
 }
 
+/// Just before a conditional delete (`md`) goes through, the entry changes hands: another
+/// holder's token is stored, as if the lock had expired and been taken in the gap between the
+/// release's read and its delete.
+async fn hand_the_lock_over(port: u16, resource: &'static str, chunk: Vec<u8>) {
+    if !chunk.starts_with(b"md ") {
+        return;
+    }
+    let mut other = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let set = format!("ms {resource} 9 T30 F0\r\nsomeone-2\r\n");
+    other.write_all(set.as_bytes()).await.unwrap();
+    let mut reply = [0u8; 16];
+    let r = other.read(&mut reply).await.unwrap();
+    assert_eq!(&reply[..r], b"HD\r\n");
+}
+
 #[tokio::test]
 async fn a_release_never_deletes_a_lock_that_changed_hands_after_its_read() {
     let server = MemcachedServer::start();
     let resource = "invoice:race";
-    let port = proxy_that_hands_the_lock_over(server.port(), resource).await;
+    let target = server.port();
+    let port = proxy(target, move |_, chunk| {
+        hand_the_lock_over(target, resource, chunk)
+    })
+    .await;
     let store = MemcachedStore::from_dsn(&format!("memcached://127.0.0.1:{port}")).unwrap();
     let lock = LockFactory::new(store)
         .with_default_ttl(Some(Duration::from_secs(30)))
@@ -297,48 +313,19 @@ async fn a_restarted_server_costs_no_error_for_the_pooled_connections() {
     assert!(err.is_lost(), "the restart lost the lock: {err}");
 }
 
-/// A proxy whose first connection delivers the client's bytes 300 ms late (the ones after it go
-/// straight through): a request on it is overtaken by any request on another connection.
-async fn proxy_with_a_slow_first_connection(port: u16) -> u16 {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let local = listener.local_addr().unwrap().port();
-    tokio::spawn(async move {
-        for n in 0.. {
-            let (client, _) = listener.accept().await.unwrap();
-            let server = tokio::net::TcpStream::connect(("127.0.0.1", port))
-                .await
-                .unwrap();
-            let (mut cr, mut cw) = client.into_split();
-            let (mut sr, mut sw) = server.into_split();
-            tokio::spawn(async move {
-                let _ = tokio::io::copy(&mut sr, &mut cw).await;
-            });
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 64 * 1024];
-                loop {
-                    let n_read = match cr.read(&mut buf).await {
-                        Ok(0) | Err(_) => break,
-                        Ok(k) => k,
-                    };
-                    if n == 0 {
-                        tokio::time::sleep(Duration::from_millis(300)).await;
-                    }
-                    if sw.write_all(&buf[..n_read]).await.is_err() {
-                        break;
-                    }
-                }
-            });
-        }
-    });
-    local
-}
-
 /// The regression for the order of a holder's requests: an acquire dropped while its add is on
 /// the way, and the lock's clean-up delete sent on another connection, which arrives first.
 #[tokio::test]
 async fn a_dropped_acquire_is_taken_back_even_when_its_add_lands_after_the_clean_up_starts() {
     let server = MemcachedServer::start();
-    let port = proxy_with_a_slow_first_connection(server.port()).await;
+    // The first connection delivers the client's bytes 300 ms late; the ones after it go
+    // straight through, so a request on it is overtaken by any request on another connection.
+    let port = proxy(server.port(), |n, _| async move {
+        if n == 0 {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    })
+    .await;
     let store = MemcachedStore::from_dsn(&format!("memcached://127.0.0.1:{port}")).unwrap();
     let lock = LockFactory::new(store)
         .with_default_ttl(Some(Duration::from_secs(30)))

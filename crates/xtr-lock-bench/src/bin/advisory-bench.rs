@@ -6,13 +6,12 @@
 //! `cargo run --release -p xtr-lock-bench --bin advisory-bench` prints a Markdown table; run it
 //! under `taskset -c 0` too for the other placement (everything on one vCPU).
 
-use std::io::{BufRead as _, BufReader, Write as _};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use sqlx::Connection as _;
 use xtr_lock::{LockFactory, Lockable as _, MySqlLockStore, PgAdvisoryStore};
-use xtr_lock_bench::{Summary, cell, handoffs_between, human, monotonic_ns, park, peer_script};
+use xtr_lock_bench::{Summary, cell, handoffs_between, handoffs_to_peer, human, peer_script};
 use xtr_lock_testkit::mariadb::MariaDbServer;
 use xtr_lock_testkit::postgres::PostgresServer;
 
@@ -192,35 +191,15 @@ async fn warm(lock: &xtr_lock::Lock) {
 /// A Symfony waiter (php, blocked in `pg_advisory_lock`) behind our holder in crc32 mode.
 async fn symfony_handoffs(factory: &LockFactory, symfony: &str) -> Vec<Duration> {
     let resource = "bench:php-handoff";
-    let mut child = Command::new("php")
+    let child = Command::new("php")
         .arg(peer_script("symfony_advisory_bench.php"))
         .args([symfony, "waiter", resource])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
         .expect("php-cli");
-    let mut to_child = child.stdin.take().unwrap();
-    let mut from_child = BufReader::new(child.stdout.take().unwrap());
     let holder = factory.create_lock(resource);
-    let mut samples = Vec::with_capacity(PHP_HANDOFFS);
-    let mut line = String::new();
-    for i in 0..PHP_HANDOFFS {
-        holder.acquire().await.unwrap();
-        writeln!(to_child, "go").unwrap();
-        line.clear();
-        from_child.read_line(&mut line).unwrap();
-        assert_eq!(line.trim(), "waiting");
-        tokio::time::sleep(park(i)).await;
-        let released = monotonic_ns();
-        holder.release().await.unwrap();
-        line.clear();
-        from_child.read_line(&mut line).unwrap();
-        let got: u64 = line.trim().parse().unwrap();
-        samples.push(Duration::from_nanos(got.saturating_sub(released)));
-    }
-    drop(to_child);
-    let _ = child.wait();
-    samples
+    handoffs_to_peer(&holder, child, PHP_HANDOFFS).await
 }
 
 fn run_php(args: &[&str]) -> Summary {

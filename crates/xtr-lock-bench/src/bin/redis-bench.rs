@@ -4,7 +4,6 @@
 //!
 //! `cargo run --release -p xtr-lock-bench --bin redis-bench` prints a Markdown table.
 
-use std::io::{BufRead as _, BufReader, Write as _};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -13,7 +12,7 @@ use std::time::{Duration, Instant};
 use xtr_lock::Lockable as _;
 use xtr_lock::{LockFactory, RedisStore};
 use xtr_lock_bench::{
-    Summary, cell, human, lock_cycles, lock_handoffs, monotonic_ns, park, peer_script,
+    Summary, cell, handoffs_to_peer, human, lock_cycles, lock_handoffs, park, peer_script,
     redis_benchmark, run_php,
 };
 use xtr_lock_testkit::redis::RedisServer;
@@ -243,7 +242,7 @@ fn symfony_cycle(server: &RedisServer) -> Summary {
 /// A Symfony waiter in a php process; the holder is ours (same layout), released on
 /// CLOCK_MONOTONIC, which both processes read.
 async fn symfony_handoff(server: &RedisServer) -> Summary {
-    let mut child = Command::new("php")
+    let child = Command::new("php")
         .arg(peer_script("symfony_bench.php"))
         .args([
             "127.0.0.1",
@@ -255,26 +254,6 @@ async fn symfony_handoff(server: &RedisServer) -> Summary {
         .stdout(Stdio::piped())
         .spawn()
         .expect("php-cli");
-    let mut to_child = child.stdin.take().unwrap();
-    let mut from_child = BufReader::new(child.stdout.take().unwrap());
     let holder = factory(&server.url(0)).create_lock("bench:php-handoff");
-    let mut samples = Vec::with_capacity(PEER_HANDOFFS);
-    let mut line = String::new();
-    for i in 0..PEER_HANDOFFS {
-        holder.acquire().await.unwrap();
-        writeln!(to_child, "go").unwrap();
-        line.clear();
-        from_child.read_line(&mut line).unwrap();
-        assert_eq!(line.trim(), "waiting");
-        tokio::time::sleep(park(i)).await;
-        let released = monotonic_ns();
-        holder.release().await.unwrap();
-        line.clear();
-        from_child.read_line(&mut line).unwrap();
-        let got: u64 = line.trim().parse().unwrap();
-        samples.push(Duration::from_nanos(got.saturating_sub(released)));
-    }
-    drop(to_child);
-    let _ = child.wait();
-    Summary::of(samples)
+    Summary::of(handoffs_to_peer(&holder, child, PEER_HANDOFFS).await)
 }

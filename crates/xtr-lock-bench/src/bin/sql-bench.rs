@@ -5,14 +5,13 @@
 //! `cargo run --release -p xtr-lock-bench --bin sql-bench` prints a Markdown table; run it under
 //! `taskset -c 0` too for the other placement (everything on one vCPU).
 
-use std::io::{BufRead as _, BufReader, Write as _};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use xtr_lock::{LockFactory, Lockable as _, SqlStore};
-use xtr_lock_bench::{Summary, cell, handoffs_between, human, monotonic_ns, park, peer_script};
+use xtr_lock_bench::{Summary, cell, handoffs_between, handoffs_to_peer, human, peer_script};
 use xtr_lock_testkit::mariadb::MariaDbServer;
 use xtr_lock_testkit::postgres::PostgresServer;
 
@@ -222,35 +221,15 @@ async fn select_one(pool: &Floor) {
 /// A Symfony waiter (php, polling every 100 ms) behind our holder.
 async fn symfony_handoffs(factory: &LockFactory, pdo: &str, user: &str) -> Vec<Duration> {
     let resource = "bench:php-handoff";
-    let mut child = Command::new("php")
+    let child = Command::new("php")
         .arg(peer_script("symfony_sql_bench.php"))
         .args([pdo, user, "waiter", resource])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
         .expect("php-cli");
-    let mut to_child = child.stdin.take().unwrap();
-    let mut from_child = BufReader::new(child.stdout.take().unwrap());
     let holder = factory.create_lock(resource);
-    let mut samples = Vec::with_capacity(PHP_HANDOFFS);
-    let mut line = String::new();
-    for i in 0..PHP_HANDOFFS {
-        holder.acquire().await.unwrap();
-        writeln!(to_child, "go").unwrap();
-        line.clear();
-        from_child.read_line(&mut line).unwrap();
-        assert_eq!(line.trim(), "waiting");
-        tokio::time::sleep(park(i)).await;
-        let released = monotonic_ns();
-        holder.release().await.unwrap();
-        line.clear();
-        from_child.read_line(&mut line).unwrap();
-        let got: u64 = line.trim().parse().unwrap();
-        samples.push(Duration::from_nanos(got.saturating_sub(released)));
-    }
-    drop(to_child);
-    let _ = child.wait();
-    samples
+    handoffs_to_peer(&holder, child, PHP_HANDOFFS).await
 }
 
 async fn rust_throughput(factory: &LockFactory) -> f64 {

@@ -6,12 +6,14 @@
 //! run it under `taskset -c 0` too for the other placement (everything on one vCPU).
 
 use std::io::{BufRead as _, BufReader, Write as _};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use xtr_lock::{LockFactory, Lockable as _, MemcachedStore, SemaphoreStore};
-use xtr_lock_bench::{Summary, cell, handoffs_between, monotonic_ns, park, peer_script};
+use xtr_lock_bench::{
+    Summary, cell, handoffs_between, handoffs_to_peer, monotonic_ns, park, peer_script,
+};
 use xtr_lock_testkit::memcached::MemcachedServer;
 
 const ROUNDS: usize = 3;
@@ -154,52 +156,29 @@ async fn measure(side: Side, memcached_port: Option<u16>) -> Measured {
     }
 }
 
-fn php(
-    store: &str,
-    mode: &str,
-    resource: &str,
-) -> (Child, ChildStdin, BufReader<std::process::ChildStdout>) {
-    let mut child = Command::new("php")
+/// The php half in `mode`, its stdin and stdout piped.
+fn php(store: &str, mode: &str, resource: &str) -> Child {
+    Command::new("php")
         .arg(peer_script("symfony_stores_bench.php"))
         .args([store, mode, resource])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
-        .expect("php-cli");
-    let stdin = child.stdin.take().unwrap();
-    let stdout = BufReader::new(child.stdout.take().unwrap());
-    (child, stdin, stdout)
+        .expect("php-cli")
 }
 
 /// Our holder releases [`park`]`(i)` after a Symfony waiter started waiting; release → it holds.
 async fn to_symfony(factory: &LockFactory, store: &str, resource: &str) -> Vec<Duration> {
-    let (mut child, mut to_child, mut from_child) = php(store, "waiter", resource);
-    let holder = factory.create_lock(resource);
-    let mut samples = Vec::with_capacity(PHP_HANDOFFS);
-    let mut line = String::new();
-    for i in 0..PHP_HANDOFFS {
-        holder.acquire().await.unwrap();
-        writeln!(to_child, "go").unwrap();
-        line.clear();
-        from_child.read_line(&mut line).unwrap();
-        assert_eq!(line.trim(), "waiting");
-        tokio::time::sleep(park(i)).await;
-        let released = monotonic_ns();
-        holder.release().await.unwrap();
-        line.clear();
-        from_child.read_line(&mut line).unwrap();
-        let got: u64 = line.trim().parse().unwrap();
-        samples.push(Duration::from_nanos(got.saturating_sub(released)));
-    }
-    drop(to_child);
-    let _ = child.wait();
-    samples
+    let child = php(store, "waiter", resource);
+    handoffs_to_peer(&factory.create_lock(resource), child, PHP_HANDOFFS).await
 }
 
 /// A Symfony holder releases [`park`]`(i)` after our waiter started waiting; its release (the
 /// time it printed just before) → our waiter holds.
 async fn from_symfony(factory: &LockFactory, store: &str, resource: &str) -> Vec<Duration> {
-    let (mut child, mut to_child, mut from_child) = php(store, "holder", resource);
+    let mut child = php(store, "holder", resource);
+    let mut to_child = child.stdin.take().unwrap();
+    let mut from_child = BufReader::new(child.stdout.take().unwrap());
     let mut samples = Vec::with_capacity(PHP_HANDOFFS);
     let mut line = String::new();
     for i in 0..PHP_HANDOFFS {

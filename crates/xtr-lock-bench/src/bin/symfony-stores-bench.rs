@@ -47,6 +47,10 @@ fn main() {
             );
         }
         println!(
+            "| {name}: hand-off within one store instance, p50 (p99) | {} | | |",
+            cell(&m.local)
+        );
+        println!(
             "| {name}: hand-off to another store instance, p50 (p99) | {} | | |",
             cell(&m.handoff)
         );
@@ -93,6 +97,7 @@ struct Measured {
     php_cycle: Summary,
     floor: Option<Summary>,
     handoff: Summary,
+    local: Summary,
     to_php: Summary,
     from_php: Summary,
 }
@@ -115,6 +120,7 @@ async fn measure(side: Side, memcached_port: Option<u16>) -> Measured {
     };
     let (mut cycle, mut floor, mut handoff, mut php_cycle, mut to_php, mut from_php) =
         (vec![], vec![], vec![], vec![], vec![], vec![]);
+    let mut local = vec![];
     for round in 0..ROUNDS {
         eprintln!("round {}/{ROUNDS}", round + 1);
         for _ in 0..CYCLES {
@@ -135,6 +141,7 @@ async fn measure(side: Side, memcached_port: Option<u16>) -> Measured {
         php_cycle.push(run_php(&[&side.php_store(), "cycle", &CYCLES.to_string()]));
         let resource = format!("bench:handoff:{tag}");
         handoff.extend(handoffs_between(&factory, &other, &resource, HANDOFFS).await);
+        local.extend(handoffs_between(&factory, &factory, &resource, HANDOFFS).await);
         to_php
             .extend(to_symfony(&factory, &side.php_store(), &format!("bench:to-php:{tag}")).await);
         from_php.extend(
@@ -151,6 +158,7 @@ async fn measure(side: Side, memcached_port: Option<u16>) -> Measured {
         php_cycle: Summary::merge(&php_cycle),
         floor: (!floor.is_empty()).then(|| Summary::of(floor)),
         handoff: Summary::of(handoff),
+        local: Summary::of(local),
         to_php: Summary::of(to_php),
         from_php: Summary::of(from_php),
     }

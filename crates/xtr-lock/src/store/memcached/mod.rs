@@ -7,30 +7,32 @@ use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use async_trait::async_trait;
 
 use super::{
     Acquired, Capabilities, Conflict, HandleOwner, HolderInfo, Holding, LostReason, Saved, Store,
-    check_expiry,
+    Watcher, check_expiry,
 };
 use crate::error::{Error, Result};
 use crate::key::{Key, Mode};
+use crate::store::channels::Channels;
 
 mod config;
 mod conn;
+mod ops;
 
 pub(crate) use config::is_memcached_dsn;
-use conn::{Conn, Pool, Stored};
+use conn::{Conn, Pool};
+use ops::{Attempt, Found, acquire_on, delete_on, put_off_on};
 
 /// The token kind: one token per key for Memcached stores.
 const KIND: &str = "memcached";
 
 /// The longest ttl Memcached reads as relative: a longer one is taken for a Unix timestamp.
 const MAX_TTL_SECS: u64 = 30 * 24 * 3600;
-
-/// How often an operation reads again when the entry changed between its read and its
-/// conditional write (its own holder refreshing concurrently, a lock changing hands).
-const ROUNDS: usize = 5;
 
 /// Checks a Memcached DSN without building anything.
 pub(crate) fn validate_dsn(dsn: &str) -> Result<()> {
@@ -51,7 +53,9 @@ pub(crate) fn validate_dsn(dsn: &str) -> Result<()> {
 ///   taken by someone else in between is left alone. (Symfony shortens the entry with a CAS and
 ///   then deletes it unconditionally, which deletes a new holder's lock if the entry changes
 ///   hands between the two.)
-/// - Waiting is the lock's polling (no notifications), as with Symfony.
+/// - Waiters are woken at once by a release through the same store (in this process);
+///   releases elsewhere, PHP's included, are found by the lock's 90–110 ms poll, as Symfony's
+///   waiters find them: Memcached has no notifications.
 ///
 /// # Guarantees
 ///
@@ -95,20 +99,26 @@ pub struct MemcachedStore {
 struct Inner {
     shown: String,
     pool: Pool,
+    /// The holders of this store: resource → token, to tell whether a refusal came from a
+    /// holder whose release wakes our waiters.
+    held: std::sync::Mutex<HashMap<String, String>>,
+    /// Waiters of this store per resource, woken by its releases.
+    wakers: std::sync::Mutex<Channels>,
     /// Owns the holders' [`Order`] handles.
     owner: HandleOwner,
+}
+
+/// Whether a waiter's last refusal came from a holder of this store (its release wakes it).
+#[derive(Default)]
+struct Waiting(Arc<AtomicBool>);
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// A holder's turn: its operations run one after another, each to its end.
 #[derive(Default)]
 struct Order(Arc<tokio::sync::Mutex<()>>);
-
-/// What an acquire found.
-enum Attempt {
-    Acquired,
-    /// Someone else holds it, for this many seconds more if known.
-    Refused(Option<u64>),
-}
 
 impl MemcachedStore {
     /// A store on the server `dsn` names: `memcached://host[:port]` (port 11211 by default) or
@@ -125,6 +135,8 @@ impl MemcachedStore {
             inner: Arc::new(Inner {
                 shown: config.shown.clone(),
                 pool: Pool::new(config),
+                held: std::sync::Mutex::new(HashMap::new()),
+                wakers: std::sync::Mutex::new(Channels::default()),
                 owner: HandleOwner::new(),
             }),
         })
@@ -254,6 +266,18 @@ impl MemcachedStore {
         }
     }
 
+    /// Forgets `token` as the holder of `resource` (released or lost) and wakes this store's
+    /// waiters on it.
+    fn forget(&self, resource: &str, token: &str) {
+        {
+            let mut held = lock(&self.inner.held);
+            if held.get(resource).is_some_and(|t| t == token) {
+                held.remove(resource);
+            }
+        }
+        lock(&self.inner.wakers).notify(resource);
+    }
+
     async fn acquire(&self, key: &Key, ttl: Option<Duration>) -> Result<Saved> {
         let secs = self.seconds(key, ttl)?;
         let name = self.name(key.resource())?;
@@ -284,10 +308,18 @@ impl MemcachedStore {
             .await?;
         match attempt {
             Attempt::Acquired => {
+                lock(&self.inner.held).insert(key.resource().to_owned(), key.token(KIND));
                 check_expiry(self, key).await?;
                 Ok(Saved::Acquired(Acquired::new()))
             }
-            Attempt::Refused(left) => {
+            Attempt::Refused(holder, left) => {
+                // A holder of this store announces its release to our waiters; anyone else's
+                // release is found by polling.
+                let here = lock(&self.inner.held)
+                    .get(key.resource())
+                    .is_some_and(|t| t.as_bytes() == holder.as_slice());
+                let waiting = key.handle::<Waiting>(self.inner.owner);
+                waiting.0.store(here, Ordering::Release);
                 let conflict = Conflict::new();
                 Ok(Saved::Conflict(match left {
                     Some(s) if s > 0 => conflict.with_retry_after(Duration::from_secs(s)),
@@ -296,81 +328,6 @@ impl MemcachedStore {
             }
         }
     }
-}
-
-/// Add; else re-take the holder's own entry by CAS; else refused.
-async fn acquire_on(c: &mut Conn, name: &str, token: &[u8], secs: u64) -> io::Result<Attempt> {
-    for _ in 0..ROUNDS {
-        match c.add(name, token, secs).await? {
-            Stored::Done => return Ok(Attempt::Acquired),
-            Stored::Exists => {}
-            other => return Err(unexpected("an add", other)),
-        }
-        match c.get(name).await? {
-            // Gone since the add: add again.
-            None => continue,
-            Some(e) if e.value == token => match c.replace_if(name, token, secs, e.cas).await? {
-                Stored::Done => return Ok(Attempt::Acquired),
-                Stored::Changed | Stored::Missing => continue,
-                other => return Err(unexpected("a CAS replace", other)),
-            },
-            Some(e) => return Ok(Attempt::Refused(e.ttl)),
-        }
-    }
-    Ok(Attempt::Refused(None))
-}
-
-/// Extends the holder's own entry by CAS; never re-creates one that is gone.
-async fn put_off_on(c: &mut Conn, name: &str, token: &[u8], secs: u64) -> io::Result<Found> {
-    for _ in 0..ROUNDS {
-        match c.get(name).await? {
-            None => return Ok(Found::Missing),
-            Some(e) if e.value != token => return Ok(Found::Other),
-            Some(e) => match c.replace_if(name, token, secs, e.cas).await? {
-                Stored::Done => return Ok(Found::Ours),
-                Stored::Changed => continue,
-                Stored::Missing => return Ok(Found::Missing),
-                other => return Err(unexpected("a CAS replace", other)),
-            },
-        }
-    }
-    Err(io::Error::other(
-        "the entry kept changing between read and write",
-    ))
-}
-
-/// Deletes the holder's own entry by CAS: an entry that changed hands is never deleted.
-async fn delete_on(c: &mut Conn, name: &str, token: &[u8]) -> io::Result<bool> {
-    for _ in 0..ROUNDS {
-        match c.get(name).await? {
-            None => return Ok(false),
-            Some(e) if e.value != token => return Ok(false),
-            Some(e) => match c.delete_if(name, e.cas).await? {
-                Stored::Done => return Ok(true),
-                // Touched since the read (its own refresh, or it changed hands): read again.
-                Stored::Changed => continue,
-                Stored::Missing => return Ok(false),
-                other => return Err(unexpected("a CAS delete", other)),
-            },
-        }
-    }
-    Err(io::Error::other(
-        "the entry kept changing between read and delete",
-    ))
-}
-
-/// What a holder's entry is now.
-enum Found {
-    Ours,
-    Other,
-    Missing,
-}
-
-fn unexpected(what: &str, got: Stored) -> io::Error {
-    io::Error::new(
-        io::ErrorKind::InvalidData,
-        format!("unexpected answer to {what}: {got:?}"),
-    )
 }
 
 impl fmt::Display for MemcachedStore {
@@ -397,7 +354,7 @@ impl Store for MemcachedStore {
             blocking_shared: false,
             expiring: true,
             fencing: false,
-            notifies: false,
+            notifies: true,
             serializable_keys: true,
             introspection: true,
             liveness: false,
@@ -459,9 +416,14 @@ impl Store for MemcachedStore {
                 check_expiry(self, key).await?;
                 Ok(Holding::Held(Mode::Write))
             }
-            Found::Other => Ok(Holding::NotHeld(LostReason::TakenOver)),
-            Found::Missing if was_expired => Ok(Holding::NotHeld(LostReason::Expired)),
-            Found::Missing => Ok(Holding::NotHeld(LostReason::Removed)),
+            lost => {
+                self.forget(key.resource(), &key.token(KIND));
+                Ok(Holding::NotHeld(match lost {
+                    Found::Other => LostReason::TakenOver,
+                    _ if was_expired => LostReason::Expired,
+                    _ => LostReason::Removed,
+                }))
+            }
         }
     }
 
@@ -476,14 +438,39 @@ impl Store for MemcachedStore {
             return Ok(false);
         }
         let (name, token) = (key.resource().to_owned(), key.token(KIND));
-        self.run(Some(key), key.resource(), move |mut c| {
+        let deleted = {
             let (name, token) = (name.clone(), token.clone());
+            self.run(Some(key), key.resource(), move |mut c| {
+                let (name, token) = (name.clone(), token.clone());
+                async move {
+                    let r = delete_on(&mut c, &name, token.as_bytes()).await;
+                    (c, r)
+                }
+            })
+            .await
+        };
+        self.forget(&name, &token);
+        deleted
+    }
+
+    /// Registers the holder as a waiter for the next release by a holder of this store (in
+    /// this process). Releases by other processes, PHP's included, are seen by polling: the
+    /// watcher says it covers a release only when the last refusal came from a holder here.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it completes at its first poll; a dropped watcher unregisters.
+    async fn watch(&self, key: &Key) -> Result<Option<Watcher>> {
+        let mut rx = lock(&self.inner.wakers).subscribe(key.resource());
+        let here = key.handle::<Waiting>(self.inner.owner).0.clone();
+        Ok(Some(Watcher::with_coverage(
             async move {
-                let r = delete_on(&mut c, &name, token.as_bytes()).await;
-                (c, r)
-            }
-        })
-        .await
+                if rx.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            },
+            move || here.load(Ordering::Acquire),
+        )))
     }
 
     /// One read: the entry holds the holder's token.

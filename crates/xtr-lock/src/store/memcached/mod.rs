@@ -104,21 +104,23 @@ struct Inner {
     held: std::sync::Mutex<HashMap<String, String>>,
     /// Waiters of this store per resource, woken by its releases.
     wakers: std::sync::Mutex<Channels>,
-    /// Owns the holders' [`Order`] handles.
+    /// Owns the holders' [`HolderState`] handles.
     owner: HandleOwner,
 }
 
-/// Whether a waiter's last refusal came from a holder of this store (its release wakes it).
+/// What the store keeps on a holder's key (one handle type per owner: a key keeps one handle
+/// per owner, so two types would replace each other).
 #[derive(Default)]
-struct Waiting(Arc<AtomicBool>);
+struct HolderState {
+    /// The holder's turn: its operations run one after another, each to its end.
+    order: Arc<tokio::sync::Mutex<()>>,
+    /// Whether its last refusal came from a holder of this store (whose release wakes it).
+    here: Arc<AtomicBool>,
+}
 
 fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
-
-/// A holder's turn: its operations run one after another, each to its end.
-#[derive(Default)]
-struct Order(Arc<tokio::sync::Mutex<()>>);
 
 impl MemcachedStore {
     /// A store on the server `dsn` names: `memcached://host[:port]` (port 11211 by default) or
@@ -221,8 +223,8 @@ impl MemcachedStore {
     {
         let turn = match key {
             Some(key) => {
-                let order = key.handle::<Order>(self.inner.owner);
-                Some(order.0.clone().lock_owned().await)
+                let state = key.handle::<HolderState>(self.inner.owner);
+                Some(state.order.clone().lock_owned().await)
             }
             None => None,
         };
@@ -318,8 +320,8 @@ impl MemcachedStore {
                 let here = lock(&self.inner.held)
                     .get(key.resource())
                     .is_some_and(|t| t.as_bytes() == holder.as_slice());
-                let waiting = key.handle::<Waiting>(self.inner.owner);
-                waiting.0.store(here, Ordering::Release);
+                let state = key.handle::<HolderState>(self.inner.owner);
+                state.here.store(here, Ordering::Release);
                 let conflict = Conflict::new();
                 Ok(Saved::Conflict(match left {
                     Some(s) if s > 0 => conflict.with_retry_after(Duration::from_secs(s)),
@@ -462,7 +464,7 @@ impl Store for MemcachedStore {
     /// Cancel-safe: it completes at its first poll; a dropped watcher unregisters.
     async fn watch(&self, key: &Key) -> Result<Option<Watcher>> {
         let mut rx = lock(&self.inner.wakers).subscribe(key.resource());
-        let here = key.handle::<Waiting>(self.inner.owner).0.clone();
+        let here = key.handle::<HolderState>(self.inner.owner).here.clone();
         Ok(Some(Watcher::with_coverage(
             async move {
                 if rx.changed().await.is_err() {

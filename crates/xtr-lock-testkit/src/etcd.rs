@@ -327,7 +327,7 @@ impl EtcdCluster {
 
     /// SIGSTOP member `i`: it keeps its sockets but answers nothing.
     pub fn pause(&self, i: usize) {
-        kill_process(self.pid(i), Signal::STOP).expect("SIGSTOP etcd");
+        crate::process::stop(self.pid(i)).expect("SIGSTOP etcd");
     }
 
     /// SIGCONT member `i` after [`pause`](EtcdCluster::pause).

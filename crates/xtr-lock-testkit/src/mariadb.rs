@@ -202,9 +202,10 @@ impl MariaDbServer {
         self.spawn();
     }
 
-    /// SIGSTOP: the server keeps its connections but answers nothing.
+    /// SIGSTOP: the server keeps its connections but answers nothing; returns once every
+    /// thread of it has stopped.
     pub fn pause(&self) {
-        kill_process(self.pid(), Signal::STOP).expect("SIGSTOP mariadbd");
+        crate::process::stop(self.pid()).expect("SIGSTOP mariadbd");
     }
 
     /// SIGCONT after [`pause`](MariaDbServer::pause).

@@ -149,31 +149,10 @@ impl MemcachedServer {
         self.spawn();
     }
 
-    /// SIGSTOP: the server keeps its connections but answers nothing. Returns once every
-    /// thread of the server has stopped (a worker thread already running could otherwise still
-    /// answer a request sent just after the signal).
+    /// SIGSTOP: the server keeps its connections but answers nothing; returns once every
+    /// thread of it has stopped.
     pub fn pause(&self) {
-        let pid = self.pid();
-        kill_process(pid, Signal::STOP).expect("SIGSTOP memcached");
-        let tasks = format!("/proc/{}/task", pid.as_raw_nonzero());
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let stopped = std::fs::read_dir(&tasks)
-                .map(|dir| {
-                    dir.filter_map(Result::ok).all(|t| {
-                        std::fs::read_to_string(t.path().join("stat")).is_ok_and(|stat| {
-                            stat.rsplit_once(") ")
-                                .is_some_and(|(_, rest)| rest.starts_with(['T', 't']))
-                        })
-                    })
-                })
-                .unwrap_or(false);
-            if stopped {
-                return;
-            }
-            assert!(Instant::now() < deadline, "memcached did not stop");
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        crate::process::stop(self.pid()).expect("SIGSTOP memcached");
     }
 
     /// SIGCONT after [`pause`](MemcachedServer::pause).

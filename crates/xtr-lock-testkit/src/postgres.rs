@@ -240,7 +240,7 @@ impl PostgresServer {
     /// SIGSTOP of the server and every backend: nothing answers, connections stay open.
     pub fn pause(&self) {
         for pid in self.processes() {
-            let _ = kill_process(pid, Signal::STOP);
+            let _ = crate::process::stop(pid);
         }
     }
 

@@ -4,7 +4,7 @@ use std::path::Path;
 use std::process::Child;
 use std::time::{Duration, Instant};
 
-use rustix::process::Pid;
+use rustix::process::{Pid, Signal, kill_process};
 
 /// The pid of `child`.
 pub(crate) fn pid_of(child: &Child) -> Pid {
@@ -34,5 +34,35 @@ pub(crate) fn wait_up(
             log()
         );
         std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// SIGSTOP to `pid`, returning once every thread of it has stopped: a thread already running
+/// could otherwise still answer a request sent just after the signal (seen with memcached's
+/// worker threads). `Err` when the signal could not be sent; a process that exits meanwhile
+/// counts as stopped.
+pub(crate) fn stop(pid: Pid) -> rustix::io::Result<()> {
+    kill_process(pid, Signal::STOP)?;
+    let tasks = format!("/proc/{}/task", pid.as_raw_nonzero());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let stopped = |stat: &str| {
+        stat.rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with(['T', 't']))
+    };
+    loop {
+        let Ok(dir) = std::fs::read_dir(&tasks) else {
+            return Ok(());
+        };
+        let all = dir
+            .filter_map(Result::ok)
+            .all(|t| std::fs::read_to_string(t.path().join("stat")).map_or(true, |s| stopped(&s)));
+        if all {
+            return Ok(());
+        }
+        assert!(
+            Instant::now() < deadline,
+            "pid {pid:?} did not stop within 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(1));
     }
 }

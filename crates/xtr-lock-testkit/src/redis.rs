@@ -187,9 +187,10 @@ impl RedisServer {
         self.spawn();
     }
 
-    /// SIGSTOP: the server keeps its connections but answers nothing.
+    /// SIGSTOP: the server keeps its connections but answers nothing; returns once every
+    /// thread of it has stopped.
     pub fn pause(&self) {
-        kill_process(self.pid(), Signal::STOP).expect("SIGSTOP redis-server");
+        crate::process::stop(self.pid()).expect("SIGSTOP redis-server");
     }
 
     /// SIGCONT after [`pause`](RedisServer::pause).

@@ -4,9 +4,7 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
-
-use common::{run_holding, wait_gone, xtr};
+use common::{run_holding, wait_exit, wait_gone, xtr};
 use xtr_lock_testkit::mariadb::MariaDbServer;
 use xtr_lock_testkit::postgres::PostgresServer;
 
@@ -44,17 +42,7 @@ fn run_status_and_a_terminated_backend_stops_the_command() {
         .unwrap()
         .to_owned();
     server.psql(&format!("SELECT pg_terminate_backend({backend})"));
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(status) = run.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "run did not notice the lost lock"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = wait_exit(&mut run, "run did not notice the lost lock");
     assert_eq!(status.code(), Some(3));
     wait_gone(pid, "the command of a lost lock");
 }
@@ -93,17 +81,7 @@ fn getlock_run_status_and_a_killed_connection_stops_the_command() {
         .unwrap()
         .to_owned();
     server.sql(&format!("KILL {id}"));
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(status) = run.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "run did not notice the lost lock"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = wait_exit(&mut run, "run did not notice the lost lock");
     assert_eq!(status.code(), Some(3));
     wait_gone(pid, "the command of a lost lock");
 }

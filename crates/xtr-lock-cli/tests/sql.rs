@@ -5,9 +5,8 @@ mod common;
 
 use std::path::Path;
 use std::process::Child;
-use std::time::{Duration, Instant};
 
-use common::{wait_gone, xtr};
+use common::{wait_exit, wait_gone, xtr};
 use xtr_lock_testkit::postgres::PostgresServer;
 
 fn run_holding(dsn: &str, resource: &str, tmp: &Path) -> (Child, i32) {
@@ -60,17 +59,7 @@ fn migrate_then_run_status_and_a_deleted_row_stops_the_command() {
 
     // Someone deletes the row: the next renewal finds the lock lost.
     server.psql("DELETE FROM lock_keys");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(status) = run.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "run did not notice the lost lock"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = wait_exit(&mut run, "run did not notice the lost lock");
     assert_eq!(status.code(), Some(3));
     wait_gone(pid, "the command of a lost lock");
 }

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{kill, run_holding, wait_gone, xtr};
+use common::{kill, run_holding, wait_exit, wait_gone, xtr};
 use rustix::process::Signal;
 use xtr_lock_testkit::memcached::MemcachedServer;
 
@@ -82,17 +82,7 @@ fn memcached_run_status_and_a_deleted_entry_stops_the_command() {
     );
     // An operator deletes the entry: the next renewal finds it gone.
     assert!(server.command("md job").unwrap().starts_with("HD"));
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(status) = run.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "run did not notice the lost lock"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = wait_exit(&mut run, "run did not notice the lost lock");
     assert_eq!(status.code(), Some(3));
     wait_gone(command, "the command of a lost lock");
 }

@@ -97,6 +97,18 @@ pub(crate) fn wait_gone(pid: i32, what: &str) {
     }
 }
 
+/// Waits (up to 20 s, failing with `what`) for `run` to exit; its exit status.
+pub(crate) fn wait_exit(run: &mut Child, what: &str) -> std::process::ExitStatus {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(status) = run.try_wait().unwrap() {
+            return status;
+        }
+        assert!(Instant::now() < deadline, "{what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Sends `sig` to `pid`.
 pub(crate) fn kill(pid: i32, sig: rustix::process::Signal) {
     let _ = rustix::process::kill_process(rustix::process::Pid::from_raw(pid).unwrap(), sig);

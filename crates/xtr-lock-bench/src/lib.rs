@@ -101,6 +101,17 @@ pub fn run_php(args: &[String]) -> serde_json::Value {
     )
 }
 
+/// Runs the php half `py/<script>` with `args` and reads the summary it prints (`{n, p50_us,
+/// p99_us}`).
+pub fn php_summary(script: &str, args: &[&str]) -> Summary {
+    let mut cmd = std::process::Command::new("php");
+    cmd.arg(peer_script(script)).args(args);
+    Summary::from_json(&run_json(
+        cmd,
+        "the PHP benchmark (php-cli, php-symfony-lock and the store's extension)",
+    ))
+}
+
 /// The path of a peer's half of a benchmark, `py/<name>`.
 pub fn peer_script(name: &str) -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 
 use sqlx::Connection as _;
 use xtr_lock::{LockFactory, Lockable as _, MySqlLockStore, PgAdvisoryStore};
-use xtr_lock_bench::{Summary, cell, handoffs_between, handoffs_to_peer, human, peer_script};
+use xtr_lock_bench::{
+    Summary, cell, handoffs_between, handoffs_to_peer, human, peer_script, php_summary,
+};
 use xtr_lock_testkit::mariadb::MariaDbServer;
 use xtr_lock_testkit::postgres::PostgresServer;
 
@@ -203,15 +205,5 @@ async fn symfony_handoffs(factory: &LockFactory, symfony: &str) -> Vec<Duration>
 }
 
 fn run_php(args: &[&str]) -> Summary {
-    let out = Command::new("php")
-        .arg(peer_script("symfony_advisory_bench.php"))
-        .args(args)
-        .output()
-        .expect("php-cli");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Summary::from_json(&serde_json::from_slice(&out.stdout).unwrap())
+    php_summary("symfony_advisory_bench.php", args)
 }

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use xtr_lock::{LockFactory, Lockable as _, MemcachedStore, SemaphoreStore};
 use xtr_lock_bench::{
-    Summary, cell, handoffs_between, handoffs_to_peer, monotonic_ns, park, peer_script,
+    Summary, cell, handoffs_between, handoffs_to_peer, monotonic_ns, park, peer_script, php_summary,
 };
 use xtr_lock_testkit::memcached::MemcachedServer;
 
@@ -215,15 +215,5 @@ async fn from_symfony(factory: &LockFactory, store: &str, resource: &str) -> Vec
 }
 
 fn run_php(args: &[&str]) -> Summary {
-    let out = Command::new("php")
-        .arg(peer_script("symfony_stores_bench.php"))
-        .args(args)
-        .output()
-        .expect("php-cli");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Summary::from_json(&serde_json::from_slice(&out.stdout).unwrap())
+    php_summary("symfony_stores_bench.php", args)
 }

@@ -28,6 +28,27 @@ fn unique(what: &str) -> String {
 /// The semaphore values of `resource`'s set (lock, usage, guard) as `ipcs` shows them, or
 /// `None` when there is no set.
 fn set_values(resource: &str) -> Option<Vec<i64>> {
+    set_column(resource, 1)
+}
+
+/// How many processes or threads are blocked waiting to take `resource`'s lock (the lock
+/// semaphore's `ncount`).
+fn blocked_on(resource: &str) -> i64 {
+    set_column(resource, 2).map_or(0, |c| c[0])
+}
+
+/// Waits (up to 10 s) until someone is blocked in the kernel on `resource`'s lock.
+async fn until_blocked(resource: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while blocked_on(resource) == 0 {
+        assert!(Instant::now() < deadline, "no waiter blocked on {resource}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Column `column` of `ipcs -s -i` (semnum value ncount zcount pid) for the set's three
+/// semaphores.
+fn set_column(resource: &str, column: usize) -> Option<Vec<i64>> {
     let key = format!("{:#010x}", semaphore_key(resource) as u32);
     let list = Command::new("ipcs")
         .arg("-s")
@@ -50,7 +71,7 @@ fn set_values(resource: &str) -> Option<Vec<i64>> {
         .lines()
         .skip_while(|l| !l.starts_with("semnum"))
         .skip(1)
-        .filter_map(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .filter_map(|l| l.split_whitespace().nth(column)?.parse().ok())
         .collect::<Vec<i64>>();
     (values.len() == 3).then_some(values)
 }
@@ -85,7 +106,7 @@ async fn a_php_holder_excludes_rust_and_its_release_wakes_a_rust_waiter() {
     assert_eq!(holders.len(), 1, "{holders:?}");
     let waiter = lock.clone();
     let waiting = tokio::spawn(async move { waiter.acquire().await });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    until_blocked(&resource).await;
     assert!(!waiting.is_finished());
     php.term();
     php.until("RELEASED").await;
@@ -113,7 +134,7 @@ async fn a_rust_holder_excludes_php_and_its_release_wakes_a_blocked_php_waiter()
     // Symfony's blocking acquire: sem_acquire in the kernel, re-opened after EIDRM.
     let mut waiter = Holder::start_on("semaphore", &resource, "write", 0.2, &["--ttl=0"]);
     waiter.until("WAITING").await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    until_blocked(&resource).await;
     assert!(waiter.seen.iter().all(|e| e.event != "ACQUIRED"));
     let released = Instant::now();
     assert_eq!(lock.release().await.unwrap(), Release::Released);
@@ -138,7 +159,7 @@ async fn a_killed_php_holder_frees_the_lock_at_once() {
     assert!(!lock.try_acquire().await.unwrap());
     let waiter = lock.clone();
     let waiting = tokio::spawn(async move { waiter.acquire().await });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    until_blocked(&resource).await;
     drop(php); // SIGKILL: the kernel undoes the holder's decrement (SEM_UNDO).
     tokio::time::timeout(Duration::from_secs(10), waiting)
         .await

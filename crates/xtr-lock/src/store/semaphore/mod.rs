@@ -166,8 +166,8 @@ impl SemaphoreStore {
         let current = sys::existing(sem_key)
             .map_err(|e| self.error(key.resource(), "semaphore lookup", e))?;
         let held = current == Some(id)
-            && match sys::state(id) {
-                Ok((value, _)) => value == 0,
+            && match sys::is_taken(id) {
+                Ok(taken) => taken,
                 Err(e) if sys::is_removed(&e) => false,
                 Err(e) => return Err(self.error(key.resource(), "semaphore state", e)),
             };
@@ -443,13 +443,14 @@ impl Store for SemaphoreStore {
         else {
             return Ok(Vec::new());
         };
-        match sys::state(id) {
-            Ok((0, pid)) => Ok(vec![HolderInfo::new(
+        let found = sys::is_taken(id).and_then(|taken| Ok(taken.then_some(sys::last_pid(id)?)));
+        match found {
+            Ok(Some(pid)) => Ok(vec![HolderInfo::new(
                 Mode::Write,
                 u32::try_from(pid).ok().filter(|p| *p > 0),
                 None,
             )]),
-            Ok(_) => Ok(Vec::new()),
+            Ok(None) => Ok(Vec::new()),
             Err(e) if sys::is_removed(&e) => Ok(Vec::new()),
             Err(e) => Err(self.error(resource, "semaphore state", e)),
         }

@@ -95,12 +95,7 @@ pub(super) fn open(
         }
     }
     let set_up = (|| {
-        // SAFETY: GETVAL takes no fourth argument; plain integers.
-        let users = unsafe { libc::semctl(id, USAGE.into(), libc::GETVAL) };
-        if users < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        if users == 1 {
+        if query(id, USAGE, libc::GETVAL)? == 1 {
             // SAFETY: SETVAL's fourth argument is `union semun`, whose `val` member is an int
             // passed by value; an int is passed the same way through the varargs.
             if unsafe { libc::semctl(id, LOCK.into(), libc::SETVAL, 1 as libc::c_int) } < 0 {
@@ -161,19 +156,24 @@ pub(super) fn existing(key: i32) -> io::Result<Option<i32>> {
     }
 }
 
-/// The lock semaphore's value (0: held) and the pid of the last process that changed it.
-pub(super) fn state(id: i32) -> io::Result<(i32, i32)> {
+/// `semctl(id, num, cmd)` for a query that takes no fourth argument (GETVAL, GETPID).
+fn query(id: i32, num: u16, cmd: libc::c_int) -> io::Result<i32> {
     // SAFETY: GETVAL and GETPID take no fourth argument; plain integers.
-    let value = unsafe { libc::semctl(id, LOCK.into(), libc::GETVAL) };
-    if value < 0 {
+    let answer = unsafe { libc::semctl(id, num.into(), cmd) };
+    if answer < 0 {
         return Err(io::Error::last_os_error());
     }
-    // SAFETY: as above.
-    let pid = unsafe { libc::semctl(id, LOCK.into(), libc::GETPID) };
-    if pid < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok((value, pid))
+    Ok(answer)
+}
+
+/// Whether the lock of set `id` is taken (its semaphore is 0).
+pub(super) fn is_taken(id: i32) -> io::Result<bool> {
+    Ok(query(id, LOCK, libc::GETVAL)? == 0)
+}
+
+/// The pid of the last process that changed the lock of set `id`: its holder while it is taken.
+pub(super) fn last_pid(id: i32) -> io::Result<i32> {
+    query(id, LOCK, libc::GETPID)
 }
 
 /// Whether `err` says the set is gone (removed meanwhile).

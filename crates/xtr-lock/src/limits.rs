@@ -8,3 +8,17 @@ use std::time::Duration;
 /// Redis score and its `PEXPIREAT`, a monotonic `Instant`). A lock that must outlive this is a
 /// lock without a ttl, on a store that holds one.
 pub const MAX_DURATION: Duration = Duration::from_secs(3650 * 24 * 3600);
+
+/// A DSN option's seconds (`2`, `0.5`): positive, finite and at most `max`, or `None`.
+#[cfg_attr(
+    not(any(feature = "redis", feature = "etcd", feature = "memcached")),
+    allow(dead_code)
+)]
+pub(crate) fn positive_seconds(value: &str, max: Duration) -> Option<Duration> {
+    match value.trim().parse::<f64>() {
+        Ok(s) if s.is_finite() && s > 0.0 && s <= max.as_secs_f64() => {
+            Some(Duration::from_secs_f64(s))
+        }
+        _ => None,
+    }
+}

@@ -79,13 +79,12 @@ fn invalid(scheme: &str, what: impl fmt::Display) -> Error {
 }
 
 fn seconds(scheme: &str, option: &str, value: &str) -> Result<Duration> {
-    match value.trim().parse::<f64>() {
-        Ok(s) if s.is_finite() && s > 0.0 && s <= MAX_SECS => Ok(Duration::from_secs_f64(s)),
-        _ => Err(invalid(
+    crate::limits::positive_seconds(value, Duration::from_secs_f64(MAX_SECS)).ok_or_else(|| {
+        invalid(
             scheme,
             format!("{option} must be a positive number of seconds, at most {MAX_SECS}"),
-        )),
-    }
+        )
+    })
 }
 
 /// `%XX` escapes decoded (user, password, prefix), refusing broken ones and non-UTF-8.

@@ -39,15 +39,12 @@ fn invalid(scheme: &str, what: impl std::fmt::Display) -> Error {
 }
 
 fn seconds(scheme: &str, option: &str, value: &str) -> Result<Duration> {
-    match value.trim().parse::<f64>() {
-        Ok(s) if s.is_finite() && s > 0.0 && s <= crate::limits::MAX_DURATION.as_secs_f64() => {
-            Ok(Duration::from_secs_f64(s))
-        }
-        _ => Err(invalid(
+    crate::limits::positive_seconds(value, crate::limits::MAX_DURATION).ok_or_else(|| {
+        invalid(
             scheme,
             format!("{option} must be a positive number of seconds"),
-        )),
-    }
+        )
+    })
 }
 
 /// Parses a DSN. Errors show the scheme only, never what follows it.

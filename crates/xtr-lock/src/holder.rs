@@ -1,11 +1,11 @@
-//! What the locks of one holder believe about it, and the per-holder turn.
+//! What the locks of one holder believe about it, and its executor.
 //!
 //! A [`Key`](crate::Key) is identity; this is the lock's bookkeeping, which every lock built on
 //! the key shares (they are one holder). The key carries it without knowing what is in it.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use tokio::sync::{Mutex, MutexGuard, Notify, watch};
+use tokio::sync::watch;
 
 use crate::error::LostReason;
 use crate::mode::Mode;
@@ -31,12 +31,8 @@ pub(crate) enum Hold {
 
 pub(crate) struct Holder {
     state: watch::Sender<Believed>,
-    /// Serializes the store operations of this holder (never held across a wait).
-    turn: Mutex<()>,
-    /// Counts cancelled acquisitions whose clean-up has not finished yet (an atomic and a
-    /// `Notify`, not a channel: every held lock carries one, and a channel costs ~350 bytes).
-    cleanups: AtomicU32,
-    cleanups_done: Notify,
+    /// Runs the store calls of this holder, one at a time, each to its end.
+    serial: crate::serial::Serial,
     /// When the holder's current (or last) wait began, in µs since the Unix epoch; 0 before
     /// its first. Stores that queue waiters order them by it.
     wait_began: AtomicU64,
@@ -50,9 +46,7 @@ impl Holder {
         });
         Holder {
             state,
-            turn: Mutex::new(()),
-            cleanups: AtomicU32::new(0),
-            cleanups_done: Notify::new(),
+            serial: crate::serial::Serial::default(),
             wait_began: AtomicU64::new(0),
         }
     }
@@ -191,42 +185,9 @@ impl Holder {
         });
     }
 
-    /// Takes this holder's turn for one store operation. Clean-ups of cancelled acquisitions
-    /// go first, so that a delete scheduled by a dropped future never removes what a later
-    /// acquisition stored.
-    pub(crate) async fn turn(&self) -> MutexGuard<'_, ()> {
-        loop {
-            let done = self.cleanups_done.notified();
-            let mut done = std::pin::pin!(done);
-            // Registered before the check, so an end between the two is not missed.
-            done.as_mut().enable();
-            if self.cleanups.load(Ordering::Acquire) == 0 {
-                break;
-            }
-            done.await;
-        }
-        self.turn.lock().await
-    }
-
-    /// Takes the turn for a clean-up, ignoring pending clean-ups (it is one of them).
-    pub(crate) async fn cleanup_turn(&self) -> MutexGuard<'_, ()> {
-        self.turn.lock().await
-    }
-
-    pub(crate) fn begin_cleanup(&self) {
-        self.cleanups.fetch_add(1, Ordering::AcqRel);
-    }
-
-    pub(crate) fn end_cleanup(&self) {
-        let before = self
-            .cleanups
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                Some(n.saturating_sub(1))
-            })
-            .unwrap_or(0);
-        if before <= 1 {
-            self.cleanups_done.notify_waiters();
-        }
+    /// The executor of this holder's store calls.
+    pub(crate) fn serial(&self) -> &crate::serial::Serial {
+        &self.serial
     }
 }
 

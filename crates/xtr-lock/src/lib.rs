@@ -86,7 +86,6 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod blocking;
-mod cleanup;
 mod clock;
 pub mod config;
 mod dsn;
@@ -103,6 +102,7 @@ mod lost;
 mod mode;
 mod redact;
 mod scope;
+mod serial;
 pub mod store;
 mod telemetry;
 

@@ -44,7 +44,9 @@ async fn dropped_in_flight_leaves_nothing(
             || store.op_names().contains(&"delete".into()),
         "{op}: the store had applied the save (or it was already taken back)"
     );
-    // The take-back is ordered before the holder's next operation.
+    // The save runs to its end (its reply arrives), and the take-back is ordered before the
+    // holder's next operation.
+    store.release_replies();
     assert!(
         !lock.is_acquired().await.unwrap(),
         "{op}: the holder holds nothing"
@@ -59,7 +61,6 @@ async fn dropped_in_flight_leaves_nothing(
         "{op}: {:?}",
         store.ops()
     );
-    store.release_replies();
     let other = factory.create_lock("r");
     assert!(
         other.try_acquire().await.unwrap(),

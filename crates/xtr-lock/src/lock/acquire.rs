@@ -1,17 +1,18 @@
-//! Acquiring: one attempt under the holder's turn, the retry loop for stores without a native
-//! wait, the native wait, and the guard that takes back what a dropped acquire stored.
+//! Acquiring: the retry loop for stores without a native wait (each attempt a call on the
+//! holder's executor, see `calls.rs`), and the native wait.
 
 use std::time::Duration;
 
 use rand::Rng as _;
 
 use super::Lock;
-use crate::cleanup::schedule_cleanup;
-use crate::error::{Error, ErrorKind, LostReason, Result};
+use super::calls::{Reconcile, Recorded};
+use crate::error::{Error, ErrorKind, Result};
 use crate::key::Mode;
 use crate::lockable::Wait;
 use crate::logging::TARGET;
-use crate::store::{Capabilities, Conflict, Saved, Watcher, check_expiry};
+use crate::serial::Start;
+use crate::store::{Capabilities, Watcher};
 
 impl Lock {
     pub(super) async fn acquire_mode(&self, asked: Mode, wait: Wait) -> Result<bool> {
@@ -89,7 +90,6 @@ impl Lock {
         caps: Capabilities,
         ride_out: Option<&std::sync::Mutex<Option<Error>>>,
     ) -> Result<bool> {
-        let mut guard = CancelGuard::new(self);
         let native = blocking
             && match mode {
                 Mode::Write => caps.blocking,
@@ -97,65 +97,47 @@ impl Lock {
             };
         let outcome = if native {
             // A key that can have travelled from another process may hold what this process
-            // does not know of: one plain attempt first tells it, before a wait whose drop must
-            // not take back a read lock it held.
+            // does not know of: one plain attempt first tells it, before a wait.
             if caps.serializable_keys && self.holder().mode().is_none() {
-                match self.attempt(mode, &mut guard).await {
+                match self.attempt(mode).await {
                     Ok(None) => Ok(true),
                     Ok(Some(_)) => {
                         crate::telemetry::contended(self.store.as_ref());
                         crate::telemetry::waited(self.store.as_ref());
-                        self.native_wait(mode, &mut guard).await
+                        self.native_wait(mode).await
                     }
                     Err(err) => Err(err),
                 }
             } else {
-                self.native_wait(mode, &mut guard).await
+                self.native_wait(mode).await
             }
         } else {
-            self.retry_loop(mode, blocking, caps, &mut guard, ride_out)
-                .await
+            self.retry_loop(mode, blocking, caps, ride_out).await
         };
         match outcome {
             Ok(true) => {
-                // The guard stays armed through the lifetime check: a drop there still takes
-                // the new lock back.
-                let settled = self.confirm_lifetime(mode).await;
-                guard.disarm();
-                if settled.is_err() {
-                    self.forget_expired(&guard);
-                }
-                settled.map(|()| true)
+                self.acquired_log(mode);
+                Ok(true)
             }
             Ok(false) => {
-                guard.disarm();
                 tracing::info!(target: TARGET, resource = self.resource(), store = %self.store,
                     "failed to acquire the lock, someone else holds it");
                 Ok(false)
             }
-            Err(err) if err.is_expired() => {
-                // The store already took it back.
-                guard.disarm();
-                self.forget_expired(&guard);
-                Err(err)
-            }
+            // The store already took it back.
+            Err(err) if err.is_expired() => Err(err),
             Err(err) if err.is_conflict() => {
                 // A native wait that cannot go on: nothing was stored, and the holder's state
                 // says what it still holds.
-                guard.disarm();
                 tracing::info!(target: TARGET, resource = self.resource(), store = %self.store,
                     "failed to acquire the lock, someone else holds it");
                 Err(err)
             }
-            Err(err) if err.kind() == ErrorKind::InvalidArgument => {
-                // Bad input (a resource name the store cannot hold): said as it is, nothing
-                // stored.
-                guard.disarm();
-                Err(err)
-            }
+            // Bad input (a resource name the store cannot hold): said as it is, nothing stored.
+            Err(err) if err.kind() == ErrorKind::InvalidArgument => Err(err),
             Err(err) => {
-                // The guard stays armed: whatever the failed save may have stored is taken back
-                // before this holder's next store operation.
+                // Whatever the failed save may have stored is taken back by its call, after it
+                // lands and before this holder's next store call.
                 tracing::warn!(target: TARGET, resource = self.resource(), store = %self.store, error = %err,
                     "failed to acquire the lock");
                 Err(Error::wrap(
@@ -168,70 +150,11 @@ impl Lock {
         }
     }
 
-    /// After an expiry: a fresh acquisition holds nothing; a holder that held before lost it.
-    fn forget_expired(&self, guard: &CancelGuard<'_>) {
-        if guard.fresh {
-            self.holder().released();
-        } else {
-            self.holder().found_not_held(LostReason::Expired);
-        }
-    }
-
-    /// One save attempt, under the holder's turn: `None` when granted, else the refusal.
-    async fn attempt(&self, mode: Mode, guard: &mut CancelGuard<'_>) -> Result<Option<Conflict>> {
-        let _turn = self.holder().turn().await;
-        guard.at_attempt();
-        // A waiter's lifetime starts with the attempt that wins, never earlier.
-        let before = self.key.deadline();
-        self.key.reset_lifetime();
-        let saved = match mode {
-            Mode::Write => self.store.save(&self.key, self.ttl).await,
-            Mode::Read => self.store.save_read(&self.key, self.ttl).await,
-        };
-        if !matches!(saved, Ok(Saved::Acquired(_))) && !saved.as_ref().is_err_and(Error::is_expired)
-        {
-            // Not granted: a holder that held keeps the lease the store knows.
-            self.key.restore_deadline(before);
-        }
-        self.take_outcome(mode, saved?, guard)
-    }
-
-    /// Records what a store's answer means for the holder.
-    fn take_outcome(
-        &self,
-        mode: Mode,
-        saved: Saved,
-        guard: &mut CancelGuard<'_>,
-    ) -> Result<Option<Conflict>> {
-        match saved {
-            Saved::Acquired(acquired) => {
-                self.holder().acquired(mode, acquired.fencing_token);
-                guard.at_acquisition();
-                Ok(None)
-            }
-            Saved::Conflict(conflict) => {
-                match (self.holder().mode(), conflict.kept) {
-                    // A refused promotion keeps the read lock; a key that travelled learns that
-                    // it reads.
-                    (_, Some(kept)) => self.holder().found_held(kept),
-                    (Some(was), None) => {
-                        tracing::warn!(target: TARGET, resource = self.resource(), store = %self.store, was = ?was,
-                            "the lock was lost while trying to take it again or change its mode");
-                        self.holder().found_not_held(LostReason::TakenOver);
-                    }
-                    (None, None) => {}
-                }
-                Ok(Some(conflict))
-            }
-        }
-    }
-
     async fn retry_loop(
         &self,
         mode: Mode,
         blocking: bool,
         caps: Capabilities,
-        guard: &mut CancelGuard<'_>,
         ride_out: Option<&std::sync::Mutex<Option<Error>>>,
     ) -> Result<bool> {
         let mut pause = Duration::from_millis(50);
@@ -247,7 +170,7 @@ impl Lock {
             if waiting && caps.notifies {
                 watcher = self.store.watch(&self.key).await?;
             }
-            let conflict = match (self.attempt(mode, guard).await, ride_out) {
+            let conflict = match (self.attempt(mode).await, ride_out) {
                 (Ok(None), _) => return Ok(true),
                 (Ok(Some(conflict)), _) => conflict,
                 (Err(err), Some(slot)) if err.is_temporary() && !err.is_expired() => {
@@ -311,29 +234,41 @@ impl Lock {
     /// The store's own wait. It only returns a refusal when it cannot go on (the holder lost
     /// the read lock it was promoting): a wait that does not give up by itself reports that as
     /// a conflict error, never as "not acquired".
-    async fn native_wait(&self, mode: Mode, guard: &mut CancelGuard<'_>) -> Result<bool> {
-        // Native waits are not run under the holder's turn: a pending wait must never block a
-        // release or refresh of the same holder. Background clean-ups of this holder still go
-        // first (taking the turn waits for them): one reaching the store after the wait's save
-        // would take the new lock back.
-        drop(self.holder().turn().await);
-        guard.at_attempt();
-        self.key.reset_lifetime();
-        let saved = match mode {
-            Mode::Write => self.store.wait_and_save(&self.key, self.ttl).await,
-            Mode::Read => self.store.wait_and_save_read(&self.key, self.ttl).await,
-        }?;
-        match self.take_outcome(mode, saved, guard)? {
-            None => Ok(true),
-            Some(_) => Err(Error::conflict(self.resource())
-                .with_reason("the wait could not go on: the lock held before was lost")
-                .with_store(&self.store)),
+    ///
+    /// Native waits do not run on the holder's executor: a pending wait never blocks a release,
+    /// check or refresh of the same holder. Its answer is taken in by a call (`record_wait`);
+    /// dropped, it leaves a reconcile behind, which takes back a grant nobody received.
+    async fn native_wait(&self, mode: Mode) -> Result<bool> {
+        loop {
+            // The holder's calls made before go first (a clean-up reaching the store after
+            // the wait's grant would take it back): one empty call waits for them.
+            self.call(Start::IfAwaited, |_, _| async {}).await;
+            let began = self.holder().serial().started();
+            self.key.reset_lifetime();
+            let reconcile = Reconcile::armed(self);
+            let saved = match mode {
+                Mode::Write => self.store.wait_and_save(&self.key, self.ttl).await,
+                Mode::Read => self.store.wait_and_save_read(&self.key, self.ttl).await,
+            };
+            reconcile.disarm();
+            let recorded = self
+                .call(Start::Always, move |lock, call| async move {
+                    lock.record_wait(mode, saved, began, &call).await
+                })
+                .await?;
+            match recorded {
+                Recorded::Granted => return Ok(true),
+                Recorded::Again => continue,
+                Recorded::Refused => {
+                    return Err(Error::conflict(self.resource())
+                        .with_reason("the wait could not go on: the lock held before was lost")
+                        .with_store(&self.store));
+                }
+            }
         }
     }
 
-    /// After a successful save: the lifetime check of the Lock (the store made its own).
-    async fn confirm_lifetime(&self, mode: Mode) -> Result<()> {
-        check_expiry(self.store.as_ref(), &self.key).await?;
+    fn acquired_log(&self, mode: Mode) {
         match mode {
             Mode::Write => {
                 tracing::debug!(target: TARGET, resource = self.resource(), store = %self.store,
@@ -343,62 +278,6 @@ impl Lock {
                 tracing::debug!(target: TARGET, resource = self.resource(), store = %self.store,
                 "acquired the lock for reading")
             }
-        }
-        Ok(())
-    }
-}
-
-/// Takes back what a dropped acquire may have stored.
-///
-/// Armed per attempt, under the holder's turn: only an attempt made while the holder held
-/// nothing can store something that is not the holder's already. An attempt made while it held
-/// (a re-acquire, a promotion, or a sibling task of the same holder that got the lock first)
-/// must never be undone by a delete.
-struct CancelGuard<'a> {
-    lock: &'a Lock,
-    /// Whether the attempt in flight (or the last one) began while the holder held nothing.
-    fresh: bool,
-    armed: bool,
-    /// The holder's generation the clean-up may remove.
-    generation: u64,
-}
-
-impl<'a> CancelGuard<'a> {
-    fn new(lock: &'a Lock) -> Self {
-        CancelGuard {
-            lock,
-            fresh: false,
-            armed: false,
-            generation: lock.holder().generation(),
-        }
-    }
-
-    /// Called right before each store attempt (under the turn, for attempts that take it).
-    fn at_attempt(&mut self) {
-        self.fresh = self.lock.holder().mode().is_none();
-        self.armed = self.fresh;
-        self.generation = self.lock.holder().generation();
-    }
-
-    /// Called when an attempt was granted: a drop from here on removes the new acquisition.
-    fn at_acquisition(&mut self) {
-        self.generation = self.lock.holder().generation();
-    }
-
-    fn disarm(&mut self) {
-        self.armed = false;
-    }
-}
-
-impl Drop for CancelGuard<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            schedule_cleanup(
-                self.lock.key.clone(),
-                self.lock.store.clone(),
-                self.generation,
-                "cancelled or failed acquire",
-            );
         }
     }
 }

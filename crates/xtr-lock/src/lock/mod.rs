@@ -1,5 +1,5 @@
-//! [`Lock`]: what users hold. Its API is [`Lockable`]; acquiring is in `acquire.rs`, renewal
-//! and loss watching in `monitor.rs`.
+//! [`Lock`]: what users hold. Its API is [`Lockable`]; its store calls are in `calls.rs`,
+//! acquiring in `acquire.rs`, renewal and loss watching in `monitor.rs`.
 
 use std::fmt;
 use std::sync::Arc;
@@ -7,16 +7,17 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::cleanup::schedule_cleanup;
 use crate::error::{Error, ErrorKind, LostReason, Result, ShownResource};
 use crate::holder::{Hold, Holder};
 use crate::key::{Key, Mode};
 use crate::lockable::{Lockable, Release, Wait};
 use crate::logging::TARGET;
 use crate::lost::KeepAlive;
+use crate::serial::Start;
 use crate::store::{Holding, Store, check_expiry};
 
 mod acquire;
+mod calls;
 mod monitor;
 
 /// An exclusive or shared lock on one resource, held by one [`Key`] in one [`Store`].
@@ -104,10 +105,21 @@ impl Lock {
         if ttl.is_zero() || ttl > crate::limits::MAX_DURATION {
             return Err(Error::invalid_ttl(ttl).with_resource(self.resource()));
         }
+        let (result, believed) = self
+            .call(Start::IfAwaited, move |lock, _| async move {
+                let believed = lock.holder().believed().hold != Hold::Free;
+                let result = lock.put_off(ttl).await;
+                (result, believed)
+            })
+            .await;
+        self.refreshed(ttl, result, believed)
+    }
+
+    /// The store call of a refresh, inside its call: what it answered is recorded before the
+    /// holder's next call (a release right after must not be overwritten by this answer).
+    async fn put_off(&self, ttl: Duration) -> Result<Holding> {
         let holder = self.holder();
-        let (result, believed) = {
-            let _turn = holder.turn().await;
-            let believed = holder.believed().hold != Hold::Free;
+        let result = {
             let before = self.key.deadline();
             self.key.reset_lifetime();
             let result = self.store.put_off_expiration(&self.key, ttl).await;
@@ -117,8 +129,6 @@ impl Lock {
                 // Not confirmed: the lease the store knows is still the old one.
                 self.key.restore_deadline(before);
             }
-            // Recorded under the turn: a release right after must not be overwritten by this
-            // answer.
             match &result {
                 Ok(Holding::Held(mode)) => holder.found_held(*mode),
                 Ok(Holding::NotHeld(reason)) if self.excludes() => {
@@ -129,14 +139,20 @@ impl Lock {
                 }
                 _ => {}
             }
-            (result, believed)
+            result
         };
+        if matches!(result, Ok(Holding::Held(_)))
+            && let Err(err) = check_expiry(self.store.as_ref(), &self.key).await
+        {
+            holder.found_not_held(LostReason::Expired);
+            return Err(err);
+        }
+        result
+    }
+
+    fn refreshed(&self, ttl: Duration, result: Result<Holding>, believed: bool) -> Result<()> {
         match result {
             Ok(Holding::Held(_)) => {
-                if let Err(err) = check_expiry(self.store.as_ref(), &self.key).await {
-                    holder.found_not_held(LostReason::Expired);
-                    return Err(err);
-                }
                 tracing::debug!(target: TARGET, resource = self.resource(), store = %self.store, ttl = ?ttl,
                     "expiration defined for the lock");
                 Ok(())
@@ -170,16 +186,17 @@ impl Lock {
     }
 
     async fn release_lock(&self) -> Result<Release> {
-        let holder = self.holder();
-        let (deleted, believed) = {
-            let _turn = holder.turn().await;
-            let believed = holder.believed().hold;
-            let deleted = self.store.delete(&self.key).await;
-            if deleted.is_ok() {
-                holder.released();
-            }
-            (deleted, believed)
-        };
+        // Once asked for, a release happens, even if its caller stops waiting.
+        let (deleted, believed) = self
+            .call(Start::Always, |lock, _| async move {
+                let believed = lock.holder().believed().hold;
+                let deleted = lock.store.delete(&lock.key).await;
+                if deleted.is_ok() {
+                    lock.holder().released();
+                }
+                (deleted, believed)
+            })
+            .await;
         match deleted {
             Ok(removed) => {
                 tracing::debug!(target: TARGET, resource = self.resource(), store = %self.store, "released the lock");
@@ -208,8 +225,15 @@ impl Lock {
     }
 
     async fn ask_store(&self) -> Result<bool> {
-        let _turn = self.holder().turn().await;
-        // Recorded under the turn, like every answer about this holder.
+        self.call(
+            Start::IfAwaited,
+            |lock, _| async move { lock.ask_now().await },
+        )
+        .await
+    }
+
+    /// The check, inside its call: recorded before the holder's next call.
+    async fn ask_now(&self) -> Result<bool> {
         match self.store.exists(&self.key).await? {
             Holding::Held(mode) => {
                 self.holder().found_held(mode);
@@ -280,12 +304,7 @@ impl Lockable for Lock {
     }
 
     fn release_in_background(&self) {
-        schedule_cleanup(
-            self.key.clone(),
-            self.store.clone(),
-            self.holder().generation(),
-            "dropped guard",
-        );
+        self.release_later();
     }
 }
 

@@ -11,6 +11,7 @@ use crate::holder::Hold;
 use crate::lockable::Lockable as _;
 use crate::logging::TARGET;
 use crate::lost::{KeepAlive, LockLost};
+use crate::serial::Start;
 use crate::store::LossWatcher;
 
 /// How often a lock on a store that neither expires nor observes loss is checked.
@@ -77,12 +78,9 @@ async fn watch_over(lock: Lock, generation: u64, lost: watch::Sender<Option<Lock
         tokio::select! {
             reason = async { loss.as_mut().expect("guarded").await }, if loss.is_some() => {
                 loss = None;
-                // Confirmed under the turn, so the holder's own release still in flight is not
+                // Confirmed by a call, so the holder's own release still in flight is not
                 // taken for a loss.
-                let confirmed = {
-                    let _turn = lock.holder().turn().await;
-                    lock.holder().lose(generation, reason)
-                };
+                let confirmed = lose(&lock, generation, reason).await;
                 if confirmed {
                     tracing::warn!(target: TARGET, resource = lock.resource(), store = %lock.store, reason = %reason,
                         "the lock was lost");
@@ -118,6 +116,15 @@ async fn watch_over(lock: Lock, generation: u64, lost: watch::Sender<Option<Lock
     }
 }
 
+/// Records the loss of generation `generation` in a call of the holder (after its calls in
+/// flight); whether it was news.
+async fn lose(lock: &Lock, generation: u64, reason: LostReason) -> bool {
+    lock.call(Start::IfAwaited, move |lock, _| async move {
+        lock.holder().lose(generation, reason)
+    })
+    .await
+}
+
 /// Does the monitor's timed duty; the next timer, if any. A refresh error that ends the lease
 /// goes to `cause`.
 async fn on_timer(
@@ -126,7 +133,6 @@ async fn on_timer(
     generation: u64,
     cause: &mut Option<Error>,
 ) -> Option<Duration> {
-    let holder = lock.holder();
     match duty {
         Duty::Renew { period } => match lock.refresh(None).await {
             // A loss (or a release meanwhile) is in the holder's state now.
@@ -142,8 +148,7 @@ async fn on_timer(
                 _ => {
                     tracing::warn!(target: TARGET, resource = lock.resource(), store = %lock.store, error = %err,
                         "could not refresh the lock before its lifetime ran out");
-                    let _turn = holder.turn().await;
-                    if holder.lose(generation, LostReason::Unreachable) {
+                    if lose(lock, generation, LostReason::Unreachable).await {
                         *cause = Some(err);
                     }
                     None
@@ -153,8 +158,7 @@ async fn on_timer(
         Duty::Expire => match lock.key.remaining_lifetime() {
             Some(left) if !left.is_zero() => Some(left),
             _ => {
-                let _turn = holder.turn().await;
-                holder.lose(generation, LostReason::Expired);
+                lose(lock, generation, LostReason::Expired).await;
                 None
             }
         },

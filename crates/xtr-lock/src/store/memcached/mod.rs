@@ -108,12 +108,9 @@ struct Inner {
     owner: HandleOwner,
 }
 
-/// What the store keeps on a holder's key (one handle type per owner: a key keeps one handle
-/// per owner, so two types would replace each other).
+/// What the store keeps on a holder's key.
 #[derive(Default)]
 struct HolderState {
-    /// The holder's turn: its operations run one after another, each to its end.
-    order: Arc<tokio::sync::Mutex<()>>,
     /// Whether its last refusal came from a holder of this store (whose release wakes it).
     here: Arc<AtomicBool>,
 }
@@ -205,67 +202,52 @@ impl MemcachedStore {
         if temporary { e.temporary() } else { e }
     }
 
-    /// Runs `f` on a pooled connection within the response timeout, in a task of its own
-    /// that finishes even if the caller is dropped, after the holder's previous operation
-    /// (`key`, when there is a holder): so a dropped acquire's request has landed, or failed,
-    /// before the clean-up delete reads the entry. Without that order the delete could reach
-    /// the server first, on another connection, and find nothing to remove.
+    /// Runs `f` on a pooled connection within the response timeout.
+    ///
+    /// A request given up on at the timeout is not dropped: it finishes after the lock's store
+    /// call, before the holder's next one (`crate::serial::within`), so a dropped or timed-out
+    /// acquire's request has landed, or failed, before the clean-up delete reads the entry.
+    /// Without that order the delete could reach the server first, on another connection, and
+    /// find nothing to remove.
     ///
     /// The connection goes back to the pool only when `f` completed without error. A pooled
     /// connection found closed (the server restarted since) is dropped with the rest of the
     /// pool and `f` runs again on a new one: every operation here is safe to repeat (each reads
     /// before it writes, and an add that landed is re-taken by its own token).
-    async fn run<T, F, Fut>(&self, key: Option<&Key>, resource: &str, f: F) -> Result<T>
+    async fn run<T, F, Fut>(&self, resource: &str, f: F) -> Result<T>
     where
         T: Send + 'static,
         F: Fn(Conn) -> Fut + Send + 'static,
         Fut: Future<Output = (Conn, io::Result<T>)> + Send,
     {
-        let turn = match key {
-            Some(key) => {
-                let state = key.handle::<HolderState>(self.inner.owner);
-                Some(state.order.clone().lock_owned().await)
-            }
-            None => None,
-        };
         let inner = self.inner.clone();
-        let task = tokio::spawn(async move {
-            let _turn = turn;
+        let limit = inner.pool.timeout();
+        let work = async move {
             let pool = &inner.pool;
             let (conn, reused) = pool.get(false).await?;
-            let timed_out = || {
-                io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    format!("no answer within {:?}", pool.timeout()),
-                )
-            };
-            let first = tokio::time::timeout(pool.timeout(), f(conn)).await;
-            let done = match first {
-                Ok((_, Err(e))) if reused && conn::is_closed(&e) => {
+            let done = match f(conn).await {
+                (_, Err(e)) if reused && conn::is_closed(&e) => {
                     pool.close();
                     let (conn, _) = pool.get(true).await?;
-                    tokio::time::timeout(pool.timeout(), f(conn)).await
+                    f(conn).await
                 }
                 other => other,
             };
             match done {
-                Ok((conn, Ok(v))) => {
+                (conn, Ok(v)) => {
                     pool.put(conn);
                     Ok(v)
                 }
-                Ok((_, Err(e))) => Err(e),
-                Err(_) => Err(timed_out()),
+                (_, Err(e)) => Err(e),
             }
+        };
+        let done = crate::serial::within(limit, work).await.unwrap_or_else(|| {
+            Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("no answer within {limit:?}"),
+            ))
         });
-        match task.await {
-            Ok(done) => done.map_err(|e| self.io_error(resource, e)),
-            Err(join) => Err(
-                Error::storage("a Memcached request's task ended abnormally")
-                    .with_resource(resource)
-                    .with_store(self)
-                    .with_source(join),
-            ),
-        }
+        done.map_err(|e| self.io_error(resource, e))
     }
 
     /// Forgets `token` as the holder of `resource` (released or lost) and wakes this store's
@@ -300,7 +282,7 @@ impl MemcachedStore {
         }
         let token = key.token(KIND);
         let attempt = self
-            .run(Some(key), key.resource(), move |mut c| {
+            .run(key.resource(), move |mut c| {
                 let (name, token) = (name.clone(), token.clone());
                 async move {
                     let r = acquire_on(&mut c, &name, token.as_bytes(), secs).await;
@@ -317,9 +299,16 @@ impl MemcachedStore {
             Attempt::Refused(holder, left) => {
                 // A holder of this store announces its release to our waiters; anyone else's
                 // release is found by polling.
-                let here = lock(&self.inner.held)
-                    .get(key.resource())
-                    .is_some_and(|t| t.as_bytes() == holder.as_slice());
+                let here = {
+                    let mut held = lock(&self.inner.held);
+                    let mine = key.token(KIND);
+                    // Refused: whatever this holder held here is gone.
+                    if held.get(key.resource()).is_some_and(|t| *t == mine) {
+                        held.remove(key.resource());
+                    }
+                    held.get(key.resource())
+                        .is_some_and(|t| t.as_bytes() == holder.as_slice())
+                };
                 let state = key.handle::<HolderState>(self.inner.owner);
                 state.here.store(here, Ordering::Release);
                 let conflict = Conflict::new();
@@ -405,7 +394,7 @@ impl Store for MemcachedStore {
         key.reduce_lifetime(Duration::from_secs(secs.saturating_sub(1)));
         let token = key.token(KIND);
         let found = self
-            .run(Some(key), key.resource(), move |mut c| {
+            .run(key.resource(), move |mut c| {
                 let (name, token) = (name.clone(), token.clone());
                 async move {
                     let r = put_off_on(&mut c, &name, token.as_bytes(), secs).await;
@@ -442,7 +431,7 @@ impl Store for MemcachedStore {
         let (name, token) = (key.resource().to_owned(), key.token(KIND));
         let deleted = {
             let (name, token) = (name.clone(), token.clone());
-            self.run(Some(key), key.resource(), move |mut c| {
+            self.run(key.resource(), move |mut c| {
                 let (name, token) = (name.clone(), token.clone());
                 async move {
                     let r = delete_on(&mut c, &name, token.as_bytes()).await;
@@ -486,7 +475,7 @@ impl Store for MemcachedStore {
         }
         let (name, token) = (key.resource().to_owned(), key.token(KIND));
         let entry = self
-            .run(Some(key), key.resource(), move |mut c| {
+            .run(key.resource(), move |mut c| {
                 let name = name.clone();
                 async move {
                     let r = c.get(&name).await;
@@ -509,7 +498,7 @@ impl Store for MemcachedStore {
     async fn holders(&self, resource: &str) -> Result<Vec<HolderInfo>> {
         let name = self.name(resource)?;
         let entry = self
-            .run(None, resource, move |mut c| {
+            .run(resource, move |mut c| {
                 let name = name.clone();
                 async move {
                     let r = c.get(&name).await;

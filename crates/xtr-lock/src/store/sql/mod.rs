@@ -142,14 +142,9 @@ impl Drop for Inner {
     }
 }
 
-/// What the store keeps on a holder's key: the order of its statements, and what its last
-/// refusal found.
+/// What the store keeps on a holder's key: what its last refusal found.
 #[derive(Default)]
 struct HolderState {
-    /// Each statement of the holder runs in a task of its own holding this: a statement dropped
-    /// by its caller still finishes (or fails) before the holder's next one starts, so a
-    /// clean-up delete never runs before the save it cleans up after.
-    order: Arc<tokio::sync::Mutex<()>>,
     /// The holder met at the last refusal announces its release to this store's waiters.
     announced: Arc<AtomicBool>,
     /// ... through PostgreSQL's notifications (so only while the listener is up).

@@ -1,5 +1,4 @@
-//! The store's operations: each statement of a holder in order, in a task of its own, bounded
-//! by the statement timeout; errors named after what failed.
+//! The store's operations, bounded by the statement timeout; errors named after what failed.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -20,64 +19,46 @@ use super::queries::Pool;
 type Db<T> = std::result::Result<T, sqlx::Error>;
 
 impl SqlStore {
-    /// Runs `op` on the pool, after the holder's earlier statements (when `key` is given) and
-    /// the table check, in a task that finishes even if this future is dropped.
+    /// Runs `op` on the pool, after the table check, within the statement timeout.
+    ///
+    /// A statement given up on at the timeout is not dropped: it finishes after the lock's
+    /// store call, before the holder's next one (`crate::serial::within`), so a clean-up delete
+    /// never runs before the save it cleans up after.
     ///
     /// Pooled connections are not pinged before use (that would double every round trip): a
     /// connection found broken (the server restarted, a proxy dropped it) fails its statement
     /// with an I/O error, and the operation runs once more on a fresh connection. Every
     /// operation may run twice: a re-save of our own row, a refresh, a delete and a read are
     /// idempotent, and a second fencing draw only makes the token larger.
-    async fn run<T, F>(&self, key: Option<&Key>, resource: &str, op: F) -> Result<T>
+    async fn run<T, F>(&self, resource: &str, op: F) -> Result<T>
     where
         T: Send + 'static,
         F: Fn(Pool, Arc<Inner>) -> BoxFuture<'static, Db<T>> + Send + Sync + 'static,
     {
         let pool = self.pool().await.map_err(|e| e.with_resource(resource))?;
-        // Waiting for the turn is cancel-safe: nothing was started yet.
-        let turn = match key {
-            Some(k) => Some(
-                k.handle::<HolderState>(self.inner.owner)
-                    .order
-                    .clone()
-                    .lock_owned()
-                    .await,
-            ),
-            None => None,
-        };
         let inner = self.inner.clone();
-        let task = tokio::spawn(async move {
-            let _turn = turn;
-            let limit = inner.statement_timeout;
-            let work = async {
-                inner
-                    .schema
-                    .get_or_try_init(|| async {
-                        schema::ensure(&inner, &pool, inner.create_table)
-                            .await
-                            .map(|_| ())
-                    })
-                    .await?;
-                match op(pool.clone(), inner.clone()).await {
-                    Err(e) if broken(&e) => op(pool, inner.clone()).await,
-                    done => done,
-                }
-                .map_err(|e| map_error(e, &inner))
-            };
-            match tokio::time::timeout(limit, work).await {
-                Ok(done) => done,
-                Err(_) => Err(Error::storage(format!(
-                    "the database did not answer within {limit:?} (the statement timeout)"
-                ))
-                .temporary()),
+        let limit = inner.statement_timeout;
+        let work = async move {
+            inner
+                .schema
+                .get_or_try_init(|| async {
+                    schema::ensure(&inner, &pool, inner.create_table)
+                        .await
+                        .map(|_| ())
+                })
+                .await?;
+            match op(pool.clone(), inner.clone()).await {
+                Err(e) if broken(&e) => op(pool, inner.clone()).await,
+                done => done,
             }
-        });
-        let done = match task.await {
-            Ok(done) => done,
-            Err(join) => {
-                Err(Error::storage("a statement's task ended abnormally").with_source(join))
-            }
+            .map_err(|e| map_error(e, &inner))
         };
+        let done = crate::serial::within(limit, work).await.unwrap_or_else(|| {
+            Err(Error::storage(format!(
+                "the database did not answer within {limit:?} (the statement timeout)"
+            ))
+            .temporary())
+        });
         done.map_err(|e| e.with_resource(resource).with_store(self))
     }
 
@@ -92,7 +73,7 @@ impl SqlStore {
         let (id, token) = (key_id(key.resource()), key.token(KIND));
         let saved = {
             let (id, token) = (id.clone(), token.clone());
-            self.run(Some(key), key.resource(), move |pool, inner| {
+            self.run(key.resource(), move |pool, inner| {
                 let (id, token) = (id.clone(), token.clone());
                 Box::pin(async move { queries::save(&pool, &inner.sql, &id, &token, secs).await })
             })
@@ -106,6 +87,8 @@ impl SqlStore {
                 Ok(acquired(fence))
             }
             queries::Saved::Conflict { holder } => {
+                // Refused: whatever this holder held here is gone.
+                self.forget(&id, &token);
                 let state = key.handle::<HolderState>(self.inner.owner);
                 let here = holder
                     .as_ref()
@@ -133,7 +116,7 @@ impl SqlStore {
         let (id, token) = (key_id(key.resource()), key.token(KIND));
         let extended = {
             let (id, token) = (id.clone(), token.clone());
-            self.run(Some(key), key.resource(), move |pool, inner| {
+            self.run(key.resource(), move |pool, inner| {
                 let (id, token) = (id.clone(), token.clone());
                 Box::pin(
                     async move { queries::refresh(&pool, &inner.sql, &id, &token, secs).await },
@@ -145,12 +128,16 @@ impl SqlStore {
             check_expiry(self, key).await?;
             return Ok(Holding::Held(Mode::Write));
         }
-        let row = self.read(key, id).await?;
-        Ok(holding(row.as_ref(), &token))
+        let row = self.read(key, id.clone()).await?;
+        let found = holding(row.as_ref(), &token);
+        if matches!(found, Holding::NotHeld(_)) {
+            self.forget(&id, &token);
+        }
+        Ok(found)
     }
 
     async fn read(&self, key: &Key, id: String) -> Result<Option<queries::Row>> {
-        self.run(Some(key), key.resource(), move |pool, inner| {
+        self.run(key.resource(), move |pool, inner| {
             let id = id.clone();
             Box::pin(async move { queries::read(&pool, &inner.sql, &id).await })
         })
@@ -164,7 +151,7 @@ impl SqlStore {
         let (id, token) = (key_id(key.resource()), key.token(KIND));
         let live = {
             let (id, token) = (id.clone(), token.clone());
-            self.run(Some(key), key.resource(), move |pool, inner| {
+            self.run(key.resource(), move |pool, inner| {
                 let (id, token) = (id.clone(), token.clone());
                 Box::pin(async move {
                     queries::delete(&pool, &inner.sql, &id, &token, &inner.channel).await
@@ -172,23 +159,31 @@ impl SqlStore {
             })
             .await?
         };
-        {
-            let mut held = lock(&self.inner.held);
-            if held.get(&id) == Some(&token) {
-                held.remove(&id);
-            }
-        }
+        self.forget(&id, &token);
         self.inner.wakers.notify(&id);
         Ok(live)
+    }
+
+    /// Forgets `token` as this store's holder of `id` (released, lost or taken over), so the
+    /// map of holders keeps only the live ones.
+    fn forget(&self, id: &str, token: &str) {
+        let mut held = lock(&self.inner.held);
+        if held.get(id).is_some_and(|t| t == token) {
+            held.remove(id);
+        }
     }
 
     pub(super) async fn check(&self, key: &Key) -> Result<Holding> {
         if !key.has_token(KIND) {
             return Ok(Holding::NotHeld(crate::error::LostReason::Removed));
         }
-        let token = key.token(KIND);
-        let row = self.read(key, key_id(key.resource())).await?;
-        Ok(holding(row.as_ref(), &token))
+        let (id, token) = (key_id(key.resource()), key.token(KIND));
+        let row = self.read(key, id.clone()).await?;
+        let found = holding(row.as_ref(), &token);
+        if matches!(found, Holding::NotHeld(_)) {
+            self.forget(&id, &token);
+        }
+        Ok(found)
     }
 
     pub(super) async fn watcher(&self, key: &Key) -> Watcher {
@@ -243,7 +238,7 @@ impl SqlStore {
     pub(super) async fn who(&self, resource: &str) -> Result<Vec<HolderInfo>> {
         let id = key_id(resource);
         let rows = self
-            .run(None, resource, move |pool, inner| {
+            .run(resource, move |pool, inner| {
                 let id = id.clone();
                 Box::pin(async move { queries::holders(&pool, &inner.sql, &id).await })
             })
@@ -259,7 +254,7 @@ impl SqlStore {
 
     pub(super) async fn counter(&self, resource: &str) -> Result<u64> {
         let id = key_id(resource);
-        self.run(None, resource, move |pool, inner| {
+        self.run(resource, move |pool, inner| {
             let id = id.clone();
             Box::pin(async move { queries::fence_counter(&pool, &inner.sql, &id).await })
         })

@@ -1,0 +1,354 @@
+//! The per-holder executor: every store call a [`Lock`](crate::Lock) makes for a holder (other
+//! than a native wait) runs here, one at a time per holder, in the order the calls were made,
+//! and each runs to its end.
+//!
+//! A call is polled inline by its caller (no task, no channel on the hot path). A caller that
+//! goes away stops waiting; the call does not stop: what is left of it moves to a task of its
+//! own, still holding the holder's turn, so the holder's next call starts only once it has
+//! ended. A call can see whether its caller left ([`Call::left`]) and then take back what it
+//! stored, before anything else of the holder runs.
+//!
+//! Inside a call, a store can end the caller's wait early without ending the ordering:
+//! [`within`] gives up waiting after a time limit and leaves the request to land (or fail)
+//! after the call, and [`finish_later`] queues any other remainder there. The holder's next
+//! call starts only once they have ended (each is bounded).
+//!
+//! Everything moved to a task is counted process-wide: [`settled`] waits for it, so that a
+//! runtime about to end does not drop a clean-up unrun.
+
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+
+use crate::logging::TARGET;
+
+#[cfg(test)]
+mod tests;
+
+type Boxed<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+/// How much longer than its time limit a request given up on by [`within`] may take to land
+/// before it is dropped (its connection with it).
+pub(crate) const LANDING: u32 = 4;
+
+/// One holder's queue of calls: a ticket per call, taken when the call is made (so its place
+/// is kept from then on), served in order.
+#[derive(Default)]
+pub(crate) struct Serial {
+    queue: Arc<Queue>,
+}
+
+#[derive(Default)]
+struct Queue {
+    /// The next ticket to hand out.
+    next: AtomicU64,
+    serving: Mutex<Serving>,
+    /// Woken when the ticket served changes.
+    turned: Notify,
+    /// How many calls have started; a native wait compares it before and after.
+    started: AtomicU64,
+}
+
+#[derive(Default)]
+struct Serving {
+    /// The ticket whose call runs now (or may start).
+    now: u64,
+    /// Tickets given up before their turn came: passed over.
+    skipped: BTreeSet<u64>,
+}
+
+impl Queue {
+    fn serving(&self) -> std::sync::MutexGuard<'_, Serving> {
+        self.serving.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Waits until `ticket` is served; the turn ends when the returned value drops.
+    async fn turn(self: Arc<Self>, ticket: u64) -> Turn {
+        loop {
+            let turned = self.turned.notified();
+            let mut turned = std::pin::pin!(turned);
+            // Registered before the check, so a turn between the two is not missed.
+            turned.as_mut().enable();
+            if self.serving().now == ticket {
+                break;
+            }
+            turned.await;
+        }
+        self.started.fetch_add(1, Ordering::AcqRel);
+        Turn(self)
+    }
+
+    /// The ticket being served ends (its call ended, or it gave up its place).
+    fn pass(&self, ticket: u64) {
+        let mut serving = self.serving();
+        if serving.now != ticket {
+            serving.skipped.insert(ticket);
+            return;
+        }
+        serving.now += 1;
+        loop {
+            let now = serving.now;
+            if !serving.skipped.remove(&now) {
+                break;
+            }
+            serving.now += 1;
+        }
+        drop(serving);
+        self.turned.notify_waiters();
+    }
+}
+
+/// A holder's turn: the next call starts when it drops.
+struct Turn(Arc<Queue>);
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        let now = self.0.serving().now;
+        self.0.pass(now);
+    }
+}
+
+impl Serial {
+    /// How many calls of this holder have started so far.
+    pub(crate) fn started(&self) -> u64 {
+        self.queue.started.load(Ordering::Acquire)
+    }
+}
+
+/// Whether a call whose caller left before it started still runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Start {
+    /// Only if its caller still waits when its turn comes (a try, a check, a refresh).
+    IfAwaited,
+    /// Always (a release, a clean-up: once asked for, it happens).
+    Always,
+}
+
+/// What a running call knows of itself.
+pub(crate) struct Call {
+    left: AtomicBool,
+    /// Remainders to finish after the call, in order, before the holder's next call.
+    after: Mutex<Vec<Boxed<()>>>,
+}
+
+impl Call {
+    /// Whether the caller stopped waiting for this call.
+    pub(crate) fn left(&self) -> bool {
+        self.left.load(Ordering::Acquire)
+    }
+}
+
+tokio::task_local! {
+    static CURRENT: Arc<Call>;
+}
+
+/// A call on a holder's executor: polled by its caller; dropped unfinished, it finishes in a
+/// task of its own (or, if it had not started and may be skipped, never runs).
+pub(crate) struct Running<T: Send + 'static> {
+    inner: Option<Boxed<T>>,
+    call: Arc<Call>,
+    started: Arc<AtomicBool>,
+    start: Start,
+    queue: Arc<Queue>,
+    ticket: u64,
+}
+
+/// Queues `body` on `serial`: it starts when every call queued before it has ended (their
+/// remainders included), and is told of itself.
+pub(crate) fn run<T, F, Fut>(serial: &Serial, start: Start, body: F) -> Running<T>
+where
+    T: Send + 'static,
+    F: FnOnce(Arc<Call>) -> Fut + Send + 'static,
+    Fut: Future<Output = T> + Send + 'static,
+{
+    let queue = serial.queue.clone();
+    let ticket = queue.next.fetch_add(1, Ordering::AcqRel);
+    let call = Arc::new(Call {
+        left: AtomicBool::new(false),
+        after: Mutex::new(Vec::new()),
+    });
+    let started = Arc::new(AtomicBool::new(false));
+    let (c, s, q) = (call.clone(), started.clone(), queue.clone());
+    let inner = async move {
+        let guard = q.turn(ticket).await;
+        s.store(true, Ordering::Release);
+        let out = CURRENT.scope(c.clone(), body(c.clone())).await;
+        finish_after(c, guard);
+        out
+    };
+    Running {
+        inner: Some(Box::pin(inner)),
+        call,
+        started,
+        start,
+        queue,
+        ticket,
+    }
+}
+
+/// Runs what the call left to finish, holding the turn until the last of it has ended.
+fn finish_after(call: Arc<Call>, guard: Turn) {
+    let after = std::mem::take(&mut *call.after.lock().unwrap_or_else(|e| e.into_inner()));
+    if after.is_empty() {
+        return;
+    }
+    spawn_counted(Box::pin(async move {
+        let _turn = guard;
+        let mut next = after;
+        while !next.is_empty() {
+            for remainder in next {
+                CURRENT.scope(call.clone(), remainder).await;
+            }
+            next = std::mem::take(&mut *call.after.lock().unwrap_or_else(|e| e.into_inner()));
+        }
+    }));
+}
+
+impl<T: Send + 'static> Future for Running<T> {
+    type Output = T;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
+        let Some(inner) = self.inner.as_mut() else {
+            return Poll::Pending; // polled after completion: never again ready
+        };
+        match inner.as_mut().poll(cx) {
+            Poll::Ready(out) => {
+                self.inner = None;
+                Poll::Ready(out)
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl<T: Send + 'static> Drop for Running<T> {
+    fn drop(&mut self) {
+        let Some(inner) = self.inner.take() else {
+            return;
+        };
+        if self.start == Start::IfAwaited && !self.started.load(Ordering::Acquire) {
+            // Not begun: it gives up its place.
+            drop(inner);
+            self.queue.pass(self.ticket);
+            return;
+        }
+        self.call.left.store(true, Ordering::Release);
+        spawn_counted(Box::pin(async move {
+            inner.await;
+        }));
+    }
+}
+
+/// Waits for `fut` at most `limit`: its output, or `None` when the limit passed. A future
+/// given up on is not dropped: it finishes after the current call (bounded by [`LANDING`]
+/// times the limit), so that what it may still do lands before the holder's next call.
+pub(crate) async fn within<T: Send + 'static>(
+    limit: Duration,
+    fut: impl Future<Output = T> + Send + 'static,
+) -> Option<T> {
+    let mut fut: Boxed<T> = Box::pin(fut);
+    match tokio::time::timeout(limit, &mut fut).await {
+        Ok(out) => Some(out),
+        Err(_) => {
+            finish_later(async move {
+                if tokio::time::timeout(limit * LANDING, fut).await.is_err() {
+                    tracing::debug!(target: TARGET, ?limit,
+                        "a request given up on did not land in time; dropped");
+                }
+            });
+            None
+        }
+    }
+}
+
+/// Queues `remainder` to run after the current call, before the holder's next one; outside
+/// any call (a store used on its own), it runs in a task of its own. Either way [`settled`]
+/// waits for it.
+pub(crate) fn finish_later(remainder: impl Future<Output = ()> + Send + 'static) {
+    let mut slot = Some(Box::pin(remainder) as Boxed<()>);
+    let _ = CURRENT.try_with(|call| {
+        if let Some(r) = slot.take() {
+            call.after.lock().unwrap_or_else(|e| e.into_inner()).push(r);
+        }
+    });
+    if let Some(r) = slot {
+        spawn_counted(r);
+    }
+}
+
+/// Tasks this module started and not finished, process-wide.
+static PENDING: AtomicUsize = AtomicUsize::new(0);
+/// Woken when the last pending task finishes.
+static SETTLED: Notify = Notify::const_new();
+
+/// How many remainders and clean-ups are still running in this process.
+pub(crate) fn pending() -> usize {
+    PENDING.load(Ordering::SeqCst)
+}
+
+/// Waits (at most `within`) until no remainder or clean-up started in this process is still
+/// running; true when none is.
+pub(crate) async fn settled(within: Duration) -> bool {
+    tokio::time::timeout(within, async {
+        loop {
+            let woken = SETTLED.notified();
+            let mut woken = std::pin::pin!(woken);
+            // Registered before the check, so a finish between the two is not missed.
+            woken.as_mut().enable();
+            if PENDING.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            woken.await;
+        }
+    })
+    .await
+    .is_ok()
+}
+
+/// Runs `fut` in a task of its own, counted until it ends (or is dropped unrun).
+pub(crate) fn spawn_counted(fut: Boxed<()>) {
+    struct Done;
+    impl Drop for Done {
+        fn drop(&mut self) {
+            if PENDING.fetch_sub(1, Ordering::SeqCst) == 1 {
+                SETTLED.notify_waiters();
+            }
+        }
+    }
+    PENDING.fetch_add(1, Ordering::SeqCst);
+    let done = Done;
+    let task = async move {
+        let _done = done;
+        fut.await;
+    };
+    match tokio::runtime::Handle::try_current() {
+        Ok(handle) => {
+            handle.spawn(task);
+        }
+        Err(_) => {
+            // Dropped outside any runtime: a one-off thread finishes it.
+            let spawned = std::thread::Builder::new()
+                .name("xtr-lock-finish".into())
+                .spawn(move || {
+                    match tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                    {
+                        Ok(rt) => rt.block_on(task),
+                        Err(err) => tracing::warn!(target: TARGET, error = %err,
+                            "cannot start a runtime to finish a lock's store call"),
+                    }
+                });
+            if let Err(err) = spawned {
+                tracing::warn!(target: TARGET, error = %err,
+                    "cannot start a thread to finish a lock's store call");
+            }
+        }
+    }
+}

@@ -77,6 +77,7 @@ impl Take {
             (Some(w), false) => Wait::AtMost(duration("--wait", w)?),
             (None, false) => configured.and_then(|c| c.wait).unwrap_or(Wait::Forever),
         };
+        crate::output::set_verbose(args.verbose);
         Ok(Take {
             wait,
             mode: if args.shared { Mode::Read } else { Mode::Write },

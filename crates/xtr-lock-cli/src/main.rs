@@ -43,10 +43,34 @@ fn main() -> ExitCode {
             exit::ERROR
         }
     };
+    runtime.block_on(settle());
     if output::json() {
         output::event("exit", serde_json::json!({ "code": code }));
     }
     ExitCode::from(code)
+}
+
+/// How long the exit waits for store calls still running: a clean-up of a lock this process
+/// took (an acquire that failed after its request was sent, a release whose caller gave up).
+const SETTLE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Lets the store calls still running finish before the runtime (and they with it) is dropped;
+/// says so with -v (or --json) when the bound is hit.
+async fn settle() {
+    if xtr_lock::settle(SETTLE).await {
+        return;
+    }
+    if output::json() {
+        output::event(
+            "unsettled",
+            serde_json::json!({ "waited_ms": SETTLE.as_millis() as u64 }),
+        );
+    } else if output::verbose() {
+        eprintln!(
+            "xtr-lock: store calls of this process (clean-ups) still running after {SETTLE:?}; \
+             exiting without them (a lock they would have released is held until its ttl ends)"
+        );
+    }
 }
 
 async fn run(cli: Cli) -> anyhow::Result<Exit> {

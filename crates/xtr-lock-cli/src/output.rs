@@ -111,6 +111,17 @@ pub(crate) fn json() -> bool {
     JSON.load(Ordering::Relaxed)
 }
 
+/// Whether the command asked for -v (what the exit says about clean-ups left running).
+static VERBOSE: AtomicBool = AtomicBool::new(false);
+
+pub(crate) fn set_verbose(on: bool) {
+    VERBOSE.store(on, Ordering::Relaxed);
+}
+
+pub(crate) fn verbose() -> bool {
+    VERBOSE.load(Ordering::Relaxed)
+}
+
 /// Writes the event `name` with `fields` as one JSON line on stderr.
 pub(crate) fn event(name: &str, fields: serde_json::Value) {
     let mut object = serde_json::Map::new();

@@ -87,6 +87,20 @@ impl LockFactory {
         self.create_lock_from_key(self.new_key(resource))
     }
 
+    /// Ends the factory's use of its store, for a program about to exit: waits (at most
+    /// `within`) for the store calls its locks still run in the background (see
+    /// [`settle`](crate::settle): a dropped acquire's clean-up, a dropped guard's release),
+    /// then closes the store. `Ok(true)` when nothing was left running.
+    ///
+    /// # Errors
+    ///
+    /// What closing the store returned.
+    pub async fn shutdown(&self, within: Duration) -> crate::Result<bool> {
+        let settled = crate::serial::settle(within).await;
+        self.store.close().await?;
+        Ok(settled)
+    }
+
     /// A lock acting as `key`'s holder (for example a key deserialized from another process),
     /// with the default ttl.
     pub fn create_lock_from_key(&self, key: Key) -> Lock {

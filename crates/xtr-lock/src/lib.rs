@@ -120,6 +120,7 @@ pub use lock::Lock;
 pub use lockable::{Lockable, NoLock, Release, Wait};
 pub use lost::{KeepAlive, LockLost};
 pub use scope::LockableExt;
+pub use serial::settle;
 #[cfg(feature = "etcd")]
 pub use store::EtcdStore;
 #[cfg(all(feature = "flock", target_os = "linux"))]

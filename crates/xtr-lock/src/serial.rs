@@ -287,14 +287,16 @@ static PENDING: AtomicUsize = AtomicUsize::new(0);
 /// Woken when the last pending task finishes.
 static SETTLED: Notify = Notify::const_new();
 
-/// How many remainders and clean-ups are still running in this process.
-pub(crate) fn pending() -> usize {
-    PENDING.load(Ordering::SeqCst)
-}
-
-/// Waits (at most `within`) until no remainder or clean-up started in this process is still
-/// running; true when none is.
-pub(crate) async fn settled(within: Duration) -> bool {
+/// Waits (at most `within`) until no store call that a lock started in this process is still
+/// running; `true` when none is.
+///
+/// A lock's store call, once started, runs to its end even if its caller stops waiting for it:
+/// a dropped acquire's clean-up, a dropped guard's release, a request given up on at a store
+/// timeout that may still land. They run on the tokio runtime. A program that ends its runtime
+/// (or returns from `main`) drops whatever still runs, and a lock that a clean-up would have
+/// taken back stays stored until its ttl ends: call this first (the blocking API and the
+/// command-line tool do). See [`LockFactory::shutdown`](crate::LockFactory::shutdown).
+pub async fn settle(within: Duration) -> bool {
     tokio::time::timeout(within, async {
         loop {
             let woken = SETTLED.notified();

@@ -39,7 +39,7 @@ impl Rt {
                 runtime.block_on(async {
                     let _ = stopped.await;
                     // Releases scheduled by dropped guards and futures finish first.
-                    crate::serial::settled(SETTLE).await;
+                    crate::serial::settle(SETTLE).await;
                 });
             })
             .map_err(|e| Error::storage(format!("cannot start the blocking API's thread: {e}")))?;

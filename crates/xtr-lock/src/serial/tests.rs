@@ -51,7 +51,7 @@ async fn a_dropped_call_finishes_before_the_next_one_and_knows_its_caller_left()
     })
     .await;
     assert_eq!(*seen.lock().unwrap(), ["a left", "b"]);
-    assert!(settled(Duration::from_secs(1)).await);
+    assert!(settle(Duration::from_secs(1)).await);
 }
 
 #[tokio::test]
@@ -136,6 +136,6 @@ fn a_call_dropped_outside_any_runtime_still_finishes() {
         .enable_all()
         .build()
         .unwrap();
-    rt.block_on(async { assert!(settled(Duration::from_secs(5)).await) });
+    rt.block_on(async { assert!(settle(Duration::from_secs(5)).await) });
     assert_eq!(*seen.lock().unwrap(), ["ran"]);
 }

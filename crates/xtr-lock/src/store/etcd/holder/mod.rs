@@ -2,6 +2,10 @@
 //! order. Callers send commands and await the answer; a caller that goes away only drops its
 //! end of the answer, and the task finishes what it started: a wait whose caller left deletes
 //! its queue key, a grant nobody will receive is given back.
+//!
+//! While a wait is pending, the task still answers the holder's checks, refreshes, releases
+//! and tries (a try that would need the waiting key's turn is refused at once); a sibling's
+//! wait is taken up when the pending one ends.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -89,6 +93,7 @@ pub(super) fn start(core: Arc<Core>, resource: String, confirmed: Confirmed) -> 
         ended: 0,
         life: life_tx,
         rx,
+        deferred: std::collections::VecDeque::new(),
         lost_tx,
         lost_rx,
     };
@@ -126,6 +131,8 @@ struct Actor {
     ended: u64,
     life: watch::Sender<Life>,
     rx: mpsc::UnboundedReceiver<Cmd>,
+    /// Waits that came in while another was pending, taken up in order after it.
+    deferred: std::collections::VecDeque<Cmd>,
     lost_tx: mpsc::UnboundedSender<(Vec<u8>, i64)>,
     lost_rx: mpsc::UnboundedReceiver<(Vec<u8>, i64)>,
 }
@@ -158,20 +165,14 @@ fn token(rev: i64) -> u64 {
 impl Actor {
     async fn run(mut self) {
         loop {
+            if let Some(cmd) = self.deferred.pop_front() {
+                self.command(cmd).await;
+                continue;
+            }
             let lease_state = self.lease.as_ref().map(|l| l.state.clone());
             tokio::select! {
                 cmd = self.rx.recv() => match cmd {
-                    Some(Cmd::Save { mode, wait, ttl, reply }) => {
-                        self.save(mode, wait, ttl, reply).await;
-                    }
-                    Some(Cmd::Check { refresh, reply }) => {
-                        let answer = self.check(refresh).await;
-                        let _ = reply.send(answer);
-                    }
-                    Some(Cmd::Release { reply }) => {
-                        let answer = self.release().await;
-                        let _ = reply.send(answer);
-                    }
+                    Some(cmd) => self.command(cmd).await,
                     None => break,
                 },
                 Some((key, rev)) = self.lost_rx.recv() => self.key_deleted(&key, rev),
@@ -181,6 +182,65 @@ impl Actor {
         // The holder's key went: its lease goes, and every key on it with it.
         if let Some(lease) = self.lease.take() {
             lease.revoke(&self.core);
+        }
+    }
+
+    async fn command(&mut self, cmd: Cmd) {
+        match cmd {
+            Cmd::Save {
+                mode,
+                wait,
+                ttl,
+                reply,
+            } => {
+                if !reply.is_closed() {
+                    self.save(mode, wait, ttl, reply).await;
+                }
+            }
+            Cmd::Check { refresh, reply } => {
+                let answer = self.check(refresh).await;
+                let _ = reply.send(answer);
+            }
+            Cmd::Release { reply } => {
+                let answer = self.release().await;
+                let _ = reply.send(answer);
+            }
+        }
+    }
+
+    /// A command that came in while a wait is pending: answered now, except another wait,
+    /// which is taken up after this one. A try that the held key does not grant is refused
+    /// (granting it would need the waiting key's turn).
+    pub(super) async fn during_wait(&mut self, cmd: Cmd) {
+        match cmd {
+            Cmd::Save { wait: true, .. } => self.deferred.push_back(cmd),
+            Cmd::Save {
+                mode,
+                wait: false,
+                reply,
+                ..
+            } => {
+                let answer = if self.holds() == Some(mode) {
+                    self.confirm().await
+                } else {
+                    None
+                };
+                let answer = answer.unwrap_or_else(|| {
+                    Ok(Conflict::new()
+                        .with_kept(self.holds().filter(|m| *m == Mode::Read))
+                        .into())
+                });
+                self.publish();
+                let _ = reply.send(answer);
+            }
+            Cmd::Check { refresh, reply } => {
+                let answer = self.check(refresh).await;
+                let _ = reply.send(answer);
+            }
+            Cmd::Release { reply } => {
+                let answer = self.release().await;
+                let _ = reply.send(answer);
+            }
         }
     }
 

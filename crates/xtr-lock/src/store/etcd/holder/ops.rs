@@ -32,6 +32,13 @@ impl Actor {
                     return Waited::Failed(self.error(Error::lost(&self.resource, LostReason::Expired)
                         .with_reason("the lease ended while waiting (expired, revoked, or not confirmed in time)")));
                 }
+                cmd = self.rx.recv() => {
+                    let Some(cmd) = cmd else {
+                        return Waited::Left;
+                    };
+                    self.during_wait(cmd).await;
+                    continue;
+                }
                 Some((key, rev)) = self.lost_rx.recv() => {
                     let had = self.held.is_some();
                     self.key_deleted(&key, rev);

@@ -1,6 +1,11 @@
 //! Member requests still running when a quorum operation's outcome is decided: they finish in
 //! the background, and the same member's next request on the same resource waits for them, so
 //! requests reach each member in the order the holder made them.
+//!
+//! This is the one ordering below the lock's executor (`crate::serial`): that one orders a
+//! holder's calls on the quorum; this one lets a quorum call answer without its slowest member
+//! while that member still sees the holder's requests in order. Waiting for every member
+//! before the holder's next call would put the slowest member's timeout on every call.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -74,10 +79,10 @@ impl Inflight {
             return;
         }
         let members = &members[..];
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        if tokio::runtime::Handle::try_current().is_err() {
             while rest.next().await.is_some() {}
             return;
-        };
+        }
         let id = self.ids.fetch_add(1, Ordering::Relaxed);
         let owned = resource.to_owned();
         let work: BoxFuture<'static, ()> = Box::pin(async move {
@@ -93,7 +98,8 @@ impl Inflight {
         let this = self.clone();
         let members = members.to_vec();
         let resource = resource.to_owned();
-        runtime.spawn(async move {
+        // Counted with the locks' other background calls: `crate::settle` waits for it.
+        crate::serial::spawn_counted(Box::pin(async move {
             done.await;
             for i in members {
                 let mut map = this.member(i);
@@ -101,7 +107,7 @@ impl Inflight {
                     map.remove(&resource);
                 }
             }
-        });
+        }));
     }
 
     /// Waits until everything detached so far has finished.

@@ -5,6 +5,7 @@
 
 pub mod delay_proxy;
 pub mod etcd;
+pub mod hook_proxy;
 pub mod mariadb;
 pub mod memcached;
 pub mod postgres;

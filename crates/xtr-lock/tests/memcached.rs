@@ -6,9 +6,10 @@ mod support;
 
 use std::time::{Duration, Instant};
 
+use std::io::{Read as _, Write as _};
 use support::symfony_sql::Holder;
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use xtr_lock::{ErrorKind, LockFactory, Lockable as _, MemcachedStore, Release};
+use xtr_lock_testkit::hook_proxy;
 use xtr_lock_testkit::memcached::MemcachedServer;
 
 fn rust(server: &MemcachedServer) -> LockFactory {
@@ -107,59 +108,18 @@ async fn a_killed_php_holder_is_freed_at_its_ttl_and_not_before() {
     lock.release().await.unwrap();
 }
 
-/// A proxy to the server on `port` that calls `hook(n, chunk)` before it forwards each chunk a
-/// client sends on its `n`th connection (from 0): to act between two requests, or to delay one.
-async fn proxy<H, F>(port: u16, hook: H) -> u16
-where
-    H: Fn(usize, Vec<u8>) -> F + Clone + Send + Sync + 'static,
-    F: std::future::Future<Output = ()> + Send,
-{
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let local = listener.local_addr().unwrap().port();
-    tokio::spawn(async move {
-        for n in 0.. {
-            let (client, _) = listener.accept().await.unwrap();
-            let server = tokio::net::TcpStream::connect(("127.0.0.1", port))
-                .await
-                .unwrap();
-            let (mut cr, mut cw) = client.into_split();
-            let (mut sr, mut sw) = server.into_split();
-            tokio::spawn(async move {
-                let _ = tokio::io::copy(&mut sr, &mut cw).await;
-            });
-            let hook = hook.clone();
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 64 * 1024];
-                loop {
-                    let read = match cr.read(&mut buf).await {
-                        Ok(0) | Err(_) => break,
-                        Ok(k) => k,
-                    };
-                    hook(n, buf[..read].to_vec()).await;
-                    if sw.write_all(&buf[..read]).await.is_err() {
-                        break;
-                    }
-                }
-            });
-        }
-    });
-    local
-}
-
 /// Just before a conditional delete (`md`) goes through, the entry changes hands: another
 /// holder's token is stored, as if the lock had expired and been taken in the gap between the
 /// release's read and its delete.
-async fn hand_the_lock_over(port: u16, resource: &'static str, chunk: Vec<u8>) {
+fn hand_the_lock_over(port: u16, resource: &str, chunk: &[u8]) {
     if !chunk.starts_with(b"md ") {
         return;
     }
-    let mut other = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .unwrap();
+    let mut other = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
     let set = format!("ms {resource} 9 T30 F0\r\nsomeone-2\r\n");
-    other.write_all(set.as_bytes()).await.unwrap();
+    other.write_all(set.as_bytes()).unwrap();
     let mut reply = [0u8; 16];
-    let r = other.read(&mut reply).await.unwrap();
+    let r = other.read(&mut reply).unwrap();
     assert_eq!(&reply[..r], b"HD\r\n");
 }
 
@@ -168,10 +128,9 @@ async fn a_release_never_deletes_a_lock_that_changed_hands_after_its_read() {
     let server = MemcachedServer::start();
     let resource = "invoice:race";
     let target = server.port();
-    let port = proxy(target, move |_, chunk| {
+    let port = hook_proxy::start(target, move |_, chunk| {
         hand_the_lock_over(target, resource, chunk)
-    })
-    .await;
+    });
     let store = MemcachedStore::from_dsn(&format!("memcached://127.0.0.1:{port}")).unwrap();
     let lock = LockFactory::new(store)
         .with_default_ttl(Some(Duration::from_secs(30)))
@@ -320,12 +279,11 @@ async fn a_dropped_acquire_is_taken_back_even_when_its_add_lands_after_the_clean
     let server = MemcachedServer::start();
     // The first connection delivers the client's bytes 300 ms late; the ones after it go
     // straight through, so a request on it is overtaken by any request on another connection.
-    let port = proxy(server.port(), |n, _| async move {
+    let port = hook_proxy::start(server.port(), |n, _| {
         if n == 0 {
-            tokio::time::sleep(Duration::from_millis(300)).await;
+            std::thread::sleep(Duration::from_millis(300));
         }
-    })
-    .await;
+    });
     let store = MemcachedStore::from_dsn(&format!("memcached://127.0.0.1:{port}")).unwrap();
     let lock = LockFactory::new(store)
         .with_default_ttl(Some(Duration::from_secs(30)))

@@ -1,0 +1,126 @@
+//! A TCP proxy that hands every chunk a client sends to a hook before it forwards it: to act
+//! between two requests (change what the server holds), or to hold one request back while the
+//! client gives up on it, so that it lands late.
+//!
+//! It listens on a free port of 127.0.0.1 and forwards every connection to a target port. The
+//! hook runs on the connection's own thread: sleeping in it delays that chunk and everything
+//! the client sends after it on that connection (a TCP stream stays in order), never another
+//! connection. Replies go straight through. The proxy serves until the test process ends.
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// Starts a proxy to `127.0.0.1:target` that calls `hook(n, chunk)` before it forwards each
+/// chunk a client sends on its `n`th connection (from 0); returns the proxy's port.
+pub fn start<H>(target: u16, hook: H) -> u16
+where
+    H: Fn(usize, &[u8]) + Send + Sync + 'static,
+{
+    let listener = TcpListener::bind("127.0.0.1:0").expect("a free port");
+    let port = listener.local_addr().expect("a bound port").port();
+    let hook = Arc::new(hook);
+    thread::spawn(move || {
+        for n in 0.. {
+            let Ok((client, _)) = listener.accept() else {
+                continue;
+            };
+            let Ok(server) = TcpStream::connect(("127.0.0.1", target)) else {
+                continue;
+            };
+            let _ = client.set_nodelay(true);
+            let _ = server.set_nodelay(true);
+            let (Ok(mut client_r), Ok(mut server_r)) = (client.try_clone(), server.try_clone())
+            else {
+                continue;
+            };
+            let (mut client_w, mut server_w) = (client, server);
+            thread::spawn(move || {
+                let _ = std::io::copy(&mut server_r, &mut client_w);
+                let _ = client_w.shutdown(Shutdown::Write);
+            });
+            let hook = hook.clone();
+            thread::spawn(move || {
+                let mut buf = vec![0u8; 64 * 1024];
+                loop {
+                    let read = match client_r.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(k) => k,
+                    };
+                    hook(n, &buf[..read]);
+                    if server_w.write_all(&buf[..read]).is_err() {
+                        break;
+                    }
+                }
+                let _ = server_w.shutdown(Shutdown::Write);
+            });
+        }
+    });
+    port
+}
+
+/// One request held back: the first chunk `matches(n, chunk)` picks (`n`: the connection's
+/// number, from 0) is forwarded `delay` after it arrived; every other chunk goes straight through (those after it on the same connection
+/// wait behind it). Tells when the held chunk arrived and when it was forwarded.
+#[derive(Debug, Clone)]
+pub struct HeldRequest {
+    armed: Arc<AtomicBool>,
+    times: Arc<Mutex<(Option<Instant>, Option<Instant>)>>,
+}
+
+impl HeldRequest {
+    /// Starts a proxy to `127.0.0.1:target` holding back the first chunk for which
+    /// `matches(n, chunk)` is true by `delay`; returns the proxy's port and the handle.
+    pub fn start(
+        target: u16,
+        delay: Duration,
+        matches: impl Fn(usize, &[u8]) -> bool + Send + Sync + 'static,
+    ) -> (u16, HeldRequest) {
+        let held = HeldRequest {
+            armed: Arc::new(AtomicBool::new(true)),
+            times: Arc::new(Mutex::new((None, None))),
+        };
+        let h = held.clone();
+        let port = start(target, move |n, chunk| {
+            if !h.armed.load(Ordering::SeqCst) || !matches(n, chunk) {
+                return;
+            }
+            if h.armed.swap(false, Ordering::SeqCst) {
+                h.times.lock().unwrap().0 = Some(Instant::now());
+                thread::sleep(delay);
+                h.times.lock().unwrap().1 = Some(Instant::now());
+            }
+        });
+        (port, held)
+    }
+
+    /// When the held chunk reached the proxy, if it did.
+    pub fn arrived(&self) -> Option<Instant> {
+        self.times.lock().unwrap().0
+    }
+
+    /// When the held chunk was forwarded to the server, if it was.
+    pub fn landed(&self) -> Option<Instant> {
+        self.times.lock().unwrap().1
+    }
+
+    /// Waits (blocking the thread, up to `limit`) until the held chunk was forwarded; panics
+    /// if it never was.
+    pub fn wait_landed(&self, limit: Duration) -> Instant {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(at) = self.landed() {
+                return at;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the held request was not forwarded within {limit:?} (arrived: {:?})",
+                self.arrived()
+            );
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
+}

@@ -35,12 +35,14 @@ mod basic;
 mod expiring;
 mod loss;
 mod shared;
+mod siblings;
 mod waiting;
 
 pub use basic::*;
 pub use expiring::*;
 pub use loss::*;
 pub use shared::*;
+pub use siblings::*;
 pub use waiting::*;
 
 /// Takes a holder's lock away behind its back, as an outsider would (an operator deleting the
@@ -321,6 +323,8 @@ macro_rules! conformance_tests {
             counter_race_under_the_lock,
             many_waiters_all_get_their_turn,
             fencing_tokens_strictly_increase,
+            // siblings: several tasks per lock, several locks, random calls dropped at random
+            siblings_chaos_keeps_exclusion_and_leaves_nothing,
         );
     };
     (@each $make:expr; $($name:ident),* $(,)?) => {

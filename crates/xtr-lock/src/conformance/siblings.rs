@@ -263,8 +263,10 @@ impl Chaos {
     async fn step(&self, i: usize, rng: &mut StdRng) {
         let op = self.pick(rng);
         let holder = &self.holders[i];
-        let gate = self.gate(i);
-        let done = if op.weakens(self.h.caps().shared) {
+        let weak = op.weakens(self.h.caps().shared);
+        // This call's own start and end bump the epoch too.
+        let gate = self.gate(i).map(|e| e + if weak { 2 } else { 0 });
+        let done = if weak {
             let mut mark = Weakening::start(self, holder);
             let done = self.call(&holder.lock, op).await;
             mark.finished = !matches!(done, Done::Dropped | Done::Failed);

@@ -95,6 +95,11 @@ impl LockFactory {
     /// # Errors
     ///
     /// What closing the store returned.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped while it waits, nothing is lost (what it waits for goes on); dropped while it
+    /// closes, as [`Store::close`].
     pub async fn shutdown(&self, within: Duration) -> crate::Result<bool> {
         let settled = crate::serial::settle(within).await;
         self.store.close().await?;

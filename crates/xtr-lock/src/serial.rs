@@ -28,10 +28,7 @@ use tokio::sync::Notify;
 
 use crate::logging::TARGET;
 
-#[cfg(test)]
-mod tests;
-
-type Boxed<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+pub(crate) type Boxed<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
 /// How much longer than its time limit a request given up on by [`within`] may take to land
 /// before it is dropped (its connection with it).
@@ -133,6 +130,8 @@ pub(crate) enum Start {
 /// What a running call knows of itself.
 pub(crate) struct Call {
     left: AtomicBool,
+    /// Whether its turn came (set by the task polling it, read when its caller drops it).
+    started: AtomicBool,
     /// Remainders to finish after the call, in order, before the holder's next call.
     after: Mutex<Vec<Boxed<()>>>,
 }
@@ -153,7 +152,6 @@ tokio::task_local! {
 pub(crate) struct Running<T: Send + 'static> {
     inner: Option<Boxed<T>>,
     call: Arc<Call>,
-    started: Arc<AtomicBool>,
     start: Start,
     queue: Arc<Queue>,
     ticket: u64,
@@ -171,13 +169,13 @@ where
     let ticket = queue.next.fetch_add(1, Ordering::AcqRel);
     let call = Arc::new(Call {
         left: AtomicBool::new(false),
+        started: AtomicBool::new(false),
         after: Mutex::new(Vec::new()),
     });
-    let started = Arc::new(AtomicBool::new(false));
-    let (c, s, q) = (call.clone(), started.clone(), queue.clone());
+    let (c, q) = (call.clone(), queue.clone());
     let inner = async move {
         let guard = q.turn(ticket).await;
-        s.store(true, Ordering::Release);
+        c.started.store(true, Ordering::Release);
         let out = CURRENT.scope(c.clone(), body(c.clone())).await;
         finish_after(c, guard);
         out
@@ -185,7 +183,6 @@ where
     Running {
         inner: Some(Box::pin(inner)),
         call,
-        started,
         start,
         queue,
         ticket,
@@ -194,20 +191,32 @@ where
 
 /// Runs what the call left to finish, holding the turn until the last of it has ended.
 fn finish_after(call: Arc<Call>, guard: Turn) {
-    let after = std::mem::take(&mut *call.after.lock().unwrap_or_else(|e| e.into_inner()));
-    if after.is_empty() {
-        return;
+    if let Some(rest) = remainders(call) {
+        spawn_counted(Box::pin(async move {
+            let _turn = guard;
+            rest.await;
+        }));
     }
-    spawn_counted(Box::pin(async move {
-        let _turn = guard;
-        let mut next = after;
+}
+
+/// What `call` left to finish, as one future running it in order (remainders queued by
+/// remainders included); `None` when it left nothing.
+fn remainders(call: Arc<Call>) -> Option<Boxed<()>> {
+    let take =
+        |call: &Call| std::mem::take(&mut *call.after.lock().unwrap_or_else(|e| e.into_inner()));
+    let first = take(&call);
+    if first.is_empty() {
+        return None;
+    }
+    Some(Box::pin(async move {
+        let mut next = first;
         while !next.is_empty() {
             for remainder in next {
                 CURRENT.scope(call.clone(), remainder).await;
             }
-            next = std::mem::take(&mut *call.after.lock().unwrap_or_else(|e| e.into_inner()));
+            next = take(&call);
         }
-    }));
+    }))
 }
 
 impl<T: Send + 'static> Future for Running<T> {
@@ -232,7 +241,7 @@ impl<T: Send + 'static> Drop for Running<T> {
         let Some(inner) = self.inner.take() else {
             return;
         };
-        if self.start == Start::IfAwaited && !self.started.load(Ordering::Acquire) {
+        if self.start == Start::IfAwaited && !self.call.started.load(Ordering::Acquire) {
             // Not begun: it gives up its place.
             drop(inner);
             self.queue.pass(self.ticket);
@@ -282,6 +291,20 @@ pub(crate) fn finish_later(remainder: impl Future<Output = ()> + Send + 'static)
     }
 }
 
+/// Runs `fut` in a call scope of its own and gives back, with its output, what it left to
+/// finish (its [`within`] and [`finish_later`] remainders, in order) instead of queueing it on
+/// the current call: for a store that fans one call out to several others (a quorum), so that
+/// each member's remainders are ordered before that member's next request alone.
+pub(crate) async fn gather<T>(fut: impl Future<Output = T>) -> (T, Option<Boxed<()>>) {
+    let call = Arc::new(Call {
+        left: AtomicBool::new(false),
+        started: AtomicBool::new(true),
+        after: Mutex::new(Vec::new()),
+    });
+    let out = CURRENT.scope(call.clone(), fut).await;
+    (out, remainders(call))
+}
+
 /// Tasks this module started and not finished, process-wide.
 static PENDING: AtomicUsize = AtomicUsize::new(0);
 /// Woken when the last pending task finishes.
@@ -296,6 +319,10 @@ static SETTLED: Notify = Notify::const_new();
 /// (or returns from `main`) drops whatever still runs, and a lock that a clean-up would have
 /// taken back stays stored until its ttl ends: call this first (the blocking API and the
 /// command-line tool do). See [`LockFactory::shutdown`](crate::LockFactory::shutdown).
+///
+/// # Cancel safety
+///
+/// Cancel-safe: it only waits; what it waits for goes on.
 pub async fn settle(within: Duration) -> bool {
     tokio::time::timeout(within, async {
         loop {
@@ -314,7 +341,7 @@ pub async fn settle(within: Duration) -> bool {
 }
 
 /// Runs `fut` in a task of its own, counted until it ends (or is dropped unrun).
-pub(crate) fn spawn_counted(fut: Boxed<()>) {
+pub(crate) fn spawn_counted(fut: Pin<Box<dyn Future<Output = ()> + Send + 'static>>) {
     struct Done;
     impl Drop for Done {
         fn drop(&mut self) {
@@ -354,3 +381,6 @@ pub(crate) fn spawn_counted(fut: Boxed<()>) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

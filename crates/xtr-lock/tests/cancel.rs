@@ -332,3 +332,50 @@ async fn a_cancelled_waiter_does_not_undo_a_sibling_that_got_the_lock() {
     assert!(waiter.held_mode().is_some());
     assert!(!factory.create_lock("r").try_acquire().await.unwrap());
 }
+
+/// Issue 30's sibling race, made deterministic: sibling A's native wait times out while
+/// sibling B (same holder) waits; the clean-up A leaves must never take away what B is
+/// granted after it (before, A's delete was decided before B's grant and sent after it).
+#[tokio::test]
+async fn a_timed_out_native_wait_never_takes_back_a_siblings_later_grant() {
+    let memory = InMemoryStore::new();
+    let store = Scripted::with_caps(memory.clone(), native);
+    let lock = LockFactory::from_arc(store.clone())
+        .with_default_ttl(None)
+        .create_lock("r");
+    // The other holder goes straight to the memory store: its calls are not held.
+    let direct = LockFactory::new(memory.clone()).with_default_ttl(None);
+    let other = direct.create_lock("r");
+    other.acquire().await.unwrap();
+    // A delete of this holder, if any, is held in flight until B has been granted.
+    store.hold_requests("delete");
+    let a = tokio::spawn({
+        let lock = lock.clone();
+        async move { lock.acquire_timeout(Duration::from_millis(200)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let b = tokio::spawn({
+        let lock = lock.clone();
+        async move { lock.acquire().await }
+    });
+    assert!(!a.await.unwrap().unwrap(), "A timed out");
+    other.release().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), b)
+        .await
+        .expect("B is granted once the other holder released")
+        .unwrap()
+        .unwrap();
+    store.release_replies();
+    assert!(xtr_lock::settle(Duration::from_secs(5)).await);
+    assert_eq!(lock.held_mode(), Some(Mode::Write));
+    assert!(
+        memory.exists(lock.key()).await.unwrap().is_held(),
+        "the store still holds B's grant: {:?}",
+        store.ops()
+    );
+    assert!(
+        !direct.create_lock("r").try_acquire().await.unwrap(),
+        "nobody else gets it while B holds"
+    );
+    assert!(lock.release().await.unwrap() == Release::Released);
+}

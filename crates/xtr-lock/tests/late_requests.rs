@@ -7,15 +7,17 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use xtr_lock::{LockFactory, Lockable as _, MemcachedStore, SqlStore, Store};
+use xtr_lock::store::{CombinedStore, ConsensusStrategy};
+use xtr_lock::{InMemoryStore, LockFactory, Lockable as _, MemcachedStore, SqlStore, Store};
 use xtr_lock_testkit::hook_proxy::HeldRequest;
 use xtr_lock_testkit::mariadb::MariaDbServer;
 use xtr_lock_testkit::memcached::MemcachedServer;
 use xtr_lock_testkit::postgres::PostgresServer;
 
 const TTL: Option<Duration> = Some(Duration::from_secs(30));
-/// How long the proxy holds the save back: four times the request timeout.
-const HELD: Duration = Duration::from_secs(2);
+/// How long the proxy holds the save back: three times the request timeout (within the
+/// landing bound of four).
+const HELD: Duration = Duration::from_millis(1500);
 /// A bound on anything expected to happen "at once" on a loaded 2-core machine.
 const PATIENCE: Duration = Duration::from_secs(10);
 
@@ -41,6 +43,13 @@ async fn a_save_that_lands_after_the_timeout_leaves_nothing_held(
     assert!(held.arrived().is_some(), "the proxy saw the save");
     let err = tried.expect_err("the save was held past the request timeout: the acquire fails");
     eprintln!("the acquire failed: {err}");
+    nothing_held_once_it_lands(direct, held, r).await;
+    drop(lock);
+}
+
+/// Waits for the held save to land, then checks through `direct` that the lock is soon free:
+/// the store lists nobody, and another holder's `try_acquire` succeeds.
+async fn nothing_held_once_it_lands(direct: Arc<dyn Store>, held: HeldRequest, r: &str) {
     let watch = held.clone();
     let landed = tokio::task::spawn_blocking(move || watch.wait_landed(HELD + PATIENCE))
         .await
@@ -67,7 +76,6 @@ async fn a_save_that_lands_after_the_timeout_leaves_nothing_held(
         "another holder gets the lock the failed acquire left"
     );
     other.release().await.unwrap();
-    drop(lock);
 }
 
 /// Holds back the execution of the lock row's INSERT: the next chunk the client sends on the
@@ -139,4 +147,42 @@ async fn mariadb_an_insert_that_lands_after_the_timeout_leaves_nothing_held() {
     let (proxied, direct, held) = sql_stores(&server.url(), server.port()).await;
     let r = resource("mariadb");
     a_save_that_lands_after_the_timeout_leaves_nothing_held(proxied, direct, held, &r).await;
+}
+
+/// A quorum member's save given up on at the member's own timeout, while the quorum decided
+/// without it (the other members refused at once): its roll-back delete must follow the late
+/// save on that member, not run before it and find nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quorum_members_add_that_lands_after_its_timeout_leaves_nothing_held() {
+    let server = MemcachedServer::start();
+    let (port, held) = HeldRequest::start(server.port(), HELD, |_, chunk| {
+        chunk.starts_with(b"ms ") && chunk.windows(3).any(|w| w == b" ME")
+    });
+    let proxied: Arc<dyn Store> = Arc::new(
+        MemcachedStore::from_dsn(&format!("memcached://127.0.0.1:{port}?timeout=0.5")).unwrap(),
+    );
+    let direct: Arc<dyn Store> = Arc::new(MemcachedStore::from_dsn(&server.url()).unwrap());
+    let (m1, m2): (Arc<dyn Store>, Arc<dyn Store>) = (
+        Arc::new(InMemoryStore::new()),
+        Arc::new(InMemoryStore::new()),
+    );
+    let r = resource("quorum");
+    // Another holder holds on the two in-memory members: the quorum refuses at once.
+    for member in [&m1, &m2] {
+        let other = LockFactory::from_arc(member.clone())
+            .with_default_ttl(TTL)
+            .create_lock(&r);
+        assert!(other.try_acquire().await.unwrap());
+    }
+    let quorum: Arc<dyn Store> =
+        Arc::new(CombinedStore::new(vec![proxied, m1, m2], ConsensusStrategy).unwrap());
+    let lock = LockFactory::from_arc(quorum)
+        .with_default_ttl(TTL)
+        .create_lock(&r);
+    let tried = tokio::time::timeout(PATIENCE, lock.try_acquire())
+        .await
+        .expect("the quorum answers");
+    assert!(!matches!(tried, Ok(true)), "refused: {tried:?}");
+    assert_eq!(lock.held_mode(), None);
+    nothing_held_once_it_lands(direct, held, &r).await;
 }

@@ -241,9 +241,14 @@ impl Lock {
     async fn native_wait(&self, mode: Mode) -> Result<bool> {
         loop {
             // The holder's calls made before go first (a clean-up reaching the store after
-            // the wait's grant would take it back): one empty call waits for them.
-            self.call(Start::IfAwaited, |_, _| async {}).await;
-            let began = self.holder().serial().started();
+            // the wait's grant would take it back): one empty call waits for them, and reads
+            // how many calls have started while it holds the turn (read after it, a sibling's
+            // call could already have started and be missed by the quiet check).
+            let began = self
+                .call(Start::IfAwaited, |lock, _| async move {
+                    lock.holder().serial().started()
+                })
+                .await;
             self.key.reset_lifetime();
             let reconcile = Reconcile::armed(self);
             let saved = match mode {

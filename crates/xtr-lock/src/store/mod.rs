@@ -133,8 +133,19 @@ pub struct Capabilities {
 ///
 /// # Cancel safety
 ///
-/// Implementations document their own. The [`Lock`](crate::Lock) assumes that a dropped `save`
-/// may or may not have stored the lock, and takes it back with `delete`.
+/// One rule for every store: **native waits must be cancel-safe and leave no waiter state;
+/// other calls are never dropped once started.** A [`Lock`](crate::Lock) runs every call but
+/// the native waits on its holder's executor: one at a time per holder, in order, each to its
+/// end even if the caller stops waiting, and what it stored is taken back by the same executor
+/// when nobody received it. So `save`, `delete`, `put_off_expiration` and the rest may assume
+/// that they run to completion and that no other call of the same holder overlaps them; a
+/// store that stops waiting for a request at its own timeout should let the request land
+/// before the holder's next call rather than drop it (the built-in stores do). A dropped
+/// `wait_and_save` may have been granted with nobody to receive it: the lock then asks
+/// [`exists`](Store::exists) and takes back a grant the holder does not believe in, so a
+/// native wait only has to stop waiting and remove its waiter state (a queue entry, a blocked
+/// session) when dropped. Stores used without a [`Lock`](crate::Lock) (directly, or as members
+/// of a quorum) get no such guarantee from the caller.
 #[async_trait]
 pub trait Store: Send + Sync + fmt::Debug + fmt::Display + 'static {
     /// What this store does natively.
@@ -153,11 +164,6 @@ pub trait Store: Send + Sync + fmt::Debug + fmt::Display + 'static {
     /// An expiry if the key's lifetime ran out before the store confirmed (what was stored is
     /// taken back); a storage error when the store failed; an invalid argument, with nothing
     /// stored, for a resource the store cannot lock (a name it cannot hold).
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropped mid-flight, the lock may or may not have been stored; a `delete` for the same key
-    /// must then remove it. The [`Lock`](crate::Lock) relies on that to take it back.
     async fn save(&self, key: &Key, ttl: Option<Duration>) -> Result<Saved>;
 
     /// Takes a read lock for `key`, joins the current readers, or demotes the holder's write
@@ -166,11 +172,6 @@ pub trait Store: Send + Sync + fmt::Debug + fmt::Display + 'static {
     /// # Errors
     ///
     /// As [`save`](Store::save); `Unsupported` without shared locks.
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropped mid-flight, the lock may or may not have been stored; a `delete` for the same key
-    /// must then remove it. The [`Lock`](crate::Lock) relies on that to take it back.
     async fn save_read(&self, key: &Key, ttl: Option<Duration>) -> Result<Saved> {
         let _ = ttl;
         Err(self.unsupported(key, "shared locks"))
@@ -216,10 +217,6 @@ pub trait Store: Send + Sync + fmt::Debug + fmt::Display + 'static {
     ///
     /// An expiry if the new lifetime ran out before the store confirmed; a storage error when
     /// the store failed.
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropped mid-flight, the lock keeps either its old or its new lifetime.
     async fn put_off_expiration(&self, key: &Key, ttl: Duration) -> Result<Holding>;
 
     /// Releases what `key` holds on its resource, in either mode, and tears down the holder's
@@ -229,11 +226,6 @@ pub trait Store: Send + Sync + fmt::Debug + fmt::Display + 'static {
     /// # Errors
     ///
     /// A storage error when the store failed.
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropped mid-flight, the lock may or may not have been released; calling it again is
-    /// harmless.
     async fn delete(&self, key: &Key) -> Result<bool>;
 
     /// Whether `key` holds its resource, in which mode, or why not; changes nothing.
@@ -241,10 +233,6 @@ pub trait Store: Send + Sync + fmt::Debug + fmt::Display + 'static {
     /// # Errors
     ///
     /// A storage error when the store failed.
-    ///
-    /// # Cancel safety
-    ///
-    /// Must be cancel-safe: it changes nothing.
     async fn exists(&self, key: &Key) -> Result<Holding>;
 
     /// Registers `key`'s holder as a waiter for the next change on its resource. `Ok(None)`
@@ -258,10 +246,6 @@ pub trait Store: Send + Sync + fmt::Debug + fmt::Display + 'static {
     /// # Errors
     ///
     /// A storage error when registering failed.
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropped mid-flight, nothing is registered; a dropped [`Watcher`] unregisters itself.
     async fn watch(&self, key: &Key) -> Result<Option<Watcher>> {
         let _ = key;
         Ok(None)
@@ -275,10 +259,6 @@ pub trait Store: Send + Sync + fmt::Debug + fmt::Display + 'static {
     /// # Errors
     ///
     /// A storage error when registering failed.
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropped mid-flight, nothing is registered; a dropped [`LossWatcher`] unregisters itself.
     async fn watch_loss(&self, key: &Key) -> Result<Option<LossWatcher>> {
         let _ = key;
         Ok(None)
@@ -289,10 +269,6 @@ pub trait Store: Send + Sync + fmt::Debug + fmt::Display + 'static {
     /// # Errors
     ///
     /// `Unsupported` unless [`Capabilities::introspection`].
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: it changes nothing.
     async fn holders(&self, resource: &str) -> Result<Vec<HolderInfo>> {
         Err(Error::unsupported("the store cannot tell who holds a lock")
             .with_resource(resource)
@@ -305,10 +281,6 @@ pub trait Store: Send + Sync + fmt::Debug + fmt::Display + 'static {
     /// # Errors
     ///
     /// A storage error when the store failed.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: it changes nothing.
     async fn fencing_counter(&self, resource: &str) -> Result<Option<u64>> {
         let _ = resource;
         Ok(None)
@@ -324,11 +296,6 @@ pub trait Store: Send + Sync + fmt::Debug + fmt::Display + 'static {
     /// # Errors
     ///
     /// What failed to close, all of it (a [`CombinedStore`] tries every member).
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropped mid-flight, some connections may be closed and others not; calling it again
-    /// finishes the job.
     async fn close(&self) -> Result<()> {
         Ok(())
     }

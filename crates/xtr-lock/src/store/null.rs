@@ -65,16 +65,10 @@ impl Store for NullStore {
         }
     }
 
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: does nothing.
     async fn save(&self, _key: &Key, _ttl: Option<Duration>) -> Result<Saved> {
         Ok(Saved::Acquired(Acquired::new()))
     }
 
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: does nothing.
     async fn save_read(&self, _key: &Key, _ttl: Option<Duration>) -> Result<Saved> {
         Ok(Saved::Acquired(Acquired::new()))
     }
@@ -93,23 +87,14 @@ impl Store for NullStore {
         Ok(Saved::Acquired(Acquired::new()))
     }
 
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: does nothing.
     async fn put_off_expiration(&self, _key: &Key, _ttl: Duration) -> Result<Holding> {
         Ok(Holding::Held(Mode::Write))
     }
 
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: does nothing.
     async fn delete(&self, _key: &Key) -> Result<bool> {
         Ok(false)
     }
 
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: does nothing.
     async fn exists(&self, _key: &Key) -> Result<Holding> {
         Ok(Holding::NotHeld(LostReason::Removed))
     }

@@ -124,10 +124,6 @@ impl Store for MySqlLockStore {
         }
     }
 
-    /// # Cancel safety
-    ///
-    /// Dropped mid-flight, the holder's session finishes the statement and releases what it
-    /// granted; `delete` removes what an answered save stored.
     async fn save(&self, key: &Key, _ttl: Option<Duration>) -> Result<Saved> {
         self.save_write(key, false).await
     }
@@ -141,43 +137,25 @@ impl Store for MySqlLockStore {
     }
 
     /// Checks the hold (nothing expires).
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: it changes nothing.
     async fn put_off_expiration(&self, key: &Key, _ttl: Duration) -> Result<Holding> {
         self.inner.exists(key).await
     }
 
-    /// # Cancel safety
-    ///
-    /// Dropped mid-flight, the release still runs to the end in the holder's session.
     async fn delete(&self, key: &Key) -> Result<bool> {
         self.inner.delete(key).await
     }
 
     /// Asks the holder's session whether `IS_USED_LOCK` names it (one round trip).
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: it changes nothing.
     async fn exists(&self, key: &Key) -> Result<Holding> {
         self.inner.exists(key).await
     }
 
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: it registers nothing.
     async fn watch_loss(&self, key: &Key) -> Result<Option<LossWatcher>> {
         Ok(Some(self.inner.watch_loss(key)))
     }
 
     /// The session holding `resource`'s lock on the server, from `IS_USED_LOCK`, with its user
     /// and host where the process list shows them.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: it changes nothing.
     async fn holders(&self, resource: &str) -> Result<Vec<HolderInfo>> {
         let Control::MySql(pool) = self.inner.conns.control() else {
             unreachable!("a GET_LOCK store's control pool is MySQL's");
@@ -203,10 +181,6 @@ impl Store for MySqlLockStore {
     }
 
     /// Closes the idle connections and the control pool; holders keep their sessions.
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropped mid-flight, some connections may stay open; calling it again closes them.
     async fn close(&self) -> Result<()> {
         self.inner.conns.close().await;
         Ok(())

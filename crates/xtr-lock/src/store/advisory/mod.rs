@@ -158,17 +158,10 @@ impl Store for PgAdvisoryStore {
         }
     }
 
-    /// # Cancel safety
-    ///
-    /// Dropped mid-flight, the holder's session finishes the statement and unlocks what it
-    /// granted; `delete` removes what an answered save stored.
     async fn save(&self, key: &Key, _ttl: Option<Duration>) -> Result<Saved> {
         self.save_mode(key, Mode::Write, false).await
     }
 
-    /// # Cancel safety
-    ///
-    /// As [`save`](Store::save).
     async fn save_read(&self, key: &Key, _ttl: Option<Duration>) -> Result<Saved> {
         self.save_mode(key, Mode::Read, false).await
     }
@@ -189,42 +182,24 @@ impl Store for PgAdvisoryStore {
     }
 
     /// Checks the hold (nothing expires).
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: it changes nothing.
     async fn put_off_expiration(&self, key: &Key, _ttl: Duration) -> Result<Holding> {
         self.exists(key).await
     }
 
-    /// # Cancel safety
-    ///
-    /// Dropped mid-flight, the unlocks still run to the end in the holder's session.
     async fn delete(&self, key: &Key) -> Result<bool> {
         self.inner.delete(key).await
     }
 
     /// Asks the holder's session which holds `pg_locks` shows for it (one round trip).
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: it changes nothing.
     async fn exists(&self, key: &Key) -> Result<Holding> {
         self.inner.exists(key).await
     }
 
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: it registers nothing.
     async fn watch_loss(&self, key: &Key) -> Result<Option<LossWatcher>> {
         Ok(Some(self.inner.watch_loss(key)))
     }
 
     /// Every backend that holds `resource`'s key in this database, from `pg_locks`.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: it changes nothing.
     async fn holders(&self, resource: &str) -> Result<Vec<HolderInfo>> {
         let (classid, objid) = keys::pg_locks_ids(self.advisory_key(resource));
         let Control::Postgres(pool) = self.inner.conns.control() else {
@@ -264,10 +239,6 @@ impl Store for PgAdvisoryStore {
     }
 
     /// Closes the idle connections and the control pool; holders keep their sessions.
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropped mid-flight, some connections may stay open; calling it again closes them.
     async fn close(&self) -> Result<()> {
         self.inner.conns.close().await;
         Ok(())

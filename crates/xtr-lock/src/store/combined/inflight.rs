@@ -28,9 +28,13 @@ pub(super) type Pending<T> = FuturesUnordered<BoxFuture<'static, Answer<T>>>;
 
 type Done = Shared<BoxFuture<'static, ()>>;
 
+/// Per resource: the work to wait for, its id, and whether it is a request's landing
+/// (registered by [`Inflight::after`]) rather than a detached batch.
+type Waits = HashMap<String, (u64, Done, bool)>;
+
 /// Per member, per resource: the background requests the next request must wait for.
 pub(super) struct Inflight {
-    members: Vec<Mutex<HashMap<String, (u64, Done)>>>,
+    members: Vec<Mutex<Waits>>,
     ids: AtomicU64,
 }
 
@@ -42,7 +46,7 @@ impl Inflight {
         }
     }
 
-    fn member(&self, i: usize) -> std::sync::MutexGuard<'_, HashMap<String, (u64, Done)>> {
+    fn member(&self, i: usize) -> std::sync::MutexGuard<'_, Waits> {
         self.members[i].lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -50,8 +54,17 @@ impl Inflight {
     pub(super) fn before(&self, i: usize, resource: &str) -> Option<Done> {
         let map = self.member(i);
         map.get(resource)
-            .filter(|(_, done)| done.peek().is_none())
-            .map(|(_, done)| done.clone())
+            .filter(|(_, done, _)| done.peek().is_none())
+            .map(|(_, done, _)| done.clone())
+    }
+
+    /// What member `i`'s request on `resource` left to land, if it is still landing: what a
+    /// delete of that member must wait for (a detached batch it may be part of is not).
+    pub(super) fn landing(&self, i: usize, resource: &str) -> Option<Done> {
+        let map = self.member(i);
+        map.get(resource)
+            .filter(|(_, done, landing)| *landing && done.peek().is_none())
+            .map(|(_, done, _)| done.clone())
     }
 
     /// Lets `rest` finish in the background (on the current tokio runtime), logging failures;
@@ -93,7 +106,7 @@ impl Inflight {
         let done = work.shared();
         for &i in members {
             self.member(i)
-                .insert(resource.to_owned(), (id, done.clone()));
+                .insert(resource.to_owned(), (id, done.clone(), false));
         }
         let this = self.clone();
         let members = members.to_vec();
@@ -103,9 +116,33 @@ impl Inflight {
             done.await;
             for i in members {
                 let mut map = this.member(i);
-                if map.get(&resource).is_some_and(|(mine, _)| *mine == id) {
+                if map.get(&resource).is_some_and(|(mine, _, _)| *mine == id) {
                     map.remove(&resource);
                 }
+            }
+        }));
+    }
+
+    /// Lets `rest` (what member `i`'s request on `resource` left to finish after answering)
+    /// finish in the background; until it has, that member's next request on `resource`
+    /// waits for it.
+    pub(super) fn after(
+        self: &std::sync::Arc<Self>,
+        i: usize,
+        resource: &str,
+        rest: BoxFuture<'static, ()>,
+    ) {
+        let id = self.ids.fetch_add(1, Ordering::Relaxed);
+        let done = rest.shared();
+        self.member(i)
+            .insert(resource.to_owned(), (id, done.clone(), true));
+        let this = self.clone();
+        let resource = resource.to_owned();
+        crate::serial::spawn_counted(Box::pin(async move {
+            done.await;
+            let mut map = this.member(i);
+            if map.get(&resource).is_some_and(|(mine, _, _)| *mine == id) {
+                map.remove(&resource);
             }
         }));
     }
@@ -116,7 +153,7 @@ impl Inflight {
             .flat_map(|i| {
                 self.member(i)
                     .values()
-                    .map(|(_, d)| d.clone())
+                    .map(|(_, d, _)| d.clone())
                     .collect::<Vec<_>>()
             })
             .collect();

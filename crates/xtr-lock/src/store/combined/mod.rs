@@ -207,11 +207,18 @@ impl CombinedStore {
             .zip(befores)
             .map(|(&i, before)| {
                 let request = op(self.stores[i].clone(), key.clone());
+                let (inflight, resource) = (self.inflight.clone(), key.resource().to_owned());
                 Box::pin(async move {
                     if let Some(before) = before {
                         before.await;
                     }
-                    (i, request.await)
+                    // A member request given up on at its own timeout (SQL, Memcached) still
+                    // lands before that member's next request on the resource.
+                    let (answer, rest) = crate::serial::gather(request).await;
+                    if let Some(rest) = rest {
+                        inflight.after(i, &resource, rest);
+                    }
+                    (i, answer)
                 }) as BoxFuture<'static, Answer<T>>
             })
             .collect()
@@ -308,20 +315,11 @@ impl Store for CombinedStore {
     }
 
     /// Asks every member at once; held when the strategy is met within the lease.
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropped mid-flight, members may hold the lock; `delete` takes it back from all of them
-    /// (the [`Lock`](crate::Lock) does this for you).
     async fn save(&self, key: &Key, ttl: Option<Duration>) -> Result<Saved> {
         self.save_mode(key, ttl, false).await
     }
 
     /// As [`save`](CombinedStore::save), with read locks where members share.
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`save`](CombinedStore::save).
     async fn save_read(&self, key: &Key, ttl: Option<Duration>) -> Result<Saved> {
         self.save_mode(key, ttl, true).await
     }
@@ -329,10 +327,6 @@ impl Store for CombinedStore {
     /// Extends the lease on every member at once (a member without expiry checks that the holder
     /// still holds there, rather than being counted as agreeing unasked, as the peers do);
     /// short of the quorum, the lock is taken back everywhere.
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropped mid-flight, each member keeps its old or new lease.
     async fn put_off_expiration(&self, key: &Key, ttl: Duration) -> Result<Holding> {
         self.put_off(key, ttl).await
     }
@@ -342,20 +336,12 @@ impl Store for CombinedStore {
     /// (otherwise the lock had been lost). Members still answering finish in the background (a
     /// release does not wait for a slow or paused minority), ahead of the holder's next request
     /// to them; [`close`](CombinedStore::close) waits for them.
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropped mid-flight, some members may still hold; calling it again is harmless.
     async fn delete(&self, key: &Key) -> Result<bool> {
         self.delete_quorum(key).await
     }
 
     /// Asks the members at once and answers as soon as the outcome is decided; a failing member
     /// counts as "no". The holder writes when members enough to meet the strategy say so.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: it changes nothing.
     async fn exists(&self, key: &Key) -> Result<Holding> {
         self.exists_quorum(key).await
     }
@@ -369,10 +355,6 @@ impl Store for CombinedStore {
     /// Returns once members enough to meet the strategy are watching (or can no longer be): a
     /// member slow to register (paused, reconnecting) goes on registering inside the watcher
     /// and never delays the attempt.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: dropped watchers unregister.
     async fn watch(&self, key: &Key) -> Result<Option<Watcher>> {
         let n = self.stores.len();
         let mut registering: FuturesUnordered<BoxFuture<'static, Option<Watcher>>> = self
@@ -452,10 +434,6 @@ impl Store for CombinedStore {
     /// Completes when the members that still hold can no longer meet the strategy, counting
     /// the members that report a loss; members that cannot report one are assumed to hold (the
     /// lock's renewal finds out about them). `None` when no member reports loss.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: dropped watchers unregister.
     async fn watch_loss(&self, key: &Key) -> Result<Option<LossWatcher>> {
         let n = self.stores.len();
         let registered = join_all(self.stores.iter().map(|s| s.watch_loss(key))).await;
@@ -484,10 +462,6 @@ impl Store for CombinedStore {
     /// # Errors
     ///
     /// A temporary storage error when too few members could answer to speak for the quorum.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: read-only.
     async fn holders(&self, resource: &str) -> Result<Vec<HolderInfo>> {
         self.quorum_holders(resource).await
     }
@@ -498,11 +472,6 @@ impl Store for CombinedStore {
     /// # Errors
     ///
     /// One storage error listing every member that failed to close, after all were tried.
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropped mid-flight, some members may be closed and others not; calling it again
-    /// finishes the job.
     async fn close(&self) -> Result<()> {
         self.inflight.settle().await;
         let results = join_all(self.stores.iter().map(|s| s.close())).await;

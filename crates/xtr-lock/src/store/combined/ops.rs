@@ -241,10 +241,15 @@ impl CombinedStore {
             return;
         };
         let (stores, owned) = (self.stores.clone(), key.clone());
+        let inflight = self.inflight.clone();
         let cleanup: BoxFuture<'static, Answer<()>> = Box::pin(async move {
             while let Some((i, answer)) = pending.next().await {
                 if matches!(answer, Ok(Saved::Conflict(_))) {
                     continue;
+                }
+                // A save given up on at the member's timeout lands first.
+                if let Some(landing) = inflight.landing(i, owned.resource()) {
+                    landing.await;
                 }
                 if let Err(err) = stores[i].delete(&owned).await {
                     tracing::warn!(target: TARGET, resource = owned.resource(),

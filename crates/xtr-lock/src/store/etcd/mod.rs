@@ -203,18 +203,10 @@ impl Store for EtcdStore {
 
     /// Puts the holder's queue key and reads the queue in one transaction (plus a lease grant
     /// on the holder's first acquire); a key that does not hold at once is deleted again.
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropped mid-flight, the holder's task finishes the transaction and gives back a grant
-    /// nobody received; `delete` removes what an answered save stored.
     async fn save(&self, key: &Key, ttl: Option<Duration>) -> Result<Saved> {
         self.save_mode(key, Mode::Write, false, ttl).await
     }
 
-    /// # Cancel safety
-    ///
-    /// As [`save`](Store::save).
     async fn save_read(&self, key: &Key, ttl: Option<Duration>) -> Result<Saved> {
         self.save_mode(key, Mode::Read, false, ttl).await
     }
@@ -239,20 +231,12 @@ impl Store for EtcdStore {
 
     /// Keeps the lease alive now (one keep-alive) and checks the key. The lease's ttl cannot
     /// change: `ttl` is ignored (the store keeps the lease alive anyway).
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: the keep-alive and the check change nothing else.
     async fn put_off_expiration(&self, key: &Key, _ttl: Duration) -> Result<Holding> {
         self.check(key, true).await
     }
 
     /// Deletes the holder's key (only that key: never another holder's). The lease stays for
     /// the holder's next acquire.
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropped mid-flight, the holder's task finishes the delete.
     async fn delete(&self, key: &Key) -> Result<bool> {
         match self.existing_sender(key) {
             Some(tx) => self.ask(key, tx, |reply| Cmd::Release { reply }).await,
@@ -261,17 +245,10 @@ impl Store for EtcdStore {
     }
 
     /// Reads the holder's key (one linearizable read).
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: it changes nothing.
     async fn exists(&self, key: &Key) -> Result<Holding> {
         self.check(key, false).await
     }
 
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: it registers nothing.
     async fn watch_loss(&self, key: &Key) -> Result<Option<LossWatcher>> {
         Ok(Some(match key.existing_handle::<Handle>(self.core.owner) {
             // A holder task that is gone took its lease with it.
@@ -284,10 +261,6 @@ impl Store for EtcdStore {
     /// with its lease and the revision it queued at (`backend`: `lease 694d7a3b2c1f0a12, queued
     /// at revision 42`, with the key's name when it is not in this library's layout) and the
     /// lease's remaining ttl.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: it changes nothing.
     async fn holders(&self, resource: &str) -> Result<Vec<HolderInfo>> {
         let dir = queue::dir(&self.core.config.prefix, resource);
         let listed = self
@@ -335,10 +308,6 @@ impl Store for EtcdStore {
     }
 
     /// The cluster's revision now: every later acquisition's key gets a greater one.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: it changes nothing.
     async fn fencing_counter(&self, resource: &str) -> Result<Option<u64>> {
         let dir = queue::dir(&self.core.config.prefix, resource);
         let got = self
@@ -350,10 +319,6 @@ impl Store for EtcdStore {
     }
 
     /// Drops the store's connection; holders keep theirs until their keys go.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe.
     async fn close(&self) -> Result<()> {
         self.core.disconnect().await;
         Ok(())

@@ -404,16 +404,10 @@ impl Store for FlockStore {
         ))
     }
 
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: it completes at its first poll (non-blocking system calls).
     async fn save(&self, key: &Key, _ttl: Option<Duration>) -> Result<Saved> {
         self.attempt(key, Mode::Write, false)
     }
 
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: it completes at its first poll (non-blocking system calls).
     async fn save_read(&self, key: &Key, _ttl: Option<Duration>) -> Result<Saved> {
         self.attempt(key, Mode::Read, false)
     }
@@ -441,10 +435,6 @@ impl Store for FlockStore {
 
     /// Checks that the holder still holds, on the file its name leads to (nothing expires
     /// here).
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: it completes at its first poll.
     async fn put_off_expiration(&self, key: &Key, _ttl: Duration) -> Result<Holding> {
         self.verify(key)
     }
@@ -452,10 +442,6 @@ impl Store for FlockStore {
     /// Unlocks and closes the holder's descriptor; the handle keeps only the file's name, for
     /// the next acquire. The file stays. A file unlinked or renamed over meanwhile was not held:
     /// `false`.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: it completes at its first poll.
     async fn delete(&self, key: &Key) -> Result<bool> {
         let Some(handle) = key.existing_handle::<FileHandle>(self.inner.owner) else {
             return Ok(false);
@@ -467,19 +453,11 @@ impl Store for FlockStore {
     /// The holder's own state, checked against the file the name leads to now (the kernel keeps
     /// a `flock` lock for as long as the descriptor is open, so there is nothing else to ask).
     /// A replaced file is let go of and reported as [`LostReason::Replaced`].
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: it completes at its first poll.
     async fn exists(&self, key: &Key) -> Result<Holding> {
         self.verify(key)
     }
 
     /// A best-effort watcher: releases in this process and closes by other processes.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: registration is synchronous.
     async fn watch(&self, key: &Key) -> Result<Option<Watcher>> {
         let mut changed = self.inner.hub.subscribe(&self.file_name(key.resource()));
         Ok(Some(Watcher::best_effort(async move {
@@ -491,11 +469,6 @@ impl Store for FlockStore {
     /// of it: the file's inode is compared with the path's every 100 ms for the first second,
     /// then at each inotify name event on the directory (once a second where inotify cannot
     /// tell). The replaced file is let go of.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: nothing is registered until it is first polled, and what it registers goes
-    /// when it is dropped.
     async fn watch_loss(&self, key: &Key) -> Result<Option<LossWatcher>> {
         let name = self.file_name(key.resource());
         let hub = self.inner.hub.clone();
@@ -566,10 +539,6 @@ impl Store for FlockStore {
 
     /// The processes holding the file and their modes, from a consistent read of `/proc/locks`
     /// (a temporary error when the kernel's lock table changed during every read).
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: read-only.
     async fn holders(&self, resource: &str) -> Result<Vec<HolderInfo>> {
         let path = self.path_for(resource);
         let meta = match std::fs::symlink_metadata(&path) {

@@ -364,21 +364,11 @@ impl Store for MemcachedStore {
     }
 
     /// An add, or for the holder that already holds, a read and a CAS replace.
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropped mid-flight, the request still runs to its end in its own task, and the
-    /// holder's next operation waits for it: a `delete` then removes what it stored (the
-    /// [`Lock`](crate::Lock) does this for you).
     async fn save(&self, key: &Key, ttl: Option<Duration>) -> Result<Saved> {
         self.acquire(key, ttl).await
     }
 
     /// A read and a CAS replace with the new expiry; an entry that is gone is not re-created.
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropped mid-flight, the entry keeps its old or its new expiry.
     async fn put_off_expiration(&self, key: &Key, ttl: Duration) -> Result<Holding> {
         if !key.has_token(KIND) {
             return Ok(Holding::NotHeld(LostReason::Removed));
@@ -420,10 +410,6 @@ impl Store for MemcachedStore {
 
     /// A read and a delete conditional on the CAS read: `true` only if the holder's own entry
     /// was deleted. An entry that changed hands in between is never touched.
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropped mid-flight, the lock may or may not be released; calling it again is harmless.
     async fn delete(&self, key: &Key) -> Result<bool> {
         if !key.has_token(KIND) || !Self::is_valid_name(key.resource()) {
             return Ok(false);
@@ -447,10 +433,6 @@ impl Store for MemcachedStore {
     /// Registers the holder as a waiter for the next release by a holder of this store (in
     /// this process). Releases by other processes, PHP's included, are seen by polling: the
     /// watcher says it covers a release only when the last refusal came from a holder here.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: it completes at its first poll; a dropped watcher unregisters.
     async fn watch(&self, key: &Key) -> Result<Option<Watcher>> {
         let mut rx = lock(&self.inner.wakers).subscribe(key.resource());
         let here = key.handle::<HolderState>(self.inner.owner).here.clone();
@@ -465,10 +447,6 @@ impl Store for MemcachedStore {
     }
 
     /// One read: the entry holds the holder's token.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: it changes nothing.
     async fn exists(&self, key: &Key) -> Result<Holding> {
         if !key.has_token(KIND) || !Self::is_valid_name(key.resource()) {
             return Ok(Holding::NotHeld(LostReason::Removed));
@@ -491,10 +469,6 @@ impl Store for MemcachedStore {
     }
 
     /// The entry's holder (by its token's digest) and the seconds its entry has left.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: it changes nothing.
     async fn holders(&self, resource: &str) -> Result<Vec<HolderInfo>> {
         let name = self.name(resource)?;
         let entry = self
@@ -520,10 +494,6 @@ impl Store for MemcachedStore {
     }
 
     /// Closes the idle connections; the next request opens a new one.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: it does not wait.
     async fn close(&self) -> Result<()> {
         self.inner.pool.close();
         Ok(())

@@ -317,9 +317,6 @@ impl Store for InMemoryStore {
         Some(format!("in-memory@{:p}", Arc::as_ptr(&self.inner)))
     }
 
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: the state changes synchronously, before the first await.
     async fn save(&self, key: &Key, ttl: Option<Duration>) -> Result<Saved> {
         let token = key.token(KIND);
         self.reduce(key, ttl);
@@ -361,9 +358,6 @@ impl Store for InMemoryStore {
         self.finish(key, result).await
     }
 
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: the state changes synchronously, before the first await.
     async fn save_read(&self, key: &Key, ttl: Option<Duration>) -> Result<Saved> {
         let token = key.token(KIND);
         self.reduce(key, ttl);
@@ -397,9 +391,6 @@ impl Store for InMemoryStore {
         self.finish(key, result).await
     }
 
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: the state changes synchronously, before the first await.
     async fn put_off_expiration(&self, key: &Key, ttl: Duration) -> Result<Holding> {
         let token = key.token(KIND);
         self.reduce(key, Some(ttl));
@@ -437,9 +428,6 @@ impl Store for InMemoryStore {
         Ok(holding)
     }
 
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: completes synchronously.
     async fn delete(&self, key: &Key) -> Result<bool> {
         let token = key.token(KIND);
         let (now, _) = self.times(None);
@@ -460,9 +448,6 @@ impl Store for InMemoryStore {
         Ok(removed)
     }
 
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: read-only and synchronous.
     async fn exists(&self, key: &Key) -> Result<Holding> {
         if !key.has_token(KIND) {
             return Ok(Holding::NotHeld(LostReason::Removed));
@@ -471,17 +456,10 @@ impl Store for InMemoryStore {
     }
 
     /// One counter for the whole store, so strictly increasing for every resource.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: read-only and synchronous.
     async fn fencing_counter(&self, _resource: &str) -> Result<Option<u64>> {
         Ok(Some(self.state().last_fence))
     }
 
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: read-only and synchronous.
     async fn holders(&self, resource: &str) -> Result<Vec<HolderInfo>> {
         let (now, _) = self.times(None);
         let pid = Some(std::process::id());
@@ -507,9 +485,6 @@ impl Store for InMemoryStore {
         Ok(out)
     }
 
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: registration is synchronous.
     async fn watch(&self, key: &Key) -> Result<Option<Watcher>> {
         let mut rx = self.state().watchers.subscribe(key.resource());
         Ok(Some(Watcher::new(async move {
@@ -521,10 +496,6 @@ impl Store for InMemoryStore {
     /// Completes when the holder's entry is gone: deleted (by a deserialized copy of the key,
     /// say), pruned after expiring, or taken over. Every such change notifies the resource's
     /// channel; expiry alone does not, and is found by renewal.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: registration is synchronous.
     async fn watch_loss(&self, key: &Key) -> Result<Option<LossWatcher>> {
         let token = key.token(KIND);
         let resource = key.resource().to_owned();

@@ -264,20 +264,11 @@ impl Store for RedisPubSubStore {
     /// One attempt, as portalocker's `fail_when_locked` with no timeout: subscribe, count,
     /// probe, decide, confirm. A probe left inconclusive (somebody came or went, or stayed
     /// silent and was reaped) is a refusal.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: dropped mid-flight, the subscription it made closes; a reader promoting
-    /// keeps its read lock.
     async fn save(&self, key: &Key, _ttl: Option<Duration>) -> Result<Saved> {
         self.write(key, true).await
     }
 
     /// One reader's attempt.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: dropped mid-flight, the subscription it made closes.
     async fn save_read(&self, key: &Key, _ttl: Option<Duration>) -> Result<Saved> {
         self.read(key, true).await
     }
@@ -304,21 +295,12 @@ impl Store for RedisPubSubStore {
     }
 
     /// Whether the holder's subscription is still live (nothing expires).
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: it completes at its first poll.
     async fn put_off_expiration(&self, key: &Key, _ttl: Duration) -> Result<Holding> {
         Ok(self.holding(key))
     }
 
     /// Unsubscribes (confirmed), closes the connection and wakes this library's waiters.
     /// `false` when the subscription was already gone.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: dropped mid-flight, the connection closes anyway; the notice may not go
-    /// out (waiters then find the release at their next try).
     async fn delete(&self, key: &Key) -> Result<bool> {
         let Some(handle) = key.existing_handle::<Handle>(self.inner.owner) else {
             return Ok(false);
@@ -330,20 +312,12 @@ impl Store for RedisPubSubStore {
     }
 
     /// Whether the holder's subscription is still live.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: it completes at its first poll.
     async fn exists(&self, key: &Key) -> Result<Holding> {
         Ok(self.holding(key))
     }
 
     /// Completes when the holder's subscription ends: [`LostReason::Disconnected`] when it
     /// went without its holder (closed, killed, its health check unanswered), at once.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: nothing is registered but a receiver, dropped with it.
     async fn watch_loss(&self, key: &Key) -> Result<Option<LossWatcher>> {
         let Some(handle) = key.existing_handle::<Handle>(self.inner.owner) else {
             return Ok(None);
@@ -369,10 +343,6 @@ impl Store for RedisPubSubStore {
 
     /// Pings the channel without subscribing to it, until every subscriber answered (up to
     /// twice `unavailable_timeout`); never reaps.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: it changes nothing.
     async fn holders(&self, resource: &str) -> Result<Vec<HolderInfo>> {
         let channel = self.channel(resource)?;
         let records = probe::read_only(
@@ -399,10 +369,6 @@ impl Store for RedisPubSubStore {
     }
 
     /// `GET <channel>-fence`.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: it changes nothing.
     async fn fencing_counter(&self, resource: &str) -> Result<Option<u64>> {
         let channel = self.channel(resource)?;
         let mut conn = self
@@ -421,10 +387,6 @@ impl Store for RedisPubSubStore {
     }
 
     /// Closes the command connection and the listener (holders' subscriptions stay theirs).
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe.
     async fn close(&self) -> Result<()> {
         self.inner.conns.close().await;
         Ok(())

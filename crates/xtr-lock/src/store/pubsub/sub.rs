@@ -152,10 +152,6 @@ impl Sub {
     /// closes the connection. Whether it was still subscribed: the server confirmed the
     /// unsubscribe (a connection killed a moment ago, whose end this process has not read yet,
     /// cannot).
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropped mid-flight, the connection closes anyway.
     pub(super) async fn close(mut self) -> bool {
         let Some(close) = self.close.take() else {
             return false;

@@ -392,29 +392,16 @@ impl Store for RedisStore {
 
     /// One round trip: prune, admit (new writer on an empty set, re-save, or the sole reader's
     /// promotion), write now + ttl, advance the fence for a new writer.
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropped mid-flight, the server may or may not have stored the lock; `delete` removes it
-    /// (the [`Lock`](crate::Lock) does this for you).
     async fn save(&self, key: &Key, ttl: Option<Duration>) -> Result<Saved> {
         self.save_mode(key, ttl, Mode::Write).await
     }
 
     /// One round trip: prune, join readers or demote the caller's write lock.
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`save`](RedisStore::save).
     async fn save_read(&self, key: &Key, ttl: Option<Duration>) -> Result<Saved> {
         self.save_mode(key, ttl, Mode::Read).await
     }
 
     /// One round trip; refuses (and removes) an entry whose lease already ended.
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropped mid-flight, the lease is either the old or the new one.
     async fn put_off_expiration(&self, key: &Key, ttl: Duration) -> Result<Holding> {
         key.reduce_lifetime(ttl);
         let code: i64 = self
@@ -434,10 +421,6 @@ impl Store for RedisStore {
     }
 
     /// One round trip; `true` only if a live lease was removed (an ended one counts as lost).
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropped mid-flight, the lock may or may not be released; calling it again is harmless.
     async fn delete(&self, key: &Key) -> Result<bool> {
         let removed: i64 = self
             .eval(&self.inner.scripts.delete, key, None, Keys::Queue, None)
@@ -447,10 +430,6 @@ impl Store for RedisStore {
 
     /// Read-only: the token's score is later than the server's now; the write marker beside
     /// it makes it a writer.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: it changes nothing.
     async fn exists(&self, key: &Key) -> Result<Holding> {
         if !self.inner.legacy_exists.load(Ordering::Relaxed) {
             match self
@@ -482,11 +461,6 @@ impl Store for RedisStore {
     /// when readers can come in). Subscribes the store's wake channel on first use. The
     /// watcher sees every release while every holder it waits behind announces its release
     /// (this library's holders); beside a Python or PHP holder the lock polls.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: a dropped call or watcher unregisters, and the last watcher of a holder
-    /// takes its ticket out of the queue.
     async fn watch(&self, key: &Key) -> Result<Option<Watcher>> {
         let lock_key = self.key_for(key.resource());
         Ok(self.inner.notifier.watch(self, lock_key, key).await)
@@ -495,10 +469,6 @@ impl Store for RedisStore {
     /// Drops the command connection and the subscriber connection (waiters wake and poll, then
     /// re-subscribe on a new one). Requests still under way finish on the old connection first;
     /// the next request opens a new one. Never fails.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: it does not wait.
     async fn close(&self) -> Result<()> {
         lock(&self.inner.conn).take();
         self.inner.notifier.close();
@@ -506,10 +476,6 @@ impl Store for RedisStore {
     }
 
     /// `GET` of the fencing counter (one per prefix, see [`RedisStore::internal_key`]).
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: read-only.
     async fn fencing_counter(&self, resource: &str) -> Result<Option<u64>> {
         let mut conn = self.conn().await.map_err(|e| e.with_resource(resource))?;
         let value: Option<u64> = redis::cmd("GET")
@@ -521,10 +487,6 @@ impl Store for RedisStore {
     }
 
     /// The holders of `resource` and their remaining leases, from the sorted set.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: read-only.
     async fn holders(&self, resource: &str) -> Result<Vec<HolderInfo>> {
         let mut conn = self.conn().await.map_err(|e| e.with_resource(resource))?;
         let key = self.key_for(resource);

@@ -376,11 +376,6 @@ impl Store for SemaphoreStore {
 
     /// Takes the lock if it is free, without waiting; a holder that already holds keeps it.
     /// The ttl is ignored (semaphores do not expire).
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: a try runs its system calls without awaiting, except while another process
-    /// sets the semaphore up; dropped then, a lock its thread took meanwhile is given back.
     async fn save(&self, key: &Key, _ttl: Option<Duration>) -> Result<Saved> {
         self.take(key, false).await
     }
@@ -397,20 +392,12 @@ impl Store for SemaphoreStore {
     }
 
     /// Checks that the holder's set is still there with its lock taken (nothing expires).
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: it completes at its first poll.
     async fn put_off_expiration(&self, key: &Key, _ttl: Duration) -> Result<Holding> {
         self.check(key)
     }
 
     /// Removes the holder's set (waiters wake and make a new one). `false` when it held nothing
     /// or its set was already gone.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: it completes at its first poll.
     async fn delete(&self, key: &Key) -> Result<bool> {
         let Some(handle) = key.existing_handle::<Handle>(self.owner) else {
             return Ok(false);
@@ -422,20 +409,12 @@ impl Store for SemaphoreStore {
     }
 
     /// The holder's set, checked against the key's current set.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: it completes at its first poll.
     async fn exists(&self, key: &Key) -> Result<Holding> {
         self.check(key)
     }
 
     /// The holder of `resource`'s semaphore, with its process (the last process that changed
     /// the lock semaphore, which is the holder while it is held).
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: it changes nothing.
     async fn holders(&self, resource: &str) -> Result<Vec<HolderInfo>> {
         let sem_key = self.key_of(resource)?;
         let Some(id) =

@@ -411,21 +411,11 @@ impl Store for SqlStore {
 
     /// One statement (two on MySQL for a new acquisition): insert, re-save our own row, or
     /// take over an expired one; draws the fencing token of a new acquisition.
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropped mid-flight, the statement still runs to its end in the background, before any
-    /// later statement of the same holder: the `delete` that cleans up after it (the
-    /// [`Lock`](crate::Lock) sends one) removes what it stored.
     async fn save(&self, key: &Key, ttl: Option<Duration>) -> Result<Saved> {
         self.save_write(key, ttl).await
     }
 
     /// The table has no shared locks: a read lock is the exclusive lock.
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`save`](SqlStore::save).
     async fn save_read(&self, key: &Key, ttl: Option<Duration>) -> Result<Saved> {
         self.save_write(key, ttl).await
     }
@@ -433,28 +423,16 @@ impl Store for SqlStore {
     /// One statement that extends our own live row; never inserts, never revives an expired
     /// row. A ttl under 2 s cannot be kept (whole seconds, up to 1 s early): the lock is taken
     /// back and the expiry reported.
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropped mid-flight, the row keeps its old or its new expiry.
     async fn put_off_expiration(&self, key: &Key, ttl: Duration) -> Result<Holding> {
         self.put_off(key, ttl).await
     }
 
     /// One statement (PostgreSQL also notifies in it); `true` only if our live row went.
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropped mid-flight, the row may or may not be gone; calling it again is harmless.
     async fn delete(&self, key: &Key) -> Result<bool> {
         self.remove(key).await
     }
 
     /// Reads our row: held, expired, taken over or gone.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: it changes nothing.
     async fn exists(&self, key: &Key) -> Result<Holding> {
         self.check(key).await
     }
@@ -463,38 +441,22 @@ impl Store for SqlStore {
     /// met at the last refusal announces its releases: a holder of this store (in-process), or
     /// on PostgreSQL any holder of this library while the listener is up. Otherwise the lock
     /// polls.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: a dropped call or watcher unregisters.
     async fn watch(&self, key: &Key) -> Result<Option<Watcher>> {
         Ok(Some(self.watcher(key).await))
     }
 
     /// The live row's holder: its remaining lifetime and token digest.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: read-only.
     async fn holders(&self, resource: &str) -> Result<Vec<HolderInfo>> {
         self.who(resource).await
     }
 
     /// The resource's counter in `<table>_fence` (0 before its first acquisition).
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: read-only.
     async fn fencing_counter(&self, resource: &str) -> Result<Option<u64>> {
         self.counter(resource).await.map(Some)
     }
 
     /// Stops the listener and closes the store's own pool (not a pool you gave it); the next
     /// use opens a new one.
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropped mid-flight, some connections may still be open; calling it again finishes.
     async fn close(&self) -> Result<()> {
         if let Some(task) = lock(&self.inner.listener).take() {
             task.abort();

@@ -25,8 +25,11 @@ impl Actor {
             let lease = self.lease.as_ref().map(|l| l.state.clone());
             let core = self.core.clone();
             let changed = tokio::select! {
-                r = super::super::watch::changed(&core, &before.key, revision + 1) => r,
+                // Biased: a caller that left is seen before a command sent after it left (the
+                // lock's reconcile must find the wait's key already gone).
+                biased;
                 () = reply.closed() => return Waited::Left,
+                r = super::super::watch::changed(&core, &before.key, revision + 1) => r,
                 () = lease_gone(lease) => {
                     self.lease_ended();
                     return Waited::Failed(self.error(Error::lost(&self.resource, LostReason::Expired)

@@ -100,7 +100,13 @@ impl RedisStore {
         let cfg = ConnectionManagerConfig::new()
             .set_number_of_retries(1)
             .set_connection_timeout(inner.connect_timeout)
-            .set_response_timeout(inner.response_timeout);
+            // A script's caller waits the response timeout (`eval`); the request itself may
+            // take up to the landing bound longer before the connection gives up on it.
+            .set_response_timeout(
+                inner
+                    .response_timeout
+                    .map(|t| t * (1 + crate::serial::LANDING)),
+            );
         let connecting = ConnectionManager::new_with_config(inner.client.clone(), cfg);
         // The manager retries a refused connection once on its own; the whole attempt stays
         // within the connect timeout the DSN gives.
@@ -127,6 +133,20 @@ impl RedisStore {
             }
         }
         *lock(&inner.connecting) = None;
+    }
+
+    /// A read that changes nothing, bounded by the response timeout (dropped at it: only
+    /// requests that change something must land before the holder's next call).
+    pub(super) async fn read<T>(
+        &self,
+        query: impl Future<Output = redis::RedisResult<T>>,
+    ) -> redis::RedisResult<T> {
+        match self.inner.response_timeout {
+            Some(limit) => tokio::time::timeout(limit, query)
+                .await
+                .unwrap_or_else(|_| Err(timed_out())),
+            None => query.await,
+        }
     }
 
     /// Forgets the connection, so the next operation opens a new one on the runtime it runs on.
@@ -179,7 +199,7 @@ impl RedisStore {
 
     /// Runs `script` for `key`: KEYS = the lock key, then what `keys` asks for; ARGV = client
     /// time or "", token, duration ms, the waiter's ticket or "", when its wait began or "".
-    pub(super) async fn eval<T: redis::FromRedisValue>(
+    pub(super) async fn eval<T: redis::FromRedisValue + Send + 'static>(
         &self,
         script: &redis::Script,
         key: &Key,
@@ -201,16 +221,13 @@ impl RedisStore {
                 .await
                 .map_err(|e| e.with_resource(key.resource()))?
         };
-        let lock_key = self.key_for(key.resource());
-        let mut invocation = script.key(&lock_key);
+        let mut keys_of: Vec<Vec<u8>> = vec![self.key_for(key.resource()).into()];
         match keys {
             Keys::Save => {
-                invocation.key(self.internal_key(FENCE_KEY));
-                invocation.key(self.queue_key(key.resource()));
+                keys_of.push(self.internal_key(FENCE_KEY));
+                keys_of.push(self.queue_key(key.resource()));
             }
-            Keys::Queue => {
-                invocation.key(self.queue_key(key.resource()));
-            }
+            Keys::Queue => keys_of.push(self.queue_key(key.resource())),
             Keys::Lock | Keys::ReadOnly => {}
         }
         let now = if client_clock {
@@ -221,16 +238,41 @@ impl RedisStore {
         } else {
             String::new()
         };
-        invocation
-            .arg(now)
-            .arg(key.token(KIND))
-            .arg(ttl.map_or(0, duration_ms))
-            .arg(ticket.unwrap_or(""))
-            .arg(match ticket {
+        let args = [
+            now,
+            key.token(KIND),
+            ttl.map_or(0, duration_ms).to_string(),
+            ticket.unwrap_or("").to_owned(),
+            match ticket {
                 Some(_) => key.holder().wait_began().to_string(),
                 None => String::new(),
-            });
-        match invocation.invoke_async(&mut conn).await {
+            },
+        ];
+        let script = script.clone();
+        let run = move |mut conn: ConnectionManager| {
+            let (script, keys_of, args) = (script.clone(), keys_of.clone(), args.clone());
+            async move {
+                let mut invocation = script.prepare_invoke();
+                for k in &keys_of {
+                    invocation.key(k);
+                }
+                for a in &args {
+                    invocation.arg(a);
+                }
+                invocation.invoke_async::<T>(&mut conn).await
+            }
+        };
+        let first = run(conn);
+        // The caller waits at most the response timeout; the request itself is not dropped
+        // there but lands (or fails) before the holder's next call (`crate::serial::within`):
+        // a clean-up never overtakes the save it takes back.
+        let answer = match self.inner.response_timeout {
+            Some(limit) => crate::serial::within(limit, first)
+                .await
+                .unwrap_or_else(|| Err(timed_out())),
+            None => first.await,
+        };
+        match answer {
             // The connection's driver task ran on a runtime that has ended (a store used from a
             // second runtime: a key used again from a second runtime), so the request never left. Reconnect here and retry once;
             // the scripts are idempotent for one token, so a retry cannot double an effect
@@ -239,18 +281,26 @@ impl RedisStore {
                 if e.is_io_error() && !e.is_timeout() && e.to_string().contains("broken pipe") =>
             {
                 self.forget_conn();
-                let mut conn = self
+                let conn = self
                     .conn()
                     .await
                     .map_err(|e| e.with_resource(key.resource()))?;
-                invocation
-                    .invoke_async(&mut conn)
+                run(conn)
                     .await
                     .map_err(|e| self.redis_error(e, Some(key.resource())))
             }
             other => other.map_err(|e| self.redis_error(e, Some(key.resource()))),
         }
     }
+}
+
+/// What a request the caller stopped waiting for at the response timeout answers.
+fn timed_out() -> redis::RedisError {
+    std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        "no answer within the response timeout",
+    )
+    .into()
 }
 
 /// The keys a script takes after the lock key.

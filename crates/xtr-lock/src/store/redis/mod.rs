@@ -478,9 +478,12 @@ impl Store for RedisStore {
     /// `GET` of the fencing counter (one per prefix, see [`RedisStore::internal_key`]).
     async fn fencing_counter(&self, resource: &str) -> Result<Option<u64>> {
         let mut conn = self.conn().await.map_err(|e| e.with_resource(resource))?;
-        let value: Option<u64> = redis::cmd("GET")
-            .arg(self.internal_key(FENCE_KEY))
-            .query_async(&mut conn)
+        let value: Option<u64> = self
+            .read(
+                redis::cmd("GET")
+                    .arg(self.internal_key(FENCE_KEY))
+                    .query_async(&mut conn),
+            )
             .await
             .map_err(|e| self.redis_error(e, Some(resource)))?;
         Ok(Some(value.unwrap_or(0)))
@@ -490,9 +493,8 @@ impl Store for RedisStore {
     async fn holders(&self, resource: &str) -> Result<Vec<HolderInfo>> {
         let mut conn = self.conn().await.map_err(|e| e.with_resource(resource))?;
         let key = self.key_for(resource);
-        let kind: String = redis::cmd("TYPE")
-            .arg(&key)
-            .query_async(&mut conn)
+        let kind: String = self
+            .read(redis::cmd("TYPE").arg(&key).query_async(&mut conn))
             .await
             .map_err(|e| self.redis_error(e, Some(resource)))?;
         match kind.as_str() {
@@ -508,14 +510,17 @@ impl Store for RedisStore {
                 .with_store(self));
             }
         }
-        let (members, time): (Vec<(String, f64)>, (u64, u64)) = redis::pipe()
-            .cmd("ZRANGE")
-            .arg(&key)
-            .arg(0)
-            .arg(-1)
-            .arg("WITHSCORES")
-            .cmd("TIME")
-            .query_async(&mut conn)
+        let (members, time): (Vec<(String, f64)>, (u64, u64)) = self
+            .read(
+                redis::pipe()
+                    .cmd("ZRANGE")
+                    .arg(&key)
+                    .arg(0)
+                    .arg(-1)
+                    .arg("WITHSCORES")
+                    .cmd("TIME")
+                    .query_async(&mut conn),
+            )
             .await
             .map_err(|e| self.redis_error(e, Some(resource)))?;
         let now_ms = time.0 * 1000 + time.1 / 1000;

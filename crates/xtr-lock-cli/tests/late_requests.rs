@@ -112,3 +112,33 @@ fn redis_a_run_whose_save_lands_late_leaves_nothing_held() {
     let proxied = format!("redis://127.0.0.1:{port}/0?socket_timeout=0.5");
     a_late_save_leaves_nothing_held(&proxied, &server.url(0), &resource, &held);
 }
+
+/// The exit waits for clean-ups 2 s at most, and says so with -v when that bound is hit: here
+/// the held add lands 4 s after it was sent (within the landing bound of a 1 s timeout), so
+/// the run exits before its clean-up could run, and says why the lock may stay held.
+#[test]
+fn a_run_that_exits_before_its_clean_up_says_so_with_v() {
+    let server = MemcachedServer::start();
+    let resource = unique("memcached-bound");
+    let (port, held) = HeldRequest::start(server.port(), Duration::from_secs(4), names(&resource));
+    let proxied = format!("memcached://127.0.0.1:{port}?timeout=1");
+    let started = std::time::Instant::now();
+    let out = xtr()
+        .args([
+            "run", "-n", "-v", "--ttl", "30s", "--store", &proxied, &resource, "--", "true",
+        ])
+        .timeout(PATIENCE)
+        .output()
+        .unwrap();
+    assert!(held.arrived().is_some(), "the proxy saw the save");
+    assert_eq!(out.status.code(), Some(2), "the save timed out");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("still running after 2s"),
+        "the exit says it left clean-ups running: {stderr}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "the exit did not wait for the request to land"
+    );
+}

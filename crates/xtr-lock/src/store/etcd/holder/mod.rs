@@ -208,47 +208,11 @@ impl Actor {
         }
     }
 
-    /// A command that came in while a wait is pending: answered now, except another wait,
-    /// which is taken up after this one. A try that the held key does not grant is refused
-    /// (granting it would need the waiting key's turn).
-    pub(super) async fn during_wait(&mut self, cmd: Cmd) {
-        match cmd {
-            Cmd::Save { wait: true, .. } => self.deferred.push_back(cmd),
-            Cmd::Save {
-                mode,
-                wait: false,
-                reply,
-                ..
-            } => {
-                let answer = if self.holds() == Some(mode) {
-                    self.confirm().await
-                } else {
-                    None
-                };
-                let answer = answer.unwrap_or_else(|| {
-                    Ok(Conflict::new()
-                        .with_kept(self.holds().filter(|m| *m == Mode::Read))
-                        .into())
-                });
-                self.publish();
-                let _ = reply.send(answer);
-            }
-            Cmd::Check { refresh, reply } => {
-                let answer = self.check(refresh).await;
-                let _ = reply.send(answer);
-            }
-            Cmd::Release { reply } => {
-                let answer = self.release().await;
-                let _ = reply.send(answer);
-            }
-        }
-    }
-
-    fn holds(&self) -> Option<Mode> {
+    pub(super) fn holds(&self) -> Option<Mode> {
         self.held.as_ref().map(|m| mode_of(m.entry.kind))
     }
 
-    fn publish(&self) {
+    pub(super) fn publish(&self) {
         let life = Life {
             held: self.holds(),
             lost: self.lost,
@@ -359,7 +323,7 @@ impl Actor {
 
     /// A re-save in the mode held: still held, with the same token? `None` when the hold is
     /// gone, to be taken afresh.
-    async fn confirm(&mut self) -> Option<Result<Saved>> {
+    pub(super) async fn confirm(&mut self) -> Option<Result<Saved>> {
         match self.check(false).await {
             Ok(Holding::Held(_)) => {
                 let token = self.held.as_ref().map_or(0, |m| m.token);

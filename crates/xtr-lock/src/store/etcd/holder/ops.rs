@@ -5,12 +5,49 @@ use std::time::Duration;
 use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
 use tokio::sync::oneshot;
 
-use super::{Actor, Read, Waited, lease_gone, list_options, listed};
+use super::{Actor, Cmd, Read, Waited, lease_gone, list_options, listed};
 use crate::error::{Error, LostReason, Result};
+use crate::key::Mode;
 use crate::store::etcd::queue::Entry;
-use crate::store::{Holding, Saved};
+use crate::store::{Conflict, Holding, Saved};
 
 impl Actor {
+    /// A command that came in while a wait is pending: answered now, except another wait,
+    /// which is taken up after this one. A try that the held key does not grant is refused
+    /// (granting it would need the waiting key's turn).
+    pub(super) async fn during_wait(&mut self, cmd: Cmd) {
+        match cmd {
+            Cmd::Save { wait: true, .. } => self.deferred.push_back(cmd),
+            Cmd::Save {
+                mode,
+                wait: false,
+                reply,
+                ..
+            } => {
+                let answer = if self.holds() == Some(mode) {
+                    self.confirm().await
+                } else {
+                    None
+                };
+                let answer = answer.unwrap_or_else(|| {
+                    Ok(Conflict::new()
+                        .with_kept(self.holds().filter(|m| *m == Mode::Read))
+                        .into())
+                });
+                self.publish();
+                let _ = reply.send(answer);
+            }
+            Cmd::Check { refresh, reply } => {
+                let answer = self.check(refresh).await;
+                let _ = reply.send(answer);
+            }
+            Cmd::Release { reply } => {
+                let answer = self.release().await;
+                let _ = reply.send(answer);
+            }
+        }
+    }
+
     /// Waits until `before` (the key `me` waits for) changes, then reads the queue again. Keeps
     /// its place through broken streams and leader changes, for as long as the lease lives.
     pub(super) async fn wait_for(

@@ -1,5 +1,5 @@
 //! The uncontended acquire + release cycle of two builds of this library, side by side: what a
-//! change to the lock core costs on the hot path (memory, flock, Redis, SQLite).
+//! change to the lock core costs on the hot path (memory, flock, Redis, SQLite, Memcached).
 //!
 //! `cycle-bench --one DSN ROUNDS` runs this build's cycle on one store and prints one p50 in
 //! nanoseconds per round. `cycle-bench --compare BEFORE AFTER ROUNDS` starts a throwaway Redis
@@ -79,15 +79,17 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 fn compare(before: &str, after: &str, rounds: usize) {
     let redis = xtr_lock_testkit::redis::RedisServer::start();
+    let memcached = xtr_lock_testkit::memcached::MemcachedServer::start();
     let dir = tempfile::tempdir().unwrap();
     let stores = [
-        ("memory", "memory://".to_owned()),
-        ("flock", format!("file://{}", dir.path().display())),
+        ("memory", "in-memory".to_owned()),
+        ("flock", format!("flock://{}", dir.path().display())),
         ("Redis", format!("redis://127.0.0.1:{}", redis.port())),
         (
             "SQLite",
             format!("sqlite://{}/locks.db", dir.path().display()),
         ),
+        ("Memcached", memcached.url()),
     ];
     let only = std::env::var("CYCLE_ONLY").ok();
     println!("| store | before: p50 | after: p50 | after / before |");

@@ -45,59 +45,100 @@ pub(crate) struct Serial {
 struct Queue {
     /// The next ticket to hand out.
     next: AtomicU64,
-    serving: Mutex<Serving>,
-    /// Woken when the ticket served changes.
+    /// The ticket whose call runs now (or may start).
+    now: AtomicU64,
+    /// Tickets given up before their turn came, passed over when it comes; `has_skipped` says
+    /// (without the lock) whether there are any.
+    skipped: Mutex<BTreeSet<u64>>,
+    has_skipped: AtomicBool,
+    /// Woken when the ticket served changes, if anyone waits (`waiting`).
     turned: Notify,
+    waiting: AtomicUsize,
     /// How many calls have started; a native wait compares it before and after.
     started: AtomicU64,
+    /// The ticket (plus one) of the call that took the turn last: whether a call began.
+    running: AtomicU64,
+    /// Tickets of calls that must run but whose callers left before they began: they start
+    /// knowing it (`has_abandoned`: whether there are any, read without the lock).
+    abandoned: Mutex<BTreeSet<u64>>,
+    has_abandoned: AtomicBool,
+    /// What the running call knows of itself: one record per holder, reset as each call
+    /// starts (calls never overlap), so a call allocates nothing but its future.
+    call: Arc<Call>,
 }
 
-#[derive(Default)]
-struct Serving {
-    /// The ticket whose call runs now (or may start).
-    now: u64,
-    /// Tickets given up before their turn came: passed over.
-    skipped: BTreeSet<u64>,
-}
-
+// The uncontended path takes no lock: a ticket, one load, one store. Who advances `now` and
+// who adds a skipped ticket (or a waiter) each write their own flag, then read the other's
+// (sequentially consistent), so at least one of them sees the other and nothing is missed.
 impl Queue {
-    fn serving(&self) -> std::sync::MutexGuard<'_, Serving> {
-        self.serving.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Waits until `ticket` is served; the turn ends when the returned value drops.
     async fn turn(self: Arc<Self>, ticket: u64) -> Turn {
-        loop {
-            let turned = self.turned.notified();
-            let mut turned = std::pin::pin!(turned);
-            // Registered before the check, so a turn between the two is not missed.
-            turned.as_mut().enable();
-            if self.serving().now == ticket {
-                break;
+        if self.now.load(Ordering::SeqCst) != ticket {
+            self.waiting.fetch_add(1, Ordering::SeqCst);
+            loop {
+                let turned = self.turned.notified();
+                let mut turned = std::pin::pin!(turned);
+                // Registered before the check, so a turn between the two is not missed.
+                turned.as_mut().enable();
+                if self.now.load(Ordering::SeqCst) == ticket {
+                    break;
+                }
+                turned.await;
             }
-            turned.await;
+            self.waiting.fetch_sub(1, Ordering::SeqCst);
         }
         self.started.fetch_add(1, Ordering::AcqRel);
+        self.running.store(ticket + 1, Ordering::Release);
+        let left = self.has_abandoned.load(Ordering::Acquire) && {
+            let mut abandoned = self.abandoned.lock().unwrap_or_else(|e| e.into_inner());
+            let left = abandoned.remove(&ticket);
+            self.has_abandoned
+                .store(!abandoned.is_empty(), Ordering::Release);
+            left
+        };
+        self.call.left.store(left, Ordering::Release);
+        self.call.has_after.store(false, Ordering::Release);
         Turn(self)
     }
 
-    /// The ticket being served ends (its call ended, or it gave up its place).
-    fn pass(&self, ticket: u64) {
-        let mut serving = self.serving();
-        if serving.now != ticket {
-            serving.skipped.insert(ticket);
-            return;
+    /// The call of `ticket`, whose turn it is, has ended: the next ticket is served.
+    fn advance(&self, ticket: u64) {
+        self.now.store(ticket + 1, Ordering::SeqCst);
+        if self.has_skipped.load(Ordering::SeqCst) {
+            self.pass_skipped();
         }
-        serving.now += 1;
+        self.wake();
+    }
+
+    /// `ticket` gives up its place before its turn came.
+    fn skip(&self, ticket: u64) {
+        {
+            let mut skipped = self.skipped.lock().unwrap_or_else(|e| e.into_inner());
+            skipped.insert(ticket);
+            self.has_skipped.store(true, Ordering::SeqCst);
+        }
+        self.pass_skipped();
+        self.wake();
+    }
+
+    /// Passes over the skipped tickets whose turn has come.
+    fn pass_skipped(&self) {
+        let mut skipped = self.skipped.lock().unwrap_or_else(|e| e.into_inner());
         loop {
-            let now = serving.now;
-            if !serving.skipped.remove(&now) {
+            let now = self.now.load(Ordering::SeqCst);
+            if !skipped.remove(&now) {
                 break;
             }
-            serving.now += 1;
+            self.now.store(now + 1, Ordering::SeqCst);
         }
-        drop(serving);
-        self.turned.notify_waiters();
+        self.has_skipped
+            .store(!skipped.is_empty(), Ordering::SeqCst);
+    }
+
+    fn wake(&self) {
+        if self.waiting.load(Ordering::SeqCst) > 0 {
+            self.turned.notify_waiters();
+        }
     }
 }
 
@@ -106,8 +147,9 @@ struct Turn(Arc<Queue>);
 
 impl Drop for Turn {
     fn drop(&mut self) {
-        let now = self.0.serving().now;
-        self.0.pass(now);
+        // Only the call whose turn it is advances `now`: it is this one's ticket.
+        let now = self.0.now.load(Ordering::SeqCst);
+        self.0.advance(now);
     }
 }
 
@@ -128,12 +170,13 @@ pub(crate) enum Start {
 }
 
 /// What a running call knows of itself.
+#[derive(Default)]
 pub(crate) struct Call {
     left: AtomicBool,
-    /// Whether its turn came (set by the task polling it, read when its caller drops it).
-    started: AtomicBool,
-    /// Remainders to finish after the call, in order, before the holder's next call.
+    /// Remainders to finish after the call, in order, before the holder's next call
+    /// (`has_after`: whether any were ever queued, read without the lock).
     after: Mutex<Vec<Boxed<()>>>,
+    has_after: AtomicBool,
 }
 
 impl Call {
@@ -151,7 +194,6 @@ tokio::task_local! {
 /// task of its own (or, if it had not started and may be skipped, never runs).
 pub(crate) struct Running<T: Send + 'static> {
     inner: Option<Boxed<T>>,
-    call: Arc<Call>,
     start: Start,
     queue: Arc<Queue>,
     ticket: u64,
@@ -167,22 +209,16 @@ where
 {
     let queue = serial.queue.clone();
     let ticket = queue.next.fetch_add(1, Ordering::AcqRel);
-    let call = Arc::new(Call {
-        left: AtomicBool::new(false),
-        started: AtomicBool::new(false),
-        after: Mutex::new(Vec::new()),
-    });
-    let (c, q) = (call.clone(), queue.clone());
+    let q = queue.clone();
     let inner = async move {
+        let c = q.call.clone();
         let guard = q.turn(ticket).await;
-        c.started.store(true, Ordering::Release);
         let out = CURRENT.scope(c.clone(), body(c.clone())).await;
         finish_after(c, guard);
         out
     };
     Running {
         inner: Some(Box::pin(inner)),
-        call,
         start,
         queue,
         ticket,
@@ -202,6 +238,9 @@ fn finish_after(call: Arc<Call>, guard: Turn) {
 /// What `call` left to finish, as one future running it in order (remainders queued by
 /// remainders included); `None` when it left nothing.
 fn remainders(call: Arc<Call>) -> Option<Boxed<()>> {
+    if !call.has_after.load(Ordering::Acquire) {
+        return None;
+    }
     let take =
         |call: &Call| std::mem::take(&mut *call.after.lock().unwrap_or_else(|e| e.into_inner()));
     let first = take(&call);
@@ -241,13 +280,26 @@ impl<T: Send + 'static> Drop for Running<T> {
         let Some(inner) = self.inner.take() else {
             return;
         };
-        if self.start == Start::IfAwaited && !self.call.started.load(Ordering::Acquire) {
+        let began = self.queue.running.load(Ordering::Acquire) == self.ticket + 1;
+        if self.start == Start::IfAwaited && !began {
             // Not begun: it gives up its place.
             drop(inner);
-            self.queue.pass(self.ticket);
+            self.queue.skip(self.ticket);
             return;
         }
-        self.call.left.store(true, Ordering::Release);
+        if began {
+            // It runs now (unfinished, it still holds the turn): the record is its own.
+            self.queue.call.left.store(true, Ordering::Release);
+        } else {
+            // It starts later (in its own task), told then that its caller left.
+            let mut abandoned = self
+                .queue
+                .abandoned
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            abandoned.insert(self.ticket);
+            self.queue.has_abandoned.store(true, Ordering::Release);
+        }
         spawn_counted(Box::pin(async move {
             inner.await;
         }));
@@ -284,6 +336,7 @@ pub(crate) fn finish_later(remainder: impl Future<Output = ()> + Send + 'static)
     let _ = CURRENT.try_with(|call| {
         if let Some(r) = slot.take() {
             call.after.lock().unwrap_or_else(|e| e.into_inner()).push(r);
+            call.has_after.store(true, Ordering::Release);
         }
     });
     if let Some(r) = slot {
@@ -296,11 +349,7 @@ pub(crate) fn finish_later(remainder: impl Future<Output = ()> + Send + 'static)
 /// the current call: for a store that fans one call out to several others (a quorum), so that
 /// each member's remainders are ordered before that member's next request alone.
 pub(crate) async fn gather<T>(fut: impl Future<Output = T>) -> (T, Option<Boxed<()>>) {
-    let call = Arc::new(Call {
-        left: AtomicBool::new(false),
-        started: AtomicBool::new(true),
-        after: Mutex::new(Vec::new()),
-    });
+    let call = Arc::new(Call::default());
     let out = CURRENT.scope(call.clone(), fut).await;
     (out, remainders(call))
 }

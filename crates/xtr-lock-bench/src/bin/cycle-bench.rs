@@ -87,7 +87,10 @@ fn compare(before: &str, after: &str, rounds: usize) {
         ("Redis", format!("redis://127.0.0.1:{}", redis.port())),
         (
             "SQLite",
-            format!("sqlite://{}/locks.db", dir.path().display()),
+            format!(
+                "sqlite://{}/locks.db?create_table=true",
+                dir.path().display()
+            ),
         ),
         ("Memcached", memcached.url()),
     ];

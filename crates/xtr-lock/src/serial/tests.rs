@@ -139,3 +139,31 @@ fn a_call_dropped_outside_any_runtime_still_finishes() {
     rt.block_on(async { assert!(settle(Duration::from_secs(5)).await) });
     assert_eq!(*seen.lock().unwrap(), ["ran"]);
 }
+
+#[tokio::test]
+async fn a_call_that_must_run_knows_its_caller_left_before_it_began() {
+    let serial = Serial::default();
+    let seen = log();
+    let first = tokio::spawn(run(&serial, Start::IfAwaited, |_| async {
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }));
+    tokio::task::yield_now().await;
+    let s1 = seen.clone();
+    drop(run(&serial, Start::Always, move |call| async move {
+        push(&s1, if call.left() { "left" } else { "awaited" });
+    }));
+    let s2 = seen.clone();
+    run(&serial, Start::IfAwaited, move |call| async move {
+        push(
+            &s2,
+            if call.left() {
+                "next left"
+            } else {
+                "next awaited"
+            },
+        );
+    })
+    .await;
+    first.await.unwrap();
+    assert_eq!(*seen.lock().unwrap(), ["left", "next awaited"]);
+}

@@ -13,9 +13,9 @@ use xtr_lock_testkit::hook_proxy::HeldRequest;
 use xtr_lock_testkit::memcached::MemcachedServer;
 use xtr_lock_testkit::redis::RedisServer;
 
-/// How long the proxy holds the save back: three times the request timeout (within the
-/// landing bound of four, and the exit's 2 s settle).
-const HELD: Duration = Duration::from_millis(1500);
+/// How long the proxy holds the save back: past the request timeout (0.5 s), within the
+/// landing bound of one more timeout and the exit's 2 s settle.
+const HELD: Duration = Duration::from_millis(800);
 /// A bound on anything expected to happen "at once" on a loaded 2-core machine.
 const PATIENCE: Duration = Duration::from_secs(10);
 
@@ -114,14 +114,14 @@ fn redis_a_run_whose_save_lands_late_leaves_nothing_held() {
 }
 
 /// The exit waits for clean-ups 2 s at most, and says so with -v when that bound is hit: here
-/// the held add lands 4 s after it was sent (within the landing bound of a 1 s timeout), so
-/// the run exits before its clean-up could run, and says why the lock may stay held.
+/// the add times out at 3 s and may land until 6 s (the landing bound of one more timeout),
+/// so the run exits at 5 s before its clean-up could run, and says why the lock may stay held.
 #[test]
 fn a_run_that_exits_before_its_clean_up_says_so_with_v() {
     let server = MemcachedServer::start();
     let resource = unique("memcached-bound");
-    let (port, held) = HeldRequest::start(server.port(), Duration::from_secs(4), names(&resource));
-    let proxied = format!("memcached://127.0.0.1:{port}?timeout=1");
+    let (port, held) = HeldRequest::start(server.port(), Duration::from_secs(8), names(&resource));
+    let proxied = format!("memcached://127.0.0.1:{port}?timeout=3");
     let started = std::time::Instant::now();
     let out = xtr()
         .args([
@@ -138,7 +138,7 @@ fn a_run_that_exits_before_its_clean_up_says_so_with_v() {
         "the exit says it left clean-ups running: {stderr}"
     );
     assert!(
-        started.elapsed() < Duration::from_secs(4),
+        started.elapsed() < Duration::from_secs(7),
         "the exit did not wait for the request to land"
     );
 }

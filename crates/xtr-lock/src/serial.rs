@@ -30,9 +30,10 @@ use crate::logging::TARGET;
 
 pub(crate) type Boxed<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
-/// How much longer than its time limit a request given up on by [`within`] may take to land
-/// before it is dropped (its connection with it).
-pub(crate) const LANDING: u32 = 4;
+/// How much longer than its time limit (in limits) a request given up on by [`within`] may
+/// take to land before it is dropped (its connection with it). Kept short: a holder's next call
+/// waits for it, and on a paused server (a quorum member) each request waits out the last.
+pub(crate) const LANDING: u32 = 1;
 
 /// One holder's queue of calls: a ticket per call, taken when the call is made (so its place
 /// is kept from then on), served in order.
@@ -212,6 +213,10 @@ where
     let q = queue.clone();
     let inner = async move {
         let c = q.call.clone();
+        // A call that completes at once (an uncontended lock in memory) still spends the
+        // task's scheduling budget, as a lock's mutex would: a loop of such calls yields to the
+        // runtime now and then instead of starving its other tasks.
+        tokio::task::coop::consume_budget().await;
         let guard = q.turn(ticket).await;
         let out = CURRENT.scope(c.clone(), body(c.clone())).await;
         finish_after(c, guard);
@@ -354,6 +359,10 @@ pub(crate) async fn gather<T>(fut: impl Future<Output = T>) -> (T, Option<Boxed<
     (out, remainders(call))
 }
 
+/// How long the one-off runtime of a call dropped outside any runtime waits for what the
+/// call left to finish.
+const OUTSIDE_SETTLE: Duration = Duration::from_secs(30);
+
 /// Tasks this module started and not finished, process-wide.
 static PENDING: AtomicUsize = AtomicUsize::new(0);
 /// Woken when the last pending task finishes.
@@ -418,7 +427,12 @@ pub(crate) fn spawn_counted(fut: Pin<Box<dyn Future<Output = ()> + Send + 'stati
                         .enable_all()
                         .build()
                     {
-                        Ok(rt) => rt.block_on(task),
+                        // What the call leaves to finish is spawned on this runtime: it
+                        // runs before the runtime goes (bounded, as every landing is).
+                        Ok(rt) => rt.block_on(async {
+                            task.await;
+                            settle(OUTSIDE_SETTLE).await;
+                        }),
                         Err(err) => tracing::warn!(target: TARGET, error = %err,
                             "cannot start a runtime to finish a lock's store call"),
                     }

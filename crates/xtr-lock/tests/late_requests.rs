@@ -15,9 +15,9 @@ use xtr_lock_testkit::memcached::MemcachedServer;
 use xtr_lock_testkit::postgres::PostgresServer;
 
 const TTL: Option<Duration> = Some(Duration::from_secs(30));
-/// How long the proxy holds the save back: three times the request timeout (within the
-/// landing bound of four).
-const HELD: Duration = Duration::from_millis(1500);
+/// How long the proxy holds the save back: past the request timeout (0.5 s), within the
+/// landing bound of one more timeout.
+const HELD: Duration = Duration::from_millis(800);
 /// A bound on anything expected to happen "at once" on a loaded 2-core machine.
 const PATIENCE: Duration = Duration::from_secs(10);
 

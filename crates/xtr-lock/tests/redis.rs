@@ -209,6 +209,29 @@ async fn a_paused_server_times_out_within_the_socket_timeout() {
     );
 }
 
+/// A fresh store's first write probes the server's clock first: that probe, too, gives up at
+/// the socket timeout (the connection's own bound is longer, for requests left to land).
+#[tokio::test]
+async fn a_fresh_stores_first_write_to_a_paused_server_times_out_within_the_socket_timeout() {
+    let server = RedisServer::start();
+    let store = RedisStore::from_dsn(&format!("{}?socket_timeout=0.5", server.url(0))).unwrap();
+    // Connected, but not yet probed.
+    let _ = store.holders("warm").await;
+    server.pause();
+    let started = Instant::now();
+    let err = lock(&store, "pause-fresh", TTL)
+        .try_acquire()
+        .await
+        .unwrap_err();
+    let took = started.elapsed();
+    server.resume();
+    assert!(err.is_temporary(), "{err:?}");
+    assert!(
+        took < Duration::from_millis(1500),
+        "socket_timeout=0.5, but the first write took {took:?}"
+    );
+}
+
 #[tokio::test]
 async fn an_unreachable_server_is_a_storage_error_naming_no_secret() {
     let port = {

@@ -182,3 +182,37 @@ async fn getlock_a_waiting_sibling_does_not_block_the_holders_other_calls() {
     let server = MariaDbServer::start();
     a_waiting_sibling_does_not_block_the_holders_other_calls(getlock(&server)).await;
 }
+
+/// Sibling A's timed-out wait leaves a reconcile (a check) in the session while sibling B's wait
+/// is queued behind A's: the check must be answered when A's wait ends, not after B's, or the
+/// reconcile holds the holder's turn and every call of the holder waits for B's wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn advisory_a_timed_out_siblings_reconcile_does_not_wait_behind_the_next_wait() {
+    let server = PostgresServer::start();
+    let store = advisory(&server);
+    let f = factory(&store);
+    let r = resource("advisory-reconcile");
+    let (other, lock) = (f.create_lock(&r), f.create_lock(&r));
+    other.acquire().await.unwrap();
+    let a = {
+        let sibling = lock.clone();
+        tokio::spawn(async move { sibling.acquire_timeout(ms(400)).await })
+    };
+    tokio::time::sleep(ms(100)).await;
+    let b = spawn_acquire(&lock);
+    assert!(!a.await.unwrap().unwrap(), "A timed out");
+    tokio::time::sleep(ms(300)).await;
+    let checked = tokio::time::timeout(NOT_BLOCKED, lock.is_acquired()).await;
+    other.release().await.unwrap();
+    tokio::time::timeout(PATIENCE, b)
+        .await
+        .expect("B is granted once the other holder released")
+        .unwrap()
+        .unwrap();
+    assert!(
+        matches!(checked, Ok(Ok(false))),
+        "is_acquired answered while B waited: {checked:?}"
+    );
+    assert_eq!(lock.held_mode(), Some(Mode::Write));
+    lock.release().await.unwrap();
+}

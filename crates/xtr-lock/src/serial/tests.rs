@@ -85,9 +85,9 @@ async fn a_request_given_up_on_lands_before_the_next_call() {
     let seen = log();
     let s1 = seen.clone();
     let got = run(&serial, Start::IfAwaited, move |_| async move {
-        within(Duration::from_millis(10), async move {
+        within(Duration::from_millis(20), async move {
             // Lands after the limit, well within the landing bound.
-            tokio::time::sleep(Duration::from_millis(25)).await;
+            tokio::time::sleep(Duration::from_millis(30)).await;
             push(&s1, "landed");
         })
         .await
@@ -166,4 +166,25 @@ async fn a_call_that_must_run_knows_its_caller_left_before_it_began() {
     .await;
     first.await.unwrap();
     assert_eq!(*seen.lock().unwrap(), ["left", "next awaited"]);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn calls_that_complete_at_once_still_let_other_tasks_run() {
+    let serial = Arc::new(Serial::default());
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let looping = {
+        let (serial, stop) = (serial.clone(), stop.clone());
+        tokio::spawn(async move {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                run(&serial, Start::IfAwaited, |_| async {}).await;
+            }
+        })
+    };
+    // On one thread, this timer fires only if the loop yields.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    tokio::time::timeout(Duration::from_secs(5), looping)
+        .await
+        .expect("the loop yields")
+        .unwrap();
 }

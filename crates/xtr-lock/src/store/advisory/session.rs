@@ -458,9 +458,10 @@ impl Actor {
                         cancel.start();
                     }
                     // A wait being cancelled (its caller left) may still be granted before
-                    // the cancel lands: a check then waits for the end, so that the lock's
-                    // reconcile after a dropped wait sees what the wait left.
-                    Some(cmd @ Cmd::Check { .. }) if cancel.started() => deferred.push_back(cmd),
+                    // the cancel lands: a check then waits for the end (and no longer: it goes
+                    // before a sibling's deferred wait), so that the lock's reconcile after a
+                    // dropped wait sees what the wait left.
+                    Some(cmd @ Cmd::Check { .. }) if cancel.started() => deferred.push_front(cmd),
                     Some(Cmd::Check { reply }) => {
                         let _ = reply.send(Ok(match held {
                             Some(mode) => Holding::Held(mode),

@@ -28,9 +28,19 @@ pub(super) type Pending<T> = FuturesUnordered<BoxFuture<'static, Answer<T>>>;
 
 type Done = Shared<BoxFuture<'static, ()>>;
 
-/// Per resource: the work to wait for, its id, and whether it is a request's landing
-/// (registered by [`Inflight::after`]) rather than a detached batch.
-type Waits = HashMap<String, (u64, Done, bool)>;
+/// Background work one member's requests on one resource must wait for.
+struct Wait {
+    /// Ordered with the requests' ids: a request waits for the work of lower ids only (never
+    /// for its own batch, detached after it was made).
+    id: u64,
+    done: Done,
+    /// A request's landing (registered by [`Inflight::after`], with that request's id) rather
+    /// than a detached batch.
+    landing: bool,
+}
+
+/// Per member, per resource: the background work still running.
+type Waits = HashMap<String, Vec<Wait>>;
 
 /// Per member, per resource: the background requests the next request must wait for.
 pub(super) struct Inflight {
@@ -50,21 +60,86 @@ impl Inflight {
         self.members[i].lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// What member `i`'s next request on `resource` must wait for, if anything.
-    pub(super) fn before(&self, i: usize, resource: &str) -> Option<Done> {
-        let map = self.member(i);
-        map.get(resource)
-            .filter(|(_, done, _)| done.peek().is_none())
-            .map(|(_, done, _)| done.clone())
+    /// An id for a request made now (or a batch detached now).
+    pub(super) fn next_id(&self) -> u64 {
+        self.ids.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// What member `i`'s request on `resource` left to land, if it is still landing: what a
-    /// delete of that member must wait for (a detached batch it may be part of is not).
-    pub(super) fn landing(&self, i: usize, resource: &str) -> Option<Done> {
+    /// The unfinished work on member `i` and `resource` that `keep` selects.
+    fn pending(&self, i: usize, resource: &str, keep: impl Fn(&Wait) -> bool) -> Vec<Done> {
         let map = self.member(i);
-        map.get(resource)
-            .filter(|(_, done, landing)| *landing && done.peek().is_none())
-            .map(|(_, done, _)| done.clone())
+        map.get(resource).map_or_else(Vec::new, |waits| {
+            waits
+                .iter()
+                .filter(|w| keep(w) && w.done.peek().is_none())
+                .map(|w| w.done.clone())
+                .collect()
+        })
+    }
+
+    /// Whether member `i`'s request `id` on `resource` would wait for anything now.
+    pub(super) fn busy(&self, i: usize, resource: &str, id: u64) -> bool {
+        !self.pending(i, resource, |w| w.id < id).is_empty()
+    }
+
+    /// Waits until the work on member `i` and `resource` that came before request `id` has
+    /// finished, including a landing registered by an earlier request while this one waited.
+    pub(super) async fn before(&self, i: usize, resource: &str, id: u64) {
+        loop {
+            let waits = self.pending(i, resource, |w| w.id < id);
+            if waits.is_empty() {
+                return;
+            }
+            futures_util::future::join_all(waits).await;
+        }
+    }
+
+    /// Waits until what member `i`'s requests on `resource` left to land has landed: what a
+    /// delete of that member must wait for (a detached batch it may be part of is not).
+    pub(super) async fn landed(&self, i: usize, resource: &str) {
+        loop {
+            let waits = self.pending(i, resource, |w| w.landing);
+            if waits.is_empty() {
+                return;
+            }
+            futures_util::future::join_all(waits).await;
+        }
+    }
+
+    /// Registers `done` for `members` on `resource` and forgets it once it has finished.
+    fn register(
+        self: &std::sync::Arc<Self>,
+        members: &[usize],
+        resource: &str,
+        wait: (u64, Done, bool),
+    ) {
+        let (id, done, landing) = wait;
+        for &i in members {
+            self.member(i)
+                .entry(resource.to_owned())
+                .or_default()
+                .push(Wait {
+                    id,
+                    done: done.clone(),
+                    landing,
+                });
+        }
+        let this = self.clone();
+        let members = members.to_vec();
+        let resource = resource.to_owned();
+        // Counted with the locks' other background calls: `crate::settle` waits for it.
+        crate::serial::spawn_counted(Box::pin(async move {
+            done.await;
+            for i in members {
+                let mut map = this.member(i);
+                if let Some(waits) = map.get_mut(&resource) {
+                    waits.retain(|w| !(w.id == id && w.landing == landing));
+                    if waits.is_empty() {
+                        map.remove(&resource);
+                    }
+                }
+            }
+        }));
     }
 
     /// Lets `rest` finish in the background (on the current tokio runtime), logging failures;
@@ -96,55 +171,27 @@ impl Inflight {
             while rest.next().await.is_some() {}
             return;
         }
-        let id = self.ids.fetch_add(1, Ordering::Relaxed);
+        let id = self.next_id();
         let owned = resource.to_owned();
         let work: BoxFuture<'static, ()> = Box::pin(async move {
             while let Some((i, result)) = rest.next().await {
                 log_failure(&owned, what, i, result);
             }
         });
-        let done = work.shared();
-        for &i in members {
-            self.member(i)
-                .insert(resource.to_owned(), (id, done.clone(), false));
-        }
-        let this = self.clone();
-        let members = members.to_vec();
-        let resource = resource.to_owned();
-        // Counted with the locks' other background calls: `crate::settle` waits for it.
-        crate::serial::spawn_counted(Box::pin(async move {
-            done.await;
-            for i in members {
-                let mut map = this.member(i);
-                if map.get(&resource).is_some_and(|(mine, _, _)| *mine == id) {
-                    map.remove(&resource);
-                }
-            }
-        }));
+        self.register(members, resource, (id, work.shared(), false));
     }
 
-    /// Lets `rest` (what member `i`'s request on `resource` left to finish after answering)
-    /// finish in the background; until it has, that member's next request on `resource`
-    /// waits for it.
+    /// Lets `rest` (what member `i`'s request `id` on `resource` left to finish after
+    /// answering) finish in the background; until it has, that member's later requests on
+    /// `resource` wait for it.
     pub(super) fn after(
         self: &std::sync::Arc<Self>,
         i: usize,
         resource: &str,
+        id: u64,
         rest: BoxFuture<'static, ()>,
     ) {
-        let id = self.ids.fetch_add(1, Ordering::Relaxed);
-        let done = rest.shared();
-        self.member(i)
-            .insert(resource.to_owned(), (id, done.clone(), true));
-        let this = self.clone();
-        let resource = resource.to_owned();
-        crate::serial::spawn_counted(Box::pin(async move {
-            done.await;
-            let mut map = this.member(i);
-            if map.get(&resource).is_some_and(|(mine, _, _)| *mine == id) {
-                map.remove(&resource);
-            }
-        }));
+        self.register(&[i], resource, (id, rest.shared(), true));
     }
 
     /// Waits until everything detached so far has finished.
@@ -153,7 +200,8 @@ impl Inflight {
             .flat_map(|i| {
                 self.member(i)
                     .values()
-                    .map(|(_, d, _)| d.clone())
+                    .flatten()
+                    .map(|w| w.done.clone())
                     .collect::<Vec<_>>()
             })
             .collect();

@@ -187,36 +187,29 @@ impl CombinedStore {
         F: Fn(Arc<dyn Store>, Key) -> Fut,
         Fut: Future<Output = Result<T>> + Send + 'static,
     {
-        // Taken now, not when the requests are first polled: a request finished in the
+        // Ordered now, not when the requests are first polled: a request finished in the
         // background must never wait for its own batch.
-        let waits = || {
-            members
-                .iter()
-                .map(|&i| self.inflight.before(i, key.resource()))
-                .collect::<Vec<_>>()
-        };
-        let mut befores = waits();
-        if befores.iter().any(Option::is_some) {
+        let id = self.inflight.next_id();
+        if members
+            .iter()
+            .any(|&i| self.inflight.busy(i, key.resource(), id))
+        {
             // Their answers may have arrived already: one turn of the runtime lets them be
             // taken, so this request goes out with the others rather than after a round trip.
             tokio::task::yield_now().await;
-            befores = waits();
         }
         members
             .iter()
-            .zip(befores)
-            .map(|(&i, before)| {
+            .map(|&i| {
                 let request = op(self.stores[i].clone(), key.clone());
                 let (inflight, resource) = (self.inflight.clone(), key.resource().to_owned());
                 Box::pin(async move {
-                    if let Some(before) = before {
-                        before.await;
-                    }
-                    // A member request given up on at its own timeout (SQL, Memcached) still
-                    // lands before that member's next request on the resource.
+                    inflight.before(i, &resource, id).await;
+                    // A member request given up on at its own timeout (SQL, Memcached, Redis)
+                    // still lands before that member's later requests on the resource.
                     let (answer, rest) = crate::serial::gather(request).await;
                     if let Some(rest) = rest {
-                        inflight.after(i, &resource, rest);
+                        inflight.after(i, &resource, id, rest);
                     }
                     (i, answer)
                 }) as BoxFuture<'static, Answer<T>>

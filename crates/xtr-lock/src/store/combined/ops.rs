@@ -248,9 +248,7 @@ impl CombinedStore {
                     continue;
                 }
                 // A save given up on at the member's timeout lands first.
-                if let Some(landing) = inflight.landing(i, owned.resource()) {
-                    landing.await;
-                }
+                inflight.landed(i, owned.resource()).await;
                 if let Err(err) = stores[i].delete(&owned).await {
                     tracing::warn!(target: TARGET, resource = owned.resource(),
                         store = %stores[i], error = %err, "one store failed to delete the lock");

@@ -149,6 +149,24 @@ impl RedisStore {
         }
     }
 
+    /// Runs a script request, its caller waiting at most the response timeout. A request
+    /// that writes is not dropped there but lands (or fails) before the holder's next call
+    /// (`crate::serial::within`): a clean-up never overtakes the save it takes back. One that
+    /// only reads is dropped at the timeout, as [`read`](Self::read) does.
+    async fn landing<T: Send + 'static>(
+        &self,
+        read_only: bool,
+        request: impl Future<Output = redis::RedisResult<T>> + Send + 'static,
+    ) -> redis::RedisResult<T> {
+        match self.inner.response_timeout {
+            Some(_) if read_only => self.read(request).await,
+            Some(limit) => crate::serial::within(limit, request)
+                .await
+                .unwrap_or_else(|| Err(timed_out())),
+            None => request.await,
+        }
+    }
+
     /// Forgets the connection, so the next operation opens a new one on the runtime it runs on.
     pub(super) fn forget_conn(&self) {
         *lock(&self.inner.conn) = None;
@@ -181,12 +199,9 @@ impl RedisStore {
             return Ok(mode);
         }
         let probe_key = self.internal_key(PROBE_KEY);
+        // Bounded by the response timeout (its effect need not land before anything).
         let outcome: redis::RedisResult<i64> = self
-            .inner
-            .scripts
-            .probe
-            .key(&probe_key)
-            .invoke_async(conn)
+            .read(self.inner.scripts.probe.key(&probe_key).invoke_async(conn))
             .await;
         let mode = match outcome {
             Ok(_) => false,
@@ -262,16 +277,7 @@ impl RedisStore {
                 invocation.invoke_async::<T>(&mut conn).await
             }
         };
-        let first = run(conn);
-        // The caller waits at most the response timeout; the request itself is not dropped
-        // there but lands (or fails) before the holder's next call (`crate::serial::within`):
-        // a clean-up never overtakes the save it takes back.
-        let answer = match self.inner.response_timeout {
-            Some(limit) => crate::serial::within(limit, first)
-                .await
-                .unwrap_or_else(|| Err(timed_out())),
-            None => first.await,
-        };
+        let answer = self.landing(read_only, run(conn)).await;
         match answer {
             // The connection's driver task ran on a runtime that has ended (a store used from a
             // second runtime: a key used again from a second runtime), so the request never left. Reconnect here and retry once;
@@ -285,7 +291,7 @@ impl RedisStore {
                     .conn()
                     .await
                     .map_err(|e| e.with_resource(key.resource()))?;
-                run(conn)
+                self.landing(read_only, run(conn))
                     .await
                     .map_err(|e| self.redis_error(e, Some(key.resource())))
             }

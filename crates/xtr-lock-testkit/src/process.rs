@@ -45,9 +45,12 @@ pub(crate) fn stop(pid: Pid) -> rustix::io::Result<()> {
     kill_process(pid, Signal::STOP)?;
     let tasks = format!("/proc/{}/task", pid.as_raw_nonzero());
     let deadline = Instant::now() + Duration::from_secs(10);
+    // Stopped, or exited (a zombie, or dead): either way it answers nothing more. A server
+    // whose worker process is exiting as it is paused (PostgreSQL's, after a restart) would
+    // otherwise never be seen stopped.
     let stopped = |stat: &str| {
         stat.rsplit_once(") ")
-            .is_some_and(|(_, rest)| rest.starts_with(['T', 't']))
+            .is_some_and(|(_, rest)| rest.starts_with(['T', 't', 'Z', 'X']))
     };
     loop {
         let Ok(dir) = std::fs::read_dir(&tasks) else {

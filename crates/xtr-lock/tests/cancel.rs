@@ -353,7 +353,14 @@ async fn a_timed_out_native_wait_never_takes_back_a_siblings_later_grant() {
         let lock = lock.clone();
         async move { lock.acquire_timeout(Duration::from_millis(200)).await }
     });
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // B comes once A waits in the store.
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while !store.op_names().contains(&"wait_and_save".to_owned()) {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+    .expect("A waits in the store");
     let b = tokio::spawn({
         let lock = lock.clone();
         async move { lock.acquire().await }

@@ -197,6 +197,13 @@ impl Actor {
                     self.save(mode, wait, ttl, reply).await;
                 }
             }
+            other => self.check_or_release(other).await,
+        }
+    }
+
+    /// Answers a check or a release (also while a wait is pending); a save is not one.
+    pub(super) async fn check_or_release(&mut self, cmd: Cmd) {
+        match cmd {
             Cmd::Check { refresh, reply } => {
                 let answer = self.check(refresh).await;
                 let _ = reply.send(answer);
@@ -205,6 +212,7 @@ impl Actor {
                 let answer = self.release().await;
                 let _ = reply.send(answer);
             }
+            Cmd::Save { .. } => {}
         }
     }
 

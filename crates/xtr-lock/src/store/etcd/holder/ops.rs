@@ -37,14 +37,7 @@ impl Actor {
                 self.publish();
                 let _ = reply.send(answer);
             }
-            Cmd::Check { refresh, reply } => {
-                let answer = self.check(refresh).await;
-                let _ = reply.send(answer);
-            }
-            Cmd::Release { reply } => {
-                let answer = self.release().await;
-                let _ = reply.send(answer);
-            }
+            other => self.check_or_release(other).await,
         }
     }
 

@@ -288,7 +288,9 @@ pub trait Lockable: Send + Sync {
     /// Whether the lifetime has run out (local: read from the key).
     fn is_expired(&self) -> bool;
 
-    /// The lifetime left (local: read from the key); `None` without one.
+    /// The lifetime left (local: read from the key); `None` without one. It counts only what
+    /// the store confirmed: while a renewal is in flight it is the lease from before it, so a
+    /// renewal that never lands never lengthens what the holder believes.
     fn remaining_lifetime(&self) -> Option<Duration>;
 
     /// The fencing token of the current acquisition, where the store gives one. An exclusive

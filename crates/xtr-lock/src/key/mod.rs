@@ -70,6 +70,8 @@ struct KeyInner {
 #[derive(Default)]
 struct KeyState {
     deadline: Option<Instant>,
+    /// While a renewal is in flight: the deadline before it, the last one the store confirmed.
+    renewing: Option<Option<Instant>>,
     /// Per store kind, its token: a list (nearly always of one), not a map, whose node would
     /// be most of a held lock's memory.
     tokens: Vec<(String, String)>,
@@ -241,6 +243,33 @@ impl Key {
 
     pub(crate) fn restore_deadline(&self, deadline: Option<Instant>) {
         self.state().deadline = deadline;
+    }
+
+    /// Starts a renewal: the deadline is cleared for the store to set anew, while
+    /// [`confirmed_lifetime`](Key::confirmed_lifetime) keeps reporting the one from before
+    /// until [`end_renewal`](Key::end_renewal) says whether the store confirmed the new one.
+    pub(crate) fn begin_renewal(&self) {
+        let mut st = self.state();
+        st.renewing = Some(st.deadline.take());
+    }
+
+    /// Ends a renewal: confirmed, the deadline the store set stands; not, the one from before
+    /// is put back (the lease the store knows is still the old one).
+    pub(crate) fn end_renewal(&self, confirmed: bool) {
+        let mut st = self.state();
+        if let Some(before) = st.renewing.take()
+            && !confirmed
+        {
+            st.deadline = before;
+        }
+    }
+
+    /// The time left before the last deadline the store confirmed: during a renewal, the one
+    /// from before it (a renewal that never lands must not lengthen what the holder believes).
+    pub(crate) fn confirmed_lifetime(&self) -> Option<Duration> {
+        let st = self.state();
+        let deadline = st.renewing.unwrap_or(st.deadline)?;
+        Some(deadline.saturating_duration_since(self.inner.clock.now()))
     }
 }
 

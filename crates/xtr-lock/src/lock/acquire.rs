@@ -59,7 +59,7 @@ impl Lock {
                 let timeout = self.key.clock().sleep(d);
                 let got = tokio::select! {
                     biased;
-                    got = self.acquire_or_wait(mode, true, caps, Some(&last_error)) => got,
+                    got = self.ride_out(mode, caps, &last_error) => got,
                     () = timeout => {
                         tracing::info!(target: TARGET, resource = self.resource(), store = %self.store, wait = ?d,
                             "gave up waiting for the lock");
@@ -68,6 +68,8 @@ impl Lock {
                 };
                 let last = last_error.lock().unwrap_or_else(|e| e.into_inner()).take();
                 match (got, last) {
+                    // Already said as a failed acquisition (a store's own wait).
+                    (Ok(false), Some(err)) if err.kind() == ErrorKind::Acquiring => Err(err),
                     (Ok(false), Some(err)) => Err(Error::wrap(
                         ErrorKind::Acquiring,
                         self.resource(),
@@ -78,6 +80,34 @@ impl Lock {
                 }
             }
             Wait::Forever => self.acquire_or_wait(mode, true, caps, None).await,
+        }
+    }
+
+    /// Waits, trying again after a temporary error until the caller's deadline drops this
+    /// future: the retry loop rides out its attempts' errors itself; a store's own wait that
+    /// fails for a temporary reason (a paused or restarting server) is started again after a
+    /// growing pause, its error kept in `last_error`.
+    async fn ride_out(
+        &self,
+        mode: Mode,
+        caps: Capabilities,
+        last_error: &std::sync::Mutex<Option<Error>>,
+    ) -> Result<bool> {
+        let mut pause = Duration::from_millis(50);
+        loop {
+            match self
+                .acquire_or_wait(mode, true, caps, Some(last_error))
+                .await
+            {
+                Err(err) if err.is_temporary() && !err.is_expired() => {
+                    tracing::debug!(target: TARGET, resource = self.resource(), store = %self.store, error = %err,
+                        retry_in = ?pause, "a temporary error while waiting; waiting again");
+                    *last_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(err);
+                    self.key.clock().sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                }
+                other => return other,
+            }
         }
     }
 

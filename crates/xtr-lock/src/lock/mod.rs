@@ -120,15 +120,12 @@ impl Lock {
     async fn put_off(&self, ttl: Duration) -> Result<Holding> {
         let holder = self.holder();
         let result = {
-            let before = self.key.deadline();
-            self.key.reset_lifetime();
+            // Until the store answers, what the holder believes is the lease from before.
+            self.key.begin_renewal();
             let result = self.store.put_off_expiration(&self.key, ttl).await;
             let confirmed = matches!(result, Ok(Holding::Held(_)))
                 || result.as_ref().is_err_and(Error::is_expired);
-            if !confirmed {
-                // Not confirmed: the lease the store knows is still the old one.
-                self.key.restore_deadline(before);
-            }
+            self.key.end_renewal(confirmed);
             match &result {
                 Ok(Holding::Held(mode)) => holder.found_held(*mode),
                 Ok(Holding::NotHeld(reason)) if self.excludes() => {
@@ -288,11 +285,13 @@ impl Lockable for Lock {
     }
 
     fn is_expired(&self) -> bool {
-        self.key.is_expired()
+        self.key
+            .confirmed_lifetime()
+            .is_some_and(|left| left.is_zero())
     }
 
     fn remaining_lifetime(&self) -> Option<Duration> {
-        self.key.remaining_lifetime()
+        self.key.confirmed_lifetime()
     }
 
     fn fencing_token(&self) -> Option<u64> {

@@ -37,8 +37,8 @@ pub(super) fn start(lock: &Lock) -> Result<KeepAlive> {
 /// What the monitor does between events.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Duty {
-    /// Refresh every `period` (a third of the ttl).
-    Renew { period: Duration },
+    /// Refresh to `ttl` every third of the lease the store really keeps (see [`renew_period`]).
+    Renew { ttl: Duration },
     /// The lock expires and is not renewed: report it lost when its lifetime ends.
     Expire,
     /// Ask the store every so often (it neither expires nor tells of a loss).
@@ -59,7 +59,7 @@ async fn watch_over(lock: Lock, generation: u64, lost: watch::Sender<Option<Lock
         }
     };
     let duty = match lock.ttl {
-        Some(ttl) if caps.expiring && lock.keep_alive => Duty::Renew { period: ttl / 3 },
+        Some(ttl) if caps.expiring && lock.keep_alive => Duty::Renew { ttl },
         _ if caps.expiring => Duty::Expire,
         _ if caps.observes_loss && loss.is_some() => Duty::Watch,
         _ => Duty::Check,
@@ -68,8 +68,8 @@ async fn watch_over(lock: Lock, generation: u64, lost: watch::Sender<Option<Lock
     // The refresh error that ended the lease, told with the loss it caused.
     let mut cause: Option<Error> = None;
     let mut next = match duty {
-        Duty::Renew { period } => Some(period),
-        Duty::Expire => lock.key.remaining_lifetime(),
+        Duty::Renew { ttl } => Some(renew_period(&lock, ttl)),
+        Duty::Expire => lock.key.confirmed_lifetime(),
         Duty::Check => Some(CHECK_EVERY),
         Duty::Watch => None,
     };
@@ -116,6 +116,17 @@ async fn watch_over(lock: Lock, generation: u64, lost: watch::Sender<Option<Lock
     }
 }
 
+/// A third of the lease the store confirmed last (right after an acquisition or a renewal,
+/// about the lease it really keeps: less than the ttl on stores that count whole seconds and
+/// take a lock up to 1 s early), and of the ttl when the store sets no deadline; at least 10 ms.
+fn renew_period(lock: &Lock, ttl: Duration) -> Duration {
+    let lease = lock
+        .key
+        .confirmed_lifetime()
+        .map_or(ttl, |left| left.min(ttl));
+    (lease / 3).max(Duration::from_millis(10))
+}
+
 /// Records the loss of generation `generation` in a call of the holder (after its calls in
 /// flight); whether it was news.
 async fn lose(lock: &Lock, generation: u64, reason: LostReason) -> bool {
@@ -134,16 +145,20 @@ async fn on_timer(
     cause: &mut Option<Error>,
 ) -> Option<Duration> {
     match duty {
-        Duty::Renew { period } => match lock.refresh(None).await {
+        Duty::Renew { ttl } => match lock.refresh(None).await {
             // A loss (or a release meanwhile) is in the holder's state now.
-            Ok(()) => Some(period),
+            Ok(()) => Some(renew_period(lock, ttl)),
             Err(err) if err.is_lost() || err.is_conflict() || err.is_expired() => None,
             Err(err) => match lock.remaining_lifetime() {
                 // It may pass: try again sooner, while the lease lasts.
                 Some(left) if !left.is_zero() => {
                     tracing::warn!(target: TARGET, resource = lock.resource(), store = %lock.store, error = %err,
                         "could not refresh the lock; retrying while it lasts");
-                    Some((period / 4).max(Duration::from_millis(10)).min(left))
+                    Some(
+                        (renew_period(lock, ttl) / 4)
+                            .max(Duration::from_millis(10))
+                            .min(left),
+                    )
                 }
                 _ => {
                     tracing::warn!(target: TARGET, resource = lock.resource(), store = %lock.store, error = %err,
@@ -155,7 +170,7 @@ async fn on_timer(
                 }
             },
         },
-        Duty::Expire => match lock.key.remaining_lifetime() {
+        Duty::Expire => match lock.key.confirmed_lifetime() {
             Some(left) if !left.is_zero() => Some(left),
             _ => {
                 lose(lock, generation, LostReason::Expired).await;

@@ -22,6 +22,18 @@ pub(crate) enum Exit {
     Unavailable,
 }
 
+/// How long the exit waits for the store, from the first time it waits (the release after the
+/// command, closing the store, or settling its calls still running): a release whose server
+/// does not answer (paused, partitioned, a quorum's slowest member) goes on in the background
+/// until then, and what it did not release is held until its ttl ends.
+pub(crate) const SETTLE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// When the exit stops waiting for the store: [`SETTLE`] after it first asked.
+pub(crate) fn deadline() -> std::time::Instant {
+    static DEADLINE: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    *DEADLINE.get_or_init(|| std::time::Instant::now() + SETTLE)
+}
+
 /// The lock was lost.
 pub(crate) const LOST: u8 = 3;
 /// Usage, configuration or store error.

@@ -2,9 +2,11 @@
 //! held, so that the command is stopped before its lease ends even when `xtr-lock` itself
 //! cannot act (stopped with SIGSTOP, paused by the machine, starved): a dead man's switch.
 //!
-//! `run` rewrites one record in a private temporary file whenever it learns more (at least a
-//! few times per ttl while it runs): the end of the confirmed lease on the monotonic clock,
-//! which every process of the machine shares, and the ttl. The supervisor reads it every
+//! `run` rewrites one record in a private temporary file whenever it learns more (about ten
+//! times per lease while it runs): the end of the confirmed lease on the boot-time clock, which
+//! every process of the machine shares and which, unlike the monotonic clock, goes on while the
+//! machine is suspended (a lease that ended during a suspend is over on resume), and the length
+//! of the lease, from which the margins are computed. The supervisor reads it every
 //! [`POLL`]; when the lease is about to end without a newer record, it stops the command's
 //! process group (SIGTERM, then SIGKILL before the lease ends). A descriptor cannot be handed
 //! to the supervisor without `unsafe` (this workspace forbids it), so it goes by path; the
@@ -24,45 +26,49 @@ const STOPPED_AT: u64 = 24;
 /// Guards against reading a record half-written.
 const CHECK: u64 = 0x7874_722d_6c6f_636b;
 
-/// Nanoseconds on the monotonic clock (shared by every process of the machine).
+/// Nanoseconds on the boot-time clock (shared by every process of the machine, counting the
+/// time the machine was suspended).
 pub(crate) fn now_ns() -> u64 {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Boottime);
     u64::try_from(t.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(t.tv_nsec).unwrap_or(0)
 }
 
-/// One record: the lease certainly lasts until `until_ns` (monotonic); the lock's ttl.
+/// One record: the lease certainly lasts until `until_ns` (boot-time clock); `length` is the
+/// longest lease the store has confirmed (about what it really keeps, which on some stores is
+/// less than the ttl asked for: whole seconds, taken up to 1 s early; pub/sub's probe timeout).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Lease {
     pub(crate) until_ns: u64,
-    pub(crate) ttl: Duration,
+    pub(crate) length: Duration,
 }
 
 impl Lease {
-    /// A lease that lasts `remaining` from now.
-    pub(crate) fn from_now(remaining: Duration, ttl: Duration) -> Lease {
+    /// A lease that lasts `remaining` from now, of a store whose leases last `length`.
+    pub(crate) fn from_now(remaining: Duration, length: Duration) -> Lease {
         let left = u64::try_from(remaining.as_nanos()).unwrap_or(u64::MAX);
         Lease {
             until_ns: now_ns().saturating_add(left),
-            ttl,
+            length,
         }
     }
 
-    /// When the command must be stopped: a tenth of the ttl (at least 50 ms, at most 1 s)
-    /// before the lease ends, SIGKILL; SIGTERM that much again (at most `grace`) earlier.
+    /// When the command must be stopped: a tenth of the lease (at least 50 ms, at most 1 s)
+    /// before it ends, SIGKILL; SIGTERM that much again (at most `grace`) earlier. Renewals come
+    /// every third of the lease, so a holder that renews in time is never stopped.
     pub(crate) fn deadlines(&self, grace: Duration) -> (u64, u64) {
-        let margin = (self.ttl / 10).clamp(Duration::from_millis(50), Duration::from_secs(1));
+        let margin = (self.length / 10).clamp(Duration::from_millis(50), Duration::from_secs(1));
         let margin = u64::try_from(margin.as_nanos()).unwrap_or(u64::MAX);
-        let term_window = u64::try_from((self.ttl / 4).min(grace).as_nanos()).unwrap_or(0);
+        let term_window = u64::try_from((self.length / 4).min(grace).as_nanos()).unwrap_or(0);
         let kill_at = self.until_ns.saturating_sub(margin);
         (kill_at.saturating_sub(term_window), kill_at)
     }
 
     fn encode(&self) -> [u8; 24] {
-        let ttl = u64::try_from(self.ttl.as_millis()).unwrap_or(u64::MAX);
+        let length = u64::try_from(self.length.as_millis()).unwrap_or(u64::MAX);
         let mut out = [0; 24];
         out[..8].copy_from_slice(&self.until_ns.to_le_bytes());
-        out[8..16].copy_from_slice(&ttl.to_le_bytes());
-        out[16..].copy_from_slice(&(self.until_ns ^ ttl ^ CHECK).to_le_bytes());
+        out[8..16].copy_from_slice(&length.to_le_bytes());
+        out[16..].copy_from_slice(&(self.until_ns ^ length ^ CHECK).to_le_bytes());
         out
     }
 
@@ -72,10 +78,10 @@ impl Lease {
             w.copy_from_slice(&bytes[i * 8..i * 8 + 8]);
             u64::from_le_bytes(w)
         };
-        let (until_ns, ttl, check) = (word(0), word(1), word(2));
-        (check == until_ns ^ ttl ^ CHECK).then(|| Lease {
+        let (until_ns, length, check) = (word(0), word(1), word(2));
+        (check == until_ns ^ length ^ CHECK).then(|| Lease {
             until_ns,
-            ttl: Duration::from_millis(ttl),
+            length: Duration::from_millis(length),
         })
     }
 }
@@ -153,7 +159,7 @@ mod tests {
     fn records_round_trip_and_torn_ones_are_refused() {
         let lease = Lease {
             until_ns: 123_456_789,
-            ttl: Duration::from_secs(60),
+            length: Duration::from_secs(60),
         };
         let bytes = lease.encode();
         assert_eq!(Lease::decode(&bytes), Some(lease));
@@ -166,15 +172,19 @@ mod tests {
     fn the_command_is_stopped_before_the_lease_ends() {
         let lease = Lease {
             until_ns: 10_000_000_000,
-            ttl: Duration::from_secs(2),
+            length: Duration::from_secs(2),
         };
         let (term, kill) = lease.deadlines(Duration::from_secs(10));
         assert_eq!(
             kill,
             10_000_000_000 - 200_000_000,
-            "a tenth of the ttl before"
+            "a tenth of the lease before"
         );
-        assert_eq!(term, kill - 500_000_000, "a quarter of the ttl before that");
+        assert_eq!(
+            term,
+            kill - 500_000_000,
+            "a quarter of the lease before that"
+        );
         let (term, _) = lease.deadlines(Duration::from_millis(100));
         assert_eq!(term, kill - 100_000_000, "no longer than the grace");
     }

@@ -50,25 +50,23 @@ fn main() -> ExitCode {
     ExitCode::from(code)
 }
 
-/// How long the exit waits for store calls still running: a clean-up of a lock this process
-/// took (an acquire that failed after its request was sent, a release whose caller gave up).
-const SETTLE: std::time::Duration = std::time::Duration::from_secs(2);
-
 /// Lets the store calls still running finish before the runtime (and they with it) is dropped;
 /// says so with -v (or --json) when the bound is hit.
 async fn settle() {
-    if xtr_lock::settle(SETTLE).await {
+    let left = exit::deadline().saturating_duration_since(std::time::Instant::now());
+    if xtr_lock::settle(left).await {
         return;
     }
     if output::json() {
         output::event(
             "unsettled",
-            serde_json::json!({ "waited_ms": SETTLE.as_millis() as u64 }),
+            serde_json::json!({ "waited_ms": exit::SETTLE.as_millis() as u64 }),
         );
     } else if output::verbose() {
         eprintln!(
-            "xtr-lock: store calls of this process (clean-ups) still running after {SETTLE:?}; \
-             exiting without them (a lock they would have released is held until its ttl ends)"
+            "xtr-lock: store calls of this process (clean-ups) still running after {:?}; \
+             exiting without them (a lock they would have released is held until its ttl ends)",
+            exit::SETTLE
         );
     }
 }
@@ -218,10 +216,17 @@ where
     outcome
 }
 
-/// Closes `store`; a failure is reported, and does not change the command's exit status (what
-/// the command did is done).
+/// Closes `store` (within the exit's bound, see [`exit::deadline`]: a quorum's release is
+/// confirmed once a majority answered, and its slowest members, a paused server, are not
+/// waited for past it); a failure is reported, and does not change the command's exit status
+/// (what the command did is done).
 pub(crate) async fn close(store: &dyn xtr_lock::Store) {
-    if let Err(err) = store.close().await {
+    let deadline = tokio::time::Instant::from_std(exit::deadline());
+    let Ok(closed) = tokio::time::timeout_at(deadline, store.close()).await else {
+        // What is left is still pending: the exit's settle says so.
+        return;
+    };
+    if let Err(err) = closed {
         let line = output::causes(&err);
         if output::json() {
             output::event("warning", serde_json::json!({"message": line}));

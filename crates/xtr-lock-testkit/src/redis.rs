@@ -90,13 +90,23 @@ impl RedisServer {
 
     /// Like [`start`](RedisServer::start), with extra `redis-server` arguments (`--requirepass x`).
     pub fn start_with(extra: &[&str]) -> RedisServer {
+        Self::start_on_with(free_port(), extra)
+    }
+
+    /// Like [`start`](RedisServer::start), on `port`: a free port a client was pointed at
+    /// before the server was up (a server that starts late).
+    pub fn start_on(port: u16) -> RedisServer {
+        Self::start_on_with(port, &[])
+    }
+
+    fn start_on_with(port: u16, extra: &[&str]) -> RedisServer {
         let dir = tempfile::Builder::new()
             .prefix("xtr-testkit-redis-")
             .tempdir()
             .expect("a temp dir for redis-server");
         let mut server = RedisServer {
             child: None,
-            port: free_port(),
+            port,
             dir,
             extra: extra.iter().map(|s| (*s).to_owned()).collect(),
             tls_port: None,

@@ -25,11 +25,17 @@ pub(crate) async fn take(
     take: &Take,
 ) -> Result<Option<Duration>> {
     let started = Instant::now();
+    let waits = !(take.wait == Wait::Never || take.wait == Wait::AtMost(Duration::ZERO));
     // Try once before showing anything: most locks are free.
-    if lock.acquire_with(take.mode, Wait::Never).await? {
-        return Ok(Some(started.elapsed()));
+    match lock.acquire_with(take.mode, Wait::Never).await {
+        Ok(true) => return Ok(Some(started.elapsed())),
+        Ok(false) => {}
+        // A store that cannot be reached yet (starting, restarting, a quorum short of
+        // members): the wait below rides that out until its deadline, as the library's does.
+        Err(err) if waits && err.is_temporary() => {}
+        Err(err) => return Err(err.into()),
     }
-    if take.wait == Wait::Never || take.wait == Wait::AtMost(Duration::ZERO) {
+    if !waits {
         return Ok(None);
     }
     // Asked only when a line or an event will show them (the terminal's status line asks on
@@ -56,8 +62,13 @@ pub(crate) async fn take(
         lock.resource().to_owned(),
         take.quiet || json,
     );
+    // The wait counts from the start, the first try included.
+    let wait = match take.wait {
+        Wait::AtMost(d) => Wait::AtMost(d.saturating_sub(started.elapsed())),
+        other => other,
+    };
     Ok(lock
-        .acquire_with(take.mode, take.wait)
+        .acquire_with(take.mode, wait)
         .await?
         .then(|| started.elapsed()))
 }

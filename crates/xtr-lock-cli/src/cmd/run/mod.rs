@@ -100,7 +100,13 @@ pub(crate) async fn run(args: RunArgs) -> Result<Exit> {
     let outcome = supervise(&args, &lock, &mut signals).await;
     let known = lock.lost_reason();
     // Released whatever happened to the command; a lost lock is exit 3 however it is found.
-    match lock.release().await {
+    // The exit waits for the store only so long: a release the store does not confirm in
+    // time goes on in the background until the exit's bound, and is said to have failed.
+    let deadline = tokio::time::Instant::from_std(crate::exit::deadline());
+    let released = tokio::time::timeout_at(deadline, lock.release())
+        .await
+        .unwrap_or_else(|_| Err(unconfirmed_release(&lock)));
+    match released {
         Ok(Release::Lost) => {
             if !matches!(outcome, Ok(Exit::Lost)) {
                 let why = known.map_or_else(
@@ -131,6 +137,15 @@ pub(crate) async fn run(args: RunArgs) -> Result<Exit> {
             }
         }
     }
+}
+
+/// The error of a release the store did not confirm before the exit's bound.
+fn unconfirmed_release(lock: &Lock) -> xtr_lock::Error {
+    xtr_lock::Error::storage(format!(
+        "the store did not confirm the release within {:?}; it is left to the lock's ttl",
+        crate::exit::SETTLE
+    ))
+    .with_resource(lock.resource())
 }
 
 /// Says a loss happened: a line, or a `lost` event.
@@ -193,23 +208,13 @@ async fn supervise(args: &RunArgs, lock: &Lock, signals: &mut Signals) -> Result
         Err(cannot_run) => return Ok(cannot_run),
     };
     let terminal = Terminal::hand_to(child.group());
-    let ttl = args.take.ttl;
-    let tell = |child: &Child| {
-        if let Some(remaining) = lock
-            .remaining_lifetime()
-            .or_else(|| store.lease_remaining(lock.key()))
-        {
-            child.tell_lease(remaining, ttl);
-        }
-    };
-    tell(&child);
+    let mut lease = LeaseView::default();
+    lease.tell(lock, store.as_ref(), &child);
     // Often enough that the supervisor's view lags the renewals by little.
-    let mut lease_ticks = tokio::time::interval(
-        (ttl / 8).clamp(Duration::from_millis(10), Duration::from_millis(500)),
-    );
+    let mut lease_ticks = tokio::time::interval(lease.tick(args.take.ttl));
     loop {
         tokio::select! {
-            _ = lease_ticks.tick() => tell(&child),
+            _ = lease_ticks.tick() => lease.tell(lock, store.as_ref(), &child),
             event = child.wait() => match event? {
                 Event::Exited(_) if child.stopped_for_lease() => {
                     // The supervisor stopped it before the lease ran out, xtr-lock not having
@@ -250,6 +255,39 @@ async fn supervise(args: &RunArgs, lock: &Lock, signals: &mut Signals) -> Result
                 return Ok(Exit::Lost);
             }
         }
+    }
+}
+
+/// What `run` knows of its lease and tells the supervisor.
+#[derive(Default)]
+struct LeaseView {
+    /// The longest lease confirmed so far: about what the store really keeps (less than
+    /// `--ttl` on stores that count whole seconds; pub/sub's probe timeout), the margins' base.
+    longest: Duration,
+}
+
+impl LeaseView {
+    /// Tells the supervisor how long the lock certainly lasts: the shorter of the lock's
+    /// confirmed lifetime and the store's own lease, where there is either.
+    fn tell(&mut self, lock: &Lock, store: &dyn xtr_lock::Store, child: &Child) {
+        let remaining = match (lock.remaining_lifetime(), store.lease_remaining(lock.key())) {
+            (Some(lifetime), Some(lease)) => Some(lifetime.min(lease)),
+            (lifetime, lease) => lifetime.or(lease),
+        };
+        if let Some(remaining) = remaining {
+            self.longest = self.longest.max(remaining);
+            child.tell_lease(remaining, self.longest);
+        }
+    }
+
+    /// How often to tell: a tenth of the lease (of `ttl` before any is known), 10–250 ms.
+    fn tick(&self, ttl: Duration) -> Duration {
+        let lease = if self.longest.is_zero() {
+            ttl
+        } else {
+            self.longest
+        };
+        (lease / 10).clamp(Duration::from_millis(10), Duration::from_millis(250))
     }
 }
 

@@ -33,6 +33,9 @@ use queries::Pool;
 /// The token kind of SQL stores: Symfony's format (base64 of 32 bytes, 44 characters).
 const KIND: &str = "sql";
 
+/// The longest a `close` waits for connections still in use.
+const CLOSE_WITHIN: Duration = Duration::from_secs(1);
+
 /// Checks an SQL DSN without building anything.
 pub(crate) fn validate_dsn(dsn: &str) -> Result<()> {
     config::parse(dsn).map(|_| ())
@@ -149,6 +152,9 @@ struct HolderState {
     announced: Arc<AtomicBool>,
     /// ... through PostgreSQL's notifications (so only while the listener is up).
     via_listener: Arc<AtomicBool>,
+    /// The holder's token was made by a save here that never had a connection to send it
+    /// on (the server unreachable, the caller gone): its release has nothing to delete.
+    unsent: Arc<AtomicBool>,
 }
 
 /// The `key_id` of a resource: 64 lowercase hex digits of the SHA-256 of its UTF-8 bytes,
@@ -309,7 +315,8 @@ impl SqlStore {
     /// Dropped mid-flight, some of the tables may have been made; calling it again finishes.
     pub async fn create_table(&self) -> Result<bool> {
         let pool = self.pool().await?;
-        let made = schema::ensure(&self.inner, &pool, true)
+        let mut conn = pool.acquire().await.map_err(|e| self.db_error(e, None))?;
+        let made = schema::ensure(&self.inner, &mut conn, true)
             .await
             .map_err(|e| e.with_store(self))?;
         let _ = self.inner.schema.set(());
@@ -456,12 +463,15 @@ impl Store for SqlStore {
     }
 
     /// Stops the listener and closes the store's own pool (not a pool you gave it); the next
-    /// use opens a new one.
+    /// use opens a new one. Waits at most the statement timeout (and no more than a second)
+    /// for connections still in use: a statement left on a silent server (a partition, a
+    /// paused server) is given up on, and its connection closed, by its own bound.
     async fn close(&self) -> Result<()> {
         if let Some(task) = lock(&self.inner.listener).take() {
             task.abort();
         }
-        self.inner.pools.close().await;
+        let bound = self.inner.statement_timeout.min(CLOSE_WITHIN);
+        self.inner.pools.close(bound).await;
         Ok(())
     }
 }

@@ -63,8 +63,17 @@ pub(crate) fn validate_dsn(dsn: &str) -> Result<()> {
 ///   with its connection closed.
 /// - **Liveness**: a holder that dies closes its connection, and the server frees its locks at
 ///   once (a partitioned client's only when the server's TCP keepalive gives up). Each holding
-///   session is pinged (`keepalive`, 1 s); a session that ends (terminated, server restarted,
-///   connection broken) is reported lost through the loss watcher.
+///   session is pinged (`keepalive`, 1 s, at most 60 s); a session that ends (terminated,
+///   server restarted, connection broken) is reported lost through the loss watcher.
+/// - **A silent holder's lock can be taken**: the server ends the session of a client cut off
+///   by a partition when its TCP keepalive gives up (`tcp_keepalives_idle` +
+///   `tcp_keepalives_interval` × `tcp_keepalives_count`: 2 h 11 min with Linux's defaults), and
+///   that of a client stopped with SIGSTOP after `idle_session_timeout` if the server sets one
+///   (PostgreSQL 14 and later; off by default). The lock is free from then on. The store reads
+///   these per session (the keepalive as the server applies it to the socket), and
+///   [`Store::lease_remaining`] answers how long the lock certainly lasts: the last round trip
+///   the server answered on the holder's session, plus the shorter of the two, less 1 s;
+///   `None` when the server ends neither (a Unix socket without `idle_session_timeout`).
 /// - **No expiry, no fencing**: ttls are ignored; there is no counter to fence with.
 /// - **Introspection** from `pg_locks`: every backend holding the key, its pid, mode and
 ///   client.
@@ -239,6 +248,12 @@ impl Store for PgAdvisoryStore {
     }
 
     /// Closes the idle connections and the control pool; holders keep their sessions.
+    /// The last round trip the server answered on the holder's session, plus how long the
+    /// server keeps a silent client's session (see the store's `# Failure modes`).
+    fn lease_remaining(&self, key: &Key) -> Option<Duration> {
+        self.inner.lease_remaining(key)
+    }
+
     async fn close(&self) -> Result<()> {
         self.inner.conns.close().await;
         Ok(())

@@ -48,7 +48,7 @@ async fn timed<T>(what: &str, fault: Fault, call: impl Future<Output = T>) -> T 
 
 /// Takes a lock, lets `fault` strike, then times every kind of call.
 async fn every_call_is_bounded(store: Arc<dyn Store>, fault: Fault, strike: impl FnOnce()) {
-    let held = Key::new(&unique("held"));
+    let held = Key::new(unique("held"));
     assert!(store.save(&held, TTL).await.unwrap().is_acquired());
     strike();
     let renewed = timed(
@@ -59,7 +59,7 @@ async fn every_call_is_bounded(store: Arc<dyn Store>, fault: Fault, strike: impl
     .await;
     assert!(renewed.is_err(), "{fault:?}: renewed: {renewed:?}");
     let _ = timed("a check", fault, store.exists(&held)).await;
-    let other = Key::new(&unique("other"));
+    let other = Key::new(unique("other"));
     let saved = timed("a new attempt", fault, store.save(&other, TTL)).await;
     assert!(saved.is_err(), "{fault:?}: saved: {saved:?}");
     let _ = timed("a release", fault, store.delete(&held)).await;
@@ -132,7 +132,7 @@ async fn a_wait_that_gives_up_leaves_nothing_running(mut db: Db, fault: Fault) {
     let started = Instant::now();
     let lock = LockFactory::new(store.clone())
         .with_default_ttl(TTL)
-        .create_lock(&unique("wait"));
+        .create_lock(unique("wait"));
     let got = lock
         .acquire_with(Mode::Write, Wait::AtMost(Duration::from_secs(2)))
         .await;
@@ -203,7 +203,7 @@ async fn mysql_errors_that_cannot_pass_are_not_temporary() {
     );
     let store = db.store();
     let err = store
-        .save(&Key::new(&unique("extra-column")), TTL)
+        .save(&Key::new(unique("extra-column")), TTL)
         .await
         .unwrap_err();
     assert!(err.to_string().contains("owner"), "{err}");

@@ -159,6 +159,29 @@ async fn mariadb_a_wait_on_a_paused_server_leaves_nothing_running() {
     a_wait_that_gives_up_leaves_nothing_running(Db::mariadb(), Fault::Pause).await;
 }
 
+/// A call that reaches its statement timeout while still waiting for a connection (the connect
+/// timeout is longer) stops waiting then: nothing was sent, so nothing is left to land, and
+/// nothing is left for the process to settle (`xtr-lock run` exits at the timeout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_call_timed_out_before_connecting_leaves_nothing_running() {
+    let mut db = Db::postgres();
+    let dsn = format!("{}?connect_timeout=10&statement_timeout=2", db.url());
+    let store = SqlStore::from_dsn(&dsn).unwrap();
+    db.kill();
+    let saved = timed(
+        "an attempt",
+        Fault::Kill,
+        store.save(&Key::new(unique("t")), TTL),
+    )
+    .await;
+    assert!(saved.is_err(), "{saved:?}");
+    let settling = Instant::now();
+    assert!(xtr_lock::settle(Duration::from_secs(30)).await);
+    let took = settling.elapsed();
+    assert!(took < Duration::from_secs(1), "settled after {took:?}");
+    timed("close", Fault::Kill, store.close()).await.unwrap();
+}
+
 async fn memcached_calls_are_bounded(fault: Fault) {
     let mut server = MemcachedServer::start();
     let (proxy, freezer) = Freezer::start(server.port());

@@ -234,7 +234,7 @@ impl MemcachedStore {
     /// before it writes, and an add that landed is re-taken by its own token).
     ///
     /// Waiting for a new connection (the server down, paused or cut off) ends as soon as the
-    /// caller stops waiting, unless `how` is a release.
+    /// caller stops waiting or the bound passes, unless `how` is a release.
     async fn run<T, F, Fut>(&self, resource: &str, how: Run, f: F) -> Result<T>
     where
         T: Send + 'static,
@@ -247,19 +247,29 @@ impl MemcachedStore {
             abandon,
             unsent,
         } = how;
+        // Dropped when `within` returns: a remainder still connecting then stops.
+        let (within_bound, bound) = tokio::sync::watch::channel(());
         let work = async move {
             let pool = &inner.pool;
-            let get = |fresh| async move {
-                if !abandon {
-                    return pool.get(fresh).await;
-                }
-                tokio::select! {
-                    biased;
-                    got = pool.get(fresh) => got,
-                    () = crate::serial::caller_left() => Err(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        "gave up before reaching the server: nobody waits for the answer any more",
-                    )),
+            let get = |fresh| {
+                let mut bound = bound.clone();
+                async move {
+                    if !abandon {
+                        return pool.get(fresh).await;
+                    }
+                    tokio::select! {
+                        biased;
+                        got = pool.get(fresh) => got,
+                        _ = bound.changed() => Err(io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            "gave up before reaching the server: its bound passed",
+                        )),
+                        () = crate::serial::caller_left() => Err(io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            "gave up before reaching the server: nobody waits for the answer \
+                             any more",
+                        )),
+                    }
                 }
             };
             let (conn, reused) = get(false).await?;
@@ -282,7 +292,9 @@ impl MemcachedStore {
                 (_, Err(e)) => Err(e),
             }
         };
-        let done = crate::serial::within(limit, work).await.unwrap_or_else(|| {
+        let done = crate::serial::within(limit, work).await;
+        drop(within_bound);
+        let done = done.unwrap_or_else(|| {
             Err(io::Error::new(
                 io::ErrorKind::TimedOut,
                 format!("no answer within {limit:?}"),

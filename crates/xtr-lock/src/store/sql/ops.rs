@@ -8,6 +8,8 @@ use super::{
     HolderState, Inner, KIND, SqlStore, acquired, announces, check_expiry, holding, key_id, lock,
     notify, queries, refused, schema, whole_seconds,
 };
+use tokio::sync::watch;
+
 use crate::clock::BoxFuture;
 use crate::error::{Error, Result};
 use crate::key::{Key, Mode};
@@ -76,12 +78,24 @@ impl Drop for Taken {
     }
 }
 
-/// Takes a connection, unless the caller leaves first when `abandon` allows.
-async fn take(pool: &Pool, abandon: bool, inner: &Inner) -> Result<Taken> {
+/// Takes a connection, unless the caller leaves first (or the operation's bound passes: `bound`
+/// closes) when `abandon` allows: nothing has been sent then, and nobody waits for it.
+async fn take(
+    pool: &Pool,
+    abandon: bool,
+    bound: &mut watch::Receiver<()>,
+    inner: &Inner,
+) -> Result<Taken> {
     let conn = if abandon {
         tokio::select! {
             biased;
             conn = pool.acquire() => conn,
+            _ = bound.changed() => {
+                return Err(Error::storage(
+                    "gave up before reaching the database: its bound passed",
+                )
+                .temporary());
+            }
             () = crate::serial::caller_left() => {
                 return Err(Error::storage(
                     "gave up before reaching the database: nobody waits for the answer any more",
@@ -108,7 +122,7 @@ impl SqlStore {
     /// call, before the holder's next one (`crate::serial::within`), so a clean-up delete
     /// never runs before the save it cleans up after; its connection is then closed, never
     /// handed back. Waiting for a connection (the server is down, paused or cut off) ends as
-    /// soon as the caller stops waiting, unless the operation is a release.
+    /// soon as the caller stops waiting or the bound passes, unless the operation is a release.
     ///
     /// Pooled connections are not pinged before use (that would double every round trip): a
     /// connection found broken (the server restarted, a proxy dropped it) fails its statement
@@ -127,8 +141,10 @@ impl SqlStore {
             abandon,
             unsent,
         } = how;
+        // Dropped when `within` returns: a remainder still waiting for a connection then stops.
+        let (within_bound, mut bound) = watch::channel(());
         let work = async move {
-            let mut taken = take(&pool, abandon, &inner).await?;
+            let mut taken = take(&pool, abandon, &mut bound, &inner).await?;
             if let Some(unsent) = &unsent {
                 unsent.store(false, Ordering::Release);
             }
@@ -146,13 +162,15 @@ impl SqlStore {
             let mut done = op(&mut taken.conn, &inner).await;
             if done.as_ref().is_err_and(broken) {
                 drop(taken);
-                taken = take(&pool, abandon, &inner).await?;
+                taken = take(&pool, abandon, &mut bound, &inner).await?;
                 done = op(&mut taken.conn, &inner).await;
             }
             taken.answered = !done.as_ref().is_err_and(broken);
             done.map_err(|e| map_error(e, &inner))
         };
-        let done = crate::serial::within(limit, work).await.unwrap_or_else(|| {
+        let done = crate::serial::within(limit, work).await;
+        drop(within_bound);
+        let done = done.unwrap_or_else(|| {
             Err(Error::storage(format!(
                 "the database did not answer within {limit:?} (the statement timeout, or \
                  what was left of the lock's lifetime)"
@@ -406,7 +424,8 @@ impl SqlStore {
         tokio::spawn(async move {
             let limit = inner.statement_timeout;
             let sweep = async {
-                let mut taken = take(&pool, false, &inner).await?;
+                let (_bound, mut bound) = watch::channel(());
+                let mut taken = take(&pool, false, &mut bound, &inner).await?;
                 let rows = queries::execute(&mut taken.conn, &inner.sql.prune).await;
                 let counters = queries::execute(&mut taken.conn, &inner.sql.prune_fence).await;
                 taken.answered = rows.is_ok() && counters.is_ok();

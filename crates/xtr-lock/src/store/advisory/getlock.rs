@@ -74,9 +74,10 @@ pub struct MySqlLockStore {
 impl MySqlLockStore {
     /// A store from a DSN: `mysql+getlock://[user[:password]@]host[:port]/database`
     /// (`mariadb+getlock://` too; the database is required: it goes into every lock's name),
-    /// with this library's options `keepalive` (seconds between pings of a holding session, 1),
-    /// `connect_timeout` and `statement_timeout` (5 s each), `max_idle` (idle lock connections
-    /// kept, 16); every other option (`ssl-mode`, …) goes to the driver. Connects lazily.
+    /// with this library's options `keepalive` (seconds between pings of a holding session, 1,
+    /// at most 60), `connect_timeout` and `statement_timeout` (5 s each), `max_idle` (idle lock
+    /// connections kept, 16); the driver's own options (`ssl-mode`, …) go to it, and any other
+    /// option is refused, naming it. Connects lazily.
     ///
     /// # Errors
     ///

@@ -104,10 +104,10 @@ impl PgAdvisoryStore {
     /// A store from a DSN: `postgresql+advisory://[user[:password]@]host[:port]/database`
     /// (Symfony's scheme; `postgres+advisory://` too), with this library's options `keys`
     /// (`sha256`, the default, or `crc32` for Symfony's keys), `keepalive` (seconds between
-    /// pings of a holding session, 1), `connect_timeout` and `statement_timeout` (5 s each: a
-    /// statement that does not wait for a lock and gets no answer in it closes its session),
-    /// `max_idle` (idle lock connections kept, 16); every other option (`sslmode`, …) goes to
-    /// the driver. Connects lazily.
+    /// pings of a holding session, 1, at most 60), `connect_timeout` and `statement_timeout`
+    /// (5 s each: a statement that does not wait for a lock and gets no answer in it closes its
+    /// session), `max_idle` (idle lock connections kept, 16); the driver's own options
+    /// (`sslmode`, …) go to it, and any other option is refused, naming it. Connects lazily.
     ///
     /// # Errors
     ///

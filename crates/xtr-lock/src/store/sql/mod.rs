@@ -81,8 +81,12 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 ///
 /// # Failure modes
 ///
-/// - An unreachable or silent database gives a storage error (marked temporary) within the
-///   connect and statement timeouts (5 s each by default), never a hang.
+/// - An unreachable, paused or cut-off database gives a storage error (marked temporary)
+///   within the statement timeout (5 s by default; connecting included, and no later than the
+///   lifetime a save or renewal can still keep), never a hang. Waiting for a connection ends as
+///   soon as the caller stops waiting (a `-w` deadline, a dropped acquire): nothing was sent,
+///   and the release after it has nothing to delete. A connection whose statement got no
+///   answer is closed, never handed back; `close` waits at most a second.
 /// - A missing table, or one with other columns, is an error naming the table and what is
 ///   wrong; `xtr-lock migrate --store DSN` or [`create_table`](SqlStore::create_table) makes it
 ///   (or `?create_table=true`, on first use).
@@ -171,9 +175,9 @@ impl SqlStore {
     /// `mariadb://` (`[user[:password]@]host[:port]/database`), `sqlite:///absolute/path.db`, or
     /// `sqlite::memory:`; with the options `table` (default `lock_keys`), `create_table`
     /// (`true`: make the tables on first use), `connect_timeout` and `statement_timeout`
-    /// (seconds, default 5), `max_connections` (default 10); every other option (`sslmode`,
-    /// `sslrootcert`, `ssl-mode`, …) goes to the driver. Touches no network: the pool opens on
-    /// first use.
+    /// (seconds, default 5), `max_connections` (default 10); the driver's own options
+    /// (`sslmode`, `sslrootcert`, `ssl-mode`, …) go to it, and any other option is refused,
+    /// naming it. Touches no network: the pool opens on first use.
     ///
     /// # Errors
     ///

@@ -7,6 +7,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::{spawn, stop, xtr};
+use xtr_lock_testkit::postgres::PostgresServer;
 use xtr_lock_testkit::redis::RedisServer;
 
 /// `xtr-lock` without the caller's store or configuration in its environment.
@@ -165,6 +166,39 @@ fn config_check_ping_reaches_every_store_and_exits_69_when_one_is_down() {
     assert_eq!(v["entries"]["default"]["reached"], true);
     assert_eq!(v["entries"]["down"]["reached"], false);
     assert!(!out.stdout.contains("hunter2"), "{}", out.stdout);
+}
+
+/// `--timeout` bounds the whole check: a store that does not answer (a paused database, whose
+/// connect timeout is longer) is reported as unreached at the timeout, and the check exits.
+#[test]
+fn config_check_ping_honours_its_timeout_against_a_silent_database() {
+    let server = PostgresServer::start();
+    server.pause();
+    let tmp = tempfile::tempdir().unwrap();
+    let file = write(
+        tmp.path(),
+        &format!(
+            "[stores]\ndefault = \"{}?connect_timeout=10\"\n",
+            server.url()
+        ),
+    );
+    let started = std::time::Instant::now();
+    let out = run(bare().args([
+        "config",
+        "check",
+        "--ping",
+        "--timeout",
+        "2s",
+        "--config",
+        file.to_str().unwrap(),
+    ]));
+    let took = started.elapsed();
+    server.resume();
+    assert_eq!(out.code, Some(69), "{}{}", out.stdout, out.stderr);
+    assert!(
+        took < std::time::Duration::from_secs(6),
+        "config check --ping --timeout 2s took {took:?}"
+    );
 }
 
 #[test]

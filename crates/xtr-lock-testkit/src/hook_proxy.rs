@@ -124,3 +124,38 @@ impl HeldRequest {
         }
     }
 }
+
+/// A partition between the proxy's clients and the server: while frozen, nothing a client
+/// sends reaches the server, on any connection (new ones included: they are accepted, and
+/// then hang); what the server already sent still arrives. No RST, no FIN: the clients see a
+/// peer that has gone silent, as behind a dead link.
+#[derive(Debug, Clone)]
+pub struct Freezer {
+    frozen: Arc<AtomicBool>,
+}
+
+impl Freezer {
+    /// Starts a proxy to `127.0.0.1:target`, not frozen; returns its port and the switch.
+    pub fn start(target: u16) -> (u16, Freezer) {
+        let freezer = Freezer {
+            frozen: Arc::new(AtomicBool::new(false)),
+        };
+        let frozen = freezer.frozen.clone();
+        let port = start(target, move |_, _| {
+            while frozen.load(Ordering::SeqCst) {
+                thread::sleep(Duration::from_millis(5));
+            }
+        });
+        (port, freezer)
+    }
+
+    /// Cuts the clients off.
+    pub fn freeze(&self) {
+        self.frozen.store(true, Ordering::SeqCst);
+    }
+
+    /// Lets what waited through, and everything after it.
+    pub fn thaw(&self) {
+        self.frozen.store(false, Ordering::SeqCst);
+    }
+}

@@ -239,6 +239,10 @@ impl PostgresServer {
 
     /// SIGSTOP of the server and every backend: nothing answers, connections stay open.
     pub fn pause(&self) {
+        // The main process first: once it is stopped it forks no new backend, so the list
+        // read after it is complete (read before, it could miss a backend being forked for a
+        // connection just opened, which would go on answering).
+        let _ = crate::process::stop(self.pid());
         for pid in self.processes() {
             let _ = crate::process::stop(pid);
         }

@@ -349,6 +349,18 @@ pub(crate) fn finish_later(remainder: impl Future<Output = ()> + Send + 'static)
     }
 }
 
+/// Completes once the caller of the current call has stopped waiting for it (looked at every
+/// 10 ms); never outside a call. A store races what it has not sent yet (a connection being
+/// opened) against it: nobody waits for the answer any more, and nothing needs undoing.
+pub(crate) async fn caller_left() {
+    let Ok(call) = CURRENT.try_with(Arc::clone) else {
+        return std::future::pending().await;
+    };
+    while !call.left() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// Runs `fut` in a call scope of its own and gives back, with its output, what it left to
 /// finish (its [`within`] and [`finish_later`] remainders, in order) instead of queueing it on
 /// the current call: for a store that fans one call out to several others (a quorum), so that

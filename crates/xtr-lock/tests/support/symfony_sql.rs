@@ -85,6 +85,36 @@ impl Db {
             Db::MariaDb(s) => s.restart(),
         }
     }
+
+    /// SIGSTOP: connections stay open, nothing answers.
+    pub(crate) fn pause(&self) {
+        match self {
+            Db::Postgres(s) => s.pause(),
+            Db::MariaDb(s) => s.pause(),
+        }
+    }
+
+    pub(crate) fn resume(&self) {
+        match self {
+            Db::Postgres(s) => s.resume(),
+            Db::MariaDb(s) => s.resume(),
+        }
+    }
+
+    /// The server's URL, without options.
+    pub(crate) fn url(&self) -> String {
+        match self {
+            Db::Postgres(s) => s.url(),
+            Db::MariaDb(s) => s.url(),
+        }
+    }
+
+    pub(crate) fn port(&self) -> u16 {
+        match self {
+            Db::Postgres(s) => s.port(),
+            Db::MariaDb(s) => s.port(),
+        }
+    }
 }
 
 /// One event line of the holder.

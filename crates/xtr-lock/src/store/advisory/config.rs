@@ -12,7 +12,7 @@ use super::db::Target;
 
 use super::keys::KeyMode;
 use crate::error::{Error, Result};
-use crate::store::sql::config::seconds;
+use crate::store::sql::config::{MYSQL_DRIVER, PG_DRIVER, check_known, seconds};
 
 /// How long to wait for a connection, and for a statement that does not wait for a lock.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -20,6 +20,9 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(1);
 /// Idle lock connections kept for the next holder.
 const DEFAULT_MAX_IDLE: usize = 16;
+/// The longest pause between two pings of a holding session: a session that ended is noticed
+/// (and the loss reported) at the next ping, so a longer one would report it that much later.
+const MAX_KEEPALIVE: Duration = Duration::from_secs(60);
 
 const OURS: &[&str] = &[
     "keys",
@@ -84,6 +87,9 @@ pub(crate) fn parse(dsn: &str) -> Result<SessionConfig> {
         .query_pairs()
         .into_owned()
         .partition(|(k, _)| OURS.contains(&k.as_str()));
+    for (k, _) in &theirs {
+        check_known(k, OURS, if postgres { PG_DRIVER } else { MYSQL_DRIVER }).map_err(invalid)?;
+    }
     if theirs.is_empty() {
         url.set_query(None);
     } else {
@@ -119,7 +125,18 @@ pub(crate) fn parse(dsn: &str) -> Result<SessionConfig> {
                     }
                 }
             }
-            "keepalive" => config.keepalive = seconds(k, v).map_err(invalid)?,
+            "keepalive" => {
+                config.keepalive = seconds(k, v)
+                    .ok()
+                    .filter(|s| *s <= MAX_KEEPALIVE)
+                    .ok_or_else(|| {
+                        invalid(format!(
+                            "keepalive={v:?}: seconds between pings of a holding session, more \
+                             than 0 and at most {} (a lost session is noticed at the next ping)",
+                            MAX_KEEPALIVE.as_secs()
+                        ))
+                    })?;
+            }
             "connect_timeout" => config.connect_timeout = seconds(k, v).map_err(invalid)?,
             "statement_timeout" => config.statement_timeout = seconds(k, v).map_err(invalid)?,
             "max_idle" => {
@@ -211,6 +228,19 @@ mod tests {
             (
                 "postgresql+advisory://u:hunter2@h/db?max_idle=x",
                 "max_idle",
+            ),
+            (
+                "postgresql+advisory://u:hunter2@h/db?keepalive=3600",
+                "at most 60",
+            ),
+            ("mysql+getlock://u:hunter2@h/db?keepalive=61", "at most 60"),
+            (
+                "mysql+getlock://u:hunter2@h/db?statment_timeout=1",
+                "did you mean \"statement_timeout\"?",
+            ),
+            (
+                "postgresql+advisory://u:hunter2@h/db?key=crc32",
+                "did you mean \"keys\"?",
             ),
             (
                 "postgresql+advisory://u:hunter2@h/db?sslmode=sometimes",

@@ -15,6 +15,9 @@ use super::db::{DbConn, Target};
 pub(super) struct Conn {
     pub(super) db: DbConn,
     pub(super) pid: i64,
+    /// How long the server keeps this session once its client goes silent; `None`: it never
+    /// ends it on its own.
+    pub(super) silence: Option<Duration>,
     /// Taken from the idle list (it may have gone stale), not just opened.
     pub(super) reused: bool,
 }
@@ -74,9 +77,10 @@ impl Conns {
     pub(super) async fn connect(&self) -> Result<Conn, ConnectError> {
         let timeout = self.config.connect_timeout;
         match tokio::time::timeout(timeout, DbConn::connect(&self.config.target)).await {
-            Ok(Ok((db, pid))) => Ok(Conn {
+            Ok(Ok((db, opened))) => Ok(Conn {
                 db,
-                pid,
+                pid: opened.id,
+                silence: opened.silence,
                 reused: false,
             }),
             Ok(Err(e)) => Err(ConnectError::Sqlx(e)),

@@ -1,6 +1,8 @@
 //! The two databases' session locks, statement by statement: PostgreSQL advisory locks on one
 //! `bigint`, MySQL/MariaDB named locks (`GET_LOCK`).
 
+use std::time::Duration;
+
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlDatabaseError};
 use sqlx::postgres::{PgConnectOptions, PgConnection};
 
@@ -64,23 +66,74 @@ const PG_CHECK: &str = "SELECT coalesce(bool_or(mode = 'ExclusiveLock'), false),
      AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
      AND classid::bigint = $1 AND objid::bigint = $2 AND objsubid = 1";
 
+/// PostgreSQL: the backend's pid, and the settings that end a silent client's session (as the
+/// server applies them to this session: `tcp_keepalives_*` read back the socket's own values,
+/// the operating system's defaults included; zero on a Unix socket).
+const PG_SESSION: &str = "SELECT pg_backend_pid(), \
+     (SELECT CAST(setting AS BIGINT) FROM pg_settings WHERE name = 'idle_session_timeout'), \
+     (SELECT CAST(setting AS BIGINT) FROM pg_settings WHERE name = 'tcp_keepalives_idle'), \
+     (SELECT CAST(setting AS BIGINT) FROM pg_settings WHERE name = 'tcp_keepalives_interval'), \
+     (SELECT CAST(setting AS BIGINT) FROM pg_settings WHERE name = 'tcp_keepalives_count')";
+
+/// How long a MySQL server's TCP keepalive takes to give up on a peer that went away: the
+/// server enables it with its operating system's settings, which a client cannot read; Linux's
+/// defaults (7200 s idle, then 9 probes 75 s apart) are assumed.
+const MYSQL_KEEPALIVE: Duration = Duration::from_secs(7200 + 9 * 75);
+
+/// How long the server keeps a PostgreSQL session whose client went silent: the shorter of
+/// `idle_session_timeout` (milliseconds; a stopped client) and the TCP keepalive's time to give
+/// up (seconds; a client cut off). `None` when neither ends it.
+fn pg_silence(
+    idle_ms: Option<i64>,
+    idle: Option<i64>,
+    interval: Option<i64>,
+    count: Option<i64>,
+) -> Option<Duration> {
+    let positive = |v: Option<i64>| v.and_then(|v| u64::try_from(v).ok()).filter(|v| *v > 0);
+    let timeout = positive(idle_ms).map(Duration::from_millis);
+    let keepalive = match (positive(idle), positive(interval), positive(count)) {
+        (Some(i), Some(v), Some(c)) => Some(Duration::from_secs(i + v * c)),
+        _ => None,
+    };
+    timeout.into_iter().chain(keepalive).min()
+}
+
+/// A new session: its id on the server (PostgreSQL's backend pid, MySQL's connection id), and
+/// how long the server keeps it once its client goes silent (see [`pg_silence`]).
+pub(crate) struct Opened {
+    pub(crate) id: i64,
+    pub(crate) silence: Option<Duration>,
+}
+
 impl DbConn {
-    pub(crate) async fn connect(target: &Target) -> Result<(DbConn, i64), sqlx::Error> {
+    pub(crate) async fn connect(target: &Target) -> Result<(DbConn, Opened), sqlx::Error> {
         use sqlx::Connection as _;
         match target {
             Target::Postgres(options) => {
                 let mut pg = PgConnection::connect_with(options).await?;
-                let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-                    .fetch_one(&mut pg)
-                    .await?;
-                Ok((DbConn::Postgres(pg), i64::from(pid)))
+                type Row = (i32, Option<i64>, Option<i64>, Option<i64>, Option<i64>);
+                let (pid, idle_ms, idle, interval, count): Row =
+                    sqlx::query_as(PG_SESSION).fetch_one(&mut pg).await?;
+                let opened = Opened {
+                    id: i64::from(pid),
+                    silence: pg_silence(idle_ms, idle, interval, count),
+                };
+                Ok((DbConn::Postgres(pg), opened))
             }
             Target::MySql(options) => {
                 let mut my = MySqlConnection::connect_with(options).await?;
-                let id: i64 = sqlx::query_scalar("SELECT CAST(CONNECTION_ID() AS SIGNED)")
-                    .fetch_one(&mut my)
-                    .await?;
-                Ok((DbConn::MySql(my), id))
+                let (id, wait): (i64, i64) = sqlx::query_as(
+                    "SELECT CAST(CONNECTION_ID() AS SIGNED), CAST(@@session.wait_timeout AS SIGNED)",
+                )
+                .fetch_one(&mut my)
+                .await?;
+                // `wait_timeout` ends a stopped client's idle session; the keepalive a cut-off one's.
+                let wait = Duration::from_secs(u64::try_from(wait).unwrap_or(0).max(1));
+                let opened = Opened {
+                    id,
+                    silence: Some(wait.min(MYSQL_KEEPALIVE)),
+                };
+                Ok((DbConn::MySql(my), opened))
             }
         }
     }
@@ -196,4 +249,27 @@ pub(crate) fn classify(e: &sqlx::Error) -> Failure {
 /// Whether `e` means the session is gone.
 pub(crate) fn is_broken(e: &sqlx::Error) -> bool {
     matches!(classify(e), Failure::Broken(_))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_silent_clients_session_ends_at_the_shorter_of_its_settings() {
+        let s = |v: u64| Some(Duration::from_secs(v));
+        // Linux's keepalive defaults, no idle timeout.
+        assert_eq!(pg_silence(Some(0), Some(7200), Some(75), Some(9)), s(7875));
+        assert_eq!(
+            pg_silence(Some(10_000), Some(7200), Some(75), Some(9)),
+            s(10)
+        );
+        assert_eq!(pg_silence(None, Some(60), Some(5), Some(3)), s(75));
+        // A Unix socket (keepalives read zero) and no idle timeout: never.
+        assert_eq!(pg_silence(Some(0), Some(0), Some(0), Some(0)), None);
+        assert_eq!(
+            pg_silence(Some(2_500), Some(0), Some(0), Some(0)),
+            Some(Duration::from_millis(2_500))
+        );
+    }
 }

@@ -36,8 +36,15 @@ use crate::store::{Capabilities, HolderInfo, Holding, LossWatcher, Saved, Store}
 ///   wait answers; a grant that crossed the kill is released again, and a wait unanswered for
 ///   the statement timeout ends with its connection closed.
 /// - **Liveness**: a holder that dies closes its connection and the server frees its locks;
-///   each holding session is pinged (`keepalive`, 1 s), and one that ends (`KILL`, a restart, a
-///   broken connection) is reported lost through the loss watcher.
+///   each holding session is pinged (`keepalive`, 1 s, at most 60 s), and one that ends
+///   (`KILL`, a restart, a broken connection) is reported lost through the loss watcher.
+/// - **A silent holder's lock can be taken**: the server ends the idle session of a client that
+///   stopped talking after `wait_timeout` (8 h by default; a holder stopped with SIGSTOP), and
+///   the session of a client cut off by a partition when its TCP keepalive gives up (the
+///   server's operating system's settings, which a client cannot read: Linux's defaults, 2 h
+///   11 min, are assumed). The lock is free from then on. [`Store::lease_remaining`] answers
+///   how long it certainly lasts: the last round trip the server answered on the holder's
+///   session, plus the shorter of the two (`wait_timeout` read per session), less 1 s.
 /// - **No expiry, no fencing**: ttls are ignored.
 /// - **Introspection** with `IS_USED_LOCK`: the holding connection's id, user and host.
 ///
@@ -67,9 +74,10 @@ pub struct MySqlLockStore {
 impl MySqlLockStore {
     /// A store from a DSN: `mysql+getlock://[user[:password]@]host[:port]/database`
     /// (`mariadb+getlock://` too; the database is required: it goes into every lock's name),
-    /// with this library's options `keepalive` (seconds between pings of a holding session, 1),
-    /// `connect_timeout` and `statement_timeout` (5 s each), `max_idle` (idle lock connections
-    /// kept, 16); every other option (`ssl-mode`, …) goes to the driver. Connects lazily.
+    /// with this library's options `keepalive` (seconds between pings of a holding session, 1,
+    /// at most 60), `connect_timeout` and `statement_timeout` (5 s each), `max_idle` (idle lock
+    /// connections kept, 16); the driver's own options (`ssl-mode`, …) go to it, and any other
+    /// option is refused, naming it. Connects lazily.
     ///
     /// # Errors
     ///
@@ -181,6 +189,12 @@ impl Store for MySqlLockStore {
     }
 
     /// Closes the idle connections and the control pool; holders keep their sessions.
+    /// The last round trip the server answered on the holder's session, plus how long the
+    /// server keeps a silent client's session (see the store's `# Failure modes`).
+    fn lease_remaining(&self, key: &Key) -> Option<Duration> {
+        self.inner.lease_remaining(key)
+    }
+
     async fn close(&self) -> Result<()> {
         self.inner.conns.close().await;
         Ok(())

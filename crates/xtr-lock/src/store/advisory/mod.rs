@@ -63,8 +63,17 @@ pub(crate) fn validate_dsn(dsn: &str) -> Result<()> {
 ///   with its connection closed.
 /// - **Liveness**: a holder that dies closes its connection, and the server frees its locks at
 ///   once (a partitioned client's only when the server's TCP keepalive gives up). Each holding
-///   session is pinged (`keepalive`, 1 s); a session that ends (terminated, server restarted,
-///   connection broken) is reported lost through the loss watcher.
+///   session is pinged (`keepalive`, 1 s, at most 60 s); a session that ends (terminated,
+///   server restarted, connection broken) is reported lost through the loss watcher.
+/// - **A silent holder's lock can be taken**: the server ends the session of a client cut off
+///   by a partition when its TCP keepalive gives up (`tcp_keepalives_idle` +
+///   `tcp_keepalives_interval` × `tcp_keepalives_count`: 2 h 11 min with Linux's defaults), and
+///   that of a client stopped with SIGSTOP after `idle_session_timeout` if the server sets one
+///   (PostgreSQL 14 and later; off by default). The lock is free from then on. The store reads
+///   these per session (the keepalive as the server applies it to the socket), and
+///   [`Store::lease_remaining`] answers how long the lock certainly lasts: the last round trip
+///   the server answered on the holder's session, plus the shorter of the two, less 1 s;
+///   `None` when the server ends neither (a Unix socket without `idle_session_timeout`).
 /// - **No expiry, no fencing**: ttls are ignored; there is no counter to fence with.
 /// - **Introspection** from `pg_locks`: every backend holding the key, its pid, mode and
 ///   client.
@@ -95,10 +104,10 @@ impl PgAdvisoryStore {
     /// A store from a DSN: `postgresql+advisory://[user[:password]@]host[:port]/database`
     /// (Symfony's scheme; `postgres+advisory://` too), with this library's options `keys`
     /// (`sha256`, the default, or `crc32` for Symfony's keys), `keepalive` (seconds between
-    /// pings of a holding session, 1), `connect_timeout` and `statement_timeout` (5 s each: a
-    /// statement that does not wait for a lock and gets no answer in it closes its session),
-    /// `max_idle` (idle lock connections kept, 16); every other option (`sslmode`, …) goes to
-    /// the driver. Connects lazily.
+    /// pings of a holding session, 1, at most 60), `connect_timeout` and `statement_timeout`
+    /// (5 s each: a statement that does not wait for a lock and gets no answer in it closes its
+    /// session), `max_idle` (idle lock connections kept, 16); the driver's own options
+    /// (`sslmode`, …) go to it, and any other option is refused, naming it. Connects lazily.
     ///
     /// # Errors
     ///
@@ -239,6 +248,12 @@ impl Store for PgAdvisoryStore {
     }
 
     /// Closes the idle connections and the control pool; holders keep their sessions.
+    /// The last round trip the server answered on the holder's session, plus how long the
+    /// server keeps a silent client's session (see the store's `# Failure modes`).
+    fn lease_remaining(&self, key: &Key) -> Option<Duration> {
+        self.inner.lease_remaining(key)
+    }
+
     async fn close(&self) -> Result<()> {
         self.inner.conns.close().await;
         Ok(())

@@ -9,6 +9,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot, watch};
 
@@ -45,7 +46,14 @@ pub(super) struct Life {
     pub(super) ended: u64,
     /// The session's id on the server (backend pid, connection id), while it has one.
     pub(super) pid: Option<i64>,
+    /// While held, until when the lock certainly lasts if the holder goes silent now: the last
+    /// round trip the server answered, plus how long the server keeps a silent client's session
+    /// (less a margin). Updated without waking anyone.
+    pub(super) lease_end: Option<Instant>,
 }
+
+/// Taken off the server's time to end a silent client's session: its timers are coarse.
+const LEASE_MARGIN: Duration = Duration::from_secs(1);
 
 impl crate::store::tasks::Life for Life {
     fn held(&self) -> Option<Mode> {
@@ -76,6 +84,7 @@ pub(super) fn start(conns: Arc<Conns>, id: LockId, resource: String, store: Arc<
         read: false,
         lost: None,
         ended: 0,
+        confirmed: None,
         life: life_tx,
         rx,
         deferred: VecDeque::new(),
@@ -95,6 +104,8 @@ struct Actor {
     read: bool,
     lost: Option<LostReason>,
     ended: u64,
+    /// When the last request the server answered on the connection was sent.
+    confirmed: Option<Instant>,
     life: watch::Sender<Life>,
     rx: mpsc::UnboundedReceiver<Cmd>,
     /// Commands that came during a wait and must run after it.
@@ -161,12 +172,38 @@ impl Actor {
             lost: self.lost,
             ended: self.ended,
             pid: self.conn.as_ref().map(|c| c.pid),
+            lease_end: self.lease_end(),
         };
         self.life.send_if_modified(|l| {
-            let changed = *l != life;
+            let changed = Life {
+                lease_end: None,
+                ..*l
+            } != Life {
+                lease_end: None,
+                ..life
+            };
             *l = life;
             changed
         });
+    }
+
+    fn lease_end(&self) -> Option<Instant> {
+        self.holds()?;
+        let silence = self.conn.as_ref()?.silence?;
+        Some(self.confirmed? + silence.saturating_sub(LEASE_MARGIN))
+    }
+
+    /// The server answered a request sent at `sent` (with a result or a refusal): the session
+    /// was alive then. Extends the lease, waking no one.
+    fn confirm<T>(&mut self, sent: Instant, answer: &std::result::Result<T, sqlx::Error>) {
+        if matches!(answer, Ok(_) | Err(sqlx::Error::Database(_))) {
+            self.confirmed = Some(sent);
+            let end = self.lease_end();
+            self.life.send_if_modified(|l| {
+                l.lease_end = end;
+                false
+            });
+        }
     }
 
     fn error(&self, err: Error) -> Error {
@@ -176,6 +213,7 @@ impl Actor {
     /// The connection is gone (closed, broken, in doubt): so is everything it held.
     fn drop_connection(&mut self) {
         self.conn = None;
+        self.confirmed = None;
         if self.holds().is_some() {
             tracing::warn!(target: crate::logging::TARGET, resource = %self.resource,
                 store = %self.store, "the session holding the advisory lock ended: lock lost");
@@ -215,9 +253,12 @@ impl Actor {
         let Some(conn) = self.conn.as_mut() else {
             return Ran::Broken("no connection".into());
         };
-        let timeout = self.conns.config.statement_timeout;
+        let (timeout, sent) = (self.conns.config.statement_timeout, Instant::now());
         match tokio::time::timeout(timeout, conn.db.op(op, &self.id)).await {
-            Ok(result) => classify(result),
+            Ok(result) => {
+                self.confirm(sent, &result);
+                classify(result)
+            }
             Err(_) => Ran::Broken(format!(
                 "no answer within the statement timeout ({} s)",
                 timeout.as_secs_f64()
@@ -279,6 +320,9 @@ impl Actor {
         }
         let ran = self.settle(ran, mode).await;
         let abandoned = reply.is_closed() || self.shutting_down || self.release_pending();
+        // A grant after a wait was confirmed when the wait was sent: one ping after the answer
+        // dates the lease from now.
+        let ping = wait && matches!(ran, Ran::Granted) && !abandoned;
         let answer = match ran {
             Ran::Granted if abandoned => {
                 // Nobody takes this grant: take back exactly what this statement added.
@@ -320,6 +364,9 @@ impl Actor {
             }
         };
         let _ = reply.send(answer);
+        if ping {
+            self.keepalive().await;
+        }
     }
 
     /// A lock statement that ended in an error may still have taken the lock: PostgreSQL grants
@@ -428,6 +475,22 @@ impl Actor {
     /// of the same holder, or the holder's handle going cancel it; other commands are answered
     /// from what the session holds, or wait their turn.
     async fn wait(&mut self, op: Op, reply: &mut oneshot::Sender<Result<Saved>>) -> Ran {
+        let sent = Instant::now();
+        match self.wait_statement(op, reply).await {
+            Ok(result) => {
+                self.confirm(sent, &result);
+                classify(result)
+            }
+            Err(ran) => ran,
+        }
+    }
+
+    /// The statement of [`wait`](Actor::wait): its result, or how it ended without one.
+    async fn wait_statement(
+        &mut self,
+        op: Op,
+        reply: &mut oneshot::Sender<Result<Saved>>,
+    ) -> std::result::Result<std::result::Result<Option<bool>, sqlx::Error>, Ran> {
         let conns = self.conns.clone();
         let held = self.holds();
         let Actor {
@@ -439,7 +502,7 @@ impl Actor {
             ..
         } = self;
         let Some(conn) = conn.as_mut() else {
-            return Ran::Broken("no connection".into());
+            return Err(Ran::Broken("no connection".into()));
         };
         let mut cancel = Canceller::new(conns.clone(), conn.pid);
         let statement = conn.db.op(op, id);
@@ -485,13 +548,13 @@ impl Actor {
                 },
                 () = tokio::time::sleep_until(cancel.next()), if cancel.started() => {
                     if let Tick::GiveUp = cancel.tick() {
-                        return Ran::Broken("a cancelled lock wait did not end".into());
+                        return Err(Ran::Broken("a cancelled lock wait did not end".into()));
                     }
                 }
             }
         };
         cancel.finish().await;
-        classify(result)
+        Ok(result)
     }
 
     async fn check(&mut self) -> Result<Holding> {
@@ -501,8 +564,12 @@ impl Actor {
         let Some(conn) = self.conn.as_mut() else {
             return Ok(Holding::NotHeld(LostReason::Disconnected));
         };
-        let timeout = self.conns.config.statement_timeout;
-        match tokio::time::timeout(timeout, conn.db.check(&self.id)).await {
+        let (timeout, sent) = (self.conns.config.statement_timeout, Instant::now());
+        let answer = tokio::time::timeout(timeout, conn.db.check(&self.id)).await;
+        if let Ok(answer) = &answer {
+            self.confirm(sent, answer);
+        }
+        match answer {
             Ok(Ok((write, read))) => {
                 let shown = match mode {
                     Mode::Write => write,
@@ -536,8 +603,12 @@ impl Actor {
         let Some(conn) = self.conn.as_mut() else {
             return;
         };
-        let timeout = self.conns.config.statement_timeout;
-        match tokio::time::timeout(timeout, conn.db.ping()).await {
+        let (timeout, sent) = (self.conns.config.statement_timeout, Instant::now());
+        let answer = tokio::time::timeout(timeout, conn.db.ping()).await;
+        if let Ok(answer) = &answer {
+            self.confirm(sent, answer);
+        }
+        match answer {
             Ok(Ok(())) => {}
             Ok(Err(e)) if !is_broken(&e) => {}
             _ => self.drop_connection(),

@@ -113,7 +113,25 @@ struct Inner {
 struct HolderState {
     /// Whether its last refusal came from a holder of this store (whose release wakes it).
     here: Arc<AtomicBool>,
+    /// The holder's token was made by an add here that never had a connection to send it on
+    /// (the server unreachable, the caller gone): its release has nothing to delete.
+    unsent: Arc<AtomicBool>,
 }
+
+/// How one request runs.
+struct Run {
+    /// Its bound: the response timeout, or less (what is left of the lifetime an add or
+    /// renewal can keep: an answer after it is of no use).
+    limit: Duration,
+    /// Given up while no connection is had yet, once its caller stopped waiting: nothing was
+    /// sent, so nothing needs undoing. A release never is.
+    abandon: bool,
+    /// Cleared as soon as a connection is had for it (the request may be sent from then on).
+    unsent: Option<Arc<AtomicBool>>,
+}
+
+/// The shortest bound of an add or renewal whose lifetime is nearly over.
+const MIN_LIMIT: Duration = Duration::from_millis(250);
 
 fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -214,21 +232,54 @@ impl MemcachedStore {
     /// connection found closed (the server restarted since) is dropped with the rest of the
     /// pool and `f` runs again on a new one: every operation here is safe to repeat (each reads
     /// before it writes, and an add that landed is re-taken by its own token).
-    async fn run<T, F, Fut>(&self, resource: &str, f: F) -> Result<T>
+    ///
+    /// Waiting for a new connection (the server down, paused or cut off) ends as soon as the
+    /// caller stops waiting or the bound passes, unless `how` is a release.
+    async fn run<T, F, Fut>(&self, resource: &str, how: Run, f: F) -> Result<T>
     where
         T: Send + 'static,
         F: Fn(Conn) -> Fut + Send + 'static,
         Fut: Future<Output = (Conn, io::Result<T>)> + Send,
     {
         let inner = self.inner.clone();
-        let limit = inner.pool.timeout();
+        let Run {
+            limit,
+            abandon,
+            unsent,
+        } = how;
+        // Dropped when `within` returns: a remainder still connecting then stops.
+        let (within_bound, bound) = tokio::sync::watch::channel(());
         let work = async move {
             let pool = &inner.pool;
-            let (conn, reused) = pool.get(false).await?;
+            let get = |fresh| {
+                let mut bound = bound.clone();
+                async move {
+                    if !abandon {
+                        return pool.get(fresh).await;
+                    }
+                    tokio::select! {
+                        biased;
+                        got = pool.get(fresh) => got,
+                        _ = bound.changed() => Err(io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            "gave up before reaching the server: its bound passed",
+                        )),
+                        () = crate::serial::caller_left() => Err(io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            "gave up before reaching the server: nobody waits for the answer \
+                             any more",
+                        )),
+                    }
+                }
+            };
+            let (conn, reused) = get(false).await?;
+            if let Some(unsent) = &unsent {
+                unsent.store(false, Ordering::Release);
+            }
             let done = match f(conn).await {
                 (_, Err(e)) if reused && conn::is_closed(&e) => {
                     pool.close();
-                    let (conn, _) = pool.get(true).await?;
+                    let (conn, _) = get(true).await?;
                     f(conn).await
                 }
                 other => other,
@@ -241,13 +292,36 @@ impl MemcachedStore {
                 (_, Err(e)) => Err(e),
             }
         };
-        let done = crate::serial::within(limit, work).await.unwrap_or_else(|| {
+        let done = crate::serial::within(limit, work).await;
+        drop(within_bound);
+        let done = done.unwrap_or_else(|| {
             Err(io::Error::new(
                 io::ErrorKind::TimedOut,
                 format!("no answer within {limit:?}"),
             ))
         });
         done.map_err(|e| self.io_error(resource, e))
+    }
+
+    /// A request bounded by the response timeout.
+    fn plain(&self) -> Run {
+        Run {
+            limit: self.inner.pool.timeout(),
+            abandon: true,
+            unsent: None,
+        }
+    }
+
+    /// A request bounded by what is left of `key`'s lifetime too (at least a moment).
+    fn keeping(&self, key: &Key) -> Run {
+        let timeout = self.inner.pool.timeout();
+        let left = key
+            .remaining_lifetime()
+            .map_or(timeout, |l| l.max(MIN_LIMIT));
+        Run {
+            limit: timeout.min(left),
+            ..self.plain()
+        }
     }
 
     /// Forgets `token` as the holder of `resource` (released or lost) and wakes this store's
@@ -280,9 +354,19 @@ impl MemcachedStore {
         if key.is_expired() {
             return Err(Error::expired(key.resource()).with_store(self));
         }
+        let state = key.handle::<HolderState>(self.inner.owner);
+        if !key.has_token(KIND) {
+            // A token made now was never sent: until a request may carry it, a release of
+            // this holder has nothing to delete.
+            state.unsent.store(true, Ordering::Release);
+        }
         let token = key.token(KIND);
+        let how = Run {
+            unsent: Some(state.unsent.clone()),
+            ..self.keeping(key)
+        };
         let attempt = self
-            .run(key.resource(), move |mut c| {
+            .run(key.resource(), how, move |mut c| {
                 let (name, token) = (name.clone(), token.clone());
                 async move {
                     let r = acquire_on(&mut c, &name, token.as_bytes(), secs).await;
@@ -309,7 +393,6 @@ impl MemcachedStore {
                     held.get(key.resource())
                         .is_some_and(|t| t.as_bytes() == holder.as_slice())
                 };
-                let state = key.handle::<HolderState>(self.inner.owner);
                 state.here.store(here, Ordering::Release);
                 let conflict = Conflict::new();
                 Ok(Saved::Conflict(match left {
@@ -384,7 +467,7 @@ impl Store for MemcachedStore {
         key.reduce_lifetime(Duration::from_secs(secs.saturating_sub(1)));
         let token = key.token(KIND);
         let found = self
-            .run(key.resource(), move |mut c| {
+            .run(key.resource(), self.keeping(key), move |mut c| {
                 let (name, token) = (name.clone(), token.clone());
                 async move {
                     let r = put_off_on(&mut c, &name, token.as_bytes(), secs).await;
@@ -415,9 +498,19 @@ impl Store for MemcachedStore {
             return Ok(false);
         }
         let (name, token) = (key.resource().to_owned(), key.token(KIND));
+        let state = key.handle::<HolderState>(self.inner.owner);
+        if state.unsent.load(Ordering::Acquire) {
+            // Nothing of this holder ever reached the server.
+            self.forget(&name, &token);
+            return Ok(false);
+        }
+        let release = Run {
+            abandon: false,
+            ..self.plain()
+        };
         let deleted = {
             let (name, token) = (name.clone(), token.clone());
-            self.run(key.resource(), move |mut c| {
+            self.run(key.resource(), release, move |mut c| {
                 let (name, token) = (name.clone(), token.clone());
                 async move {
                     let r = delete_on(&mut c, &name, token.as_bytes()).await;
@@ -453,7 +546,7 @@ impl Store for MemcachedStore {
         }
         let (name, token) = (key.resource().to_owned(), key.token(KIND));
         let entry = self
-            .run(key.resource(), move |mut c| {
+            .run(key.resource(), self.plain(), move |mut c| {
                 let name = name.clone();
                 async move {
                     let r = c.get(&name).await;
@@ -472,7 +565,7 @@ impl Store for MemcachedStore {
     async fn holders(&self, resource: &str) -> Result<Vec<HolderInfo>> {
         let name = self.name(resource)?;
         let entry = self
-            .run(resource, move |mut c| {
+            .run(resource, self.plain(), move |mut c| {
                 let name = name.clone();
                 async move {
                     let r = c.get(&name).await;

@@ -28,6 +28,101 @@ const OURS: &[&str] = &[
     "max_connections",
 ];
 
+/// The driver's own options (sqlx's connection-string parameters), per database: an option
+/// that is neither one of these nor this library's is refused, never silently dropped.
+pub(crate) const PG_DRIVER: &[&str] = &[
+    "sslmode",
+    "ssl-mode",
+    "sslrootcert",
+    "ssl-root-cert",
+    "ssl-ca",
+    "sslcert",
+    "ssl-cert",
+    "sslkey",
+    "ssl-key",
+    "statement-cache-capacity",
+    "host",
+    "hostaddr",
+    "port",
+    "dbname",
+    "user",
+    "password",
+    "application_name",
+    "options",
+];
+pub(crate) const MYSQL_DRIVER: &[&str] = &[
+    "sslmode",
+    "ssl-mode",
+    "sslca",
+    "ssl-ca",
+    "sslcert",
+    "ssl-cert",
+    "sslkey",
+    "ssl-key",
+    "tls-sni-servername",
+    "charset",
+    "collation",
+    "statement-cache-capacity",
+    "socket",
+    "timezone",
+    "time-zone",
+];
+const SQLITE_DRIVER: &[&str] = &["mode", "cache", "immutable", "vfs"];
+
+/// Refuses `name` unless it is one of `ours` or of the `driver`'s options (PostgreSQL's
+/// `options[...]` too), naming it and, when one is close, the option it most likely meant.
+pub(crate) fn check_known(
+    name: &str,
+    ours: &[&str],
+    driver: &[&str],
+) -> std::result::Result<(), String> {
+    let known = |n: &str| ours.contains(&n) || driver.contains(&n);
+    if known(name) || (driver.contains(&"options") && name.starts_with("options[")) {
+        return Ok(());
+    }
+    let shown: String = name.chars().take(40).collect();
+    let meant = ours
+        .iter()
+        .chain(driver)
+        .map(|k| (edits(name, k), *k))
+        .filter(|(d, _)| *d <= 2)
+        .min();
+    Err(match meant {
+        Some((_, k)) => format!("unknown option {shown:?}; did you mean {k:?}?"),
+        None => format!(
+            "unknown option {shown:?}; this library's options are {}, and the driver's {}",
+            ours.join(", "),
+            driver.join(", ")
+        ),
+    })
+}
+
+/// The edit distance of two short names (insertions, deletions, substitutions, and a swap of
+/// two neighbours counted as one).
+fn edits(a: &str, b: &str) -> usize {
+    let (a, b): (Vec<char>, Vec<char>) = (a.chars().take(64).collect(), b.chars().collect());
+    let mut d = vec![vec![0usize; b.len() + 1]; a.len() + 1];
+    for (i, row) in d.iter_mut().enumerate() {
+        row[0] = i;
+    }
+    for (j, cell) in d[0].iter_mut().enumerate() {
+        *cell = j;
+    }
+    for i in 1..=a.len() {
+        for j in 1..=b.len() {
+            let cost = usize::from(a[i - 1] != b[j - 1]);
+            let mut best = (d[i - 1][j] + 1)
+                .min(d[i][j - 1] + 1)
+                .min(d[i - 1][j - 1] + cost);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                best = best.min(d[i - 2][j - 2] + 1);
+            }
+            d[i][j] = best;
+        }
+    }
+    d[a.len()][b.len()]
+}
+
 /// Which database, with the driver's options.
 #[derive(Debug, Clone)]
 pub(crate) enum Target {
@@ -93,6 +188,13 @@ pub(crate) fn parse(dsn: &str) -> Result<SqlConfig> {
     };
     let mut url = url::Url::parse(dsn).map_err(|e| invalid(e.to_string()))?;
     let (ours, theirs) = split_options(&url);
+    let driver = match scheme.as_str() {
+        "postgres" | "postgresql" => PG_DRIVER,
+        _ => MYSQL_DRIVER,
+    };
+    for (k, _) in &theirs {
+        check_known(k, OURS, driver).map_err(invalid)?;
+    }
     let options = Options::read(&ours).map_err(invalid)?;
     if theirs.is_empty() {
         url.set_query(None);
@@ -148,6 +250,9 @@ fn parse_sqlite(dsn: &str) -> Result<SqlConfig> {
     let (ours, theirs): (Vec<_>, Vec<_>) = pairs
         .into_iter()
         .partition(|(k, _)| OURS.contains(&k.as_str()));
+    for (k, _) in &theirs {
+        check_known(k, OURS, SQLITE_DRIVER).map_err(invalid)?;
+    }
     let options = Options::read(&ours).map_err(invalid)?;
     let memory = base.eq_ignore_ascii_case("sqlite::memory:");
     let path = if memory {
@@ -313,6 +418,11 @@ mod tests {
         assert_eq!(c.shown, "sqlite:///var/lib/app/locks.db");
         let c = parse("sqlite::memory:").unwrap();
         assert_eq!(c.max_connections, 1);
+        // The driver's own options still go to it.
+        parse("postgres://h/db?sslmode=disable&options[search_path]=locks&application_name=a")
+            .unwrap();
+        parse("mysql://h/db?ssl-mode=DISABLED&charset=utf8mb4&time-zone=%2B00:00").unwrap();
+        parse("sqlite:///x.db?mode=rw&cache=shared").unwrap();
     }
 
     #[test]
@@ -335,6 +445,22 @@ mod tests {
                 "invalid postgres",
             ),
             ("sqlite://relative.db", "relative path"),
+            (
+                "postgres://u:hunter2@h/db?tabel=x",
+                "unknown option \"tabel\"; did you mean \"table\"?",
+            ),
+            (
+                "mysql://u:hunter2@h/db?statment_timeout=1",
+                "unknown option \"statment_timeout\"; did you mean \"statement_timeout\"?",
+            ),
+            (
+                "sqlite:///x.db?create_tabel=true",
+                "did you mean \"create_table\"?",
+            ),
+            (
+                "postgres://u:hunter2@h/db?frobnicate=1",
+                "the driver's sslmode",
+            ),
             ("sqlite:/x", "sqlite:///absolute"),
         ] {
             let err = parse(dsn).unwrap_err().to_string();

@@ -33,6 +33,9 @@ use queries::Pool;
 /// The token kind of SQL stores: Symfony's format (base64 of 32 bytes, 44 characters).
 const KIND: &str = "sql";
 
+/// The longest a `close` waits for connections still in use.
+const CLOSE_WITHIN: Duration = Duration::from_secs(1);
+
 /// Checks an SQL DSN without building anything.
 pub(crate) fn validate_dsn(dsn: &str) -> Result<()> {
     config::parse(dsn).map(|_| ())
@@ -78,8 +81,12 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 ///
 /// # Failure modes
 ///
-/// - An unreachable or silent database gives a storage error (marked temporary) within the
-///   connect and statement timeouts (5 s each by default), never a hang.
+/// - An unreachable, paused or cut-off database gives a storage error (marked temporary)
+///   within the statement timeout (5 s by default; connecting included, and no later than the
+///   lifetime a save or renewal can still keep), never a hang. Waiting for a connection ends as
+///   soon as the caller stops waiting (a `-w` deadline, a dropped acquire): nothing was sent,
+///   and the release after it has nothing to delete. A connection whose statement got no
+///   answer is closed, never handed back; `close` waits at most a second.
 /// - A missing table, or one with other columns, is an error naming the table and what is
 ///   wrong; `xtr-lock migrate --store DSN` or [`create_table`](SqlStore::create_table) makes it
 ///   (or `?create_table=true`, on first use).
@@ -149,6 +156,9 @@ struct HolderState {
     announced: Arc<AtomicBool>,
     /// ... through PostgreSQL's notifications (so only while the listener is up).
     via_listener: Arc<AtomicBool>,
+    /// The holder's token was made by a save here that never had a connection to send it
+    /// on (the server unreachable, the caller gone): its release has nothing to delete.
+    unsent: Arc<AtomicBool>,
 }
 
 /// The `key_id` of a resource: 64 lowercase hex digits of the SHA-256 of its UTF-8 bytes,
@@ -165,9 +175,9 @@ impl SqlStore {
     /// `mariadb://` (`[user[:password]@]host[:port]/database`), `sqlite:///absolute/path.db`, or
     /// `sqlite::memory:`; with the options `table` (default `lock_keys`), `create_table`
     /// (`true`: make the tables on first use), `connect_timeout` and `statement_timeout`
-    /// (seconds, default 5), `max_connections` (default 10); every other option (`sslmode`,
-    /// `sslrootcert`, `ssl-mode`, …) goes to the driver. Touches no network: the pool opens on
-    /// first use.
+    /// (seconds, default 5), `max_connections` (default 10); the driver's own options
+    /// (`sslmode`, `sslrootcert`, `ssl-mode`, …) go to it, and any other option is refused,
+    /// naming it. Touches no network: the pool opens on first use.
     ///
     /// # Errors
     ///
@@ -309,7 +319,8 @@ impl SqlStore {
     /// Dropped mid-flight, some of the tables may have been made; calling it again finishes.
     pub async fn create_table(&self) -> Result<bool> {
         let pool = self.pool().await?;
-        let made = schema::ensure(&self.inner, &pool, true)
+        let mut conn = pool.acquire().await.map_err(|e| self.db_error(e, None))?;
+        let made = schema::ensure(&self.inner, &mut conn, true)
             .await
             .map_err(|e| e.with_store(self))?;
         let _ = self.inner.schema.set(());
@@ -456,12 +467,15 @@ impl Store for SqlStore {
     }
 
     /// Stops the listener and closes the store's own pool (not a pool you gave it); the next
-    /// use opens a new one.
+    /// use opens a new one. Waits at most the statement timeout (and no more than a second)
+    /// for connections still in use: a statement left on a silent server (a partition, a
+    /// paused server) is given up on, and its connection closed, by its own bound.
     async fn close(&self) -> Result<()> {
         if let Some(task) = lock(&self.inner.listener).take() {
             task.abort();
         }
-        self.inner.pools.close().await;
+        let bound = self.inner.statement_timeout.min(CLOSE_WITHIN);
+        self.inner.pools.close(bound).await;
         Ok(())
     }
 }

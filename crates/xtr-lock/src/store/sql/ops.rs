@@ -1,61 +1,179 @@
 //! The store's operations, bounded by the statement timeout; errors named after what failed.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use super::{
     HolderState, Inner, KIND, SqlStore, acquired, announces, check_expiry, holding, key_id, lock,
     notify, queries, refused, schema, whole_seconds,
 };
+use tokio::sync::watch;
+
 use crate::clock::BoxFuture;
 use crate::error::{Error, Result};
 use crate::key::{Key, Mode};
 use crate::store::{HolderInfo, Holding, Saved, Watcher};
 
 use super::dialect::Flavor;
-use super::queries::Pool;
+use super::queries::{Conn, Pool};
 
 type Db<T> = std::result::Result<T, sqlx::Error>;
 
+/// How one operation runs.
+pub(super) struct Run {
+    /// Its bound: the statement timeout, or less (the lifetime a save or renewal can still
+    /// keep: an answer after it is of no use).
+    limit: Duration,
+    /// Given up while no connection is had yet, once its caller stopped waiting (a `-w`
+    /// deadline, a dropped acquire): nothing was sent, so nothing needs undoing. A release
+    /// never is.
+    abandon: bool,
+    /// Cleared as soon as a connection is had for it (a statement may be sent from then on).
+    unsent: Option<Arc<AtomicBool>>,
+}
+
+impl Run {
+    fn plain(inner: &Inner) -> Run {
+        Run {
+            limit: inner.statement_timeout,
+            abandon: true,
+            unsent: None,
+        }
+    }
+
+    fn release(inner: &Inner) -> Run {
+        Run {
+            abandon: false,
+            ..Run::plain(inner)
+        }
+    }
+
+    /// Bounded by what is left of `key`'s lifetime too (at least a moment).
+    fn keeping(inner: &Inner, key: &Key) -> Run {
+        let left = key
+            .remaining_lifetime()
+            .map_or(inner.statement_timeout, |l| l.max(MIN_LIMIT));
+        Run {
+            limit: inner.statement_timeout.min(left),
+            ..Run::plain(inner)
+        }
+    }
+}
+
+/// The shortest bound of a save or renewal whose lifetime is nearly over.
+const MIN_LIMIT: Duration = Duration::from_millis(250);
+
+/// A connection in use: back to the pool once its statements were answered, closed otherwise.
+struct Taken {
+    conn: Conn,
+    answered: bool,
+}
+
+impl Drop for Taken {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.conn.discard();
+        }
+    }
+}
+
+/// Takes a connection, unless the caller leaves first (or the operation's bound passes: `bound`
+/// closes) when `abandon` allows: nothing has been sent then, and nobody waits for it.
+async fn take(
+    pool: &Pool,
+    abandon: bool,
+    bound: &mut watch::Receiver<()>,
+    inner: &Inner,
+) -> Result<Taken> {
+    let conn = if abandon {
+        tokio::select! {
+            biased;
+            conn = pool.acquire() => conn,
+            _ = bound.changed() => {
+                return Err(Error::storage(
+                    "gave up before reaching the database: its bound passed",
+                )
+                .temporary());
+            }
+            () = crate::serial::caller_left() => {
+                return Err(Error::storage(
+                    "gave up before reaching the database: nobody waits for the answer any more",
+                )
+                .temporary());
+            }
+        }
+    } else {
+        pool.acquire().await
+    };
+    match conn {
+        Ok(conn) => Ok(Taken {
+            conn,
+            answered: false,
+        }),
+        Err(e) => Err(map_error(e, inner)),
+    }
+}
+
 impl SqlStore {
-    /// Runs `op` on the pool, after the table check, within the statement timeout.
+    /// Runs `op` on a connection of the pool, after the table check, within `how.limit`.
     ///
-    /// A statement given up on at the timeout is not dropped: it finishes after the lock's
-    /// store call, before the holder's next one (`crate::serial::within`), so a clean-up delete
-    /// never runs before the save it cleans up after.
+    /// A statement given up on at the limit is not dropped: it finishes after the lock's store
+    /// call, before the holder's next one (`crate::serial::within`), so a clean-up delete
+    /// never runs before the save it cleans up after; its connection is then closed, never
+    /// handed back. Waiting for a connection (the server is down, paused or cut off) ends as
+    /// soon as the caller stops waiting or the bound passes, unless the operation is a release.
     ///
     /// Pooled connections are not pinged before use (that would double every round trip): a
     /// connection found broken (the server restarted, a proxy dropped it) fails its statement
     /// with an I/O error, and the operation runs once more on a fresh connection. Every
     /// operation may run twice: a re-save of our own row, a refresh, a delete and a read are
     /// idempotent, and a second fencing draw only makes the token larger.
-    async fn run<T, F>(&self, resource: &str, op: F) -> Result<T>
+    async fn run<T, F>(&self, resource: &str, how: Run, op: F) -> Result<T>
     where
         T: Send + 'static,
-        F: Fn(Pool, Arc<Inner>) -> BoxFuture<'static, Db<T>> + Send + Sync + 'static,
+        F: for<'c> Fn(&'c mut Conn, &'c Inner) -> BoxFuture<'c, Db<T>> + Send + Sync + 'static,
     {
         let pool = self.pool().await.map_err(|e| e.with_resource(resource))?;
         let inner = self.inner.clone();
-        let limit = inner.statement_timeout;
+        let Run {
+            limit,
+            abandon,
+            unsent,
+        } = how;
+        // Dropped when `within` returns: a remainder still waiting for a connection then stops.
+        let (within_bound, mut bound) = watch::channel(());
         let work = async move {
-            inner
-                .schema
-                .get_or_try_init(|| async {
-                    schema::ensure(&inner, &pool, inner.create_table)
-                        .await
-                        .map(|_| ())
-                })
-                .await?;
-            match op(pool.clone(), inner.clone()).await {
-                Err(e) if broken(&e) => op(pool, inner.clone()).await,
-                done => done,
+            let mut taken = take(&pool, abandon, &mut bound, &inner).await?;
+            if let Some(unsent) = &unsent {
+                unsent.store(false, Ordering::Release);
             }
-            .map_err(|e| map_error(e, &inner))
+            let (c, i) = (&mut taken.conn, &*inner);
+            let checked = i
+                .schema
+                .get_or_try_init(|| async move {
+                    schema::ensure(i, c, i.create_table).await.map(|_| ())
+                })
+                .await;
+            if let Err(e) = checked {
+                taken.answered = true;
+                return Err(e);
+            }
+            let mut done = op(&mut taken.conn, &inner).await;
+            if done.as_ref().is_err_and(broken) {
+                drop(taken);
+                taken = take(&pool, abandon, &mut bound, &inner).await?;
+                done = op(&mut taken.conn, &inner).await;
+            }
+            taken.answered = !done.as_ref().is_err_and(broken);
+            done.map_err(|e| map_error(e, &inner))
         };
-        let done = crate::serial::within(limit, work).await.unwrap_or_else(|| {
+        let done = crate::serial::within(limit, work).await;
+        drop(within_bound);
+        let done = done.unwrap_or_else(|| {
             Err(Error::storage(format!(
-                "the database did not answer within {limit:?} (the statement timeout)"
+                "the database did not answer within {limit:?} (the statement timeout, or \
+                 what was left of the lock's lifetime)"
             ))
             .temporary())
         });
@@ -70,12 +188,22 @@ impl SqlStore {
         if key.is_expired() {
             return Err(Error::expired(key.resource()).with_store(self));
         }
+        let state = key.handle::<HolderState>(self.inner.owner);
+        if !key.has_token(KIND) {
+            // A token made now was never sent: until a statement may carry it, a release of
+            // this holder has nothing to delete.
+            state.unsent.store(true, Ordering::Release);
+        }
         let (id, token) = (key_id(key.resource()), key.token(KIND));
+        let how = Run {
+            unsent: Some(state.unsent.clone()),
+            ..Run::keeping(&self.inner, key)
+        };
         let saved = {
             let (id, token) = (id.clone(), token.clone());
-            self.run(key.resource(), move |pool, inner| {
+            self.run(key.resource(), how, move |conn, inner| {
                 let (id, token) = (id.clone(), token.clone());
-                Box::pin(async move { queries::save(&pool, &inner.sql, &id, &token, secs).await })
+                Box::pin(async move { queries::save(conn, &inner.sql, &id, &token, secs).await })
             })
             .await?
         };
@@ -89,7 +217,6 @@ impl SqlStore {
             queries::Saved::Conflict { holder } => {
                 // Refused: whatever this holder held here is gone.
                 self.forget(&id, &token);
-                let state = key.handle::<HolderState>(self.inner.owner);
                 let here = holder
                     .as_ref()
                     .is_some_and(|h| lock(&self.inner.held).get(&id) == Some(&h.token));
@@ -116,11 +243,10 @@ impl SqlStore {
         let (id, token) = (key_id(key.resource()), key.token(KIND));
         let extended = {
             let (id, token) = (id.clone(), token.clone());
-            self.run(key.resource(), move |pool, inner| {
+            let how = Run::keeping(&self.inner, key);
+            self.run(key.resource(), how, move |conn, inner| {
                 let (id, token) = (id.clone(), token.clone());
-                Box::pin(
-                    async move { queries::refresh(&pool, &inner.sql, &id, &token, secs).await },
-                )
+                Box::pin(async move { queries::refresh(conn, &inner.sql, &id, &token, secs).await })
             })
             .await?
         };
@@ -137,10 +263,17 @@ impl SqlStore {
     }
 
     async fn read(&self, key: &Key, id: String) -> Result<Option<queries::Row>> {
-        self.run(key.resource(), move |pool, inner| {
-            let id = id.clone();
-            Box::pin(async move { queries::read(&pool, &inner.sql, &id).await })
-        })
+        if self.inner.pools.file_missing() {
+            return Ok(None);
+        }
+        self.run(
+            key.resource(),
+            Run::plain(&self.inner),
+            move |conn, inner| {
+                let id = id.clone();
+                Box::pin(async move { queries::read(conn, &inner.sql, &id).await })
+            },
+        )
         .await
     }
 
@@ -149,14 +282,27 @@ impl SqlStore {
             return Ok(false);
         }
         let (id, token) = (key_id(key.resource()), key.token(KIND));
+        let unsent = key
+            .handle::<HolderState>(self.inner.owner)
+            .unsent
+            .load(Ordering::Acquire);
+        if unsent || self.inner.pools.file_missing() {
+            // Nothing of this holder ever reached the database, or there is no database.
+            self.forget(&id, &token);
+            return Ok(false);
+        }
         let live = {
             let (id, token) = (id.clone(), token.clone());
-            self.run(key.resource(), move |pool, inner| {
-                let (id, token) = (id.clone(), token.clone());
-                Box::pin(async move {
-                    queries::delete(&pool, &inner.sql, &id, &token, &inner.channel).await
-                })
-            })
+            self.run(
+                key.resource(),
+                Run::release(&self.inner),
+                move |conn, inner| {
+                    let (id, token) = (id.clone(), token.clone());
+                    Box::pin(async move {
+                        queries::delete(conn, &inner.sql, &id, &token, &inner.channel).await
+                    })
+                },
+            )
             .await?
         };
         self.forget(&id, &token);
@@ -238,9 +384,9 @@ impl SqlStore {
     pub(super) async fn who(&self, resource: &str) -> Result<Vec<HolderInfo>> {
         let id = key_id(resource);
         let rows = self
-            .run(resource, move |pool, inner| {
+            .run(resource, Run::plain(&self.inner), move |conn, inner| {
                 let id = id.clone();
-                Box::pin(async move { queries::holders(&pool, &inner.sql, &id).await })
+                Box::pin(async move { queries::holders(conn, &inner.sql, &id).await })
             })
             .await?;
         Ok(rows
@@ -254,9 +400,9 @@ impl SqlStore {
 
     pub(super) async fn counter(&self, resource: &str) -> Result<u64> {
         let id = key_id(resource);
-        self.run(resource, move |pool, inner| {
+        self.run(resource, Run::plain(&self.inner), move |conn, inner| {
             let id = id.clone();
-            Box::pin(async move { queries::fence_counter(&pool, &inner.sql, &id).await })
+            Box::pin(async move { queries::fence_counter(conn, &inner.sql, &id).await })
         })
         .await
     }
@@ -277,11 +423,17 @@ impl SqlStore {
         let inner = self.inner.clone();
         tokio::spawn(async move {
             let limit = inner.statement_timeout;
-            let rows = tokio::time::timeout(limit, queries::execute(&pool, &inner.sql.prune)).await;
-            let counters =
-                tokio::time::timeout(limit, queries::execute(&pool, &inner.sql.prune_fence)).await;
+            let sweep = async {
+                let (_bound, mut bound) = watch::channel(());
+                let mut taken = take(&pool, false, &mut bound, &inner).await?;
+                let rows = queries::execute(&mut taken.conn, &inner.sql.prune).await;
+                let counters = queries::execute(&mut taken.conn, &inner.sql.prune_fence).await;
+                taken.answered = rows.is_ok() && counters.is_ok();
+                Ok::<_, Error>((rows, counters))
+            };
+            let swept = tokio::time::timeout(limit * 2, sweep).await;
             tracing::debug!(target: crate::logging::TARGET, table = %inner.table,
-                rows = ?rows, counters = ?counters, "swept expired rows");
+                ?swept, "swept expired rows");
         });
     }
 
@@ -299,12 +451,41 @@ fn broken(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Io(_) | sqlx::Error::Protocol(_))
 }
 
-/// SQLSTATEs (and SQLite codes) of failures that may pass: serialization failures, deadlocks,
-/// lock timeouts, cancelled statements, a server shutting down or starting.
+/// SQLSTATEs of PostgreSQL (and SQLite's codes) of failures that may pass: serialization
+/// failures, deadlocks, lock timeouts, cancelled statements, a server shutting down or
+/// starting, a busy or locked SQLite database.
 const PASSING: &[&str] = &[
-    "40001", "40P01", "55P03", "57014", "57P01", "57P02", "57P03", "08006", "08001", "HY000", "5",
-    "6", "261", "517",
+    "40001", "40P01", "55P03", "57014", "57P01", "57P02", "57P03", "08006", "08001", "5", "6",
+    "261", "517",
 ];
+
+/// MySQL's and MariaDB's error numbers of failures that may pass. MySQL answers most errors
+/// with the generic SQLSTATE `HY000`, the ones that pass and the ones that never will alike,
+/// so the number decides: lock waits and deadlocks, too many connections, a server shutting
+/// down, a connection killed or cut, a statement interrupted or timed out, a prepared
+/// statement to prepare again.
+const MYSQL_PASSING: &[u16] = &[
+    1040, // ER_CON_COUNT_ERROR: too many connections
+    1053, // ER_SERVER_SHUTDOWN
+    1158, 1159, 1160, 1161, // ER_NET_READ_ERROR .. ER_NET_WRITE_INTERRUPTED
+    1203, // ER_TOO_MANY_USER_CONNECTIONS
+    1205, // ER_LOCK_WAIT_TIMEOUT
+    1213, // ER_LOCK_DEADLOCK
+    1317, // ER_QUERY_INTERRUPTED
+    1615, // ER_NEED_REPREPARE
+    1927, // ER_CONNECTION_KILLED (MariaDB)
+    1969, // ER_STATEMENT_TIMEOUT (MariaDB's max_statement_time)
+    3024, // ER_QUERY_TIMEOUT (MySQL's max_execution_time)
+    4031, // ER_CLIENT_INTERACTION_TIMEOUT (MySQL 8: disconnected for inactivity)
+];
+
+/// Whether a refusal of the database may pass (worth retrying until a deadline).
+fn passing(d: &dyn sqlx::error::DatabaseError) -> bool {
+    if let Some(my) = d.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+        return MYSQL_PASSING.contains(&my.number());
+    }
+    d.code().is_some_and(|c| PASSING.contains(&c.as_ref()))
+}
 
 /// A database failure as this library's error, naming what failed without the driver's noise.
 pub(super) fn map_error(e: sqlx::Error, inner: &Inner) -> Error {
@@ -332,7 +513,7 @@ pub(super) fn map_error(e: sqlx::Error, inner: &Inner) -> Error {
                 ))
             } else {
                 let err = Error::storage(format!("the database refused: {message}"));
-                if PASSING.contains(&code.as_str()) {
+                if passing(d.as_ref()) {
                     err.temporary()
                 } else {
                     err

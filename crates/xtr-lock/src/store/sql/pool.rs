@@ -60,6 +60,19 @@ impl Pools {
         self.flavor
     }
 
+    /// Whether the store names an SQLite file that does not exist. Only a save may make it:
+    /// a release or a read of a lock there finds nothing to do, and must not leave an empty
+    /// file behind (a key someone edited could name any path).
+    pub(crate) fn file_missing(&self) -> bool {
+        match self.config.as_ref().map(|c| &c.target) {
+            Some(Target::Sqlite {
+                options,
+                memory: false,
+            }) => !options.get_filename().exists(),
+            _ => false,
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<Pool>> {
         self.current.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -78,14 +91,15 @@ impl Pools {
         Ok(pool)
     }
 
-    /// Closes the store's own pool; a given pool stays open (it is the user's).
-    pub(crate) async fn close(&self) {
+    /// Closes the store's own pool, waiting at most `bound` for connections still in use; a
+    /// given pool stays open (it is the user's).
+    pub(crate) async fn close(&self, bound: std::time::Duration) {
         if self.config.is_none() {
             return;
         }
         let pool = self.lock().take();
         if let Some(pool) = pool {
-            pool.close().await;
+            pool.close_within(bound).await;
         }
     }
 }

@@ -1,7 +1,10 @@
-//! The statements of each operation, run on one of the three pools. Results are plain values;
-//! the store turns them into outcomes and errors.
+//! The statements of each operation, run on a connection of one of the three pools. Results
+//! are plain values; the store turns them into outcomes and errors.
 
-use sqlx::{AssertSqlSafe, MySqlPool, PgPool, SqlitePool};
+use std::time::Duration;
+
+use sqlx::pool::PoolConnection;
+use sqlx::{AssertSqlSafe, MySql, MySqlPool, PgPool, Postgres, Sqlite, SqlitePool};
 
 use super::dialect::{Flavor, Sql};
 
@@ -22,11 +25,47 @@ impl Pool {
         }
     }
 
+    /// A connection of the pool, within the pool's connect timeout.
+    pub(crate) async fn acquire(&self) -> Db<Conn> {
+        Ok(match self {
+            Pool::Postgres(p) => Conn::Postgres(p.acquire().await?),
+            Pool::MySql(p) => Conn::MySql(p.acquire().await?),
+            Pool::Sqlite(p) => Conn::Sqlite(p.acquire().await?),
+        })
+    }
+
+    /// Closes the pool, waiting at most `bound` for the connections in use to come back (one
+    /// stuck on a silent server never does); the pool is closed either way.
+    pub(crate) async fn close_within(&self, bound: Duration) {
+        let _ = tokio::time::timeout(bound, self.close()).await;
+    }
+
     pub(crate) async fn close(&self) {
         match self {
             Pool::Postgres(p) => p.close().await,
             Pool::MySql(p) => p.close().await,
             Pool::Sqlite(p) => p.close().await,
+        }
+    }
+}
+
+/// A connection taken from one of the three pools: dropped, it goes back to the pool (which
+/// pings it first), unless [`Conn::discard`] said to close it.
+pub(crate) enum Conn {
+    Postgres(PoolConnection<Postgres>),
+    MySql(PoolConnection<MySql>),
+    Sqlite(PoolConnection<Sqlite>),
+}
+
+impl Conn {
+    /// Closes the connection when it drops, instead of handing it back: a statement given up
+    /// on leaves it in doubt, and the pool's ping on its return would wait on a silent server
+    /// for as long as it stays silent, keeping the pool from closing.
+    pub(crate) fn discard(&mut self) {
+        match self {
+            Conn::Postgres(c) => c.close_on_drop(),
+            Conn::MySql(c) => c.close_on_drop(),
+            Conn::Sqlite(c) => c.close_on_drop(),
         }
     }
 }
@@ -65,15 +104,15 @@ fn row((token, live, left_ms): (String, bool, Option<i64>)) -> Row {
 }
 
 /// Acquires `id` for `token` for `ttl` whole seconds.
-pub(crate) async fn save(pool: &Pool, sql: &Sql, id: &str, token: &str, ttl: i32) -> Db<Saved> {
-    match pool {
-        Pool::Postgres(p) => {
+pub(crate) async fn save(conn: &mut Conn, sql: &Sql, id: &str, token: &str, ttl: i32) -> Db<Saved> {
+    match conn {
+        Conn::Postgres(p) => {
             let (got, n, holder, left): (bool, Option<i64>, Option<String>, Option<i64>) =
                 sqlx::query_as(AssertSqlSafe(sql.save.as_str()))
                     .bind(id)
                     .bind(token)
                     .bind(ttl)
-                    .fetch_one(p)
+                    .fetch_one(&mut **p)
                     .await?;
             if got {
                 return Ok(Saved::Acquired { fence: fence(n) });
@@ -86,12 +125,12 @@ pub(crate) async fn save(pool: &Pool, sql: &Sql, id: &str, token: &str, ttl: i32
                 }),
             })
         }
-        Pool::MySql(p) => {
+        Conn::MySql(p) => {
             let done = sqlx::query(AssertSqlSafe(sql.save.as_str()))
                 .bind(id)
                 .bind(token)
                 .bind(ttl)
-                .execute(p)
+                .execute(&mut **p)
                 .await?;
             match done.last_insert_id() {
                 // Our own row (a re-save, the same second's included).
@@ -100,21 +139,21 @@ pub(crate) async fn save(pool: &Pool, sql: &Sql, id: &str, token: &str, ttl: i32
                 0 | 2 => {
                     let drawn = sqlx::query(AssertSqlSafe(sql.draw.as_str()))
                         .bind(id)
-                        .execute(p)
+                        .execute(&mut **p)
                         .await?;
                     Ok(Saved::Acquired {
                         fence: Some(drawn.last_insert_id()),
                     })
                 }
                 _ => Ok(Saved::Conflict {
-                    holder: read(pool, sql, id).await?,
+                    holder: read(conn, sql, id).await?,
                 }),
             }
         }
-        Pool::Sqlite(p) => {
+        Conn::Sqlite(p) => {
             // The write transaction holds the database's write lock from its first statement,
             // so the row read here is the row the upsert meets.
-            let mut tx = p.begin_with("BEGIN IMMEDIATE").await?;
+            let mut tx = sqlx::Connection::begin_with(&mut **p, "BEGIN IMMEDIATE").await?;
             let found: Option<(String, bool, Option<i64>)> =
                 sqlx::query_as(AssertSqlSafe(sql.read.as_str()))
                     .bind(id)
@@ -156,50 +195,56 @@ pub(crate) async fn save(pool: &Pool, sql: &Sql, id: &str, token: &str, ttl: i32
 }
 
 /// The row of `id`, if there is one.
-pub(crate) async fn read(pool: &Pool, sql: &Sql, id: &str) -> Db<Option<Row>> {
+pub(crate) async fn read(conn: &mut Conn, sql: &Sql, id: &str) -> Db<Option<Row>> {
     let q = AssertSqlSafe(sql.read.as_str());
-    Ok(match pool {
-        Pool::Postgres(p) => sqlx::query_as::<_, (String, bool, Option<i64>)>(q)
+    Ok(match conn {
+        Conn::Postgres(p) => sqlx::query_as::<_, (String, bool, Option<i64>)>(q)
             .bind(id)
-            .fetch_optional(p)
+            .fetch_optional(&mut **p)
             .await?
             .map(row),
-        Pool::MySql(p) => sqlx::query_as::<_, (String, Option<i64>, Option<i64>)>(q)
+        Conn::MySql(p) => sqlx::query_as::<_, (String, Option<i64>, Option<i64>)>(q)
             .bind(id)
-            .fetch_optional(p)
+            .fetch_optional(&mut **p)
             .await?
             .map(|(t, live, left)| row((t, live == Some(1), left))),
-        Pool::Sqlite(p) => sqlx::query_as::<_, (String, bool, Option<i64>)>(q)
+        Conn::Sqlite(p) => sqlx::query_as::<_, (String, bool, Option<i64>)>(q)
             .bind(id)
-            .fetch_optional(p)
+            .fetch_optional(&mut **p)
             .await?
             .map(row),
     })
 }
 
 /// Extends our live row to now + `ttl`; whether it did.
-pub(crate) async fn refresh(pool: &Pool, sql: &Sql, id: &str, token: &str, ttl: i32) -> Db<bool> {
+pub(crate) async fn refresh(
+    conn: &mut Conn,
+    sql: &Sql,
+    id: &str,
+    token: &str,
+    ttl: i32,
+) -> Db<bool> {
     let q = AssertSqlSafe(sql.refresh.as_str());
-    let done = match pool {
-        Pool::Postgres(p) => sqlx::query(q)
+    let done = match conn {
+        Conn::Postgres(p) => sqlx::query(q)
             .bind(id)
             .bind(token)
             .bind(ttl)
-            .execute(p)
+            .execute(&mut **p)
             .await?
             .rows_affected(),
-        Pool::MySql(p) => sqlx::query(q)
+        Conn::MySql(p) => sqlx::query(q)
             .bind(ttl)
             .bind(id)
             .bind(token)
-            .execute(p)
+            .execute(&mut **p)
             .await?
             .rows_affected(),
-        Pool::Sqlite(p) => sqlx::query(q)
+        Conn::Sqlite(p) => sqlx::query(q)
             .bind(id)
             .bind(token)
             .bind(ttl)
-            .execute(p)
+            .execute(&mut **p)
             .await?
             .rows_affected(),
     };
@@ -208,8 +253,8 @@ pub(crate) async fn refresh(pool: &Pool, sql: &Sql, id: &str, token: &str, ttl: 
     }
     // MySQL without CLIENT_FOUND_ROWS counts an unchanged row (our own refresh within the same
     // second) as 0: the row says whether it is still ours and live.
-    if matches!(pool, Pool::MySql(_)) {
-        return Ok(read(pool, sql, id)
+    if matches!(conn, Conn::MySql(_)) {
+        return Ok(read(conn, sql, id)
             .await?
             .is_some_and(|r| r.token == token && r.live));
     }
@@ -218,23 +263,27 @@ pub(crate) async fn refresh(pool: &Pool, sql: &Sql, id: &str, token: &str, ttl: 
 
 /// Deletes our row; whether it was live. PostgreSQL notifies `channel` when a row went.
 pub(crate) async fn delete(
-    pool: &Pool,
+    conn: &mut Conn,
     sql: &Sql,
     id: &str,
     token: &str,
     channel: &str,
 ) -> Db<bool> {
     let q = AssertSqlSafe(sql.delete.as_str());
-    Ok(match pool {
-        Pool::Postgres(p) => sqlx::query_scalar::<_, bool>(q)
+    Ok(match conn {
+        Conn::Postgres(p) => sqlx::query_scalar::<_, bool>(q)
             .bind(id)
             .bind(token)
             .bind(channel)
-            .fetch_optional(p)
+            .fetch_optional(&mut **p)
             .await?
             .unwrap_or(false),
-        Pool::MySql(p) => {
-            let live = sqlx::query(q).bind(id).bind(token).execute(p).await?;
+        Conn::MySql(p) => {
+            let live = sqlx::query(q)
+                .bind(id)
+                .bind(token)
+                .execute(&mut **p)
+                .await?;
             if live.rows_affected() > 0 {
                 true
             } else {
@@ -242,27 +291,27 @@ pub(crate) async fn delete(
                 sqlx::query(AssertSqlSafe(sql.delete_any.as_str()))
                     .bind(id)
                     .bind(token)
-                    .execute(p)
+                    .execute(&mut **p)
                     .await?;
                 false
             }
         }
-        Pool::Sqlite(p) => sqlx::query_scalar::<_, bool>(q)
+        Conn::Sqlite(p) => sqlx::query_scalar::<_, bool>(q)
             .bind(id)
             .bind(token)
-            .fetch_optional(p)
+            .fetch_optional(&mut **p)
             .await?
             .unwrap_or(false),
     })
 }
 
 /// The live holder of `id` (token, milliseconds left).
-pub(crate) async fn holders(pool: &Pool, sql: &Sql, id: &str) -> Db<Vec<(String, i64)>> {
+pub(crate) async fn holders(conn: &mut Conn, sql: &Sql, id: &str) -> Db<Vec<(String, i64)>> {
     let q = AssertSqlSafe(sql.holders.as_str());
-    let rows: Vec<(String, Option<i64>)> = match pool {
-        Pool::Postgres(p) => sqlx::query_as(q).bind(id).fetch_all(p).await?,
-        Pool::MySql(p) => sqlx::query_as(q).bind(id).fetch_all(p).await?,
-        Pool::Sqlite(p) => sqlx::query_as(q).bind(id).fetch_all(p).await?,
+    let rows: Vec<(String, Option<i64>)> = match conn {
+        Conn::Postgres(p) => sqlx::query_as(q).bind(id).fetch_all(&mut **p).await?,
+        Conn::MySql(p) => sqlx::query_as(q).bind(id).fetch_all(&mut **p).await?,
+        Conn::Sqlite(p) => sqlx::query_as(q).bind(id).fetch_all(&mut **p).await?,
     };
     Ok(rows
         .into_iter()
@@ -271,43 +320,58 @@ pub(crate) async fn holders(pool: &Pool, sql: &Sql, id: &str) -> Db<Vec<(String,
 }
 
 /// The fencing counter of `id` (0 before its first acquisition).
-pub(crate) async fn fence_counter(pool: &Pool, sql: &Sql, id: &str) -> Db<u64> {
+pub(crate) async fn fence_counter(conn: &mut Conn, sql: &Sql, id: &str) -> Db<u64> {
     let q = AssertSqlSafe(sql.fence.as_str());
-    let n: Option<i64> = match pool {
-        Pool::Postgres(p) => sqlx::query_scalar(q).bind(id).fetch_optional(p).await?,
-        Pool::MySql(p) => sqlx::query_scalar(q).bind(id).fetch_optional(p).await?,
-        Pool::Sqlite(p) => sqlx::query_scalar(q).bind(id).fetch_optional(p).await?,
+    let n: Option<i64> = match conn {
+        Conn::Postgres(p) => {
+            sqlx::query_scalar(q)
+                .bind(id)
+                .fetch_optional(&mut **p)
+                .await?
+        }
+        Conn::MySql(p) => {
+            sqlx::query_scalar(q)
+                .bind(id)
+                .fetch_optional(&mut **p)
+                .await?
+        }
+        Conn::Sqlite(p) => {
+            sqlx::query_scalar(q)
+                .bind(id)
+                .fetch_optional(&mut **p)
+                .await?
+        }
     };
     Ok(fence(n).unwrap_or(0))
 }
 
 /// Runs a statement without parameters; the rows it touched.
-pub(crate) async fn execute(pool: &Pool, text: &str) -> Db<u64> {
+pub(crate) async fn execute(conn: &mut Conn, text: &str) -> Db<u64> {
     let q = AssertSqlSafe(text);
-    Ok(match pool {
-        Pool::Postgres(p) => sqlx::query(q).execute(p).await?.rows_affected(),
-        Pool::MySql(p) => sqlx::query(q).execute(p).await?.rows_affected(),
-        Pool::Sqlite(p) => sqlx::query(q).execute(p).await?.rows_affected(),
+    Ok(match conn {
+        Conn::Postgres(p) => sqlx::query(q).execute(&mut **p).await?.rows_affected(),
+        Conn::MySql(p) => sqlx::query(q).execute(&mut **p).await?.rows_affected(),
+        Conn::Sqlite(p) => sqlx::query(q).execute(&mut **p).await?.rows_affected(),
     })
 }
 
 /// The columns of `table`: name (lowercase), type (lowercase), length.
 pub(crate) async fn columns(
-    pool: &Pool,
+    conn: &mut Conn,
     sql: &Sql,
     table: &str,
 ) -> Db<Vec<(String, String, Option<i64>)>> {
     let q = AssertSqlSafe(sql.columns.as_str());
-    let rows: Vec<(String, String, Option<i64>)> = match pool {
+    let rows: Vec<(String, String, Option<i64>)> = match conn {
         // Unquoted names are folded to lowercase by PostgreSQL.
-        Pool::Postgres(p) => {
+        Conn::Postgres(p) => {
             sqlx::query_as(q)
                 .bind(table.to_ascii_lowercase())
-                .fetch_all(p)
+                .fetch_all(&mut **p)
                 .await?
         }
-        Pool::MySql(p) => sqlx::query_as(q).bind(table).fetch_all(p).await?,
-        Pool::Sqlite(p) => sqlx::query_as(q).bind(table).fetch_all(p).await?,
+        Conn::MySql(p) => sqlx::query_as(q).bind(table).fetch_all(&mut **p).await?,
+        Conn::Sqlite(p) => sqlx::query_as(q).bind(table).fetch_all(&mut **p).await?,
     };
     Ok(rows
         .into_iter()

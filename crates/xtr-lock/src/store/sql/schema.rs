@@ -4,29 +4,29 @@
 use super::Inner;
 use super::dialect::Flavor;
 use super::ops::map_error;
-use super::queries::{self, Pool};
+use super::queries::{self, Conn};
 use crate::error::{Error, Result};
 
 /// Checks the lock table and the fencing table, making them first when `create` allows; whether
 /// anything was made.
-pub(super) async fn ensure(inner: &Inner, pool: &Pool, create: bool) -> Result<bool> {
+pub(super) async fn ensure(inner: &Inner, conn: &mut Conn, create: bool) -> Result<bool> {
     let table = &inner.table;
     let fence = format!("{table}_fence");
     let map = |e| map_error(e, inner);
     let mut made = false;
     for (i, name) in [table.as_str(), fence.as_str()].into_iter().enumerate() {
-        let mut columns = queries::columns(pool, &inner.sql, name)
+        let mut columns = queries::columns(conn, &inner.sql, name)
             .await
             .map_err(map)?;
         if columns.is_empty() {
             if !create {
                 return Err(missing(name, i == 1));
             }
-            queries::execute(pool, &inner.sql.create[i])
+            queries::execute(conn, &inner.sql.create[i])
                 .await
                 .map_err(map)?;
             made = true;
-            columns = queries::columns(pool, &inner.sql, name)
+            columns = queries::columns(conn, &inner.sql, name)
                 .await
                 .map_err(map)?;
         }

@@ -14,6 +14,7 @@ use super::{Capabilities, HolderInfo, Holding, LossWatcher, Saved, Store};
 use crate::error::{Error, LostReason, Result};
 use crate::key::{Key, Mode};
 
+mod clock;
 mod config;
 mod conn;
 mod holder;
@@ -154,6 +155,12 @@ impl EtcdStore {
         wait: bool,
         ttl: Option<Duration>,
     ) -> Result<Saved> {
+        if let Some(ttl) = ttl {
+            config::lease_ttl(ttl).map_err(|e| {
+                e.with_resource(key.resource())
+                    .with_store(&*self.core.shown)
+            })?;
+        }
         key.mark_unserializable();
         let handle = key.handle::<Handle>(self.core.owner);
         let tx = handle.task.sender(|| {
@@ -235,8 +242,9 @@ impl Store for EtcdStore {
         self.check(key, true).await
     }
 
-    /// Deletes the holder's key (only that key: never another holder's). The lease stays for
-    /// the holder's next acquire.
+    /// Deletes the holder's key (only that key: never another holder's). Its lease, which
+    /// then holds nothing, is revoked right after (with any key of the holder's left on it):
+    /// [`close`](Store::close) waits for that.
     async fn delete(&self, key: &Key) -> Result<bool> {
         match self.existing_sender(key) {
             Some(tx) => self.ask(key, tx, |reply| Cmd::Release { reply }).await,
@@ -318,8 +326,11 @@ impl Store for EtcdStore {
         Ok(got.header().and_then(|h| u64::try_from(h.revision()).ok()))
     }
 
-    /// Drops the store's connection; holders keep theirs until their keys go.
+    /// Waits for the revokes of leases that hold nothing (released holds, waits given up)
+    /// to land, at most the request timeout, then drops the store's connection. Holds still
+    /// held keep their leases (kept alive while their holders live; after that, their ttl).
     async fn close(&self) -> Result<()> {
+        self.core.settle(self.core.config.request_timeout).await;
         self.core.disconnect().await;
         Ok(())
     }

@@ -5,9 +5,10 @@ use std::time::Duration;
 use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
 use tokio::sync::oneshot;
 
-use super::{Actor, Cmd, Read, Waited, lease_gone, list_options, listed};
+use super::{Actor, Cmd, Read, Waited, list_options, listed};
 use crate::error::{Error, LostReason, Result};
 use crate::key::Mode;
+use crate::store::etcd::lease::lease_gone;
 use crate::store::etcd::queue::Entry;
 use crate::store::{Conflict, Holding, Saved};
 
@@ -51,19 +52,33 @@ impl Actor {
         reply: &mut oneshot::Sender<Result<Saved>>,
     ) -> Waited {
         let mut pause = Duration::from_millis(50);
+        let mut retry = super::keys::RETRY_FIRST;
         loop {
             let lease = self.lease.as_ref().map(|l| l.state.clone());
             let core = self.core.clone();
+            // A promotion holds a read lock on the lease: it is lost once the lease is not
+            // confirmed. A plain wait holds nothing: it waits on while the lease may live (the
+            // cluster paused or cut off), and queues again if it does not.
+            let promoting = self.held.is_some();
+            let stale = !self.stale.is_empty();
             let changed = tokio::select! {
                 // Biased: a caller that left is seen before a command sent after it left (the
                 // lock's reconcile must find the wait's key already gone).
                 biased;
                 () = reply.closed() => return Waited::Left,
                 r = super::super::watch::changed(&core, &before.key, revision + 1) => r,
-                () = lease_gone(lease) => {
+                () = lease_gone(lease, !promoting) => {
+                    if !promoting {
+                        return Waited::Requeue;
+                    }
                     self.lease_ended();
                     return Waited::Failed(self.error(Error::lost(&self.resource, LostReason::Expired)
                         .with_reason("the lease ended while waiting (expired, revoked, or not confirmed in time)")));
+                }
+                () = tokio::time::sleep(retry), if stale => {
+                    self.sweep().await;
+                    retry = (retry * 2).min(super::keys::RETRY_MAX);
+                    continue;
                 }
                 cmd = self.rx.recv() => {
                     let Some(cmd) = cmd else {
@@ -93,6 +108,8 @@ impl Actor {
             }
             match self.reread(me).await {
                 Ok(Some(read)) => return Waited::Again(read),
+                // Gone with its lease, or deleted: a plain wait queues again at the back.
+                Ok(None) if self.held.is_none() => return Waited::Requeue,
                 Ok(None) => {
                     return Waited::Failed(self.error(Error::expired(&self.resource).with_reason(
                         "the queue key vanished while it waited (its lease ended, or it \
@@ -112,7 +129,11 @@ impl Actor {
     }
 
     /// Sleeps `d`; true when the caller left meanwhile.
-    async fn pause(&self, d: Duration, reply: &mut oneshot::Sender<Result<Saved>>) -> bool {
+    pub(super) async fn pause(
+        &self,
+        d: Duration,
+        reply: &mut oneshot::Sender<Result<Saved>>,
+    ) -> bool {
         tokio::select! {
             () = tokio::time::sleep(d) => false,
             () = reply.closed() => true,

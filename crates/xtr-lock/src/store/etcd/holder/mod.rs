@@ -218,6 +218,13 @@ impl Actor {
                     self.save(mode, wait, ttl, reply).await;
                 }
             }
+            Cmd::Release { reply } => {
+                let answer = self.release().await;
+                // The lease's revoke is under way before the answer: a `close` right after
+                // it waits for the revoke.
+                self.settle();
+                let _ = reply.send(answer);
+            }
             other => self.check_or_release(other).await,
         }
     }
@@ -382,7 +389,9 @@ impl Actor {
             answer = self.enqueue(mode, wait, ttl, &mut reply).await;
         }
         // What the holder holds is published before the answer: a loss watcher made right
-        // after the grant must see this hold, not the end of the last one.
+        // after the grant must see this hold, not the end of the last one. A lease left
+        // holding nothing is being revoked by then (`close` waits for it).
+        self.settle();
         self.publish();
         if let Some(answer) = answer {
             let _ = reply.send(answer);
@@ -505,36 +514,6 @@ impl Actor {
                     }
                 }
             }
-        }
-    }
-
-    /// The waiting key (not a promotion's) went with its lease, or may have: the lease is given
-    /// up and the wait queues again at the back, with a new one, trying again (until the caller
-    /// leaves) while the cluster does not answer. `None`: the caller left.
-    async fn requeue(
-        &mut self,
-        mode: Mode,
-        ttl: Duration,
-        reply: &mut oneshot::Sender<Result<Saved>>,
-    ) -> Option<(Entry, Read)> {
-        tracing::info!(target: crate::logging::TARGET, resource = %self.resource,
-            store = %self.core.shown, "the waiting key's lease ended; queueing again");
-        self.abandon_lease();
-        let mut pause = Duration::from_millis(50);
-        loop {
-            match self.put(mode, ttl).await {
-                Ok(v) => return Some(v),
-                Err(e) => {
-                    tracing::debug!(target: crate::logging::TARGET, resource = %self.resource,
-                        error = %e, "cannot queue again yet; trying again");
-                }
-            }
-            // A lease granted for a put that failed holds nothing: it goes.
-            self.abandon_lease();
-            if self.pause(pause, reply).await {
-                return None;
-            }
-            pause = (pause * 2).min(Duration::from_secs(1));
         }
     }
 

@@ -128,6 +128,36 @@ impl Actor {
         }
     }
 
+    /// The waiting key (not a promotion's) went with its lease, or may have: the lease is given
+    /// up and the wait queues again at the back, with a new one, trying again (until the caller
+    /// leaves) while the cluster does not answer. `None`: the caller left.
+    pub(super) async fn requeue(
+        &mut self,
+        mode: Mode,
+        ttl: Duration,
+        reply: &mut oneshot::Sender<Result<Saved>>,
+    ) -> Option<(Entry, Read)> {
+        tracing::info!(target: crate::logging::TARGET, resource = %self.resource,
+            store = %self.core.shown, "the waiting key's lease ended; queueing again");
+        self.abandon_lease();
+        let mut pause = Duration::from_millis(50);
+        loop {
+            match self.put(mode, ttl).await {
+                Ok(v) => return Some(v),
+                Err(e) => {
+                    tracing::debug!(target: crate::logging::TARGET, resource = %self.resource,
+                        error = %e, "cannot queue again yet; trying again");
+                }
+            }
+            // A lease granted for a put that failed holds nothing: it goes.
+            self.abandon_lease();
+            if self.pause(pause, reply).await {
+                return None;
+            }
+            pause = (pause * 2).min(Duration::from_secs(1));
+        }
+    }
+
     /// Sleeps `d`; true when the caller left meanwhile.
     pub(super) async fn pause(
         &self,

@@ -27,14 +27,14 @@ fn keys(cluster: &EtcdCluster, dir: &str) -> Vec<String> {
         .collect()
 }
 
-/// The leases the cluster has, in hex (as `etcdctl lease list` prints them).
-fn leases(cluster: &EtcdCluster) -> Vec<String> {
+/// The leases the cluster has (`etcdctl lease list` prints them in hex).
+fn leases(cluster: &EtcdCluster) -> Vec<i64> {
     cluster
         .etcdctl_output(&["lease", "list"])
         .lines()
         .skip(1)
-        .map(|l| l.trim().to_owned())
-        .filter(|l| !l.is_empty())
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| i64::from_str_radix(l.trim(), 16).unwrap())
         .collect()
 }
 
@@ -240,8 +240,8 @@ async fn leases_are_revoked_when_nothing_is_held_and_before_close_returns() {
     let lock = factory.create_lock(&r);
     for _ in 0..5 {
         lock.acquire().await.unwrap();
-        let lease = format!("{:x}", store.lease_id(lock.key()).unwrap());
-        assert!(leases(&cluster).contains(&lease), "{lease} is granted");
+        let lease = store.lease_id(lock.key()).unwrap();
+        assert!(leases(&cluster).contains(&lease), "{lease:x} is granted");
         lock.release().await.unwrap();
         until("the released hold's lease is revoked", || {
             leases(&cluster).is_empty()
@@ -263,7 +263,7 @@ async fn leases_are_revoked_when_nothing_is_held_and_before_close_returns() {
     .await;
     lock.release().await.unwrap();
     store.close().await.unwrap();
-    assert_eq!(leases(&cluster), Vec::<String>::new(), "after close");
+    assert_eq!(leases(&cluster), Vec::<i64>::new(), "after close");
     assert!(keys(&cluster, &store.directory(&r)).is_empty());
 }
 

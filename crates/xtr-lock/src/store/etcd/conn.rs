@@ -53,6 +53,35 @@ impl Core {
             return;
         };
         lock(&self.revoking).insert(id);
+        self.spawn_revoke(&rt, id, ttl);
+    }
+
+    /// Revokes lease `id` now (one try: its keys are gone when this returns `true`), and
+    /// when that try fails, as [`revoke`](Core::revoke) does.
+    pub(super) async fn revoke_now(self: &Arc<Self>, id: i64, ttl: Duration) -> bool {
+        lock(&self.revoking).insert(id);
+        let once = self
+            .call_once(
+                "lease revoke",
+                |mut c| async move { c.lease_revoke(id).await },
+            )
+            .await;
+        match once {
+            Ok(_) => {}
+            Err(e) if lease_not_found(&e) || !e.is_temporary() => {}
+            Err(_) => {
+                if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                    self.spawn_revoke(&rt, id, ttl);
+                    return false;
+                }
+            }
+        }
+        lock(&self.revoking).remove(&id);
+        self.revoked.notify_waiters();
+        true
+    }
+
+    fn spawn_revoke(self: &Arc<Self>, rt: &tokio::runtime::Handle, id: i64, ttl: Duration) {
         let core = self.clone();
         rt.spawn(async move {
             let give_up = tokio::time::Instant::now() + ttl * 2 + core.config.request_timeout * 3;

@@ -128,6 +128,16 @@ impl Lease {
             core.revoke(self.id, self.ttl);
         }
     }
+
+    /// As [`revoke`](Lease::revoke), with its first try awaited: the lease's keys are gone when
+    /// this returns, unless the cluster did not answer (the revoke then goes on in the
+    /// background).
+    pub(super) async fn revoke_now(self, core: &Arc<Core>) {
+        self.task.abort();
+        if !self.gone() {
+            core.revoke_now(self.id, self.ttl).await;
+        }
+    }
 }
 
 /// Completes when the lease's keeper says it is gone, or (unless `only_gone`) that it is not

@@ -326,15 +326,20 @@ impl Actor {
     /// Stops keeping the lease alive and revokes it (tried again until it lands); its keys
     /// stay this holder's own until then.
     fn abandon_lease(&mut self) {
-        let Some(lease) = self.lease.take() else {
-            return;
-        };
+        if let Some(lease) = self.give_up_lease() {
+            lease.revoke(&self.core);
+        }
+    }
+
+    /// The lease taken out of the holder, its keys this holder's own until it is revoked.
+    fn give_up_lease(&mut self) -> Option<Lease> {
+        let lease = self.lease.take()?;
         *self.confirmed.lock().unwrap_or_else(|e| e.into_inner()) = None;
         self.stale.retain(|k| k.lease != lease.id);
         if !lease.gone() {
             self.abandoned.push(lease.id);
         }
-        lease.revoke(&self.core);
+        Some(lease)
     }
 
     /// The leases whose keys are this holder's: the current one, and those being revoked.
@@ -390,8 +395,13 @@ impl Actor {
         }
         // What the holder holds is published before the answer: a loss watcher made right
         // after the grant must see this hold, not the end of the last one. A lease left
-        // holding nothing is being revoked by then (`close` waits for it).
-        self.settle();
+        // holding nothing (a try refused) is revoked first, with the attempt's key: a refused
+        // try leaves no key behind when it answers.
+        if self.held.is_none()
+            && let Some(lease) = self.give_up_lease()
+        {
+            lease.revoke_now(&self.core).await;
+        }
         self.publish();
         if let Some(answer) = answer {
             let _ = reply.send(answer);
@@ -468,14 +478,17 @@ impl Actor {
         };
         loop {
             let own = self.own_leases();
-            match queue::turn(&read.queue, &me, &own, promoting) {
+            let waited = match queue::turn(&read.queue, &me, &own, promoting) {
                 Turn::Mine => {
                     if reply.is_closed() {
                         // Nobody will receive the grant: give it back.
                         self.drop_key(&me).await;
                         return None;
                     }
-                    return Some(self.granted(me, read.revision).await);
+                    match self.unconfirmed(&me, promoting, reply).await {
+                        None => return Some(self.granted(me, read.revision).await),
+                        Some(waited) => waited,
+                    }
                 }
                 Turn::Deadlock => {
                     self.drop_key(&me).await;
@@ -492,26 +505,25 @@ impl Actor {
                     self.drop_key(&me).await;
                     return Some(Ok(Conflict::new().with_kept(kept).into()));
                 }
-                Turn::After(before) => {
-                    match self.wait_for(&me, &before, read.revision, reply).await {
-                        Waited::Again(next) => read = next,
-                        Waited::Requeue => match self.requeue(mode, ttl, reply).await {
-                            Some((again, next)) => (me, read) = (again, next),
-                            None => return None,
-                        },
-                        Waited::Left => {
-                            self.drop_key(&me).await;
-                            return None;
-                        }
-                        Waited::Lost => {
-                            self.drop_key(&me).await;
-                            return Some(Ok(Conflict::new().into()));
-                        }
-                        Waited::Failed(e) => {
-                            self.drop_key(&me).await;
-                            return Some(Err(e));
-                        }
-                    }
+                Turn::After(before) => self.wait_for(&me, &before, read.revision, reply).await,
+            };
+            match waited {
+                Waited::Again(next) => read = next,
+                Waited::Requeue => match self.requeue(mode, ttl, reply).await {
+                    Some((again, next)) => (me, read) = (again, next),
+                    None => return None,
+                },
+                Waited::Left => {
+                    self.drop_key(&me).await;
+                    return None;
+                }
+                Waited::Lost => {
+                    self.drop_key(&me).await;
+                    return Some(Ok(Conflict::new().into()));
+                }
+                Waited::Failed(e) => {
+                    self.drop_key(&me).await;
+                    return Some(Err(e));
                 }
             }
         }

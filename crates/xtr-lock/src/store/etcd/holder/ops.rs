@@ -60,6 +60,10 @@ impl Actor {
             // confirmed. A plain wait holds nothing: it waits on while the lease may live (the
             // cluster paused or cut off), and queues again if it does not.
             let promoting = self.held.is_some();
+            if lease.is_none() {
+                // Given up meanwhile (a check found it gone): the key went with it.
+                return Waited::Requeue;
+            }
             let stale = !self.stale.is_empty();
             let changed = tokio::select! {
                 // Biased: a caller that left is seen before a command sent after it left (the
@@ -153,6 +157,63 @@ impl Actor {
             self.abandon_lease();
             if self.pause(pause, reply).await {
                 return None;
+            }
+            pause = (pause * 2).min(Duration::from_secs(1));
+        }
+    }
+
+    /// Before `me` is taken for a grant: `None` when its lease is confirmed (a grant never
+    /// starts on a lease that may have ended while the cluster did not answer), else what to do
+    /// instead. A plain wait asks for a keep-alive until one is answered, then reads the queue
+    /// again (its key still there) or queues again (its lease gone); a promotion's read lock
+    /// is lost with the lease.
+    pub(super) async fn unconfirmed(
+        &mut self,
+        me: &Entry,
+        promoting: bool,
+        reply: &mut oneshot::Sender<Result<Saved>>,
+    ) -> Option<Waited> {
+        let mut pause = Duration::from_millis(50);
+        let mut asked = false;
+        loop {
+            let Some(lease) = self.lease.as_ref() else {
+                return Some(Waited::Requeue);
+            };
+            if lease.alive() {
+                if !asked {
+                    return None;
+                }
+                // Confirmed after a while: the queue may have changed meanwhile.
+                match self.reread(me).await {
+                    Ok(Some(read)) => return Some(Waited::Again(read)),
+                    Ok(None) => return Some(Waited::Requeue),
+                    Err(_) if self.pause(pause, reply).await => return Some(Waited::Left),
+                    Err(_) => {
+                        pause = (pause * 2).min(Duration::from_secs(1));
+                        continue;
+                    }
+                }
+            }
+            if promoting {
+                self.lease_ended();
+                return Some(Waited::Failed(
+                    self.error(
+                        Error::lost(&self.resource, LostReason::Expired)
+                            .with_reason("the lease ended before the promotion was granted"),
+                    ),
+                ));
+            }
+            if lease.gone() {
+                return Some(Waited::Requeue);
+            }
+            asked = true;
+            let refreshed = tokio::select! {
+                biased;
+                () = reply.closed() => return Some(Waited::Left),
+                r = lease.refresh() => r,
+            };
+            if refreshed.is_err() && self.pause(pause, reply).await {
+                return Some(Waited::Left);
             }
             pause = (pause * 2).min(Duration::from_secs(1));
         }

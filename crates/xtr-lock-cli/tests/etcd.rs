@@ -1,6 +1,7 @@
 //! `xtr-lock` on etcd: the queue in `status`, a revoked lease stops the command (exit 3), a
-//! SIGKILLed holder's lock goes when its lease ends and not before, and a stopped `xtr-lock`
-//! has its command stopped before the lease it can no longer keep alive ends.
+//! SIGKILLed holder's lock goes when its lease ends and not before, a stopped `xtr-lock`
+//! has its command stopped before the lease it can no longer keep alive ends, `-w` rides out a
+//! paused server, and runs leave no lease behind.
 
 mod common;
 
@@ -139,4 +140,70 @@ fn a_stopped_xtr_lock_has_its_command_stopped_before_its_lease_ends() {
     let out = run.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(3), "{stderr}");
+}
+
+/// `run -w 60s` waiting while the only member is stopped for 6 s (longer than the 3 s leases):
+/// the waiter waits on and runs its command once the holder's lease is gone; the holder, whose
+/// lease could have ended, has its command stopped and exits 3.
+#[test]
+fn a_waiter_rides_out_a_paused_server() {
+    let cluster = EtcdCluster::single();
+    let tmp = tempfile::tempdir().unwrap();
+    let (holder, pid) = run_holding(&cluster, "paused", "3s", tmp.path());
+    let store = cluster.dsn("");
+    let waiter = spawn(&[
+        "run", "--store", &store, "-w", "60s", "--ttl", "3s", "paused", "--", "true",
+    ]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while cluster
+        .etcdctl_output(&["get", "--prefix", "--keys-only", "paused/"])
+        .lines()
+        .filter(|l| !l.is_empty())
+        .count()
+        < 2
+    {
+        assert!(Instant::now() < deadline, "the waiter queues");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    cluster.pause(0);
+    std::thread::sleep(Duration::from_secs(6));
+    cluster.resume(0);
+    let out = waiter.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "the waiter gave up: {stderr}");
+    wait_gone(
+        pid,
+        "the command of the holder whose lease could have ended",
+    );
+    let out = holder.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Three plain runs, one of them waiting for another: no lease is left when they are done
+/// (each run revokes its lease before it exits).
+#[test]
+fn runs_leave_no_lease_behind() {
+    let cluster = EtcdCluster::single();
+    let store = cluster.dsn("");
+    let first = spawn(&["run", "--store", &store, "leak", "--", "sleep", "1"]);
+    let second = spawn(&["run", "--store", &store, "-w", "20s", "leak", "--", "true"]);
+    for run in [first, second] {
+        let out = run.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    xtr()
+        .args(["run", "--store", &store, "leak", "--", "true"])
+        .assert()
+        .success();
+    let leases = cluster.etcdctl_output(&["lease", "list"]);
+    assert_eq!(leases.trim(), "found 0 leases", "{leases}");
 }

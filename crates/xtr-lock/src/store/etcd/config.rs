@@ -87,6 +87,21 @@ fn seconds(scheme: &str, option: &str, value: &str) -> Result<Duration> {
     })
 }
 
+/// A lock's `ttl` as a lease's: etcd grants leases in whole seconds, at least one. A ttl it
+/// cannot keep is refused rather than rounded: the ttl says how long a dead holder's lock
+/// outlives it, and a user who asked for 0.5 s did not mean 1 s (or the 2 s the server's
+/// minimum may make of it).
+pub(crate) fn lease_ttl(ttl: Duration) -> Result<Duration> {
+    if ttl >= Duration::from_secs(1) && ttl.subsec_nanos() == 0 {
+        return Ok(ttl);
+    }
+    let up = ttl.as_secs() + 1;
+    Err(Error::invalid_argument(format!(
+        "an etcd lease is whole seconds, at least 1 s: a ttl of {} cannot be kept (give {up}s)",
+        humantime::format_duration(ttl)
+    )))
+}
+
 /// `%XX` escapes decoded (user, password, prefix), refusing broken ones and non-UTF-8.
 fn decode(scheme: &str, what: &str, s: &str) -> Result<String> {
     let bytes = s.as_bytes();
@@ -219,7 +234,7 @@ pub(crate) fn parse(dsn: &str) -> Result<EtcdConfig> {
         match name {
             "ttl" => {
                 let ttl = seconds(&scheme, name, &value)?;
-                if ttl < Duration::from_secs(1) {
+                if lease_ttl(ttl).is_err() {
                     return Err(invalid(&scheme, "ttl is whole seconds, at least 1"));
                 }
                 config.ttl = ttl;
@@ -300,6 +315,7 @@ mod tests {
             ("etcd://:pw@h", "user name"),
             ("etcd://u:pw@h?ttl=0", "ttl"),
             ("etcd://u:pw@h?ttl=0.5", "at least 1"),
+            ("etcd://u:pw@h?ttl=1.5", "whole seconds"),
             ("etcd://u:pw@h?tll=5", "unknown option \"tll\""),
             ("etcd://u:pw@h?ca_file=x", "needs etcds"),
             ("etcds://u:pw@h?cert_file=x", "go together"),

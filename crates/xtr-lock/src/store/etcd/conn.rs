@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{Client, ConnectOptions, GetOptions, GetResponse, Txn, TxnResponse};
-use tokio::sync::Mutex;
+use std::collections::HashSet;
+
+use tokio::sync::{Mutex, Notify};
 
 use super::config::EtcdConfig;
 use crate::error::{Error, Result};
@@ -24,6 +26,9 @@ pub(super) struct Core {
     pub(super) shown: Arc<str>,
     pub(super) owner: HandleOwner,
     client: Mutex<Option<Client>>,
+    /// The leases being revoked (each by its own task), and a wake-up for `settle`.
+    revoking: std::sync::Mutex<HashSet<i64>>,
+    revoked: Notify,
 }
 
 impl Core {
@@ -33,6 +38,101 @@ impl Core {
             config,
             owner: HandleOwner::new(),
             client: Mutex::new(None),
+            revoking: std::sync::Mutex::new(HashSet::new()),
+            revoked: Notify::new(),
+        }
+    }
+
+    /// Revokes lease `id` (granted with `ttl`) on a task of its own, tried again until etcd
+    /// answers: revoked, or not found (it ended already). A partition does not leave its keys
+    /// behind: the revoke lands once the cluster answers. It gives up when the lease has
+    /// surely ended by itself (its ttl twice over, and a request's tries, since it began: no
+    /// keep-alive is sent meanwhile). Without a runtime, the lease ends at its ttl.
+    pub(super) fn revoke(self: &Arc<Self>, id: i64, ttl: Duration) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        lock(&self.revoking).insert(id);
+        self.spawn_revoke(&rt, id, ttl);
+    }
+
+    /// Revokes lease `id` now (one try: its keys are gone when this returns `true`), and
+    /// when that try fails, as [`revoke`](Core::revoke) does.
+    pub(super) async fn revoke_now(self: &Arc<Self>, id: i64, ttl: Duration) -> bool {
+        lock(&self.revoking).insert(id);
+        let once = self
+            .call_once(
+                "lease revoke",
+                |mut c| async move { c.lease_revoke(id).await },
+            )
+            .await;
+        match once {
+            Ok(_) => {}
+            Err(e) if lease_not_found(&e) || !e.is_temporary() => {}
+            Err(_) => {
+                if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                    self.spawn_revoke(&rt, id, ttl);
+                    return false;
+                }
+            }
+        }
+        lock(&self.revoking).remove(&id);
+        self.revoked.notify_waiters();
+        true
+    }
+
+    fn spawn_revoke(self: &Arc<Self>, rt: &tokio::runtime::Handle, id: i64, ttl: Duration) {
+        let core = self.clone();
+        rt.spawn(async move {
+            let give_up = tokio::time::Instant::now() + ttl * 2 + core.config.request_timeout * 3;
+            let mut pause = Duration::from_millis(50);
+            loop {
+                let revoked = core
+                    .call(
+                        "lease revoke",
+                        |mut c| async move { c.lease_revoke(id).await },
+                    )
+                    .await;
+                match revoked {
+                    Ok(_) => break,
+                    Err(e) if lease_not_found(&e) || !e.is_temporary() => break,
+                    Err(e) if tokio::time::Instant::now() + pause >= give_up => {
+                        tracing::debug!(target: crate::logging::TARGET, lease = %format!("{id:x}"),
+                            error = %e, "cannot revoke a lease; it ends at its ttl");
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::debug!(target: crate::logging::TARGET, lease = %format!("{id:x}"),
+                            error = %e, "cannot revoke a lease yet; trying again");
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(Duration::from_secs(1));
+                    }
+                }
+            }
+            lock(&core.revoking).remove(&id);
+            core.revoked.notify_waiters();
+        });
+    }
+
+    /// Whether lease `id` is being revoked.
+    pub(super) fn is_revoking(&self, id: i64) -> bool {
+        lock(&self.revoking).contains(&id)
+    }
+
+    /// Waits until no revoke is under way, or `bound` has passed.
+    pub(super) async fn settle(&self, bound: Duration) {
+        let deadline = tokio::time::Instant::now() + bound;
+        loop {
+            let woken = self.revoked.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            if lock(&self.revoking).is_empty() {
+                return;
+            }
+            tokio::select! {
+                () = woken => {}
+                () = tokio::time::sleep_until(deadline) => return,
+            }
         }
     }
 
@@ -155,6 +255,10 @@ impl Core {
     pub(super) fn fail(&self, err: Error) -> Error {
         err.with_store(&*self.shown)
     }
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Whether `err` says the lease is gone (expired or revoked) on the server.

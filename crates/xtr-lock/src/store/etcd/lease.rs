@@ -1,38 +1,51 @@
 //! A holder's lease and the task that keeps it alive.
 //!
-//! The lease is granted on the holder's first acquire and kept alive (a keep-alive every third
-//! of its ttl, or the DSN's `keepalive`) until the holder's key goes, when it is revoked: that
-//! deletes every key on it at once. Between holds it stays, so the next acquire costs one
-//! round trip. The task says the lease is gone when etcd answers a keep-alive with a ttl of 0
-//! (expired, revoked), or at the end the last answered keep-alive confirmed (its send time plus
-//! the ttl it answered) when none has been answered since: the cluster unreachable or without
-//! a quorum, the lease may have expired there, and the holder cannot know that it did not.
+//! A lease is granted when a holder that has none queues a key, kept alive (a keep-alive every
+//! third of its ttl, or the DSN's `keepalive`) while the holder holds or waits, and revoked
+//! once it holds nothing: that deletes every key on it at once, so a queue key whose own
+//! delete was lost goes with it. A revoke is tried again until the cluster answers; `close`
+//! waits for the revokes still under way (see [`Core::revoke`]).
+//!
+//! The keeper tells three states apart. **Alive**: a keep-alive was answered, and the lease
+//! certainly lasts until that keep-alive's send time plus the ttl it answered (its *confirmed
+//! end*, kept on the boot clock, which counts suspend). **Unconfirmed**: the confirmed end
+//! passed with no answer since (the cluster unreachable, paused, or without a quorum); the
+//! lease may have expired there, so a holder has lost its lock, but the keeper goes on trying,
+//! and a waiter keeps its place if the lease turns out alive. **Gone**: etcd said the lease
+//! is gone (a keep-alive answered with a ttl of 0: expired or revoked).
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use etcd_client::{LeaseKeepAliveStream, LeaseKeeper};
 use tokio::sync::{mpsc, oneshot, watch};
 
+use super::clock::BootInstant;
 use super::conn::Core;
 use crate::error::{Error, LostReason, Result};
-use crate::key::later;
 
 /// Whether the lease lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum State {
     Alive,
+    /// Its confirmed end passed with no keep-alive answered since; the keeper still tries.
+    Unconfirmed,
     Gone(LostReason),
 }
+
+/// Until when a lease certainly lasts, on the boot clock.
+pub(super) type Confirmed = Arc<std::sync::Mutex<BootInstant>>;
 
 /// A granted lease and its keeper.
 pub(super) struct Lease {
     pub(super) id: i64,
     /// Until when the server has certainly kept the lease: the send time of the last answered
     /// keep-alive (or of the grant) plus the granted ttl.
-    pub(super) confirmed: Arc<std::sync::Mutex<Instant>>,
+    pub(super) confirmed: Confirmed,
     /// The ttl asked for (whole seconds); the server may have granted more.
     pub(super) asked: Duration,
+    /// The ttl granted.
+    ttl: Duration,
     pub(super) state: watch::Receiver<State>,
     refresh: mpsc::UnboundedSender<oneshot::Sender<Result<Duration>>>,
     task: tokio::task::AbortHandle,
@@ -42,7 +55,7 @@ impl Lease {
     /// Grants a lease of `ttl` and starts keeping it alive.
     pub(super) async fn grant(core: &Arc<Core>, ttl: Duration) -> Result<Lease> {
         let secs = i64::try_from(ttl.as_secs().max(1)).unwrap_or(i64::MAX);
-        let sent = Instant::now();
+        let sent = BootInstant::now();
         let granted = core
             .call("lease grant", |mut c| async move {
                 c.lease_grant(secs, None).await
@@ -56,7 +69,7 @@ impl Lease {
             .unwrap_or(granted_ttl / 3)
             .min(granted_ttl / 2)
             .max(Duration::from_millis(100));
-        let confirmed = Arc::new(std::sync::Mutex::new(later(sent, granted_ttl)));
+        let confirmed = Arc::new(std::sync::Mutex::new(sent.after(granted_ttl)));
         let (state_tx, state) = watch::channel(State::Alive);
         let (refresh, requests) = mpsc::unbounded_channel();
         let keeper = Keeper {
@@ -74,15 +87,21 @@ impl Lease {
             id,
             confirmed,
             asked: ttl,
+            ttl: granted_ttl,
             state,
             refresh,
             task,
         })
     }
 
-    /// Whether the keeper still believes the lease lives.
+    /// Whether the keeper has the lease confirmed now.
     pub(super) fn alive(&self) -> bool {
         *self.state.borrow() == State::Alive
+    }
+
+    /// Whether etcd said the lease is gone.
+    pub(super) fn gone(&self) -> bool {
+        matches!(*self.state.borrow(), State::Gone(_))
     }
 
     /// One keep-alive now; answers the lease's remaining ttl.
@@ -100,27 +119,41 @@ impl Lease {
             .unwrap_or_else(|_| Err(Error::storage("the lease's keeper stopped")))
     }
 
-    /// Stops keeping it alive and revokes it in the background (its keys go with it).
+    /// Stops keeping it alive and revokes it (its keys go with it), unless etcd already said it
+    /// is gone. The revoke runs on its own task, tried again until it lands; see
+    /// [`Core::revoke`].
     pub(super) fn revoke(self, core: &Arc<Core>) {
         self.task.abort();
-        if *self.state.borrow() != State::Alive {
-            return;
+        if !self.gone() {
+            core.revoke(self.id, self.ttl);
         }
-        let core = core.clone();
-        let id = self.id;
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move {
-                let revoked = core
-                    .call(
-                        "lease revoke",
-                        |mut c| async move { c.lease_revoke(id).await },
-                    )
-                    .await;
-                if let Err(e) = revoked {
-                    tracing::debug!(target: crate::logging::TARGET, lease = %format!("{id:x}"),
-                        error = %e, "cannot revoke a lease; it ends at its ttl");
-                }
-            });
+    }
+
+    /// As [`revoke`](Lease::revoke), with its first try awaited: the lease's keys are gone when
+    /// this returns, unless the cluster did not answer (the revoke then goes on in the
+    /// background).
+    pub(super) async fn revoke_now(self, core: &Arc<Core>) {
+        self.task.abort();
+        if !self.gone() {
+            core.revoke_now(self.id, self.ttl).await;
+        }
+    }
+}
+
+/// Completes when the lease's keeper says it is gone, or (unless `only_gone`) that it is not
+/// confirmed any more (never without a lease).
+pub(super) async fn lease_gone(state: Option<watch::Receiver<State>>, only_gone: bool) {
+    let Some(mut state) = state else {
+        return std::future::pending().await;
+    };
+    loop {
+        match *state.borrow_and_update() {
+            State::Alive => {}
+            State::Unconfirmed if only_gone => {}
+            _ => return,
+        }
+        if state.changed().await.is_err() {
+            return std::future::pending().await;
         }
     }
 }
@@ -139,59 +172,89 @@ struct Keeper {
     stream: Option<(LeaseKeeper, LeaseKeepAliveStream)>,
     /// The send time of the last answered keep-alive (or of the grant) plus the ttl it
     /// answered: until then the lease certainly lasts.
-    confirmed: Arc<std::sync::Mutex<Instant>>,
+    confirmed: Confirmed,
     state: watch::Sender<State>,
     requests: mpsc::UnboundedReceiver<oneshot::Sender<Result<Duration>>>,
 }
 
+/// The longest the keeper sleeps at a time: tokio's timers stop while the machine is
+/// suspended, the boot clock does not, and a lease that ended in the meantime is seen this
+/// soon after waking.
+const NAP: Duration = Duration::from_secs(1);
+
 impl Keeper {
     async fn run(mut self) {
         let mut waiting: Vec<oneshot::Sender<Result<Duration>>> = Vec::new();
-        let mut pause = self.period;
+        let mut next = BootInstant::now().after(self.period);
         loop {
-            // Never sleep past the lease's confirmed end: the loss is reported at that moment.
-            let until_end = self.confirmed().saturating_duration_since(Instant::now());
-            tokio::select! {
-                () = tokio::time::sleep(pause.min(until_end)) => {}
-                request = self.requests.recv() => match request {
-                    Some(reply) => waiting.push(reply),
-                    None => return,
-                },
+            // Until a keep-alive is due or asked for, watching the confirmed end.
+            loop {
+                let now = BootInstant::now();
+                let end = self.confirmed();
+                if now >= end {
+                    self.unconfirmed();
+                }
+                if !waiting.is_empty() || now >= next {
+                    break;
+                }
+                let mut nap = next.since(now).min(NAP);
+                if now < end {
+                    nap = nap.min(end.since(now));
+                }
+                tokio::select! {
+                    () = tokio::time::sleep(nap) => {}
+                    request = self.requests.recv() => match request {
+                        Some(reply) => waiting.push(reply),
+                        None => return,
+                    },
+                }
             }
             while let Ok(reply) = self.requests.try_recv() {
                 waiting.push(reply);
             }
+            let sent = BootInstant::now();
             let end = self.confirmed();
-            let sent = Instant::now();
-            // An attempt still unanswered when the lease's confirmed end comes is too late.
-            let attempt =
-                tokio::time::timeout_at(tokio::time::Instant::from_std(end), self.once()).await;
+            // While the lease is confirmed, an answer later than its confirmed end is too late
+            // for a holder: the attempt is cut there (and goes on afterwards).
+            let attempt = if sent < end {
+                tokio::time::timeout(end.since(sent), self.once())
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(
+                            Error::storage("no keep-alive answered by the lease's confirmed end")
+                                .temporary(),
+                        )
+                    })
+            } else {
+                self.once().await
+            };
             match attempt {
-                Ok(Ok(Some(left))) => {
-                    *self.confirmed.lock().unwrap_or_else(|e| e.into_inner()) = later(sent, left);
-                    pause = self.period;
+                Ok(Some(left)) => {
+                    *self.confirmed.lock().unwrap_or_else(|e| e.into_inner()) = sent.after(left);
+                    self.state.send_if_modified(|s| {
+                        let was = *s;
+                        *s = State::Alive;
+                        was != State::Alive
+                    });
+                    next = BootInstant::now().after(self.period);
                     for reply in waiting.drain(..) {
                         let _ = reply.send(Ok(left));
                     }
                 }
-                Ok(Ok(None)) => {
+                Ok(None) => {
                     tracing::warn!(target: crate::logging::TARGET, store = %self.core.shown,
                         lease = %format!("{:x}", self.id), "the lease expired or was revoked");
-                    return self.gone(waiting, LostReason::Expired);
+                    self.state.send_replace(State::Gone(LostReason::Expired));
+                    for reply in waiting.drain(..) {
+                        let gone = Error::storage("the lease is gone (expired or revoked)");
+                        let _ = reply.send(Err(self.core.fail(gone)));
+                    }
+                    return;
                 }
-                Err(_) => {
-                    tracing::warn!(target: crate::logging::TARGET, store = %self.core.shown,
-                        lease = %format!("{:x}", self.id),
-                        "no keep-alive answered before the lease's confirmed end");
-                    return self.gone(waiting, LostReason::Expired);
-                }
-                Ok(Err(e)) => {
+                Err(e) => {
                     self.stream = None;
-                    if Instant::now() >= end {
-                        tracing::warn!(target: crate::logging::TARGET, store = %self.core.shown,
-                            lease = %format!("{:x}", self.id), error = %e,
-                            "no keep-alive answered before the lease's confirmed end");
-                        return self.gone(waiting, LostReason::Expired);
+                    if BootInstant::now() >= self.confirmed() {
+                        self.unconfirmed();
                     }
                     tracing::debug!(target: crate::logging::TARGET, store = %self.core.shown,
                         error = %e, "a keep-alive failed; trying again");
@@ -199,25 +262,33 @@ impl Keeper {
                         let again = Error::storage(e.reason().unwrap_or("a keep-alive failed"));
                         let _ = reply.send(Err(self.core.fail(again.temporary())));
                     }
-                    // Again soon, within what is left of the lease.
-                    pause =
+                    // Again soon (within what is left of the lease, if anything is).
+                    let pause =
                         (self.period / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
+                    next = BootInstant::now().after(pause);
                 }
             }
         }
     }
 
     /// Until when the lease certainly lasts.
-    fn confirmed(&self) -> Instant {
+    fn confirmed(&self) -> BootInstant {
         *self.confirmed.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn gone(&self, waiting: Vec<oneshot::Sender<Result<Duration>>>, why: LostReason) {
-        self.state.send_replace(State::Gone(why));
-        for reply in waiting {
-            let _ = reply.send(Err(self
-                .core
-                .fail(Error::storage("the lease is gone (expired or revoked)"))));
+    /// The confirmed end passed with no answer since: said once.
+    fn unconfirmed(&self) {
+        let changed = self.state.send_if_modified(|s| {
+            let was = *s;
+            if was == State::Alive {
+                *s = State::Unconfirmed;
+            }
+            was == State::Alive
+        });
+        if changed {
+            tracing::warn!(target: crate::logging::TARGET, store = %self.core.shown,
+                lease = %format!("{:x}", self.id),
+                "no keep-alive answered before the lease's confirmed end");
         }
     }
 

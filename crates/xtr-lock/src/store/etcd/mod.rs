@@ -14,6 +14,7 @@ use super::{Capabilities, HolderInfo, Holding, LossWatcher, Saved, Store};
 use crate::error::{Error, LostReason, Result};
 use crate::key::{Key, Mode};
 
+mod clock;
 mod config;
 mod conn;
 mod holder;
@@ -53,13 +54,20 @@ pub(crate) fn validate_dsn(dsn: &str) -> Result<()> {
 /// - **Fencing tokens** are the cluster's revision at which the holder was seen to hold (its
 ///   key's create revision when it held at once): ordered by the cluster's log, and the same
 ///   number `etcdctl lock` exports as `ETCD_LOCK_REV`, so the two tools' tokens compare.
-/// - **Leases**: one per holder, granted on its first acquire with the lock's ttl (whole
-///   seconds, at least 1; the DSN's `ttl` when the lock has none, 60 s by default), kept alive
-///   by the store every third of it while the holder lives, revoked when the holder's key is
-///   dropped. The lock does not expire while its holder lives; the ttl is how long the lock of
-///   a holder that died (or lost the cluster) outlives it. A lease's ttl is fixed when it is
-///   granted: a refresh keeps the lease alive and cannot change it, and a different ttl takes
-///   effect on the next hold that starts with nothing held.
+/// - **Leases**: one per hold (or wait), granted when a holder that has none queues a key,
+///   with the lock's ttl (whole seconds, at least 1: a ttl that is not is refused; the DSN's
+///   `ttl` when the lock has none, 60 s by default), kept alive by the store every third of it
+///   while the holder holds or waits, and revoked as soon as it holds nothing (released, a try
+///   refused, a wait given up): tried again until etcd answers, and
+///   [`close`](Store::close) waits for it. The lock does not expire while its holder lives;
+///   the ttl is how long the lock of a holder that died (or lost the cluster) outlives it. A
+///   lease's ttl is fixed when it is granted: a refresh keeps the lease alive and cannot change
+///   it. The lease's confirmed end is kept on the boot clock, which counts suspend.
+/// - **Waits ride out a cluster that does not answer** (paused, cut off, without a quorum):
+///   a waiter whose lease is not confirmed in time keeps its place if the lease turns out
+///   alive, and queues again at the back (with a new lease) if it does not. A holder's own
+///   keys (any key on one of its leases, such as one whose delete did not land yet) never
+///   make it wait; a delete that fails is tried again until it lands.
 /// - **Loss**, reported at once through the loss watcher: the holder's key deleted (`etcdctl
 ///   del`), its lease revoked or expired, or no keep-alive answered by the end the last answered
 ///   one confirmed (its send time plus the ttl the cluster answered).
@@ -154,6 +162,12 @@ impl EtcdStore {
         wait: bool,
         ttl: Option<Duration>,
     ) -> Result<Saved> {
+        if let Some(ttl) = ttl {
+            config::lease_ttl(ttl).map_err(|e| {
+                e.with_resource(key.resource())
+                    .with_store(&*self.core.shown)
+            })?;
+        }
         key.mark_unserializable();
         let handle = key.handle::<Handle>(self.core.owner);
         let tx = handle.task.sender(|| {
@@ -235,8 +249,9 @@ impl Store for EtcdStore {
         self.check(key, true).await
     }
 
-    /// Deletes the holder's key (only that key: never another holder's). The lease stays for
-    /// the holder's next acquire.
+    /// Deletes the holder's key (only that key: never another holder's). Its lease, which
+    /// then holds nothing, is revoked right after (with any key of the holder's left on it):
+    /// [`close`](Store::close) waits for that.
     async fn delete(&self, key: &Key) -> Result<bool> {
         match self.existing_sender(key) {
             Some(tx) => self.ask(key, tx, |reply| Cmd::Release { reply }).await,
@@ -318,8 +333,11 @@ impl Store for EtcdStore {
         Ok(got.header().and_then(|h| u64::try_from(h.revision()).ok()))
     }
 
-    /// Drops the store's connection; holders keep theirs until their keys go.
+    /// Waits for the revokes of leases that hold nothing (released holds, waits given up)
+    /// to land, at most the request timeout, then drops the store's connection. Holds still
+    /// held keep their leases (kept alive while their holders live; after that, their ttl).
     async fn close(&self) -> Result<()> {
+        self.core.settle(self.core.config.request_timeout).await;
         self.core.disconnect().await;
         Ok(())
     }

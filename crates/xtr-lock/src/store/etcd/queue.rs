@@ -6,7 +6,8 @@
 //!   belong to another resource (`<resource>/a`) and are ignored.
 //! - A key whose value is `read` is a reader; every other key is a writer.
 //! - A writer holds when no key has a lower create revision; a reader when no writer has.
-//! - A holder's own keys never block it (it may have two during a promotion).
+//! - A holder's own keys never block it: every key on one of its leases is its own (it may
+//!   have two during a promotion, and a key whose delete has not landed yet).
 
 /// The value that makes a key a reader. A writer's value is empty, as `etcdctl lock` leaves it.
 pub(super) const READER: &[u8] = b"read";
@@ -105,12 +106,12 @@ pub(super) enum Turn {
     Deadlock,
 }
 
-/// The turn of `me` in `queue`, ignoring the holder's `own` keys. `promoting`: the holder also
-/// reads, so every writer queued before `me` waits for the holder's read key.
-pub(super) fn turn(queue: &[Entry], me: &Entry, own: &[&[u8]], promoting: bool) -> Turn {
+/// The turn of `me` in `queue`, ignoring the keys on the holder's `own` leases. `promoting`:
+/// the holder also reads, so every writer queued before `me` waits for the holder's read key.
+pub(super) fn turn(queue: &[Entry], me: &Entry, own: &[i64], promoting: bool) -> Turn {
     let before = queue
         .iter()
-        .filter(|e| e.rev < me.rev && !own.contains(&e.key.as_slice()));
+        .filter(|e| e.rev < me.rev && !(e.lease != 0 && own.contains(&e.lease)));
     let blocking: Vec<&Entry> = match me.kind {
         Kind::Writer => {
             let before: Vec<&Entry> = before.collect();
@@ -218,12 +219,11 @@ mod tests {
             e("r/r-b", 11, 0xb, Kind::Reader),
             e("r/a", 12, 0xa, Kind::Writer),
         ];
-        let own: [&[u8]; 2] = [b"r/r-a", b"r/a"];
+        let own = [0xa];
         assert_eq!(turn(&q, &q[2], &own, true), Turn::After(q[1].clone()));
         // B promotes too (13): A's writer key is before it, and waits for B's read key.
         q.push(e("r/b", 13, 0xb, Kind::Writer));
-        let own_b: [&[u8]; 2] = [b"r/r-b", b"r/b"];
-        assert_eq!(turn(&q, &q[3], &own_b, true), Turn::Deadlock);
+        assert_eq!(turn(&q, &q[3], &[0xb], true), Turn::Deadlock);
         // A plain writer queued before a promotion: the same.
         let q = [
             e("r/r-a", 10, 0xa, Kind::Reader),
@@ -251,5 +251,24 @@ mod tests {
         assert_eq!(turn(&q, &q[1], &[], false), Turn::After(q[0].clone()));
         assert_eq!(turn(&q, &q[2], &[], false), Turn::After(q[1].clone()));
         assert_eq!(holding(&q), [true, false, false]);
+    }
+
+    #[test]
+    fn a_holders_stale_keys_never_make_it_wait_for_itself() {
+        // A's read key (10) outlived its promotion (its delete did not land), and a key of a
+        // lease A gave up (being revoked) sits before it too: A's writer key (12) holds.
+        let q = [
+            e("r/7", 9, 0x7, Kind::Writer),
+            e("r/r-a", 10, 0xa, Kind::Reader),
+            e("r/a", 12, 0xa, Kind::Writer),
+        ];
+        assert_eq!(turn(&q, &q[2], &[0xa, 0x7], false), Turn::Mine);
+        // Someone else's key still blocks, and so does a key without a lease.
+        assert_eq!(turn(&q, &q[2], &[0xa], false), Turn::After(q[0].clone()));
+        let q = [
+            e("r/x", 9, 0, Kind::Writer),
+            e("r/a", 12, 0xa, Kind::Writer),
+        ];
+        assert_eq!(turn(&q, &q[1], &[0xa, 0], false), Turn::After(q[0].clone()));
     }
 }

@@ -14,15 +14,18 @@ use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
 use etcd_client::{SortOrder, SortTarget, TxnOpResponse};
 use tokio::sync::{mpsc, oneshot, watch};
 
-use super::conn::{Core, lease_not_found};
-use super::lease::{Lease, State};
+use super::clock::BootInstant;
+use super::conn::Core;
+use super::lease::{Lease, State, lease_gone};
 use super::queue::{self, Entry, Kind, Turn};
 use crate::store::tasks::Task;
 
+mod keys;
 mod ops;
 use crate::error::{Error, LostReason, Result};
 use crate::key::Mode;
 use crate::store::{Acquired, Conflict, Holding, Saved};
+use keys::Stale;
 
 pub(super) enum Cmd {
     Save {
@@ -66,14 +69,16 @@ impl crate::store::tasks::Life for Life {
 
 /// Where the current lease's keeper writes until when the lease certainly lasts. A cell per
 /// lease, so a keeper stopped a moment late cannot write over its successor's.
-pub(super) type Confirmed =
-    Arc<std::sync::Mutex<Option<Arc<std::sync::Mutex<std::time::Instant>>>>>;
+pub(super) type Confirmed = Arc<std::sync::Mutex<Option<super::lease::Confirmed>>>;
 
-/// How long the current lease certainly lasts without another keep-alive.
+/// How long the current lease certainly lasts without another keep-alive: from the last
+/// keep-alive etcd answered (its send time plus the ttl it answered), on the boot clock, so a
+/// lease that ended while the machine slept has nothing left. An unanswered keep-alive never
+/// extends it.
 pub(super) fn lease_remaining(confirmed: &Confirmed) -> Option<Duration> {
     let slot = confirmed.lock().unwrap_or_else(|e| e.into_inner());
     let until = *slot.as_ref()?.lock().unwrap_or_else(|e| e.into_inner());
-    Some(until.saturating_duration_since(std::time::Instant::now()))
+    Some(super::clock::left(until, BootInstant::now()))
 }
 
 /// Starts the task of one holder of `resource`.
@@ -96,6 +101,8 @@ pub(super) fn start(core: Arc<Core>, resource: String, confirmed: Confirmed) -> 
         deferred: std::collections::VecDeque::new(),
         lost_tx,
         lost_rx,
+        abandoned: Vec::new(),
+        stale: Vec::new(),
     };
     tokio::spawn(actor.run());
     Task { tx, life }
@@ -135,6 +142,11 @@ struct Actor {
     deferred: std::collections::VecDeque<Cmd>,
     lost_tx: mpsc::UnboundedSender<(Vec<u8>, i64)>,
     lost_rx: mpsc::UnboundedReceiver<(Vec<u8>, i64)>,
+    /// Leases this holder gave up and that are being revoked: their keys are its own.
+    abandoned: Vec<i64>,
+    /// Keys of this holder's whose delete has not landed yet, on a lease that still holds
+    /// something (tried again until they go).
+    stale: Vec<Stale>,
 }
 
 /// The answer of the transaction that puts a key and reads the queue.
@@ -164,25 +176,34 @@ fn token(rev: i64) -> u64 {
 
 impl Actor {
     async fn run(mut self) {
+        let mut retry = keys::RETRY_FIRST;
         loop {
             if let Some(cmd) = self.deferred.pop_front() {
                 self.command(cmd).await;
+                self.settle();
                 continue;
             }
             let lease_state = self.lease.as_ref().map(|l| l.state.clone());
+            let stale = !self.stale.is_empty();
             tokio::select! {
                 cmd = self.rx.recv() => match cmd {
                     Some(cmd) => self.command(cmd).await,
                     None => break,
                 },
                 Some((key, rev)) = self.lost_rx.recv() => self.key_deleted(&key, rev),
-                () = lease_gone(lease_state) => self.lease_ended(),
+                () = lease_gone(lease_state, false) => self.lease_ended(),
+                () = tokio::time::sleep(retry), if stale => {
+                    self.sweep().await;
+                    retry = (retry * 2).min(keys::RETRY_MAX);
+                }
             }
+            if self.stale.is_empty() {
+                retry = keys::RETRY_FIRST;
+            }
+            self.settle();
         }
         // The holder's key went: its lease goes, and every key on it with it.
-        if let Some(lease) = self.lease.take() {
-            lease.revoke(&self.core);
-        }
+        self.abandon_lease();
     }
 
     async fn command(&mut self, cmd: Cmd) {
@@ -196,6 +217,13 @@ impl Actor {
                 if !reply.is_closed() {
                     self.save(mode, wait, ttl, reply).await;
                 }
+            }
+            Cmd::Release { reply } => {
+                let answer = self.release().await;
+                // The lease's revoke is under way before the answer: a `close` right after
+                // it waits for the revoke.
+                self.settle();
+                let _ = reply.send(answer);
             }
             other => self.check_or_release(other).await,
         }
@@ -260,12 +288,14 @@ impl Actor {
         }
     }
 
+    /// The lease is not confirmed any more (or gone): what it held is lost, and it is given up.
     fn lease_ended(&mut self) {
         let why = match self.lease.as_ref().map(|l| *l.state.borrow()) {
             Some(State::Gone(why)) => why,
+            Some(State::Unconfirmed) => LostReason::Expired,
             _ => return,
         };
-        self.lease = None;
+        self.abandon_lease();
         self.lose(why);
     }
 
@@ -274,9 +304,53 @@ impl Actor {
         while let Ok((key, rev)) = self.lost_rx.try_recv() {
             self.key_deleted(&key, rev);
         }
-        if self.lease.as_ref().is_some_and(|l| !l.alive()) {
+        // A lease not confirmed any more ends a hold; a wait rides it out (`settle` gives up a
+        // lease that holds nothing between commands).
+        if self
+            .lease
+            .as_ref()
+            .is_some_and(|l| l.gone() || (!l.alive() && self.held.is_some()))
+        {
             self.lease_ended();
         }
+    }
+
+    /// Between commands: a lease that holds nothing is revoked (with every key left on it).
+    fn settle(&mut self) {
+        if self.held.is_none() && self.lease.is_some() {
+            self.abandon_lease();
+            self.publish();
+        }
+    }
+
+    /// Stops keeping the lease alive and revokes it (tried again until it lands); its keys
+    /// stay this holder's own until then.
+    fn abandon_lease(&mut self) {
+        if let Some(lease) = self.give_up_lease() {
+            lease.revoke(&self.core);
+        }
+    }
+
+    /// The lease taken out of the holder, its keys this holder's own until it is revoked.
+    fn give_up_lease(&mut self) -> Option<Lease> {
+        let lease = self.lease.take()?;
+        *self.confirmed.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        self.stale.retain(|k| k.lease != lease.id);
+        if !lease.gone() {
+            self.abandoned.push(lease.id);
+        }
+        Some(lease)
+    }
+
+    /// The leases whose keys are this holder's: the current one, and those being revoked.
+    fn own_leases(&mut self) -> Vec<i64> {
+        let core = self.core.clone();
+        self.abandoned.retain(|id| core.is_revoking(*id));
+        self.lease
+            .iter()
+            .map(|l| l.id)
+            .chain(self.abandoned.iter().copied())
+            .collect()
     }
 
     /// The lease to put keys on: the current one while it lives (its ttl is fixed while the
@@ -289,9 +363,7 @@ impl Actor {
         {
             return Ok(lease.id);
         }
-        if let Some(old) = self.lease.take() {
-            old.revoke(&self.core);
-        }
+        self.abandon_lease();
         let lease = Lease::grant(&self.core, ttl)
             .await
             .map_err(|e| self.error(e))?;
@@ -322,7 +394,14 @@ impl Actor {
             answer = self.enqueue(mode, wait, ttl, &mut reply).await;
         }
         // What the holder holds is published before the answer: a loss watcher made right
-        // after the grant must see this hold, not the end of the last one.
+        // after the grant must see this hold, not the end of the last one. A lease left
+        // holding nothing (a try refused) is revoked first, with the attempt's key: a refused
+        // try leaves no key behind when it answers.
+        if self.held.is_none()
+            && let Some(lease) = self.give_up_lease()
+        {
+            lease.revoke_now(&self.core).await;
+        }
         self.publish();
         if let Some(answer) = answer {
             let _ = reply.send(answer);
@@ -382,7 +461,8 @@ impl Actor {
 
     /// Puts a key of `mode` in the queue (a promotion's writer key beside the read key) and
     /// waits for its turn, or gives up at once when `wait` is false. `None`: the caller left
-    /// and nothing is to be answered.
+    /// and nothing is to be answered. A key that does not hold is deleted again (with its lease
+    /// when nothing else is held on it: between commands).
     async fn enqueue(
         &mut self,
         mode: Mode,
@@ -392,23 +472,23 @@ impl Actor {
     ) -> Option<Result<Saved>> {
         let promoting = self.holds() == Some(Mode::Read);
         let kept = promoting.then_some(Mode::Read);
-        let (me, mut read) = match self.put(mode, ttl).await {
+        let (mut me, mut read) = match self.put(mode, ttl).await {
             Ok(v) => v,
             Err(e) => return Some(Err(e)),
         };
-        let own: Vec<Vec<u8>> = std::iter::once(me.key.clone())
-            .chain(self.held.as_ref().map(|m| m.entry.key.clone()))
-            .collect();
-        let own: Vec<&[u8]> = own.iter().map(Vec::as_slice).collect();
         loop {
-            match queue::turn(&read.queue, &me, &own, promoting) {
+            let own = self.own_leases();
+            let waited = match queue::turn(&read.queue, &me, &own, promoting) {
                 Turn::Mine => {
                     if reply.is_closed() {
                         // Nobody will receive the grant: give it back.
                         self.drop_key(&me).await;
                         return None;
                     }
-                    return Some(self.granted(me, read.revision).await);
+                    match self.unconfirmed(&me, promoting, reply).await {
+                        None => return Some(self.granted(me, read.revision).await),
+                        Some(waited) => waited,
+                    }
                 }
                 Turn::Deadlock => {
                     self.drop_key(&me).await;
@@ -425,22 +505,25 @@ impl Actor {
                     self.drop_key(&me).await;
                     return Some(Ok(Conflict::new().with_kept(kept).into()));
                 }
-                Turn::After(before) => {
-                    match self.wait_for(&me, &before, read.revision, reply).await {
-                        Waited::Again(next) => read = next,
-                        Waited::Left => {
-                            self.drop_key(&me).await;
-                            return None;
-                        }
-                        Waited::Lost => {
-                            self.drop_key(&me).await;
-                            return Some(Ok(Conflict::new().into()));
-                        }
-                        Waited::Failed(e) => {
-                            self.drop_key(&me).await;
-                            return Some(Err(e));
-                        }
-                    }
+                Turn::After(before) => self.wait_for(&me, &before, read.revision, reply).await,
+            };
+            match waited {
+                Waited::Again(next) => read = next,
+                Waited::Requeue => match self.requeue(mode, ttl, reply).await {
+                    Some((again, next)) => (me, read) = (again, next),
+                    None => return None,
+                },
+                Waited::Left => {
+                    self.drop_key(&me).await;
+                    return None;
+                }
+                Waited::Lost => {
+                    self.drop_key(&me).await;
+                    return Some(Ok(Conflict::new().into()));
+                }
+                Waited::Failed(e) => {
+                    self.drop_key(&me).await;
+                    return Some(Err(e));
                 }
             }
         }
@@ -450,15 +533,11 @@ impl Actor {
     /// its delete is watched.
     async fn granted(&mut self, me: Entry, seen_at: i64) -> Result<Saved> {
         if let Some(old) = self.held.take() {
-            // The promotion holds: the read key goes (its loss watch first).
-            let key = old.entry.key.clone();
+            // The promotion holds: the read key goes (its loss watch first). Until its delete
+            // lands, it is this holder's own and blocks only others.
+            let entry = old.entry.clone();
             drop(old);
-            let delete = Txn::new().and_then([TxnOp::delete(key, None)]);
-            if let Err(e) = self.core.txn(delete).await {
-                // It is on the holder's lease, and goes with it at the latest.
-                tracing::debug!(target: crate::logging::TARGET, resource = %self.resource,
-                    error = %e, "cannot delete the read key of a granted promotion");
-            }
+            self.delete_or_keep(&entry).await;
         }
         let watch = super::watch::loss(
             self.core.clone(),
@@ -475,96 +554,19 @@ impl Actor {
         self.lost = None;
         Ok(Acquired::fenced(at).into())
     }
-
-    /// Deletes the key of an attempt that did not hold (best effort: it is on the lease).
-    async fn drop_key(&self, entry: &Entry) {
-        let txn = Txn::new()
-            .when([Compare::create_revision(
-                entry.key.clone(),
-                CompareOp::Equal,
-                entry.rev,
-            )])
-            .and_then([TxnOp::delete(entry.key.clone(), None)]);
-        if let Err(e) = self.core.txn(txn).await {
-            tracing::debug!(target: crate::logging::TARGET, resource = %self.resource,
-                error = %e, "cannot delete an abandoned queue key; it goes with its lease");
-        }
-    }
-
-    /// Puts this holder's key of `mode` and reads the queue, in one transaction. A key of that
-    /// name left by an earlier attempt whose answer was lost is this holder's (the name carries
-    /// its lease): the put rewrites its value and keeps its place, so trying again is safe. A
-    /// lease that turns out gone is replaced once.
-    async fn put(&mut self, mode: Mode, ttl: Duration) -> Result<(Entry, Read)> {
-        let mut again = true;
-        loop {
-            let lease = self.lease(ttl).await?;
-            let kind = kind_of(mode);
-            let taken = self.held.as_ref().map(|m| m.entry.key.clone());
-            let key = queue::name(&self.dir, lease, kind, taken.as_deref());
-            let txn = Txn::new().and_then([
-                TxnOp::put(
-                    key.clone(),
-                    kind.value(),
-                    Some(PutOptions::new().with_lease(lease)),
-                ),
-                TxnOp::get(self.dir.clone(), Some(list_options())),
-            ]);
-            match self.core.txn(txn).await {
-                Ok(r) => {
-                    let revision = r.header().map_or(0, |h| h.revision());
-                    let queue = listed(&self.dir, &r.op_responses());
-                    let Some(me) = queue.iter().find(|e| e.key == key).cloned() else {
-                        return Err(self.error(Error::storage(
-                            "the queue key vanished as it was put (its lease ended)",
-                        )));
-                    };
-                    return Ok((me, Read { queue, revision }));
-                }
-                Err(e) if again && lease_not_found(&e) => {
-                    again = false;
-                    self.lease = None;
-                    self.lose(LostReason::Expired);
-                }
-                Err(e) => {
-                    // Unanswered: the put may have happened. The key is this holder's (its
-                    // name is never the held key's); take it back if it is there, and it goes
-                    // with the lease anyway.
-                    let txn = Txn::new()
-                        .when([Compare::lease(key.clone(), CompareOp::Equal, lease)])
-                        .and_then([TxnOp::delete(key, None)]);
-                    let _ = self.core.txn(txn).await;
-                    return Err(self.error(e));
-                }
-            }
-        }
-    }
 }
 
 /// How a wait for the predecessor ended.
 enum Waited {
     /// It changed (or may have): here is the queue read again.
     Again(Read),
+    /// The waiting key went with its lease (or may have): queue again.
+    Requeue,
     /// The caller gave up.
     Left,
     /// The read key of a promotion went: nothing is held any more.
     Lost,
     Failed(Error),
-}
-
-/// Completes when the lease's keeper says it is gone (never without a lease).
-async fn lease_gone(state: Option<watch::Receiver<State>>) {
-    let Some(mut state) = state else {
-        return std::future::pending().await;
-    };
-    loop {
-        if *state.borrow_and_update() != State::Alive {
-            return;
-        }
-        if state.changed().await.is_err() {
-            return std::future::pending().await;
-        }
-    }
 }
 
 /// Every key under the directory with its value, in create-revision order.

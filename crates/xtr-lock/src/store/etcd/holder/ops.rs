@@ -5,9 +5,10 @@ use std::time::Duration;
 use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
 use tokio::sync::oneshot;
 
-use super::{Actor, Cmd, Read, Waited, lease_gone, list_options, listed};
+use super::{Actor, Cmd, Read, Waited, list_options, listed};
 use crate::error::{Error, LostReason, Result};
 use crate::key::Mode;
+use crate::store::etcd::lease::lease_gone;
 use crate::store::etcd::queue::Entry;
 use crate::store::{Conflict, Holding, Saved};
 
@@ -51,19 +52,37 @@ impl Actor {
         reply: &mut oneshot::Sender<Result<Saved>>,
     ) -> Waited {
         let mut pause = Duration::from_millis(50);
+        let mut retry = super::keys::RETRY_FIRST;
         loop {
             let lease = self.lease.as_ref().map(|l| l.state.clone());
             let core = self.core.clone();
+            // A promotion holds a read lock on the lease: it is lost once the lease is not
+            // confirmed. A plain wait holds nothing: it waits on while the lease may live (the
+            // cluster paused or cut off), and queues again if it does not.
+            let promoting = self.held.is_some();
+            if lease.is_none() {
+                // Given up meanwhile (a check found it gone): the key went with it.
+                return Waited::Requeue;
+            }
+            let stale = !self.stale.is_empty();
             let changed = tokio::select! {
                 // Biased: a caller that left is seen before a command sent after it left (the
                 // lock's reconcile must find the wait's key already gone).
                 biased;
                 () = reply.closed() => return Waited::Left,
                 r = super::super::watch::changed(&core, &before.key, revision + 1) => r,
-                () = lease_gone(lease) => {
+                () = lease_gone(lease, !promoting) => {
+                    if !promoting {
+                        return Waited::Requeue;
+                    }
                     self.lease_ended();
                     return Waited::Failed(self.error(Error::lost(&self.resource, LostReason::Expired)
                         .with_reason("the lease ended while waiting (expired, revoked, or not confirmed in time)")));
+                }
+                () = tokio::time::sleep(retry), if stale => {
+                    self.sweep().await;
+                    retry = (retry * 2).min(super::keys::RETRY_MAX);
+                    continue;
                 }
                 cmd = self.rx.recv() => {
                     let Some(cmd) = cmd else {
@@ -93,6 +112,8 @@ impl Actor {
             }
             match self.reread(me).await {
                 Ok(Some(read)) => return Waited::Again(read),
+                // Gone with its lease, or deleted: a plain wait queues again at the back.
+                Ok(None) if self.held.is_none() => return Waited::Requeue,
                 Ok(None) => {
                     return Waited::Failed(self.error(Error::expired(&self.resource).with_reason(
                         "the queue key vanished while it waited (its lease ended, or it \
@@ -111,8 +132,99 @@ impl Actor {
         }
     }
 
+    /// The waiting key (not a promotion's) went with its lease, or may have: the lease is given
+    /// up and the wait queues again at the back, with a new one, trying again (until the caller
+    /// leaves) while the cluster does not answer. `None`: the caller left.
+    pub(super) async fn requeue(
+        &mut self,
+        mode: Mode,
+        ttl: Duration,
+        reply: &mut oneshot::Sender<Result<Saved>>,
+    ) -> Option<(Entry, Read)> {
+        tracing::info!(target: crate::logging::TARGET, resource = %self.resource,
+            store = %self.core.shown, "the waiting key's lease ended; queueing again");
+        self.abandon_lease();
+        let mut pause = Duration::from_millis(50);
+        loop {
+            match self.put(mode, ttl).await {
+                Ok(v) => return Some(v),
+                Err(e) => {
+                    tracing::debug!(target: crate::logging::TARGET, resource = %self.resource,
+                        error = %e, "cannot queue again yet; trying again");
+                }
+            }
+            // A lease granted for a put that failed holds nothing: it goes.
+            self.abandon_lease();
+            if self.pause(pause, reply).await {
+                return None;
+            }
+            pause = (pause * 2).min(Duration::from_secs(1));
+        }
+    }
+
+    /// Before `me` is taken for a grant: `None` when its lease is confirmed (a grant never
+    /// starts on a lease that may have ended while the cluster did not answer), else what to do
+    /// instead. A plain wait asks for a keep-alive until one is answered, then reads the queue
+    /// again (its key still there) or queues again (its lease gone); a promotion's read lock
+    /// is lost with the lease.
+    pub(super) async fn unconfirmed(
+        &mut self,
+        me: &Entry,
+        promoting: bool,
+        reply: &mut oneshot::Sender<Result<Saved>>,
+    ) -> Option<Waited> {
+        let mut pause = Duration::from_millis(50);
+        let mut asked = false;
+        loop {
+            let Some(lease) = self.lease.as_ref() else {
+                return Some(Waited::Requeue);
+            };
+            if lease.alive() {
+                if !asked {
+                    return None;
+                }
+                // Confirmed after a while: the queue may have changed meanwhile.
+                match self.reread(me).await {
+                    Ok(Some(read)) => return Some(Waited::Again(read)),
+                    Ok(None) => return Some(Waited::Requeue),
+                    Err(_) if self.pause(pause, reply).await => return Some(Waited::Left),
+                    Err(_) => {
+                        pause = (pause * 2).min(Duration::from_secs(1));
+                        continue;
+                    }
+                }
+            }
+            if promoting {
+                self.lease_ended();
+                return Some(Waited::Failed(
+                    self.error(
+                        Error::lost(&self.resource, LostReason::Expired)
+                            .with_reason("the lease ended before the promotion was granted"),
+                    ),
+                ));
+            }
+            if lease.gone() {
+                return Some(Waited::Requeue);
+            }
+            asked = true;
+            let refreshed = tokio::select! {
+                biased;
+                () = reply.closed() => return Some(Waited::Left),
+                r = lease.refresh() => r,
+            };
+            if refreshed.is_err() && self.pause(pause, reply).await {
+                return Some(Waited::Left);
+            }
+            pause = (pause * 2).min(Duration::from_secs(1));
+        }
+    }
+
     /// Sleeps `d`; true when the caller left meanwhile.
-    async fn pause(&self, d: Duration, reply: &mut oneshot::Sender<Result<Saved>>) -> bool {
+    pub(super) async fn pause(
+        &self,
+        d: Duration,
+        reply: &mut oneshot::Sender<Result<Saved>>,
+    ) -> bool {
         tokio::select! {
             () = tokio::time::sleep(d) => false,
             () = reply.closed() => true,

@@ -108,7 +108,6 @@ pub(super) struct Inner {
     config: PubSubConfig,
     conns: Arc<Conns>,
     timing: Timing,
-    health_check: Duration,
     owner: HandleOwner,
     /// Gates per channel and mode: of this store's waiters on a resource in one mode, only the
     /// one through the gate attempts (the others wait their turn in order), so a hundred local
@@ -156,8 +155,8 @@ impl RedisPubSubStore {
             inner: Arc::new(Inner {
                 timing: Timing {
                     unavailable: config.unavailable,
+                    health_check: config.health_check,
                 },
-                health_check: config.health_check,
                 config,
                 conns,
                 owner: HandleOwner::new(),
@@ -384,6 +383,17 @@ impl Store for RedisPubSubStore {
             .map_err(|e| redis_error("cannot read the fencing counter", &e))
             .map_err(|e| e.with_resource(resource).with_store(self))?;
         Ok(Some(value.and_then(|v| v.parse().ok()).unwrap_or(0)))
+    }
+
+    /// How long the holder's lock certainly lasts from now if this process goes silent now:
+    /// from the send time of its last self-check that came back, `unavailable_timeout` less a
+    /// tenth (a prober with the same `unavailable_timeout` kills a holder that leaves its ping
+    /// unanswered that long). A self-check still in flight never extends it. The holder gives
+    /// its lock up as lost when it runs out.
+    fn lease_remaining(&self, key: &Key) -> Option<Duration> {
+        let handle = key.existing_handle::<Handle>(self.inner.owner)?;
+        let (shared, _, _) = handle.current()?;
+        shared.lease_remaining()
     }
 
     /// Closes the command connection and the listener (holders' subscriptions stay theirs).

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{alive, kill, spawn, wait_gone, xtr};
+use common::{alive, kill, spawn, wait_exit, wait_gone, xtr};
 use rustix::process::Signal;
 use xtr_lock_testkit::redis::RedisServer;
 
@@ -198,4 +198,70 @@ fn a_paused_rust_holder_is_reaped_by_python_and_exits_3_on_resume() {
     assert!(!alive(pid));
     drop(py.stdin.take());
     py.wait().unwrap();
+}
+
+/// Item 2 of issue 31: a pub/sub lock is a lease of `unavailable_timeout` (any prober kills a
+/// holder that leaves its ping unanswered that long), so `xtr-lock` stopped on its own (not
+/// its command) must have its command stopped before the lease ends: the next holder, which
+/// reaps the stopped one after about 1 s, never runs its command beside it. B's command
+/// checks at its start whether A's command still runs. Passes only with the CLI's lease switch
+/// armed from `lease_remaining` with margins from the observed lease (not `--ttl`).
+#[test]
+fn a_stopped_xtr_lock_has_its_command_stopped_before_the_next_holder_starts() {
+    let server = RedisServer::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let (run, pid) = run_holding(&server, "stopped", tmp.path());
+    holder_connection(&server, "stopped");
+    let xtr_pid = run.id() as i32;
+    kill(xtr_pid, Signal::STOP);
+    let stopped = Instant::now();
+    let overlap = tmp.path().join("overlap");
+    let started = tmp.path().join("started");
+    // A zombie (reaped by nobody while A's xtr-lock is stopped) is not running.
+    let script = format!(
+        "s=$(cut -d' ' -f3 /proc/{pid}/stat 2>/dev/null); \
+         if [ -n \"$s\" ] && [ \"$s\" != Z ]; then echo \"$s\" > {overlap}; fi; \
+         touch {started}; sleep 0.3",
+        overlap = overlap.display(),
+        started = started.display()
+    );
+    let mut b = spawn(&[
+        "run",
+        "--store",
+        &dsn(&server),
+        "-w",
+        "10s",
+        "stopped",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    while !started.exists() && stopped.elapsed() < Duration::from_millis(2500) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(2500).saturating_sub(stopped.elapsed()));
+    kill(xtr_pid, Signal::CONT);
+    let a = run.wait_with_output().unwrap();
+    wait_exit(&mut b, "the next holder");
+    let b = b.wait_with_output().unwrap();
+    assert!(
+        !overlap.exists(),
+        "B's command started while A's ran (state {})",
+        std::fs::read_to_string(&overlap).unwrap_or_default().trim()
+    );
+    assert!(started.exists(), "B's command never ran");
+    assert_eq!(
+        b.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&b.stderr)
+    );
+    assert_eq!(
+        a.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&a.stderr)
+    );
+    wait_gone(pid, "the command of a stopped xtr-lock");
 }

@@ -132,10 +132,10 @@ async fn dropped_acquires_leave_nothing_on_the_server() {
     nothing_left(&server, channel).await;
 }
 
-/// A server that stops answering (paused) is found by the health check: the holder is told its
-/// lock is lost, since nothing says the server still counts it.
+/// A server that stops answering (paused) is found by the self-checks (and the health check):
+/// the holder is told its lock is lost, since nothing says the server still counts it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_paused_server_is_a_lost_lock_found_by_the_health_check() {
+async fn a_paused_server_is_a_lost_lock_found_by_the_checks() {
     let server = RedisServer::start();
     let store = RedisPubSubStore::from_dsn(&format!(
         "redis+pubsub://127.0.0.1:{}?health_check_interval=0.2&socket_timeout=0.3",

@@ -100,7 +100,8 @@ impl RedisPubSubStore {
             if fwl {
                 return Ok(Conflict::new().with_kept(kept).into());
             }
-            self.pause(&channel, &mut notices, contender.seen).await;
+            self.pause(&channel, &mut notices, contender.wake_below)
+                .await;
         }
     }
 
@@ -147,18 +148,23 @@ impl RedisPubSubStore {
                     return Ok(Acquired::fenced(token).into());
                 }
                 Attempt::Again if fwl => return Ok(Conflict::new().into()),
-                Attempt::Again => self.pause(&channel, &mut notices, contender.seen).await,
+                Attempt::Again => {
+                    self.pause(&channel, &mut notices, contender.wake_below)
+                        .await
+                }
             }
         }
     }
 
     /// A waiter's pause: until a release notice of this library's holders, until the
-    /// channel's count drops (a holder of any library left: released, crashed, killed; asked
-    /// every [`COUNT_POLL`] with one `PUBSUB NUMSUB`, which subscribes nothing and so disturbs
+    /// channel's count falls below `wake_below` (one of those that kept the last attempt out
+    /// left, whatever library it is from: released, crashed, killed; asked every
+    /// [`COUNT_POLL`] with one `PUBSUB NUMSUB`, which subscribes nothing and so disturbs
     /// nobody's probe), or at most `check_interval × U[0.5, 1.5)` (portalocker's pace, for
-    /// what no count shows: one leaving as another comes). The notices are listened to from
-    /// the first pause on, and the attempt after it sees a release in between.
-    async fn pause(&self, channel: &str, notices: &mut Option<conn::Notices>, seen: Option<u64>) {
+    /// what no count shows). Other waiters coming and going do not end it. The notices are
+    /// listened to from the first pause on, and the attempt after it sees a release in
+    /// between.
+    async fn pause(&self, channel: &str, notices: &mut Option<conn::Notices>, wake_below: u64) {
         if notices.as_ref().is_none_or(conn::Notices::is_dead) {
             *notices = None;
             if let Ok(listener) = self.inner.conns.listener().await
@@ -171,21 +177,16 @@ impl RedisPubSubStore {
         }
         let until = tokio::time::Instant::now() + jitter(self.inner.config.check_interval);
         let watch_count = async {
-            let Ok(now) = probe::numsub(&self.inner.conns, channel).await else {
+            if wake_below == 0 {
                 return std::future::pending::<()>().await;
-            };
-            // Somebody left since the attempt counted (a holder killed while it probed).
-            if seen.is_some_and(|seen| now < seen) {
-                return;
             }
-            let mut seen = now;
             loop {
-                tokio::time::sleep(COUNT_POLL).await;
                 match probe::numsub(&self.inner.conns, channel).await {
-                    Ok(now) if now < seen => return,
-                    Ok(now) => seen = now,
+                    Ok(now) if now < wake_below => return,
+                    Ok(_) => {}
                     Err(_) => return std::future::pending::<()>().await,
                 }
+                tokio::time::sleep(COUNT_POLL).await;
             }
         };
         let notice = async {

@@ -10,6 +10,27 @@ use super::probe::{self, Probe, jitter, numsub};
 use super::sub::Sub;
 use crate::error::Result;
 
+/// Seeds a missing fencing counter (`KEYS[1]`) from the server's clock in microseconds, and
+/// replies the counter. `ARGV[1]` is `write` for a writer whose `INCR` found the counter
+/// missing (it drew 1; peers may have drawn a few more since): the counter is raised to the
+/// clock, which is the writer's token. `read` for a reader that found it missing: set unless
+/// someone set it meanwhile. Atomic, so no token drawn meanwhile is ever handed out again.
+const SEED: &str = r"
+local v = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+if v < now and (ARGV[1] == 'write' or v == 0) then
+  redis.call('SET', KEYS[1], string.format('%d', now))
+  return now
+end
+return v
+";
+
+fn seed_script() -> &'static redis::Script {
+    static SCRIPT: std::sync::OnceLock<redis::Script> = std::sync::OnceLock::new();
+    SCRIPT.get_or_init(|| redis::Script::new(SEED))
+}
+
 /// How an attempt ended.
 pub(super) enum Attempt {
     /// Held: the subscription that is the lock, and the fencing token.
@@ -31,9 +52,13 @@ pub(super) struct Contender<'a> {
     /// The subscription an elected writer keeps between attempts.
     sub: Option<Sub>,
     elected: bool,
-    /// How many were on the channel at the last count, not counting a subscription of ours
-    /// that went since: a waiter's pause tries at once when fewer are there.
-    pub(super) seen: Option<u64>,
+    /// A waiter's pause tries again at once when the channel's count falls below this: fewer
+    /// are subscribed than the participants that keep this contender out (and its own kept
+    /// subscription), so one of them left. Other waiters coming and going never bring it
+    /// that low, so they do not wake it (they once had every waiter of a held lock
+    /// resubscribing every few milliseconds). 0 after an attempt that saw nothing for certain:
+    /// only the pause's end or a release notice wakes it.
+    pub(super) wake_below: u64,
 }
 
 impl<'a> Contender<'a> {
@@ -53,7 +78,7 @@ impl<'a> Contender<'a> {
             fwl,
             sub: None,
             elected: false,
-            seen: None,
+            wake_below: 0,
         }
     }
 
@@ -67,9 +92,36 @@ impl<'a> Contender<'a> {
     /// Gives the election and the subscription up.
     fn drop_out(&mut self) -> Attempt {
         self.elected = false;
-        if self.sub.take().is_some() {
-            self.seen = self.seen.map(|n| n.saturating_sub(1));
-        }
+        self.sub = None;
+        self.wake_below = 0;
+        Attempt::Again
+    }
+
+    /// Gives the election and the subscription up, kept out by the holders in `records`.
+    fn kept_out(&mut self, records: &[Record]) -> Attempt {
+        self.drop_out();
+        self.wake_below = self.blockers(records);
+        Attempt::Again
+    }
+
+    /// How many of the others in `records` stay until they release: exclusive holders (and
+    /// legacy ones), elected writers, and for an elected writer, the readers it waits for.
+    /// Not writers that were not elected: they leave after their attempt.
+    fn blockers(&self, records: &[Record]) -> u64 {
+        records
+            .iter()
+            .filter(|r| r.holder_id != self.id)
+            .filter(|r| match r.mode {
+                Wire::Exclusive => true,
+                Wire::Pending => r.legacy || r.elected == Some(true),
+                Wire::Shared => r.legacy || self.elected,
+            })
+            .count() as u64
+    }
+
+    /// Keeps the elected writer's subscription and waits for a change among `records`.
+    fn wait_elected(&mut self, records: &[Record]) -> Attempt {
+        self.wake_below = 1 + self.blockers(records);
         Attempt::Again
     }
 
@@ -86,7 +138,7 @@ impl<'a> Contender<'a> {
             self.channel,
             self.id,
             mode,
-            self.inner.health_check,
+            self.inner.timing,
             mode == Wire::Shared,
         )
         .await?;
@@ -117,7 +169,6 @@ impl<'a> Contender<'a> {
     /// stays on the server.
     pub(super) async fn write(&mut self) -> Result<Attempt> {
         let (n, _) = self.subscribe(Wire::Pending).await?;
-        self.seen = Some(n);
         if n == 0 {
             // Our own subscription is gone (reaped in a race): a failed attempt.
             return Ok(self.drop_out());
@@ -127,7 +178,10 @@ impl<'a> Contender<'a> {
             return self.confirm_and_fence().await;
         }
         let records = match self.probe(n).await? {
-            Probe::Inconclusive if self.elected && !self.fwl => return Ok(Attempt::Again),
+            Probe::Inconclusive if self.elected && !self.fwl => {
+                self.wake_below = 0;
+                return Ok(Attempt::Again);
+            }
             Probe::Inconclusive | Probe::Foreign(_) => return Ok(self.drop_out()),
             Probe::Conclusive(records) => self.rivals(records),
         };
@@ -136,22 +190,22 @@ impl<'a> Contender<'a> {
             .any(|r| r.holder_id != self.id && r.mode == Wire::Shared);
         if self.elected {
             match decide::incumbent(self.id, &records) {
-                Incumbent::Forfeit => Ok(self.drop_out()),
+                Incumbent::Forfeit => Ok(self.kept_out(&records)),
                 Incumbent::Wait if self.fwl => Ok(self.drop_out()),
-                Incumbent::Wait => Ok(Attempt::Again),
+                Incumbent::Wait => Ok(self.wait_elected(&records)),
                 Incumbent::Promote => {
                     self.set(Wire::Exclusive, true);
                     self.confirm_and_fence().await
                 }
             }
         } else if !decide::elected(self.id, &records) || (others_read && self.fwl) {
-            Ok(self.drop_out())
+            Ok(self.kept_out(&records))
         } else if others_read {
             // Elected behind readers: advertise it and keep the subscription, which blocks new
             // readers until ours drain.
             self.elected = true;
             self.set(Wire::Pending, true);
-            Ok(Attempt::Again)
+            Ok(self.wait_elected(&records))
         } else {
             self.elected = true;
             self.set(Wire::Exclusive, true);
@@ -233,7 +287,7 @@ impl<'a> Contender<'a> {
         // A token drawn in the first round is older than the probes after it: draw again then,
         // so it is later than every writer those probes saw leave.
         let token = match drawn {
-            Some(token) if confirmed_at_once => token,
+            Some(token) if confirmed_at_once => self.reseeded(token, true).await?,
             _ => self.fence(true).await?,
         };
         match self.sub.take() {
@@ -277,14 +331,31 @@ impl<'a> Contender<'a> {
             .query_async(&mut conn)
             .await
             .map_err(|e| redis_error("cannot read the fencing counter", &e))?;
-        Ok(match value {
+        let token = match value {
             Value::Int(n) => u64::try_from(n).unwrap_or(0),
             Value::BulkString(b) => std::str::from_utf8(&b)
                 .ok()
                 .and_then(|s| s.parse().ok())
                 .unwrap_or(0),
             _ => 0,
-        })
+        };
+        self.reseeded(token, write).await
+    }
+
+    /// `token` as drawn (`write`) or read, unless the counter was missing (a new channel, or
+    /// Redis restarted empty): then the counter seeded from the server's clock, as the Redis
+    /// store seeds its own, so tokens keep increasing across such a restart.
+    async fn reseeded(&self, token: u64, write: bool) -> Result<u64> {
+        if token != u64::from(write) {
+            return Ok(token);
+        }
+        let mut conn = self.inner.conns.command().await?;
+        seed_script()
+            .key(format!("{}-fence", self.channel))
+            .arg(if write { "write" } else { "read" })
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| redis_error("cannot seed the fencing counter", &e))
     }
 
     /// One reader's attempt.
@@ -294,20 +365,20 @@ impl<'a> Contender<'a> {
     /// As [`write`](Contender::write).
     pub(super) async fn read(&mut self) -> Result<Attempt> {
         let (n, fence) = self.subscribe(Wire::Shared).await?;
-        self.seen = Some(n);
         if n == 0 {
             return Ok(self.drop_out());
         }
         let token = if n > 1 {
             match self.probe(n).await? {
                 Probe::Conclusive(records) if decide::reader_may_hold(self.id, &records) => {}
+                Probe::Conclusive(records) => return Ok(self.kept_out(&records)),
                 _ => return Ok(self.drop_out()),
             }
             // Read after the probe: at least the token of any writer that held before it.
             self.fence(false).await?
         } else {
             match fence {
-                Some(token) => token,
+                Some(token) => self.reseeded(token, false).await?,
                 None => self.fence(false).await?,
             }
         };

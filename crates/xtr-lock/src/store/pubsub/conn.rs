@@ -118,8 +118,18 @@ impl Conns {
             .set_response_timeout(Some(self.response_timeout))
             .set_number_of_retries(1);
         let client = self.client.clone();
-        let conn = on_background(ConnectionManager::new_with_config(client, config))
+        // The manager tries twice, each try bounded by the connect timeout: a server that
+        // accepts but never answers (paused) would cost both.
+        let connect = ConnectionManager::new_with_config(client, config);
+        let conn = tokio::time::timeout(self.connect_timeout, on_background(connect))
             .await
+            .map_err(|_| {
+                Error::storage(format!(
+                    "cannot connect to Redis: no answer within {:?}",
+                    self.connect_timeout
+                ))
+                .temporary()
+            })?
             .map_err(|e| redis_error("cannot connect to Redis", &e))?;
         *slot = Some(conn.clone());
         Ok(conn)

@@ -61,11 +61,16 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 ///   trying every `check_interval` (0.25 s × 0.5–1.5, portalocker's rate).
 /// - **A lost subscription is a lost lock**, reported at once through the loss watcher: the
 ///   connection closed or was killed (`CLIENT KILL`, as portalocker's waiters do to holders
-///   that do not answer for `unavailable_timeout`), or its health check (a `PING` every
-///   `health_check_interval`, 10 s) got no answer in the response timeout. The subscription is
-///   never made again behind the holder's back.
+///   that do not answer for `unavailable_timeout`), its health check (a `PING` every
+///   `health_check_interval`, 10 s) got no answer in the response timeout, or its self-checks
+///   (a message from the command connection to the subscription every `unavailable_timeout /
+///   4`) stopped coming back for `unavailable_timeout` less a tenth: the lease a prober grants
+///   it ([`lease_remaining`](Store::lease_remaining)), which ends before any prober with the
+///   same `unavailable_timeout` can reap it. The subscription is never made again behind the
+///   holder's back.
 /// - **Fencing**: each exclusive acquisition draws `INCR <channel>-fence` (portalocker's fence
-///   key), a reader reads it.
+///   key), a reader reads it; a missing counter (Redis restarted empty) is seeded from the
+///   server's clock, so tokens keep increasing.
 /// - **Promotion keeps the read lock until the write lock is confirmed**: the reader subscribes
 ///   a second time as a writer (another id) and lets its reader go only once the writer is
 ///   confirmed; a refused or cancelled promotion still reads. Demotion is one local change of
@@ -81,7 +86,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// that matters. A subscriber on the channel that is not a lock holder (a `redis-cli
 /// SUBSCRIBE`) makes every attempt inconclusive; it is never killed, and the error says so.
 /// Standalone Redis only (`PUBSUB NUMSUB` is per node in a cluster); channels ignore database
-/// numbers; `CLIENT LIST` and `CLIENT KILL` must be allowed. Nothing expires: ttls are ignored.
+/// numbers; `CLIENT LIST`, `CLIENT KILL`, `MULTI`/`EXEC` and `EVALSHA` must be allowed. Nothing
+/// expires: ttls are ignored.
 /// Keys hold a connection and refuse to serialize.
 ///
 /// # Examples
@@ -108,7 +114,6 @@ pub(super) struct Inner {
     config: PubSubConfig,
     conns: Arc<Conns>,
     timing: Timing,
-    health_check: Duration,
     owner: HandleOwner,
     /// Gates per channel and mode: of this store's waiters on a resource in one mode, only the
     /// one through the gate attempts (the others wait their turn in order), so a hundred local
@@ -156,8 +161,8 @@ impl RedisPubSubStore {
             inner: Arc::new(Inner {
                 timing: Timing {
                     unavailable: config.unavailable,
+                    health_check: config.health_check,
                 },
-                health_check: config.health_check,
                 config,
                 conns,
                 owner: HandleOwner::new(),
@@ -384,6 +389,17 @@ impl Store for RedisPubSubStore {
             .map_err(|e| redis_error("cannot read the fencing counter", &e))
             .map_err(|e| e.with_resource(resource).with_store(self))?;
         Ok(Some(value.and_then(|v| v.parse().ok()).unwrap_or(0)))
+    }
+
+    /// How long the holder's lock certainly lasts from now if this process goes silent now:
+    /// from the send time of its last self-check that came back, `unavailable_timeout` less a
+    /// tenth (a prober with the same `unavailable_timeout` kills a holder that leaves its ping
+    /// unanswered that long). A self-check still in flight never extends it. The holder gives
+    /// its lock up as lost when it runs out.
+    fn lease_remaining(&self, key: &Key) -> Option<Duration> {
+        let handle = key.existing_handle::<Handle>(self.inner.owner)?;
+        let (shared, _, _) = handle.current()?;
+        shared.lease_remaining()
     }
 
     /// Closes the command connection and the listener (holders' subscriptions stay theirs).

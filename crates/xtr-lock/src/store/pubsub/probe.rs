@@ -35,12 +35,27 @@ pub(super) enum Probe {
 pub(super) struct Timing {
     /// How long replies are waited for (the prober's `unavailable_timeout`).
     pub(super) unavailable: Duration,
+    /// How often a subscription pings the server on its own connection.
+    pub(super) health_check: Duration,
 }
 
 impl Timing {
     /// The poll interval: `min(0.1 s, U / 10)`.
     pub(super) fn poll(self) -> Duration {
         (self.unavailable / 10).min(Duration::from_millis(100))
+    }
+
+    /// How long a holder's lock certainly lasts after its last confirmed self-check: a prober
+    /// with the same `unavailable_timeout` kills it no sooner than that after a ping it left
+    /// unanswered; a tenth less, for the prober's and this process's timers.
+    pub(super) fn lease(self) -> Duration {
+        self.unavailable - self.unavailable / 10
+    }
+
+    /// How often a holder checks itself: four times per lease, so that a lease reported is
+    /// never shorter than about two thirds of it while all is well.
+    pub(super) fn self_check(self) -> Duration {
+        self.unavailable / 4
     }
 }
 
@@ -66,6 +81,32 @@ pub(super) async fn numsub(conns: &Conns, channel: &str) -> Result<u64> {
         .await
         .map_err(|e| redis_error("cannot count the lock channel's subscribers", &e))?;
     match reply.get(1) {
+        Some(Value::Int(n)) => Ok(u64::try_from(*n).unwrap_or(0)),
+        _ => Err(Error::storage(
+            "PUBSUB NUMSUB gave an answer without a count",
+        )),
+    }
+}
+
+/// Publishes the ping with the channel's count taken in the same transaction: the count of
+/// exactly the subscribers the ping reached. A count taken before the ping (the pre-check) can
+/// match by chance while one subscriber came and another went, and a probe that stops at
+/// `expected` replies would then decide on a view without the one it missed (a reader that
+/// came in counted in the place of the writer that holds).
+async fn publish_counted(conns: &Conns, channel: &str, response_channel: &str) -> Result<u64> {
+    let mut conn = conns.command().await?;
+    let (counted, _): (Vec<Value>, Value) = redis::pipe()
+        .atomic()
+        .cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg(channel)
+        .cmd("PUBLISH")
+        .arg(channel)
+        .arg(decide::ping(response_channel))
+        .query_async(&mut conn)
+        .await
+        .map_err(|e| redis_error("cannot ping the lock channel", &e))?;
+    match counted.get(1) {
         Some(Value::Int(n)) => Ok(u64::try_from(*n).unwrap_or(0)),
         _ => Err(Error::storage(
             "PUBSUB NUMSUB gave an answer without a count",
@@ -100,13 +141,9 @@ pub(super) async fn probe(
     if numsub(conns, channel).await? != expected {
         return Ok(Probe::Inconclusive);
     }
-    let mut conn = conns.command().await?;
-    redis::cmd("PUBLISH")
-        .arg(channel)
-        .arg(decide::ping(&response_channel))
-        .query_async::<Value>(&mut conn)
-        .await
-        .map_err(|e| redis_error("cannot ping the lock channel", &e))?;
+    if publish_counted(conns, channel, &response_channel).await? != expected {
+        return Ok(Probe::Inconclusive);
+    }
 
     let deadline = tokio::time::Instant::now() + timing.unavailable;
     let mut records: BTreeMap<String, Record> = BTreeMap::new();

@@ -1,11 +1,13 @@
 //! A holder's subscription: the dedicated connection that *is* the lock, named
 //! `C-lock-<id>` before it subscribes to `C`, and the task that answers every ping on it from
-//! the holder's `(mode, elected)` snapshot, pings it to find a half-open connection, and says
-//! when it is gone.
+//! the holder's `(mode, elected)` snapshot, checks itself (a message to itself every
+//! `unavailable_timeout / 4`, on the path a ping's answer takes) to know how long its lock
+//! certainly lasts, and says when it is gone.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
 use redis::{PushInfo, PushKind, Value};
@@ -13,6 +15,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use super::conn::{Conns, redis_error, spawn_background};
 use super::decide::{self, Wire};
+use super::probe::Timing;
 use crate::error::Result;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -39,6 +42,12 @@ pub(super) struct Shared {
     life: watch::Sender<Life>,
     /// A test hook: stop answering pings (a wedged holder, as the reaping tests need).
     mute: AtomicBool,
+    /// When the last self-check that came back was sent: the subscription was certainly
+    /// counted and reachable then.
+    confirmed: Mutex<Instant>,
+    /// How long after a confirmed self-check the lock certainly lasts: a prober kills a
+    /// holder that leaves its ping unanswered for `unavailable_timeout`, less a margin.
+    lease: Duration,
 }
 
 impl Shared {
@@ -56,6 +65,24 @@ impl Shared {
 
     pub(super) fn mute(&self) {
         self.mute.store(true, Ordering::Release);
+    }
+
+    /// When the lock stops being certain if no self-check comes back from now on.
+    pub(super) fn lease_end(&self) -> Instant {
+        *lock(&self.confirmed) + self.lease
+    }
+
+    /// How long the lock certainly lasts from now if nothing is confirmed any more; `None`
+    /// once the subscription is gone.
+    pub(super) fn lease_remaining(&self) -> Option<Duration> {
+        (self.life() == Life::Live)
+            .then(|| self.lease_end().saturating_duration_since(Instant::now()))
+    }
+
+    /// A self-check sent at `sent` came back.
+    fn confirm(&self, sent: Instant) {
+        let mut confirmed = lock(&self.confirmed);
+        *confirmed = (*confirmed).max(sent);
     }
 
     /// Completes when the subscription is no longer live.
@@ -96,14 +123,16 @@ impl Sub {
         channel: &str,
         id: &str,
         mode: Wire,
-        health_check: Duration,
+        timing: Timing,
         read_fence: bool,
     ) -> Result<(Sub, u64, Option<u64>)> {
         let name = decide::connection_name(channel, id);
         let ((conn, rx), mut spare) = conns.fresh().await?;
         let (mut conn, mut rx) = (conn, rx);
+        let mut sent;
         let (count, fence) = loop {
-            match handshake(&conn, &name, channel, read_fence).await {
+            sent = Instant::now();
+            match handshake(&conn, &name, channel, id, read_fence).await {
                 Ok(found) => break found,
                 // A spare may have died a moment ago: once more on a new connection.
                 Err(e) if spare && (e.is_io_error() || e.is_connection_dropped()) => {
@@ -121,6 +150,9 @@ impl Sub {
             snap: Mutex::new((mode, false)),
             life: watch::channel(Life::Live).0,
             mute: AtomicBool::new(false),
+            // The subscription confirmed is the first proof.
+            confirmed: Mutex::new(sent),
+            lease: timing.lease(),
         });
         let (close_tx, close_rx) = oneshot::channel();
         // On the store's own runtime, with the connection's driver: answering never waits for
@@ -131,8 +163,7 @@ impl Sub {
             close_rx,
             shared.clone(),
             conns.clone(),
-            health_check,
-            conns.response_timeout,
+            timing,
         ));
         Ok((
             Sub {
@@ -185,16 +216,20 @@ async fn handshake(
     conn: &MultiplexedConnection,
     name: &str,
     channel: &str,
+    id: &str,
     read_fence: bool,
 ) -> redis::RedisResult<(u64, Option<u64>)> {
     let (mut a, mut b, mut c, mut d) = (conn.clone(), conn.clone(), conn.clone(), conn.clone());
     let setname = redis::cmd("CLIENT").arg("SETNAME").arg(name).clone();
     let numsub = redis::cmd("PUBSUB").arg("NUMSUB").arg(channel).clone();
     let get = redis::cmd("GET").arg(format!("{channel}-fence")).clone();
+    // The lock channel and the one for self-checks, in one command.
+    let own = self_channel(channel, id);
+    let channels = [channel, own.as_str()];
     // `join!` polls in order, and each request is queued at its first poll.
     let (named, subscribed, counted, fenced) = tokio::join!(
         setname.query_async::<()>(&mut a),
-        b.subscribe(channel),
+        b.subscribe(&channels),
         numsub.query_async::<Vec<Value>>(&mut c),
         async {
             if read_fence {
@@ -221,33 +256,31 @@ async fn answer(
     mut close: oneshot::Receiver<oneshot::Sender<bool>>,
     shared: Arc<Shared>,
     conns: Arc<Conns>,
-    health_check: Duration,
-    response_timeout: Duration,
+    timing: Timing,
 ) {
-    let mut health =
-        tokio::time::interval_at(tokio::time::Instant::now() + health_check, health_check);
+    let response_timeout = conns.response_timeout;
+    let mut health = tokio::time::interval_at(
+        tokio::time::Instant::now() + timing.health_check,
+        timing.health_check,
+    );
     health.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The subscription's confirmation is the first proof; the first check one period on.
+    let mut checks = tokio::time::interval_at(
+        tokio::time::Instant::now() + timing.self_check(),
+        timing.self_check(),
+    );
+    checks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut check = SelfCheck::new(self_channel(&shared.channel, &shared.id));
     let end = loop {
+        let lease_end = tokio::time::Instant::from_std(shared.lease_end());
         tokio::select! {
             biased;
             req = &mut close => {
                 if let Ok(done) = req {
                     let live = shared.life() == Life::Live;
-                    // The notice after the unsubscribe, on this connection: the server runs
-                    // them in order, so a waiter it wakes no longer counts this holder.
-                    let mut notify = conn.clone();
-                    let notice = redis::cmd("PUBLISH").arg(notice_channel(&shared.channel)).arg("").clone();
-                    let unsubscribed = tokio::time::timeout(response_timeout, async {
-                        let (unsubscribed, _) = tokio::join!(
-                            conn.unsubscribe(&shared.channel),
-                            notice.query_async::<Value>(&mut notify)
-                        );
-                        unsubscribed
-                    })
-                    .await;
-                    drop((conn, notify));
+                    let unsubscribed = unsubscribe(conn, &shared.channel, response_timeout).await;
                     shared.life.send_replace(Life::Closed);
-                    let _ = done.send(live && matches!(unsubscribed, Ok(Ok(()))));
+                    let _ = done.send(live && unsubscribed);
                     return;
                 }
                 break Life::Closed;
@@ -255,7 +288,10 @@ async fn answer(
             push = pushes.recv() => match push {
                 None => break Life::Lost,
                 Some(push) if push.kind == PushKind::Disconnection => break Life::Lost,
-                Some(push) => on_push(&shared, &conns, push),
+                Some(push) => match check.back(&push) {
+                    Some(sent) => shared.confirm(sent),
+                    None => on_push(&shared, &conns, push),
+                },
             },
             _ = health.tick() => {
                 let ping = redis::cmd("PING");
@@ -263,6 +299,15 @@ async fn answer(
                     Ok(Ok(_)) => {}
                     _ => break Life::Lost,
                 }
+            }
+            _ = checks.tick() => check.send(&conns, response_timeout),
+            () = tokio::time::sleep_until(lease_end) => {
+                // No self-check came back for the lease: a prober may kill this subscription
+                // any moment now (a half-open connection, a paused server or process). Give it
+                // up and say so before someone else can take the lock.
+                tracing::warn!(target: crate::logging::TARGET, channel = %shared.channel,
+                    "no self-check came back within the lease: the lock is given up as lost");
+                break Life::Lost;
             }
         }
     };
@@ -275,6 +320,96 @@ async fn answer(
             false
         }
     });
+}
+
+/// Unsubscribes, then publishes the release notice on this connection (the server runs them
+/// in order, so a waiter it wakes no longer counts this holder), and drops the connection.
+/// Whether the unsubscribe was confirmed within `timeout`.
+async fn unsubscribe(mut conn: MultiplexedConnection, channel: &str, timeout: Duration) -> bool {
+    let mut notify = conn.clone();
+    let notice = redis::cmd("PUBLISH")
+        .arg(notice_channel(channel))
+        .arg("")
+        .clone();
+    let unsubscribed = tokio::time::timeout(timeout, async {
+        let (unsubscribed, _) = tokio::join!(
+            conn.unsubscribe(channel),
+            notice.query_async::<Value>(&mut notify)
+        );
+        unsubscribed
+    })
+    .await;
+    matches!(unsubscribed, Ok(Ok(())))
+}
+
+/// The channel only one subscription listens on, for its self-checks: no lock channel can
+/// have this name (it holds spaces).
+fn self_channel(channel: &str, id: &str) -> String {
+    format!("{channel} xtr-lock-self-check {id}")
+}
+
+/// A subscription's self-checks: a message sent from the command connection to a channel only
+/// this subscription listens on. One that comes back proves that the path a ping's answer
+/// takes worked when it was sent: the server counted the subscription and reached it, and
+/// took a command from this process. Probers kill a holder `unavailable_timeout` after a ping
+/// it left unanswered, so the lock certainly lasts that long after the last proof.
+struct SelfCheck {
+    channel: String,
+    next: u64,
+    /// Sent and not back yet: the sequence number and the send time (the last few).
+    pending: VecDeque<(u64, Instant)>,
+}
+
+impl SelfCheck {
+    fn new(channel: String) -> SelfCheck {
+        SelfCheck {
+            channel,
+            next: 0,
+            pending: VecDeque::new(),
+        }
+    }
+
+    /// Sends the next check (given up after `timeout`: a later one can still come back).
+    fn send(&mut self, conns: &Arc<Conns>, timeout: Duration) {
+        self.next += 1;
+        self.pending.push_back((self.next, Instant::now()));
+        if self.pending.len() > 32 {
+            self.pending.pop_front();
+        }
+        let conns = conns.clone();
+        let publish = redis::cmd("PUBLISH")
+            .arg(&self.channel)
+            .arg(self.next.to_string())
+            .clone();
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(timeout, async {
+                if let Ok(mut cmd) = conns.command().await {
+                    let _ = publish.query_async::<Value>(&mut cmd).await;
+                }
+            })
+            .await;
+        });
+    }
+
+    /// The send time of the check `push` brings back, if it is one.
+    fn back(&mut self, push: &PushInfo) -> Option<Instant> {
+        if push.kind != PushKind::Message {
+            return None;
+        }
+        let (Some(Value::BulkString(channel)), Some(Value::BulkString(payload))) =
+            (push.data.first(), push.data.get(1))
+        else {
+            return None;
+        };
+        if channel.as_slice() != self.channel.as_bytes() {
+            return None;
+        }
+        let seq: u64 = std::str::from_utf8(payload).ok()?.parse().ok()?;
+        let at = self.pending.iter().position(|(s, _)| *s == seq)?;
+        let sent = self.pending[at].1;
+        self.pending.drain(..=at);
+        Some(sent)
+    }
 }
 
 /// The channel this library's waiters of `channel` hear releases on: no lock channel can

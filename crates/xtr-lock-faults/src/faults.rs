@@ -143,7 +143,7 @@ fn holders(pool: &Pool) -> Vec<Victim> {
 /// A random holder, if one holds; tried for a little while, since most runs are waiting at
 /// any moment.
 fn victim(pool: &Pool) -> Option<Victim> {
-    for _ in 0..50 {
+    for _ in 0..200 {
         let mut all = holders(pool);
         if !all.is_empty() {
             let i = rand::rng().random_range(0..all.len());

@@ -26,6 +26,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 pub use faults::Fault;
 pub use scenarios::{Scenario, Target};
+pub use stores::Servers;
 
 /// What one run saw.
 #[derive(Debug, Clone, Default)]
@@ -48,22 +49,50 @@ pub struct Report {
     pub log: Option<PathBuf>,
 }
 
-/// Runs `scenario` with the `xtr-lock` binary at `xtr_lock`.
+/// Runs `scenario` with the `xtr-lock` binary at `xtr_lock`, on servers of its own.
 ///
 /// # Errors
 ///
 /// When a server or a process cannot be started (not when the locks misbehave: that is in
 /// the report's violations).
 pub fn run(xtr_lock: &Path, scenario: &Scenario) -> anyhow::Result<Report> {
-    let mut stores = stores::Stores::start(xtr_lock, scenario)?;
+    run_with(xtr_lock, scenario, &mut None)
+}
+
+/// Runs `scenario` on `servers` when they serve its target (else on new ones, left in
+/// `servers` for the next scenario): a target's scenarios run one after another share them.
+///
+/// # Errors
+///
+/// As [`run`].
+pub fn run_with(
+    xtr_lock: &Path,
+    scenario: &Scenario,
+    servers: &mut Option<Servers>,
+) -> anyhow::Result<Report> {
+    let mine = match servers.take() {
+        Some(s) if s.target() == scenario.target => s,
+        _ => Servers::start(scenario.target)?,
+    };
+    let mut stores = stores::Stores::new(xtr_lock, mine, scenario)?;
+    let report = run_on(xtr_lock, scenario, &mut stores);
+    *servers = Some(stores.servers);
+    report
+}
+
+fn run_on(
+    xtr_lock: &Path,
+    scenario: &Scenario,
+    stores: &mut stores::Stores,
+) -> anyhow::Result<Report> {
     let work = tempfile::Builder::new()
         .prefix("xtr-faults-log-")
         .tempdir()?;
     let log: PathBuf = work.path().join("sections.log");
     std::fs::write(&log, "")?;
     let clock = Clock::start(&log);
-    let pool = workers::Pool::start(xtr_lock, &stores, scenario, &log);
-    let faults = faults::inject(&mut stores, &pool, scenario, &log);
+    let pool = workers::Pool::start(xtr_lock, stores, scenario, &log);
+    let faults = faults::inject(stores, &pool, scenario, &log);
     let exits = pool.stop();
     clock.stop();
     let text = std::fs::read_to_string(&log)?;
@@ -75,8 +104,11 @@ pub fn run(xtr_lock: &Path, scenario: &Scenario) -> anyhow::Result<Report> {
     let mut violations = verdict.violations;
     violations.extend(workers::survivors(&log));
     // Locks of killed holders last until their ttl at most, then nothing may be left.
-    std::thread::sleep(scenario.leftover_wait());
-    violations.extend(stores::leftovers(xtr_lock, &stores));
+    violations.extend(stores::leftovers(
+        xtr_lock,
+        stores,
+        scenario.leftover_wait(),
+    ));
     let log = (!violations.is_empty()).then(|| work.keep().join("sections.log"));
     Ok(Report {
         name: scenario.name(),

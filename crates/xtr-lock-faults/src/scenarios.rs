@@ -211,9 +211,8 @@ impl Scenario {
         }
     }
 
-    /// How long to wait after the run before a lock must be free and nothing left: a killed
-    /// holder's lock on an expiring store lasts until its ttl (whole seconds on a database's
-    /// clock).
+    /// How long after the run a lock may still be held or something left: a killed holder's
+    /// lock on an expiring store lasts until its ttl (whole seconds on a database's clock).
     pub(crate) fn leftover_wait(&self) -> Duration {
         if self.target.expires() {
             self.ttl + Duration::from_secs(1)

@@ -17,8 +17,9 @@ use xtr_lock_testkit::redis::RedisServer;
 
 use crate::{Fault, Scenario, Target};
 
-/// The servers of a target, and the DSNs the workers use.
-pub(crate) struct Stores {
+/// The servers of a target, started once and shared by its scenarios run one after another.
+#[derive(Debug)]
+pub struct Servers {
     pub(crate) target: Target,
     pub(crate) redis: Vec<RedisServer>,
     pub(crate) postgres: Option<PostgresServer>,
@@ -26,8 +27,49 @@ pub(crate) struct Stores {
     pub(crate) memcached: Option<MemcachedServer>,
     /// The etcd target's cluster.
     pub(crate) etcd: Option<EtcdCluster>,
+    /// The flock and SQLite targets' directory, removed with the servers.
+    dir: Option<tempfile::TempDir>,
+}
+
+impl Servers {
+    /// Starts the servers `target` needs (none for flock, SQLite and semaphores).
+    ///
+    /// # Errors
+    ///
+    /// When a temp directory cannot be made (the testkit panics when a server does not start).
+    pub fn start(target: Target) -> anyhow::Result<Servers> {
+        let redis_n = match target {
+            Target::Redis | Target::PubSub => 1,
+            Target::Quorum => 3,
+            _ => 0,
+        };
+        let dir = matches!(target, Target::Flock | Target::Sqlite)
+            .then(|| tempfile::Builder::new().prefix("xtr-faults-").tempdir())
+            .transpose()?;
+        Ok(Servers {
+            target,
+            redis: (0..redis_n).map(|_| RedisServer::start()).collect(),
+            postgres: matches!(target, Target::SqlPostgres | Target::Advisory)
+                .then(PostgresServer::start),
+            mariadb: matches!(target, Target::SqlMariaDb | Target::GetLock)
+                .then(MariaDbServer::start),
+            memcached: (target == Target::Memcached).then(MemcachedServer::start),
+            etcd: (target == Target::Etcd).then(|| EtcdCluster::start(3)),
+            dir,
+        })
+    }
+
+    /// The target they serve.
+    pub fn target(&self) -> Target {
+        self.target
+    }
+}
+
+/// One scenario's view of the servers: its resource and the DSNs its workers use.
+pub(crate) struct Stores {
+    pub(crate) servers: Servers,
     /// The resource every worker contends for: unique per run (SysV semaphores are one
-    /// namespace per machine).
+    /// namespace per machine, and servers are shared by a target's scenarios).
     pub(crate) resource: String,
     /// The DSNs straight to the servers.
     direct: Vec<String>,
@@ -35,45 +77,37 @@ pub(crate) struct Stores {
     per_worker: Vec<Vec<String>>,
     /// Per worker, the switch of its proxies (partitions).
     pub(crate) freezes: Vec<Freeze>,
-    /// The flock and SQLite targets' directory, removed when the run ends.
-    _dir: Option<tempfile::TempDir>,
+}
+
+impl std::ops::Deref for Stores {
+    type Target = Servers;
+    fn deref(&self) -> &Servers {
+        &self.servers
+    }
+}
+
+impl std::ops::DerefMut for Stores {
+    fn deref_mut(&mut self) -> &mut Servers {
+        &mut self.servers
+    }
 }
 
 impl Stores {
-    pub(crate) fn start(xtr: &Path, scenario: &Scenario) -> anyhow::Result<Stores> {
+    pub(crate) fn new(xtr: &Path, servers: Servers, scenario: &Scenario) -> anyhow::Result<Stores> {
         static RUNS: AtomicU32 = AtomicU32::new(0);
-        let target = scenario.target;
-        let redis_n = match target {
-            Target::Redis | Target::PubSub => 1,
-            Target::Quorum => 3,
-            _ => 0,
-        };
-        let postgres =
-            matches!(target, Target::SqlPostgres | Target::Advisory).then(PostgresServer::start);
-        let mariadb =
-            matches!(target, Target::SqlMariaDb | Target::GetLock).then(MariaDbServer::start);
-        let dir = matches!(target, Target::Flock | Target::Sqlite)
-            .then(|| tempfile::Builder::new().prefix("xtr-faults-").tempdir())
-            .transpose()?;
+        let ports = servers.ports();
+        let direct = servers.dsns(&ports);
         let mut stores = Stores {
-            target,
-            redis: (0..redis_n).map(|_| RedisServer::start()).collect(),
-            postgres,
-            mariadb,
-            memcached: (target == Target::Memcached).then(MemcachedServer::start),
-            etcd: (target == Target::Etcd).then(|| EtcdCluster::start(3)),
+            servers,
             resource: format!(
                 "fault-suite-{}-{}",
                 std::process::id(),
                 RUNS.fetch_add(1, Ordering::Relaxed)
             ),
-            direct: Vec::new(),
+            direct,
             per_worker: Vec::new(),
             freezes: Vec::new(),
-            _dir: dir,
         };
-        let ports = stores.ports();
-        stores.direct = stores.dsns(&ports);
         let proxied = matches!(scenario.fault, Fault::Delay | Fault::Partition);
         for _ in 0..scenario.workers + scenario.readers {
             if proxied {
@@ -87,7 +121,7 @@ impl Stores {
                     .iter()
                     .map(|&p| proxy(p, delay, &freeze))
                     .collect::<anyhow::Result<Vec<u16>>>()?;
-                stores.per_worker.push(stores.dsns(&mine));
+                stores.per_worker.push(stores.servers.dsns(&mine));
                 stores.freezes.push(freeze);
             } else {
                 stores.per_worker.push(stores.direct.clone());
@@ -95,58 +129,6 @@ impl Stores {
         }
         stores.migrate(xtr)?;
         Ok(stores)
-    }
-
-    /// The servers' client ports, in member order.
-    fn ports(&self) -> Vec<u16> {
-        let mut ports: Vec<u16> = self.redis.iter().map(RedisServer::port).collect();
-        ports.extend(self.postgres.iter().map(PostgresServer::port));
-        ports.extend(self.mariadb.iter().map(MariaDbServer::port));
-        ports.extend(self.memcached.iter().map(MemcachedServer::port));
-        if let Some(cluster) = &self.etcd {
-            ports.extend(
-                cluster
-                    .endpoints()
-                    .iter()
-                    .filter_map(|e| e.rsplit_once(':')?.1.parse::<u16>().ok()),
-            );
-        }
-        ports
-    }
-
-    /// The DSNs for servers listening at `ports` (the servers' own, or proxies').
-    fn dsns(&self, ports: &[u16]) -> Vec<String> {
-        let redis = "/0?socket_connect_timeout=0.5&socket_timeout=0.5";
-        let sql = "connect_timeout=1&statement_timeout=2";
-        let dir = || {
-            self._dir
-                .as_ref()
-                .map(|d| d.path().display().to_string())
-                .unwrap_or_default()
-        };
-        let each = |f: &dyn Fn(u16) -> String| ports.iter().map(|&p| f(p)).collect();
-        match self.target {
-            Target::Flock => vec![format!("flock://{}", dir())],
-            Target::Sqlite => vec![format!("sqlite://{}/locks.db", dir())],
-            Target::Semaphore => vec!["semaphore".to_owned()],
-            Target::Redis | Target::Quorum => each(&|p| format!("redis://127.0.0.1:{p}{redis}")),
-            Target::PubSub => each(&|p| format!("redis+pubsub://127.0.0.1:{p}{redis}")),
-            Target::Etcd => {
-                let hosts: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
-                vec![format!("etcd://{}", hosts.join(","))]
-            }
-            Target::SqlPostgres => {
-                each(&|p| format!("postgres://postgres@127.0.0.1:{p}/postgres?{sql}"))
-            }
-            Target::Advisory => {
-                each(&|p| format!("postgres+advisory://postgres@127.0.0.1:{p}/postgres?{sql}"))
-            }
-            Target::SqlMariaDb => each(&|p| format!("mysql://root@127.0.0.1:{p}/xtr?{sql}")),
-            Target::GetLock => each(&|p| format!("mysql+getlock://root@127.0.0.1:{p}/xtr?{sql}")),
-            Target::Memcached => {
-                each(&|p| format!("memcached://127.0.0.1:{p}?connect_timeout=0.5&timeout=0.5"))
-            }
-        }
     }
 
     /// The table stores' tables, made once before the workers start (`xtr-lock migrate`).
@@ -179,6 +161,60 @@ impl Stores {
     pub(crate) fn direct_args(&self) -> Vec<String> {
         store_args(&self.direct)
     }
+}
+
+impl Servers {
+    /// The servers' client ports, in member order.
+    fn ports(&self) -> Vec<u16> {
+        let mut ports: Vec<u16> = self.redis.iter().map(RedisServer::port).collect();
+        ports.extend(self.postgres.iter().map(PostgresServer::port));
+        ports.extend(self.mariadb.iter().map(MariaDbServer::port));
+        ports.extend(self.memcached.iter().map(MemcachedServer::port));
+        if let Some(cluster) = &self.etcd {
+            ports.extend(
+                cluster
+                    .endpoints()
+                    .iter()
+                    .filter_map(|e| e.rsplit_once(':')?.1.parse::<u16>().ok()),
+            );
+        }
+        ports
+    }
+
+    /// The DSNs for servers listening at `ports` (the servers' own, or proxies').
+    fn dsns(&self, ports: &[u16]) -> Vec<String> {
+        let redis = "/0?socket_connect_timeout=0.5&socket_timeout=0.5";
+        let sql = "connect_timeout=1&statement_timeout=2";
+        let dir = || {
+            self.dir
+                .as_ref()
+                .map(|d| d.path().display().to_string())
+                .unwrap_or_default()
+        };
+        let each = |f: &dyn Fn(u16) -> String| ports.iter().map(|&p| f(p)).collect();
+        match self.target {
+            Target::Flock => vec![format!("flock://{}", dir())],
+            Target::Sqlite => vec![format!("sqlite://{}/locks.db", dir())],
+            Target::Semaphore => vec!["semaphore".to_owned()],
+            Target::Redis | Target::Quorum => each(&|p| format!("redis://127.0.0.1:{p}{redis}")),
+            Target::PubSub => each(&|p| format!("redis+pubsub://127.0.0.1:{p}{redis}")),
+            Target::Etcd => {
+                let hosts: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+                vec![format!("etcd://{}", hosts.join(","))]
+            }
+            Target::SqlPostgres => {
+                each(&|p| format!("postgres://postgres@127.0.0.1:{p}/postgres?{sql}"))
+            }
+            Target::Advisory => {
+                each(&|p| format!("postgres+advisory://postgres@127.0.0.1:{p}/postgres?{sql}"))
+            }
+            Target::SqlMariaDb => each(&|p| format!("mysql://root@127.0.0.1:{p}/xtr?{sql}")),
+            Target::GetLock => each(&|p| format!("mysql+getlock://root@127.0.0.1:{p}/xtr?{sql}")),
+            Target::Memcached => {
+                each(&|p| format!("memcached://127.0.0.1:{p}?connect_timeout=0.5&timeout=0.5"))
+            }
+        }
+    }
 
     /// SIGSTOP the first `n` servers (of a quorum, or the one server).
     pub(crate) fn pause(&self, n: usize) {
@@ -210,7 +246,9 @@ impl Stores {
         self.mariadb.iter_mut().for_each(MariaDbServer::restart);
         self.memcached.iter_mut().for_each(MemcachedServer::restart);
     }
+}
 
+impl Stores {
     /// Ends the server-side sessions of the process `pid` (`pg_terminate_backend`, MariaDB's
     /// `KILL`, Redis's `CLIENT KILL`); whether there was one.
     pub(crate) fn terminate_sessions(&self, pid: u32) -> bool {
@@ -265,7 +303,9 @@ impl Stores {
         if let Some(redis) = self.redis.first() {
             let mut any = false;
             for port in &ports {
-                any |= redis.cli(&["CLIENT", "KILL", "ADDR", &format!("127.0.0.1:{port}")]) == "OK";
+                // The number of connections killed.
+                let killed = redis.cli(&["CLIENT", "KILL", "ADDR", &format!("127.0.0.1:{port}")]);
+                any |= killed.parse::<u32>().is_ok_and(|n| n > 0);
             }
             return any;
         }
@@ -294,7 +334,21 @@ fn proxy(port: u16, delay: (Duration, Duration), freeze: &Freeze) -> anyhow::Res
 /// What is still held once every holder is gone and the killed ones' leases have ended: a free
 /// lock must be taken at once (`run -n` exits 0), and no key, session lock or entry may be left
 /// behind.
-pub(crate) fn leftovers(xtr: &Path, stores: &Stores) -> Vec<String> {
+///
+/// Asked again every 200 ms until nothing is left or `wait` has passed (a killed holder's lock
+/// on an expiring store lasts until its ttl): what is left then is reported.
+pub(crate) fn leftovers(xtr: &Path, stores: &Stores, wait: Duration) -> Vec<String> {
+    let deadline = std::time::Instant::now() + wait;
+    loop {
+        let left = left_now(xtr, stores);
+        if left.is_empty() || std::time::Instant::now() >= deadline {
+            return left;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn left_now(xtr: &Path, stores: &Stores) -> Vec<String> {
     let mut out = Vec::new();
     let resource = stores.resource.as_str();
     let status = Command::new(xtr)

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use xtr_lock_faults::{Scenario, run};
+use xtr_lock_faults::{Scenario, run_with};
 
 fn main() -> anyhow::Result<()> {
     let mut duration = Duration::from_secs(60);
@@ -68,12 +68,14 @@ fn main() -> anyhow::Result<()> {
         "excused",
         "violations"
     );
+    // A target's scenarios (adjacent in `Scenario::all`) share its servers.
+    let mut servers = None;
     for mut s in scenarios {
         s.duration = each;
         if let Some(n) = readers {
             s.readers = n;
         }
-        let r = run(&xtr, &s)?;
+        let r = run_with(&xtr, &s, &mut servers)?;
         println!(
             "{:<32} {:>9} {:>7} {:>6} {:>5} {:>5} {:>5} {:>6} {:>7} {:>10}",
             r.name,

@@ -109,3 +109,50 @@ fn pump(mut from: TcpStream, mut to: TcpStream, min: Duration, max: Duration, fr
         let _ = to.shutdown(Shutdown::Write);
     });
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A frozen proxy forwards nothing and keeps the connection; thawed, it delivers what it
+    /// held.
+    #[test]
+    fn a_frozen_proxy_holds_and_a_thawed_one_delivers() {
+        let echo = TcpListener::bind("127.0.0.1:0").unwrap();
+        let target = echo.local_addr().unwrap().port();
+        thread::spawn(move || {
+            let (mut s, _) = echo.accept().unwrap();
+            let mut buf = [0u8; 64];
+            while let Ok(n @ 1..) = s.read(&mut buf) {
+                s.write_all(&buf[..n]).unwrap();
+            }
+        });
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let freeze = Freeze::default();
+        let switch = freeze.clone();
+        thread::spawn(move || {
+            serve_freezable(listener, target, Duration::ZERO, Duration::ZERO, switch)
+        });
+        let mut client = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        client
+            .set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        let mut buf = [0u8; 5];
+        client.write_all(b"hello").unwrap();
+        client.read_exact(&mut buf).unwrap();
+        assert_eq!(&buf, b"hello");
+        freeze.freeze();
+        client.write_all(b"again").unwrap();
+        assert!(
+            client.read(&mut buf).is_err(),
+            "nothing passes while frozen"
+        );
+        freeze.thaw();
+        client
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        client.read_exact(&mut buf).unwrap();
+        assert_eq!(&buf, b"again");
+    }
+}

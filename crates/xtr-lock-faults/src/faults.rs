@@ -75,6 +75,14 @@ impl Fault {
         }
     }
 
+    /// Whether a third of the sections ignore SIGTERM: where `xtr-lock` is alive but silent
+    /// (stopped, partitioned) only its lease switch protects, and its SIGKILL must land before
+    /// the lease ends whatever the command does with SIGTERM. Not where `xtr-lock` dies: a lock
+    /// that dies with it is free at once, and only SIGTERM can follow.
+    pub(crate) fn stubborn(self) -> bool {
+        matches!(self, Fault::StopXtrLock | Fault::Partition)
+    }
+
     /// Whether this fault destroys a lock under its holder on `target`, which learns it only
     /// at its next check: the server restarted without the lock, or the session holding it
     /// ended. Without fencing tokens nothing can refuse that holder's writes until it stops its

@@ -15,8 +15,10 @@ use crate::Scenario;
 use crate::stores::Stores;
 
 /// The section: `enter`, three ticks `$TICK` seconds apart, `exit`, each its own `O_APPEND`
-/// write.
-const BODY: &str = r#"printf 'enter %s %s %s %s\n' "$SEC" "$MODE" "${XTR_LOCK_FENCING_TOKEN:--}" "$$" >> "$LOG"
+/// write. With `STUBBORN=1` it ignores SIGTERM (its `sleep`s inherit that): only SIGKILL stops
+/// it.
+const BODY: &str = r#"[ "$STUBBORN" = 1 ] && trap '' TERM
+printf 'enter %s %s %s %s\n' "$SEC" "$MODE" "${XTR_LOCK_FENCING_TOKEN:--}" "$$" >> "$LOG"
 for i in 1 2 3; do sleep "$TICK"; echo "tick $SEC" >> "$LOG"; done
 echo "exit $SEC" >> "$LOG""#;
 
@@ -63,6 +65,7 @@ impl Pool {
                 Mode::Reader
             };
             let resource = stores.resource.clone();
+            let stubborn = scenario.fault.stubborn();
             threads.push(std::thread::spawn(move || {
                 let run = Run {
                     xtr: &xtr,
@@ -71,6 +74,7 @@ impl Pool {
                     log: &log,
                     long_tick: &long,
                     mode,
+                    stubborn,
                 };
                 worker(w, &run, &stop, &slot)
             }));
@@ -104,6 +108,8 @@ struct Run<'a> {
     log: &'a Path,
     long_tick: &'a str,
     mode: Mode,
+    /// Whether a third of the sections ignore SIGTERM.
+    stubborn: bool,
 }
 
 fn worker(
@@ -126,6 +132,7 @@ fn worker(
             "0.01"
         };
         let section = format!("w{w}-{n}");
+        let stubborn = run.stubborn && rand::rng().random_bool(1.0 / 3.0);
         let mut cmd = Command::new(run.xtr);
         cmd.args(run.args);
         if shared {
@@ -136,6 +143,7 @@ fn worker(
             .env("MODE", if shared { "r" } else { "w" })
             .env("LOG", run.log)
             .env("TICK", tick)
+            .env("STUBBORN", if stubborn { "1" } else { "0" })
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())

@@ -1,69 +1,72 @@
-//! The fault suite's short form: every scenario of `xtr-lock-faults` for two seconds, on this
-//! build's `xtr-lock` (the long form: `xtr-lock-faults --duration 10m`).
+//! The fault suite's short form: every scenario of `xtr-lock-faults` for two seconds with three
+//! workers (plus the read mixes' eight readers), on this build's `xtr-lock`; one test per store,
+//! whose scenarios run one after another on the same servers (the long form:
+//! `xtr-lock-faults --duration 10m`).
 
 use std::time::Duration;
 
-use xtr_lock_faults::{Scenario, run};
+use xtr_lock_faults::{Fault, Scenario, Target, run_with};
 
-fn scenario(name: &str) {
-    let mut scenario = Scenario::all(Duration::from_secs(2))
+/// Runs every scenario on `target` and fails with every violation of each.
+fn target(target: Target) {
+    let mut servers = None;
+    let mut failures = Vec::new();
+    for mut scenario in Scenario::all(Duration::from_secs(2))
         .into_iter()
-        .find(|s| s.name() == name)
-        .unwrap_or_else(|| panic!("no scenario {name}"));
-    scenario.workers = 3;
-    let report = run(&assert_cmd::cargo::cargo_bin("xtr-lock"), &scenario).unwrap();
-    assert!(report.sections > 0, "{name}: no section ran: {report:?}");
-    assert!(
-        report.faults > 0,
-        "{name}: no fault was injected: {report:?}"
-    );
-    assert!(
-        report.violations.is_empty(),
-        "{name}: {} violations:\n{}",
-        report.violations.len(),
-        report.violations.join("\n")
-    );
+        .filter(|s| s.target == target)
+    {
+        scenario.workers = 3;
+        let name = scenario.name();
+        let report = run_with(
+            &assert_cmd::cargo::cargo_bin("xtr-lock"),
+            &scenario,
+            &mut servers,
+        )
+        .unwrap();
+        if report.sections == 0 {
+            failures.push(format!("{name}: no section ran: {report:?}"));
+        }
+        if report.faults == 0 && scenario.fault != Fault::ReadMix {
+            failures.push(format!("{name}: no fault was injected: {report:?}"));
+        }
+        if !report.violations.is_empty() {
+            failures.push(format!(
+                "{name}: {} violations (the log: {:?}):\n{}",
+                report.violations.len(),
+                report.log,
+                report.violations.join("\n")
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-macro_rules! scenarios {
-    ($($test:ident => $name:literal,)*) => {
-        $(#[test] fn $test() { scenario($name) })*
+macro_rules! targets {
+    ($($test:ident => $target:expr,)*) => {
+        $(#[test] fn $test() { target($target) })*
 
-        /// Every scenario of the suite has its test here.
+        /// Every target of the suite has its test here.
         #[test]
-        fn every_scenario_is_run() {
-            let here = [$($name),*];
+        fn every_target_is_run() {
+            let here = [$($target),*];
             for s in Scenario::all(Duration::ZERO) {
-                assert!(here.contains(&s.name().as_str()), "no test for {}", s.name());
+                assert!(here.contains(&s.target), "no test for {}", s.name());
             }
         }
     };
 }
 
-scenarios! {
-    flock_kill_holder => "flock/kill-holder",
-    flock_kill_xtr_lock => "flock/kill-xtr-lock",
-    flock_stop_xtr_lock => "flock/stop-xtr-lock",
-    flock_stop_holder => "flock/stop-holder",
-    redis_kill_holder => "redis/kill-holder",
-    redis_kill_xtr_lock => "redis/kill-xtr-lock",
-    redis_stop_xtr_lock => "redis/stop-xtr-lock",
-    redis_stop_holder => "redis/stop-holder",
-    redis_stop_server => "redis/stop-server",
-    redis_restart_server_empty => "redis/restart-server-empty",
-    redis_delay_proxy => "redis/delay-proxy",
-    quorum_kill_holder => "quorum/kill-holder",
-    quorum_kill_xtr_lock => "quorum/kill-xtr-lock",
-    quorum_stop_xtr_lock => "quorum/stop-xtr-lock",
-    quorum_stop_1_members => "quorum/stop-1-members",
-    quorum_stop_2_members => "quorum/stop-2-members",
-    quorum_kill_1_members => "quorum/kill-1-members",
-    etcd_kill_holder => "etcd/kill-holder",
-    etcd_kill_xtr_lock => "etcd/kill-xtr-lock",
-    etcd_stop_xtr_lock => "etcd/stop-xtr-lock",
-    etcd_stop_holder => "etcd/stop-holder",
-    etcd_stop_1_members => "etcd/stop-1-members",
-    etcd_kill_leader => "etcd/kill-leader",
-    quorum_kill_2_members => "quorum/kill-2-members",
-    quorum_delay_proxy => "quorum/delay-proxy",
+targets! {
+    flock => Target::Flock,
+    semaphore => Target::Semaphore,
+    sqlite => Target::Sqlite,
+    redis => Target::Redis,
+    quorum => Target::Quorum,
+    etcd => Target::Etcd,
+    pubsub => Target::PubSub,
+    sql_postgres => Target::SqlPostgres,
+    sql_mariadb => Target::SqlMariaDb,
+    advisory => Target::Advisory,
+    getlock => Target::GetLock,
+    memcached => Target::Memcached,
 }

@@ -21,8 +21,31 @@
 //! restarted empty), the checker models a **fenced resource** instead, as a storage service that
 //! checks tokens would be: a line whose token is below the newest that has entered is refused
 //! (fenced off), not applied, and only applied lines must not overlap.
+//!
+//! Two more kinds of lines come from the harness, not from sections: `clock`, appended every
+//! [`CLOCK_TICK`] (the log's time scale), and `destroyed <section>` / `destroyed-all`, written
+//! just before a fault destroys a lock under its holder (its database session terminated, its
+//! server restarted empty). Such a holder learns it only at its next check, and without fencing
+//! tokens nothing can refuse its command's writes until then: an overlap with a section that
+//! entered after the mark is *excused* when the destroyed section ended within
+//! [`Rules::destroyed_bound`] of it, and a violation when it ran on longer. `destroyed-all` marks
+//! every section active at it, and those that enter within half a second after it (their lock
+//! was granted before the fault, their command started after).
 
 use std::collections::HashMap;
+use std::time::Duration;
+
+/// How often the harness appends a `clock` line to the log.
+pub const CLOCK_TICK: Duration = Duration::from_millis(100);
+
+/// What the checker allows.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Rules {
+    /// Model a fenced resource (see the module's documentation).
+    pub fenced: bool,
+    /// How long a holder whose lock a fault destroyed may still run its section.
+    pub destroyed_bound: Duration,
+}
 
 /// What the checker found.
 #[derive(Debug, Default, Clone)]
@@ -31,6 +54,8 @@ pub struct Verdict {
     pub sections: usize,
     /// Lines refused by the fenced resource (a holder that resumed after losing its lock).
     pub fenced_off: usize,
+    /// Overlaps with a holder whose lock a fault destroyed, within the bound.
+    pub excused: usize,
     /// Every violation, one line each.
     pub violations: Vec<String>,
     /// The pids that ran sections (to check that none survives).
@@ -40,9 +65,13 @@ pub struct Verdict {
 struct Section {
     write: bool,
     token: Option<u64>,
-    /// Index in the log of its first and last applied line.
+    /// Index in the log of its first and last applied line, and the clock at each.
     first: usize,
     last: usize,
+    first_clock: u32,
+    last_clock: u32,
+    /// The line and clock of the mark that destroyed its lock, if one did.
+    destroyed: Option<(usize, u32)>,
 }
 
 /// Checks `log`, the whole file.
@@ -53,7 +82,23 @@ struct Section {
 /// those), the checker models a resource that refuses every line whose token is below the
 /// newest it has seen, and only what it applies must not overlap.
 pub fn check(log: &str, fenced: bool) -> Verdict {
+    check_with(
+        log,
+        Rules {
+            fenced,
+            destroyed_bound: Duration::ZERO,
+        },
+    )
+}
+
+/// Checks `log` under `rules`.
+pub fn check_with(log: &str, rules: Rules) -> Verdict {
+    let fenced = rules.fenced;
     let mut verdict = Verdict::default();
+    let mut clock: u32 = 0;
+    // `destroyed <id>` marks, and `destroyed-all` marks (line, clock).
+    let mut marks: HashMap<&str, (usize, u32)> = HashMap::new();
+    let mut all_marks: Vec<(usize, u32)> = Vec::new();
     let mut sections: HashMap<&str, Section> = HashMap::new();
     let mut order: Vec<&str> = Vec::new();
     let mut highest: Option<u64> = None;
@@ -100,6 +145,9 @@ pub fn check(log: &str, fenced: bool) -> Verdict {
                         token,
                         first: at,
                         last: at,
+                        first_clock: clock,
+                        last_clock: clock,
+                        destroyed: None,
                     },
                 );
             }
@@ -118,13 +166,22 @@ pub fn check(log: &str, fenced: bool) -> Verdict {
                     continue;
                 }
                 s.last = at;
+                s.last_clock = clock;
             }
+            ["clock"] => clock += 1,
+            ["destroyed", id] => {
+                marks.entry(id).or_insert((at, clock));
+            }
+            ["destroyed-all"] => all_marks.push((at, clock)),
             [] => {}
             _ => verdict
                 .violations
                 .push(format!("line {}: unreadable: {line:?}", at + 1)),
         }
     }
+    mark_destroyed(&mut sections, &marks, &all_marks);
+    let bound = u32::try_from(rules.destroyed_bound.as_millis() / CLOCK_TICK.as_millis())
+        .unwrap_or(u32::MAX);
     // Overlaps: sections sorted by their first line; each is compared with those that entered
     // before it and were still active.
     let mut active: Vec<&str> = Vec::new();
@@ -133,7 +190,9 @@ pub fn check(log: &str, fenced: bool) -> Verdict {
         active.retain(|other| sections[other].last > s.first);
         for other in &active {
             let o = &sections[other];
-            if s.write || o.write {
+            if (s.write || o.write) && (excused(o, s, bound) || excused(s, o, bound)) {
+                verdict.excused += 1;
+            } else if s.write || o.write {
                 verdict.violations.push(format!(
                     "section {id} ({}) entered at line {} while {other} ({}) was active until line {}",
                     mode(s.write),
@@ -146,6 +205,44 @@ pub fn check(log: &str, fenced: bool) -> Verdict {
         active.push(id);
     }
     verdict
+}
+
+/// Sets each section's `destroyed` from the marks: its own (at its enter if it entered after
+/// it), or a `destroyed-all` it was active at or entered at most half a second after.
+fn mark_destroyed(
+    sections: &mut HashMap<&str, Section>,
+    marks: &HashMap<&str, (usize, u32)>,
+    all_marks: &[(usize, u32)],
+) {
+    let soon = u32::try_from(500 / CLOCK_TICK.as_millis()).unwrap_or(5);
+    for (id, s) in sections.iter_mut() {
+        if let Some(&(line, clock)) = marks.get(id) {
+            s.destroyed = Some(if line < s.first {
+                (s.first, s.first_clock)
+            } else {
+                (line, clock)
+            });
+            continue;
+        }
+        s.destroyed = all_marks.iter().copied().find_map(|(line, clock)| {
+            let active = s.first < line && s.last >= line;
+            let late = s.first > line && s.first_clock <= clock + soon;
+            if active {
+                Some((line, clock))
+            } else if late {
+                Some((s.first, s.first_clock))
+            } else {
+                None
+            }
+        });
+    }
+}
+
+/// Whether `gone`'s lock was destroyed before `other` entered and `gone` ended within `bound`
+/// clock ticks of that.
+fn excused(gone: &Section, other: &Section, bound: u32) -> bool {
+    gone.destroyed
+        .is_some_and(|(line, clock)| line <= other.first && gone.last_clock <= clock + bound)
 }
 
 fn mode(write: bool) -> &'static str {
@@ -229,6 +326,30 @@ mod tests {
             false,
         );
         assert!(v.violations.is_empty(), "readers share: {:?}", v.violations);
+    }
+
+    #[test]
+    fn a_destroyed_lock_excuses_a_bounded_overlap() {
+        let rules = Rules {
+            fenced: false,
+            destroyed_bound: Duration::from_millis(300),
+        };
+        // a's lock destroyed; b enters; a stops within two ticks: excused.
+        let log =
+            "enter a w - 1\ndestroyed a\nenter b w - 2\nclock\ntick a\nclock\nexit a\nexit b\n";
+        let v = check_with(log, rules);
+        assert!(v.violations.is_empty(), "{:?}", v.violations);
+        assert_eq!(v.excused, 1);
+        // a runs on for five ticks: a violation.
+        let log = "enter a w - 1\ndestroyed-all\nenter b w - 2\nclock\nclock\nclock\nclock\nclock\ntick a\nexit b\n";
+        assert_eq!(check_with(log, rules).violations.len(), 1);
+        // An overlap that began before the mark is not excused.
+        let log = "enter a w - 1\nenter b w - 2\ndestroyed a\nexit a\nexit b\n";
+        assert_eq!(check_with(log, rules).violations.len(), 1);
+        // A section entering just after a destroyed-all was granted before it.
+        let log = "destroyed-all\nenter b w - 2\nenter a w - 1\nexit b\nexit a\n";
+        let v = check_with(log, rules);
+        assert!(v.violations.is_empty(), "{:?}", v.violations);
     }
 
     #[test]

@@ -1,13 +1,15 @@
 //! The faults, and the thread of the run that injects them.
 
+use std::io::Write as _;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use rand::Rng as _;
-use rand::seq::IndexedRandom as _;
 use rustix::process::{Pid, Signal, kill_process, kill_process_group};
 
+use crate::stores::Stores;
 use crate::workers::{Pool, command_group};
-use crate::{Scenario, Stores};
+use crate::{Scenario, Target};
 
 /// What is done to the processes or the servers, again and again during a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,6 +40,19 @@ pub enum Fault {
     /// Every connection goes through a proxy that delays each chunk by 1–3 ms each way; and
     /// `xtr-lock` processes are killed now and then.
     Delay,
+    /// Kill the server and start it again at once: Redis and Memcached come back empty, the
+    /// databases with their tables (session locks are gone with their sessions).
+    RestartServer,
+    /// End a holder's server-side sessions (`pg_terminate_backend`, MariaDB's `KILL`, Redis's
+    /// `CLIENT KILL`), as an administrator or a proxy would.
+    TerminateBackend,
+    /// Partition a holder from the server: every worker reaches the servers through proxies of
+    /// its own, and the holder's freeze (nothing forwarded either way, no reset) for 1.5 ttls,
+    /// then thaw and deliver what they held.
+    Partition,
+    /// No fault: 8 more workers that only read contend with the writers (pub/sub readers were
+    /// found inside a writer only with about 8 readers).
+    ReadMix,
 }
 
 impl Fault {
@@ -53,6 +68,31 @@ impl Fault {
             Fault::KillMembers(n) => format!("kill-{n}-members"),
             Fault::Delay => "delay-proxy".into(),
             Fault::KillLeader => "kill-leader".into(),
+            Fault::RestartServer => "restart-server".into(),
+            Fault::TerminateBackend => "terminate-backend".into(),
+            Fault::Partition => "partition".into(),
+            Fault::ReadMix => "read-mix".into(),
+        }
+    }
+
+    /// Whether a third of the sections ignore SIGTERM: where `xtr-lock` is alive but silent
+    /// (stopped, partitioned) only its lease switch protects, and its SIGKILL must land before
+    /// the lease ends whatever the command does with SIGTERM. Not where `xtr-lock` dies: a lock
+    /// that dies with it is free at once, and only SIGTERM can follow.
+    pub(crate) fn stubborn(self) -> bool {
+        matches!(self, Fault::StopXtrLock | Fault::Partition)
+    }
+
+    /// Whether this fault destroys a lock under its holder on `target`, which learns it only
+    /// at its next check: the server restarted without the lock, or the session holding it
+    /// ended. Without fencing tokens nothing can refuse that holder's writes until it stops its
+    /// command, so the checker bounds how long it may run on instead (see `check`).
+    pub(crate) fn destroys_lock(self, target: Target) -> bool {
+        let session = matches!(target, Target::PubSub | Target::Advisory | Target::GetLock);
+        match self {
+            Fault::RestartServer => session || target == Target::Memcached,
+            Fault::TerminateBackend => session,
+            _ => false,
         }
     }
 
@@ -65,48 +105,111 @@ impl Fault {
 }
 
 /// Injects `scenario.fault` until the run's duration is over; returns how many were injected.
-pub(crate) fn inject(stores: &mut Stores, pool: &Pool, scenario: &Scenario) -> usize {
+pub(crate) fn inject(stores: &mut Stores, pool: &Pool, scenario: &Scenario, log: &Path) -> usize {
     let end = Instant::now() + scenario.duration;
     let mut injected = 0;
+    if scenario.fault == Fault::ReadMix {
+        std::thread::sleep(scenario.duration);
+        return 0;
+    }
     // Let the workers get going first.
     std::thread::sleep(Duration::from_millis(300));
     while Instant::now() < end {
         let pause = Duration::from_millis(rand::rng().random_range(200..600));
         std::thread::sleep(pause);
-        if once(stores, pool, scenario) {
+        if once(stores, pool, scenario, log) {
             injected += 1;
         }
     }
     injected
 }
 
-/// A random worker's running `xtr-lock` that holds the lock (it runs its command), if one
-/// does; tried for a little while, since most runs are waiting at any moment.
-fn victim(pool: &Pool) -> Option<u32> {
-    for _ in 0..50 {
-        let holding: Vec<u32> = pool
-            .running
-            .iter()
-            .filter_map(|s| *s.lock().unwrap_or_else(|e| e.into_inner()))
-            .filter(|&pid| command_group(pid).is_some())
-            .collect();
-        if let Some(&pid) = holding.choose(&mut rand::rng()) {
-            return Some(pid);
+/// A holder: its worker, its `xtr-lock`'s pid, its section.
+struct Victim {
+    worker: usize,
+    pid: Pid,
+    section: String,
+}
+
+/// The holders now: the workers' running `xtr-lock`s that run their command.
+fn holders(pool: &Pool) -> Vec<Victim> {
+    pool.running
+        .iter()
+        .enumerate()
+        .filter_map(|(worker, s)| {
+            let (n, section) = s.lock().unwrap_or_else(|e| e.into_inner()).clone()?;
+            command_group(n)?;
+            Some(Victim {
+                worker,
+                pid: pid(n)?,
+                section,
+            })
+        })
+        .collect()
+}
+
+/// A random holder, if one holds; tried for a little while, since most runs are waiting at
+/// any moment.
+fn victim(pool: &Pool) -> Option<Victim> {
+    for _ in 0..200 {
+        let mut all = holders(pool);
+        if !all.is_empty() {
+            let i = rand::rng().random_range(0..all.len());
+            return Some(all.swap_remove(i));
         }
         std::thread::sleep(Duration::from_millis(5));
     }
     None
 }
 
+/// Appends `line` to the sections' log (the checker's marks).
+fn mark(log: &Path, line: &str) {
+    if let Ok(mut f) = std::fs::OpenOptions::new().append(true).open(log) {
+        let _ = f.write_all(format!("{line}\n").as_bytes());
+    }
+}
+
 fn pid(n: u32) -> Option<Pid> {
     Pid::from_raw(i32::try_from(n).ok()?)
 }
 
-fn once(stores: &mut Stores, pool: &Pool, scenario: &Scenario) -> bool {
+fn once(stores: &mut Stores, pool: &Pool, scenario: &Scenario, log: &Path) -> bool {
     let past_ttl = scenario.ttl + scenario.ttl / 2;
+    let destroys = scenario.fault.destroys_lock(scenario.target);
     match scenario.fault {
+        Fault::ReadMix => false,
+        Fault::RestartServer => {
+            if destroys {
+                mark(log, "destroyed-all");
+            }
+            stores.restart();
+            true
+        }
+        Fault::TerminateBackend => {
+            let Some(v) = victim(pool) else {
+                return false;
+            };
+            if stores.target == Target::GetLock {
+                // MariaDB's process list shows no client address here: the session ended is
+                // the lock's holder (`IS_USED_LOCK`), whichever holder that is.
+                mark(log, "destroyed-all");
+            } else if destroys {
+                mark(log, &format!("destroyed {}", v.section));
+            }
+            stores.terminate_sessions(v.pid.as_raw_nonzero().get().unsigned_abs())
+        }
+        Fault::Partition => {
+            let Some(v) = victim(pool) else {
+                return false;
+            };
+            let freeze = &stores.freezes[v.worker];
+            freeze.freeze();
+            std::thread::sleep(past_ttl);
+            freeze.thaw();
+            true
+        }
         Fault::KillHolder | Fault::KillXtrLock | Fault::Delay => {
-            let Some(xtr) = victim(pool).and_then(pid) else {
+            let Some(xtr) = victim(pool).map(|v| v.pid) else {
                 return false;
             };
             let group = command_group(xtr.as_raw_nonzero().get().unsigned_abs());
@@ -119,7 +222,7 @@ fn once(stores: &mut Stores, pool: &Pool, scenario: &Scenario) -> bool {
             true
         }
         Fault::StopXtrLock | Fault::StopHolder => {
-            let Some(xtr) = victim(pool).and_then(pid) else {
+            let Some(xtr) = victim(pool).map(|v| v.pid) else {
                 return false;
             };
             let group = (scenario.fault == Fault::StopHolder)
@@ -165,25 +268,21 @@ fn once(stores: &mut Stores, pool: &Pool, scenario: &Scenario) -> bool {
                 Fault::StopMembers(n) => n,
                 _ => 1,
             };
-            for s in &stores.servers[..n] {
-                s.pause();
-            }
+            stores.pause(n);
             std::thread::sleep(Duration::from_secs(1));
-            for s in &stores.servers[..n] {
-                s.resume();
-            }
+            stores.resume(n);
             true
         }
         Fault::RestartServerEmpty => {
-            stores.servers[0].restart();
+            stores.redis[0].restart();
             true
         }
         Fault::KillMembers(n) => {
-            for s in &mut stores.servers[..n] {
+            for s in &mut stores.redis[..n] {
                 s.kill();
             }
             std::thread::sleep(past_ttl);
-            for s in &mut stores.servers[..n] {
+            for s in &mut stores.redis[..n] {
                 s.restart();
             }
             true

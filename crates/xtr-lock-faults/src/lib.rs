@@ -14,122 +14,19 @@
 
 pub mod check;
 mod faults;
+mod scenarios;
+mod sockets;
+mod stores;
 mod workers;
 
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
-
-use xtr_lock_testkit::etcd::EtcdCluster;
-use xtr_lock_testkit::redis::RedisServer;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 pub use faults::Fault;
-
-/// Where the lock lives.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Target {
-    /// Lock files in a temp directory.
-    Flock,
-    /// One Redis server.
-    Redis,
-    /// A consensus quorum of three Redis servers.
-    Quorum,
-    /// A 3-member etcd cluster (the `xtr-lock` under test needs the `etcd` feature).
-    Etcd,
-}
-
-/// One run: a target, a fault, how long, how many workers.
-#[derive(Debug, Clone)]
-pub struct Scenario {
-    /// Where the lock lives.
-    pub target: Target,
-    /// What is done, again and again.
-    pub fault: Fault,
-    /// How long the workers contend (faults are injected all along).
-    pub duration: Duration,
-    /// How many processes contend.
-    pub workers: usize,
-    /// The lock's ttl (on expiring stores: renewed at a third of it).
-    pub ttl: Duration,
-}
-
-impl Scenario {
-    /// Every target with every fault that applies to it, each for `duration`.
-    pub fn all(duration: Duration) -> Vec<Scenario> {
-        use Fault::*;
-        let mut out = Vec::new();
-        let mut add = |target, faults: &[Fault]| {
-            for &fault in faults {
-                out.push(Scenario {
-                    target,
-                    fault,
-                    duration,
-                    workers: 4,
-                    ttl: Duration::from_millis(1500),
-                });
-            }
-        };
-        add(
-            Target::Flock,
-            &[KillHolder, KillXtrLock, StopXtrLock, StopHolder],
-        );
-        add(
-            Target::Redis,
-            &[
-                KillHolder,
-                KillXtrLock,
-                StopXtrLock,
-                StopHolder,
-                StopServer,
-                RestartServerEmpty,
-                Delay,
-            ],
-        );
-        // No StopHolder: a quorum has no fencing tokens, and a holder paused past its lease
-        // resumes believing it holds (as with any lease); nothing can refuse its writes.
-        add(
-            Target::Quorum,
-            &[
-                KillHolder,
-                KillXtrLock,
-                StopXtrLock,
-                StopMembers(1),
-                StopMembers(2),
-                KillMembers(1),
-                KillMembers(2),
-                Delay,
-            ],
-        );
-        // A lock on a Raft cluster: a member (the leader, or a follower) paused or killed and
-        // brought back must change nothing; the holder's faults are every store's.
-        add(
-            Target::Etcd,
-            &[
-                KillHolder,
-                KillXtrLock,
-                StopXtrLock,
-                StopHolder,
-                StopMembers(1),
-                KillLeader,
-            ],
-        );
-        for s in out.iter_mut().filter(|s| s.target == Target::Etcd) {
-            // etcd's leases are whole seconds.
-            s.ttl = Duration::from_secs(1);
-        }
-        out
-    }
-
-    /// `flock/kill-holder`.
-    pub fn name(&self) -> String {
-        let target = match self.target {
-            Target::Flock => "flock",
-            Target::Redis => "redis",
-            Target::Quorum => "quorum",
-            Target::Etcd => "etcd",
-        };
-        format!("{target}/{}", self.fault.name())
-    }
-}
+pub use scenarios::{Scenario, Target};
+pub use stores::Servers;
 
 /// What one run saw.
 #[derive(Debug, Clone, Default)]
@@ -144,122 +41,114 @@ pub struct Report {
     pub exits: [usize; 5],
     /// Log lines a fenced resource refused.
     pub fenced_off: usize,
+    /// Overlaps with a holder whose lock a fault destroyed, ended within the bound.
+    pub excused: usize,
     /// Everything that went wrong, one line each: overlaps, tokens, leftovers, survivors.
     pub violations: Vec<String>,
+    /// The sections' log, kept when there were violations (else removed with the run).
+    pub log: Option<PathBuf>,
 }
 
-/// The servers of a target, and the DSNs the workers use (through delay proxies for
-/// [`Fault::Delay`]).
-pub(crate) struct Stores {
-    pub(crate) servers: Vec<RedisServer>,
-    /// The etcd target's cluster.
-    pub(crate) etcd: Option<EtcdCluster>,
-    pub(crate) dsns: Vec<String>,
-    /// The flock target's directory, removed when the run ends.
-    _dir: Option<tempfile::TempDir>,
-}
-
-impl Stores {
-    fn start(target: Target, fault: Fault) -> anyhow::Result<Stores> {
-        let n = match target {
-            Target::Flock => 0,
-            Target::Redis => 1,
-            Target::Quorum => 3,
-            Target::Etcd => 0,
-        };
-        let servers: Vec<RedisServer> = (0..n).map(|_| RedisServer::start()).collect();
-        let timeouts = "?socket_connect_timeout=0.5&socket_timeout=0.5";
-        let dsns = if target == Target::Flock {
-            Vec::new()
-        } else {
-            servers
-                .iter()
-                .map(|s| {
-                    let port = if fault == Fault::Delay {
-                        proxy(s.port())?
-                    } else {
-                        s.port()
-                    };
-                    Ok(format!("redis://127.0.0.1:{port}/0{timeouts}"))
-                })
-                .collect::<anyhow::Result<_>>()?
-        };
-        let etcd = (target == Target::Etcd).then(|| EtcdCluster::start(3));
-        let dsns = match &etcd {
-            Some(cluster) => vec![cluster.dsn("")],
-            None => dsns,
-        };
-        let (dir, dsns) = if target == Target::Flock {
-            let dir = tempfile::Builder::new().prefix("xtr-faults-").tempdir()?;
-            let dsn = format!("flock://{}", dir.path().display());
-            (Some(dir), vec![dsn])
-        } else {
-            (None, dsns)
-        };
-        Ok(Stores {
-            servers,
-            etcd,
-            dsns,
-            _dir: dir,
-        })
-    }
-
-    /// `--store D` for each DSN.
-    pub(crate) fn args(&self) -> Vec<String> {
-        self.dsns
-            .iter()
-            .flat_map(|d| ["--store".to_owned(), d.clone()])
-            .collect()
-    }
-}
-
-/// A delay proxy (1–3 ms each way) in front of `port`, on a thread of this process.
-fn proxy(port: u16) -> anyhow::Result<u16> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-    let local = listener.local_addr()?.port();
-    std::thread::spawn(move || {
-        xtr_lock_testkit::delay_proxy::serve(
-            listener,
-            port,
-            Duration::from_millis(1),
-            Duration::from_millis(3),
-        )
-    });
-    Ok(local)
-}
-
-/// The resource every worker contends for.
-pub(crate) const RESOURCE: &str = "fault-suite";
-
-/// Runs `scenario` with the `xtr-lock` binary at `xtr_lock`.
+/// Runs `scenario` with the `xtr-lock` binary at `xtr_lock`, on servers of its own.
 ///
 /// # Errors
 ///
 /// When a server or a process cannot be started (not when the locks misbehave: that is in
 /// the report's violations).
 pub fn run(xtr_lock: &Path, scenario: &Scenario) -> anyhow::Result<Report> {
-    let mut stores = Stores::start(scenario.target, scenario.fault)?;
+    run_with(xtr_lock, scenario, &mut None)
+}
+
+/// Runs `scenario` on `servers` when they serve its target (else on new ones, left in
+/// `servers` for the next scenario): a target's scenarios run one after another share them.
+///
+/// # Errors
+///
+/// As [`run`].
+pub fn run_with(
+    xtr_lock: &Path,
+    scenario: &Scenario,
+    servers: &mut Option<Servers>,
+) -> anyhow::Result<Report> {
+    let mine = match servers.take() {
+        Some(s) if s.target() == scenario.target => s,
+        _ => Servers::start(scenario.target)?,
+    };
+    let mut stores = stores::Stores::new(xtr_lock, mine, scenario)?;
+    let report = run_on(xtr_lock, scenario, &mut stores);
+    *servers = Some(stores.servers);
+    report
+}
+
+fn run_on(
+    xtr_lock: &Path,
+    scenario: &Scenario,
+    stores: &mut stores::Stores,
+) -> anyhow::Result<Report> {
     let work = tempfile::Builder::new()
         .prefix("xtr-faults-log-")
         .tempdir()?;
     let log: PathBuf = work.path().join("sections.log");
     std::fs::write(&log, "")?;
-    let pool = workers::Pool::start(xtr_lock, &stores, scenario, &log);
-    let faults = faults::inject(&mut stores, &pool, scenario);
+    let clock = Clock::start(&log);
+    let pool = workers::Pool::start(xtr_lock, stores, scenario, &log);
+    let faults = faults::inject(stores, &pool, scenario, &log);
     let exits = pool.stop();
+    clock.stop();
     let text = std::fs::read_to_string(&log)?;
-    let verdict = check::check(&text, scenario.fault.needs_fencing());
+    let rules = check::Rules {
+        fenced: scenario.fault.needs_fencing(),
+        destroyed_bound: scenario.destroyed_bound(),
+    };
+    let verdict = check::check_with(&text, rules);
     let mut violations = verdict.violations;
     violations.extend(workers::survivors(&log));
     // Locks of killed holders last until their ttl at most, then nothing may be left.
-    std::thread::sleep(scenario.ttl + Duration::from_millis(500));
-    violations.extend(workers::leftovers(xtr_lock, &stores));
+    violations.extend(stores::leftovers(
+        xtr_lock,
+        stores,
+        scenario.leftover_wait(),
+    ));
+    let log = (!violations.is_empty()).then(|| work.keep().join("sections.log"));
     Ok(Report {
         name: scenario.name(),
         sections: verdict.sections,
         faults,
         exits,
         fenced_off: verdict.fenced_off,
+        excused: verdict.excused,
         violations,
+        log,
     })
+}
+
+/// The thread that appends a `clock` line to the log every [`check::CLOCK_TICK`].
+struct Clock {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Clock {
+    fn start(log: &Path) -> Clock {
+        let stop = Arc::new(AtomicBool::new(false));
+        let file = std::fs::OpenOptions::new().append(true).open(log);
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let Ok(mut file) = file else { return };
+            let start = std::time::Instant::now();
+            let mut n = 0u32;
+            while !flag.load(Ordering::Relaxed) {
+                n += 1;
+                let next = start + check::CLOCK_TICK * n;
+                std::thread::sleep(next.saturating_duration_since(std::time::Instant::now()));
+                let _ = file.write_all(b"clock\n");
+            }
+        });
+        Clock { stop, thread }
+    }
+
+    fn stop(self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = self.thread.join();
+    }
 }

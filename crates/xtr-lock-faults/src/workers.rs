@@ -11,39 +11,72 @@ use std::time::Duration;
 
 use rand::Rng as _;
 
-use crate::{RESOURCE, Scenario, Stores};
+use crate::Scenario;
+use crate::stores::Stores;
 
 /// The section: `enter`, three ticks `$TICK` seconds apart, `exit`, each its own `O_APPEND`
-/// write.
-const BODY: &str = r#"printf 'enter %s %s %s %s\n' "$SEC" "$MODE" "${XTR_LOCK_FENCING_TOKEN:--}" "$$" >> "$LOG"
+/// write. With `STUBBORN=1` it ignores SIGTERM (its `sleep`s inherit that): only SIGKILL stops
+/// it.
+const BODY: &str = r#"[ "$STUBBORN" = 1 ] && trap '' TERM
+printf 'enter %s %s %s %s\n' "$SEC" "$MODE" "${XTR_LOCK_FENCING_TOKEN:--}" "$$" >> "$LOG"
 for i in 1 2 3; do sleep "$TICK"; echo "tick $SEC" >> "$LOG"; done
 echo "exit $SEC" >> "$LOG""#;
 
+/// A worker's running `xtr-lock run`: its pid and its section's name.
+pub(crate) type Slot = Arc<Mutex<Option<(u32, String)>>>;
+
 pub(crate) struct Pool {
     stop: Arc<AtomicBool>,
-    /// Per worker: the pid of its `xtr-lock run` while one runs.
-    pub(crate) running: Vec<Arc<Mutex<Option<u32>>>>,
+    /// Per worker: its `xtr-lock run` while one runs.
+    pub(crate) running: Vec<Slot>,
     threads: Vec<JoinHandle<[usize; 5]>>,
 }
 
+/// How a worker takes the lock.
+#[derive(Clone, Copy)]
+enum Mode {
+    /// Exclusive three times in four, shared once.
+    Mixed,
+    /// Always shared.
+    Reader,
+}
+
 impl Pool {
+    /// `scenario.workers` mixed workers, then `scenario.readers` readers; worker `w` uses
+    /// `stores.worker_args(w)`.
     pub(crate) fn start(xtr_lock: &Path, stores: &Stores, scenario: &Scenario, log: &Path) -> Pool {
         let stop = Arc::new(AtomicBool::new(false));
         let mut running = Vec::new();
         let mut threads = Vec::new();
-        for w in 0..scenario.workers {
-            let slot: Arc<Mutex<Option<u32>>> = Arc::default();
+        for w in 0..scenario.workers + scenario.readers {
+            let slot: Slot = Arc::default();
             running.push(slot.clone());
             let (stop, xtr, log) = (stop.clone(), xtr_lock.to_owned(), log.to_owned());
             let mut args = vec!["run".to_owned()];
-            args.extend(stores.args());
+            args.extend(stores.worker_args(w));
             let ttl = format!("{}ms", scenario.ttl.as_millis());
             args.extend(["--ttl".into(), ttl, "-w".into(), "3s".into()]);
             // One section in five lasts 1.5 ttls: long enough to outlive a lease that is
             // not renewed.
             let long = format!("{:.3}", scenario.ttl.as_secs_f64() / 2.0);
+            let mode = if w < scenario.workers {
+                Mode::Mixed
+            } else {
+                Mode::Reader
+            };
+            let resource = stores.resource.clone();
+            let stubborn = scenario.fault.stubborn();
             threads.push(std::thread::spawn(move || {
-                worker(w, &xtr, &args, &log, &long, &stop, &slot)
+                let run = Run {
+                    xtr: &xtr,
+                    args: &args,
+                    resource: &resource,
+                    log: &log,
+                    long_tick: &long,
+                    mode,
+                    stubborn,
+                };
+                worker(w, &run, &stop, &slot)
             }));
         }
         Pool {
@@ -67,35 +100,50 @@ impl Pool {
     }
 }
 
+/// What a worker runs, again and again.
+struct Run<'a> {
+    xtr: &'a Path,
+    args: &'a [String],
+    resource: &'a str,
+    log: &'a Path,
+    long_tick: &'a str,
+    mode: Mode,
+    /// Whether a third of the sections ignore SIGTERM.
+    stubborn: bool,
+}
+
 fn worker(
     w: usize,
-    xtr: &Path,
-    args: &[String],
-    log: &Path,
-    long_tick: &str,
+    run: &Run<'_>,
     stop: &AtomicBool,
-    slot: &Mutex<Option<u32>>,
+    slot: &Mutex<Option<(u32, String)>>,
 ) -> [usize; 5] {
     let mut exits = [0; 5];
     let mut n = 0;
     while !stop.load(Ordering::Relaxed) {
         n += 1;
-        let shared = rand::rng().random_bool(0.25);
+        let shared = match run.mode {
+            Mode::Mixed => rand::rng().random_bool(0.25),
+            Mode::Reader => true,
+        };
         let tick = if rand::rng().random_bool(0.2) {
-            long_tick
+            run.long_tick
         } else {
             "0.01"
         };
-        let mut cmd = Command::new(xtr);
-        cmd.args(args);
+        let section = format!("w{w}-{n}");
+        let stubborn = run.stubborn && rand::rng().random_bool(1.0 / 3.0);
+        let mut cmd = Command::new(run.xtr);
+        cmd.args(run.args);
         if shared {
             cmd.arg("-s");
         }
-        cmd.args([RESOURCE, "--", "sh", "-c", BODY])
-            .env("SEC", format!("w{w}-{n}"))
+        cmd.args([run.resource, "--", "sh", "-c", BODY])
+            .env("SEC", &section)
             .env("MODE", if shared { "r" } else { "w" })
-            .env("LOG", log)
+            .env("LOG", run.log)
             .env("TICK", tick)
+            .env("STUBBORN", if stubborn { "1" } else { "0" })
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -105,7 +153,7 @@ fn worker(
             std::thread::sleep(Duration::from_millis(50));
             continue;
         };
-        *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(child.id());
+        *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some((child.id(), section));
         let status = child.wait();
         *slot.lock().unwrap_or_else(|e| e.into_inner()) = None;
         let bucket = match status
@@ -165,35 +213,4 @@ pub(crate) fn survivors(log: &Path) -> Vec<String> {
         std::thread::sleep(Duration::from_millis(100));
     }
     Vec::new()
-}
-
-/// What is still held once every holder is gone and the killed ones' leases have ended: a free
-/// lock must be taken at once (`run -n` exits 0), and on Redis no key may be left behind.
-pub(crate) fn leftovers(xtr: &Path, stores: &Stores) -> Vec<String> {
-    let mut out = Vec::new();
-    let status = Command::new(xtr)
-        .arg("run")
-        .args(stores.args())
-        .args(["--ttl", "5s", "-n", RESOURCE, "--", "true"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status();
-    if !status.as_ref().is_ok_and(|s| s.success()) {
-        out.push(format!("the lock was still held after the run: {status:?}"));
-    }
-    if let Some(cluster) = &stores.etcd {
-        let keys =
-            cluster.etcdctl_output(&["get", "--prefix", "--keys-only", &format!("{RESOURCE}/")]);
-        if !keys.trim().is_empty() {
-            out.push(format!(
-                "etcd still has the lock's keys after the run: {keys:?}"
-            ));
-        }
-    }
-    for (i, server) in stores.servers.iter().enumerate() {
-        if server.cli(&["EXISTS", RESOURCE]) != "0" {
-            out.push(format!("server {i} still has the lock's key after the run"));
-        }
-    }
-    out
 }

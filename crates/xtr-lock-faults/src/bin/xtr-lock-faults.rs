@@ -1,16 +1,19 @@
-//! `xtr-lock-faults [--duration 10m] [--only NAME]… [--xtr-lock PATH]`: the fault suite's long
-//! form. Runs every scenario for the duration (split evenly), prints one line per scenario and
-//! the totals, and exits 1 on any violation.
+//! `xtr-lock-faults [--duration 10m] [--only NAME]… [--target NAME]… [--readers N]
+//! [--xtr-lock PATH]`: the fault suite's long form. Runs every scenario (or those named) for the
+//! duration (split evenly), prints one line per scenario and the totals, and exits 1 on any
+//! violation.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use xtr_lock_faults::{Scenario, run};
+use xtr_lock_faults::{Scenario, run_with};
 
 fn main() -> anyhow::Result<()> {
     let mut duration = Duration::from_secs(60);
     let mut only: Vec<String> = Vec::new();
+    let mut targets: Vec<String> = Vec::new();
+    let mut readers: Option<usize> = None;
     let mut xtr = std::env::current_exe()?.with_file_name("xtr-lock");
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -18,10 +21,19 @@ fn main() -> anyhow::Result<()> {
         match arg.as_str() {
             "--duration" => duration = humantime::parse_duration(&value()?)?,
             "--only" => only.push(value()?),
+            "--target" => targets.push(value()?),
+            "--readers" => readers = Some(value()?.parse().context("--readers: a number")?),
             "--xtr-lock" => xtr = PathBuf::from(value()?),
             "-h" | "--help" => {
                 println!(
-                    "usage: xtr-lock-faults [--duration 10m] [--only flock/kill-holder]… [--xtr-lock PATH]"
+                    "usage: xtr-lock-faults [--duration 10m] [--only flock/kill-holder]… \
+                     [--target pubsub]… [--readers 8] [--xtr-lock PATH]\n\
+                     scenarios: {}",
+                    Scenario::all(Duration::ZERO)
+                        .iter()
+                        .map(Scenario::name)
+                        .collect::<Vec<_>>()
+                        .join(" ")
                 );
                 return Ok(());
             }
@@ -36,21 +48,36 @@ fn main() -> anyhow::Result<()> {
     }
     let mut scenarios = Scenario::all(Duration::ZERO);
     scenarios.retain(|s| only.is_empty() || only.contains(&s.name()));
+    scenarios.retain(|s| targets.is_empty() || targets.iter().any(|t| t == s.target.name()));
     if scenarios.is_empty() {
-        bail!("--only matches no scenario");
+        bail!("--only and --target match no scenario (see --help)");
     }
     let each = duration / u32::try_from(scenarios.len())?;
     let started = Instant::now();
     let (mut sections, mut faults, mut violations) = (0, 0, 0);
     println!(
-        "{:<28} {:>9} {:>7} {:>6} {:>5} {:>5} {:>5} {:>6} {:>10}",
-        "scenario", "sections", "faults", "ok", "gave", "err", "lost", "fenced", "violations"
+        "{:<32} {:>9} {:>7} {:>6} {:>5} {:>5} {:>5} {:>6} {:>7} {:>10}",
+        "scenario",
+        "sections",
+        "faults",
+        "ok",
+        "gave",
+        "err",
+        "lost",
+        "fenced",
+        "excused",
+        "violations"
     );
+    // A target's scenarios (adjacent in `Scenario::all`) share its servers.
+    let mut servers = None;
     for mut s in scenarios {
         s.duration = each;
-        let r = run(&xtr, &s)?;
+        if let Some(n) = readers {
+            s.readers = n;
+        }
+        let r = run_with(&xtr, &s, &mut servers)?;
         println!(
-            "{:<28} {:>9} {:>7} {:>6} {:>5} {:>5} {:>5} {:>6} {:>10}",
+            "{:<32} {:>9} {:>7} {:>6} {:>5} {:>5} {:>5} {:>6} {:>7} {:>10}",
             r.name,
             r.sections,
             r.faults,
@@ -59,10 +86,14 @@ fn main() -> anyhow::Result<()> {
             r.exits[2],
             r.exits[3],
             r.fenced_off,
+            r.excused,
             r.violations.len()
         );
         for v in &r.violations {
             println!("  violation: {v}");
+        }
+        if let Some(log) = &r.log {
+            println!("  log: {}", log.display());
         }
         sections += r.sections;
         faults += r.faults;

@@ -102,7 +102,7 @@ impl Scenario {
     ///
     /// Where a fault destroys a lock under a holder that learns it only at its next check (a
     /// terminated session, a server restarted without its locks) and there are no tokens, the
-    /// checker bounds how long the holder may run on (see [`Fault::destroys_lock`]).
+    /// checker bounds how long the holder may run on (see `Fault::destroys_lock`).
     pub fn all(duration: Duration) -> Vec<Scenario> {
         use Fault::*;
         let holder = [KillHolder, KillXtrLock, StopXtrLock];

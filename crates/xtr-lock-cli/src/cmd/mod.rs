@@ -26,8 +26,20 @@ pub(crate) async fn take(
 ) -> Result<Option<Duration>> {
     let started = Instant::now();
     let waits = !(take.wait == Wait::Never || take.wait == Wait::AtMost(Duration::ZERO));
-    // Try once before showing anything: most locks are free.
-    match lock.acquire_with(take.mode, Wait::Never).await {
+    // Try once before showing anything: most locks are free. Within the wait's deadline: a
+    // store that does not answer (a dead database's connect) must not overrun `-w`.
+    let first = lock.acquire_with(take.mode, Wait::Never);
+    let first = match take.wait {
+        Wait::AtMost(d) if waits => match tokio::time::timeout(d, first).await {
+            Ok(first) => first,
+            Err(_) => anyhow::bail!(
+                "lock {:?}: the store did not answer within {d:?} (the wait)",
+                lock.resource()
+            ),
+        },
+        _ => first.await,
+    };
+    match first {
         Ok(true) => return Ok(Some(started.elapsed())),
         Ok(false) => {}
         // A store that cannot be reached yet (starting, restarting, a quorum short of

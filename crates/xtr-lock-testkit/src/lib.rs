@@ -12,4 +12,5 @@ pub mod postgres;
 mod process;
 pub mod python;
 pub mod redis;
+pub mod slow_answers;
 pub mod user;

@@ -446,3 +446,43 @@ async fn holders_of_a_silent_server_give_up_at_the_connect_timeout() {
     assert!(err.is_temporary(), "{err}");
     assert!(took < Duration::from_millis(1800), "{took:?}: {err}");
 }
+
+/// A prober whose replies sit unread past its deadline (its connection's reader resumed late,
+/// the machine busy) reaps nobody who answered: it used to take the live holder for silent and
+/// kill its connection (seen as a sibling-chaos failure under CI load: a reader that believed
+/// it held, its connection killed). The probe's replies here reach it 1.5 s late, past its 1 s
+/// wait; a round trip on its listener's connection brings them in before it decides.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replies_read_late_reap_nobody_who_answered() {
+    use xtr_lock_testkit::slow_answers;
+    let server = RedisServer::start();
+    let holder = LockFactory::new(store(server.port())).create_lock("slow");
+    assert!(holder.try_acquire().await.unwrap());
+    // The probe's listener subscribes to `slow-<32 hex>`; the messages it gets come late. (The
+    // holders' connections are named `slow-lock-<id>`; they publish there, never subscribe.)
+    let contains = |needles: &'static [&'static [u8]]| -> slow_answers::Pick {
+        Arc::new(move |chunk: &[u8]| {
+            needles
+                .iter()
+                .all(|n| chunk.windows(n.len()).any(|w| w == *n))
+        })
+    };
+    let proxy = slow_answers::start(
+        server.port(),
+        contains(&[b"SUBSCRIBE\r\n$37\r\nslow-"]),
+        contains(&[b"message"]),
+        Duration::from_millis(1500),
+    );
+    let prober = LockFactory::new(store(proxy)).create_lock("slow");
+    let started = Instant::now();
+    assert!(
+        !prober.try_acquire().await.unwrap(),
+        "the prober took a lock whose holder answered"
+    );
+    eprintln!("the try answered in {:?}", started.elapsed());
+    assert!(
+        holder.is_acquired().await.unwrap(),
+        "the live holder was reaped"
+    );
+    assert_eq!(holder.release().await.unwrap(), xtr_lock::Release::Released);
+}

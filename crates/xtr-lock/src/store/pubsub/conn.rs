@@ -314,6 +314,17 @@ impl Listener {
         Ok(notices)
     }
 
+    /// A round trip on the listener's connection: every reply the server sent before it has
+    /// been routed when this returns (pushes and answers come in order on one connection).
+    pub(super) async fn barrier(&self) -> Result<()> {
+        let mut conn = self.conn.clone();
+        redis::cmd("PING")
+            .query_async::<Value>(&mut conn)
+            .await
+            .map(drop)
+            .map_err(|e| redis_error("cannot reach the probe listener's connection", &e))
+    }
+
     fn unsubscribe_later(&self, channel: String) {
         if self.dead.load(Ordering::Acquire) {
             return;

@@ -159,3 +159,116 @@ impl Freezer {
         self.frozen.store(false, Ordering::SeqCst);
     }
 }
+
+/// A request that lands and whose answer is lost: the first chunk a client sends for which
+/// `matches(n, chunk)` is true is forwarded to the server, and then that connection is cut
+/// (both ways, with a FIN) before anything more the server sends reaches the client; every
+/// other chunk and connection goes straight through. As a connection broken between a
+/// statement's commit and its reply: the client cannot tell whether the request was done.
+#[derive(Debug, Clone)]
+pub struct LostAnswer {
+    cut: Arc<Mutex<Option<Instant>>>,
+}
+
+impl LostAnswer {
+    /// Starts a proxy to `127.0.0.1:target` that loses the answer to the first chunk that
+    /// `matches`; returns the proxy's port and the handle.
+    pub fn start(
+        target: u16,
+        matches: impl Fn(usize, &[u8]) -> bool + Send + Sync + 'static,
+    ) -> (u16, LostAnswer) {
+        let lost = LostAnswer {
+            cut: Arc::new(Mutex::new(None)),
+        };
+        let listener = TcpListener::bind("127.0.0.1:0").expect("a free port");
+        let port = listener.local_addr().expect("a bound port").port();
+        let (armed, matches, handle) = (
+            Arc::new(AtomicBool::new(true)),
+            Arc::new(matches),
+            lost.clone(),
+        );
+        thread::spawn(move || {
+            for n in 0.. {
+                let Ok((client, _)) = listener.accept() else {
+                    continue;
+                };
+                let Ok(server) = TcpStream::connect(("127.0.0.1", target)) else {
+                    continue;
+                };
+                let _ = client.set_nodelay(true);
+                let _ = server.set_nodelay(true);
+                let (Ok(client_r), Ok(server_r)) = (client.try_clone(), server.try_clone()) else {
+                    continue;
+                };
+                // Set before the chunk goes out: the answer to it is never forwarded.
+                let cutting = Arc::new(AtomicBool::new(false));
+                let c = cutting.clone();
+                thread::spawn(move || answers(server_r, client, &c));
+                let (armed, matches, handle) = (armed.clone(), matches.clone(), handle.clone());
+                thread::spawn(move || {
+                    requests(n, client_r, server, &cutting, |n, chunk| {
+                        let picked = matches(n, chunk) && armed.swap(false, Ordering::SeqCst);
+                        if picked {
+                            *handle.cut.lock().unwrap() = Some(Instant::now());
+                        }
+                        picked
+                    });
+                });
+            }
+        });
+        (port, lost)
+    }
+
+    /// When the request whose answer is lost went to the server, if one did (its connection is
+    /// cut 300 ms later).
+    pub fn cut_at(&self) -> Option<Instant> {
+        *self.cut.lock().unwrap()
+    }
+}
+
+/// Forwards a client's chunks until `pick` picks one: that one is forwarded, and once the server
+/// had time to act on it, both sides of the connection are shut down.
+fn requests(
+    n: usize,
+    mut client: TcpStream,
+    mut server: TcpStream,
+    cutting: &AtomicBool,
+    pick: impl Fn(usize, &[u8]) -> bool,
+) {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let read = match client.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(k) => k,
+        };
+        let picked = pick(n, &buf[..read]);
+        if picked {
+            cutting.store(true, Ordering::SeqCst);
+        }
+        if server.write_all(&buf[..read]).is_err() {
+            break;
+        }
+        if picked {
+            thread::sleep(Duration::from_millis(300));
+            let _ = client.shutdown(Shutdown::Both);
+            let _ = server.shutdown(Shutdown::Both);
+            return;
+        }
+    }
+    let _ = server.shutdown(Shutdown::Write);
+}
+
+/// Forwards the server's answers to the client until the connection is being cut.
+fn answers(mut server: TcpStream, mut client: TcpStream, cutting: &AtomicBool) {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let read = match server.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(k) => k,
+        };
+        if cutting.load(Ordering::SeqCst) || client.write_all(&buf[..read]).is_err() {
+            break;
+        }
+    }
+    let _ = client.shutdown(Shutdown::Write);
+}

@@ -20,7 +20,7 @@ pub(crate) struct Sql {
     /// holder it met; MySQL: the upsert alone (the outcome comes back in `LAST_INSERT_ID`);
     /// SQLite: the conditional upsert, run in a write transaction after `read`.
     pub(crate) save: String,
-    /// Draws the next fencing token of a resource (MySQL and SQLite; PostgreSQL draws in `save`).
+    /// Draws the next fencing token of a resource (PostgreSQL draws in `save` too).
     pub(crate) draw: String,
     /// The row of a resource: its token, whether it is live, its remaining milliseconds.
     pub(crate) read: String,
@@ -88,7 +88,10 @@ fn postgres(t: &str, f: &str) -> Sql {
                     (SELECT key_token FROM old), \
                     (SELECT CAST((old.key_expiration - 0.5 - c.f) * 1000 AS BIGINT) FROM old, c)"
         ),
-        draw: String::new(),
+        draw: format!(
+            "INSERT INTO {f} AS g (key_id, n) VALUES ($1, {PG_MICROS}) \
+             ON CONFLICT (key_id) DO UPDATE SET n = g.n + 1 RETURNING g.n"
+        ),
         read: format!(
             "SELECT key_token, COALESCE(key_expiration > {now}, false), \
              CAST((key_expiration - 0.5 - EXTRACT(epoch FROM statement_timestamp())) * 1000 \

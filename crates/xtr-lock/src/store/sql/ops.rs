@@ -199,11 +199,24 @@ impl SqlStore {
             unsent: Some(state.unsent.clone()),
             ..Run::keeping(&self.inner, key)
         };
+        let held = lock(&self.inner.held).get(&id) == Some(&token);
         let saved = {
             let (id, token) = (id.clone(), token.clone());
             self.run(key.resource(), how, move |conn, inner| {
                 let (id, token) = (id.clone(), token.clone());
-                Box::pin(async move { queries::save(conn, &inner.sql, &id, &token, secs).await })
+                Box::pin(async move {
+                    match queries::save(conn, &inner.sql, &id, &token, secs).await? {
+                        // Our row, though this holder did not hold: an earlier run of this
+                        // statement landed and its answer was lost with its connection (the
+                        // rerun after a broken one), and with it the token it drew, if it drew
+                        // one. A new acquisition always has a token: draw another, larger.
+                        queries::Saved::Acquired { fence: None } if !held => {
+                            let fence = queries::draw(conn, &inner.sql, &id).await?;
+                            Ok(queries::Saved::Acquired { fence: Some(fence) })
+                        }
+                        saved => Ok(saved),
+                    }
+                })
             })
             .await?
         };

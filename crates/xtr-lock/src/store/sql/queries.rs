@@ -136,15 +136,9 @@ pub(crate) async fn save(conn: &mut Conn, sql: &Sql, id: &str, token: &str, ttl:
                 // Our own row (a re-save, the same second's included).
                 1 => Ok(Saved::Acquired { fence: None }),
                 // A new row, or an expired one taken over.
-                0 | 2 => {
-                    let drawn = sqlx::query(AssertSqlSafe(sql.draw.as_str()))
-                        .bind(id)
-                        .execute(&mut **p)
-                        .await?;
-                    Ok(Saved::Acquired {
-                        fence: Some(drawn.last_insert_id()),
-                    })
-                }
+                0 | 2 => Ok(Saved::Acquired {
+                    fence: Some(draw(conn, sql, id).await?),
+                }),
                 _ => Ok(Saved::Conflict {
                     holder: read(conn, sql, id).await?,
                 }),
@@ -192,6 +186,32 @@ pub(crate) async fn save(conn: &mut Conn, sql: &Sql, id: &str, token: &str, ttl:
             Ok(Saved::Acquired { fence: fence(n) })
         }
     }
+}
+
+/// Draws `id`'s next fencing token (outside an acquiring statement: MySQL's second statement,
+/// or a token an acquisition did not bring back).
+pub(crate) async fn draw(conn: &mut Conn, sql: &Sql, id: &str) -> Db<u64> {
+    let q = AssertSqlSafe(sql.draw.as_str());
+    let n = match conn {
+        Conn::Postgres(p) => {
+            sqlx::query_scalar::<_, i64>(q)
+                .bind(id)
+                .fetch_one(&mut **p)
+                .await?
+        }
+        Conn::MySql(p) => {
+            let drawn = sqlx::query(q).bind(id).execute(&mut **p).await?;
+            return Ok(drawn.last_insert_id());
+        }
+        Conn::Sqlite(p) => {
+            sqlx::query_scalar::<_, i64>(q)
+                .bind(id)
+                .fetch_one(&mut **p)
+                .await?
+        }
+    };
+    u64::try_from(n)
+        .map_err(|_| sqlx::Error::Decode(format!("a negative fencing counter: {n}").into()))
 }
 
 /// The row of `id`, if there is one.

@@ -330,12 +330,17 @@ pub trait Store: Send + Sync + fmt::Debug + fmt::Display + 'static {
         None
     }
 
-    /// How long `key`'s lock is certain to last if its holder stops doing anything now, on a
-    /// store that does not expire locks ([`Capabilities::expiring`] false) but keeps them on a
-    /// lease of its own that it renews in the background (etcd): the end of the last lease
-    /// renewal the server confirmed. `None` (the default) when the store keeps no such lease, or
-    /// the holder holds nothing. `xtr-lock run` uses it to stop its command before a lease it
-    /// can no longer renew (the process stopped) runs out.
+    /// How long `key`'s lock is certain to last if its holder stops doing anything now (its
+    /// process stopped, its connection silently cut), where the store keeps the lock on a lease
+    /// of its own that the holder renews in the background, and that another process can end
+    /// while the holder is alive but silent: etcd's lease (the end of the last keep-alive the
+    /// cluster confirmed), pub/sub's `unavailable_timeout` after the last self-check the server
+    /// answered, a session lock's keepalive (the last round trip plus the time the server takes
+    /// to end a silent client's session). Only what the server confirmed counts: a renewal in
+    /// flight lengthens nothing until it is answered. `None` (the default) when the store keeps
+    /// no such lease (the ttl of an expiring store is
+    /// [`remaining_lifetime`](crate::Lockable::remaining_lifetime)'s), or the holder holds nothing.
+    /// `xtr-lock run` stops its command before the shorter of the two ends.
     fn lease_remaining(&self, key: &Key) -> Option<Duration> {
         let _ = key;
         None

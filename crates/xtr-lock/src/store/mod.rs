@@ -40,6 +40,8 @@ mod combined;
 pub(crate) mod etcd;
 #[cfg(all(feature = "flock", target_os = "linux"))]
 mod flock;
+#[cfg(any(feature = "sql", feature = "memcached"))]
+mod held;
 #[cfg(feature = "memcached")]
 pub(crate) mod memcached;
 mod memory;

@@ -7,7 +7,6 @@ use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use async_trait::async_trait;
@@ -19,6 +18,7 @@ use super::{
 use crate::error::{Error, Result};
 use crate::key::{Key, Mode};
 use crate::store::channels::Channels;
+use crate::store::held::{Claim, Held};
 
 mod config;
 mod conn;
@@ -101,7 +101,7 @@ struct Inner {
     pool: Pool,
     /// The holders of this store: resource → token, to tell whether a refusal came from a
     /// holder whose release wakes our waiters.
-    held: std::sync::Mutex<HashMap<String, String>>,
+    held: Held,
     /// Waiters of this store per resource, woken by its releases.
     wakers: std::sync::Mutex<Channels>,
     /// Owns the holders' [`HolderState`] handles.
@@ -116,6 +116,8 @@ struct HolderState {
     /// The holder's token was made by an add here that never had a connection to send it on
     /// (the server unreachable, the caller gone): its release has nothing to delete.
     unsent: Arc<AtomicBool>,
+    /// Its entry among the store's holders, gone with the key.
+    claim: std::sync::Mutex<Option<Claim>>,
 }
 
 /// How one request runs.
@@ -152,7 +154,7 @@ impl MemcachedStore {
             inner: Arc::new(Inner {
                 shown: config.shown.clone(),
                 pool: Pool::new(config),
-                held: std::sync::Mutex::new(HashMap::new()),
+                held: Held::default(),
                 wakers: std::sync::Mutex::new(Channels::default()),
                 owner: HandleOwner::new(),
             }),
@@ -327,12 +329,7 @@ impl MemcachedStore {
     /// Forgets `token` as the holder of `resource` (released or lost) and wakes this store's
     /// waiters on it.
     fn forget(&self, resource: &str, token: &str) {
-        {
-            let mut held = lock(&self.inner.held);
-            if held.get(resource).is_some_and(|t| t == token) {
-                held.remove(resource);
-            }
-        }
+        self.inner.held.forget(resource, token);
         lock(&self.inner.wakers).notify(resource);
     }
 
@@ -376,23 +373,21 @@ impl MemcachedStore {
             .await?;
         match attempt {
             Attempt::Acquired => {
-                lock(&self.inner.held).insert(key.resource().to_owned(), key.token(KIND));
+                self.inner
+                    .held
+                    .hold(&state.claim, key.resource(), &key.token(KIND));
                 check_expiry(self, key).await?;
                 Ok(Saved::Acquired(Acquired::new()))
             }
             Attempt::Refused(holder, left) => {
                 // A holder of this store announces its release to our waiters; anyone else's
                 // release is found by polling.
-                let here = {
-                    let mut held = lock(&self.inner.held);
-                    let mine = key.token(KIND);
-                    // Refused: whatever this holder held here is gone.
-                    if held.get(key.resource()).is_some_and(|t| *t == mine) {
-                        held.remove(key.resource());
-                    }
-                    held.get(key.resource())
-                        .is_some_and(|t| t.as_bytes() == holder.as_slice())
-                };
+                // Refused: whatever this holder held here is gone.
+                self.inner.held.forget(key.resource(), &key.token(KIND));
+                let here = self
+                    .inner
+                    .held
+                    .held_by(key.resource(), |t| t.as_bytes() == holder.as_slice());
                 state.here.store(here, Ordering::Release);
                 let conflict = Conflict::new();
                 Ok(Saved::Conflict(match left {

@@ -1,7 +1,6 @@
 //! [`SqlStore`]: locks as rows of Symfony Lock's `lock_keys` table on PostgreSQL,
 //! MySQL/MariaDB and SQLite, shared with PHP processes on Symfony's `PdoStore`.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
@@ -10,6 +9,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use sha2::{Digest as _, Sha256};
 
+use super::held::{Claim, Held};
 use super::{
     Acquired, Capabilities, Conflict, HandleOwner, HolderInfo, Holding, LostReason, Saved, Store,
     Watcher, check_expiry,
@@ -135,7 +135,7 @@ struct Inner {
     listener: Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// The resources this store's holders hold now (`key_id` → token): a waiter behind one of
     /// them is woken in-process.
-    held: Mutex<HashMap<String, String>>,
+    held: Held,
     owner: HandleOwner,
     sweep_every: Duration,
     swept: Mutex<Option<Instant>>,
@@ -159,6 +159,8 @@ struct HolderState {
     /// The holder's token was made by a save here that never had a connection to send it
     /// on (the server unreachable, the caller gone): its release has nothing to delete.
     unsent: Arc<AtomicBool>,
+    /// Its entry among the store's holders, gone with the key.
+    claim: Mutex<Option<Claim>>,
 }
 
 /// The `key_id` of a resource: 64 lowercase hex digits of the SHA-256 of its UTF-8 bytes,
@@ -243,7 +245,7 @@ impl SqlStore {
                 wakers: Arc::default(),
                 channel,
                 listener: Mutex::new(None),
-                held: Mutex::new(HashMap::new()),
+                held: Held::default(),
                 owner: HandleOwner::new(),
                 sweep_every: Duration::from_secs(60),
                 swept: Mutex::new(None),

@@ -199,7 +199,7 @@ impl SqlStore {
             unsent: Some(state.unsent.clone()),
             ..Run::keeping(&self.inner, key)
         };
-        let held = lock(&self.inner.held).get(&id) == Some(&token);
+        let held = self.inner.held.held_by(&id, |t| t == token);
         let saved = {
             let (id, token) = (id.clone(), token.clone());
             self.run(key.resource(), how, move |conn, inner| {
@@ -222,7 +222,7 @@ impl SqlStore {
         };
         match saved {
             queries::Saved::Acquired { fence } => {
-                lock(&self.inner.held).insert(id, token);
+                self.inner.held.hold(&state.claim, &id, &token);
                 self.maybe_sweep();
                 check_expiry(self, key).await?;
                 Ok(acquired(fence))
@@ -232,7 +232,7 @@ impl SqlStore {
                 self.forget(&id, &token);
                 let here = holder
                     .as_ref()
-                    .is_some_and(|h| lock(&self.inner.held).get(&id) == Some(&h.token));
+                    .is_some_and(|h| self.inner.held.held_by(&id, |t| t == h.token));
                 let via_listener = !here
                     && self.inner.flavor == Flavor::Postgres
                     && holder.as_ref().is_some_and(|h| announces(&h.token));
@@ -326,10 +326,7 @@ impl SqlStore {
     /// Forgets `token` as this store's holder of `id` (released, lost or taken over), so the
     /// map of holders keeps only the live ones.
     fn forget(&self, id: &str, token: &str) {
-        let mut held = lock(&self.inner.held);
-        if held.get(id).is_some_and(|t| t == token) {
-            held.remove(id);
-        }
+        self.inner.held.forget(id, token);
     }
 
     pub(super) async fn check(&self, key: &Key) -> Result<Holding> {

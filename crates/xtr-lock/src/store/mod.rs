@@ -125,6 +125,11 @@ pub struct Capabilities {
     /// connection closed) as it happens. Without it, a loss is found by the next refresh or
     /// check; expiry is always found by renewal.
     pub observes_loss: bool,
+    /// A held lock stands on a lease the store keeps with the holder's process (an etcd
+    /// lease, a pub/sub holder answering pings, a database session kept alive), which another
+    /// process can end while the holder is alive but silent; [`Store::lease_remaining`] tells
+    /// how much of it the server confirmed.
+    pub leased: bool,
 }
 
 /// Where locks live. Object-safe: locks hold an `Arc<dyn Store>`.

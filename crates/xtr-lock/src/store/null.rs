@@ -62,6 +62,7 @@ impl Store for NullStore {
             introspection: false,
             liveness: false,
             observes_loss: false,
+            leased: false,
         }
     }
 

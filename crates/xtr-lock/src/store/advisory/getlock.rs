@@ -129,6 +129,7 @@ impl Store for MySqlLockStore {
             introspection: true,
             liveness: true,
             observes_loss: true,
+            leased: true,
         }
     }
 

@@ -164,6 +164,7 @@ impl Store for PgAdvisoryStore {
             introspection: true,
             liveness: true,
             observes_loss: true,
+            leased: true,
         }
     }
 

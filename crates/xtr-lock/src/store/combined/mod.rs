@@ -285,6 +285,22 @@ impl Store for CombinedStore {
         (!all.is_empty()).then(|| all.join("; "))
     }
 
+    /// How long members enough to meet the strategy certainly hold: the longest span that
+    /// many members reach. A member on a lease counts for what its server confirmed (nothing,
+    /// where it holds nothing); any other member for as long as the lock lasts anyway (its ttl
+    /// is the key's [`remaining_lifetime`](crate::Lockable::remaining_lifetime)). `None` when no
+    /// member keeps a lease, or the members that do are not needed for the quorum.
+    fn lease_remaining(&self, key: &Key) -> Option<Duration> {
+        let spans = self.stores.iter().map(|s| {
+            if s.capabilities().leased {
+                s.lease_remaining(key).unwrap_or(Duration::ZERO)
+            } else {
+                Duration::MAX
+            }
+        });
+        quorum_span(self.strategy.as_ref(), spans.collect()).filter(|span| *span != Duration::MAX)
+    }
+
     fn capabilities(&self) -> Capabilities {
         let caps: Vec<Capabilities> = self.stores.iter().map(|s| s.capabilities()).collect();
         let met = |f: fn(&Capabilities) -> bool| {
@@ -304,6 +320,7 @@ impl Store for CombinedStore {
             liveness: met(|c| c.liveness),
             // Only when every member watches can every loss that breaks the quorum be seen.
             observes_loss: caps.iter().all(|c| c.observes_loss),
+            leased: caps.iter().any(|c| c.leased),
         }
     }
 
@@ -504,5 +521,38 @@ impl Store for CombinedStore {
             .strategy
             .is_met(members, self.stores.len())
             .then_some(all))
+    }
+}
+
+/// The longest span that members enough to meet `strategy` all reach, given each member's.
+fn quorum_span(strategy: &dyn Strategy, mut spans: Vec<Duration>) -> Option<Duration> {
+    let total = spans.len();
+    let needed = (1..=total).find(|&k| strategy.is_met(k, total))?;
+    spans.sort_unstable_by(|a, b| b.cmp(a));
+    Some(spans[needed - 1])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{ConsensusStrategy, UnanimousStrategy};
+
+    #[test]
+    fn a_quorum_lasts_as_long_as_its_kth_longest_member() {
+        let s = |ms: &[u64]| ms.iter().map(|&m| Duration::from_millis(m)).collect();
+        let ms = Duration::from_millis;
+        assert_eq!(
+            quorum_span(&ConsensusStrategy, s(&[300, 0, 900])),
+            Some(ms(300))
+        );
+        assert_eq!(
+            quorum_span(&ConsensusStrategy, s(&[0, 0, 900])),
+            Some(ms(0))
+        );
+        assert_eq!(
+            quorum_span(&UnanimousStrategy, s(&[300, 200, 900])),
+            Some(ms(200))
+        );
+        assert_eq!(quorum_span(&ConsensusStrategy, Vec::new()), None);
     }
 }

@@ -212,6 +212,7 @@ impl Store for EtcdStore {
             introspection: true,
             liveness: false,
             observes_loss: true,
+            leased: true,
         }
     }
 

@@ -386,6 +386,7 @@ impl Store for FlockStore {
             introspection: true,
             liveness: true,
             observes_loss: true,
+            leased: false,
         }
     }
 

@@ -428,6 +428,7 @@ impl Store for MemcachedStore {
             introspection: true,
             liveness: false,
             observes_loss: false,
+            leased: false,
         }
     }
 

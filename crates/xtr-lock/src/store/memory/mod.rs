@@ -309,6 +309,7 @@ impl Store for InMemoryStore {
             // The lock dies with the process, and so does every holder that could wait for it.
             liveness: true,
             observes_loss: true,
+            leased: false,
         }
     }
 

@@ -263,6 +263,7 @@ impl Store for RedisPubSubStore {
             introspection: true,
             liveness: true,
             observes_loss: true,
+            leased: true,
         }
     }
 

@@ -365,6 +365,7 @@ impl Store for RedisStore {
             introspection: true,
             liveness: false,
             observes_loss: false,
+            leased: false,
         }
     }
 

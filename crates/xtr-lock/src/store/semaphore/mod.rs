@@ -358,6 +358,7 @@ impl Store for SemaphoreStore {
             introspection: true,
             liveness: true,
             observes_loss: false,
+            leased: false,
         }
     }
 

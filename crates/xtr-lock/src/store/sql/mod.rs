@@ -404,6 +404,7 @@ impl Store for SqlStore {
             introspection: true,
             liveness: false,
             observes_loss: false,
+            leased: false,
         }
     }
 

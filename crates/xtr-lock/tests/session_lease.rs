@@ -117,3 +117,57 @@ async fn no_lease_without_a_hold() {
     assert!(store.delete(&key).await.unwrap());
     assert_eq!(store.lease_remaining(&key), None);
 }
+
+/// A lock granted after a wait longer than the server lets a silent session live has its
+/// whole lease when the grant is answered: it used to be dated from the wait's start, so it
+/// read as run out at once (and `xtr-lock run` took the lock for lost and stopped its command).
+async fn a_grant_after_a_long_wait_has_a_full_lease(
+    holder: Arc<dyn Store>,
+    waiter: Arc<dyn Store>,
+    silence: Duration,
+) {
+    let resource = format!("lease-wait:{}", std::process::id());
+    let first = Key::new(&resource);
+    assert!(holder.save(&first, None).await.unwrap().is_acquired());
+    let second = Key::new(&resource);
+    let wait = {
+        let (waiter, second) = (waiter.clone(), second.clone());
+        tokio::spawn(async move { waiter.wait_and_save(&second, None).await })
+    };
+    // The holder's pings keep its session; the waiter's session is busy with its wait.
+    tokio::time::sleep(silence + Duration::from_secs(1)).await;
+    assert!(!wait.is_finished());
+    assert!(holder.delete(&first).await.unwrap());
+    assert!(wait.await.unwrap().unwrap().is_acquired());
+    let lease = waiter.lease_remaining(&second).expect("a lease while held");
+    assert!(
+        lease + Duration::from_millis(1500) >= silence,
+        "a lease of {lease:?} right after the grant, for a session ended after {silence:?}"
+    );
+    assert!(waiter.delete(&second).await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_grant_after_a_long_wait_has_a_full_lease() {
+    let server = PostgresServer::start();
+    server.psql("ALTER SYSTEM SET idle_session_timeout = '3s'");
+    server.psql("SELECT pg_reload_conf()");
+    let dsn = format!(
+        "postgresql+advisory://postgres@127.0.0.1:{}/postgres?keepalive=0.2",
+        server.port()
+    );
+    let store = || Arc::new(PgAdvisoryStore::from_dsn(&dsn).unwrap()) as Arc<dyn Store>;
+    a_grant_after_a_long_wait_has_a_full_lease(store(), store(), Duration::from_secs(3)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_a_grant_after_a_long_wait_has_a_full_lease() {
+    let server = MariaDbServer::start();
+    server.sql("SET GLOBAL wait_timeout = 3");
+    let dsn = format!(
+        "mysql+getlock://root@127.0.0.1:{}/xtr?keepalive=0.2",
+        server.port()
+    );
+    let store = || Arc::new(MySqlLockStore::from_dsn(&dsn).unwrap()) as Arc<dyn Store>;
+    a_grant_after_a_long_wait_has_a_full_lease(store(), store(), Duration::from_secs(3)).await;
+}

@@ -320,10 +320,8 @@ impl Actor {
         }
         let ran = self.settle(ran, mode).await;
         let abandoned = reply.is_closed() || self.shutting_down || self.release_pending();
-        // A grant after a wait was confirmed when the wait was sent: one ping after the answer
-        // dates the lease from now.
         let ping = wait && matches!(ran, Ran::Granted) && !abandoned;
-        let answer = match ran {
+        let mut answer = match ran {
             Ran::Granted if abandoned => {
                 // Nobody takes this grant: take back exactly what this statement added.
                 self.unlock_one(mode).await;
@@ -363,10 +361,19 @@ impl Actor {
                 ))
             }
         };
-        let _ = reply.send(answer);
-        if ping {
+        if ping && matches!(answer, Ok(Saved::Acquired(_))) {
+            // A grant after a wait is confirmed as of the wait's start, maybe longer ago than
+            // the server lets a silent session live: one round trip before the answer dates
+            // the lease the caller reads from now (dated from the wait, it read as lost).
             self.keepalive().await;
+            if self.holds().is_none() {
+                answer = Err(self.error(
+                    Error::storage("lost the connection to the database right after the grant")
+                        .temporary(),
+                ));
+            }
         }
+        let _ = reply.send(answer);
     }
 
     /// A lock statement that ended in an error may still have taken the lock: PostgreSQL grants

@@ -223,6 +223,9 @@ impl Key {
     }
 
     /// The time left before the deadline: `None` without a deadline, `Some(ZERO)` once past.
+    /// The store's working view: during a renewal, the deadline the renewal is setting, not yet
+    /// confirmed; [`Lockable::remaining_lifetime`](crate::Lockable::remaining_lifetime) tells
+    /// the confirmed one.
     pub fn remaining_lifetime(&self) -> Option<Duration> {
         let deadline = self.state().deadline?;
         Some(deadline.saturating_duration_since(self.inner.clock.now()))

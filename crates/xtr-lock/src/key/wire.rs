@@ -51,7 +51,8 @@ impl Key {
             return Err(Error::unserializable_key(self.resource()));
         }
         let now = self.inner.clock.now();
-        let remaining_ms = st.deadline.map(|d| {
+        // During a renewal, the deadline the store confirmed last: the new one may never land.
+        let remaining_ms = st.renewing.unwrap_or(st.deadline).map(|d| {
             let ms = d.saturating_duration_since(now).as_millis();
             u64::try_from(ms).unwrap_or(u64::MAX)
         });
@@ -203,6 +204,20 @@ mod tests {
         // serde too
         let via_serde: Key = serde_json::from_str(&serde_json::to_string(&k).unwrap()).unwrap();
         assert_eq!(via_serde.token("memory"), t);
+    }
+
+    #[test]
+    fn a_key_serialized_during_a_renewal_carries_the_confirmed_lifetime() {
+        let k = Key::new("r");
+        k.reduce_lifetime(Duration::from_secs(10));
+        k.begin_renewal();
+        k.reduce_lifetime(Duration::from_secs(600));
+        let back = Key::from_json(&k.to_json().unwrap()).unwrap();
+        let left = back.remaining_lifetime().unwrap();
+        assert!(left <= Duration::from_secs(10), "{left:?}");
+        k.end_renewal(true);
+        let back = Key::from_json(&k.to_json().unwrap()).unwrap();
+        assert!(back.remaining_lifetime().unwrap() > Duration::from_secs(590));
     }
 
     #[test]

@@ -34,6 +34,14 @@ pub(crate) fn deadline() -> std::time::Instant {
     *DEADLINE.get_or_init(|| std::time::Instant::now() + SETTLE)
 }
 
+/// Runs `fut` until the exit's bound ([`deadline`]): `None` past it. A lock call given up on
+/// goes on in the background (its holder's executor runs it to its end) until the exit's
+/// settle.
+pub(crate) async fn bounded<T>(fut: impl std::future::Future<Output = T>) -> Option<T> {
+    let deadline = tokio::time::Instant::from_std(deadline());
+    tokio::time::timeout_at(deadline, fut).await.ok()
+}
+
 /// The lock was lost.
 pub(crate) const LOST: u8 = 3;
 /// Usage, configuration or store error.

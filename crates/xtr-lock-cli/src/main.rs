@@ -221,8 +221,7 @@ where
 /// waited for past it); a failure is reported, and does not change the command's exit status
 /// (what the command did is done).
 pub(crate) async fn close(store: &dyn xtr_lock::Store) {
-    let deadline = tokio::time::Instant::from_std(exit::deadline());
-    let Ok(closed) = tokio::time::timeout_at(deadline, store.close()).await else {
+    let Some(closed) = exit::bounded(store.close()).await else {
         // What is left is still pending: the exit's settle says so.
         return;
     };

@@ -245,3 +245,30 @@ fn read_ns(path: &Path) -> u128 {
         .parse()
         .unwrap()
 }
+
+/// Interrupted during `-w` while the store does not answer: the clean-up release is bounded
+/// like every exit's (2 s), not by the store's 20 s socket timeout.
+#[test]
+fn an_interrupted_wait_on_a_paused_store_exits_within_the_bound() {
+    let server = RedisServer::start();
+    let url = format!("{}?socket_timeout=20", server.url(0));
+    let mut holder = spawn(&["run", "--store", &url, "held", "--", "sleep", "30"]);
+    std::thread::sleep(Duration::from_millis(700));
+    let mut waiter = spawn(&["run", "-w", "60s", "--store", &url, "held", "--", "true"]);
+    std::thread::sleep(Duration::from_millis(700));
+    server.pause();
+    // A poll of the wait is now in flight, unanswered.
+    std::thread::sleep(Duration::from_millis(300));
+    let interrupted = Instant::now();
+    kill(waiter.id() as i32, rustix::process::Signal::INT);
+    let status = wait_exit(&mut waiter, "the interrupted waiter");
+    let took = interrupted.elapsed();
+    server.resume();
+    kill(holder.id() as i32, rustix::process::Signal::TERM);
+    let _ = wait_exit(&mut holder, "the holder");
+    assert_eq!(status.code(), Some(130), "{status:?}");
+    assert!(
+        took < Duration::from_secs(6),
+        "the interrupted wait exited {took:?} after SIGINT"
+    );
+}

@@ -48,16 +48,15 @@ pub(crate) async fn acquire(
     let key = match handoff::envelope(&lock, &store) {
         Ok(k) => k,
         Err(e) => {
-            let _ = lock.release().await;
+            let _ = crate::exit::bounded(lock.release()).await;
             return Err(e);
         }
     };
     if let Err(e) = deliver(&key) {
         // Nobody got the key: do not leave the lock behind.
-        let released = lock.release().await;
-        let outcome = match released {
-            Ok(_) => "the lock was released",
-            Err(_) => "releasing the lock failed too; it is left to its ttl",
+        let outcome = match crate::exit::bounded(lock.release()).await {
+            Some(Ok(_)) => "the lock was released",
+            Some(Err(_)) | None => "releasing the lock failed too; it is left to its ttl",
         };
         return Err(anyhow!(
             "the key could not be written to stdout ({e}): {outcome}"

@@ -71,8 +71,8 @@ pub(crate) async fn run(args: RunArgs) -> Result<Exit> {
         taken = super::take(&lock, &args.store, &args.take) => taken?,
         sig = signals.recv() => {
             // Interrupted while waiting: whatever the dropped wait stored is taken back (the
-            // release runs after that clean-up), and nothing runs.
-            let _ = lock.release().await;
+            // release runs after that clean-up, within the exit's bound), and nothing runs.
+            let _ = crate::exit::bounded(lock.release()).await;
             return Ok(killed_by(sig));
         }
     };
@@ -102,10 +102,9 @@ pub(crate) async fn run(args: RunArgs) -> Result<Exit> {
     // Released whatever happened to the command; a lost lock is exit 3 however it is found.
     // The exit waits for the store only so long: a release the store does not confirm in
     // time goes on in the background until the exit's bound, and is said to have failed.
-    let deadline = tokio::time::Instant::from_std(crate::exit::deadline());
-    let released = tokio::time::timeout_at(deadline, lock.release())
+    let released = crate::exit::bounded(lock.release())
         .await
-        .unwrap_or_else(|_| Err(unconfirmed_release(&lock)));
+        .unwrap_or_else(|| Err(unconfirmed_release(&lock)));
     match released {
         Ok(Release::Lost) => {
             if !matches!(outcome, Ok(Exit::Lost)) {

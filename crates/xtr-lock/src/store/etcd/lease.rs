@@ -94,9 +94,11 @@ impl Lease {
         })
     }
 
-    /// Whether the keeper has the lease confirmed now.
+    /// Whether the lease is confirmed now: the keeper says so, and its confirmed end has not
+    /// passed (the keeper's own timer may not have run yet).
     pub(super) fn alive(&self) -> bool {
         *self.state.borrow() == State::Alive
+            && BootInstant::now() < *self.confirmed.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Whether etcd said the lease is gone.

@@ -171,3 +171,23 @@ async fn mariadb_a_grant_after_a_long_wait_has_a_full_lease() {
     let store = || Arc::new(MySqlLockStore::from_dsn(&dsn).unwrap()) as Arc<dyn Store>;
     a_grant_after_a_long_wait_has_a_full_lease(store(), store(), Duration::from_secs(3)).await;
 }
+
+/// A `keepalive` longer than the server lets a silent session live is shortened to a third of
+/// that: the session of a live holder is never ended for silence. With `keepalive=30` and
+/// `idle_session_timeout` at 2 s, the lock used to be lost after 2 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_keepalive_still_keeps_a_session_the_server_ends_sooner() {
+    let server = PostgresServer::start();
+    server.psql("ALTER SYSTEM SET idle_session_timeout = '2s'");
+    server.psql("SELECT pg_reload_conf()");
+    let dsn = format!(
+        "postgresql+advisory://postgres@127.0.0.1:{}/postgres?keepalive=30",
+        server.port()
+    );
+    let store = PgAdvisoryStore::from_dsn(&dsn).unwrap();
+    let key = Key::new("lease:keepalive");
+    assert!(store.save(&key, None).await.unwrap().is_acquired());
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(store.exists(&key).await.unwrap().is_held(), "the session was ended");
+    assert!(store.delete(&key).await.unwrap());
+}

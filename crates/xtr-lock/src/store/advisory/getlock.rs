@@ -36,7 +36,8 @@ use crate::store::{Capabilities, HolderInfo, Holding, LossWatcher, Saved, Store}
 ///   wait answers; a grant that crossed the kill is released again, and a wait unanswered for
 ///   the statement timeout ends with its connection closed.
 /// - **Liveness**: a holder that dies closes its connection and the server frees its locks;
-///   each holding session is pinged (`keepalive`, 1 s, at most 60 s), and one that ends
+///   each holding session is pinged (`keepalive`, 1 s, at most 60 s, and at least three
+///   times within `wait_timeout`), and one that ends
 ///   (`KILL`, a restart, a broken connection) is reported lost through the loss watcher.
 /// - **A silent holder's lock can be taken**: the server ends the idle session of a client that
 ///   stopped talking after `wait_timeout` (8 h by default; a holder stopped with SIGSTOP), and
@@ -189,13 +190,13 @@ impl Store for MySqlLockStore {
             .collect())
     }
 
-    /// Closes the idle connections and the control pool; holders keep their sessions.
     /// The last round trip the server answered on the holder's session, plus how long the
     /// server keeps a silent client's session (see the store's `# Failure modes`).
     fn lease_remaining(&self, key: &Key) -> Option<Duration> {
         self.inner.lease_remaining(key)
     }
 
+    /// Closes the idle connections and the control pool; holders keep their sessions.
     async fn close(&self) -> Result<()> {
         self.inner.conns.close().await;
         Ok(())

@@ -63,7 +63,8 @@ pub(crate) fn validate_dsn(dsn: &str) -> Result<()> {
 ///   with its connection closed.
 /// - **Liveness**: a holder that dies closes its connection, and the server frees its locks at
 ///   once (a partitioned client's only when the server's TCP keepalive gives up). Each holding
-///   session is pinged (`keepalive`, 1 s, at most 60 s); a session that ends (terminated,
+///   session is pinged (`keepalive`, 1 s, at most 60 s, and at least three times within the
+///   time the server lets a silent client live, below); a session that ends (terminated,
 ///   server restarted, connection broken) is reported lost through the loss watcher.
 /// - **A silent holder's lock can be taken**: the server ends the session of a client cut off
 ///   by a partition when its TCP keepalive gives up (`tcp_keepalives_idle` +
@@ -248,13 +249,13 @@ impl Store for PgAdvisoryStore {
             .collect())
     }
 
-    /// Closes the idle connections and the control pool; holders keep their sessions.
     /// The last round trip the server answered on the holder's session, plus how long the
     /// server keeps a silent client's session (see the store's `# Failure modes`).
     fn lease_remaining(&self, key: &Key) -> Option<Duration> {
         self.inner.lease_remaining(key)
     }
 
+    /// Closes the idle connections and the control pool; holders keep their sessions.
     async fn close(&self) -> Result<()> {
         self.inner.conns.close().await;
         Ok(())

@@ -123,7 +123,13 @@ impl Actor {
             let cmd = if let Some(cmd) = self.deferred.pop_front() {
                 cmd
             } else if self.holds().is_some() {
-                let keepalive = self.conns.config.keepalive;
+                // At least three pings within the time the server lets a silent client live.
+                let silence = self.conn.as_ref().and_then(|c| c.silence);
+                let keepalive = silence
+                    .map_or(self.conns.config.keepalive, |s| {
+                        self.conns.config.keepalive.min(s / 3)
+                    })
+                    .max(Duration::from_millis(50));
                 tokio::select! {
                     cmd = self.rx.recv() => match cmd {
                         Some(cmd) => cmd,

@@ -188,6 +188,9 @@ async fn a_long_keepalive_still_keeps_a_session_the_server_ends_sooner() {
     let key = Key::new("lease:keepalive");
     assert!(store.save(&key, None).await.unwrap().is_acquired());
     tokio::time::sleep(Duration::from_secs(4)).await;
-    assert!(store.exists(&key).await.unwrap().is_held(), "the session was ended");
+    assert!(
+        store.exists(&key).await.unwrap().is_held(),
+        "the session was ended"
+    );
     assert!(store.delete(&key).await.unwrap());
 }

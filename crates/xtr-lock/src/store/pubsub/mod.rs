@@ -66,8 +66,11 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 ///   (a message from the command connection to the subscription every `unavailable_timeout /
 ///   4`) stopped coming back for `unavailable_timeout` less a tenth: the lease a prober grants
 ///   it ([`lease_remaining`](Store::lease_remaining)), which ends before any prober with the
-///   same `unavailable_timeout` can reap it. The subscription is never made again behind the
-///   holder's back.
+///   same `unavailable_timeout` can reap it. Every process on a lock must use the same
+///   `unavailable_timeout` (portalocker's default is ours): a prober with a shorter one reaps
+///   sooner than the holder's lease assumes. A prober that finds replies missing at its
+///   deadline reads what its connection already received before it reaps, and reaps nobody
+///   when it was itself late. The subscription is never made again behind the holder's back.
 /// - **Fencing**: each exclusive acquisition draws `INCR <channel>-fence` (portalocker's fence
 ///   key), a reader reads it; a missing counter (Redis restarted empty) is seeded from the
 ///   server's clock, so tokens keep increasing.

@@ -8,7 +8,7 @@ use std::time::Duration;
 use rand::Rng as _;
 use redis::Value;
 
-use super::conn::{Conns, redis_error};
+use super::conn::{Conns, Listener, Replies, redis_error};
 use super::decide::{self, Record};
 use crate::error::{Error, Result};
 
@@ -188,21 +188,11 @@ pub(super) async fn probe(
         }
     }
     if (records.len() as u64) < expected {
-        // Answers missing at the deadline. Some the server sent in time may still be unread,
-        // when this task or the connection's reader resumed late on a busy machine: a round
-        // trip on the listener's connection brings in everything sent before it.
-        let late = tokio::time::Instant::now().saturating_duration_since(deadline);
-        if late > timing.poll() || listener.barrier().await.is_err() {
-            // This prober stalled past its own deadline (then so may have the holders it
-            // waited for): it has no fair view of who is silent, and reaps nobody.
+        let Some(unread) = unread_replies(&listener, &mut replies, deadline, timing).await else {
             return Ok(Probe::Inconclusive);
-        }
-        loop {
-            match replies.ready() {
-                Ok(Some(payload)) => take(payload, &mut records),
-                Ok(None) => break,
-                Err(()) => return Ok(Probe::Inconclusive),
-            }
+        };
+        for payload in unread {
+            take(payload, &mut records);
         }
     }
     drop(replies);
@@ -216,6 +206,28 @@ pub(super) async fn probe(
         return Ok(Probe::Inconclusive);
     }
     Ok(Probe::Conclusive(records.into_values().collect()))
+}
+
+/// Answers missing at the deadline: some the server sent in time may still be unread, when the
+/// prober or the connection's reader resumed late on a busy machine. A round trip on the
+/// listener's connection brings in everything sent before it; those are returned. `None` when
+/// the prober stalled past its own deadline (then so may have the holders it waited for): it
+/// has no fair view of who is silent, and must reap nobody.
+async fn unread_replies(
+    listener: &Listener,
+    replies: &mut Replies,
+    deadline: tokio::time::Instant,
+    timing: Timing,
+) -> Option<Vec<Vec<u8>>> {
+    let late = tokio::time::Instant::now().saturating_duration_since(deadline);
+    if late > timing.poll() || listener.barrier().await.is_err() {
+        return None;
+    }
+    let mut unread = Vec::new();
+    while let Some(payload) = replies.ready().ok()? {
+        unread.push(payload);
+    }
+    Some(unread)
 }
 
 /// Kills the channel's holder connections whose ids did not reply (and the legacy name, when no

@@ -486,3 +486,49 @@ async fn replies_read_late_reap_nobody_who_answered() {
     );
     assert_eq!(holder.release().await.unwrap(), xtr_lock::Release::Released);
 }
+
+/// Writers contending right after Redis restarted empty: the first draw recreates the counter
+/// at 1, and a writer not confirmed at once draws again. The seed was applied only to a draw of
+/// 1 that was used, so the next draws went on from 2 (seen in the fault suite: tokens 2 and 3
+/// after tokens from the clock). The draw and the seed are one script now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn contending_writers_after_a_restart_empty_never_draw_small_tokens() {
+    let mut server = RedisServer::start();
+    let port = server.port();
+    let first = LockFactory::new(store(port)).create_lock("drawn");
+    assert!(first.try_acquire().await.unwrap());
+    let mut before = first.fencing_token().unwrap();
+    first.release().await.unwrap();
+    for round in 0..4 {
+        server.restart();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let writers: Vec<_> = (0..4)
+            .map(|_| {
+                let log = log.clone();
+                tokio::spawn(async move {
+                    let lock = LockFactory::new(store(port)).create_lock("drawn");
+                    for _ in 0..3 {
+                        if lock.acquire_timeout(Duration::from_secs(20)).await.unwrap() {
+                            let token = lock.fencing_token().unwrap();
+                            log.lock().unwrap().push((Instant::now(), token));
+                            tokio::time::sleep(Duration::from_millis(5)).await;
+                            lock.release().await.unwrap();
+                        }
+                    }
+                })
+            })
+            .collect();
+        for w in writers {
+            w.await.unwrap();
+        }
+        let mut sections = log.lock().unwrap().clone();
+        sections.sort();
+        for (_, token) in sections {
+            assert!(
+                token > before,
+                "after restart {round}: token {token} after {before}"
+            );
+            before = token;
+        }
+    }
+}

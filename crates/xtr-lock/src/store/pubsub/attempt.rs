@@ -10,21 +10,37 @@ use super::probe::{self, Probe, jitter, numsub};
 use super::sub::Sub;
 use crate::error::Result;
 
-/// Seeds a missing fencing counter (`KEYS[1]`) from the server's clock in microseconds, and
-/// replies the counter. `ARGV[1]` is `write` for a writer whose `INCR` found the counter
-/// missing (it drew 1; peers may have drawn a few more since): the counter is raised to the
-/// clock, which is the writer's token. `read` for a reader that found it missing: set unless
-/// someone set it meanwhile. Atomic, so no token drawn meanwhile is ever handed out again.
+/// Draws a writer's fencing token (`KEYS[1]` the counter): `INCR`, and a counter found
+/// missing (the draw made it 1: a new channel, or Redis restarted empty) set to the server's
+/// clock in microseconds, which is the token. One script, so no other writer can draw a small
+/// token between the `INCR` and the seed (two steps let a writer that drew 2 there hold with a
+/// token below the ones before the restart).
+const DRAW: &str = r"
+local n = redis.call('INCR', KEYS[1])
+if n == 1 then
+  local t = redis.call('TIME')
+  n = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  redis.call('SET', KEYS[1], string.format('%d', n))
+end
+return n
+";
+
+/// Seeds a missing fencing counter (`KEYS[1]`) from the server's clock in microseconds for a
+/// reader that found it missing, unless someone set it meanwhile; replies the counter.
 const SEED: &str = r"
 local v = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-if v < now and (ARGV[1] == 'write' or v == 0) then
-  redis.call('SET', KEYS[1], string.format('%d', now))
-  return now
+if v == 0 then
+  local t = redis.call('TIME')
+  v = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  redis.call('SET', KEYS[1], string.format('%d', v))
 end
 return v
 ";
+
+fn draw_script() -> &'static redis::Script {
+    static SCRIPT: std::sync::OnceLock<redis::Script> = std::sync::OnceLock::new();
+    SCRIPT.get_or_init(|| redis::Script::new(DRAW))
+}
 
 fn seed_script() -> &'static redis::Script {
     static SCRIPT: std::sync::OnceLock<redis::Script> = std::sync::OnceLock::new();
@@ -287,7 +303,7 @@ impl<'a> Contender<'a> {
         // A token drawn in the first round is older than the probes after it: draw again then,
         // so it is later than every writer those probes saw leave.
         let token = match drawn {
-            Some(token) if confirmed_at_once => self.reseeded(token, true).await?,
+            Some(token) if confirmed_at_once => token,
             _ => self.fence(true).await?,
         };
         match self.sub.take() {
@@ -296,14 +312,17 @@ impl<'a> Contender<'a> {
         }
     }
 
-    /// `PUBSUB NUMSUB C` and `INCR C-fence` in one round trip.
+    /// `PUBSUB NUMSUB C` and a draw of `C-fence` in one round trip (the script by `EVAL`: a
+    /// pipeline cannot load it on `NOSCRIPT`).
     async fn count_and_draw(&self) -> Result<(u64, u64)> {
         let mut conn = self.inner.conns.command().await?;
         let (counted, token): (Vec<Value>, u64) = redis::pipe()
             .cmd("PUBSUB")
             .arg("NUMSUB")
             .arg(self.channel)
-            .cmd("INCR")
+            .cmd("EVAL")
+            .arg(DRAW)
+            .arg(1)
             .arg(format!("{}-fence", self.channel))
             .query_async(&mut conn)
             .await
@@ -317,17 +336,20 @@ impl<'a> Contender<'a> {
         Ok((m, token))
     }
 
-    /// `INCR C-fence` for a writer (a new token), `GET` for a reader (at least the last
+    /// A draw of `C-fence` for a writer (a new token), `GET` for a reader (at least the last
     /// writer's, below the next one's).
     async fn fence(&self, write: bool) -> Result<u64> {
         let key = format!("{}-fence", self.channel);
         let mut conn = self.inner.conns.command().await?;
-        let cmd = if write {
-            redis::cmd("INCR").arg(&key).clone()
-        } else {
-            redis::cmd("GET").arg(&key).clone()
-        };
-        let value: Value = cmd
+        if write {
+            return draw_script()
+                .key(&key)
+                .invoke_async(&mut conn)
+                .await
+                .map_err(|e| redis_error("cannot draw a fencing token", &e));
+        }
+        let value: Value = redis::cmd("GET")
+            .arg(&key)
             .query_async(&mut conn)
             .await
             .map_err(|e| redis_error("cannot read the fencing counter", &e))?;
@@ -339,20 +361,18 @@ impl<'a> Contender<'a> {
                 .unwrap_or(0),
             _ => 0,
         };
-        self.reseeded(token, write).await
+        self.seeded(token).await
     }
 
-    /// `token` as drawn (`write`) or read, unless the counter was missing (a new channel, or
-    /// Redis restarted empty): then the counter seeded from the server's clock, as the Redis
-    /// store seeds its own, so tokens keep increasing across such a restart.
-    async fn reseeded(&self, token: u64, write: bool) -> Result<u64> {
-        if token != u64::from(write) {
+    /// A reader's `token`, unless the counter was missing (a new channel, or Redis restarted
+    /// empty): then the counter seeded from the server's clock, as a writer's draw seeds it.
+    async fn seeded(&self, token: u64) -> Result<u64> {
+        if token != 0 {
             return Ok(token);
         }
         let mut conn = self.inner.conns.command().await?;
         seed_script()
             .key(format!("{}-fence", self.channel))
-            .arg(if write { "write" } else { "read" })
             .invoke_async(&mut conn)
             .await
             .map_err(|e| redis_error("cannot seed the fencing counter", &e))
@@ -378,7 +398,7 @@ impl<'a> Contender<'a> {
             self.fence(false).await?
         } else {
             match fence {
-                Some(token) => self.reseeded(token, false).await?,
+                Some(token) => self.seeded(token).await?,
                 None => self.fence(false).await?,
             }
         };

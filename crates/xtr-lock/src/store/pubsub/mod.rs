@@ -89,7 +89,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// that matters. A subscriber on the channel that is not a lock holder (a `redis-cli
 /// SUBSCRIBE`) makes every attempt inconclusive; it is never killed, and the error says so.
 /// Standalone Redis only (`PUBSUB NUMSUB` is per node in a cluster); channels ignore database
-/// numbers; `CLIENT LIST`, `CLIENT KILL`, `MULTI`/`EXEC` and `EVALSHA` must be allowed. Nothing
+/// numbers; `CLIENT LIST`, `CLIENT KILL`, `MULTI`/`EXEC`, `EVAL` and `EVALSHA` must be allowed. Nothing
 /// expires: ttls are ignored.
 /// Keys hold a connection and refuse to serialize.
 ///

@@ -252,10 +252,23 @@ fn read_ns(path: &Path) -> u128 {
 fn an_interrupted_wait_on_a_paused_store_exits_within_the_bound() {
     let server = RedisServer::start();
     let url = format!("{}?socket_timeout=20", server.url(0));
-    let mut holder = spawn(&["run", "--store", &url, "held", "--", "sleep", "30"]);
-    std::thread::sleep(Duration::from_millis(700));
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("holder.pid");
+    let script = format!("echo $$ > {}; exec sleep 30", pidfile.display());
+    let mut holder = spawn(&["run", "--store", &url, "held", "--", "sh", "-c", &script]);
+    command_pid(&pidfile);
+    let clients = || server.cli(&["CLIENT", "LIST"]).lines().count();
+    let before = clients();
     let mut waiter = spawn(&["run", "-w", "60s", "--store", &url, "held", "--", "true"]);
-    std::thread::sleep(Duration::from_millis(700));
+    // The waiter is connected, so past its start (its signal handlers are set first).
+    let connected = Instant::now();
+    while clients() <= before {
+        assert!(
+            connected.elapsed() < Duration::from_secs(10),
+            "the waiter never connected"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
     server.pause();
     // A poll of the wait is now in flight, unanswered.
     std::thread::sleep(Duration::from_millis(300));

@@ -346,7 +346,9 @@ pub trait Store: Send + Sync + fmt::Debug + fmt::Display + 'static {
     /// to end a silent client's session). Only what the server confirmed counts: a renewal in
     /// flight lengthens nothing until it is answered. `None` (the default) when the store keeps
     /// no such lease (the ttl of an expiring store is
-    /// [`remaining_lifetime`](crate::Lockable::remaining_lifetime)'s), or the holder holds nothing.
+    /// [`remaining_lifetime`](crate::Lockable::remaining_lifetime)'s), or the holder holds nothing;
+    /// `Duration::MAX` while it holds on a lease that nothing ends but its release or its
+    /// connection's end (a session lock on a server that never ends a silent client's session).
     /// `xtr-lock run` stops its command before the shorter of the two ends.
     fn lease_remaining(&self, key: &Key) -> Option<Duration> {
         let _ = key;

@@ -267,9 +267,13 @@ struct LeaseView {
 
 impl LeaseView {
     /// Tells the supervisor how long the lock certainly lasts: the shorter of the lock's
-    /// confirmed lifetime and the store's own lease, where there is either.
+    /// confirmed lifetime and the store's own lease, where there is either (a lease nothing
+    /// ends, `Duration::MAX`, is none).
     fn tell(&mut self, lock: &Lock, store: &dyn xtr_lock::Store, child: &Child) {
-        let remaining = match (lock.remaining_lifetime(), store.lease_remaining(lock.key())) {
+        let lease = store
+            .lease_remaining(lock.key())
+            .filter(|lease| *lease != Duration::MAX);
+        let remaining = match (lock.remaining_lifetime(), lease) {
             (Some(lifetime), Some(lease)) => Some(lifetime.min(lease)),
             (lifetime, lease) => lifetime.or(lease),
         };

@@ -74,7 +74,8 @@ pub(crate) fn validate_dsn(dsn: &str) -> Result<()> {
 ///   these per session (the keepalive as the server applies it to the socket), and
 ///   [`Store::lease_remaining`] answers how long the lock certainly lasts: the last round trip
 ///   the server answered on the holder's session, plus the shorter of the two, less 1 s;
-///   `None` when the server ends neither (a Unix socket without `idle_session_timeout`).
+///   `Duration::MAX` while held when the server ends neither (a Unix socket without
+///   `idle_session_timeout`).
 /// - **No expiry, no fencing**: ttls are ignored; there is no counter to fence with.
 /// - **Introspection** from `pg_locks`: every backend holding the key, its pid, mode and
 ///   client.

@@ -42,15 +42,14 @@ impl Core {
 
     /// How long `key`'s lock certainly lasts if its holder goes silent now: the last round
     /// trip the server answered on the holder's session, plus how long the server keeps a
-    /// silent client's session, less a margin. `None` when nothing is held, or the server
-    /// never ends a silent client's session on its own.
+    /// silent client's session, less a margin. `None` when nothing is held; `Duration::MAX`
+    /// while held on a server that never ends a silent client's session on its own.
     pub(super) fn lease_remaining(&self, key: &Key) -> Option<std::time::Duration> {
         let life = key.existing_handle::<Handle>(self.owner)?.life()?;
         life.held?;
-        Some(
-            life.lease_end?
-                .saturating_duration_since(std::time::Instant::now()),
-        )
+        Some(life.lease_end.map_or(std::time::Duration::MAX, |end| {
+            end.saturating_duration_since(std::time::Instant::now())
+        }))
     }
 
     async fn ask<T>(

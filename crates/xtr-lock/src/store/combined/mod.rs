@@ -17,11 +17,12 @@ use super::watch::Coverage;
 use super::{Capabilities, HolderInfo, Holding, LossWatcher, Saved, Store, Watcher};
 use crate::clock::BoxFuture;
 use crate::error::{Error, Result};
-use crate::key::Key;
+use crate::key::{HandleOwner, Key};
 use crate::logging::TARGET;
 
 mod holders;
 mod inflight;
+mod lease;
 mod ops;
 mod strategy;
 mod tally;
@@ -107,6 +108,8 @@ pub struct CombinedStore {
     stores: Vec<Arc<dyn Store>>,
     strategy: Arc<dyn Strategy>,
     inflight: Arc<Inflight>,
+    /// Finds each holder's record of the members it holds on (see [`lease`]).
+    owner: HandleOwner,
 }
 
 impl CombinedStore {
@@ -141,6 +144,7 @@ impl CombinedStore {
             inflight: Arc::new(Inflight::new(stores.len())),
             stores,
             strategy: Arc::new(strategy),
+            owner: HandleOwner::new(),
         })
     }
 
@@ -234,6 +238,7 @@ impl CombinedStore {
     /// Deletes from every member and waits for all of them; failures are logged and go no
     /// further.
     async fn delete_everywhere(&self, key: &Key) {
+        self.forget(key);
         let mut pending = self
             .ask_all(key, |s, k| async move { s.delete(&k).await })
             .await;
@@ -286,19 +291,13 @@ impl Store for CombinedStore {
     }
 
     /// How long members enough to meet the strategy certainly hold: the longest span that
-    /// many members reach. A member on a lease counts for what its server confirmed (nothing,
-    /// where it holds nothing); any other member for as long as the lock lasts anyway (its ttl
-    /// is the key's [`remaining_lifetime`](crate::Lockable::remaining_lifetime)). `None` when no
-    /// member keeps a lease, or the members that do are not needed for the quorum.
+    /// many members reach. A member counts only if its last answer said it holds; then a member
+    /// on a lease for what its server confirmed, any other for as long as the lock lasts anyway
+    /// (its ttl is the key's [`remaining_lifetime`](crate::Lockable::remaining_lifetime)).
+    /// `None` when no member keeps a lease, or the holder holds on none; `Duration::MAX` when
+    /// the members needed for the quorum hold without a lease that can end.
     fn lease_remaining(&self, key: &Key) -> Option<Duration> {
-        let spans = self.stores.iter().map(|s| {
-            if s.capabilities().leased {
-                s.lease_remaining(key).unwrap_or(Duration::ZERO)
-            } else {
-                Duration::MAX
-            }
-        });
-        quorum_span(self.strategy.as_ref(), spans.collect()).filter(|span| *span != Duration::MAX)
+        self.quorum_lease(key)
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -521,38 +520,5 @@ impl Store for CombinedStore {
             .strategy
             .is_met(members, self.stores.len())
             .then_some(all))
-    }
-}
-
-/// The longest span that members enough to meet `strategy` all reach, given each member's.
-fn quorum_span(strategy: &dyn Strategy, mut spans: Vec<Duration>) -> Option<Duration> {
-    let total = spans.len();
-    let needed = (1..=total).find(|&k| strategy.is_met(k, total))?;
-    spans.sort_unstable_by(|a, b| b.cmp(a));
-    Some(spans[needed - 1])
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::store::{ConsensusStrategy, UnanimousStrategy};
-
-    #[test]
-    fn a_quorum_lasts_as_long_as_its_kth_longest_member() {
-        let s = |ms: &[u64]| ms.iter().map(|&m| Duration::from_millis(m)).collect();
-        let ms = Duration::from_millis;
-        assert_eq!(
-            quorum_span(&ConsensusStrategy, s(&[300, 0, 900])),
-            Some(ms(300))
-        );
-        assert_eq!(
-            quorum_span(&ConsensusStrategy, s(&[0, 0, 900])),
-            Some(ms(0))
-        );
-        assert_eq!(
-            quorum_span(&UnanimousStrategy, s(&[300, 200, 900])),
-            Some(ms(200))
-        );
-        assert_eq!(quorum_span(&ConsensusStrategy, Vec::new()), None);
     }
 }

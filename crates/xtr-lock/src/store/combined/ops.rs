@@ -15,6 +15,15 @@ use crate::key::{Key, Mode};
 use crate::logging::TARGET;
 use crate::store::{Acquired, Conflict, Holding, Saved, Store};
 
+/// What [`CombinedStore::count_holdings`] counts the answers to.
+#[derive(Clone, Copy)]
+enum Asked {
+    /// A renewal (`put_off_expiration`).
+    Renewal,
+    /// A check (`exists`).
+    Check,
+}
+
 pub(super) async fn save_member(
     store: &Arc<dyn Store>,
     key: &Key,
@@ -45,6 +54,12 @@ struct SaveNotes {
 
 impl SaveNotes {
     fn judge(&mut self, store: &CombinedStore, key: &Key, i: usize, answer: Result<Saved>) -> Vote {
+        let holds = match &answer {
+            Ok(Saved::Acquired(_)) => true,
+            Ok(Saved::Conflict(c)) => c.kept.is_some(),
+            Err(_) => false,
+        };
+        store.note(key, i, holds);
         match answer {
             Ok(Saved::Acquired(_)) => {
                 self.changed.push(i);
@@ -183,6 +198,8 @@ impl CombinedStore {
             .await;
         let mut back = 0;
         while let Some((i, answer)) = restored.next().await {
+            let holds = matches!(&answer, Ok(saved) if saved.is_acquired());
+            self.note(key, i, holds);
             match answer {
                 Ok(saved) if saved.is_acquired() => back += 1,
                 Ok(_) => {}
@@ -214,6 +231,9 @@ impl CombinedStore {
         answered: &[bool],
         mut pending: Pending<Saved>,
     ) {
+        for &i in changed {
+            self.note(key, i, false);
+        }
         if !failed.is_empty() {
             let uncertain = self
                 .ask(key, failed, |s, k| async move { s.delete(&k).await })
@@ -308,7 +328,7 @@ impl CombinedStore {
             .await;
         let mut tally = Tally::new(self.strategy.as_ref(), n);
         let holding = self
-            .count_holdings(key, &mut tally, &mut pending, "put off the expiration of")
+            .count_holdings(key, &mut tally, &mut pending, Asked::Renewal)
             .await;
         if let Holding::NotHeld(reason) = holding {
             tracing::warn!(target: TARGET, resource = key.resource(), success = tally.yes,
@@ -330,6 +350,7 @@ impl CombinedStore {
     }
 
     pub(super) async fn delete_quorum(&self, key: &Key) -> Result<bool> {
+        self.forget(key);
         let n = self.stores.len();
         let mut pending = self
             .ask_all(key, |s, k| async move { s.delete(&k).await })
@@ -357,33 +378,44 @@ impl CombinedStore {
             .await;
         let mut tally = Tally::new(self.strategy.as_ref(), n);
         Ok(self
-            .count_holdings(key, &mut tally, &mut pending, "check")
+            .count_holdings(key, &mut tally, &mut pending, Asked::Check)
             .await)
     }
 
     /// Counts the members' answers on whether the holder holds until the quorum is decided:
     /// held, in the mode of [`mode_of`](Self::mode_of), or not held for the most telling reason
     /// members gave (unreachable if none gave one). `doing` names the request in the log line of
-    /// a member that failed it.
+    /// a member that failed it. Each answer is noted in the holder's record of the members it
+    /// holds on; a failed renewal counts the member out (it keeps its old expiry at best), a
+    /// failed check changes nothing.
     async fn count_holdings(
         &self,
         key: &Key,
         tally: &mut Tally<'_>,
         pending: &mut Pending<Holding>,
-        doing: &str,
+        asked: Asked,
     ) -> Holding {
         let (mut writes, mut reasons) = (0, Vec::new());
         let verdict = tally
             .count(pending, |i, answer| match answer {
                 Ok(Holding::Held(mode)) => {
+                    self.note(key, i, true);
                     writes += usize::from(mode == Mode::Write);
                     Vote::Yes
                 }
                 Ok(Holding::NotHeld(reason)) => {
+                    self.note(key, i, false);
                     reasons.push(reason);
                     Vote::No
                 }
                 Err(err) => {
+                    let doing = match asked {
+                        Asked::Renewal => {
+                            self.note(key, i, false);
+                            "put off the expiration of"
+                        }
+                        Asked::Check => "check",
+                    };
                     tracing::debug!(target: TARGET, resource = key.resource(),
                         store = %self.stores[i], error = %err, "one store failed to {doing} the lock");
                     Vote::Failed

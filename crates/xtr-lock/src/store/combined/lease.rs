@@ -1,0 +1,123 @@
+//! A quorum's lease: which members a holder holds on, as their last answers said, and the span
+//! members enough to meet the strategy are certain to hold for.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use super::strategy::Strategy;
+use super::CombinedStore;
+use crate::key::Key;
+use crate::store::Store;
+
+/// Per holder (a handle on its key): whether each member holds its lock, by that member's last
+/// answer. A member counts only on an answer that it holds (granted, renewed, still held); a
+/// refusal, a failed save or renewal (it may have stored, or kept its old expiry) and a release
+/// each count it out, so the record errs towards holding less than the members do, never more.
+/// Members on a lease keep their own record ([`Store::lease_remaining`]); this one is for the
+/// others.
+#[derive(Default)]
+pub(super) struct Members(Mutex<Vec<bool>>);
+
+impl Members {
+    fn with<T>(&self, f: impl FnOnce(&mut Vec<bool>) -> T) -> T {
+        f(&mut self.0.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    fn holds(&self, i: usize) -> bool {
+        self.with(|held| held.get(i).copied().unwrap_or(false))
+    }
+}
+
+impl CombinedStore {
+    /// Records member `i`'s answer on whether `key`'s holder holds there.
+    pub(super) fn note(&self, key: &Key, i: usize, holds: bool) {
+        key.handle::<Members>(self.owner).with(|held| {
+            if held.len() <= i {
+                held.resize(i + 1, false);
+            }
+            held[i] = holds;
+        });
+    }
+
+    /// Forgets what the members said: the holder let go (or is taking its lock back).
+    pub(super) fn forget(&self, key: &Key) {
+        key.take_handle::<Members>(self.owner);
+    }
+
+    /// How long members enough to meet the strategy certainly hold `key`'s lock (see
+    /// [`Store::lease_remaining`] on [`CombinedStore`]).
+    pub(super) fn quorum_lease(&self, key: &Key) -> Option<Duration> {
+        if !self.stores.iter().any(|s| s.capabilities().leased) {
+            return None;
+        }
+        let members = key.existing_handle::<Members>(self.owner)?;
+        let leased_hold = self
+            .stores
+            .iter()
+            .any(|s| s.capabilities().leased && s.lease_remaining(key).is_some());
+        if !leased_hold && !members.with(|held| held.contains(&true)) {
+            return None;
+        }
+        let spans: Vec<Duration> = self
+            .stores
+            .iter()
+            .enumerate()
+            .map(|(i, s)| member_span(s.as_ref(), key, members.holds(i)))
+            .collect();
+        quorum_span(self.strategy.as_ref(), spans)
+    }
+}
+
+/// How long one member certainly holds: a member on a lease for what its server confirmed
+/// (its own record of what it holds); any other, where its last answer said it holds, for as
+/// long as the lock lasts anyway, else not at all.
+fn member_span(store: &dyn Store, key: &Key, holds: bool) -> Duration {
+    match (store.capabilities().leased, holds) {
+        (true, _) => store.lease_remaining(key).unwrap_or(Duration::ZERO),
+        (false, true) => Duration::MAX,
+        (false, false) => Duration::ZERO,
+    }
+}
+
+/// The longest span that members enough to meet `strategy` all reach, given each member's.
+pub(super) fn quorum_span(strategy: &dyn Strategy, mut spans: Vec<Duration>) -> Option<Duration> {
+    let total = spans.len();
+    let needed = (1..=total).find(|&k| strategy.is_met(k, total))?;
+    spans.sort_unstable_by(|a, b| b.cmp(a));
+    Some(spans[needed - 1])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{ConsensusStrategy, UnanimousStrategy};
+
+    #[test]
+    fn a_quorum_lasts_as_long_as_its_kth_longest_member() {
+        let s = |ms: &[u64]| ms.iter().map(|&m| Duration::from_millis(m)).collect();
+        let ms = Duration::from_millis;
+        assert_eq!(
+            quorum_span(&ConsensusStrategy, s(&[300, 0, 900])),
+            Some(ms(300))
+        );
+        assert_eq!(
+            quorum_span(&ConsensusStrategy, s(&[0, 0, 900])),
+            Some(ms(0))
+        );
+        assert_eq!(
+            quorum_span(&UnanimousStrategy, s(&[300, 200, 900])),
+            Some(ms(200))
+        );
+        assert_eq!(quorum_span(&ConsensusStrategy, Vec::new()), None);
+    }
+
+    #[test]
+    fn the_record_counts_only_members_that_said_they_hold() {
+        let members = Members::default();
+        assert!(!members.holds(0));
+        members.with(|held| held.extend([true, false]));
+        assert!(members.holds(0));
+        assert!(!members.holds(1));
+        assert!(!members.holds(5));
+    }
+}

@@ -86,7 +86,9 @@ async fn a_member_that_holds_nothing_does_not_lengthen_the_quorums_lease() {
 
     leased.pause();
     assert!(
-        eventually(Duration::from_secs(3), || lease().is_some_and(|l| l.is_zero())).await,
+        eventually(Duration::from_secs(3), || lease()
+            .is_some_and(|l| l.is_zero()))
+        .await,
         "the leased member went silent, still {:?}",
         lease()
     );

@@ -2,15 +2,43 @@
 //! earlier one, also when its statement landed and the answer was lost with its connection:
 //! the store runs the statement again on a fresh connection, which finds the row already this
 //! holder's (a re-save, which draws nothing) while the token the first run drew, if it drew
-//! one, never came back.
+//! one, never came back. The same holder acquiring again after its row expired unseen (and
+//! another held in between) used to be taken for a re-save of a live hold, and got no token.
 
 mod support;
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
 use support::symfony_sql::Db;
-use xtr_lock::{LockFactory, Lockable as _, SqlStore};
+use xtr_lock::store::Saved;
+use xtr_lock::{Key, LockFactory, Lockable as _, SqlStore, Store};
 use xtr_lock_testkit::hook_proxy::LostAnswer;
 
-async fn an_acquisition_whose_answer_was_lost_has_a_larger_token(db: Db) {
+/// A store reaching `db` through a proxy that loses the answer to the first statement naming
+/// `id` once `armed` is set.
+fn cut_off_store(db: &Db, id: String, armed: Arc<AtomicBool>) -> (SqlStore, LostAnswer) {
+    let (proxy, lost) = LostAnswer::start(db.port(), move |_, chunk| {
+        armed.load(Ordering::Acquire) && chunk.windows(id.len()).any(|w| w == id.as_bytes())
+    });
+    let url = db
+        .url()
+        .replace(&format!(":{}/", db.port()), &format!(":{proxy}/"));
+    let store = SqlStore::from_dsn(&format!("{url}?statement_timeout=5")).unwrap();
+    (store, lost)
+}
+
+fn token(saved: Saved) -> Option<u64> {
+    match saved {
+        Saved::Acquired(acquired) => acquired.fencing_token,
+        Saved::Conflict(_) => panic!("refused"),
+    }
+}
+
+/// `step`: how many tokens the acquisition drew, the lost one included (PostgreSQL draws in the
+/// statement whose answer is lost, MySQL in a second one that was never sent).
+async fn an_acquisition_whose_answer_was_lost_has_a_larger_token(db: Db, step: u64) {
     let resource = "lost-answer";
     let direct = LockFactory::new(db.store());
     let first = direct.create_lock(resource);
@@ -22,14 +50,8 @@ async fn an_acquisition_whose_answer_was_lost_has_a_larger_token(db: Db) {
     assert_eq!(id.len(), 64, "one row: {id:?}");
     first.release().await.unwrap();
 
-    let (proxy, lost) = LostAnswer::start(db.port(), move |_, chunk| {
-        chunk.windows(id.len()).any(|w| w == id.as_bytes())
-    });
-    let url = db
-        .url()
-        .replace(&format!(":{}/", db.port()), &format!(":{proxy}/"));
-    let cut_off =
-        LockFactory::new(SqlStore::from_dsn(&format!("{url}?statement_timeout=5")).unwrap());
+    let (store, lost) = cut_off_store(&db, id, Arc::new(AtomicBool::new(true)));
+    let cut_off = LockFactory::new(store);
     let second = cut_off.create_lock(resource);
     assert!(
         second.try_acquire().await.unwrap(),
@@ -37,9 +59,10 @@ async fn an_acquisition_whose_answer_was_lost_has_a_larger_token(db: Db) {
     );
     assert!(lost.cut_at().is_some(), "the acquisition's answer was lost");
     let after = second.fencing_token();
-    assert!(
-        after.is_some_and(|t| t > before),
-        "a new acquisition after {before} got {after:?}"
+    assert_eq!(
+        after,
+        Some(before + step),
+        "a new acquisition after {before}"
     );
     second.release().await.unwrap();
     assert!(
@@ -50,10 +73,54 @@ async fn an_acquisition_whose_answer_was_lost_has_a_larger_token(db: Db) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_an_acquisition_whose_answer_was_lost_has_a_larger_token() {
-    an_acquisition_whose_answer_was_lost_has_a_larger_token(Db::postgres()).await;
+    an_acquisition_whose_answer_was_lost_has_a_larger_token(Db::postgres(), 2).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_an_acquisition_whose_answer_was_lost_has_a_larger_token() {
-    an_acquisition_whose_answer_was_lost_has_a_larger_token(Db::mariadb()).await;
+    an_acquisition_whose_answer_was_lost_has_a_larger_token(Db::mariadb(), 1).await;
+}
+
+/// A holder whose row expired without its knowing (no renewal), while another held and let go,
+/// acquires again; the answer is lost and the rerun finds the row its first run wrote.
+async fn a_reacquisition_after_an_unseen_expiry_has_a_larger_token(db: Db) {
+    let resource = "lost-answer:expired";
+    let direct = db.store();
+    let ttl = Some(Duration::from_secs(2));
+    let seed = Key::new(resource);
+    assert!(direct.save(&seed, ttl).await.unwrap().is_acquired());
+    let id = db.query("SELECT key_id FROM lock_keys");
+    assert!(direct.delete(&seed).await.unwrap());
+
+    let armed = Arc::new(AtomicBool::new(false));
+    let (store, lost) = cut_off_store(&db, id, armed.clone());
+    let key = Key::new(resource);
+    let first = token(store.save(&key, ttl).await.unwrap()).expect("a token");
+    // The row is taken up to 1 s early: after 2.5 s it is free, and its holder was never told.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let other = Key::new(resource);
+    let between = token(direct.save(&other, ttl).await.unwrap()).expect("a token");
+    assert!(between > first);
+    assert!(direct.delete(&other).await.unwrap());
+
+    armed.store(true, Ordering::Release);
+    // A new acquisition: the lock starts its lifetime afresh, as `Lock::acquire` does.
+    key.reset_lifetime();
+    let again = token(store.save(&key, ttl).await.unwrap());
+    assert!(lost.cut_at().is_some(), "the acquisition's answer was lost");
+    assert!(
+        again.is_some_and(|t| t > between),
+        "acquired again after {between} (its own first hold {first}), got {again:?}"
+    );
+    assert!(store.delete(&key).await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_reacquisition_after_an_unseen_expiry_has_a_larger_token() {
+    a_reacquisition_after_an_unseen_expiry_has_a_larger_token(Db::postgres()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_a_reacquisition_after_an_unseen_expiry_has_a_larger_token() {
+    a_reacquisition_after_an_unseen_expiry_has_a_larger_token(Db::mariadb()).await;
 }

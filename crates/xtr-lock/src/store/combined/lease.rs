@@ -4,8 +4,8 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use super::strategy::Strategy;
 use super::CombinedStore;
+use super::strategy::Strategy;
 use crate::key::Key;
 use crate::store::Store;
 

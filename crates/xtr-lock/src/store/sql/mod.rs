@@ -161,6 +161,24 @@ struct HolderState {
     unsent: Arc<AtomicBool>,
     /// Its entry among the store's holders, gone with the key.
     claim: Mutex<Option<Claim>>,
+    /// Until when its row is certainly unexpired: the send time of the last save or renewal
+    /// the database confirmed, plus the ttl less the 1 s the row may be taken early.
+    live_until: Mutex<Option<std::time::Instant>>,
+}
+
+impl HolderState {
+    /// Records that the row lasts at least until `until`.
+    fn confirm(&self, until: std::time::Instant) {
+        *self.live_until.lock().unwrap_or_else(|e| e.into_inner()) = Some(until);
+    }
+
+    /// Whether the row was certainly unexpired at `at`, so that nobody else can have taken it.
+    fn live_at(&self, at: std::time::Instant) -> bool {
+        self.live_until
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some_and(|until| at < until)
+    }
 }
 
 /// The `key_id` of a resource: 64 lowercase hex digits of the SHA-256 of its UTF-8 bytes,

@@ -199,18 +199,25 @@ impl SqlStore {
             unsent: Some(state.unsent.clone()),
             ..Run::keeping(&self.inner, key)
         };
-        let held = self.inner.held.held_by(&id, |t| t == token);
+        // Whether this holder's row was certainly unexpired when the statement went out: then
+        // finding our row means a re-save, and nobody can have drawn a token since ours.
+        let sent = Instant::now();
+        let live = self.inner.held.held_by(&id, |t| t == token) && state.live_at(sent);
         let saved = {
             let (id, token) = (id.clone(), token.clone());
+            let tried = Arc::new(AtomicBool::new(false));
             self.run(key.resource(), how, move |conn, inner| {
                 let (id, token) = (id.clone(), token.clone());
+                let rerun = tried.swap(true, Ordering::AcqRel);
                 Box::pin(async move {
                     match queries::save(conn, &inner.sql, &id, &token, secs).await? {
-                        // Our row, though this holder did not hold: an earlier run of this
-                        // statement landed and its answer was lost with its connection (the
-                        // rerun after a broken one), and with it the token it drew, if it drew
-                        // one. A new acquisition always has a token: draw another, larger.
-                        queries::Saved::Acquired { fence: None } if !held => {
+                        // Our row, and we cannot tell whether we just wrote it: an earlier run
+                        // of this statement landed and its answer was lost with its connection
+                        // (this is the rerun after a broken one), or a save given up on at its
+                        // time limit landed after it; with it went the token it drew, if it
+                        // drew one, and others may have held since our last hold. A new
+                        // acquisition always has a token: draw another, larger.
+                        queries::Saved::Acquired { fence: None } if rerun || !live => {
                             let fence = queries::draw(conn, &inner.sql, &id).await?;
                             Ok(queries::Saved::Acquired { fence: Some(fence) })
                         }
@@ -222,6 +229,7 @@ impl SqlStore {
         };
         match saved {
             queries::Saved::Acquired { fence } => {
+                state.confirm(sent + Duration::from_secs(u64::try_from(secs - 1).unwrap_or(0)));
                 self.inner.held.hold(&state.claim, &id, &token);
                 self.maybe_sweep();
                 check_expiry(self, key).await?;
@@ -254,6 +262,7 @@ impl SqlStore {
         }
         key.reduce_lifetime(Duration::from_secs(u64::try_from(secs - 1).unwrap_or(1)));
         let (id, token) = (key_id(key.resource()), key.token(KIND));
+        let sent = Instant::now();
         let extended = {
             let (id, token) = (id.clone(), token.clone());
             let how = Run::keeping(&self.inner, key);
@@ -264,6 +273,8 @@ impl SqlStore {
             .await?
         };
         if extended {
+            key.handle::<HolderState>(self.inner.owner)
+                .confirm(sent + Duration::from_secs(u64::try_from(secs - 1).unwrap_or(0)));
             check_expiry(self, key).await?;
             return Ok(Holding::Held(Mode::Write));
         }

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use rand::Rng as _;
 use xtr_lock::{LockFactory, Lockable as _, RedisPubSubStore, Store};
+use xtr_lock_testkit::delay_proxy::{self, Freeze, serve_freezable};
 use xtr_lock_testkit::redis::RedisServer;
 
 fn store(port: u16) -> RedisPubSubStore {
@@ -157,10 +158,7 @@ async fn a_reader_that_passes_by_during_a_probe_does_not_hide_the_writer() {
     let server = RedisServer::start();
     let port = server.port();
     let channel = "passer-by";
-    let slow = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let slow_port = slow.local_addr().unwrap().port();
-    let delay = Duration::from_millis(20);
-    std::thread::spawn(move || xtr_lock_testkit::delay_proxy::serve(slow, port, delay, delay));
+    let slow_port = far_proxy(port, Duration::from_millis(20));
     let writer = LockFactory::new(store(slow_port)).create_lock(channel);
     assert!(writer.try_acquire().await.unwrap());
     let armed = Arc::new(AtomicBool::new(true));
@@ -323,54 +321,29 @@ async fn the_lease_is_counted_from_the_last_confirmed_self_check() {
     assert_eq!(store.lease_remaining(lock.key()), None);
 }
 
-/// A proxy with a switch that freezes every connection through it in both directions, as a
-/// NAT that drops a flow without a reset: nothing gets through, nothing is closed.
-struct FreezingProxy {
-    port: u16,
-    frozen: Arc<AtomicBool>,
+/// A proxy to `target` with a switch that freezes every connection through it in both
+/// directions, as a NAT that drops a flow without a reset: nothing gets through, nothing is
+/// closed.
+fn freezing_proxy(target: u16) -> (u16, Freeze) {
+    let freeze = Freeze::default();
+    let switch = freeze.clone();
+    let port = proxy(move |listener| {
+        serve_freezable(listener, target, Duration::ZERO, Duration::ZERO, switch)
+    });
+    (port, freeze)
 }
 
-impl FreezingProxy {
-    fn start(target: u16) -> FreezingProxy {
-        use std::net::{TcpListener, TcpStream};
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let frozen = Arc::new(AtomicBool::new(false));
-        let pump = |mut from: TcpStream, mut to: TcpStream, frozen: Arc<AtomicBool>| {
-            use std::io::{Read as _, Write as _};
-            std::thread::spawn(move || {
-                let mut buf = vec![0u8; 64 * 1024];
-                loop {
-                    let n = from.read(&mut buf).unwrap_or(0);
-                    // Frozen: hold what came (and a close) forever.
-                    while frozen.load(Ordering::Acquire) {
-                        std::thread::sleep(Duration::from_millis(50));
-                    }
-                    if n == 0 || to.write_all(&buf[..n]).is_err() {
-                        break;
-                    }
-                }
-                let _ = to.shutdown(std::net::Shutdown::Write);
-            });
-        };
-        let switch = frozen.clone();
-        std::thread::spawn(move || {
-            for client in listener.incoming() {
-                let Ok(client) = client else { continue };
-                let Ok(server) = TcpStream::connect(("127.0.0.1", target)) else {
-                    continue;
-                };
-                let (c2, s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
-                pump(client, server, switch.clone());
-                pump(s2, c2, switch.clone());
-            }
-        });
-        FreezingProxy { port, frozen }
-    }
+/// A proxy to `target` that delays every chunk by `one_way`, in both directions.
+fn far_proxy(target: u16, one_way: Duration) -> u16 {
+    proxy(move |listener| delay_proxy::serve(listener, target, one_way, one_way))
+}
 
-    fn freeze(&self) {
-        self.frozen.store(true, Ordering::Release);
-    }
+/// Starts `serve` on a thread with a listener on a free port; the port.
+fn proxy(serve: impl FnOnce(std::net::TcpListener) + Send + 'static) -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || serve(listener));
+    port
 }
 
 /// Item 4 of the issue: a holder whose connections go half-open (frozen, no reset) is reaped
@@ -380,8 +353,8 @@ impl FreezingProxy {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_half_open_holder_is_told_before_the_next_holder_gets_in() {
     let server = RedisServer::start();
-    let proxy = FreezingProxy::start(server.port());
-    let holder_store = store(proxy.port);
+    let (proxy, freeze) = freezing_proxy(server.port());
+    let holder_store = store(proxy);
     let holder = LockFactory::new(holder_store.clone()).create_lock("frozen");
     assert!(holder.try_acquire().await.unwrap());
     let mut keep_alive = holder.keep_alive().unwrap();
@@ -398,7 +371,7 @@ async fn a_half_open_holder_is_told_before_the_next_holder_gets_in() {
     // The waiter probes the holder (which answers) and waits.
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(!waiter.is_finished());
-    proxy.freeze();
+    freeze.freeze();
     let frozen = Instant::now();
     let lost = tokio::time::timeout(Duration::from_secs(5), keep_alive.lost())
         .await
@@ -531,4 +504,37 @@ async fn contending_writers_after_a_restart_empty_never_draw_small_tokens() {
             before = token;
         }
     }
+}
+
+/// A prober whose membership checks are slow (a far server: a round trip longer than its poll
+/// interval) reaps a holder that went silent: it used to count the round trip of a check that
+/// ran past its deadline as its own lateness, took itself for too late to judge, and never
+/// reaped, so the silent holder kept the lock. Here every `PUBSUB NUMSUB` answer comes 300 ms
+/// late, against a wait of 200 ms polled every 20 ms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prober_with_slow_membership_checks_still_reaps_a_silent_holder() {
+    use xtr_lock_testkit::slow_answers;
+    let server = RedisServer::start();
+    let (near, freeze) = freezing_proxy(server.port());
+    let holder = LockFactory::new(store(near)).create_lock("far");
+    assert!(holder.try_acquire().await.unwrap());
+    freeze.freeze();
+    // The command connection asks `PUBSUB NUMSUB`; its plain answer is `*2` then the channel
+    // (the counted publish's answer, inside `EXEC`'s, starts `*2\r\n*2`).
+    let slow = slow_answers::start(
+        server.port(),
+        Arc::new(|chunk: &[u8]| chunk.windows(6).any(|w| w == b"NUMSUB")),
+        Arc::new(|chunk: &[u8]| chunk.starts_with(b"*2\r\n$")),
+        Duration::from_millis(300),
+    );
+    let prober = RedisPubSubStore::from_dsn(&format!(
+        "redis+pubsub://127.0.0.1:{slow}?unavailable_timeout=0.2"
+    ))
+    .unwrap();
+    let lock = LockFactory::new(prober).create_lock("far");
+    assert!(
+        lock.acquire_timeout(Duration::from_secs(15)).await.unwrap(),
+        "the silent holder was never reaped"
+    );
+    lock.release().await.unwrap();
 }

@@ -155,40 +155,35 @@ pub(super) async fn probe(
         }
         records.insert(record.holder_id.clone(), record);
     };
+    // When the prober last woke from waiting for replies: how late it was is measured there,
+    // never after a round trip of its own (a far server's is not a stall of the prober).
+    let mut woke = tokio::time::Instant::now();
     while (records.len() as u64) < expected {
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         if left.is_zero() {
             break;
         }
-        match replies.next(timing.poll().min(left)).await {
-            Err(()) => return Ok(Probe::Inconclusive),
-            Ok(Some(payload)) => {
-                take(payload, &mut records);
-                // What is buffered, then one short grace read.
-                loop {
-                    match replies.ready() {
-                        Ok(Some(payload)) => take(payload, &mut records),
-                        Ok(None) => match replies.next(GRACE).await {
-                            Ok(Some(payload)) => take(payload, &mut records),
-                            Ok(None) => break,
-                            Err(()) => return Ok(Probe::Inconclusive),
-                        },
-                        Err(()) => return Ok(Probe::Inconclusive),
-                    }
-                    if records.len() as u64 >= expected {
-                        break;
-                    }
-                }
-            }
-            Ok(None) => {}
+        let missing = expected - records.len() as u64;
+        let read = read_replies(&mut replies, timing.poll().min(left), missing, &mut |p| {
+            take(p, &mut records);
+        })
+        .await;
+        woke = tokio::time::Instant::now();
+        if read.is_err() {
+            return Ok(Probe::Inconclusive);
         }
-        if (records.len() as u64) < expected && numsub(conns, channel).await? != expected {
-            // Churn: somebody came or went. Never a reason to reap.
+        // Churn: somebody came or went (never a reason to reap). Checked until the deadline;
+        // past it, the check after the barrier below sees the same.
+        if (records.len() as u64) < expected
+            && woke < deadline
+            && numsub(conns, channel).await? != expected
+        {
             return Ok(Probe::Inconclusive);
         }
     }
     if (records.len() as u64) < expected {
-        let Some(unread) = unread_replies(&listener, &mut replies, deadline, timing).await else {
+        let late = woke.saturating_duration_since(deadline);
+        let Some(unread) = unread_replies(&listener, &mut replies, late, timing).await else {
             return Ok(Probe::Inconclusive);
         };
         for payload in unread {
@@ -208,20 +203,52 @@ pub(super) async fn probe(
     Ok(Probe::Conclusive(records.into_values().collect()))
 }
 
+/// Waits up to `wait` for a reply; once one came, takes what is buffered and what follows
+/// within a short grace, up to `missing` replies. `Err` when the listener failed.
+async fn read_replies(
+    replies: &mut Replies,
+    wait: Duration,
+    missing: u64,
+    take: &mut (dyn FnMut(Vec<u8>) + Send),
+) -> std::result::Result<(), ()> {
+    let Some(first) = replies.next(wait).await? else {
+        return Ok(());
+    };
+    take(first);
+    let mut taken = 1u64;
+    // What is buffered, then one short grace read.
+    while taken < missing {
+        let payload = match replies.ready()? {
+            Some(payload) => payload,
+            None => match replies.next(GRACE).await? {
+                Some(payload) => payload,
+                None => break,
+            },
+        };
+        take(payload);
+        taken += 1;
+    }
+    Ok(())
+}
+
 /// Answers missing at the deadline: some the server sent in time may still be unread, when the
 /// prober or the connection's reader resumed late on a busy machine. A round trip on the
-/// listener's connection brings in everything sent before it; those are returned. `None` when
-/// the prober stalled past its own deadline (then so may have the holders it waited for): it
-/// has no fair view of who is silent, and must reap nobody.
+/// listener's connection (bounded by the wait itself) brings in everything sent before it;
+/// those are returned. `None` when the prober woke `late` past its own deadline by more than a
+/// poll interval (then the holders it waited for may have stalled with it): it has no fair
+/// view of who is silent, and must reap nobody.
 async fn unread_replies(
     listener: &Listener,
     replies: &mut Replies,
-    deadline: tokio::time::Instant,
+    late: Duration,
     timing: Timing,
 ) -> Option<Vec<Vec<u8>>> {
-    let late = tokio::time::Instant::now().saturating_duration_since(deadline);
-    if late > timing.poll() || listener.barrier().await.is_err() {
+    if late > timing.poll() {
         return None;
+    }
+    match tokio::time::timeout(timing.unavailable, listener.barrier()).await {
+        Ok(Ok(())) => {}
+        _ => return None,
     }
     let mut unread = Vec::new();
     while let Some(payload) = replies.ready().ok()? {

@@ -20,6 +20,8 @@ use std::time::{Duration, Instant};
 
 use rand::Rng as _;
 
+use crate::proxy;
+
 /// Serves forever on `listener`, forwarding to `127.0.0.1:target` with one-way delays uniform
 /// in `[min, max]`.
 pub fn serve(listener: TcpListener, target: u16, min: Duration, max: Duration) -> ! {
@@ -58,21 +60,10 @@ pub fn serve_freezable(
     freeze: Freeze,
 ) -> ! {
     assert!(min <= max, "the shortest delay must not exceed the longest");
-    loop {
-        let Ok((client, _)) = listener.accept() else {
-            continue;
-        };
-        let Ok(server) = TcpStream::connect(("127.0.0.1", target)) else {
-            continue;
-        };
-        let _ = client.set_nodelay(true);
-        let _ = server.set_nodelay(true);
-        let (Ok(client2), Ok(server2)) = (client.try_clone(), server.try_clone()) else {
-            continue;
-        };
-        pump(client, server, min, max, freeze.clone());
-        pump(server2, client2, min, max, freeze.clone());
-    }
+    proxy::serve(&listener, target, |link| {
+        pump(link.client_r, link.server_w, min, max, freeze.clone());
+        pump(link.server_r, link.client_w, min, max, freeze.clone());
+    })
 }
 
 /// Forwards `from` to `to`, each chunk delayed: one thread reads, one writes on time.

@@ -8,11 +8,13 @@
 //! connection. Replies go straight through. The proxy serves until the test process ends.
 
 use std::io::{Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
+use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
+
+use crate::proxy::{self, Link};
 
 /// Starts a proxy to `127.0.0.1:target` that calls `hook(n, chunk)` before it forwards each
 /// chunk a client sends on its `n`th connection (from 0); returns the proxy's port.
@@ -20,46 +22,35 @@ pub fn start<H>(target: u16, hook: H) -> u16
 where
     H: Fn(usize, &[u8]) + Send + Sync + 'static,
 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("a free port");
-    let port = listener.local_addr().expect("a bound port").port();
     let hook = Arc::new(hook);
-    thread::spawn(move || {
-        for n in 0.. {
-            let Ok((client, _)) = listener.accept() else {
-                continue;
-            };
-            let Ok(server) = TcpStream::connect(("127.0.0.1", target)) else {
-                continue;
-            };
-            let _ = client.set_nodelay(true);
-            let _ = server.set_nodelay(true);
-            let (Ok(mut client_r), Ok(mut server_r)) = (client.try_clone(), server.try_clone())
-            else {
-                continue;
-            };
-            let (mut client_w, mut server_w) = (client, server);
-            thread::spawn(move || {
-                let _ = std::io::copy(&mut server_r, &mut client_w);
-                let _ = client_w.shutdown(Shutdown::Write);
-            });
-            let hook = hook.clone();
-            thread::spawn(move || {
-                let mut buf = vec![0u8; 64 * 1024];
-                loop {
-                    let read = match client_r.read(&mut buf) {
-                        Ok(0) | Err(_) => break,
-                        Ok(k) => k,
-                    };
-                    hook(n, &buf[..read]);
-                    if server_w.write_all(&buf[..read]).is_err() {
-                        break;
-                    }
+    proxy::start(target, move |link| {
+        let Link {
+            n,
+            mut client_r,
+            mut client_w,
+            mut server_r,
+            mut server_w,
+        } = link;
+        thread::spawn(move || {
+            let _ = std::io::copy(&mut server_r, &mut client_w);
+            let _ = client_w.shutdown(Shutdown::Write);
+        });
+        let hook = hook.clone();
+        thread::spawn(move || {
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                let read = match client_r.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(k) => k,
+                };
+                hook(n, &buf[..read]);
+                if server_w.write_all(&buf[..read]).is_err() {
+                    break;
                 }
-                let _ = server_w.shutdown(Shutdown::Write);
-            });
-        }
-    });
-    port
+            }
+            let _ = server_w.shutdown(Shutdown::Write);
+        });
+    })
 }
 
 /// One request held back: the first chunk `matches(n, chunk)` picks (`n`: the connection's
@@ -180,41 +171,28 @@ impl LostAnswer {
         let lost = LostAnswer {
             cut: Arc::new(Mutex::new(None)),
         };
-        let listener = TcpListener::bind("127.0.0.1:0").expect("a free port");
-        let port = listener.local_addr().expect("a bound port").port();
         let (armed, matches, handle) = (
             Arc::new(AtomicBool::new(true)),
             Arc::new(matches),
             lost.clone(),
         );
-        thread::spawn(move || {
-            for n in 0.. {
-                let Ok((client, _)) = listener.accept() else {
-                    continue;
-                };
-                let Ok(server) = TcpStream::connect(("127.0.0.1", target)) else {
-                    continue;
-                };
-                let _ = client.set_nodelay(true);
-                let _ = server.set_nodelay(true);
-                let (Ok(client_r), Ok(server_r)) = (client.try_clone(), server.try_clone()) else {
-                    continue;
-                };
-                // Set before the chunk goes out: the answer to it is never forwarded.
-                let cutting = Arc::new(AtomicBool::new(false));
-                let c = cutting.clone();
-                thread::spawn(move || answers(server_r, client, &c));
-                let (armed, matches, handle) = (armed.clone(), matches.clone(), handle.clone());
-                thread::spawn(move || {
-                    requests(n, client_r, server, &cutting, |n, chunk| {
-                        let picked = matches(n, chunk) && armed.swap(false, Ordering::SeqCst);
-                        if picked {
-                            *handle.cut.lock().unwrap() = Some(Instant::now());
-                        }
-                        picked
-                    });
+        let port = proxy::start(target, move |link| {
+            // Set before the chunk goes out: the answer to it is never forwarded.
+            let cutting = Arc::new(AtomicBool::new(false));
+            let c = cutting.clone();
+            let (server_r, client_w) = (link.server_r, link.client_w);
+            thread::spawn(move || answers(server_r, client_w, &c));
+            let (armed, matches, handle) = (armed.clone(), matches.clone(), handle.clone());
+            let (n, client_r, server_w) = (link.n, link.client_r, link.server_w);
+            thread::spawn(move || {
+                requests(n, client_r, server_w, &cutting, |n, chunk| {
+                    let picked = matches(n, chunk) && armed.swap(false, Ordering::SeqCst);
+                    if picked {
+                        *handle.cut.lock().unwrap() = Some(Instant::now());
+                    }
+                    picked
                 });
-            }
+            });
         });
         (port, lost)
     }

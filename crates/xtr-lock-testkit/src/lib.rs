@@ -10,6 +10,7 @@ pub mod mariadb;
 pub mod memcached;
 pub mod postgres;
 mod process;
+pub mod proxy;
 pub mod python;
 pub mod redis;
 pub mod slow_answers;

@@ -9,41 +9,31 @@
 //! until the test process ends.
 
 use std::io::{Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
+use std::net::{Shutdown, TcpStream};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::proxy;
+
 /// Which chunks a rule picks.
 pub type Pick = Arc<dyn Fn(&[u8]) -> bool + Send + Sync>;
 
 /// Starts the proxy to `127.0.0.1:target`; returns its port.
 pub fn start(target: u16, picks: Pick, delays: Pick, delay: Duration) -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("a free port");
-    let port = listener.local_addr().expect("a bound port").port();
-    thread::spawn(move || {
-        for client in listener.incoming() {
-            let Ok(client) = client else { continue };
-            let Ok(server) = TcpStream::connect(("127.0.0.1", target)) else {
-                continue;
-            };
-            let _ = client.set_nodelay(true);
-            let _ = server.set_nodelay(true);
-            let (Ok(client_r), Ok(server_r)) = (client.try_clone(), server.try_clone()) else {
-                continue;
-            };
-            let picked = Arc::new(AtomicBool::new(false));
-            let (p, picks) = (picked.clone(), picks.clone());
-            thread::spawn(move || requests(client_r, server, &picks, &p));
-            let (tx, rx) = mpsc::channel::<(Instant, Vec<u8>)>();
-            let delays = delays.clone();
-            thread::spawn(move || answers(server_r, &tx, &picked, &delays, delay));
-            thread::spawn(move || deliver(client, &rx));
-        }
-    });
-    port
+    proxy::start(target, move |link| {
+        let picked = Arc::new(AtomicBool::new(false));
+        let (p, picks) = (picked.clone(), picks.clone());
+        let (client_r, server_w) = (link.client_r, link.server_w);
+        thread::spawn(move || requests(client_r, server_w, &picks, &p));
+        let (tx, rx) = mpsc::channel::<(Instant, Vec<u8>)>();
+        let (delays, server_r) = (delays.clone(), link.server_r);
+        thread::spawn(move || answers(server_r, &tx, &picked, &delays, delay));
+        let client_w = link.client_w;
+        thread::spawn(move || deliver(client_w, &rx));
+    })
 }
 
 /// Forwards what the client sends; marks the connection once `picks` picks a chunk.

@@ -4,7 +4,7 @@
 //! makes it (or anyone) wait for it. Also the ttls a lease cannot keep, refused.
 
 use std::io::{Read as _, Write as _};
-use std::net::{Shutdown, TcpListener, TcpStream};
+use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -62,24 +62,18 @@ type Trip = (Vec<u8>, Duration);
 
 impl Partition {
     fn start(target: u16) -> Partition {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let p = Partition {
-            port: listener.local_addr().unwrap().port(),
+        let mut p = Partition {
+            port: 0,
             cut: Arc::new(AtomicBool::new(false)),
             trip: Arc::new(Mutex::new(None)),
         };
         let proxy = p.clone();
-        std::thread::spawn(move || {
-            for client in listener.incoming() {
-                let Ok(client) = client else { continue };
-                let Ok(server) = TcpStream::connect(("127.0.0.1", target)) else {
-                    continue;
-                };
-                let (c2, s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
-                let (up, down) = (proxy.clone(), proxy.clone());
-                std::thread::spawn(move || up.pump(client, server, true));
-                std::thread::spawn(move || down.pump(s2, c2, false));
-            }
+        p.port = xtr_lock_testkit::proxy::start(target, move |link| {
+            let (up, down) = (proxy.clone(), proxy.clone());
+            let (client_r, server_w) = (link.client_r, link.server_w);
+            std::thread::spawn(move || up.pump(client_r, server_w, true));
+            let (server_r, client_w) = (link.server_r, link.client_w);
+            std::thread::spawn(move || down.pump(server_r, client_w, false));
         });
         p
     }

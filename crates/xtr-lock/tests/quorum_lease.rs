@@ -132,3 +132,44 @@ async fn a_session_that_never_times_out_does_not_cut_the_quorums_lease() {
     lock.release().await.unwrap();
     assert_eq!(store.lease_remaining(lock.key()), None, "nothing held");
 }
+
+/// A member that stops answering after the acquisition (a paused Redis server) is left to
+/// finish in the background at each renewal: its last answer said it holds, but its key
+/// expires unrenewed, so it counts for nothing; it used to count as holding for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_left_answering_in_the_background_counts_for_nothing() {
+    let leased = RedisServer::start();
+    let (a, b) = (RedisServer::start(), RedisServer::start());
+    let redis = |s: &RedisServer| {
+        Arc::new(
+            RedisStore::from_dsn(&format!(
+                "redis://127.0.0.1:{}/0?socket_timeout=5",
+                s.port()
+            ))
+            .unwrap(),
+        ) as Arc<dyn Store>
+    };
+    let members = vec![pubsub(&leased), redis(&a), redis(&b)];
+    let store = Arc::new(CombinedStore::new(members, ConsensusStrategy).unwrap());
+    let lock = LockFactory::new(store.clone())
+        .create_lock("quorum-lease:paused")
+        .with_ttl(Some(Duration::from_secs(30)));
+    assert!(lock.try_acquire().await.unwrap());
+    // The member that answered after the quorum was decided is counted once its answer comes.
+    assert!(
+        eventually(Duration::from_secs(3), || store.lease_remaining(lock.key())
+            == Some(Duration::MAX))
+        .await,
+        "two Redis members hold for the lock's lifetime: {:?}",
+        store.lease_remaining(lock.key())
+    );
+    b.pause();
+    lock.refresh(None).await.unwrap();
+    let left = store.lease_remaining(lock.key()).expect("a lease");
+    assert!(
+        left <= Duration::from_secs(1),
+        "the quorum stands on the pub/sub member now: {left:?}"
+    );
+    b.resume();
+    lock.release().await.unwrap();
+}

@@ -3,7 +3,8 @@
 //! the store runs the statement again on a fresh connection, which finds the row already this
 //! holder's (a re-save, which draws nothing) while the token the first run drew, if it drew
 //! one, never came back. The same holder acquiring again after its row expired unseen (and
-//! another held in between) used to be taken for a re-save of a live hold, and got no token.
+//! another held in between) used to be taken for a re-save of a live hold, and got no token;
+//! so did one whose earlier attempt was given up on at its time limit and landed late.
 
 mod support;
 
@@ -14,7 +15,7 @@ use std::time::Duration;
 use support::symfony_sql::Db;
 use xtr_lock::store::Saved;
 use xtr_lock::{Key, LockFactory, Lockable as _, SqlStore, Store};
-use xtr_lock_testkit::hook_proxy::LostAnswer;
+use xtr_lock_testkit::hook_proxy::{HeldRequest, LostAnswer};
 
 /// A store reaching `db` through a proxy that loses the answer to the first statement naming
 /// `id` once `armed` is set.
@@ -123,4 +124,57 @@ async fn postgres_a_reacquisition_after_an_unseen_expiry_has_a_larger_token() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_a_reacquisition_after_an_unseen_expiry_has_a_larger_token() {
     a_reacquisition_after_an_unseen_expiry_has_a_larger_token(Db::mariadb()).await;
+}
+
+/// As above, but the attempt that lands is one given up on at its time limit (held back in
+/// the network): the next attempt, on a fresh connection, finds the row the late one wrote.
+async fn a_save_that_lands_after_it_was_given_up_on_leaves_a_larger_token(db: Db) {
+    let resource = "lost-answer:late";
+    let direct = db.store();
+    let ttl = Some(Duration::from_secs(2));
+    let seed = Key::new(resource);
+    assert!(direct.save(&seed, ttl).await.unwrap().is_acquired());
+    let id = db.query("SELECT key_id FROM lock_keys");
+    assert!(direct.delete(&seed).await.unwrap());
+
+    let armed = Arc::new(AtomicBool::new(false));
+    let hold_back = armed.clone();
+    let (proxy, held) = HeldRequest::start(db.port(), Duration::from_millis(1500), move |_, c| {
+        hold_back.load(Ordering::Acquire) && c.windows(id.len()).any(|w| w == id.as_bytes())
+    });
+    let url = db
+        .url()
+        .replace(&format!(":{}/", db.port()), &format!(":{proxy}/"));
+    let store = SqlStore::from_dsn(&format!("{url}?statement_timeout=1")).unwrap();
+    let key = Key::new(resource);
+    let first = token(store.save(&key, ttl).await.unwrap()).expect("a token");
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let other = Key::new(resource);
+    let between = token(direct.save(&other, ttl).await.unwrap()).expect("a token");
+    assert!(direct.delete(&other).await.unwrap());
+
+    armed.store(true, Ordering::Release);
+    key.reset_lifetime();
+    let given_up = store.save(&key, ttl).await;
+    assert!(given_up.is_err(), "not given up on: {given_up:?}");
+    tokio::task::spawn_blocking(move || held.wait_landed(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    key.reset_lifetime();
+    let again = token(store.save(&key, ttl).await.unwrap());
+    assert!(
+        again.is_some_and(|t| t > between),
+        "acquired again after {between} (its own first hold {first}), got {again:?}"
+    );
+    assert!(store.delete(&key).await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_save_that_lands_after_it_was_given_up_on_leaves_a_larger_token() {
+    a_save_that_lands_after_it_was_given_up_on_leaves_a_larger_token(Db::postgres()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_a_save_that_lands_after_it_was_given_up_on_leaves_a_larger_token() {
+    a_save_that_lands_after_it_was_given_up_on_leaves_a_larger_token(Db::mariadb()).await;
 }

@@ -80,6 +80,19 @@ struct KeyState {
     unserializable: bool,
 }
 
+impl KeyState {
+    /// The last deadline the store confirmed. During a renewal, the one from before it (a
+    /// renewal that never lands must not lengthen what the holder believes), or the new one
+    /// if that is sooner (a shortening renewal may have landed unanswered).
+    fn confirmed_deadline(&self) -> Option<Instant> {
+        match (self.renewing, self.deadline) {
+            (None, deadline) => deadline,
+            (Some(Some(before)), Some(new)) => Some(before.min(new)),
+            (Some(before), new) => before.or(new),
+        }
+    }
+}
+
 impl Key {
     /// A new holder for `resource`, on the default monotonic clock.
     pub fn new(resource: impl Into<String>) -> Self {
@@ -257,21 +270,20 @@ impl Key {
     }
 
     /// Ends a renewal: confirmed, the deadline the store set stands; not, the one from before
-    /// is put back (the lease the store knows is still the old one).
+    /// is put back (the lease the store knows is still the old one), or the new one if that is
+    /// sooner (a shortening renewal may have landed unanswered).
     pub(crate) fn end_renewal(&self, confirmed: bool) {
         let mut st = self.state();
-        if let Some(before) = st.renewing.take()
-            && !confirmed
-        {
-            st.deadline = before;
+        if !confirmed {
+            st.deadline = st.confirmed_deadline();
         }
+        st.renewing = None;
     }
 
-    /// The time left before the last deadline the store confirmed: during a renewal, the one
-    /// from before it (a renewal that never lands must not lengthen what the holder believes).
+    /// The time left before the last deadline the store confirmed (see
+    /// `KeyState::confirmed_deadline`).
     pub(crate) fn confirmed_lifetime(&self) -> Option<Duration> {
-        let st = self.state();
-        let deadline = st.renewing.unwrap_or(st.deadline)?;
+        let deadline = self.state().confirmed_deadline()?;
         Some(deadline.saturating_duration_since(self.inner.clock.now()))
     }
 }

@@ -51,8 +51,9 @@ impl Key {
             return Err(Error::unserializable_key(self.resource()));
         }
         let now = self.inner.clock.now();
-        // During a renewal, the deadline the store confirmed last: the new one may never land.
-        let remaining_ms = st.renewing.unwrap_or(st.deadline).map(|d| {
+        // During a renewal, the deadline the store confirmed last: the new one may never land
+        // (or, if sooner, may have).
+        let remaining_ms = st.confirmed_deadline().map(|d| {
             let ms = d.saturating_duration_since(now).as_millis();
             u64::try_from(ms).unwrap_or(u64::MAX)
         });
@@ -218,6 +219,23 @@ mod tests {
         k.end_renewal(true);
         let back = Key::from_json(&k.to_json().unwrap()).unwrap();
         assert!(back.remaining_lifetime().unwrap() > Duration::from_secs(590));
+
+        // A shortening renewal may land unanswered: the sooner deadline counts at once.
+        k.begin_renewal();
+        k.reduce_lifetime(Duration::from_secs(5));
+        let back = Key::from_json(&k.to_json().unwrap()).unwrap();
+        assert!(back.remaining_lifetime().unwrap() <= Duration::from_secs(5));
+        // ... and stays once it failed: whether it landed is not known.
+        k.end_renewal(false);
+        let back = Key::from_json(&k.to_json().unwrap()).unwrap();
+        assert!(back.remaining_lifetime().unwrap() <= Duration::from_secs(5));
+
+        // A failed lengthening renewal leaves the deadline from before.
+        k.begin_renewal();
+        k.reduce_lifetime(Duration::from_secs(900));
+        k.end_renewal(false);
+        let left = k.remaining_lifetime().unwrap();
+        assert!(left <= Duration::from_secs(5), "{left:?}");
     }
 
     #[test]

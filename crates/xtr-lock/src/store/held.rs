@@ -8,7 +8,21 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
-type Map = Mutex<HashMap<String, String>>;
+/// One resource's entry: its holder's token, and how many keys claim it (clones share a claim;
+/// a key deserialized in this process holds the same token with a claim of its own).
+struct Entry {
+    token: String,
+    /// Tells this entry from an earlier one of the same token that was forgotten: a claim on
+    /// the earlier one must not count against this one.
+    generation: u64,
+    claims: usize,
+}
+
+#[derive(Default)]
+struct Map {
+    entries: HashMap<String, Entry>,
+    generations: u64,
+}
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -16,60 +30,100 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// The map of one store.
 #[derive(Default)]
-pub(crate) struct Held(Arc<Map>);
+pub(crate) struct Held(Arc<Mutex<Map>>);
 
-/// A holder's entry, kept on its key (in the store's per-key state): dropped with the key, it
-/// removes the entry if the entry is still its own.
+/// A holder's claim on its entry, kept on its key (in the store's per-key state): dropped with
+/// the key, it removes the entry once no other key claims it.
 pub(crate) struct Claim {
-    map: Weak<Map>,
+    map: Weak<Mutex<Map>>,
     id: String,
-    token: String,
+    generation: u64,
 }
 
 impl Drop for Claim {
     fn drop(&mut self) {
-        if let Some(map) = self.map.upgrade() {
-            remove_if(&mut lock(&map), &self.id, &self.token);
+        let Some(map) = self.map.upgrade() else {
+            return;
+        };
+        let mut map = lock(&map);
+        let Some(entry) = map.entries.get_mut(&self.id) else {
+            return;
+        };
+        if entry.generation == self.generation {
+            entry.claims -= 1;
+            if entry.claims == 0 {
+                map.entries.remove(&self.id);
+            }
         }
     }
-}
-
-fn remove_if(map: &mut HashMap<String, String>, id: &str, token: &str) -> bool {
-    let ours = map.get(id).is_some_and(|t| t == token);
-    if ours {
-        map.remove(id);
-    }
-    ours
 }
 
 impl Held {
     /// Records `token` as the holder of `id`, tied to the holder's `slot` (one per key and
     /// store: a key holds one resource, with one token).
     pub(crate) fn hold(&self, slot: &Mutex<Option<Claim>>, id: &str, token: &str) {
-        lock(&self.0).insert(id.to_owned(), token.to_owned());
+        let mut map = lock(&self.0);
         let mut slot = lock(slot);
-        if slot.is_none() {
-            *slot = Some(Claim {
-                map: Arc::downgrade(&self.0),
-                id: id.to_owned(),
-                token: token.to_owned(),
-            });
+        let current = map
+            .entries
+            .get(id)
+            .filter(|e| e.token == token)
+            .map(|e| e.generation);
+        if let (Some(claim), Some(generation)) = (slot.as_ref(), current)
+            && claim.generation == generation
+        {
+            return;
         }
+        let generation = match current {
+            Some(generation) => generation,
+            None => {
+                map.generations += 1;
+                let generation = map.generations;
+                let entry = Entry {
+                    token: token.to_owned(),
+                    generation,
+                    claims: 0,
+                };
+                map.entries.insert(id.to_owned(), entry);
+                generation
+            }
+        };
+        if let Some(entry) = map.entries.get_mut(id) {
+            entry.claims += 1;
+        }
+        let claim = Claim {
+            map: Arc::downgrade(&self.0),
+            id: id.to_owned(),
+            generation,
+        };
+        // The slot's old claim (on a forgotten entry) lets go after the map's lock.
+        let old = slot.replace(claim);
+        drop((slot, map));
+        drop(old);
     }
 
     /// Whether a holder of this store holds `id` with a token `matches` accepts.
     pub(crate) fn held_by(&self, id: &str, matches: impl FnOnce(&str) -> bool) -> bool {
-        lock(&self.0).get(id).is_some_and(|t| matches(t))
+        lock(&self.0)
+            .entries
+            .get(id)
+            .is_some_and(|e| matches(&e.token))
     }
 
-    /// Forgets `token` as the holder of `id` (released, lost or taken over); whether it was.
+    /// Forgets `token` as the holder of `id` (released, lost or taken over), for every key
+    /// that claims it; whether it was.
     pub(crate) fn forget(&self, id: &str, token: &str) -> bool {
-        remove_if(&mut lock(&self.0), id, token)
+        let mut map = lock(&self.0);
+        let ours = map.entries.get(id).is_some_and(|e| e.token == token);
+        if ours {
+            map.entries.remove(id);
+        }
+        ours
     }
 
     #[cfg(test)]
     fn len(&self) -> usize {
-        lock(&self.0).len()
+        lock(&self.0).entries.len()
     }
 }
 
@@ -110,6 +164,29 @@ mod tests {
             let slot = Mutex::new(None);
             held.hold(&slot, &format!("r{i}"), "t");
         }
+        assert_eq!(held.len(), 0);
+    }
+
+    #[test]
+    fn two_keys_of_one_token_keep_the_entry_until_both_go() {
+        let held = Held::default();
+        let (a, b) = (Mutex::new(None), Mutex::new(None));
+        held.hold(&a, "r", "t");
+        held.hold(&b, "r", "t");
+        held.hold(&b, "r", "t");
+        drop(a);
+        assert!(held.held_by("r", |t| t == "t"), "the other key still holds");
+        drop(b);
+        assert_eq!(held.len(), 0);
+
+        // A claim on a forgotten entry does not count against a newer one of the same token.
+        let (c, d) = (Mutex::new(None), Mutex::new(None));
+        held.hold(&c, "r", "t");
+        assert!(held.forget("r", "t"));
+        held.hold(&d, "r", "t");
+        drop(c);
+        assert!(held.held_by("r", |t| t == "t"));
+        drop(d);
         assert_eq!(held.len(), 0);
     }
 

@@ -347,8 +347,9 @@ pub trait Store: Send + Sync + fmt::Debug + fmt::Display + 'static {
     /// flight lengthens nothing until it is answered. `None` (the default) when the store keeps
     /// no such lease (the ttl of an expiring store is
     /// [`remaining_lifetime`](crate::Lockable::remaining_lifetime)'s), or the holder holds nothing;
-    /// `Duration::MAX` while it holds on a lease that nothing ends but its release or its
-    /// connection's end (a session lock on a server that never ends a silent client's session).
+    /// `Duration::MAX` while it holds on no lease that can end sooner than the lock's own
+    /// lifetime (a session lock on a server that never ends a silent client's session; a quorum
+    /// whose needed members are such, or expiring members bound by that lifetime).
     /// `xtr-lock run` stops its command before the shorter of the two ends.
     fn lease_remaining(&self, key: &Key) -> Option<Duration> {
         let _ = key;

@@ -171,7 +171,8 @@ async fn supervise(args: &RunArgs, lock: &Lock, signals: &mut Signals) -> Result
                 grace: args.kill_after,
                 // A lease that xtr-lock renews (itself, or the store for it, as etcd's): the
                 // supervisor also stops the command when xtr-lock can no longer renew it
-                // (stopped, paused) before the lease ends.
+                // (stopped, paused) before the lease ends. (A lease nothing ends, as a session
+                // lock's on a server without an idle limit, is told as such: never stopped.)
                 lease: match caps.expiring || store.lease_remaining(lock.key()).is_some() {
                     true => Some(lease::Writer::create().context("cannot create the lease file")?),
                     false => None,
@@ -267,18 +268,17 @@ struct LeaseView {
 
 impl LeaseView {
     /// Tells the supervisor how long the lock certainly lasts: the shorter of the lock's
-    /// confirmed lifetime and the store's own lease, where there is either (a lease nothing
-    /// ends, `Duration::MAX`, is none).
+    /// confirmed lifetime and the store's own lease, where there is either. A lease nothing
+    /// ends (`Duration::MAX`) is told as such, and is no base for the margins.
     fn tell(&mut self, lock: &Lock, store: &dyn xtr_lock::Store, child: &Child) {
-        let lease = store
-            .lease_remaining(lock.key())
-            .filter(|lease| *lease != Duration::MAX);
-        let remaining = match (lock.remaining_lifetime(), lease) {
+        let remaining = match (lock.remaining_lifetime(), store.lease_remaining(lock.key())) {
             (Some(lifetime), Some(lease)) => Some(lifetime.min(lease)),
             (lifetime, lease) => lifetime.or(lease),
         };
         if let Some(remaining) = remaining {
-            self.longest = self.longest.max(remaining);
+            if remaining != Duration::MAX {
+                self.longest = self.longest.max(remaining);
+            }
             child.tell_lease(remaining, self.longest);
         }
     }

@@ -7,7 +7,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::conns::Conns;
 use super::db::LockId;
-use super::session::{self, Cmd, Life};
+use super::session::{self, Cmd, LeaseEnd, Life};
 use crate::error::{Error, Result};
 use crate::key::{Key, Mode};
 use crate::store::tasks::{self, Tasks};
@@ -47,9 +47,11 @@ impl Core {
     pub(super) fn lease_remaining(&self, key: &Key) -> Option<std::time::Duration> {
         let life = key.existing_handle::<Handle>(self.owner)?.life()?;
         life.held?;
-        Some(life.lease_end.map_or(std::time::Duration::MAX, |end| {
-            end.saturating_duration_since(std::time::Instant::now())
-        }))
+        Some(match life.lease_end {
+            LeaseEnd::Unconfirmed => std::time::Duration::ZERO,
+            LeaseEnd::Never => std::time::Duration::MAX,
+            LeaseEnd::At(end) => end.saturating_duration_since(std::time::Instant::now()),
+        })
     }
 
     async fn ask<T>(

@@ -5,16 +5,20 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use super::CombinedStore;
+use super::inflight::{Answer, Pending};
 use super::strategy::Strategy;
+use crate::clock::BoxFuture;
+use crate::error::Result;
 use crate::key::Key;
-use crate::store::Store;
+use crate::store::{Holding, Saved, Store};
 
 /// Per holder (a handle on its key): whether each member holds its lock, by that member's last
-/// answer. A member counts only on an answer that it holds (granted, renewed, still held); a
-/// refusal, a failed save or renewal (it may have stored, or kept its old expiry) and a release
-/// each count it out, so the record errs towards holding less than the members do, never more.
-/// Members on a lease keep their own record ([`Store::lease_remaining`]); this one is for the
-/// others.
+/// answer. A member counts only on an answer that it holds, to a save or a renewal (a refused
+/// mode change where the holder keeps its old mode included); a refusal, a failed save or
+/// renewal (it may have stored, or kept its old expiry), no answer by the time the quorum was
+/// decided, a check that says it does not hold and a release each count it out, so the record
+/// errs towards holding less than the members do, never more. Members on a lease keep their
+/// own record ([`Store::lease_remaining`]); this one is for the others.
 #[derive(Default)]
 pub(super) struct Members(Mutex<Vec<bool>>);
 
@@ -26,17 +30,65 @@ impl Members {
     fn holds(&self, i: usize) -> bool {
         self.with(|held| held.get(i).copied().unwrap_or(false))
     }
-}
 
-impl CombinedStore {
-    /// Records member `i`'s answer on whether `key`'s holder holds there.
-    pub(super) fn note(&self, key: &Key, i: usize, holds: bool) {
-        key.handle::<Members>(self.owner).with(|held| {
+    fn set(&self, i: usize, holds: bool) {
+        self.with(|held| {
             if held.len() <= i {
                 held.resize(i + 1, false);
             }
             held[i] = holds;
         });
+    }
+}
+
+/// Whether a member's answer to a save says the holder holds there (a refused mode change
+/// where it keeps its old mode included).
+pub(super) fn saved_holds(answer: &Result<Saved>) -> bool {
+    match answer {
+        Ok(Saved::Acquired(_)) => true,
+        Ok(Saved::Conflict(c)) => c.kept.is_some(),
+        Err(_) => false,
+    }
+}
+
+/// Whether a member's answer to a renewal says the holder holds there.
+pub(super) fn renewed_holds(answer: &Result<Holding>) -> bool {
+    matches!(answer, Ok(Holding::Held(_)))
+}
+
+impl CombinedStore {
+    /// Records member `i`'s answer on whether `key`'s holder holds there.
+    pub(super) fn note(&self, key: &Key, i: usize, holds: bool) {
+        key.handle::<Members>(self.owner).set(i, holds);
+    }
+
+    /// Leaves the members that had not answered when the quorum was decided to finish in the
+    /// background (see [`detach`](CombinedStore::detach)), counted out until their answers
+    /// come, which `holds` then reads: an answer may never come (a paused server).
+    pub(super) async fn detach_noted<T: Send + 'static>(
+        &self,
+        key: &Key,
+        what: &'static str,
+        answered: &[bool],
+        pending: Pending<T>,
+        holds: fn(&Result<T>) -> bool,
+    ) {
+        for (i, _) in answered.iter().enumerate().filter(|(_, a)| !**a) {
+            self.note(key, i, false);
+        }
+        let members = key.handle::<Members>(self.owner);
+        let noted: Pending<T> = pending
+            .into_iter()
+            .map(|answer| {
+                let members = members.clone();
+                Box::pin(async move {
+                    let (i, result) = answer.await;
+                    members.set(i, holds(&result));
+                    (i, result)
+                }) as BoxFuture<'static, Answer<T>>
+            })
+            .collect();
+        self.detach(key, what, answered, noted).await;
     }
 
     /// Forgets what the members said: the holder let go (or is taking its lock back).
@@ -51,13 +103,6 @@ impl CombinedStore {
             return None;
         }
         let members = key.existing_handle::<Members>(self.owner)?;
-        let leased_hold = self
-            .stores
-            .iter()
-            .any(|s| s.capabilities().leased && s.lease_remaining(key).is_some());
-        if !leased_hold && !members.with(|held| held.contains(&true)) {
-            return None;
-        }
         let spans: Vec<Duration> = self
             .stores
             .iter()

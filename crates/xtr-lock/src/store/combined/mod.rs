@@ -291,11 +291,13 @@ impl Store for CombinedStore {
     }
 
     /// How long members enough to meet the strategy certainly hold: the longest span that
-    /// many members reach. A member counts only if its last answer said it holds; then a member
+    /// many members reach. A member counts only if its last answer to a save or renewal said it
+    /// holds (see the module `lease`); then a member
     /// on a lease for what its server confirmed, any other for as long as the lock lasts anyway
     /// (its ttl is the key's [`remaining_lifetime`](crate::Lockable::remaining_lifetime)).
-    /// `None` when no member keeps a lease, or the holder holds on none; `Duration::MAX` when
-    /// the members needed for the quorum hold without a lease that can end.
+    /// `None` when no member keeps a lease, or the holder has not acquired (or has released);
+    /// `Duration::MAX` when the members needed for the quorum hold without a lease that can
+    /// end sooner than the lock's own lifetime.
     fn lease_remaining(&self, key: &Key) -> Option<Duration> {
         self.quorum_lease(key)
     }

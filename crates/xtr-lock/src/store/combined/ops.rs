@@ -7,6 +7,7 @@ use std::time::Duration;
 use futures_util::StreamExt as _;
 
 use super::inflight::{Answer, Pending};
+use super::lease::{renewed_holds, saved_holds};
 use super::tally::{Tally, Verdict, Vote, most_telling};
 use super::{CombinedStore, drift};
 use crate::clock::BoxFuture;
@@ -54,12 +55,7 @@ struct SaveNotes {
 
 impl SaveNotes {
     fn judge(&mut self, store: &CombinedStore, key: &Key, i: usize, answer: Result<Saved>) -> Vote {
-        let holds = match &answer {
-            Ok(Saved::Acquired(_)) => true,
-            Ok(Saved::Conflict(c)) => c.kept.is_some(),
-            Err(_) => false,
-        };
-        store.note(key, i, holds);
+        store.note(key, i, saved_holds(&answer));
         match answer {
             Ok(Saved::Acquired(_)) => {
                 self.changed.push(i);
@@ -120,7 +116,8 @@ impl CombinedStore {
         if verdict == Verdict::Met && !key.is_expired() {
             // The members still answering finish in the background: the holder's lease then
             // stands on all of them, not only on the quorum that answered first.
-            self.detach(key, "save", &tally.answered, pending).await;
+            self.detach_noted(key, "save", &tally.answered, pending, saved_holds)
+                .await;
             return Ok(Saved::Acquired(Acquired::new()));
         }
         if verdict == Verdict::Met || key.is_expired() {
@@ -345,7 +342,8 @@ impl CombinedStore {
             self.roll_back(key, pending).await;
             return Err(Error::expired(key.resource()).with_store(self));
         }
-        self.detach(key, "put_off", &tally.answered, pending).await;
+        self.detach_noted(key, "put_off", &tally.answered, pending, renewed_holds)
+            .await;
         Ok(holding)
     }
 
@@ -386,8 +384,9 @@ impl CombinedStore {
     /// held, in the mode of [`mode_of`](Self::mode_of), or not held for the most telling reason
     /// members gave (unreachable if none gave one). `doing` names the request in the log line of
     /// a member that failed it. Each answer is noted in the holder's record of the members it
-    /// holds on; a failed renewal counts the member out (it keeps its old expiry at best), a
-    /// failed check changes nothing.
+    /// holds on: a renewal's answers count members in or out (a failed one out: it keeps its
+    /// old expiry at best); a check only counts members out (its "held" says nothing of how
+    /// long, after a renewal that failed there).
     async fn count_holdings(
         &self,
         key: &Key,
@@ -399,7 +398,9 @@ impl CombinedStore {
         let verdict = tally
             .count(pending, |i, answer| match answer {
                 Ok(Holding::Held(mode)) => {
-                    self.note(key, i, true);
+                    if matches!(asked, Asked::Renewal) {
+                        self.note(key, i, true);
+                    }
                     writes += usize::from(mode == Mode::Write);
                     Vote::Yes
                 }

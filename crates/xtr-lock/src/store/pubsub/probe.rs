@@ -138,9 +138,13 @@ pub(super) async fn probe(
         return Ok(Probe::Inconclusive);
     };
     let mut replies = replies?;
+    let asked = tokio::time::Instant::now();
     if numsub(conns, channel).await? != expected {
         return Ok(Probe::Inconclusive);
     }
+    // How long a membership check takes here: one is made in the wait only while it can end
+    // before the deadline.
+    let check = asked.elapsed();
     if publish_counted(conns, channel, &response_channel).await? != expected {
         return Ok(Probe::Inconclusive);
     }
@@ -155,9 +159,6 @@ pub(super) async fn probe(
         }
         records.insert(record.holder_id.clone(), record);
     };
-    // When the prober last woke from waiting for replies: how late it was is measured there,
-    // never after a round trip of its own (a far server's is not a stall of the prober).
-    let mut woke = tokio::time::Instant::now();
     while (records.len() as u64) < expected {
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         if left.is_zero() {
@@ -168,21 +169,23 @@ pub(super) async fn probe(
             take(p, &mut records);
         })
         .await;
-        woke = tokio::time::Instant::now();
         if read.is_err() {
             return Ok(Probe::Inconclusive);
         }
-        // Churn: somebody came or went (never a reason to reap). Checked until the deadline;
-        // past it, the check after the barrier below sees the same.
+        // Churn: somebody came or went (never a reason to reap). Checked while a check can end
+        // before the deadline; the check after the barrier below covers the rest. A check
+        // running past the deadline would make a prober far from the server (a round trip
+        // longer than its poll interval) late every time, and it would never reap.
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         if (records.len() as u64) < expected
-            && woke < deadline
+            && left > check
             && numsub(conns, channel).await? != expected
         {
             return Ok(Probe::Inconclusive);
         }
     }
     if (records.len() as u64) < expected {
-        let late = woke.saturating_duration_since(deadline);
+        let late = tokio::time::Instant::now().saturating_duration_since(deadline);
         let Some(unread) = unread_replies(&listener, &mut replies, late, timing).await else {
             return Ok(Probe::Inconclusive);
         };
@@ -234,9 +237,9 @@ async fn read_replies(
 /// Answers missing at the deadline: some the server sent in time may still be unread, when the
 /// prober or the connection's reader resumed late on a busy machine. A round trip on the
 /// listener's connection (bounded by the wait itself) brings in everything sent before it;
-/// those are returned. `None` when the prober woke `late` past its own deadline by more than a
-/// poll interval (then the holders it waited for may have stalled with it): it has no fair
-/// view of who is silent, and must reap nobody.
+/// those are returned. `None` when the prober came `late` past its own deadline by more than a
+/// poll interval (it stalled, and the holders it waited for may have stalled with it): it has
+/// no fair view of who is silent, and must reap nobody.
 async fn unread_replies(
     listener: &Listener,
     replies: &mut Replies,

@@ -199,17 +199,18 @@ impl SqlStore {
             unsent: Some(state.unsent.clone()),
             ..Run::keeping(&self.inner, key)
         };
-        // Whether this holder's row was certainly unexpired when the statement went out: then
-        // finding our row means a re-save, and nobody can have drawn a token since ours.
-        let sent = Instant::now();
-        let live = self.inner.held.held_by(&id, |t| t == token) && state.live_at(sent);
-        let saved = {
-            let (id, token) = (id.clone(), token.clone());
+        let (saved, sent) = {
+            let (id, token, state) = (id.clone(), token.clone(), state.clone());
             let tried = Arc::new(AtomicBool::new(false));
             self.run(key.resource(), how, move |conn, inner| {
-                let (id, token) = (id.clone(), token.clone());
+                let (id, token, state) = (id.clone(), token.clone(), state.clone());
                 let rerun = tried.swap(true, Ordering::AcqRel);
                 Box::pin(async move {
+                    // Whether this holder's row was certainly unexpired as the statement goes
+                    // out: then finding our row means a re-save, and nobody can have drawn a
+                    // token since ours.
+                    let sent = Instant::now();
+                    let live = inner.held.held_by(&id, |t| t == token) && state.live_at(sent);
                     match queries::save(conn, &inner.sql, &id, &token, secs).await? {
                         // Our row, and we cannot tell whether we just wrote it: an earlier run
                         // of this statement landed and its answer was lost with its connection
@@ -219,9 +220,9 @@ impl SqlStore {
                         // acquisition always has a token: draw another, larger.
                         queries::Saved::Acquired { fence: None } if rerun || !live => {
                             let fence = queries::draw(conn, &inner.sql, &id).await?;
-                            Ok(queries::Saved::Acquired { fence: Some(fence) })
+                            Ok((queries::Saved::Acquired { fence: Some(fence) }, sent))
                         }
-                        saved => Ok(saved),
+                        saved => Ok((saved, sent)),
                     }
                 })
             })

@@ -50,7 +50,19 @@ pub(super) struct Life {
     /// While held, until when the lock certainly lasts if the holder goes silent now: the last
     /// round trip the server answered, plus how long the server keeps a silent client's session
     /// (less a margin). Updated without waking anyone.
-    pub(super) lease_end: Option<Instant>,
+    pub(super) lease_end: LeaseEnd,
+}
+
+/// When a held lock's lease ends if its holder goes silent now.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) enum LeaseEnd {
+    /// Nothing held, or nothing the server confirmed: no lease to count on.
+    #[default]
+    Unconfirmed,
+    /// The server never ends a silent client's session on its own.
+    Never,
+    /// Then.
+    At(Instant),
 }
 
 /// Taken off the server's time to end a silent client's session: its timers are coarse.
@@ -183,10 +195,10 @@ impl Actor {
         };
         self.life.send_if_modified(|l| {
             let changed = Life {
-                lease_end: None,
+                lease_end: LeaseEnd::Unconfirmed,
                 ..*l
             } != Life {
-                lease_end: None,
+                lease_end: LeaseEnd::Unconfirmed,
                 ..life
             };
             *l = life;
@@ -194,10 +206,15 @@ impl Actor {
         });
     }
 
-    fn lease_end(&self) -> Option<Instant> {
-        self.holds()?;
-        let silence = self.conn.as_ref()?.silence?;
-        Some(self.confirmed? + silence.saturating_sub(LEASE_MARGIN))
+    fn lease_end(&self) -> LeaseEnd {
+        let (Some(_), Some(conn), Some(confirmed)) = (self.holds(), &self.conn, self.confirmed)
+        else {
+            return LeaseEnd::Unconfirmed;
+        };
+        match conn.silence {
+            None => LeaseEnd::Never,
+            Some(silence) => LeaseEnd::At(confirmed + silence.saturating_sub(LEASE_MARGIN)),
+        }
     }
 
     /// The server answered a request sent at `sent` (with a result or a refusal): the session

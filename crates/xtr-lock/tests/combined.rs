@@ -521,13 +521,14 @@ async fn a_paused_server_is_a_vote_against_within_the_socket_timeout() {
     q.servers[2].pause(); // two of three paused now: no majority
 
     // The verdict waits for server 1's earlier requests (the save and the release it never
-    // answered, each a timeout) and its own: three timeouts; the failed members' roll-back runs
-    // in the background (it used to be awaited: two more).
+    // answered) and its own, each a timeout and some a reconnect's connect timeout: about five
+    // timeouts (2.5 s measured on a quiet machine); the failed members' roll-back runs in the
+    // background. The bound is what a loaded machine needs (3.5 s seen under the full suite).
     let started = Instant::now();
     let err = lock.try_acquire().await.unwrap_err();
     assert_eq!(support::root(&err).kind(), ErrorKind::Storage, "{err}");
     assert!(
-        started.elapsed() < Duration::from_secs(3),
+        started.elapsed() < Duration::from_secs(5),
         "{:?}",
         started.elapsed()
     );

@@ -82,7 +82,7 @@ fn run_json(mut cmd: std::process::Command, what: &str) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{what} printed no JSON: {e}"))
 }
 
-/// Runs `py/<script>` with the peers' Python (the testkit's venv) and `args`, and reads the JSON
+/// Runs `peers/<script>` with the peers' Python (the testkit's venv) and `args`, and reads the JSON
 /// object it prints.
 pub fn run_python(script: &str, args: &[String]) -> serde_json::Value {
     let mut cmd = std::process::Command::new(xtr_lock_testkit::python::python_with_peers());
@@ -90,7 +90,7 @@ pub fn run_python(script: &str, args: &[String]) -> serde_json::Value {
     run_json(cmd, &format!("the Python benchmark {script}"))
 }
 
-/// Runs `py/symfony_bench.php` (php-cli with php-redis and php-symfony-lock) with `args`, and
+/// Runs `peers/symfony_bench.php` (php-cli with php-redis and php-symfony-lock) with `args`, and
 /// reads the JSON object it prints.
 pub fn run_php(args: &[String]) -> serde_json::Value {
     let mut cmd = std::process::Command::new("php");
@@ -101,7 +101,7 @@ pub fn run_php(args: &[String]) -> serde_json::Value {
     )
 }
 
-/// Runs the php half `py/<script>` with `args` and reads the summary it prints (`{n, p50_us,
+/// Runs the php half `peers/<script>` with `args` and reads the summary it prints (`{n, p50_us,
 /// p99_us}`).
 pub fn php_summary(script: &str, args: &[&str]) -> Summary {
     let mut cmd = std::process::Command::new("php");
@@ -112,10 +112,10 @@ pub fn php_summary(script: &str, args: &[&str]) -> Summary {
     ))
 }
 
-/// The path of a peer's half of a benchmark, `py/<name>`.
+/// The path of a peer's half of a benchmark, `peers/<name>`.
 pub fn peer_script(name: &str) -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("py")
+        .join("peers")
         .join(name)
 }
 

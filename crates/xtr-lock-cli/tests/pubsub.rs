@@ -42,7 +42,8 @@ fn python_holder(
     channel: &str,
 ) -> (Child, std::sync::mpsc::Receiver<String>) {
     let python = xtr_lock_testkit::python::python_with_peers();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../xtr-lock/tests/py/pubsub_peer.py");
+    let script =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../xtr-lock/tests/peers/pubsub_peer.py");
     let mut child = Command::new(python)
         .arg(script)
         .args([

@@ -1,5 +1,5 @@
 //! The advisory store in Symfony's key mode against real PHP processes on Symfony's
-//! `PostgreSqlStore` (`tests/py/sql_holder.php`), both ways, on a server the testkit starts.
+//! `PostgreSqlStore` (`tests/peers/symfony_holder.php`), both ways, on a server the testkit starts.
 
 mod support;
 

@@ -1,5 +1,5 @@
 //! The Memcached store against real PHP processes on Symfony's `MemcachedStore` over
-//! php-memcached (`tests/py/sql_holder.php`), both ways; its release, which never deletes a lock
+//! php-memcached (`tests/peers/symfony_holder.php`), both ways; its release, which never deletes a lock
 //! that changed hands; eviction and the limits it refuses.
 
 mod support;

@@ -329,7 +329,7 @@ fn a_holder_whose_runtime_is_blocked_still_answers_and_is_not_reaped() {
         let c = c.clone();
         std::thread::spawn(move || {
             let python = xtr_lock_testkit::python::python_with_peers();
-            let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/pubsub_peer.py");
+            let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/peers/pubsub_peer.py");
             let out = Command::new(python)
                 .arg(script)
                 .args([

@@ -1,5 +1,5 @@
 //! The SysV semaphore store against real PHP processes on Symfony's `SemaphoreStore`
-//! (`tests/py/sql_holder.php`), both ways, and its cancellation safety. Every test uses its own
+//! (`tests/peers/symfony_holder.php`), both ways, and its cancellation safety. Every test uses its own
 //! resource names, so the machine's semaphores are shared safely.
 
 mod support;

@@ -1,6 +1,6 @@
 //! The SQL table store and Symfony Lock's `PdoStore` (PHP) on one database exclude each other,
 //! both ways, on PostgreSQL and MariaDB: holds, refusals, takeovers of expired rows, mixed
-//! contention. The PHP side is `tests/py/sql_holder.php`.
+//! contention. The PHP side is `tests/peers/symfony_holder.php`.
 
 mod support;
 

@@ -1,5 +1,5 @@
 //! Real peers in other languages (Python xtr-lock 4.1.0, Symfony Lock 5.4), driven one JSON line
-//! at a time over their stdin and stdout (`tests/py/lock_peer.{py,php}`).
+//! at a time over their stdin and stdout (`tests/peers/lock_peer.{py,php}`).
 
 use std::io::{BufRead as _, BufReader, Write as _};
 use std::path::Path;
@@ -15,7 +15,7 @@ pub(crate) struct Peer {
 
 fn script(name: &str) -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/py")
+        .join("tests/peers")
         .join(name)
 }
 

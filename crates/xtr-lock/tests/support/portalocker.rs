@@ -1,4 +1,4 @@
-//! portalocker 4.4.2 processes for the pub/sub interop tests (`tests/py/pubsub_peer.py`, one
+//! portalocker 4.4.2 processes for the pub/sub interop tests (`tests/peers/pubsub_peer.py`, one
 //! process per call), and what those tests share.
 
 #![allow(dead_code)] // each test binary uses some of it
@@ -15,7 +15,7 @@ use xtr_lock_testkit::redis::RedisServer;
 /// A generous bound for what should take well under a second.
 pub(crate) const SOON: Duration = Duration::from_secs(10);
 
-/// portalocker's script (`tests/py/pubsub_peer.py`), one process per call.
+/// portalocker's script (`tests/peers/pubsub_peer.py`), one process per call.
 pub(crate) struct Py {
     pub(crate) child: Child,
     stdin: Option<ChildStdin>,
@@ -26,7 +26,7 @@ pub(crate) struct Py {
 impl Py {
     pub(crate) fn start(server: &RedisServer, args: &[&str]) -> Py {
         let python = xtr_lock_testkit::python::python_with_peers();
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/pubsub_peer.py");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/peers/pubsub_peer.py");
         let mut child = Command::new(python)
             .arg(script)
             .arg(server.port().to_string())

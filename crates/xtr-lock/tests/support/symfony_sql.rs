@@ -1,5 +1,5 @@
 //! Symfony's table store as a peer: throwaway PostgreSQL and MariaDB servers, and the PHP holder
-//! (`tests/py/sql_holder.php`) run as a child whose event lines the tests read.
+//! (`tests/peers/symfony_holder.php`) run as a child whose event lines the tests read.
 
 use std::collections::HashMap;
 use std::io::BufRead as _;
@@ -171,7 +171,7 @@ pub(crate) struct Holder {
 const TERMINAL: &[&str] = &["BUSY", "TIMEOUT", "LOST", "ERROR", "RELEASED"];
 
 impl Holder {
-    /// `php sql_holder.php <pdo dsn> <resource> write <seconds> <args…> --user=…`.
+    /// `php symfony_holder.php <pdo dsn> <resource> write <seconds> <args…> --user=…`.
     pub(crate) fn start(db: &Db, resource: &str, seconds: f64, args: &[&str]) -> Holder {
         let (dsn, user) = db.pdo();
         let user = format!("--user={user}");
@@ -180,7 +180,7 @@ impl Holder {
         Self::start_on(&dsn, resource, "write", seconds, &all)
     }
 
-    /// `php sql_holder.php <store> <resource> <mode> <seconds> <args…>`: any store the script
+    /// `php symfony_holder.php <store> <resource> <mode> <seconds> <args…>`: any store the script
     /// knows (`pgsql+advisory:…` for Symfony's `PostgreSqlStore`).
     pub(crate) fn start_on(
         store: &str,
@@ -189,7 +189,10 @@ impl Holder {
         seconds: f64,
         args: &[&str],
     ) -> Holder {
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/py/sql_holder.php");
+        let script = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/peers/symfony_holder.php"
+        );
         let mut child = Command::new("php")
             .arg(script)
             .arg(store)

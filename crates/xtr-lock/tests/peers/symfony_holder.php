@@ -2,7 +2,7 @@
 // A Symfony Lock 5.4 holder (Debian's php-symfony-lock) for the SQL interop tests: takes one
 // lock, prints each event on stdout as it happens, holds, releases.
 //
-// Usage: php sql_holder.php STORE RESOURCE read|write SECONDS [--try] [--timeout=S] [--ttl=S]
+// Usage: php symfony_holder.php STORE RESOURCE read|write SECONDS [--try] [--timeout=S] [--ttl=S]
 //                           [--refresh=S] [--user=U] [--password=P] [--verbose]
 //   STORE: a PDO DSN (pgsql:… or mysql:…) for PdoStore, pgsql+advisory:… for PostgreSqlStore,
 //   semaphore for SemaphoreStore, or memcached://HOST:PORT for MemcachedStore (php-memcached).
@@ -46,7 +46,7 @@ function say(string $event, array $fields = []): void {
 
 [$self, $storeArg, $resource, $mode, $seconds] = array_pad($argv, 5, null);
 if ($seconds === null || !in_array($mode, ['read', 'write'], true)) {
-    fwrite(STDERR, "usage: php sql_holder.php STORE RESOURCE read|write SECONDS [options]\n");
+    fwrite(STDERR, "usage: php symfony_holder.php STORE RESOURCE read|write SECONDS [options]\n");
     exit(2);
 }
 $opts = ['try' => false, 'timeout' => null, 'ttl' => 300.0, 'refresh' => null, 'user' => null,

@@ -9,6 +9,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::mutex::lock;
 use tokio::sync::watch;
 
 /// A boxed `Send` future, as returned by object-safe traits of this crate.
@@ -135,7 +136,7 @@ impl ManualClock {
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, ManualState> {
-        self.inner.state.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.inner.state)
     }
 }
 

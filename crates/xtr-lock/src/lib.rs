@@ -76,6 +76,7 @@
 //! | `etcd` | `EtcdStore`: etcd's lock recipe, on etcd-client (its build needs `protoc` and the protobuf well-known types) |
 //! | `memcached` | `MemcachedStore`: Symfony's Memcached layout, on the meta protocol (memcached ≥ 1.6) |
 //! | `semaphore` | `SemaphoreStore`: SysV semaphores in PHP's `sysvsem` layout, Linux |
+//! | `metrics` | metrics on the [`metrics`](https://docs.rs/metrics) facade: acquire latency, waits, contention, holds, losses, refresh failures |
 //! | `conformance` | the reusable store conformance suite, [`conformance`] |
 //!
 //! # Logging
@@ -100,6 +101,7 @@ mod lockable;
 mod logging;
 mod lost;
 mod mode;
+mod mutex;
 mod redact;
 mod scope;
 mod serial;
@@ -114,7 +116,7 @@ pub use dsn::StoreFactory;
 pub use error::{BoxError, Error, ErrorKind, LostReason, Result};
 pub use factory::{DEFAULT_TTL, LockFactory, RunOptions};
 pub use guard::LockGuard;
-pub use key::{ANNOUNCING_SUFFIX, HandleOwner, Key, Mode, WRITE_MARKER, validate_token};
+pub use key::{HandleOwner, Key, Mode, validate_token};
 pub use limits::MAX_DURATION;
 pub use lock::Lock;
 pub use lockable::{Lockable, NoLock, Release, Wait};

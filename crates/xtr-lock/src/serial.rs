@@ -27,6 +27,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use crate::logging::TARGET;
+use crate::mutex::lock;
 
 pub(crate) type Boxed<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
@@ -91,7 +92,7 @@ impl Queue {
         self.started.fetch_add(1, Ordering::AcqRel);
         self.running.store(ticket + 1, Ordering::Release);
         let left = self.has_abandoned.load(Ordering::Acquire) && {
-            let mut abandoned = self.abandoned.lock().unwrap_or_else(|e| e.into_inner());
+            let mut abandoned = lock(&self.abandoned);
             let left = abandoned.remove(&ticket);
             self.has_abandoned
                 .store(!abandoned.is_empty(), Ordering::Release);
@@ -114,7 +115,7 @@ impl Queue {
     /// `ticket` gives up its place before its turn came.
     fn skip(&self, ticket: u64) {
         {
-            let mut skipped = self.skipped.lock().unwrap_or_else(|e| e.into_inner());
+            let mut skipped = lock(&self.skipped);
             skipped.insert(ticket);
             self.has_skipped.store(true, Ordering::SeqCst);
         }
@@ -124,7 +125,7 @@ impl Queue {
 
     /// Passes over the skipped tickets whose turn has come.
     fn pass_skipped(&self) {
-        let mut skipped = self.skipped.lock().unwrap_or_else(|e| e.into_inner());
+        let mut skipped = lock(&self.skipped);
         loop {
             let now = self.now.load(Ordering::SeqCst);
             if !skipped.remove(&now) {
@@ -246,8 +247,7 @@ fn remainders(call: Arc<Call>) -> Option<Boxed<()>> {
     if !call.has_after.load(Ordering::Acquire) {
         return None;
     }
-    let take =
-        |call: &Call| std::mem::take(&mut *call.after.lock().unwrap_or_else(|e| e.into_inner()));
+    let take = |call: &Call| std::mem::take(&mut *lock(&call.after));
     let first = take(&call);
     if first.is_empty() {
         return None;
@@ -297,11 +297,7 @@ impl<T: Send + 'static> Drop for Running<T> {
             self.queue.call.left.store(true, Ordering::Release);
         } else {
             // It starts later (in its own task), told then that its caller left.
-            let mut abandoned = self
-                .queue
-                .abandoned
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
+            let mut abandoned = lock(&self.queue.abandoned);
             abandoned.insert(self.ticket);
             self.queue.has_abandoned.store(true, Ordering::Release);
         }
@@ -340,7 +336,7 @@ pub(crate) fn finish_later(remainder: impl Future<Output = ()> + Send + 'static)
     let mut slot = Some(Box::pin(remainder) as Boxed<()>);
     let _ = CURRENT.try_with(|call| {
         if let Some(r) = slot.take() {
-            call.after.lock().unwrap_or_else(|e| e.into_inner()).push(r);
+            lock(&call.after).push(r);
             call.has_after.store(true, Ordering::Release);
         }
     });

@@ -100,19 +100,84 @@ fn module_of(rel: &str) -> String {
     parts.join("::")
 }
 
-/// The lines of `text` that are code: no comments, no unit tests.
-fn code_lines(text: &str) -> Vec<&str> {
-    let mut out = Vec::new();
+/// The lines of `text` that are code: no comments, no unit tests. A `use` list written over
+/// several lines (`use super::{\n a,\n b::c,\n};`) is one line here.
+fn code_lines(text: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    let mut open = 0usize;
     for line in text.lines() {
         if line.starts_with("#[cfg(test)]") {
             break;
         }
         let t = line.trim_start();
-        if !t.starts_with("//") {
-            out.push(line);
+        if t.starts_with("//") {
+            continue;
+        }
+        let depth = |s: &str| s.matches('{').count() as isize - s.matches('}').count() as isize;
+        if open > 0 {
+            let joined = out.last_mut().unwrap();
+            joined.push(' ');
+            joined.push_str(t);
+            open = usize::try_from(open as isize + depth(t)).unwrap_or(0);
+        } else {
+            out.push(line.to_owned());
+            let unclosed = depth(line);
+            if unclosed > 0
+                && (t.starts_with("use ")
+                    || t.starts_with("pub use ")
+                    || t.starts_with("pub(crate) use ")
+                    || t.starts_with("pub(super) use "))
+            {
+                open = unclosed as usize;
+            }
         }
     }
     out
+}
+
+/// The paths a use tree names below `prefix`: `a::{b, c::{d, e as f}, self}` gives `a::b`,
+/// `a::c::d`, `a::c::e` and `a`.
+fn use_paths(prefix: &[String], tree: &str, out: &mut Vec<Vec<String>>) {
+    let tree = tree.trim();
+    let Some(open) = tree.find('{') else {
+        let item = tree.split(" as ").next().unwrap_or("").trim();
+        let mut path = prefix.to_vec();
+        if item != "self" {
+            path.extend(
+                item.split("::")
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_owned),
+            );
+        }
+        out.push(path);
+        return;
+    };
+    let mut path = prefix.to_vec();
+    path.extend(
+        tree[..open]
+            .split("::")
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned),
+    );
+    let (mut depth, mut start) = (0usize, open + 1);
+    for (i, c) in tree.char_indices().skip(open) {
+        match c {
+            '{' => depth += 1,
+            '}' | ',' if depth == 1 => {
+                let item = tree[start..i].trim();
+                if !item.is_empty() {
+                    use_paths(&path, item, out);
+                }
+                start = i + 1;
+                if c == '}' {
+                    return;
+                }
+            }
+            '}' => depth -= 1,
+            _ => {}
+        }
+    }
 }
 
 /// The modules a file refers to: `crate::a::b` and `super::c` paths, resolved to the longest
@@ -149,6 +214,7 @@ fn references(
         p
     };
     for line in code_lines(text) {
+        let line = line.as_str();
         for (base, rest) in [("crate::", None), ("super::", Some(parent.clone()))] {
             let mut at = 0;
             while let Some(i) = line[at..].find(base) {
@@ -163,27 +229,31 @@ fn references(
                 let path_end = tail
                     .find(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
                     .unwrap_or(tail.len());
-                let mut path: Vec<String> = rest.clone().unwrap_or_default();
-                path.extend(
-                    tail[..path_end]
-                        .split("::")
-                        .filter(|s| !s.is_empty())
-                        .map(str::to_owned),
+                // The path, and a `{…}` list right after it with every item in it.
+                let tree_end = if tail[path_end..].starts_with('{') {
+                    let mut depth = 0usize;
+                    tail[path_end..]
+                        .char_indices()
+                        .find_map(|(k, c)| {
+                            match c {
+                                '{' => depth += 1,
+                                '}' => depth -= 1,
+                                _ => {}
+                            }
+                            (depth == 0).then_some(path_end + k + 1)
+                        })
+                        .unwrap_or(tail.len())
+                } else {
+                    path_end
+                };
+                let mut paths = Vec::new();
+                use_paths(
+                    &rest.clone().unwrap_or_default(),
+                    &tail[..tree_end],
+                    &mut paths,
                 );
-                resolve(path.clone(), &mut out);
-                // `crate::x::{a, b::c}`: each item.
-                if tail[path_end..].starts_with('{')
-                    && let Some(close) = tail[path_end..].find('}')
-                {
-                    for item in tail[path_end + 1..path_end + close].split(',') {
-                        let item = item.trim().split(" as ").next().unwrap_or("").trim();
-                        if item.is_empty() || item == "self" {
-                            continue;
-                        }
-                        let mut full = path.clone();
-                        full.extend(item.split("::").map(str::to_owned));
-                        resolve(full, &mut out);
-                    }
+                for path in paths {
+                    resolve(path, &mut out);
                 }
             }
         }

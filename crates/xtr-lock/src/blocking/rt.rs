@@ -13,6 +13,7 @@ use tokio::sync::oneshot;
 
 use crate::error::{Error, Result};
 use crate::logging::TARGET;
+use crate::mutex::lock;
 
 /// How long a runtime that is shutting down waits for background releases still running.
 const SETTLE: Duration = Duration::from_secs(5);
@@ -70,10 +71,10 @@ impl Rt {
 
 impl Drop for Rt {
     fn drop(&mut self) {
-        if let Some(stop) = self.stop.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        if let Some(stop) = lock(&self.stop).take() {
             let _ = stop.send(());
         }
-        let thread = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let thread = lock(&self.thread).take();
         // Waiting inside an async context would block it: the thread then finishes alone.
         if let Some(thread) = thread
             && Handle::try_current().is_err()

@@ -11,6 +11,7 @@ use crate::error::{Error, Result};
 use crate::factory::{LockFactory, RunOptions};
 use crate::key::Key;
 use crate::lock::Lock;
+use crate::mutex::lock;
 use crate::store::{CombinedStore, ConsensusStrategy, Store, UnanimousStrategy};
 
 /// The resource [`Locks::ping`] locks (after the entry's prefix).
@@ -106,7 +107,7 @@ impl Locks {
     /// An unknown entry; a store that cannot be built (a flock directory that cannot be made).
     pub fn factory(&self, entry: &str) -> Result<LockFactory> {
         let checked = self.checked(entry)?;
-        let mut built = self.inner.built.lock().unwrap_or_else(|e| e.into_inner());
+        let mut built = lock(&self.inner.built);
         if let Some(factory) = built.get(entry) {
             return Ok(factory.clone());
         }
@@ -319,11 +320,7 @@ impl Locks {
     /// Dropped mid-flight, some stores may be closed and others not; calling it again finishes
     /// the job.
     pub async fn close(&self) -> Result<()> {
-        let built: Vec<(String, LockFactory)> = self
-            .inner
-            .built
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        let built: Vec<(String, LockFactory)> = lock(&self.inner.built)
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();

@@ -9,14 +9,16 @@ use std::time::{Duration, Instant};
 
 use crate::clock::{Clock, MonotonicClock};
 use crate::holder::Holder;
+use crate::mutex::lock;
 
 mod wire;
 
 pub use crate::mode::Mode;
-pub use wire::{ANNOUNCING_SUFFIX, validate_token};
+pub(crate) use wire::ANNOUNCING_SUFFIX;
+pub use wire::validate_token;
 
 /// The reserved ZSET member marking a write lock on Redis; never a token.
-pub const WRITE_MARKER: &str = "__write__";
+pub(crate) const WRITE_MARKER: &str = "__write__";
 
 /// The store instance a holder's handle belongs to: each store instance that keeps per-holder
 /// state beyond a token (an open file, a connection) makes one, and finds its handles on keys by
@@ -131,7 +133,7 @@ impl Key {
     }
 
     fn state(&self) -> MutexGuard<'_, KeyState> {
-        self.inner.state.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.inner.state)
     }
 
     /// What the locks of this holder believe about it.

@@ -111,7 +111,7 @@ const TAG: &[u8; 8] = b"xtr-wake";
 /// `xtr-wake` in the last 12 of 44 characters (this library's tokens are 24 random bytes and
 /// those 8; 24 bytes encode to exactly 32 characters, so the tag keeps its own characters).
 /// Waiters behind holders whose tokens all end so need not poll (see `docs/waking.md`).
-pub const ANNOUNCING_SUFFIX: &str = "eHRyLXdha2U=";
+pub(crate) const ANNOUNCING_SUFFIX: &str = "eHRyLXdha2U=";
 
 pub(super) fn new_token() -> String {
     let mut bytes = [0u8; 32];

@@ -11,6 +11,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::key::Mode;
 use crate::lockable::Wait;
 use crate::logging::TARGET;
+use crate::mutex::lock;
 use crate::serial::Start;
 use crate::store::{Capabilities, Watcher};
 
@@ -66,7 +67,7 @@ impl Lock {
                         Ok(false)
                     }
                 };
-                let last = last_error.lock().unwrap_or_else(|e| e.into_inner()).take();
+                let last = lock(&last_error).take();
                 match (got, last) {
                     // Already said as a failed acquisition (a store's own wait).
                     (Ok(false), Some(err)) if err.kind() == ErrorKind::Acquiring => Err(err),
@@ -102,7 +103,7 @@ impl Lock {
                 Err(err) if err.is_temporary() && !err.is_expired() => {
                     tracing::debug!(target: TARGET, resource = self.resource(), store = %self.store, error = %err,
                         retry_in = ?pause, "a temporary error while waiting; waiting again");
-                    *last_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(err);
+                    *lock(last_error) = Some(err);
                     self.key.clock().sleep(pause).await;
                     pause = (pause * 2).min(Duration::from_secs(1));
                 }
@@ -206,7 +207,7 @@ impl Lock {
                 (Err(err), Some(slot)) if err.is_temporary() && !err.is_expired() => {
                     tracing::debug!(target: TARGET, resource = self.resource(), store = %self.store, error = %err,
                         retry_in = ?pause, "a temporary error while waiting; trying again");
-                    *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(err);
+                    *lock(slot) = Some(err);
                     self.key.clock().sleep(pause).await;
                     pause = (pause * 2).min(Duration::from_secs(1));
                     continue;
@@ -215,7 +216,7 @@ impl Lock {
             };
             if let Some(slot) = ride_out {
                 // The store answered: an earlier error is no longer what stands in the way.
-                slot.lock().unwrap_or_else(|e| e.into_inner()).take();
+                lock(slot).take();
                 pause = Duration::from_millis(50);
             }
             if !waiting {

@@ -5,8 +5,9 @@
 //! with the holder's key: a lock dropped without a release leaves nothing here, so the map
 //! never outgrows the keys alive in this process, however many resources come and go.
 
+use crate::mutex::lock;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, Weak};
 
 /// One resource's entry: its holder's token, and how many keys claim it (clones share a claim;
 /// a key deserialized in this process holds the same token with a claim of its own).
@@ -22,10 +23,6 @@ struct Entry {
 struct Map {
     entries: HashMap<String, Entry>,
     generations: u64,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// The map of one store.

@@ -9,6 +9,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use super::LossWatcher;
 use crate::error::{Error, LostReason, Result};
 use crate::key::Mode;
+use crate::mutex::lock;
 
 /// What a holder task publishes about its holds.
 pub(crate) trait Life: Copy + Send + Sync + 'static {
@@ -37,10 +38,6 @@ impl<C, L> Default for Tasks<C, L> {
             slot: Mutex::new(None),
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl<C, L: Life> Tasks<C, L> {

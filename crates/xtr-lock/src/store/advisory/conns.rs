@@ -4,6 +4,7 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
+use crate::mutex::lock;
 use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
 use sqlx::postgres::{PgPool, PgPoolOptions};
 
@@ -41,10 +42,6 @@ pub(super) struct Conns {
     /// all answered, with no statement in flight.
     idle: Mutex<Vec<Conn>>,
     control: Mutex<Option<Control>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Conns {

@@ -19,6 +19,7 @@ use futures_util::stream::FuturesUnordered;
 use crate::clock::BoxFuture;
 use crate::error::Result;
 use crate::logging::TARGET;
+use crate::mutex::lock;
 
 /// One member's answer to one request: the member's index and its result.
 pub(super) type Answer<T> = (usize, Result<T>);
@@ -57,7 +58,7 @@ impl Inflight {
     }
 
     fn member(&self, i: usize) -> std::sync::MutexGuard<'_, Waits> {
-        self.members[i].lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.members[i])
     }
 
     /// An id for a request made now (or a batch detached now).

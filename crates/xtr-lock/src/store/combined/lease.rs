@@ -10,6 +10,7 @@ use super::strategy::Strategy;
 use crate::clock::BoxFuture;
 use crate::error::Result;
 use crate::key::Key;
+use crate::mutex::lock;
 use crate::store::{Holding, Saved, Store};
 
 /// Per holder (a handle on its key): whether each member holds its lock, by that member's last
@@ -24,7 +25,7 @@ pub(super) struct Members(Mutex<Vec<bool>>);
 
 impl Members {
     fn with<T>(&self, f: impl FnOnce(&mut Vec<bool>) -> T) -> T {
-        f(&mut self.0.lock().unwrap_or_else(|e| e.into_inner()))
+        f(&mut lock(&self.0))
     }
 
     fn holds(&self, i: usize) -> bool {

@@ -27,6 +27,7 @@ mod ops;
 mod strategy;
 mod tally;
 
+use crate::mutex::lock;
 use inflight::{Answer, Inflight, Pending};
 
 pub use strategy::{ConsensusStrategy, Strategy, UnanimousStrategy};
@@ -379,10 +380,7 @@ impl Store for CombinedStore {
         let mut watchers: FuturesUnordered<Watcher> = FuturesUnordered::new();
         let coverages: Arc<std::sync::Mutex<Vec<Coverage>>> = Arc::default();
         let covered = |w: &Watcher| {
-            coverages
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(w.coverage());
+            lock(&coverages).push(w.coverage());
         };
         let mut refused = 0;
         while !self.strategy.is_met(watchers.len(), n) {
@@ -417,7 +415,7 @@ impl Store for CombinedStore {
                 tokio::select! {
                     Some(registered) = registering.next() => {
                         if let Some(w) = registered {
-                            late.lock().unwrap_or_else(|e| e.into_inner()).push(w.coverage());
+                            lock(&late).push(w.coverage());
                             watchers.push(w);
                         }
                     }
@@ -437,7 +435,7 @@ impl Store for CombinedStore {
         };
         let strategy = self.strategy.clone();
         Ok(Some(Watcher::with_coverage(fired, move || {
-            let seen = coverages.lock().unwrap_or_else(|e| e.into_inner());
+            let seen = lock(&coverages);
             strategy.is_met(seen.iter().filter(|c| c()).count(), n)
         })))
     }

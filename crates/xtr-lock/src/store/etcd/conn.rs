@@ -14,6 +14,7 @@ use tokio::sync::{Mutex, Notify};
 use super::config::EtcdConfig;
 use crate::error::{Error, Result};
 use crate::key::HandleOwner;
+use crate::mutex::lock;
 
 /// HTTP/2 pings on every connection, so a member that stopped answering (paused, cut off) is
 /// found in about two seconds and its requests go to the others.
@@ -255,10 +256,6 @@ impl Core {
     pub(super) fn fail(&self, err: Error) -> Error {
         err.with_store(&*self.shown)
     }
-}
-
-fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Whether `err` says the lease is gone (expired or revoked) on the server.

@@ -23,6 +23,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use super::clock::BootInstant;
 use super::conn::Core;
 use crate::error::{Error, LostReason, Result};
+use crate::mutex::lock;
 
 /// Whether the lease lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,8 +98,7 @@ impl Lease {
     /// Whether the lease is confirmed now: the keeper says so, and its confirmed end has not
     /// passed (the keeper's own timer may not have run yet).
     pub(super) fn alive(&self) -> bool {
-        *self.state.borrow() == State::Alive
-            && BootInstant::now() < *self.confirmed.lock().unwrap_or_else(|e| e.into_inner())
+        *self.state.borrow() == State::Alive && BootInstant::now() < *lock(&self.confirmed)
     }
 
     /// Whether etcd said the lease is gone.
@@ -232,7 +232,7 @@ impl Keeper {
             };
             match attempt {
                 Ok(Some(left)) => {
-                    *self.confirmed.lock().unwrap_or_else(|e| e.into_inner()) = sent.after(left);
+                    *lock(&self.confirmed) = sent.after(left);
                     self.state.send_if_modified(|s| {
                         let was = *s;
                         *s = State::Alive;
@@ -275,7 +275,7 @@ impl Keeper {
 
     /// Until when the lease certainly lasts.
     fn confirmed(&self) -> BootInstant {
-        *self.confirmed.lock().unwrap_or_else(|e| e.into_inner())
+        *lock(&self.confirmed)
     }
 
     /// The confirmed end passed with no answer since: said once.

@@ -12,6 +12,7 @@ use super::dir::shown;
 use super::wake::Hub;
 use crate::error::{Error, LostReason, Result};
 use crate::key::Mode;
+use crate::mutex::lock;
 use crate::store::Holding;
 
 /// The handle a flock store keeps on a key: the holder's lock file, while it has one open.
@@ -286,7 +287,7 @@ pub(super) fn holding_of(handle: Option<&FileHandle>, dir: &Path) -> Result<Hold
     let Some(handle) = handle else {
         return Ok(Holding::NotHeld(LostReason::Removed));
     };
-    let mut slot = handle.lock().unwrap_or_else(|e| e.into_inner());
+    let mut slot = lock(handle);
     match slot.as_mut() {
         Some(held) => held.holding(dir),
         None => Ok(Holding::NotHeld(LostReason::Removed)),

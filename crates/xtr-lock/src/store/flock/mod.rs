@@ -22,6 +22,7 @@ mod name;
 mod proc_locks;
 mod wake;
 
+use crate::mutex::lock;
 use dir::shown;
 use file::{Attempt, FileHandle, HeldFile, holding_of};
 use wake::Hub;
@@ -237,7 +238,7 @@ impl FlockStore {
 
     /// The holder's lock file, locked for the caller: made (unopened) on first use.
     fn held<'k>(&self, handle: &'k FileHandle, key: &Key) -> MutexGuard<'k, Option<HeldFile>> {
-        let mut slot = handle.lock().unwrap_or_else(|e| e.into_inner());
+        let mut slot = lock(handle);
         if slot.is_none() {
             *slot = Some(HeldFile::new(
                 self.file_name(key.resource()),
@@ -303,7 +304,7 @@ impl FlockStore {
     /// The mode the holder's file is locked in, as this process last left it (no check).
     fn local_mode(&self, key: &Key) -> Option<Mode> {
         let handle = key.existing_handle::<FileHandle>(self.inner.owner)?;
-        let slot = handle.lock().unwrap_or_else(|e| e.into_inner());
+        let slot = lock(&handle);
         slot.as_ref().and_then(|f| f.mode)
     }
 
@@ -346,7 +347,7 @@ struct CloseIfWaiting<'a> {
 impl Drop for CloseIfWaiting<'_> {
     fn drop(&mut self) {
         if let Some(handle) = self.key.existing_handle::<FileHandle>(self.owner) {
-            let mut slot = handle.lock().unwrap_or_else(|e| e.into_inner());
+            let mut slot = lock(&handle);
             if slot.as_ref().is_some_and(|h| h.mode.is_none()) {
                 *slot = None;
             }
@@ -447,7 +448,7 @@ impl Store for FlockStore {
         let Some(handle) = key.existing_handle::<FileHandle>(self.inner.owner) else {
             return Ok(false);
         };
-        let mut slot = handle.lock().unwrap_or_else(|e| e.into_inner());
+        let mut slot = lock(&handle);
         Ok(slot.as_mut().is_some_and(HeldFile::release))
     }
 
@@ -521,7 +522,7 @@ impl Store for FlockStore {
         let Some(handle) = key.existing_handle::<FileHandle>(self.inner.owner) else {
             return Ok(None);
         };
-        let slot = handle.lock().unwrap_or_else(|e| e.into_inner());
+        let slot = lock(&handle);
         let Some(fd) = slot
             .as_ref()
             .filter(|f| f.mode.is_some())

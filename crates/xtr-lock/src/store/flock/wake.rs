@@ -29,6 +29,7 @@ use rustix::fs::inotify::{self, ReadFlags, WatchFlags};
 use tokio::sync::watch;
 
 use crate::logging::TARGET;
+use crate::mutex::lock;
 use crate::store::channels::Channels;
 
 pub(crate) struct Hub {
@@ -101,9 +102,7 @@ const NAMES: WatchFlags = WatchFlags::DELETE
 
 fn registry() -> MutexGuard<'static, HashMap<PathBuf, Weak<Hub>>> {
     static HUBS: OnceLock<Mutex<HashMap<PathBuf, Weak<Hub>>>> = OnceLock::new();
-    HUBS.get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
+    lock(HUBS.get_or_init(Default::default))
 }
 
 impl Hub {
@@ -148,7 +147,7 @@ impl Hub {
     }
 
     fn files(&self) -> MutexGuard<'_, Files> {
-        self.files.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.files)
     }
 
     /// Wakes on the next release of `name` (registered now).

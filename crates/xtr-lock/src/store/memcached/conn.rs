@@ -6,6 +6,7 @@ use std::io;
 use std::pin::Pin;
 use std::time::Duration;
 
+use crate::mutex::lock;
 use tokio::io::{
     AsyncBufReadExt as _, AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _,
 };
@@ -232,7 +233,7 @@ impl Pool {
     }
 
     fn idle(&self) -> std::sync::MutexGuard<'_, Vec<Conn>> {
-        self.idle.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.idle)
     }
 
     /// An idle connection (`reused` true) or a new one; the first new one checks the server's

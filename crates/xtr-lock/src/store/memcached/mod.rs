@@ -24,6 +24,7 @@ mod config;
 mod conn;
 mod ops;
 
+use crate::mutex::lock;
 pub(crate) use config::is_memcached_dsn;
 use conn::{Conn, Pool};
 use ops::{Attempt, Found, acquire_on, delete_on, put_off_on};
@@ -134,10 +135,6 @@ struct Run {
 
 /// The shortest bound of an add or renewal whose lifetime is nearly over.
 const MIN_LIMIT: Duration = Duration::from_millis(250);
-
-fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 impl MemcachedStore {
     /// A store on the server `dsn` names: `memcached://host[:port]` (port 11211 by default) or

@@ -15,6 +15,7 @@ use super::{
 use crate::clock::Clock;
 use crate::error::{LostReason, Result};
 use crate::key::{Key, Mode};
+use crate::mutex::lock;
 
 /// The token kind in-memory stores use: one token per key for all of them.
 const KIND: &str = "memory";
@@ -202,7 +203,7 @@ impl InMemoryStore {
     fn state(&self) -> MutexGuard<'_, State> {
         // A panic while holding this mutex cannot leave the maps half-updated in a way that
         // matters more than the panic itself; keep serving.
-        self.inner.state.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.inner.state)
     }
 
     /// The current instant and the expiry of a lock taken now with `ttl`.

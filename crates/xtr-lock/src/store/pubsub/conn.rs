@@ -13,10 +13,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::config::PubSubConfig;
 use crate::error::{Error, Result};
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
+use crate::mutex::lock;
 
 /// A Redis error as this store's: temporary when it is the connection's fault.
 pub(super) fn redis_error(what: &str, err: &redis::RedisError) -> Error {

@@ -23,6 +23,7 @@ mod decide;
 mod probe;
 mod sub;
 
+use crate::mutex::lock;
 use config::PubSubConfig;
 pub(crate) use config::is_pubsub_dsn;
 use conn::{Conns, redis_error};
@@ -39,10 +40,6 @@ const COUNT_POLL: Duration = Duration::from_millis(2);
 /// Checks a pub/sub DSN without building anything.
 pub(crate) fn validate_dsn(dsn: &str) -> Result<()> {
     config::parse(dsn).map(|_| ())
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Locks that are live Redis subscriptions, on the protocol of portalocker 4.x's `RedisLock`

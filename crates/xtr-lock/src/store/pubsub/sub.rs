@@ -17,10 +17,7 @@ use super::conn::{Conns, redis_error, spawn_background};
 use super::decide::{self, Wire};
 use super::probe::Timing;
 use crate::error::Result;
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
+use crate::mutex::lock;
 
 /// Whether the subscription is still there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -27,6 +27,7 @@ pub(crate) use config::is_redis_dsn;
 pub(crate) fn validate_dsn(dsn: &str) -> Result<()> {
     config::parse(dsn).map(|_| ())
 }
+use crate::mutex::lock;
 pub(crate) use config::{Flavor, RedisConfig, parse_with};
 use conn::ConnectFailure;
 use conn::Keys;
@@ -42,11 +43,6 @@ const PROBE_KEY: &str = "probe";
 
 /// The fencing counter: one per prefix, shared by every resource (strictly increasing for each).
 const FENCE_KEY: &str = "fence";
-
-/// Locks `m`, past poisoning (the data stays consistent: no code here panics while holding one).
-fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// Locks in Redis (or Valkey): one sorted set per resource, shared with Python xtr-lock 4.1.0's
 /// and Symfony Lock's `RedisStore`, so Rust, Python and PHP processes exclude each other.

@@ -483,6 +483,6 @@ mod tests {
 
     #[test]
     fn the_scripts_know_the_tokens_that_announce_their_release() {
-        assert!(super::PRELUDE.contains(&format!("'{}'", crate::ANNOUNCING_SUFFIX)));
+        assert!(super::PRELUDE.contains(&format!("'{}'", crate::key::ANNOUNCING_SUFFIX)));
     }
 }

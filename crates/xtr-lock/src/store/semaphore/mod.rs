@@ -12,6 +12,7 @@ use md5::{Digest as _, Md5};
 use super::{Acquired, Capabilities, Conflict, HandleOwner, HolderInfo, Holding, Saved, Store};
 use crate::error::{Error, Result};
 use crate::key::{Key, Mode};
+use crate::mutex::lock;
 use crate::store::LostReason;
 
 mod sys;
@@ -196,10 +197,6 @@ impl fmt::Debug for SemaphoreStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SemaphoreStore").finish_non_exhaustive()
     }
-}
-
-fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// A holder's handle: the set whose lock it took. Dropped while holding (every clone of the

@@ -19,11 +19,13 @@ use crate::key::{ANNOUNCING_SUFFIX, Key, Mode};
 
 pub(crate) mod config;
 mod dialect;
+mod errors;
 mod notify;
 mod pool;
 mod queries;
 mod schema;
 
+use crate::mutex::lock;
 pub(crate) use config::is_sql_dsn;
 use dialect::{Flavor, Sql};
 use notify::Wakers;
@@ -39,11 +41,6 @@ const CLOSE_WITHIN: Duration = Duration::from_secs(1);
 /// Checks an SQL DSN without building anything.
 pub(crate) fn validate_dsn(dsn: &str) -> Result<()> {
     config::parse(dsn).map(|_| ())
-}
-
-/// Locks `m`, past poisoning (no code here panics while holding one).
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Locks as rows of a table on PostgreSQL, MySQL/MariaDB or SQLite, in Symfony Lock's layout
@@ -169,15 +166,12 @@ struct HolderState {
 impl HolderState {
     /// Records that the row lasts at least until `until`.
     fn confirm(&self, until: std::time::Instant) {
-        *self.live_until.lock().unwrap_or_else(|e| e.into_inner()) = Some(until);
+        *lock(&self.live_until) = Some(until);
     }
 
     /// Whether the row was certainly unexpired at `at`, so that nobody else can have taken it.
     fn live_at(&self, at: std::time::Instant) -> bool {
-        self.live_until
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_some_and(|until| at < until)
+        lock(&self.live_until).is_some_and(|until| at < until)
     }
 }
 

@@ -8,6 +8,7 @@ use std::time::Duration;
 use sqlx::postgres::{PgListener, PgPool};
 use tokio::sync::watch;
 
+use crate::mutex::lock;
 use crate::store::channels::Channels;
 
 /// Waiters of one store, by `key_id`.
@@ -22,7 +23,7 @@ pub(crate) struct Wakers {
 
 impl Wakers {
     fn channels(&self) -> std::sync::MutexGuard<'_, Channels> {
-        self.channels.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.channels)
     }
 
     /// A receiver that changes on the next release of `id`.
@@ -42,12 +43,7 @@ impl Wakers {
 
     fn set_listening(&self, up: bool) {
         self.listening.store(up, Ordering::Release);
-        if let Some(tx) = self
-            .state
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-        {
+        if let Some(tx) = lock(&self.state).as_ref() {
             tx.send_replace(up);
         }
         if !up {
@@ -60,7 +56,7 @@ impl Wakers {
     /// Waits until the listener is up, at most `bound`.
     pub(crate) async fn until_listening(&self, bound: Duration) {
         let mut rx = {
-            let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            let mut state = lock(&self.state);
             state
                 .get_or_insert_with(|| watch::channel(self.listening()).0)
                 .subscribe()

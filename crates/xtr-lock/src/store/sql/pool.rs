@@ -3,6 +3,7 @@
 
 use std::sync::Mutex;
 
+use crate::mutex::lock;
 use sqlx::mysql::MySqlPoolOptions;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::sqlite::SqlitePoolOptions;
@@ -74,7 +75,7 @@ impl Pools {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<Pool>> {
-        self.current.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.current)
     }
 
     /// The pool, built now if needed (lazily: no connection is opened here).

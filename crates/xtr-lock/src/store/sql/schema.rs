@@ -3,7 +3,7 @@
 
 use super::Inner;
 use super::dialect::Flavor;
-use super::ops::map_error;
+use super::errors::map_error;
 use super::queries::{self, Conn};
 use crate::error::{Error, Result};
 

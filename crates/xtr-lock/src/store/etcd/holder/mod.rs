@@ -24,6 +24,7 @@ mod keys;
 mod ops;
 use crate::error::{Error, LostReason, Result};
 use crate::key::Mode;
+use crate::mutex::lock;
 use crate::store::{Acquired, Conflict, Holding, Saved};
 use keys::Stale;
 
@@ -76,8 +77,8 @@ pub(super) type Confirmed = Arc<std::sync::Mutex<Option<super::lease::Confirmed>
 /// lease that ended while the machine slept has nothing left. An unanswered keep-alive never
 /// extends it.
 pub(super) fn lease_remaining(confirmed: &Confirmed) -> Option<Duration> {
-    let slot = confirmed.lock().unwrap_or_else(|e| e.into_inner());
-    let until = *slot.as_ref()?.lock().unwrap_or_else(|e| e.into_inner());
+    let slot = lock(confirmed);
+    let until = *lock(slot.as_ref()?);
     Some(super::clock::left(until, BootInstant::now()))
 }
 
@@ -334,7 +335,7 @@ impl Actor {
     /// The lease taken out of the holder, its keys this holder's own until it is revoked.
     fn give_up_lease(&mut self) -> Option<Lease> {
         let lease = self.lease.take()?;
-        *self.confirmed.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        *lock(&self.confirmed) = None;
         self.stale.retain(|k| k.lease != lease.id);
         if !lease.gone() {
             self.abandoned.push(lease.id);
@@ -368,7 +369,7 @@ impl Actor {
             .await
             .map_err(|e| self.error(e))?;
         let id = lease.id;
-        *self.confirmed.lock().unwrap_or_else(|e| e.into_inner()) = Some(lease.confirmed.clone());
+        *lock(&self.confirmed) = Some(lease.confirmed.clone());
         self.lease = Some(lease);
         self.publish();
         Ok(id)

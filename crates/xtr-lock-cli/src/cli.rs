@@ -44,11 +44,14 @@ Examples:
 #[command(
     name = "xtr-lock",
     version,
-    about = "Run commands under exclusive or shared locks held in files, Redis or memory.",
+    about = "Run commands under exclusive or shared locks held in files, Redis, SQL databases, \
+etcd, Memcached, SysV semaphores or a quorum of them.",
     long_about = "Run commands under exclusive or shared locks held in files (the default, no server), \
-Redis, or memory; hand locks between processes; show who holds them; benchmark a store.\n\n\
-Locks made here and by the xtr-lock library, Python xtr-lock and flock(1) (files) or Symfony \
-Lock (Redis) exclude each other.",
+Redis, PostgreSQL, MySQL/MariaDB or SQLite, etcd, Memcached, SysV semaphores, memory, or a quorum \
+of stores; hand locks between processes; show who holds them; benchmark a store.\n\n\
+Locks made here and by the xtr-lock library, Python xtr-lock and flock(1) (files, Redis), \
+portalocker (Redis pub/sub), Symfony Lock (Redis, SQL, Memcached, semaphores) and etcdctl lock \
+(etcd) exclude each other.",
     after_help = format!("{EXAMPLES}\n\n{}", crate::exit::TABLE),
 )]
 pub(crate) struct Cli {

@@ -13,7 +13,10 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// What went wrong, in the taxonomy shared with the Python and PHP peers.
 ///
 /// "Held by someone else" on a non-blocking attempt is not an error at the [`Lock`](crate::Lock)
-/// level: it is `Ok(false)`. Stores report it as [`ErrorKind::Conflict`].
+/// level: it is `Ok(false)`. Stores report it as a value ([`Saved::Conflict`](crate::store::Saved),
+/// [`Holding::NotHeld`](crate::store::Holding)), not as an error. [`ErrorKind::Conflict`] is
+/// what a lock reports when a wait ran out (`acquire_timeout` through [`LockFactory::run`](crate::LockFactory::run)
+/// and the blocking API), or a holder that never held is refreshed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum ErrorKind {

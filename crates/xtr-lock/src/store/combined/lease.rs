@@ -20,24 +20,49 @@ use crate::store::{Holding, Saved, Store};
 /// decided, a check that says it does not hold and a release each count it out, so the record
 /// errs towards holding less than the members do, never more. Members on a lease keep their
 /// own record ([`Store::lease_remaining`]); this one is for the others.
+///
+/// Each member's mark carries the number of answers recorded for it: an answer left to the
+/// background is recorded only if nothing was recorded for that member since it was left
+/// (a later request's answer, or its being counted out when a later quorum was decided
+/// without it), so an old answer never overwrites a newer one.
 #[derive(Default)]
-pub(super) struct Members(Mutex<Vec<bool>>);
+pub(super) struct Members(Mutex<Vec<Mark>>);
+
+/// One member's mark: whether it holds, and how many times it was recorded.
+#[derive(Default, Clone, Copy)]
+struct Mark {
+    holds: bool,
+    recorded: u64,
+}
 
 impl Members {
-    fn with<T>(&self, f: impl FnOnce(&mut Vec<bool>) -> T) -> T {
+    fn with<T>(&self, f: impl FnOnce(&mut Vec<Mark>) -> T) -> T {
         f(&mut lock(&self.0))
     }
 
     fn holds(&self, i: usize) -> bool {
-        self.with(|held| held.get(i).copied().unwrap_or(false))
+        self.with(|marks| marks.get(i).is_some_and(|m| m.holds))
     }
 
-    fn set(&self, i: usize, holds: bool) {
-        self.with(|held| {
-            if held.len() <= i {
-                held.resize(i + 1, false);
+    /// Records member `i`'s answer; the number of records it then has.
+    fn set(&self, i: usize, holds: bool) -> u64 {
+        self.with(|marks| {
+            if marks.len() <= i {
+                marks.resize(i + 1, Mark::default());
             }
-            held[i] = holds;
+            marks[i].holds = holds;
+            marks[i].recorded += 1;
+            marks[i].recorded
+        })
+    }
+
+    /// Records member `i`'s answer if it has `recorded` records still.
+    fn set_if(&self, i: usize, holds: bool, recorded: u64) {
+        self.with(|marks| {
+            if let Some(mark) = marks.get_mut(i).filter(|m| m.recorded == recorded) {
+                mark.holds = holds;
+                mark.recorded += 1;
+            }
         });
     }
 }
@@ -74,17 +99,20 @@ impl CombinedStore {
         pending: Pending<T>,
         holds: fn(&Result<T>) -> bool,
     ) {
-        for (i, _) in answered.iter().enumerate().filter(|(_, a)| !**a) {
-            self.note(key, i, false);
-        }
         let members = key.handle::<Members>(self.owner);
+        let left: Vec<(usize, u64)> = (0..answered.len())
+            .filter(|&i| !answered[i])
+            .map(|i| (i, members.set(i, false)))
+            .collect();
         let noted: Pending<T> = pending
             .into_iter()
             .map(|answer| {
-                let members = members.clone();
+                let (members, left) = (members.clone(), left.clone());
                 Box::pin(async move {
                     let (i, result) = answer.await;
-                    members.set(i, holds(&result));
+                    if let Some(&(_, recorded)) = left.iter().find(|(m, _)| *m == i) {
+                        members.set_if(i, holds(&result), recorded);
+                    }
                     (i, result)
                 }) as BoxFuture<'static, Answer<T>>
             })
@@ -161,9 +189,24 @@ mod tests {
     fn the_record_counts_only_members_that_said_they_hold() {
         let members = Members::default();
         assert!(!members.holds(0));
-        members.with(|held| held.extend([true, false]));
+        members.set(0, true);
+        members.set(1, false);
         assert!(members.holds(0));
         assert!(!members.holds(1));
         assert!(!members.holds(5));
+    }
+
+    #[test]
+    fn an_answer_left_to_the_background_never_overwrites_a_newer_one() {
+        let members = Members::default();
+        // Left unanswered by one request (counted out), then by a later one.
+        let first = members.set(2, false);
+        let second = members.set(2, false);
+        // The first request's answer comes last: it is stale.
+        members.set_if(2, true, first);
+        assert!(!members.holds(2));
+        // The later request's own answer counts.
+        members.set_if(2, true, second);
+        assert!(members.holds(2));
     }
 }

@@ -23,12 +23,18 @@ fn cut_off_store(db: &Db, id: String, armed: Arc<AtomicBool>) -> (SqlStore, Lost
     let (proxy, lost) = LostAnswer::start(db.port(), move |_, chunk| {
         armed.load(Ordering::Acquire) && chunk.windows(id.len()).any(|w| w == id.as_bytes())
     });
-    let url = db
-        .url()
-        .replace(&format!(":{}/", db.port()), &format!(":{proxy}/"));
-    let store = SqlStore::from_dsn(&format!("{url}?statement_timeout=5")).unwrap();
+    let store = SqlStore::from_dsn(&format!("{}?statement_timeout=5", via(db, proxy))).unwrap();
     (store, lost)
 }
+
+/// `db`'s URL through the proxy on `proxy`.
+fn via(db: &Db, proxy: u16) -> String {
+    db.url()
+        .replace(&format!(":{}/", db.port()), &format!(":{proxy}/"))
+}
+
+/// The lifetime of every lock here: rows are taken up to 1 s early, so they expire within 1–2 s.
+const TTL: Option<Duration> = Some(Duration::from_secs(2));
 
 fn token(saved: Saved) -> Option<u64> {
     match saved {
@@ -82,32 +88,57 @@ async fn mariadb_an_acquisition_whose_answer_was_lost_has_a_larger_token() {
     an_acquisition_whose_answer_was_lost_has_a_larger_token(Db::mariadb(), 1).await;
 }
 
+/// The `key_id` the database stores for `resource` (from a row made and removed here).
+async fn key_id_of(db: &Db, resource: &str) -> String {
+    let direct = db.store();
+    let seed = Key::new(resource);
+    assert!(direct.save(&seed, TTL).await.unwrap().is_acquired());
+    let id = db.query("SELECT key_id FROM lock_keys");
+    assert_eq!(id.len(), 64, "one row: {id:?}");
+    assert!(direct.delete(&seed).await.unwrap());
+    id
+}
+
+/// `key` holds through `store` and lets its row expire without being told; meanwhile another
+/// holder takes the lock (as soon as the row is free) and lets go. Its own token, and the
+/// other's.
+async fn hold_then_expire_unseen(db: &Db, store: &SqlStore, key: &Key) -> (u64, u64) {
+    let first = token(store.save(key, TTL).await.unwrap()).expect("a token");
+    let direct = db.store();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let other = Key::new(key.resource());
+    let between = loop {
+        other.reset_lifetime();
+        match direct.save(&other, TTL).await.unwrap() {
+            Saved::Acquired(acquired) => break acquired.fencing_token.expect("a token"),
+            Saved::Conflict(_) => {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the row never expired"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    assert!(between > first);
+    assert!(direct.delete(&other).await.unwrap());
+    // A new acquisition next: the lock starts its lifetime afresh, as `Lock::acquire` does.
+    key.reset_lifetime();
+    (first, between)
+}
+
 /// A holder whose row expired without its knowing (no renewal), while another held and let go,
 /// acquires again; the answer is lost and the rerun finds the row its first run wrote.
 async fn a_reacquisition_after_an_unseen_expiry_has_a_larger_token(db: Db) {
     let resource = "lost-answer:expired";
-    let direct = db.store();
-    let ttl = Some(Duration::from_secs(2));
-    let seed = Key::new(resource);
-    assert!(direct.save(&seed, ttl).await.unwrap().is_acquired());
-    let id = db.query("SELECT key_id FROM lock_keys");
-    assert!(direct.delete(&seed).await.unwrap());
-
+    let id = key_id_of(&db, resource).await;
     let armed = Arc::new(AtomicBool::new(false));
     let (store, lost) = cut_off_store(&db, id, armed.clone());
     let key = Key::new(resource);
-    let first = token(store.save(&key, ttl).await.unwrap()).expect("a token");
-    // The row is taken up to 1 s early: after 2.5 s it is free, and its holder was never told.
-    tokio::time::sleep(Duration::from_millis(2500)).await;
-    let other = Key::new(resource);
-    let between = token(direct.save(&other, ttl).await.unwrap()).expect("a token");
-    assert!(between > first);
-    assert!(direct.delete(&other).await.unwrap());
+    let (first, between) = hold_then_expire_unseen(&db, &store, &key).await;
 
     armed.store(true, Ordering::Release);
-    // A new acquisition: the lock starts its lifetime afresh, as `Lock::acquire` does.
-    key.reset_lifetime();
-    let again = token(store.save(&key, ttl).await.unwrap());
+    let again = token(store.save(&key, TTL).await.unwrap());
     assert!(lost.cut_at().is_some(), "the acquisition's answer was lost");
     assert!(
         again.is_some_and(|t| t > between),
@@ -130,38 +161,24 @@ async fn mariadb_a_reacquisition_after_an_unseen_expiry_has_a_larger_token() {
 /// the network): the next attempt, on a fresh connection, finds the row the late one wrote.
 async fn a_save_that_lands_after_it_was_given_up_on_leaves_a_larger_token(db: Db) {
     let resource = "lost-answer:late";
-    let direct = db.store();
-    let ttl = Some(Duration::from_secs(2));
-    let seed = Key::new(resource);
-    assert!(direct.save(&seed, ttl).await.unwrap().is_acquired());
-    let id = db.query("SELECT key_id FROM lock_keys");
-    assert!(direct.delete(&seed).await.unwrap());
-
+    let id = key_id_of(&db, resource).await;
     let armed = Arc::new(AtomicBool::new(false));
     let hold_back = armed.clone();
     let (proxy, held) = HeldRequest::start(db.port(), Duration::from_millis(1500), move |_, c| {
         hold_back.load(Ordering::Acquire) && c.windows(id.len()).any(|w| w == id.as_bytes())
     });
-    let url = db
-        .url()
-        .replace(&format!(":{}/", db.port()), &format!(":{proxy}/"));
-    let store = SqlStore::from_dsn(&format!("{url}?statement_timeout=1")).unwrap();
+    let store = SqlStore::from_dsn(&format!("{}?statement_timeout=1", via(&db, proxy))).unwrap();
     let key = Key::new(resource);
-    let first = token(store.save(&key, ttl).await.unwrap()).expect("a token");
-    tokio::time::sleep(Duration::from_millis(2500)).await;
-    let other = Key::new(resource);
-    let between = token(direct.save(&other, ttl).await.unwrap()).expect("a token");
-    assert!(direct.delete(&other).await.unwrap());
+    let (first, between) = hold_then_expire_unseen(&db, &store, &key).await;
 
     armed.store(true, Ordering::Release);
-    key.reset_lifetime();
-    let given_up = store.save(&key, ttl).await;
+    let given_up = store.save(&key, TTL).await;
     assert!(given_up.is_err(), "not given up on: {given_up:?}");
     tokio::task::spawn_blocking(move || held.wait_landed(Duration::from_secs(5)))
         .await
         .unwrap();
     key.reset_lifetime();
-    let again = token(store.save(&key, ttl).await.unwrap());
+    let again = token(store.save(&key, TTL).await.unwrap());
     assert!(
         again.is_some_and(|t| t > between),
         "acquired again after {between} (its own first hold {first}), got {again:?}"

@@ -147,7 +147,7 @@ impl Source {
     pub(crate) fn dsns(&self) -> Vec<String> {
         match self {
             Source::Flag(d) | Source::Env(d) => d.clone(),
-            Source::Config(c) => c.checked.dsns.clone(),
+            Source::Config(c) => c.checked.store.dsns().to_vec(),
             Source::Default => vec!["flock".to_owned()],
         }
     }
@@ -240,7 +240,7 @@ impl StoreConfig {
     pub(crate) fn open(source: &Source, quiet: bool) -> Result<StoreConfig> {
         let dsns = source.dsns();
         let unanimous = matches!(source, Source::Config(c)
-            if c.checked.quorum == Some(xtr_lock::config::QuorumKind::Unanimous));
+            if c.checked.store.quorum() == Some(xtr_lock::config::QuorumKind::Unanimous));
         let config = StoreConfig::from_members(&dsns, unanimous).with_context(|| match source {
             Source::Flag(d) | Source::Env(d) if d.len() > 1 => {
                 format!("{} lists a DSN that names no usable store", source.name())

@@ -518,8 +518,8 @@ fn dsns_are_checked_with_hints() {
         ),
         (
             "flock:///var/lock?name=long",
-            "xtr-lock: error: --store names no usable store: invalid flock connection string: \
-             unknown option \"name=long\"; the one option is names=long (or names=short, the \
+            "xtr-lock: error: --store names no usable store: invalid flock connection string \
+             \"flock:\": unknown option \"name=long\"; the one option is names=long (or names=short, the \
              default)\n",
         ),
     ];

@@ -112,7 +112,7 @@ mod telemetry;
 pub mod conformance;
 
 pub use clock::{BoxFuture, Clock, ManualClock, MonotonicClock};
-pub use dsn::StoreFactory;
+pub use dsn::{Fencing, QuorumKind, StoreFactory, StoreKind, StoreSpec};
 pub use error::{BoxError, Error, ErrorKind, LostReason, Result};
 pub use factory::{DEFAULT_TTL, LockFactory, RunOptions};
 pub use guard::LockGuard;

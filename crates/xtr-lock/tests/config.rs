@@ -35,8 +35,8 @@ fn no_configuration_is_one_flock_entry() {
     let checked = LocksConfig::default().check_with(&env).unwrap();
     assert_eq!(checked.default, "default");
     let entry = &checked.entries["default"];
-    assert_eq!(entry.dsns, ["flock"]);
-    assert_eq!(entry.quorum, None);
+    assert_eq!(entry.store.dsns(), ["flock"]);
+    assert_eq!(entry.store.quorum(), None);
     assert_eq!(entry.prefix, "");
     assert_eq!(entry.ttl, Some(xtr_lock::DEFAULT_TTL));
     assert_eq!(entry.wait, Wait::Forever);
@@ -66,17 +66,17 @@ local = { dsn = "${LOCK_DSN:-in-memory}", ttl = "1h30m", wait = "250ms" }
     let checked = config.check_with(&env).unwrap();
     assert_eq!(checked.default, "redis");
     let redis = &checked.entries["redis"];
-    assert_eq!(redis.dsns, ["redis://:s3cret@cache:6379/0"]);
+    assert_eq!(redis.store.dsns(), ["redis://:s3cret@cache:6379/0"]);
     assert_eq!(redis.prefix, "billing:");
     assert_eq!(redis.ttl, Some(Duration::from_secs(300)));
     assert_eq!(redis.wait, Wait::AtMost(Duration::from_secs(30)));
     assert_eq!(
-        checked.entries["quorum"].quorum,
+        checked.entries["quorum"].store.quorum(),
         Some(QuorumKind::Consensus)
     );
-    assert_eq!(checked.entries["quorum"].dsns.len(), 3);
+    assert_eq!(checked.entries["quorum"].store.dsns().len(), 3);
     let strict = &checked.entries["strict"];
-    assert_eq!(strict.quorum, Some(QuorumKind::Unanimous));
+    assert_eq!(strict.store.quorum(), Some(QuorumKind::Unanimous));
     assert_eq!(strict.wait, Wait::Never);
     let db = &checked.entries["db"];
     assert_eq!(
@@ -84,7 +84,7 @@ local = { dsn = "${LOCK_DSN:-in-memory}", ttl = "1h30m", wait = "250ms" }
         (None, "", Wait::Forever)
     );
     let local = &checked.entries["local"];
-    assert_eq!(local.dsns, ["in-memory"]);
+    assert_eq!(local.store.dsns(), ["in-memory"]);
     assert_eq!(local.ttl, Some(Duration::from_secs(5400)));
     assert_eq!(local.wait, Wait::AtMost(Duration::from_millis(250)));
     // Debug output shows schemes, not DSNs.
@@ -236,7 +236,7 @@ fn files_are_read_and_named_in_errors() {
     std::fs::write(&path, "[stores]\ndefault = \"in-memory\"\n").unwrap();
     let config = LocksConfig::from_toml_file(&path).unwrap();
     assert_eq!(
-        config.check_with(&env).unwrap().entries["default"].dsns,
+        config.check_with(&env).unwrap().entries["default"].store.dsns(),
         ["in-memory"]
     );
     std::fs::write(&path, "stores = 3\n").unwrap();
@@ -270,7 +270,7 @@ fn it_embeds_in_an_applications_own_configuration() {
     );
     let bare: App = toml::from_str("name = \"x\"").unwrap();
     assert_eq!(
-        bare.locks.check_with(&env).unwrap().entries["default"].dsns,
+        bare.locks.check_with(&env).unwrap().entries["default"].store.dsns(),
         ["flock"]
     );
     // And back: what it serializes reads the same.

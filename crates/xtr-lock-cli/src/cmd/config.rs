@@ -156,10 +156,10 @@ fn show(file: &ConfigFileArgs) -> Result<Exit> {
     for (name, e) in &checked.entries {
         println!();
         println!("[stores.{}]", quoted(name));
-        match e.quorum {
-            None => println!("dsn = {}", quoted(&redacted(&e.dsns[0]))),
+        match e.store.quorum() {
+            None => println!("dsn = {}", quoted(&redacted(&e.store.dsns()[0]))),
             Some(kind) => {
-                let list: Vec<String> = e.dsns.iter().map(|d| quoted(&redacted(d))).collect();
+                let list: Vec<String> = e.store.dsns().iter().map(|d| quoted(&redacted(d))).collect();
                 println!("dsns = [{}]", list.join(", "));
                 println!("strategy = {}", quoted(quorum_name(kind)));
             }
@@ -173,8 +173,8 @@ fn show(file: &ConfigFileArgs) -> Result<Exit> {
 
 fn entry_json(e: &CheckedEntry) -> serde_json::Value {
     json!({
-        "stores": e.dsns.iter().map(|d| redacted(d)).collect::<Vec<_>>(),
-        "strategy": e.quorum.map(quorum_name),
+        "stores": e.store.dsns().iter().map(|d| redacted(d)).collect::<Vec<_>>(),
+        "strategy": e.store.quorum().map(quorum_name),
         "prefix": e.prefix,
         "ttl": ttl_text(e.ttl),
         "wait": wait_text(e.wait),

@@ -5,8 +5,8 @@ use std::fmt;
 use std::time::Duration;
 
 use super::expand::{Problem, expand};
-use super::{DEFAULT_ENTRY, Entry, LocksConfig, Period};
-use crate::dsn::StoreFactory;
+use super::{DEFAULT_ENTRY, Entry, EntryTable, LocksConfig, Period};
+use crate::dsn::{QuorumKind, StoreFactory, StoreSpec};
 use crate::error::Error;
 use crate::lockable::Wait;
 
@@ -23,25 +23,14 @@ pub struct CheckedConfig {
 /// One checked entry. Its DSNs (which may hold credentials) are not shown by `Debug`.
 #[derive(Clone)]
 pub struct CheckedEntry {
-    /// The stores' DSNs, variables expanded: one, or a quorum's members.
-    pub dsns: Vec<String>,
-    /// How a quorum decides; `None` for one store.
-    pub quorum: Option<QuorumKind>,
+    /// The store: one DSN or a quorum, variables expanded.
+    pub store: StoreSpec,
     /// Put in front of every resource.
     pub prefix: String,
     /// The ttl locks get (`None`: no ttl).
     pub ttl: Option<Duration>,
     /// How long `run` and `lock` wait.
     pub wait: Wait,
-}
-
-/// How a quorum entry decides.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum QuorumKind {
-    /// A strict majority of the members (the default).
-    Consensus,
-    /// Every member.
-    Unanimous,
 }
 
 /// Every problem a configuration has, one line each, naming the entry (and the variable), never
@@ -74,11 +63,7 @@ impl From<ConfigErrors> for Error {
 impl fmt::Debug for CheckedEntry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CheckedEntry")
-            .field(
-                "stores",
-                &self.dsns.iter().map(|d| scheme(d)).collect::<Vec<_>>(),
-            )
-            .field("quorum", &self.quorum)
+            .field("store", &self.store)
             .field("prefix", &self.prefix)
             .field("ttl", &self.ttl)
             .field("wait", &self.wait)
@@ -93,11 +78,6 @@ impl fmt::Debug for CheckedConfig {
             .field("entries", &self.entries)
             .finish()
     }
-}
-
-/// A DSN's scheme (or keyword), which is all of it that is ever shown.
-fn scheme(dsn: &str) -> &str {
-    dsn.split_once(':').map_or(dsn, |(s, _)| s)
 }
 
 impl LocksConfig {
@@ -123,16 +103,19 @@ impl LocksConfig {
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<CheckedConfig, ConfigErrors> {
         let mut problems = Vec::new();
-        let top_ttl = self.ttl.as_ref().and_then(|p| {
-            ttl(p)
-                .map_err(|why| problems.push(format!("ttl: {why}")))
-                .ok()
-        });
-        let top_wait = self.wait.as_ref().and_then(|p| {
-            wait(p)
-                .map_err(|why| problems.push(format!("wait: {why}")))
-                .ok()
-        });
+        let top = Defaults {
+            ttl: self.ttl.as_ref().and_then(|p| {
+                ttl(p)
+                    .map_err(|why| problems.push(format!("ttl: {why}")))
+                    .ok()
+            }),
+            wait: self.wait.as_ref().and_then(|p| {
+                wait(p)
+                    .map_err(|why| problems.push(format!("wait: {why}")))
+                    .ok()
+            }),
+            prefix: self.prefix.as_deref(),
+        };
         let default_stores;
         let stores = if self.stores.is_empty() {
             default_stores =
@@ -143,116 +126,14 @@ impl LocksConfig {
         };
         let mut entries = BTreeMap::new();
         for (name, entry) in stores {
-            let at = format!("stores.{name}");
             if name.is_empty() {
                 problems.push("stores: an entry has an empty name".to_owned());
                 continue;
             }
             let before = problems.len();
-            let (dsns, quorum, table) = match entry {
-                Entry::Dsn(dsn) => (vec![dsn.clone()], None, None),
-                Entry::Quorum(dsns) => (dsns.clone(), Some(QuorumKind::Consensus), None),
-                Entry::Table(t) => {
-                    let dsns = match (&t.dsn, &t.dsns) {
-                        (Some(dsn), None) => vec![dsn.clone()],
-                        (None, Some(dsns)) => dsns.clone(),
-                        (Some(_), Some(_)) => {
-                            problems.push(format!("{at}: give dsn or dsns, not both"));
-                            vec![]
-                        }
-                        (None, None) => {
-                            problems.push(format!(
-                                "{at}: no store: give dsn = \"...\" or dsns = [\"...\", ...]"
-                            ));
-                            vec![]
-                        }
-                    };
-                    let quorum = match (t.dsns.is_some(), t.strategy.as_deref()) {
-                        (false, None) => None,
-                        (false, Some(_)) => {
-                            problems.push(format!(
-                                "{at}: a strategy applies to a quorum (dsns = [...]), not to one store"
-                            ));
-                            None
-                        }
-                        (true, None | Some("consensus")) => Some(QuorumKind::Consensus),
-                        (true, Some("unanimous")) => Some(QuorumKind::Unanimous),
-                        (true, Some(other)) => {
-                            problems.push(format!(
-                                "{at}: unknown strategy {other:?}: write consensus (a strict \
-                                 majority) or unanimous"
-                            ));
-                            None
-                        }
-                    };
-                    (dsns, quorum, Some(t))
-                }
-            };
-            if quorum.is_some() && dsns.len() < 2 && !dsns.is_empty() {
-                problems.push(format!(
-                    "{at}: a quorum needs at least two stores; write one store's DSN alone"
-                ));
-            }
-            if matches!(entry, Entry::Quorum(d) if d.is_empty())
-                || table.is_some_and(|t| t.dsns.as_ref().is_some_and(Vec::is_empty))
-            {
-                problems.push(format!("{at}: the list of stores is empty"));
-            }
-            let mut expanded = Vec::with_capacity(dsns.len());
-            for (i, dsn) in dsns.iter().enumerate() {
-                let here = if dsns.len() > 1 || quorum.is_some() {
-                    format!("{at}[{i}]")
-                } else {
-                    at.clone()
-                };
-                match expand(dsn, env) {
-                    Ok(dsn) => match StoreFactory::validate(&dsn) {
-                        Ok(()) => expanded.push(dsn),
-                        Err(e) => {
-                            problems.push(format!("{here}: {}", e.reason().unwrap_or("invalid")))
-                        }
-                    },
-                    Err(Problem::Unset(names)) => {
-                        for name in names {
-                            problems.push(format!("{here}: ${{{name}}} is not set"));
-                        }
-                    }
-                    Err(Problem::Unclosed) => {
-                        problems.push(format!("{here}: a ${{ without its closing }}"))
-                    }
-                    Err(Problem::BadName(name)) => problems.push(format!(
-                        "{here}: ${{{name}}} is not a variable name (letters, digits and _; \
-                         write $${{ for a literal ${{)"
-                    )),
-                }
-            }
-            let ttl = match table.and_then(|t| t.ttl.as_ref()) {
-                Some(p) => ttl(p)
-                    .map_err(|why| problems.push(format!("{at}.ttl: {why}")))
-                    .unwrap_or(None),
-                None => top_ttl.unwrap_or(Some(crate::DEFAULT_TTL)),
-            };
-            let wait = match table.and_then(|t| t.wait.as_ref()) {
-                Some(p) => wait(p)
-                    .map_err(|why| problems.push(format!("{at}.wait: {why}")))
-                    .unwrap_or_default(),
-                None => top_wait.unwrap_or_default(),
-            };
-            let prefix = table
-                .and_then(|t| t.prefix.clone())
-                .or_else(|| self.prefix.clone())
-                .unwrap_or_default();
+            let checked = check_entry(name, entry, &top, env, &mut problems);
             if problems.len() == before {
-                entries.insert(
-                    name.clone(),
-                    CheckedEntry {
-                        dsns: expanded,
-                        quorum,
-                        prefix,
-                        ttl,
-                        wait,
-                    },
-                );
+                entries.insert(name.clone(), checked);
             }
         }
         let default = self
@@ -272,6 +153,148 @@ impl LocksConfig {
             Err(ConfigErrors { problems })
         }
     }
+}
+
+/// What the top level gives every entry that does not say otherwise.
+struct Defaults<'c> {
+    /// `None`: not given (the library's default applies); `Some(None)`: no ttl.
+    ttl: Option<Option<Duration>>,
+    wait: Option<Wait>,
+    prefix: Option<&'c str>,
+}
+
+/// One entry checked; its problems are pushed onto `problems` (the entry is used only if none were).
+fn check_entry(
+    name: &str,
+    entry: &Entry,
+    top: &Defaults<'_>,
+    env: &dyn Fn(&str) -> Option<String>,
+    problems: &mut Vec<String>,
+) -> CheckedEntry {
+    let at = format!("stores.{name}");
+    let (dsns, quorum, table) = entry_stores(&at, entry, problems);
+    let expanded = expand_all(&at, &dsns, quorum.is_some(), env, problems);
+    let ttl = match table.and_then(|t| t.ttl.as_ref()) {
+        Some(p) => ttl(p)
+            .map_err(|why| problems.push(format!("{at}.ttl: {why}")))
+            .unwrap_or(None),
+        None => top.ttl.unwrap_or(Some(crate::DEFAULT_TTL)),
+    };
+    let wait = match table.and_then(|t| t.wait.as_ref()) {
+        Some(p) => wait(p)
+            .map_err(|why| problems.push(format!("{at}.wait: {why}")))
+            .unwrap_or_default(),
+        None => top.wait.unwrap_or_default(),
+    };
+    let prefix = table
+        .and_then(|t| t.prefix.clone())
+        .or_else(|| top.prefix.map(str::to_owned))
+        .unwrap_or_default();
+    CheckedEntry {
+        store: StoreSpec::members(expanded, quorum.unwrap_or_default()),
+        prefix,
+        ttl,
+        wait,
+    }
+}
+
+/// An entry's DSNs as written, and how they decide when they are a quorum.
+fn entry_stores<'e>(
+    at: &str,
+    entry: &'e Entry,
+    problems: &mut Vec<String>,
+) -> (Vec<String>, Option<QuorumKind>, Option<&'e EntryTable>) {
+    let (dsns, quorum, table) = match entry {
+        Entry::Dsn(dsn) => (vec![dsn.clone()], None, None),
+        Entry::Quorum(dsns) => (dsns.clone(), Some(QuorumKind::Consensus), None),
+        Entry::Table(t) => {
+            let dsns = match (&t.dsn, &t.dsns) {
+                (Some(dsn), None) => vec![dsn.clone()],
+                (None, Some(dsns)) => dsns.clone(),
+                (Some(_), Some(_)) => {
+                    problems.push(format!("{at}: give dsn or dsns, not both"));
+                    vec![]
+                }
+                (None, None) => {
+                    problems.push(format!(
+                        "{at}: no store: give dsn = \"...\" or dsns = [\"...\", ...]"
+                    ));
+                    vec![]
+                }
+            };
+            (dsns, strategy(at, t, problems), Some(t))
+        }
+    };
+    if quorum.is_some() && dsns.len() < 2 && !dsns.is_empty() {
+        problems.push(format!(
+            "{at}: a quorum needs at least two stores; write one store's DSN alone"
+        ));
+    }
+    if matches!(entry, Entry::Quorum(d) if d.is_empty())
+        || table.is_some_and(|t| t.dsns.as_ref().is_some_and(Vec::is_empty))
+    {
+        problems.push(format!("{at}: the list of stores is empty"));
+    }
+    (dsns, quorum, table)
+}
+
+/// A table entry's quorum rule (`None`: one store).
+fn strategy(at: &str, t: &EntryTable, problems: &mut Vec<String>) -> Option<QuorumKind> {
+    match (t.dsns.is_some(), t.strategy.as_deref()) {
+        (false, None) => None,
+        (false, Some(_)) => {
+            problems.push(format!(
+                "{at}: a strategy applies to a quorum (dsns = [...]), not to one store"
+            ));
+            None
+        }
+        (true, None | Some("consensus")) => Some(QuorumKind::Consensus),
+        (true, Some("unanimous")) => Some(QuorumKind::Unanimous),
+        (true, Some(other)) => {
+            problems.push(format!(
+                "{at}: unknown strategy {other:?}: write consensus (a strict majority) or \
+                 unanimous"
+            ));
+            None
+        }
+    }
+}
+
+/// Each DSN with its variables expanded and accepted by a store of this build.
+fn expand_all(
+    at: &str,
+    dsns: &[String],
+    quorum: bool,
+    env: &dyn Fn(&str) -> Option<String>,
+    problems: &mut Vec<String>,
+) -> Vec<String> {
+    let mut expanded = Vec::with_capacity(dsns.len());
+    for (i, dsn) in dsns.iter().enumerate() {
+        let here = if dsns.len() > 1 || quorum {
+            format!("{at}[{i}]")
+        } else {
+            at.to_owned()
+        };
+        match expand(dsn, env) {
+            Ok(dsn) => match StoreFactory::validate(&dsn) {
+                Ok(()) => expanded.push(dsn),
+                Err(e) => problems.push(format!("{here}: {}", e.reason().unwrap_or("invalid"))),
+            },
+            Err(Problem::Unset(names)) => {
+                for name in names {
+                    problems.push(format!("{here}: ${{{name}}} is not set"));
+                }
+            }
+            Err(Problem::Unclosed) => {
+                problems.push(format!("{here}: a ${{ without its closing }}"))
+            }
+            Err(Problem::BadName(name)) => problems.push(format!(
+                "{here}: ${{{name}}} is not a variable name (letters, digits and _; write $${{ \
+                 for a literal ${{)"
+            )),
+        }
+    }
+    expanded
 }
 
 /// A period: seconds or humantime text, at most [`MAX_DURATION`](crate::MAX_DURATION).

@@ -5,14 +5,13 @@ use std::fmt;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 
-use super::{CheckedConfig, CheckedEntry, LocksConfig, QuorumKind};
-use crate::dsn::StoreFactory;
+use super::{CheckedConfig, CheckedEntry, LocksConfig};
 use crate::error::{Error, Result};
 use crate::factory::{LockFactory, RunOptions};
 use crate::key::Key;
 use crate::lock::Lock;
 use crate::mutex::lock;
-use crate::store::{CombinedStore, ConsensusStrategy, Store, UnanimousStrategy};
+use crate::store::Store;
 
 /// The resource [`Locks::ping`] locks (after the entry's prefix).
 pub const PING_RESOURCE: &str = "xtr-lock-ping";
@@ -111,16 +110,7 @@ impl Locks {
         if let Some(factory) = built.get(entry) {
             return Ok(factory.clone());
         }
-        let store: Arc<dyn Store> = match checked.quorum {
-            None => StoreFactory::create_store(&checked.dsns[0])?,
-            Some(kind) => {
-                let dsns: Vec<&str> = checked.dsns.iter().map(String::as_str).collect();
-                Arc::new(match kind {
-                    QuorumKind::Consensus => CombinedStore::from_dsns(&dsns, ConsensusStrategy)?,
-                    QuorumKind::Unanimous => CombinedStore::from_dsns(&dsns, UnanimousStrategy)?,
-                })
-            }
-        };
+        let store = checked.store.build()?;
         let factory = LockFactory::from_arc(store).with_default_ttl(checked.ttl);
         built.insert(entry.to_owned(), factory.clone());
         Ok(factory)

@@ -28,7 +28,8 @@ mod check;
 mod expand;
 mod locks;
 
-pub use check::{CheckedConfig, CheckedEntry, ConfigErrors, QuorumKind};
+pub use crate::dsn::{QuorumKind, StoreSpec};
+pub use check::{CheckedConfig, CheckedEntry, ConfigErrors};
 pub use locks::{Locks, PING_RESOURCE};
 
 /// The name of the entry used when the configuration names none.

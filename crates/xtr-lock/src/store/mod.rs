@@ -39,7 +39,7 @@ mod combined;
 #[cfg(feature = "etcd")]
 pub(crate) mod etcd;
 #[cfg(all(feature = "flock", target_os = "linux"))]
-mod flock;
+pub(crate) mod flock;
 #[cfg(any(feature = "sql", feature = "memcached"))]
 mod held;
 #[cfg(feature = "memcached")]

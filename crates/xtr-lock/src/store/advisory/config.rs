@@ -11,8 +11,9 @@ use sqlx::postgres::PgConnectOptions;
 use super::db::Target;
 
 use super::keys::KeyMode;
-use crate::error::{Error, Result};
-use crate::store::sql::config::{MYSQL_DRIVER, PG_DRIVER, check_known, seconds};
+use crate::dsn::grammar::{Dsn, Options};
+use crate::error::Result;
+use crate::store::sql::config::{MAX_TIMEOUT, MYSQL_DRIVER, PG_DRIVER, driver_error, set_query};
 
 /// How long to wait for a connection, and for a statement that does not wait for a lock.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -23,14 +24,6 @@ const DEFAULT_MAX_IDLE: usize = 16;
 /// The longest pause between two pings of a holding session: a session that ended is noticed
 /// (and the loss reported) at the next ping, so a longer one would report it that much later.
 const MAX_KEEPALIVE: Duration = Duration::from_secs(60);
-
-const OURS: &[&str] = &[
-    "keys",
-    "keepalive",
-    "connect_timeout",
-    "statement_timeout",
-    "max_idle",
-];
 
 /// A parsed session-lock DSN.
 #[derive(Debug, Clone)]
@@ -47,140 +40,60 @@ pub(crate) struct SessionConfig {
     pub(crate) shown: String,
 }
 
-/// Whether `dsn` names the advisory store.
-pub(crate) fn is_advisory_dsn(dsn: &str) -> bool {
-    let scheme = dsn
-        .split_once(':')
-        .map(|(s, _)| s.to_ascii_lowercase())
-        .unwrap_or_default();
-    matches!(scheme.as_str(), "postgres+advisory" | "postgresql+advisory")
-}
-
-/// Whether `dsn` names the `GET_LOCK` store.
-pub(crate) fn is_getlock_dsn(dsn: &str) -> bool {
-    let scheme = dsn
-        .split_once(':')
-        .map(|(s, _)| s.to_ascii_lowercase())
-        .unwrap_or_default();
-    matches!(scheme.as_str(), "mysql+getlock" | "mariadb+getlock")
-}
-
 /// Parses a session-lock DSN. Errors show the scheme, never a credential.
-pub(crate) fn parse(dsn: &str) -> Result<SessionConfig> {
-    let (scheme, rest) = dsn.split_once(':').unwrap_or((dsn, ""));
-    let scheme = scheme.to_ascii_lowercase();
-    let invalid = |why: String| {
-        Error::invalid_argument(format!("invalid {scheme}: connection string: {why}"))
-    };
-    let postgres = is_advisory_dsn(dsn);
-    if !postgres && !is_getlock_dsn(dsn) {
-        return Err(invalid(
-            "write postgresql+advisory://user:password@host:port/database or \
-             mysql+getlock://user:password@host:port/database"
-                .into(),
-        ));
-    }
-    let driver = if postgres { "postgresql" } else { "mysql" };
-    let mut url =
-        url::Url::parse(&format!("{driver}:{rest}")).map_err(|e| invalid(e.to_string()))?;
-    let (ours, theirs): (Vec<_>, Vec<_>) = url
-        .query_pairs()
-        .into_owned()
-        .partition(|(k, _)| OURS.contains(&k.as_str()));
-    for (k, _) in &theirs {
-        check_known(k, OURS, if postgres { PG_DRIVER } else { MYSQL_DRIVER }).map_err(invalid)?;
-    }
-    if theirs.is_empty() {
-        url.set_query(None);
-    } else {
-        url.query_pairs_mut().clear().extend_pairs(&theirs);
-    }
-    let mut config = SessionConfig {
-        target: Target::Postgres(PgConnectOptions::new()),
-        keys: KeyMode::Sha256,
-        database: url.path().trim_start_matches('/').to_owned(),
-        keepalive: DEFAULT_KEEPALIVE,
-        connect_timeout: DEFAULT_TIMEOUT,
-        statement_timeout: DEFAULT_TIMEOUT,
-        max_idle: DEFAULT_MAX_IDLE,
-        shown: String::new(),
-    };
-    for (k, v) in &ours {
-        match k.as_str() {
-            "keys" if !postgres => {
-                return Err(invalid(
-                    "keys= is an option of PostgreSQL advisory locks; MySQL lock names are \
-                     always SHA-256 digests"
-                        .into(),
-                ));
-            }
-            "keys" => {
-                config.keys = match v.as_str() {
-                    "sha256" => KeyMode::Sha256,
-                    "crc32" => KeyMode::Crc32,
-                    _ => {
-                        return Err(invalid(format!(
-                            "keys={v:?}: write sha256 (the default) or crc32 (Symfony's keys)"
-                        )));
-                    }
-                }
-            }
-            "keepalive" => {
-                config.keepalive = seconds(k, v)
-                    .ok()
-                    .filter(|s| *s <= MAX_KEEPALIVE)
-                    .ok_or_else(|| {
-                        invalid(format!(
-                            "keepalive={v:?}: seconds between pings of a holding session, more \
-                             than 0 and at most {} (a lost session is noticed at the next ping)",
-                            MAX_KEEPALIVE.as_secs()
-                        ))
-                    })?;
-            }
-            "connect_timeout" => config.connect_timeout = seconds(k, v).map_err(invalid)?,
-            "statement_timeout" => config.statement_timeout = seconds(k, v).map_err(invalid)?,
-            "max_idle" => {
-                config.max_idle = v
-                    .parse::<usize>()
-                    .ok()
-                    .filter(|n| *n <= 1000)
-                    .ok_or_else(|| invalid(format!("max_idle={v:?}: a number from 0 to 1000")))?;
-            }
-            _ => unreachable!("only this library's options are read here"),
+pub(crate) fn parse(text: &str) -> Result<SessionConfig> {
+    let scheme = text.split_once(':').map(|(s, _)| s.to_ascii_lowercase());
+    let postgres = match scheme.as_deref() {
+        Some("postgres+advisory" | "postgresql+advisory") => true,
+        Some("mysql+getlock" | "mariadb+getlock") => false,
+        _ => {
+            return Err(Dsn::split(text, "session-lock").invalid(
+                "write postgresql+advisory://user:password@host:port/database or \
+                 mysql+getlock://user:password@host:port/database",
+            ));
         }
-    }
-    let password = url.password().map(str::to_owned);
-    let redacted = |e: sqlx::Error| {
-        let text = e.to_string();
-        invalid(match &password {
-            Some(p) if !p.is_empty() && text.contains(p.as_str()) => "refused by the driver".into(),
-            _ => text,
-        })
     };
+    let dsn = Dsn::split(
+        text,
+        if postgres {
+            "PostgreSQL advisory-lock"
+        } else {
+            "MySQL GET_LOCK"
+        },
+    );
+    let mut options = dsn.options();
+    let mut config = read_options(&dsn, postgres, &mut options)?;
+    let theirs = options.pass_through(if postgres { PG_DRIVER } else { MYSQL_DRIVER });
+    options.finish()?;
+    let driver = if postgres { "postgresql" } else { "mysql" };
+    let mut url = url::Url::parse(&format!("{driver}:{}", dsn.rest)).map_err(|e| dsn.invalid(e))?;
+    set_query(&mut url, &theirs);
+    config.database = url.path().trim_start_matches('/').to_owned();
+    let refused = driver_error(&dsn, url.password());
     config.target = if postgres {
         Target::Postgres(
             PgConnectOptions::from_str(url.as_str())
-                .map_err(redacted)?
+                .map_err(refused)?
                 .application_name("xtr-lock")
                 // Lock statements are few and short.
                 .statement_cache_capacity(16),
         )
     } else {
         if config.database.is_empty() {
-            return Err(invalid(
+            return Err(dsn.invalid(
                 "name the database (mysql+getlock://host/database): lock names are server-wide, \
-                 and the database's name keeps two applications' apart"
-                    .into(),
+                 and the database's name keeps two applications' apart",
             ));
         }
         Target::MySql(
             MySqlConnectOptions::from_str(url.as_str())
-                .map_err(redacted)?
+                .map_err(refused)?
                 .statement_cache_capacity(16),
         )
     };
     config.shown = format!(
-        "{scheme}://{}:{}/{}",
+        "{}://{}:{}/{}",
+        dsn.scheme,
         url.host_str().unwrap_or("localhost"),
         url.port().unwrap_or(if postgres { 5432 } else { 3306 }),
         config.database
@@ -189,6 +102,43 @@ pub(crate) fn parse(dsn: &str) -> Result<SessionConfig> {
         config.shown.push_str("?keys=crc32");
     }
     Ok(config)
+}
+
+/// This library's options (`keys` only for PostgreSQL); the target is filled in by the caller.
+fn read_options(
+    dsn: &Dsn<'_>,
+    postgres: bool,
+    options: &mut Options<'_, '_>,
+) -> Result<SessionConfig> {
+    let keys = options.choice(
+        "keys",
+        &[("sha256", KeyMode::Sha256), ("crc32", KeyMode::Crc32)],
+        "write sha256 (the default) or crc32 (Symfony's keys)",
+    )?;
+    if keys.is_some() && !postgres {
+        return Err(dsn.invalid(
+            "keys= is an option of PostgreSQL advisory locks; MySQL lock names are always \
+             SHA-256 digests",
+        ));
+    }
+    Ok(SessionConfig {
+        target: Target::Postgres(PgConnectOptions::new()),
+        keys: keys.unwrap_or(KeyMode::Sha256),
+        database: String::new(),
+        keepalive: options
+            .seconds("keepalive", MAX_KEEPALIVE)?
+            .unwrap_or(DEFAULT_KEEPALIVE),
+        connect_timeout: options
+            .seconds("connect_timeout", MAX_TIMEOUT)?
+            .unwrap_or(DEFAULT_TIMEOUT),
+        statement_timeout: options
+            .seconds("statement_timeout", MAX_TIMEOUT)?
+            .unwrap_or(DEFAULT_TIMEOUT),
+        max_idle: options
+            .number("max_idle", 0..=1000)?
+            .unwrap_or(DEFAULT_MAX_IDLE),
+        shown: String::new(),
+    })
 }
 
 #[cfg(test)]
@@ -210,8 +160,8 @@ mod tests {
         let c = parse("postgres+advisory://u@h/db").unwrap();
         assert_eq!(c.keys, KeyMode::Sha256);
         assert_eq!(c.shown, "postgres+advisory://h:5432/db");
-        assert!(is_advisory_dsn("PostgreSQL+Advisory://h/db"));
-        assert!(!is_advisory_dsn("postgresql://h/db"));
+        assert!(parse("PostgreSQL+Advisory://h/db").is_ok());
+        assert!(parse("postgresql://h/db").is_err());
     }
 
     #[test]
@@ -244,11 +194,11 @@ mod tests {
             ),
             (
                 "postgresql+advisory://u:hunter2@h/db?sslmode=sometimes",
-                "invalid postgresql+advisory",
+                "invalid PostgreSQL advisory-lock",
             ),
             (
                 "postgresql+advisory://u:hunter2@[h/db",
-                "invalid postgresql+advisory",
+                "invalid PostgreSQL advisory-lock",
             ),
         ] {
             let err = parse(dsn).unwrap_err().to_string();

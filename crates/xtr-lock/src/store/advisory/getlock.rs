@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use super::conns::{Conns, Control};
 use super::db::LockId;
 use super::shared::Core;
-use super::{config, is_getlock_dsn, keys};
+use super::{config, keys};
 use crate::error::{Error, Result};
 use crate::key::{Key, Mode};
 use crate::store::{Capabilities, HolderInfo, Holding, LossWatcher, Saved, Store};
@@ -85,12 +85,12 @@ impl MySqlLockStore {
     /// [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument) naming what is wrong
     /// (never a credential).
     pub fn from_dsn(dsn: &str) -> Result<Self> {
-        if !is_getlock_dsn(dsn) {
+        let config = config::parse(dsn)?;
+        if !matches!(config.target, super::db::Target::MySql(_)) {
             return Err(Error::invalid_argument(
                 "MySqlLockStore: write mysql+getlock://user:password@host:port/database",
             ));
         }
-        let config = config::parse(dsn)?;
         Ok(MySqlLockStore {
             inner: Arc::new(Core::new(Conns::new(config))),
         })

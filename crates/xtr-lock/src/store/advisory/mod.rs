@@ -21,7 +21,6 @@ mod outcome;
 mod session;
 mod shared;
 
-pub(crate) use config::{is_advisory_dsn, is_getlock_dsn};
 use conns::{Conns, Control};
 use db::LockId;
 pub use getlock::MySqlLockStore;
@@ -116,12 +115,12 @@ impl PgAdvisoryStore {
     /// [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument) naming what is wrong
     /// (never a credential), also for a `mysql+getlock://` DSN.
     pub fn from_dsn(dsn: &str) -> Result<Self> {
-        if !is_advisory_dsn(dsn) {
+        let config = config::parse(dsn)?;
+        if !matches!(config.target, db::Target::Postgres(_)) {
             return Err(crate::error::Error::invalid_argument(
                 "PgAdvisoryStore: write postgresql+advisory://user:password@host:port/database",
             ));
         }
-        let config = config::parse(dsn)?;
         Ok(PgAdvisoryStore {
             inner: std::sync::Arc::new(Core::new(Conns::new(config))),
         })

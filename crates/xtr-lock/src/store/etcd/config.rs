@@ -5,6 +5,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::dsn::grammar::{Dsn, Options, host_port};
 use crate::error::{Error, Result};
 
 /// etcd's client port.
@@ -13,16 +14,7 @@ const DEFAULT_PORT: u16 = 2379;
 pub(crate) const DEFAULT_TTL: Duration = Duration::from_secs(60);
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 /// The longest timeout or ttl a DSN may ask for: one day.
-const MAX_SECS: f64 = 86_400.0;
-const OPTIONS: &[&str] = &[
-    "ttl",
-    "keepalive",
-    "connect_timeout",
-    "request_timeout",
-    "ca_file",
-    "cert_file",
-    "key_file",
-];
+const MAX_SECS: Duration = Duration::from_secs(86_400);
 
 /// A parsed DSN. `Display` and `Debug` never show the password.
 #[derive(Clone)]
@@ -66,27 +58,6 @@ impl fmt::Debug for EtcdConfig {
     }
 }
 
-/// Whether `dsn` names the etcd store.
-pub(crate) fn is_etcd_dsn(dsn: &str) -> bool {
-    dsn.split_once("://")
-        .is_some_and(|(s, _)| s.eq_ignore_ascii_case("etcd") || s.eq_ignore_ascii_case("etcds"))
-}
-
-fn invalid(scheme: &str, what: impl fmt::Display) -> Error {
-    Error::invalid_argument(format!(
-        "invalid etcd connection string \"{scheme}://\": {what}"
-    ))
-}
-
-fn seconds(scheme: &str, option: &str, value: &str) -> Result<Duration> {
-    crate::limits::positive_seconds(value, Duration::from_secs_f64(MAX_SECS)).ok_or_else(|| {
-        invalid(
-            scheme,
-            format!("{option} must be a positive number of seconds, at most {MAX_SECS}"),
-        )
-    })
-}
-
 /// A lock's `ttl` as a lease's: etcd grants leases in whole seconds, at least one. A ttl it
 /// cannot keep is refused rather than rounded: the ttl says how long a dead holder's lock
 /// outlives it, and a user who asked for 0.5 s did not mean 1 s (or the 2 s the server's
@@ -102,171 +73,98 @@ pub(crate) fn lease_ttl(ttl: Duration) -> Result<Duration> {
     )))
 }
 
-/// `%XX` escapes decoded (user, password, prefix), refusing broken ones and non-UTF-8.
-fn decode(scheme: &str, what: &str, s: &str) -> Result<String> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = s
-                .get(i + 1..i + 3)
-                .and_then(|h| u8::from_str_radix(h, 16).ok());
-            let Some(b) = hex else {
-                return Err(invalid(scheme, format!("a broken %-escape in the {what}")));
-            };
-            out.push(b);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).map_err(|_| invalid(scheme, format!("the {what} is not UTF-8")))
-}
-
-/// One `host[:port]` (or `[v6][:port]`), as `host:port`.
-fn member(scheme: &str, hostport: &str) -> Result<String> {
-    let (host, port) = if let Some(rest) = hostport.strip_prefix('[') {
-        let Some((v6, after)) = rest.split_once(']') else {
-            return Err(invalid(scheme, "an unclosed IPv6 address"));
-        };
-        let port = match after {
-            "" => None,
-            p => Some(
-                p.strip_prefix(':')
-                    .ok_or_else(|| invalid(scheme, "junk after an IPv6 address"))?,
-            ),
-        };
-        (format!("[{v6}]"), port)
-    } else {
-        match hostport.rsplit_once(':') {
-            Some((h, p)) => (h.to_owned(), Some(p)),
-            None => (hostport.to_owned(), None),
-        }
-    };
-    if host.is_empty() || host.contains(['/', '?', '#', '@', ' ']) {
-        return Err(invalid(scheme, "every member needs a host"));
-    }
-    let port = match port {
-        None => DEFAULT_PORT,
-        Some(p) => p
-            .parse::<u16>()
-            .ok()
-            .filter(|p| *p > 0)
-            .ok_or_else(|| invalid(scheme, "a port must be a number from 1 to 65535"))?,
-    };
-    Ok(format!("{host}:{port}"))
-}
-
 /// Parses a DSN. Errors show the scheme and what is wrong, never the password.
-pub(crate) fn parse(dsn: &str) -> Result<EtcdConfig> {
-    let Some((scheme, rest)) = dsn.split_once("://") else {
-        return Err(Error::invalid_argument(
-            "invalid etcd connection string: write etcd://host:port[,host:port…][/prefix]",
-        ));
-    };
-    let scheme = scheme.to_ascii_lowercase();
-    let tls = match scheme.as_str() {
+pub(crate) fn parse(text: &str) -> Result<EtcdConfig> {
+    let dsn = Dsn::split(text, "etcd");
+    let tls = match dsn.scheme.as_str() {
         "etcd" => false,
         "etcds" => true,
-        _ => return Err(invalid(&scheme, "the scheme must be etcd or etcds")),
+        _ => return Err(dsn.invalid("the scheme must be etcd or etcds")),
     };
-    if rest.contains('#') {
-        return Err(invalid(&scheme, "a DSN has no #fragment"));
+    let url = dsn.url("etcd://host:port[,host:port…][/prefix]")?;
+    if url.fragment.is_some() {
+        return Err(dsn.invalid("a DSN has no #fragment"));
     }
-    let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
-    let (authority, path) = match rest.find('/') {
-        Some(at) => (&rest[..at], &rest[at + 1..]),
-        None => (rest, ""),
-    };
-    let (userinfo, hosts) = match authority.rsplit_once('@') {
-        Some((u, h)) => (Some(u), h),
-        None => (None, authority),
-    };
-    let user = match userinfo {
+    let user = match dsn.credentials()? {
         None => None,
-        Some(u) => {
-            let (name, password) = u.split_once(':').unwrap_or((u, ""));
-            let name = decode(&scheme, "user name", name)?;
-            if name.is_empty() {
-                return Err(invalid(
-                    &scheme,
-                    "a password needs a user name (user:password@)",
-                ));
-            }
-            Some((name, decode(&scheme, "password", password)?))
+        Some((name, _)) if name.is_empty() => {
+            return Err(dsn.invalid("a password needs a user name (user:password@)"));
         }
+        Some((name, password)) => Some((name, password.unwrap_or_default())),
     };
-    if hosts.is_empty() {
-        return Err(invalid(&scheme, "no member: write host:port[,host:port…]"));
+    if url.hosts.is_empty() {
+        return Err(dsn.invalid("no member: write host:port[,host:port…]"));
     }
-    let members = hosts
+    let members = url
+        .hosts
         .split(',')
-        .map(|m| member(&scheme, m.trim()))
+        .map(|m| host_port(&dsn, m.trim(), DEFAULT_PORT).map(|(h, p)| format!("{h}:{p}")))
         .collect::<Result<Vec<_>>>()?;
-    let prefix = decode(&scheme, "prefix", path)?;
-    let mut config = EtcdConfig {
+    let prefix = dsn.decode("prefix", url.path)?;
+    let mut options = dsn.options();
+    let config = EtcdConfig {
         endpoints: members
             .iter()
             .map(|m| format!("{}://{m}", if tls { "https" } else { "http" }))
             .collect(),
         user,
-        prefix: prefix.clone(),
-        ttl: DEFAULT_TTL,
-        keepalive: None,
-        connect_timeout: DEFAULT_TIMEOUT,
-        request_timeout: DEFAULT_TIMEOUT,
-        tls: tls.then(TlsFiles::default),
+        prefix,
+        ttl: lease_option(&dsn, &mut options)?,
+        keepalive: options.seconds("keepalive", MAX_SECS)?,
+        connect_timeout: options
+            .seconds("connect_timeout", MAX_SECS)?
+            .unwrap_or(DEFAULT_TIMEOUT),
+        request_timeout: options
+            .seconds("request_timeout", MAX_SECS)?
+            .unwrap_or(DEFAULT_TIMEOUT),
+        tls: tls_files(&dsn, tls, &mut options)?,
         shown: format!(
-            "{scheme}://{}{}",
+            "{}://{}{}",
+            dsn.scheme,
             members.join(","),
-            if path.is_empty() {
+            if url.path.is_empty() {
                 String::new()
             } else {
-                format!("/{path}")
+                format!("/{}", url.path)
             }
         ),
     };
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-        let value = decode(&scheme, name, value)?;
-        match name {
-            "ttl" => {
-                let ttl = seconds(&scheme, name, &value)?;
-                if lease_ttl(ttl).is_err() {
-                    return Err(invalid(&scheme, "ttl is whole seconds, at least 1"));
-                }
-                config.ttl = ttl;
-            }
-            "keepalive" => config.keepalive = Some(seconds(&scheme, name, &value)?),
-            "connect_timeout" => config.connect_timeout = seconds(&scheme, name, &value)?,
-            "request_timeout" => config.request_timeout = seconds(&scheme, name, &value)?,
-            "ca_file" | "cert_file" | "key_file" => {
-                let Some(files) = config.tls.as_mut() else {
-                    return Err(invalid(&scheme, format!("{name} needs etcds://")));
-                };
-                let path = Some(PathBuf::from(value));
-                match name {
-                    "ca_file" => files.ca = path,
-                    "cert_file" => files.cert = path,
-                    _ => files.key = path,
-                }
-            }
-            other => {
-                return Err(invalid(
-                    &scheme,
-                    format!("unknown option \"{other}\" (known: {})", OPTIONS.join(", ")),
-                ));
-            }
-        }
-    }
-    if let Some(files) = &config.tls
-        && files.cert.is_some() != files.key.is_some()
-    {
-        return Err(invalid(&scheme, "cert_file and key_file go together"));
-    }
+    options.finish()?;
     Ok(config)
+}
+
+/// `ttl=`: whole seconds, at least one (the default: [`DEFAULT_TTL`]).
+fn lease_option(dsn: &Dsn<'_>, options: &mut Options<'_, '_>) -> Result<Duration> {
+    match options.seconds("ttl", MAX_SECS)? {
+        None => Ok(DEFAULT_TTL),
+        Some(ttl) if lease_ttl(ttl).is_ok() => Ok(ttl),
+        Some(_) => Err(dsn.invalid("ttl is whole seconds, at least 1")),
+    }
+}
+
+/// `ca_file=`, `cert_file=`, `key_file=`: only with `etcds://`, a certificate with its key.
+fn tls_files(dsn: &Dsn<'_>, tls: bool, options: &mut Options<'_, '_>) -> Result<Option<TlsFiles>> {
+    let files = TlsFiles {
+        ca: options.take("ca_file").map(PathBuf::from),
+        cert: options.take("cert_file").map(PathBuf::from),
+        key: options.take("key_file").map(PathBuf::from),
+    };
+    let given = [&files.ca, &files.cert, &files.key]
+        .iter()
+        .position(|f| f.is_some());
+    if !tls {
+        return match given {
+            Some(i) => Err(dsn.invalid(format!(
+                "{} needs etcds://",
+                ["ca_file", "cert_file", "key_file"][i]
+            ))),
+            None => Ok(None),
+        };
+    }
+    if files.cert.is_some() != files.key.is_some() {
+        return Err(dsn.invalid("cert_file and key_file go together"));
+    }
+    Ok(Some(files))
 }
 
 #[cfg(test)]
@@ -301,8 +199,6 @@ mod tests {
         let c = parse("etcds://h:1/?ca_file=/ca.pem").unwrap();
         assert_eq!(c.endpoints, ["https://h:1"]);
         assert_eq!(c.tls.unwrap().ca, Some(PathBuf::from("/ca.pem")));
-        assert!(is_etcd_dsn("etcd://h") && is_etcd_dsn("Etcds://h"));
-        assert!(!is_etcd_dsn("redis://h") && !is_etcd_dsn("etcd"));
     }
 
     #[test]
@@ -319,7 +215,7 @@ mod tests {
             ("etcd://u:pw@h?tll=5", "unknown option \"tll\""),
             ("etcd://u:pw@h?ca_file=x", "needs etcds"),
             ("etcds://u:pw@h?cert_file=x", "go together"),
-            ("etcd://u:pw@h/%zz", "%-escape"),
+            ("etcd://u:pw@h/%zz", "percent-encoded"),
             ("etcd://u:pw@h#f", "fragment"),
             ("etcd://u:pw@[::1", "IPv6"),
         ] {

@@ -23,7 +23,6 @@ mod queue;
 mod watch;
 
 use super::tasks::{self, Tasks};
-pub(crate) use config::is_etcd_dsn;
 use conn::Core;
 use holder::{Cmd, Confirmed, Life};
 

@@ -16,6 +16,7 @@ use super::{
 use crate::error::{Error, Result};
 use crate::key::{Key, Mode};
 
+pub(crate) mod config;
 mod dir;
 mod file;
 mod name;

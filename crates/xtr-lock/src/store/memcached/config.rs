@@ -2,7 +2,9 @@
 
 use std::time::Duration;
 
-use crate::error::{Error, Result};
+use crate::dsn::grammar::{Dsn, host_port};
+use crate::error::Result;
+use crate::limits::MAX_DURATION;
 
 /// Memcached's port.
 pub(crate) const DEFAULT_PORT: u16 = 11211;
@@ -26,106 +28,54 @@ pub(crate) struct MemcachedConfig {
     pub(crate) timeout: Duration,
 }
 
-/// Whether `dsn` names the Memcached store.
-pub(crate) fn is_memcached_dsn(dsn: &str) -> bool {
-    dsn.split_once(':')
-        .is_some_and(|(scheme, _)| scheme.eq_ignore_ascii_case("memcached"))
-}
-
-fn invalid(scheme: &str, what: impl std::fmt::Display) -> Error {
-    Error::invalid_argument(format!(
-        "invalid Memcached connection string \"{scheme}:\": {what}"
-    ))
-}
-
-fn seconds(scheme: &str, option: &str, value: &str) -> Result<Duration> {
-    crate::limits::positive_seconds(value, crate::limits::MAX_DURATION).ok_or_else(|| {
-        invalid(
-            scheme,
-            format!("{option} must be a positive number of seconds"),
-        )
-    })
-}
-
 /// Parses a DSN. Errors show the scheme only, never what follows it.
-pub(crate) fn parse(dsn: &str) -> Result<MemcachedConfig> {
-    let Some((scheme, rest)) = dsn.split_once(':') else {
-        return Err(invalid("memcached", "expected memcached://host[:port]"));
-    };
-    let Some(rest) = rest.strip_prefix("//") else {
-        return Err(invalid(scheme, "expected memcached://host[:port]"));
-    };
-    let (location, query) = rest.split_once('?').unwrap_or((rest, ""));
+pub(crate) fn parse(text: &str) -> Result<MemcachedConfig> {
+    let dsn = Dsn::split(text, "Memcached");
+    if dsn.scheme != "memcached" {
+        return Err(dsn.invalid("expected memcached://host[:port]"));
+    }
+    let url = dsn.url("memcached://host[:port]")?;
+    let mut options = dsn.options();
     let mut config = MemcachedConfig {
         address: Address::Tcp(String::new(), DEFAULT_PORT),
         shown: String::new(),
-        connect_timeout: DEFAULT_TIMEOUT,
-        timeout: DEFAULT_TIMEOUT,
+        connect_timeout: options
+            .seconds("connect_timeout", MAX_DURATION)?
+            .unwrap_or(DEFAULT_TIMEOUT),
+        timeout: options
+            .seconds("timeout", MAX_DURATION)?
+            .unwrap_or(DEFAULT_TIMEOUT),
     };
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-        match name {
-            "connect_timeout" => config.connect_timeout = seconds(scheme, name, value)?,
-            "timeout" => config.timeout = seconds(scheme, name, value)?,
-            _ => {
-                return Err(invalid(
-                    scheme,
-                    format!(
-                        "unknown option {:?}; the options are connect_timeout and timeout",
-                        name.chars().take(40).collect::<String>()
-                    ),
-                ));
-            }
-        }
-    }
-    if location.starts_with('/') {
-        config.address = Address::Unix(location.into());
-        config.shown = format!("memcached://{location}");
+    options.finish()?;
+    if url.hosts.is_empty() && url.has_path && url.userinfo.is_none() {
+        let path = format!("/{}", url.path);
+        config.shown = format!("memcached://{path}");
+        config.address = Address::Unix(path.into());
         return Ok(config);
     }
-    if location.contains('@') {
-        return Err(invalid(
-            scheme,
+    if url.userinfo.is_some() {
+        return Err(dsn.invalid(
             "credentials are not supported: Memcached's SASL authentication needs the binary \
              protocol, and this store speaks the text (meta) protocol",
         ));
     }
-    if location.contains(',') {
-        return Err(invalid(
-            scheme,
+    if url.hosts.contains(',') {
+        return Err(dsn.invalid(
             "one server per store: several servers would need the peers' key distribution to \
              share locks",
         ));
     }
-    let (host, port) = if let Some(inner) = location.strip_prefix('[') {
-        // [v6]:port
-        let (host, after) = inner
-            .split_once(']')
-            .ok_or_else(|| invalid(scheme, "an IPv6 host needs its closing bracket"))?;
-        (host, after.strip_prefix(':'))
-    } else {
-        match location.rsplit_once(':') {
-            Some((host, port)) => (host, Some(port)),
-            None => (location, None),
-        }
-    };
-    if host.is_empty() {
-        return Err(invalid(scheme, "no host"));
+    if url.hosts.is_empty() {
+        return Err(dsn.invalid("no host"));
     }
-    let port = match port {
-        None => DEFAULT_PORT,
-        Some(p) => p
-            .parse::<u16>()
-            .ok()
-            .filter(|p| *p > 0)
-            .ok_or_else(|| invalid(scheme, "the port must be a number from 1 to 65535"))?,
-    };
-    config.shown = if host.contains(':') {
-        format!("memcached://[{host}]:{port}")
-    } else {
-        format!("memcached://{host}:{port}")
-    };
-    config.address = Address::Tcp(host.to_owned(), port);
+    let (host, port) = host_port(&dsn, url.hosts, DEFAULT_PORT)?;
+    config.shown = format!("memcached://{host}:{port}");
+    config.address = Address::Tcp(
+        host.trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_owned(),
+        port,
+    );
     Ok(config)
 }
 

@@ -25,7 +25,6 @@ mod conn;
 mod ops;
 
 use crate::mutex::lock;
-pub(crate) use config::is_memcached_dsn;
 use conn::{Conn, Pool};
 use ops::{Attempt, Found, acquire_on, delete_on, put_off_on};
 

@@ -5,24 +5,15 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::error::{Error, Result};
-use crate::store::redis::{Flavor, RedisConfig, parse_with};
+use crate::dsn::grammar::Dsn;
+use crate::error::Result;
+use crate::limits::MAX_DURATION;
+use crate::store::redis::{RedisConfig, ignore_pool_options, read_config};
 
 /// portalocker's defaults (`unavailable_timeout`, `check_interval`, its health checks).
 pub(crate) const DEFAULT_UNAVAILABLE: Duration = Duration::from_secs(1);
 pub(crate) const DEFAULT_CHECK_INTERVAL: Duration = Duration::from_millis(250);
 pub(crate) const DEFAULT_HEALTH_CHECK: Duration = Duration::from_secs(10);
-
-/// The Redis DSN rules with `+pubsub` after the scheme and the protocol's timings.
-const PUBSUB: Flavor = Flavor {
-    what: "pub/sub",
-    suffix: "+pubsub",
-    options: &[
-        "unavailable_timeout",
-        "check_interval",
-        "health_check_interval",
-    ],
-};
 
 /// A parsed pub/sub DSN. `Display` and `Debug` never show credentials.
 #[derive(Clone)]
@@ -48,50 +39,21 @@ impl fmt::Debug for PubSubConfig {
     }
 }
 
-/// Whether `dsn` names the pub/sub store (a Redis scheme followed by `+pubsub`).
-pub(crate) fn is_pubsub_dsn(dsn: &str) -> bool {
-    dsn.split_once(':').is_some_and(|(scheme, _)| {
-        scheme
-            .to_ascii_lowercase()
-            .strip_suffix("+pubsub")
-            .is_some_and(|base| crate::store::redis::is_redis_dsn(&format!("{base}:")))
-    })
-}
-
-fn invalid(scheme: &str, what: impl fmt::Display) -> Error {
-    Error::invalid_argument(format!(
-        "invalid pub/sub connection string \"{scheme}:\": {what}"
-    ))
-}
-
-/// Seconds as portalocker takes them (a float), positive and finite.
-fn seconds(scheme: &str, option: &str, value: &str) -> Result<Duration> {
-    crate::limits::positive_seconds(value, crate::limits::MAX_DURATION).ok_or_else(|| {
-        invalid(
-            scheme,
-            format!("{option} must be a positive number of seconds"),
-        )
-    })
-}
-
-/// Parses a DSN. Errors show the scheme only.
-pub(crate) fn parse(dsn: &str) -> Result<PubSubConfig> {
-    let (redis, own) = parse_with(dsn, &PUBSUB)?;
-    let scheme = dsn.split_once(':').map_or(dsn, |(s, _)| s);
-    let mut config = PubSubConfig {
+/// Parses a DSN: the Redis rules with `+pubsub` after the scheme, and the protocol's timings.
+/// Errors show the scheme only.
+pub(crate) fn parse(text: &str) -> Result<PubSubConfig> {
+    let dsn = Dsn::split(text, "pub/sub");
+    let mut options = dsn.options();
+    let redis = read_config(&dsn, "+pubsub", &mut options)?;
+    let mut seconds = |name| options.seconds(name, MAX_DURATION);
+    let config = PubSubConfig {
         redis,
-        unavailable: DEFAULT_UNAVAILABLE,
-        check_interval: DEFAULT_CHECK_INTERVAL,
-        health_check: DEFAULT_HEALTH_CHECK,
+        unavailable: seconds("unavailable_timeout")?.unwrap_or(DEFAULT_UNAVAILABLE),
+        check_interval: seconds("check_interval")?.unwrap_or(DEFAULT_CHECK_INTERVAL),
+        health_check: seconds("health_check_interval")?.unwrap_or(DEFAULT_HEALTH_CHECK),
     };
-    for (name, value) in own {
-        let d = seconds(scheme, &name, &value)?;
-        match name.as_str() {
-            "unavailable_timeout" => config.unavailable = d,
-            "check_interval" => config.check_interval = d,
-            _ => config.health_check = d,
-        }
-    }
+    ignore_pool_options(&mut options);
+    options.finish()?;
     Ok(config)
 }
 
@@ -111,10 +73,9 @@ mod tests {
         let c = parse("unix+pubsub:///run/redis.sock?db=1").unwrap();
         assert_eq!(c.redis.shown, "unix+pubsub:///run/redis.sock?db=1");
         assert_eq!(c.unavailable, DEFAULT_UNAVAILABLE);
-        assert!(is_pubsub_dsn("REDIS+PUBSUB://h"));
-        assert!(is_pubsub_dsn("rediss+pubsub://h"));
-        assert!(!is_pubsub_dsn("redis://h"));
-        assert!(!is_pubsub_dsn("flock+pubsub://h"));
+        assert!(parse("REDIS+PUBSUB://h").is_ok());
+        assert!(parse("redis://h").is_err());
+        assert!(parse("flock+pubsub://h").is_err());
     }
 
     #[test]
@@ -133,7 +94,7 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("check_intervall"), "{text}");
-        assert!(text.contains("unavailable_timeout"), "{text}");
+        assert!(text.contains("did you mean \"check_interval\"?"), "{text}");
         assert!(!text.contains("secret"), "{text}");
         assert!(parse("redis+pubsub://h:notaport").is_err());
     }

@@ -25,7 +25,6 @@ mod sub;
 
 use crate::mutex::lock;
 use config::PubSubConfig;
-pub(crate) use config::is_pubsub_dsn;
 use conn::{Conns, redis_error};
 use decide::Wire;
 use probe::Timing;

@@ -21,14 +21,12 @@ mod conn;
 mod notify;
 mod scripts;
 
-pub(crate) use config::is_redis_dsn;
-
 /// Checks a Redis DSN without building anything.
 pub(crate) fn validate_dsn(dsn: &str) -> Result<()> {
     config::parse(dsn).map(|_| ())
 }
 use crate::mutex::lock;
-pub(crate) use config::{Flavor, RedisConfig, parse_with};
+pub(crate) use config::{RedisConfig, ignore_pool_options, read as read_config};
 use conn::ConnectFailure;
 use conn::Keys;
 use notify::Notifier;

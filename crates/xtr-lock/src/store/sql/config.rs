@@ -8,6 +8,7 @@ use sqlx::mysql::MySqlConnectOptions;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::sqlite::SqliteConnectOptions;
 
+use crate::dsn::grammar::{Dsn, Options as DsnOptions};
 use crate::error::{Error, Result};
 
 /// Symfony's table name.
@@ -18,15 +19,6 @@ pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Connections of the store's own pool, unless the DSN says otherwise.
 const DEFAULT_MAX_CONNECTIONS: u32 = 10;
-
-/// The options this library reads itself; every other option goes to the driver.
-const OURS: &[&str] = &[
-    "table",
-    "create_table",
-    "connect_timeout",
-    "statement_timeout",
-    "max_connections",
-];
 
 /// The driver's own options (sqlx's connection-string parameters), per database: an option
 /// that is neither one of these nor this library's is refused, never silently dropped.
@@ -69,60 +61,6 @@ pub(crate) const MYSQL_DRIVER: &[&str] = &[
 ];
 const SQLITE_DRIVER: &[&str] = &["mode", "cache", "immutable", "vfs"];
 
-/// Refuses `name` unless it is one of `ours` or of the `driver`'s options (PostgreSQL's
-/// `options[...]` too), naming it and, when one is close, the option it most likely meant.
-pub(crate) fn check_known(
-    name: &str,
-    ours: &[&str],
-    driver: &[&str],
-) -> std::result::Result<(), String> {
-    let known = |n: &str| ours.contains(&n) || driver.contains(&n);
-    if known(name) || (driver.contains(&"options") && name.starts_with("options[")) {
-        return Ok(());
-    }
-    let shown: String = name.chars().take(40).collect();
-    let meant = ours
-        .iter()
-        .chain(driver)
-        .map(|k| (edits(name, k), *k))
-        .filter(|(d, _)| *d <= 2)
-        .min();
-    Err(match meant {
-        Some((_, k)) => format!("unknown option {shown:?}; did you mean {k:?}?"),
-        None => format!(
-            "unknown option {shown:?}; this library's options are {}, and the driver's {}",
-            ours.join(", "),
-            driver.join(", ")
-        ),
-    })
-}
-
-/// The edit distance of two short names (insertions, deletions, substitutions, and a swap of
-/// two neighbours counted as one).
-fn edits(a: &str, b: &str) -> usize {
-    let (a, b): (Vec<char>, Vec<char>) = (a.chars().take(64).collect(), b.chars().collect());
-    let mut d = vec![vec![0usize; b.len() + 1]; a.len() + 1];
-    for (i, row) in d.iter_mut().enumerate() {
-        row[0] = i;
-    }
-    for (j, cell) in d[0].iter_mut().enumerate() {
-        *cell = j;
-    }
-    for i in 1..=a.len() {
-        for j in 1..=b.len() {
-            let cost = usize::from(a[i - 1] != b[j - 1]);
-            let mut best = (d[i - 1][j] + 1)
-                .min(d[i][j - 1] + 1)
-                .min(d[i - 1][j - 1] + cost);
-            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
-                best = best.min(d[i - 2][j - 2] + 1);
-            }
-            d[i][j] = best;
-        }
-    }
-    d[a.len()][b.len()]
-}
-
 /// Which database, with the driver's options.
 #[derive(Debug, Clone)]
 pub(crate) enum Target {
@@ -148,18 +86,6 @@ pub(crate) struct SqlConfig {
     pub(crate) shown: String,
 }
 
-/// Whether `dsn` names an SQL store (its scheme; the rest is checked by [`parse`]).
-pub(crate) fn is_sql_dsn(dsn: &str) -> bool {
-    let scheme = dsn
-        .split_once(':')
-        .map(|(s, _)| s.to_ascii_lowercase())
-        .unwrap_or_default();
-    matches!(
-        scheme.as_str(),
-        "postgres" | "postgresql" | "mysql" | "mariadb" | "sqlite"
-    )
-}
-
 /// Checks a table name: it is spliced into SQL, so only a plain identifier is accepted.
 pub(crate) fn check_table(table: &str) -> Result<()> {
     let mut bytes = table.bytes();
@@ -177,83 +103,79 @@ pub(crate) fn check_table(table: &str) -> Result<()> {
 }
 
 /// Parses an SQL DSN. Errors show the scheme, never a credential.
-pub(crate) fn parse(dsn: &str) -> Result<SqlConfig> {
-    let (scheme, _) = dsn.split_once(':').unwrap_or((dsn, ""));
-    let scheme = scheme.to_ascii_lowercase();
-    if scheme == "sqlite" {
-        return parse_sqlite(dsn);
-    }
-    let invalid = |why: String| {
-        Error::invalid_argument(format!("invalid {scheme}: connection string: {why}"))
+pub(crate) fn parse(text: &str) -> Result<SqlConfig> {
+    let (what, driver, default_port) = match text
+        .split_once(':')
+        .map(|(s, _)| s.to_ascii_lowercase())
+        .as_deref()
+    {
+        Some("postgres" | "postgresql") => ("PostgreSQL", PG_DRIVER, 5432),
+        Some("mysql" | "mariadb") => ("MySQL", MYSQL_DRIVER, 3306),
+        Some("sqlite") => return parse_sqlite(&Dsn::split(text, "SQLite")),
+        _ => {
+            let dsn = Dsn::split(text, "SQL");
+            return Err(dsn.invalid("write postgres://, mysql://, mariadb:// or sqlite:///path"));
+        }
     };
-    let mut url = url::Url::parse(dsn).map_err(|e| invalid(e.to_string()))?;
-    let (ours, theirs) = split_options(&url);
-    let driver = match scheme.as_str() {
-        "postgres" | "postgresql" => PG_DRIVER,
-        _ => MYSQL_DRIVER,
-    };
-    for (k, _) in &theirs {
-        check_known(k, OURS, driver).map_err(invalid)?;
-    }
-    let options = Options::read(&ours).map_err(invalid)?;
-    if theirs.is_empty() {
-        url.set_query(None);
-    } else {
-        url.query_pairs_mut().clear().extend_pairs(&theirs);
-    }
+    let dsn = Dsn::split(text, what);
+    let mut options = dsn.options();
+    let ours = Options::read(&mut options)?;
+    let theirs = options.pass_through(driver);
+    options.finish()?;
+    let mut url = url::Url::parse(text).map_err(|e| dsn.invalid(e))?;
+    set_query(&mut url, &theirs);
     let host = url.host_str().unwrap_or("localhost").to_owned();
-    let port = url.port();
     let database = url.path().trim_start_matches('/').to_owned();
-    let driver_url = match scheme.as_str() {
+    let driver_url = match dsn.scheme.as_str() {
         "mariadb" => format!("mysql{}", &url.as_str()["mariadb".len()..]),
         _ => url.as_str().to_owned(),
     };
-    let password = url.password().map(str::to_owned);
-    let redacted = |e: sqlx::Error| {
-        let text = e.to_string();
-        match &password {
-            Some(p) if !p.is_empty() && text.contains(p.as_str()) => "refused by the driver".into(),
-            _ => text,
-        }
-    };
-    let (target, default_port) = match scheme.as_str() {
-        "postgres" | "postgresql" => (
-            Target::Postgres(
-                PgConnectOptions::from_str(&driver_url).map_err(|e| invalid(redacted(e)))?,
-            ),
-            5432,
-        ),
-        _ => (
-            Target::MySql(
-                MySqlConnectOptions::from_str(&driver_url).map_err(|e| invalid(redacted(e)))?,
-            ),
-            3306,
-        ),
+    let refused = driver_error(&dsn, url.password());
+    let target = match default_port {
+        5432 => Target::Postgres(PgConnectOptions::from_str(&driver_url).map_err(refused)?),
+        _ => Target::MySql(MySqlConnectOptions::from_str(&driver_url).map_err(refused)?),
     };
     let mut shown = format!(
-        "{scheme}://{host}:{}/{database}",
-        port.unwrap_or(default_port)
+        "{}://{host}:{}/{database}",
+        dsn.scheme,
+        url.port().unwrap_or(default_port)
     );
-    if options.table != DEFAULT_TABLE {
-        shown.push_str(&format!("?table={}", options.table));
+    if ours.table != DEFAULT_TABLE {
+        shown.push_str(&format!("?table={}", ours.table));
     }
-    Ok(options.into_config(target, shown))
+    Ok(ours.into_config(target, shown))
 }
 
-fn parse_sqlite(dsn: &str) -> Result<SqlConfig> {
-    let invalid =
-        |why: String| Error::invalid_argument(format!("invalid sqlite: connection string: {why}"));
-    let (base, query) = dsn.split_once('?').unwrap_or((dsn, ""));
-    let pairs: Vec<(String, String)> = url::form_urlencoded::parse(query.as_bytes())
-        .into_owned()
-        .collect();
-    let (ours, theirs): (Vec<_>, Vec<_>) = pairs
-        .into_iter()
-        .partition(|(k, _)| OURS.contains(&k.as_str()));
-    for (k, _) in &theirs {
-        check_known(k, OURS, SQLITE_DRIVER).map_err(invalid)?;
+/// The driver's options as the URL's query (none: no query).
+pub(crate) fn set_query(url: &mut url::Url, theirs: &[(String, String)]) {
+    if theirs.is_empty() {
+        url.set_query(None);
+    } else {
+        url.query_pairs_mut().clear().extend_pairs(theirs);
     }
-    let options = Options::read(&ours).map_err(invalid)?;
+}
+
+/// A driver's refusal as an error about `dsn`, its text dropped if it shows the password.
+pub(crate) fn driver_error<'d>(
+    dsn: &'d Dsn<'_>,
+    password: Option<&str>,
+) -> impl Fn(sqlx::Error) -> Error + 'd {
+    let password = password.filter(|p| !p.is_empty()).map(str::to_owned);
+    move |e: sqlx::Error| {
+        let text = e.to_string();
+        match &password {
+            Some(p) if text.contains(p.as_str()) => dsn.invalid("refused by the driver"),
+            _ => dsn.invalid(text),
+        }
+    }
+}
+
+fn parse_sqlite(dsn: &Dsn<'_>) -> Result<SqlConfig> {
+    let mut options = dsn.options();
+    let ours = Options::read(&mut options)?;
+    let theirs = options.pass_through(SQLITE_DRIVER);
+    options.finish()?;
+    let base = dsn.text.split_once('?').map_or(dsn.text, |(b, _)| b);
     let memory = base.eq_ignore_ascii_case("sqlite::memory:");
     let path = if memory {
         None
@@ -262,15 +184,13 @@ fn parse_sqlite(dsn: &str) -> Result<SqlConfig> {
             .strip_prefix("sqlite://")
             .or_else(|| base.strip_prefix("SQLITE://"))
         else {
-            return Err(invalid(
-                "write sqlite:///absolute/path.db or sqlite::memory:".to_owned(),
-            ));
+            return Err(dsn.invalid("write sqlite:///absolute/path.db or sqlite::memory:"));
         };
         if !path.starts_with('/') {
             // Each process would resolve it against its own working directory, and two
             // processes started in different directories would silently stop excluding each
             // other.
-            return Err(invalid(format!(
+            return Err(dsn.invalid(format!(
                 "{:?} is a relative path, which each process would resolve against its own \
                  working directory: write sqlite:///absolute/path.db",
                 path.chars().take(100).collect::<String>()
@@ -278,14 +198,10 @@ fn parse_sqlite(dsn: &str) -> Result<SqlConfig> {
         }
         Some(path.to_owned())
     };
-    let mut driver = String::from(if memory {
-        "sqlite::memory:"
-    } else {
-        "sqlite://"
-    });
-    if let Some(p) = &path {
-        driver.push_str(p);
-    }
+    let mut driver = match &path {
+        Some(p) => format!("sqlite://{p}"),
+        None => "sqlite::memory:".to_owned(),
+    };
     if !theirs.is_empty() {
         driver.push('?');
         driver.push_str(
@@ -295,18 +211,18 @@ fn parse_sqlite(dsn: &str) -> Result<SqlConfig> {
         );
     }
     let sqlite = SqliteConnectOptions::from_str(&driver)
-        .map_err(|e| invalid(e.to_string()))?
+        .map_err(|e| dsn.invalid(e))?
         // A missing file is made (empty): the missing table is then the error, with what to do.
         .create_if_missing(true)
-        .busy_timeout(options.statement_timeout);
+        .busy_timeout(ours.statement_timeout);
     let mut shown = match &path {
         Some(p) => format!("sqlite://{p}"),
         None => "sqlite::memory:".to_owned(),
     };
-    if options.table != DEFAULT_TABLE {
-        shown.push_str(&format!("?table={}", options.table));
+    if ours.table != DEFAULT_TABLE {
+        shown.push_str(&format!("?table={}", ours.table));
     }
-    Ok(options.into_config(
+    Ok(ours.into_config(
         Target::Sqlite {
             options: sqlite,
             memory,
@@ -314,6 +230,9 @@ fn parse_sqlite(dsn: &str) -> Result<SqlConfig> {
         shown,
     ))
 }
+
+/// The longest timeout a DSN may ask for.
+pub(crate) const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
 
 /// This library's options, read from a DSN.
 struct Options {
@@ -325,42 +244,24 @@ struct Options {
 }
 
 impl Options {
-    fn read(pairs: &[(String, String)]) -> std::result::Result<Options, String> {
-        let mut out = Options {
-            table: DEFAULT_TABLE.to_owned(),
-            create_table: false,
-            connect_timeout: DEFAULT_TIMEOUT,
-            statement_timeout: DEFAULT_TIMEOUT,
-            max_connections: DEFAULT_MAX_CONNECTIONS,
-        };
-        for (k, v) in pairs {
-            match k.as_str() {
-                "table" => {
-                    check_table(v).map_err(|e| e.to_string())?;
-                    out.table = v.clone();
-                }
-                "create_table" => {
-                    out.create_table = match v.as_str() {
-                        "true" | "1" | "yes" => true,
-                        "false" | "0" | "no" => false,
-                        _ => return Err(format!("create_table={v:?}: write true or false")),
-                    }
-                }
-                "connect_timeout" => out.connect_timeout = seconds(k, v)?,
-                "statement_timeout" => out.statement_timeout = seconds(k, v)?,
-                "max_connections" => {
-                    out.max_connections = v
-                        .parse::<u32>()
-                        .ok()
-                        .filter(|n| (1..=1000).contains(n))
-                        .ok_or_else(|| {
-                        format!("max_connections={v:?}: a number from 1 to 1000")
-                    })?
-                }
-                _ => unreachable!("only this library's options are read here"),
-            }
+    fn read(options: &mut DsnOptions<'_, '_>) -> Result<Options> {
+        let table = options.take("table");
+        if let Some(table) = &table {
+            check_table(table)?;
         }
-        Ok(out)
+        Ok(Options {
+            table: table.unwrap_or_else(|| DEFAULT_TABLE.to_owned()),
+            create_table: options.flag("create_table")?.unwrap_or(false),
+            connect_timeout: options
+                .seconds("connect_timeout", MAX_TIMEOUT)?
+                .unwrap_or(DEFAULT_TIMEOUT),
+            statement_timeout: options
+                .seconds("statement_timeout", MAX_TIMEOUT)?
+                .unwrap_or(DEFAULT_TIMEOUT),
+            max_connections: options
+                .number("max_connections", 1..=1000)?
+                .unwrap_or(DEFAULT_MAX_CONNECTIONS),
+        })
     }
 
     fn into_config(self, target: Target, shown: String) -> SqlConfig {
@@ -375,25 +276,6 @@ impl Options {
             shown,
         }
     }
-}
-
-pub(crate) fn seconds(key: &str, value: &str) -> std::result::Result<Duration, String> {
-    value
-        .parse::<f64>()
-        .ok()
-        .filter(|s| s.is_finite() && *s > 0.0 && *s <= 3600.0)
-        .map(Duration::from_secs_f64)
-        .ok_or_else(|| format!("{key}={value:?}: seconds, more than 0 and at most 3600"))
-}
-
-/// Query options, in order.
-type Pairs = Vec<(String, String)>;
-
-/// Splits a URL's query into this library's options and the driver's.
-fn split_options(url: &url::Url) -> (Pairs, Pairs) {
-    url.query_pairs()
-        .into_owned()
-        .partition(|(k, _)| OURS.contains(&k.as_str()))
 }
 
 #[cfg(test)]
@@ -442,7 +324,7 @@ mod tests {
             ),
             (
                 "postgres://u:hunter2@h/db?sslmode=sometimes",
-                "invalid postgres",
+                "invalid PostgreSQL",
             ),
             ("sqlite://relative.db", "relative path"),
             (

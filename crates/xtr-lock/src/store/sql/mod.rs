@@ -26,7 +26,6 @@ mod queries;
 mod schema;
 
 use crate::mutex::lock;
-pub(crate) use config::is_sql_dsn;
 use dialect::{Flavor, Sql};
 use notify::Wakers;
 use pool::Pools;

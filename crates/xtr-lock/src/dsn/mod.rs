@@ -1,0 +1,140 @@
+//! [`StoreFactory`]: stores from connection strings (DSNs), through one grammar
+//! ([`grammar`]) and one table of schemes ([`schemes`]).
+
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::redact::redact;
+use crate::store::{CombinedStore, Store, Strategy};
+
+pub(crate) mod grammar;
+pub(crate) mod schemes;
+mod spec;
+
+pub use schemes::{Fencing, StoreKind};
+pub use spec::{QuorumKind, StoreSpec};
+
+/// Builds stores from DSNs, so where a lock lives can be configuration.
+///
+/// | DSN | store |
+/// |---|---|
+/// | `in-memory` | a **new** [`InMemoryStore`] on each call |
+/// | `null` | [`NullStore`] |
+/// | `flock`, `flock://` | [`FlockStore`](crate::FlockStore) in the default directory, `<tempdir>/xtr-lock-<uid>` |
+/// | `flock://<path>` | [`FlockStore`](crate::FlockStore) in `<path>`, taken literally (`flock:///var/lock/app`); it must be absolute |
+/// | `postgres://`, `postgresql://`, `mysql://`, `mariadb://`, `sqlite:///<path>`, `sqlite::memory:` | [`SqlStore`](crate::SqlStore) (feature `sql`) on that database's lock table |
+/// | `postgresql+advisory://`, `postgres+advisory://` | [`PgAdvisoryStore`](crate::PgAdvisoryStore) (feature `sql`): session-level advisory locks |
+/// | `mysql+getlock://`, `mariadb+getlock://` | [`MySqlLockStore`](crate::MySqlLockStore) (feature `sql`): named locks (`GET_LOCK`) |
+/// | `etcd://host:port[,host:port…][/prefix]`, `etcds://` | [`EtcdStore`](crate::EtcdStore) (feature `etcd`): etcd's lock recipe, shared with `etcdctl lock` |
+/// | `memcached://host[:port]`, `memcached:///path/to/socket` | [`MemcachedStore`](crate::MemcachedStore) (feature `memcached`): Symfony's Memcached layout |
+/// | `semaphore` | [`SemaphoreStore`](crate::SemaphoreStore) (feature `semaphore`, Linux): SysV semaphores in PHP's `sysvsem` layout |
+/// | `flock://[<path>]?names=long` | the same, naming files with the whole digest ([`FlockStore::with_long_names`](crate::FlockStore::with_long_names)) |
+///
+/// Keywords are case-sensitive, schemes are not. A known scheme whose store is not in this build
+/// is refused saying so.
+///
+/// Errors never echo a credential: a refused DSN is shown as its scheme and colon only
+/// (`memcache:`), and a colon-less input is echoed only when it looks like a keyword.
+///
+/// # Examples
+///
+/// ```
+/// let store = xtr_lock::StoreFactory::create_store("in-memory")?;
+/// assert_eq!(store.to_string(), "in-memory");
+/// let err = xtr_lock::StoreFactory::validate("memcache://app:hunter2@cache:11211").unwrap_err();
+/// assert_eq!(err.to_string(), r#"unsupported connection "memcache:""#);
+/// # Ok::<(), xtr_lock::Error>(())
+/// ```
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StoreFactory;
+
+impl StoreFactory {
+    /// Builds the store `dsn` names. Never touches the network.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument) for a DSN that names no
+    /// store, [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported) for a store this build
+    /// lacks; both show the scheme only.
+    pub fn create_store(dsn: &str) -> Result<Arc<dyn Store>> {
+        let row = row(dsn)?;
+        let build = row.build.ok_or_else(|| not_built(dsn, row))?;
+        build(dsn)
+    }
+
+    /// Whether [`create_store`](StoreFactory::create_store) would accept `dsn`, without building
+    /// anything.
+    ///
+    /// # Errors
+    ///
+    /// The same errors as [`create_store`](StoreFactory::create_store).
+    pub fn validate(dsn: &str) -> Result<()> {
+        let row = row(dsn)?;
+        let check = row.check.ok_or_else(|| not_built(dsn, row))?;
+        check(dsn)
+    }
+
+    /// What kind of store `dsn` names (by its scheme or keyword alone; the rest is not checked),
+    /// whether or not this build contains it.
+    pub fn kind(dsn: &str) -> Option<StoreKind> {
+        schemes::find(dsn).map(|r| r.kind)
+    }
+
+    /// `dsn` as it may be shown (`config show`): the password, a Redis user name alone (which
+    /// Redis takes as the password) and secret options replaced by `***`; a DSN that is not a
+    /// URL shows its scheme only.
+    pub fn redact(dsn: &str) -> String {
+        crate::redact::redact_dsn(dsn, Self::kind(dsn))
+    }
+}
+
+/// The row `dsn` names, or the error saying it names none.
+fn row(dsn: &str) -> Result<&'static schemes::Scheme> {
+    if let Some(row) = schemes::find(dsn) {
+        return Ok(row);
+    }
+    if dsn.starts_with('/') && !dsn.contains(':') {
+        return Err(Error::invalid_argument(format!(
+            "unsupported connection {:?}: a path is not a store; flock://{} was probably meant",
+            dsn.chars().take(200).collect::<String>(),
+            dsn.chars().take(200).collect::<String>()
+        )));
+    }
+    Err(Error::invalid_argument(format!(
+        "unsupported connection {}",
+        redact(dsn)
+    )))
+}
+
+fn not_built(dsn: &str, row: &schemes::Scheme) -> Error {
+    let linux = if matches!(row.kind.feature, "flock" | "semaphore") {
+        ", Linux only"
+    } else {
+        ""
+    };
+    Error::unsupported(format!(
+        "unsupported connection {}: this build of xtr-lock has no {} store (enable the `{}` \
+         feature{linux})",
+        redact(dsn),
+        row.kind.name,
+        row.kind.feature
+    ))
+}
+
+impl CombinedStore {
+    /// A store over the stores `dsns` name (see [`StoreFactory`]).
+    ///
+    /// # Errors
+    ///
+    /// The first DSN that names no store, showing its scheme only; or no DSN at all.
+    pub fn from_dsns(dsns: &[&str], strategy: impl Strategy) -> Result<Self> {
+        let stores = dsns
+            .iter()
+            .map(|d| StoreFactory::create_store(d))
+            .collect::<Result<Vec<_>>>()?;
+        Self::new(stores, strategy)
+    }
+}
+
+#[cfg(test)]
+mod tests;

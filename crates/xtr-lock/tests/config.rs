@@ -236,7 +236,9 @@ fn files_are_read_and_named_in_errors() {
     std::fs::write(&path, "[stores]\ndefault = \"in-memory\"\n").unwrap();
     let config = LocksConfig::from_toml_file(&path).unwrap();
     assert_eq!(
-        config.check_with(&env).unwrap().entries["default"].store.dsns(),
+        config.check_with(&env).unwrap().entries["default"]
+            .store
+            .dsns(),
         ["in-memory"]
     );
     std::fs::write(&path, "stores = 3\n").unwrap();
@@ -270,7 +272,9 @@ fn it_embeds_in_an_applications_own_configuration() {
     );
     let bare: App = toml::from_str("name = \"x\"").unwrap();
     assert_eq!(
-        bare.locks.check_with(&env).unwrap().entries["default"].store.dsns(),
+        bare.locks.check_with(&env).unwrap().entries["default"]
+            .store
+            .dsns(),
         ["flock"]
     );
     // And back: what it serializes reads the same.

@@ -7,6 +7,17 @@ use crate::error::{Error, Result};
 use crate::redact::redact;
 use crate::store::{CombinedStore, Store, Strategy};
 
+// Only the keyword stores in a build without a store that reads a URL.
+#[cfg_attr(
+    not(any(
+        feature = "flock",
+        feature = "redis",
+        feature = "sql",
+        feature = "etcd",
+        feature = "memcached"
+    )),
+    allow(dead_code)
+)]
 pub(crate) mod grammar;
 pub(crate) mod schemes;
 mod spec;

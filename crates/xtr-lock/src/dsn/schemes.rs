@@ -47,207 +47,92 @@ pub(crate) struct Scheme {
     pub(crate) keywords: &'static [&'static str],
     pub(crate) kind: StoreKind,
     /// Builds the store (never touching the network); `None` when the feature is off.
-    pub(crate) build: Option<fn(&str) -> Result<Arc<dyn Store>>>,
+    pub(crate) build: Option<Build>,
     /// Checks the DSN without building anything; `None` when the feature is off.
-    pub(crate) check: Option<fn(&str) -> Result<()>>,
+    pub(crate) check: Option<Check>,
 }
 
-const fn kind(
-    name: &'static str,
-    feature: &'static str,
-    built: bool,
-    fencing: Fencing,
-) -> StoreKind {
-    StoreKind {
-        name,
-        feature,
-        built,
-        fencing,
-        tables: false,
-        secret_options: &[],
-    }
-}
-
-const REDIS_SCHEMES: &[&str] = &["redis", "rediss", "valkey", "valkeys", "unix"];
-const PUBSUB_SCHEMES: &[&str] = &[
+const REDIS: &[&str] = &["redis", "rediss", "valkey", "valkeys", "unix"];
+const PUBSUB: &[&str] = &[
     "redis+pubsub",
     "rediss+pubsub",
     "valkey+pubsub",
     "valkeys+pubsub",
     "unix+pubsub",
 ];
+const ADVISORY: &[&str] = &["postgresql+advisory", "postgres+advisory"];
+const GETLOCK: &[&str] = &["mysql+getlock", "mariadb+getlock"];
+const SQL: &[&str] = &["postgres", "postgresql", "mysql", "mariadb", "sqlite"];
 /// The SQL drivers' options that carry secrets.
 const SQL_SECRETS: &[&str] = &["password", "sslkey", "ssl-key"];
 
-macro_rules! built {
-    ($cfg:meta, $build:expr, $check:expr) => {{
+type Build = fn(&str) -> Result<Arc<dyn Store>>;
+type Check = fn(&str) -> Result<()>;
+
+/// One row: `schemes, keywords, name, cfg, fencing, tables, secret options, build, check`. The
+/// build and check functions exist only where `cfg` holds (the store is in this build).
+macro_rules! row {
+    ($schemes:expr, $keywords:expr, $name:literal, $cfg:meta, $fencing:ident, $tables:literal,
+     $secrets:expr, |$d:ident| $build:expr, $check:expr) => {{
         #[cfg($cfg)]
-        let pair: (
-            Option<fn(&str) -> Result<Arc<dyn Store>>>,
-            Option<fn(&str) -> Result<()>>,
-        ) = (Some($build), Some($check));
+        let (build, check): (Option<Build>, Option<Check>) =
+            (Some(|$d| Ok(Arc::new($build))), Some($check));
         #[cfg(not($cfg))]
-        let pair: (
-            Option<fn(&str) -> Result<Arc<dyn Store>>>,
-            Option<fn(&str) -> Result<()>>,
-        ) = (None, None);
-        pair
+        let (build, check): (Option<Build>, Option<Check>) = (None, None);
+        Scheme {
+            schemes: $schemes,
+            keywords: $keywords,
+            kind: StoreKind {
+                name: $name,
+                feature: feature_of(stringify!($cfg)),
+                built: build.is_some(),
+                fencing: Fencing::$fencing,
+                tables: $tables,
+                secret_options: $secrets,
+            },
+            build,
+            check,
+        }
     }};
 }
 
+/// The cargo feature a row's `cfg` names (`all(feature = "flock", target_os = "linux")` names
+/// `flock`); empty when it names none (`all()`: always built).
+fn feature_of(cfg: &'static str) -> &'static str {
+    cfg.split_once("feature = \"")
+        .and_then(|(_, rest)| rest.split_once('"'))
+        .map_or("", |(feature, _)| feature)
+}
+
 /// Every store, in the order DSNs are matched.
+#[rustfmt::skip]
 pub(crate) fn table() -> &'static [Scheme] {
+    use crate::store as s;
     static TABLE: std::sync::OnceLock<Vec<Scheme>> = std::sync::OnceLock::new();
-    TABLE.get_or_init(rows)
-}
-
-fn row(
-    schemes: &'static [&'static str],
-    keywords: &'static [&'static str],
-    kind: StoreKind,
-    (build, check): (
-        Option<fn(&str) -> Result<Arc<dyn Store>>>,
-        Option<fn(&str) -> Result<()>>,
-    ),
-) -> Scheme {
-    Scheme {
-        schemes,
-        keywords,
-        kind: StoreKind {
-            built: build.is_some(),
-            ..kind
-        },
-        build,
-        check,
-    }
-}
-
-#[allow(clippy::too_many_lines)] // one row per store, each a few lines
-fn rows() -> Vec<Scheme> {
-    use Fencing::{None as NoFencing, PerResource, PerStore};
-    vec![
-        row(
-            &[],
-            &["in-memory"],
-            kind("memory", "", true, PerStore),
-            (
-                Some(|_| Ok(Arc::new(crate::store::InMemoryStore::new()))),
-                Some(|_| Ok(())),
-            ),
-        ),
-        row(
-            &[],
-            &["null"],
-            kind("null", "", true, NoFencing),
-            (
-                Some(|_| Ok(Arc::new(crate::store::NullStore::new()))),
-                Some(|_| Ok(())),
-            ),
-        ),
-        row(
-            &[],
-            &["semaphore"],
-            kind("semaphore", "semaphore", true, NoFencing),
-            built!(
-                all(feature = "semaphore", target_os = "linux"),
-                |_| Ok(Arc::new(crate::store::SemaphoreStore::new())),
-                |_| Ok(())
-            ),
-        ),
-        row(
-            &["flock"],
-            &["flock"],
-            kind("flock", "flock", true, NoFencing),
-            built!(
-                all(feature = "flock", target_os = "linux"),
-                |d| Ok(Arc::new(crate::store::FlockStore::from_dsn(d)?)),
-                |d| crate::store::flock::config::validate_dsn(d)
-            ),
-        ),
-        row(
-            PUBSUB_SCHEMES,
-            &[],
-            StoreKind {
-                secret_options: &[],
-                ..kind("pubsub", "redis", true, PerResource)
-            },
-            built!(
-                feature = "redis",
-                |d| Ok(Arc::new(crate::store::RedisPubSubStore::from_dsn(d)?)),
-                |d| crate::store::pubsub::validate_dsn(d)
-            ),
-        ),
-        row(
-            REDIS_SCHEMES,
-            &[],
-            kind("redis", "redis", true, PerStore),
-            built!(
-                feature = "redis",
-                |d| Ok(Arc::new(crate::store::RedisStore::from_dsn(d)?)),
-                |d| crate::store::redis::validate_dsn(d)
-            ),
-        ),
-        row(
-            &["postgresql+advisory", "postgres+advisory"],
-            &[],
-            StoreKind {
-                secret_options: SQL_SECRETS,
-                ..kind("pg-advisory", "sql", true, NoFencing)
-            },
-            built!(
-                feature = "sql",
-                |d| Ok(Arc::new(crate::store::PgAdvisoryStore::from_dsn(d)?)),
-                |d| crate::store::advisory::validate_dsn(d)
-            ),
-        ),
-        row(
-            &["mysql+getlock", "mariadb+getlock"],
-            &[],
-            StoreKind {
-                secret_options: SQL_SECRETS,
-                ..kind("mysql-getlock", "sql", true, NoFencing)
-            },
-            built!(
-                feature = "sql",
-                |d| Ok(Arc::new(crate::store::MySqlLockStore::from_dsn(d)?)),
-                |d| crate::store::advisory::validate_dsn(d)
-            ),
-        ),
-        row(
-            &["etcd", "etcds"],
-            &[],
-            kind("etcd", "etcd", true, PerStore),
-            built!(
-                feature = "etcd",
-                |d| Ok(Arc::new(crate::store::EtcdStore::from_dsn(d)?)),
-                |d| crate::store::etcd::validate_dsn(d)
-            ),
-        ),
-        row(
-            &["memcached"],
-            &[],
-            kind("memcached", "memcached", true, NoFencing),
-            built!(
-                feature = "memcached",
-                |d| Ok(Arc::new(crate::store::MemcachedStore::from_dsn(d)?)),
-                |d| crate::store::memcached::validate_dsn(d)
-            ),
-        ),
-        row(
-            &["postgres", "postgresql", "mysql", "mariadb", "sqlite"],
-            &[],
-            StoreKind {
-                tables: true,
-                secret_options: SQL_SECRETS,
-                ..kind("sql", "sql", true, PerResource)
-            },
-            built!(
-                feature = "sql",
-                |d| Ok(Arc::new(crate::store::SqlStore::from_dsn(d)?)),
-                |d| crate::store::sql::validate_dsn(d)
-            ),
-        ),
-    ]
+    TABLE.get_or_init(|| vec![
+        row!(&[], &["in-memory"], "memory", all(), PerStore, false, &[],
+            |_d| s::InMemoryStore::new(), |_| Ok(())),
+        row!(&[], &["null"], "null", all(), None, false, &[],
+            |_d| s::NullStore::new(), |_| Ok(())),
+        row!(&[], &["semaphore"], "semaphore", all(feature = "semaphore", target_os = "linux"),
+            None, false, &[], |_d| s::SemaphoreStore::new(), |_| Ok(())),
+        row!(&["flock"], &["flock"], "flock", all(feature = "flock", target_os = "linux"),
+            None, false, &[], |d| s::FlockStore::from_dsn(d)?, s::flock::config::validate_dsn),
+        row!(PUBSUB, &[], "pubsub", feature = "redis", PerResource, false, &[],
+            |d| s::RedisPubSubStore::from_dsn(d)?, s::pubsub::validate_dsn),
+        row!(REDIS, &[], "redis", feature = "redis", PerStore, false, &[],
+            |d| s::RedisStore::from_dsn(d)?, s::redis::validate_dsn),
+        row!(ADVISORY, &[], "pg-advisory", feature = "sql", None, false, SQL_SECRETS,
+            |d| s::PgAdvisoryStore::from_dsn(d)?, s::advisory::validate_dsn),
+        row!(GETLOCK, &[], "mysql-getlock", feature = "sql", None, false, SQL_SECRETS,
+            |d| s::MySqlLockStore::from_dsn(d)?, s::advisory::validate_dsn),
+        row!(&["etcd", "etcds"], &[], "etcd", feature = "etcd", PerStore, false, &[],
+            |d| s::EtcdStore::from_dsn(d)?, s::etcd::validate_dsn),
+        row!(&["memcached"], &[], "memcached", feature = "memcached", None, false, &[],
+            |d| s::MemcachedStore::from_dsn(d)?, s::memcached::validate_dsn),
+        row!(SQL, &[], "sql", feature = "sql", PerResource, true, SQL_SECRETS,
+            |d| s::SqlStore::from_dsn(d)?, s::sql::validate_dsn),
+    ])
 }
 
 /// The row `dsn` names: by its scheme (case-insensitive) or, without a colon, by keyword.

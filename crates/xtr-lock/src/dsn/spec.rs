@@ -168,7 +168,11 @@ mod tests {
         assert_eq!(q.quorum(), Some(QuorumKind::Consensus));
         assert_eq!(q.kind_name(), "combined(in-memory,in-memory,in-memory)");
         assert!(q.build().is_ok());
-        assert!(StoreSpec::members(vec![], QuorumKind::Consensus).build().is_err());
+        assert!(
+            StoreSpec::members(vec![], QuorumKind::Consensus)
+                .build()
+                .is_err()
+        );
         assert!(!format!("{:?}", StoreSpec::one("redis://:pw@h")).contains("pw"));
     }
 }

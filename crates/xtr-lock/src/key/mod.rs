@@ -14,6 +14,7 @@ use crate::mutex::lock;
 mod wire;
 
 pub use crate::mode::Mode;
+#[cfg(any(feature = "sql", feature = "redis"))]
 pub(crate) use wire::ANNOUNCING_SUFFIX;
 pub use wire::validate_token;
 

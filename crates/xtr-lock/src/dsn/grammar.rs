@@ -201,6 +201,16 @@ impl Options<'_, '_> {
             })
     }
 
+    /// [`seconds`](Self::seconds), or `default` when the option is not given.
+    pub(crate) fn seconds_or(
+        &mut self,
+        name: &'static str,
+        max: Duration,
+        default: Duration,
+    ) -> Result<Duration> {
+        Ok(self.seconds(name, max)?.unwrap_or(default))
+    }
+
     /// A whole number from `range`.
     pub(crate) fn number<T>(
         &mut self,

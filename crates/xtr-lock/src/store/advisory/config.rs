@@ -125,15 +125,9 @@ fn read_options(
         target: Target::Postgres(PgConnectOptions::new()),
         keys: keys.unwrap_or(KeyMode::Sha256),
         database: String::new(),
-        keepalive: options
-            .seconds("keepalive", MAX_KEEPALIVE)?
-            .unwrap_or(DEFAULT_KEEPALIVE),
-        connect_timeout: options
-            .seconds("connect_timeout", MAX_TIMEOUT)?
-            .unwrap_or(DEFAULT_TIMEOUT),
-        statement_timeout: options
-            .seconds("statement_timeout", MAX_TIMEOUT)?
-            .unwrap_or(DEFAULT_TIMEOUT),
+        keepalive: options.seconds_or("keepalive", MAX_KEEPALIVE, DEFAULT_KEEPALIVE)?,
+        connect_timeout: options.seconds_or("connect_timeout", MAX_TIMEOUT, DEFAULT_TIMEOUT)?,
+        statement_timeout: options.seconds_or("statement_timeout", MAX_TIMEOUT, DEFAULT_TIMEOUT)?,
         max_idle: options
             .number("max_idle", 0..=1000)?
             .unwrap_or(DEFAULT_MAX_IDLE),

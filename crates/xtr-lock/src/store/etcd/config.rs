@@ -111,12 +111,8 @@ pub(crate) fn parse(text: &str) -> Result<EtcdConfig> {
         prefix,
         ttl: lease_option(&dsn, &mut options)?,
         keepalive: options.seconds("keepalive", MAX_SECS)?,
-        connect_timeout: options
-            .seconds("connect_timeout", MAX_SECS)?
-            .unwrap_or(DEFAULT_TIMEOUT),
-        request_timeout: options
-            .seconds("request_timeout", MAX_SECS)?
-            .unwrap_or(DEFAULT_TIMEOUT),
+        connect_timeout: options.seconds_or("connect_timeout", MAX_SECS, DEFAULT_TIMEOUT)?,
+        request_timeout: options.seconds_or("request_timeout", MAX_SECS, DEFAULT_TIMEOUT)?,
         tls: tls_files(&dsn, tls, &mut options)?,
         shown: format!(
             "{}://{}{}",

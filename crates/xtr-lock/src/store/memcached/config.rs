@@ -39,12 +39,8 @@ pub(crate) fn parse(text: &str) -> Result<MemcachedConfig> {
     let mut config = MemcachedConfig {
         address: Address::Tcp(String::new(), DEFAULT_PORT),
         shown: String::new(),
-        connect_timeout: options
-            .seconds("connect_timeout", MAX_DURATION)?
-            .unwrap_or(DEFAULT_TIMEOUT),
-        timeout: options
-            .seconds("timeout", MAX_DURATION)?
-            .unwrap_or(DEFAULT_TIMEOUT),
+        connect_timeout: options.seconds_or("connect_timeout", MAX_DURATION, DEFAULT_TIMEOUT)?,
+        timeout: options.seconds_or("timeout", MAX_DURATION, DEFAULT_TIMEOUT)?,
     };
     options.finish()?;
     if url.hosts.is_empty() && url.has_path && url.userinfo.is_none() {

@@ -252,12 +252,12 @@ impl Options {
         Ok(Options {
             table: table.unwrap_or_else(|| DEFAULT_TABLE.to_owned()),
             create_table: options.flag("create_table")?.unwrap_or(false),
-            connect_timeout: options
-                .seconds("connect_timeout", MAX_TIMEOUT)?
-                .unwrap_or(DEFAULT_TIMEOUT),
-            statement_timeout: options
-                .seconds("statement_timeout", MAX_TIMEOUT)?
-                .unwrap_or(DEFAULT_TIMEOUT),
+            connect_timeout: options.seconds_or("connect_timeout", MAX_TIMEOUT, DEFAULT_TIMEOUT)?,
+            statement_timeout: options.seconds_or(
+                "statement_timeout",
+                MAX_TIMEOUT,
+                DEFAULT_TIMEOUT,
+            )?,
             max_connections: options
                 .number("max_connections", 1..=1000)?
                 .unwrap_or(DEFAULT_MAX_CONNECTIONS),

@@ -7,9 +7,9 @@ use rand::Rng as _;
 
 use super::Lock;
 use super::calls::{Reconcile, Recorded};
+use super::lockable::Wait;
 use crate::error::{Error, ErrorKind, Result};
 use crate::key::Mode;
-use crate::lockable::Wait;
 use crate::logging::TARGET;
 use crate::mutex::lock;
 use crate::serial::Start;

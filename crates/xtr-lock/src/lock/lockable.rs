@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use super::lost::KeepAlive;
 use crate::error::{LostReason, Result};
 use crate::key::Mode;
-use crate::lost::KeepAlive;
 
 /// How long an acquire waits for a lock held by someone else. One meaning in the library and
 /// the `xtr-lock` command:

@@ -3,11 +3,11 @@
 
 use std::future::Future;
 
+use super::Lock;
+use super::guard::{LockGuard, run_scope, start_monitor};
+use super::lockable::Lockable;
 use crate::error::{Error, Result};
-use crate::guard::{LockGuard, run_scope, start_monitor};
 use crate::key::Mode;
-use crate::lock::Lock;
-use crate::lockable::Lockable;
 
 /// Takes the read lock for a scope: `Ok(true)` when this scope took it (and must let it go).
 ///

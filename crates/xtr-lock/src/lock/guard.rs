@@ -5,11 +5,11 @@ use std::panic::AssertUnwindSafe;
 
 use futures_util::FutureExt as _;
 
+use super::Lock;
+use super::lockable::{Lockable, Release};
+use super::lost::{KeepAlive, LockLost};
 use crate::error::{Error, LostReason, Result};
-use crate::lock::Lock;
-use crate::lockable::{Lockable, Release};
 use crate::logging::TARGET;
-use crate::lost::{KeepAlive, LockLost};
 
 /// Holds a lock taken by [`Lock::lock`] (write) or [`Lock::lock_read`] (read), keeps it alive, tells when it is lost, and
 /// releases it when it goes.

@@ -147,7 +147,7 @@ where
         rt: rt.clone(),
     };
     let monitor = rt
-        .run(crate::lock::guard::start_monitor(&lock.inner, true))
+        .run(crate::lock::scope::start_monitor(&lock.inner, true))
         .map_err(E::from)?
         .map_err(E::from)?;
     let guard = LockGuard::from_parts(&lock, monitor);

@@ -5,8 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::Lock;
-use super::guard::{LockGuard, start_monitor};
+use super::guard::LockGuard;
 use super::lockable::{Lockable as _, Wait};
+use super::scope::start_monitor;
 use crate::clock::{Clock, MonotonicClock};
 use crate::error::Error;
 use crate::key::{Key, Mode};

@@ -332,23 +332,6 @@ impl NoLock {
             resource: resource.into(),
         }
     }
-
-    /// Runs `body`; there is nothing to take or release.
-    ///
-    /// # Errors
-    ///
-    /// The body's error.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: there is nothing to clean up.
-    pub async fn scoped<T, E, F>(&self, body: F) -> std::result::Result<T, E>
-    where
-        F: Future<Output = std::result::Result<T, E>>,
-        E: From<crate::Error>,
-    {
-        body.await
-    }
 }
 
 #[async_trait]

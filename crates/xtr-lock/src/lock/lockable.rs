@@ -59,6 +59,9 @@ impl Release {
 /// `&dyn Lockable` or generically. Bring it into scope to call a lock's methods
 /// (`use xtr_lock::Lockable as _;`).
 ///
+/// Sealed: users hold locks, they do not implement them, so only this crate's two locks
+/// implement it (and methods can be added to it without breaking anyone).
+///
 /// # Waiting
 ///
 /// Blocking acquires use the store's native wait when it has one. Otherwise they retry after
@@ -82,7 +85,7 @@ impl Release {
 /// lock whose lifetime ran out before the store confirmed is taken back and reported as
 /// [`ErrorKind::Expired`](crate::ErrorKind::Expired), never as held.
 #[async_trait]
-pub trait Lockable: Send + Sync {
+pub trait Lockable: sealed::Sealed + Send + Sync {
     /// The resource.
     fn resource(&self) -> &str;
 
@@ -311,6 +314,13 @@ pub trait Lockable: Send + Sync {
     /// Schedules a release without waiting for it, ordered before the holder's next store
     /// operation (what a dropped guard or scope does).
     fn release_in_background(&self);
+}
+
+/// Keeps [`Lockable`] to this crate's locks.
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for crate::lock::Lock {}
+    impl Sealed for super::NoLock {}
 }
 
 /// A lock that always succeeds and locks nothing: for code that takes "a lock" when locking is

@@ -339,7 +339,7 @@ impl dyn Lockable + '_ {
 }
 
 /// Scopes on any lock type: `scoped` and `scoped_read` for every [`Lockable`] (a [`Lock`], a
-/// `dyn Lockable`, [`NoLock`], a type of your own), so generic code can use them.
+/// `dyn Lockable`, [`NoLock`]), so generic code can use them.
 ///
 /// `Lock` and `dyn Lockable` also have them as inherent methods (no import needed); this trait
 /// is what a function generic over `L: Lockable` calls. The returned futures are `Send` when

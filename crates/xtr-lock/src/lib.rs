@@ -78,6 +78,7 @@
 //! | `semaphore` | `SemaphoreStore`: SysV semaphores in PHP's `sysvsem` layout, Linux |
 //! | `metrics` | metrics on the [`metrics`](https://docs.rs/metrics) facade: acquire latency, waits, contention, holds, losses, refresh failures |
 //! | `conformance` | the reusable store conformance suite, [`conformance`] |
+//! | `test-util` | hooks for this crate's own tests; not a stable API |
 //!
 //! # Logging
 //!

@@ -234,8 +234,8 @@ impl Lock {
                     continue;
                 }
             }
-            // However quickly a watcher fires, give the scheduler (and a caller's deadline) a
-            // turn between attempts: a wait must never spin without yielding.
+            // However quickly a watcher fires, let the scheduler (and a caller's deadline) run
+            // between attempts: a wait must never spin without yielding.
             tokio::task::yield_now().await;
             tracing::debug!(target: TARGET, resource = self.resource(), store = %self.store, "waiting for the lock");
             // Sleep until the holders' lifetimes end, if the store said when; poll unless the

@@ -43,7 +43,7 @@
 //! | [`CombinedStore`](store::CombinedStore) | a quorum of any stores, asked concurrently | emulated | yes | if members do | no | yes (a quorum of members) | as its members | as its members |
 //! | `PgAdvisoryStore` (feature `sql`) | anyone using advisory locks in one PostgreSQL database, with Symfony Lock's `PostgreSqlStore` (`?keys=crc32`) | yes (in the server) | yes | no | no | yes (in the server) | at once (the session, pinged) | at once (the session ends) |
 //! | `MySqlLockStore` (feature `sql`) | anyone using `GET_LOCK` on one MySQL/MariaDB server, by the database's name | yes (in the server) | no (a read lock is exclusive) | no | no | yes (in the server) | at once (the session, pinged) | at once (the session ends) |
-//! | `EtcdStore` (feature `etcd`) | anyone reaching the etcd cluster, with `etcdctl lock` and Go's `concurrency.Mutex` | yes (FIFO: each waiter watches the key before it) | yes (readers queue behind writers) | no (a lease kept alive by the store; the ttl is the lease's) | yes (cluster revisions, as `ETCD_LOCK_REV`) | yes (one waiter per release) | at once (key deleted, lease revoked or unconfirmed for its ttl) | at the lease's end |
+//! | `EtcdStore` (feature `etcd`) | anyone reaching the etcd cluster, with `etcdctl lock` and Go's `concurrency.Mutex` | yes (FIFO: each waiter watches the key before it) | yes (readers queue behind writers) | no (an etcd lease the store renews; the ttl is the lease's) | yes (cluster revisions, as `ETCD_LOCK_REV`) | yes (one waiter per release) | at once (key deleted, lease revoked or unconfirmed for its ttl) | at the lease's end |
 //! | `MemcachedStore` (feature `memcached`) | anyone using one Memcached ≥ 1.6 server, with Symfony Lock's `MemcachedStore` | emulated | no (a read lock is exclusive) | yes (whole seconds) | no | in-process (others by polling) | by renewal | at ttl |
 //! | `SemaphoreStore` (feature `semaphore`, Linux) | processes on one machine, with Symfony Lock's `SemaphoreStore` (PHP's sysvsem) | yes (in the kernel) | no (a read lock is exclusive) | no | no | yes (the kernel wakes waiters) | by a check | yes (kernel, `SEM_UNDO`) |
 //! | [`NullStore`] | no one (locks nothing) | yes (no-op) | yes | no | no | — | — | — |
@@ -78,6 +78,7 @@
 //! | `semaphore` | `SemaphoreStore`: SysV semaphores in PHP's `sysvsem` layout, Linux |
 //! | `metrics` | metrics on the [`metrics`](https://docs.rs/metrics) facade: acquire latency, waits, contention, holds, losses, refresh failures |
 //! | `conformance` | the reusable store conformance suite, [`conformance`] |
+//! | `test-util` | hooks for this crate's own tests; not a stable API |
 //!
 //! # Logging
 //!
@@ -91,19 +92,14 @@ mod clock;
 pub mod config;
 mod dsn;
 mod error;
-mod factory;
-mod guard;
 mod holder;
 mod key;
 mod limits;
 mod lock;
-mod lockable;
 mod logging;
-mod lost;
 mod mode;
 mod mutex;
 mod redact;
-mod scope;
 mod serial;
 pub mod store;
 mod telemetry;
@@ -114,14 +110,14 @@ pub mod conformance;
 pub use clock::{BoxFuture, Clock, ManualClock, MonotonicClock};
 pub use dsn::{Fencing, QuorumKind, StoreFactory, StoreKind, StoreSpec};
 pub use error::{BoxError, Error, ErrorKind, LostReason, Result};
-pub use factory::{DEFAULT_TTL, LockFactory, RunOptions};
-pub use guard::LockGuard;
 pub use key::{HandleOwner, Key, Mode, validate_token};
 pub use limits::MAX_DURATION;
 pub use lock::Lock;
-pub use lockable::{Lockable, NoLock, Release, Wait};
-pub use lost::{KeepAlive, LockLost};
-pub use scope::LockableExt;
+pub use lock::factory::{DEFAULT_TTL, LockFactory, RunOptions};
+pub use lock::guard::LockGuard;
+pub use lock::lockable::{Lockable, NoLock, Release, Wait};
+pub use lock::lost::{KeepAlive, LockLost};
+pub use lock::scope::LockableExt;
 pub use serial::settle;
 #[cfg(feature = "etcd")]
 pub use store::EtcdStore;

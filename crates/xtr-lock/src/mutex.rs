@@ -3,7 +3,7 @@
 //! A panic while a guard was held poisons the mutex. Everything this crate keeps behind one
 //! is plain state whose every update is a single assignment or collection operation, valid at
 //! each step, so the guard is taken anyway: a panic in one caller (a user's callback, a test)
-//! must not turn every later lock operation of the process into a second panic.
+//! must not make every later lock operation of the process a second panic.
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 

@@ -13,7 +13,7 @@
 //! after the call, and [`finish_later`] queues any other remainder there. The holder's next
 //! call starts only once they have ended (each is bounded).
 //!
-//! Everything moved to a task is counted process-wide: [`settled`] waits for it, so that a
+//! Everything moved to a task is counted process-wide: [`settle`] waits for it, so that a
 //! runtime about to end does not drop a clean-up unrun.
 
 use std::collections::BTreeSet;
@@ -330,7 +330,7 @@ pub(crate) async fn within<T: Send + 'static>(
 }
 
 /// Queues `remainder` to run after the current call, before the holder's next one; outside
-/// any call (a store used on its own), it runs in a task of its own. Either way [`settled`]
+/// any call (a store used on its own), it runs in a task of its own. Either way [`settle`]
 /// waits for it.
 pub(crate) fn finish_later(remainder: impl Future<Output = ()> + Send + 'static) {
     let mut slot = Some(Box::pin(remainder) as Boxed<()>);

@@ -7,9 +7,9 @@ use std::time::Duration;
 use super::rt::Rt;
 use crate::error::{Error, LostReason, Result};
 use crate::key::Mode;
-use crate::lockable::{Lockable as _, Release, Wait};
+use crate::lock::lockable::{Lockable as _, Release, Wait};
+use crate::lock::lost::LockLost;
 use crate::logging::TARGET;
-use crate::lost::LockLost;
 
 /// A lock for code without an async runtime: the operations of [`crate::Lock`], blocking the
 /// calling thread. Clones are the same holder.

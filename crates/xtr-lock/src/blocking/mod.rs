@@ -43,7 +43,7 @@ pub use lock::{KeepAlive, Lock, LockGuard};
 use rt::Rt;
 
 use crate::error::{Error, Result};
-use crate::factory::RunOptions;
+use crate::lock::factory::RunOptions;
 use crate::store::Store;
 
 /// Makes [`Lock`]s on one store, blocking; see the [module](self).
@@ -147,7 +147,7 @@ where
         rt: rt.clone(),
     };
     let monitor = rt
-        .run(crate::guard::start_monitor(&lock.inner, true))
+        .run(crate::lock::scope::start_monitor(&lock.inner, true))
         .map_err(E::from)?
         .map_err(E::from)?;
     let guard = LockGuard::from_parts(&lock, monitor);

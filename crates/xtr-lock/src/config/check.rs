@@ -8,7 +8,7 @@ use super::expand::{Problem, expand};
 use super::{DEFAULT_ENTRY, Entry, EntryTable, LocksConfig, Period};
 use crate::dsn::{QuorumKind, StoreFactory, StoreSpec};
 use crate::error::Error;
-use crate::lockable::Wait;
+use crate::lock::lockable::Wait;
 
 /// A configuration whose every entry was checked: DSNs expanded and accepted by a store of this
 /// build, periods parsed.

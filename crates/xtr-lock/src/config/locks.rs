@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use super::{CheckedConfig, CheckedEntry, LocksConfig};
 use crate::error::{Error, Result};
-use crate::factory::{LockFactory, RunOptions};
+use crate::lock::factory::{LockFactory, RunOptions};
 use crate::key::Key;
 use crate::lock::Lock;
 use crate::mutex::lock;

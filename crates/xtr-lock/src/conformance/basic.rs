@@ -5,8 +5,8 @@ use std::time::Duration;
 use super::{Harness, Outcome, require};
 use crate::error::ErrorKind;
 use crate::key::Key;
-use crate::lockable::Lockable as _;
-use crate::lockable::Release;
+use crate::lock::lockable::Lockable as _;
+use crate::lock::lockable::Release;
 
 /// A holder that has not saved does not exist; after save it does; after delete it does not,
 /// and a second delete reports that nothing was removed.

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::{Harness, Outcome, require};
 use crate::error::{ErrorKind, LostReason};
-use crate::lockable::{Lockable as _, Release};
+use crate::lock::lockable::{Lockable as _, Release};
 use crate::store::Holding;
 
 const STEP: Duration = Duration::from_millis(250);

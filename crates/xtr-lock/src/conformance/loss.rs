@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::{Harness, Outcome, Sabotage, require};
 use crate::error::{Error, ErrorKind};
-use crate::lockable::{Lockable as _, Release};
+use crate::lock::lockable::{Lockable as _, Release};
 
 /// The ttl of the lock in these scenarios on stores where locks expire: short, so that renewal
 /// (which finds a loss on stores that cannot see one happen) runs several times in a test.

@@ -26,9 +26,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::clock::{BoxFuture, Clock, MonotonicClock};
-use crate::factory::LockFactory;
 use crate::key::Key;
 use crate::lock::Lock;
+use crate::lock::factory::LockFactory;
 use crate::store::{Capabilities, Store};
 
 mod basic;

@@ -2,8 +2,8 @@
 
 use super::{Harness, Outcome, require};
 use crate::key::{Key, Mode};
-use crate::lockable::Lockable as _;
-use crate::lockable::Release;
+use crate::lock::lockable::Lockable as _;
+use crate::lock::lockable::Release;
 use crate::store::Holding;
 
 /// Read first: two readers coexist, a writer conflicts, and the writer succeeds once both left.

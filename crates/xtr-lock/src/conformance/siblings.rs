@@ -26,7 +26,7 @@ use rand::{Rng as _, SeedableRng as _};
 use super::{Harness, Outcome, require};
 use crate::key::Mode;
 use crate::lock::Lock;
-use crate::lockable::Lockable as _;
+use crate::lock::lockable::Lockable as _;
 use crate::store::{HolderInfo, Holding};
 
 /// Holders contending for the resource.

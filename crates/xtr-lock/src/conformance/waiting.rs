@@ -8,9 +8,9 @@ use rand::Rng as _;
 
 use super::{Harness, Outcome, require};
 use crate::clock::ManualClock;
-use crate::factory::LockFactory;
 use crate::key::Mode;
-use crate::lockable::Lockable as _;
+use crate::lock::factory::LockFactory;
+use crate::lock::lockable::Lockable as _;
 
 /// Lets spawned waiters reach their wait: a real-time pause, never a correctness condition.
 const SETTLE: Duration = Duration::from_millis(50);

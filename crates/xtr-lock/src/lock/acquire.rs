@@ -7,9 +7,9 @@ use rand::Rng as _;
 
 use super::Lock;
 use super::calls::{Reconcile, Recorded};
+use super::lockable::Wait;
 use crate::error::{Error, ErrorKind, Result};
 use crate::key::Mode;
-use crate::lockable::Wait;
 use crate::logging::TARGET;
 use crate::mutex::lock;
 use crate::serial::Start;
@@ -234,8 +234,8 @@ impl Lock {
                     continue;
                 }
             }
-            // However quickly a watcher fires, give the scheduler (and a caller's deadline) a
-            // turn between attempts: a wait must never spin without yielding.
+            // However quickly a watcher fires, let the scheduler (and a caller's deadline) run
+            // between attempts: a wait must never spin without yielding.
             tokio::task::yield_now().await;
             tracing::debug!(target: TARGET, resource = self.resource(), store = %self.store, "waiting for the lock");
             // Sleep until the holders' lifetimes end, if the store said when; poll unless the

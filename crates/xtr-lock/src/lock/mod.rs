@@ -10,15 +10,20 @@ use async_trait::async_trait;
 use crate::error::{Error, ErrorKind, LostReason, Result, ShownResource};
 use crate::holder::{Hold, Holder};
 use crate::key::{Key, Mode};
-use crate::lockable::{Lockable, Release, Wait};
 use crate::logging::TARGET;
-use crate::lost::KeepAlive;
 use crate::serial::Start;
 use crate::store::{Holding, Store, check_expiry};
+use lockable::{Lockable, Release, Wait};
+use lost::KeepAlive;
 
 mod acquire;
 mod calls;
+pub(crate) mod factory;
+pub(crate) mod guard;
+pub(crate) mod lockable;
+pub(crate) mod lost;
 mod monitor;
+pub(crate) mod scope;
 
 /// An exclusive or shared lock on one resource, held by one [`Key`] in one [`Store`].
 ///

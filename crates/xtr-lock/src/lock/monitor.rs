@@ -6,11 +6,11 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use super::Lock;
+use super::lockable::Lockable as _;
+use super::lost::{KeepAlive, LockLost};
 use crate::error::{Error, ErrorKind, LostReason, Result};
 use crate::holder::Hold;
-use crate::lockable::Lockable as _;
 use crate::logging::TARGET;
-use crate::lost::{KeepAlive, LockLost};
 use crate::serial::Start;
 use crate::store::LossWatcher;
 

@@ -198,6 +198,7 @@ impl RedisPubSubStore {
 
     /// Makes `key`'s holder stop answering pings, as a wedged process would: a test hook for
     /// reaping (its lock is then taken over by the next waiter, which kills its connection).
+    #[cfg(feature = "test-util")]
     #[doc(hidden)]
     pub fn stop_answering(&self, key: &Key) {
         if let Some(handle) = key.existing_handle::<Handle>(self.inner.owner)

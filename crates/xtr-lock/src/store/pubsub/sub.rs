@@ -60,6 +60,8 @@ impl Shared {
         *self.life.borrow()
     }
 
+    /// The test hook's (`stop_answering`): this holder stops answering, as a wedged one would.
+    #[cfg(feature = "test-util")]
     pub(super) fn mute(&self) {
         self.mute.store(true, Ordering::Release);
     }

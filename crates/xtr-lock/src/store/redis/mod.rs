@@ -212,6 +212,7 @@ impl RedisStore {
 
     /// Uses the client's wall clock for scores from now on, as the probe does when the server
     /// refuses `TIME` in scripts. For tests of that mode; production stores let the probe decide.
+    #[cfg(feature = "test-util")]
     #[doc(hidden)]
     pub fn force_client_clock(self) -> Self {
         *lock(&self.inner.client_clock) = Some(true);

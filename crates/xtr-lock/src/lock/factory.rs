@@ -4,12 +4,13 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::Lock;
+use super::guard::LockGuard;
+use super::lockable::{Lockable as _, Wait};
+use super::scope::start_monitor;
 use crate::clock::{Clock, MonotonicClock};
 use crate::error::Error;
-use crate::guard::{LockGuard, start_monitor};
 use crate::key::{Key, Mode};
-use crate::lock::Lock;
-use crate::lockable::{Lockable as _, Wait};
 use crate::store::Store;
 
 /// The lifetime a lock gets unless told otherwise: 300 s, as in the Python and PHP peers.

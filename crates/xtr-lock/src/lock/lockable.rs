@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use super::lost::KeepAlive;
 use crate::error::{LostReason, Result};
 use crate::key::Mode;
-use crate::lost::KeepAlive;
 
 /// How long an acquire waits for a lock held by someone else. One meaning in the library and
 /// the `xtr-lock` command:
@@ -59,6 +59,9 @@ impl Release {
 /// `&dyn Lockable` or generically. Bring it into scope to call a lock's methods
 /// (`use xtr_lock::Lockable as _;`).
 ///
+/// Sealed: users hold locks, they do not implement them, so only this crate's two locks
+/// implement it (and methods can be added to it without breaking anyone).
+///
 /// # Waiting
 ///
 /// Blocking acquires use the store's native wait when it has one. Otherwise they retry after
@@ -82,7 +85,7 @@ impl Release {
 /// lock whose lifetime ran out before the store confirmed is taken back and reported as
 /// [`ErrorKind::Expired`](crate::ErrorKind::Expired), never as held.
 #[async_trait]
-pub trait Lockable: Send + Sync {
+pub trait Lockable: sealed::Sealed + Send + Sync {
     /// The resource.
     fn resource(&self) -> &str;
 
@@ -313,6 +316,13 @@ pub trait Lockable: Send + Sync {
     fn release_in_background(&self);
 }
 
+/// Keeps [`Lockable`] to this crate's locks.
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for crate::lock::Lock {}
+    impl Sealed for super::NoLock {}
+}
+
 /// A lock that always succeeds and locks nothing: for code that takes "a lock" when locking is
 /// not wanted.
 ///
@@ -331,23 +341,6 @@ impl NoLock {
         NoLock {
             resource: resource.into(),
         }
-    }
-
-    /// Runs `body`; there is nothing to take or release.
-    ///
-    /// # Errors
-    ///
-    /// The body's error.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: there is nothing to clean up.
-    pub async fn scoped<T, E, F>(&self, body: F) -> std::result::Result<T, E>
-    where
-        F: Future<Output = std::result::Result<T, E>>,
-        E: From<crate::Error>,
-    {
-        body.await
     }
 }
 

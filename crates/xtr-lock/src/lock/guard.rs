@@ -1,15 +1,15 @@
-//! [`LockGuard`] and scoped use: a held lock kept alive, watched, and released on the way out.
+//! [`LockGuard`], taken by [`Lock::lock`] and [`Lock::lock_read`]: a held lock kept alive,
+//! watched, and released when the guard goes. Scopes, which guards enter and leave through, are
+//! in `scope.rs`.
 
 use std::fmt;
-use std::panic::AssertUnwindSafe;
 
-use futures_util::FutureExt as _;
-
-use crate::error::{Error, LostReason, Result};
-use crate::lock::Lock;
-use crate::lockable::{Lockable, Release};
-use crate::logging::TARGET;
-use crate::lost::{KeepAlive, LockLost};
+use super::Lock;
+use super::lockable::{Lockable, Release};
+use super::lost::{KeepAlive, LockLost};
+use super::scope::{enter, run_scope};
+use crate::error::{Error, Result};
+use crate::key::Mode;
 
 /// Holds a lock taken by [`Lock::lock`] (write) or [`Lock::lock_read`] (read), keeps it alive, tells when it is lost, and
 /// releases it when it goes.
@@ -181,32 +181,25 @@ impl Lock {
     /// # Ok(()) }
     /// ```
     pub async fn lock(&self) -> Result<LockGuard> {
-        let took = self.held_mode().is_none();
-        self.acquire().await?;
-        let monitor = start_monitor(self, took).await?;
+        let (took, monitor) = enter(self, Mode::Write).await?;
         Ok(LockGuard::new(self.clone(), took, monitor))
     }
 
-    /// Waits for the write lock, runs `body` while keeping the lock alive, and releases the lock
-    /// on the way out, also when the body fails, panics or is cancelled, unless this holder
-    /// already held the lock when the scope began (nesting).
+    /// Waits for the read lock and returns a guard that keeps it alive, reports its loss and
+    /// releases it: readers hold it together, a writer waits for them.
     ///
-    /// **A body whose lock is lost is stopped**: it is dropped at its next `.await` and the call
-    /// returns [`ErrorKind::Lost`](crate::ErrorKind::Lost) (as a command under `xtr-lock run` is
-    /// stopped). A body that completes although its lock was lost meanwhile does not return
-    /// `Ok` either: the release finds nothing and the call returns `Lost`. To decide yourself
-    /// where work can stop, hold a [`LockGuard`] and select on [`LockGuard::lost`].
-    ///
-    /// The body's error wins over a release error or a loss, which are then logged at warn.
+    /// A holder that already holds the lock keeps it as it is when the guard goes (nesting);
+    /// one holding the write lock is not demoted.
     ///
     /// # Errors
     ///
-    /// The acquire's or the release's error converted into `E`, `Lost`, or the body's error.
+    /// As [`acquire_read`](Lockable::acquire_read);
+    /// [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported) outside a tokio runtime (the
+    /// lock is then released again).
     ///
     /// # Cancel safety
     ///
-    /// Cancel-safe: dropped while waiting it leaves nothing held; dropped while the body runs, a
-    /// release is scheduled on the runtime.
+    /// Cancel-safe: dropped before completing, it leaves nothing held.
     ///
     /// # Examples
     ///
@@ -214,139 +207,16 @@ impl Lock {
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> xtr_lock::Result<()> {
     /// use xtr_lock::Lockable as _;
     /// let factory = xtr_lock::LockFactory::new(xtr_lock::InMemoryStore::new());
-    /// let lock = factory.create_lock("cache-warmup");
-    /// let n = lock.scoped(async { Ok::<_, xtr_lock::Error>(42) }).await?;
-    /// assert_eq!(n, 42);
-    /// assert!(!lock.is_acquired().await?);
+    /// let (a, b) = (factory.create_lock("catalog"), factory.create_lock("catalog"));
+    /// let reading = a.lock_read().await?;
+    /// assert!(b.try_acquire_read().await?, "readers share it");
+    /// assert!(!factory.create_lock("catalog").try_acquire().await?, "a writer waits");
+    /// reading.unlock().await?;
+    /// b.release().await?;
     /// # Ok(()) }
     /// ```
-    pub async fn scoped<T, E, F>(&self, body: F) -> std::result::Result<T, E>
-    where
-        F: Future<Output = std::result::Result<T, E>>,
-        E: From<Error>,
-    {
-        let guard = self.lock().await?;
-        guard.run(body).await
-    }
-}
-
-/// Starts the monitor of a lock just acquired; if it cannot start, releases the lock again when
-/// this acquisition took it, so that a failure leaves nothing held.
-pub(crate) async fn start_monitor<L: Lockable + ?Sized>(lock: &L, took: bool) -> Result<KeepAlive> {
-    match lock.keep_alive() {
-        Ok(monitor) => Ok(monitor),
-        Err(err) => {
-            if took {
-                let _ = lock.release().await;
-            }
-            Err(err)
-        }
-    }
-}
-
-/// How a scope's body ended.
-enum Ended<T, E> {
-    Returned(std::result::Result<T, E>),
-    Panicked(Box<dyn std::any::Any + Send>),
-    /// Dropped: its lock was lost.
-    Stopped(LockLost),
-}
-
-/// Runs `body` while `monitor` watches the lock; on the way out (result, error, panic, loss or
-/// drop) releases the lock if the scope took it, and reports a loss as an error.
-pub(crate) async fn run_scope<L, T, E, F>(
-    lock: &L,
-    took: bool,
-    mut monitor: KeepAlive,
-    body: F,
-) -> std::result::Result<T, E>
-where
-    L: Lockable + ?Sized,
-    F: Future<Output = std::result::Result<T, E>>,
-    E: From<Error>,
-{
-    /// Schedules the release if the scope is dropped before its exit completes.
-    struct OnDrop<'a, L: Lockable + ?Sized> {
-        lock: &'a L,
-        armed: bool,
-    }
-    impl<L: Lockable + ?Sized> Drop for OnDrop<'_, L> {
-        fn drop(&mut self) {
-            if self.armed {
-                self.lock.release_in_background();
-            }
-        }
-    }
-    let mut on_drop = OnDrop { lock, armed: took };
-    let ended = {
-        let body = AssertUnwindSafe(body).catch_unwind();
-        tokio::pin!(body);
-        tokio::select! {
-            biased;
-            out = &mut body => match out {
-                Ok(out) => Ended::Returned(out),
-                Err(panic) => Ended::Panicked(panic),
-            },
-            lost = monitor.lost() => Ended::Stopped(lost),
-        }
-    };
-    drop(monitor);
-    let known_loss = lock.lost_reason();
-    let released = if took {
-        Some(lock.release().await)
-    } else {
-        None
-    };
-    on_drop.armed = false;
-    let resource = lock.resource();
-    // Only the warnings below need it: not built on the way out of every scope.
-    let store = || lock.store_name().unwrap_or_default();
-    let lost_anyway = match (&released, known_loss) {
-        (Some(Ok(Release::Lost)), reason) => Some(reason.unwrap_or(LostReason::Removed)),
-        (None, Some(reason)) => Some(reason),
-        _ => None,
-    };
-    let release_error = match released {
-        Some(Err(err)) => Some(err),
-        _ => None,
-    };
-    match ended {
-        Ended::Panicked(panic) => {
-            if let Some(err) = release_error {
-                tracing::warn!(target: TARGET, resource, store = store(), error = %err,
-                    "failed to release the lock after the scope panicked");
-            }
-            std::panic::resume_unwind(panic)
-        }
-        Ended::Stopped(lost) => {
-            tracing::warn!(target: TARGET, resource, store = store(), reason = %lost.reason,
-                "the lock was lost: the scope's body was stopped");
-            if let Some(err) = release_error {
-                tracing::warn!(target: TARGET, resource, store = store(), error = %err,
-                    "failed to release the lock after it was lost");
-            }
-            Err(E::from(Error::from(lost)))
-        }
-        Ended::Returned(Err(body_err)) => {
-            // The body's error wins; a release failure or a loss is reported here.
-            if let Some(err) = release_error {
-                tracing::warn!(target: TARGET, resource, store = store(), error = %err,
-                    "failed to release the lock after the scope failed");
-            }
-            if let Some(reason) = lost_anyway {
-                tracing::warn!(target: TARGET, resource, store = store(), reason = %reason,
-                    "the lock was lost while the scope ran");
-            }
-            Err(body_err)
-        }
-        Ended::Returned(Ok(value)) => match (release_error, lost_anyway) {
-            (Some(err), _) => Err(E::from(err)),
-            (None, Some(reason)) => {
-                tracing::warn!(target: TARGET, resource, store = store(), reason = %reason,
-                    "the lock was lost while the scope ran: its result is not returned");
-                Err(E::from(Error::lost(resource, reason)))
-            }
-            (None, None) => Ok(value),
-        },
+    pub async fn lock_read(&self) -> Result<LockGuard> {
+        let (took, monitor) = enter(self, Mode::Read).await?;
+        Ok(LockGuard::new(self.clone(), took, monitor))
     }
 }

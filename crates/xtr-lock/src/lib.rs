@@ -90,6 +90,17 @@
 pub mod blocking;
 mod clock;
 pub mod config;
+// Only the keyword stores in a build without a store that reads a URL.
+#[cfg_attr(
+    not(any(
+        feature = "flock",
+        feature = "redis",
+        feature = "sql",
+        feature = "etcd",
+        feature = "memcached"
+    )),
+    allow(dead_code)
+)]
 mod dsn;
 mod error;
 mod holder;
@@ -102,13 +113,13 @@ mod mutex;
 mod redact;
 mod serial;
 pub mod store;
+mod store_factory;
 mod telemetry;
 
 #[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
 
 pub use clock::{BoxFuture, Clock, ManualClock, MonotonicClock};
-pub use dsn::{Fencing, QuorumKind, StoreFactory, StoreKind, StoreSpec};
 pub use error::{BoxError, Error, ErrorKind, LostReason, Result};
 pub use key::{HandleOwner, Key, Mode, validate_token};
 pub use limits::MAX_DURATION;
@@ -134,6 +145,7 @@ pub use store::SemaphoreStore;
 pub use store::{InMemoryStore, NullStore, Store};
 #[cfg(feature = "sql")]
 pub use store::{KeyMode, MySqlLockStore, PgAdvisoryStore, SqlStore};
+pub use store_factory::{Fencing, QuorumKind, StoreFactory, StoreKind, StoreSpec};
 
 /// The README's examples are compiled and run as doc tests, so they stay true.
 #[cfg(doctest)]

@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use super::expand::{Problem, expand};
 use super::{DEFAULT_ENTRY, Entry, EntryTable, LocksConfig, Period};
-use crate::dsn::{QuorumKind, StoreFactory, StoreSpec};
 use crate::error::Error;
 use crate::lock::lockable::Wait;
+use crate::store_factory::{QuorumKind, StoreFactory, StoreSpec};
 
 /// A configuration whose every entry was checked: DSNs expanded and accepted by a store of this
 /// build, periods parsed.

@@ -7,9 +7,9 @@ use std::sync::{Arc, Mutex};
 
 use super::{CheckedConfig, CheckedEntry, LocksConfig};
 use crate::error::{Error, Result};
-use crate::lock::factory::{LockFactory, RunOptions};
 use crate::key::Key;
 use crate::lock::Lock;
+use crate::lock::factory::{LockFactory, RunOptions};
 use crate::mutex::lock;
 use crate::store::Store;
 

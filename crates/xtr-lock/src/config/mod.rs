@@ -28,7 +28,7 @@ mod check;
 mod expand;
 mod locks;
 
-pub use crate::dsn::{QuorumKind, StoreSpec};
+pub use crate::store_factory::{QuorumKind, StoreSpec};
 pub use check::{CheckedConfig, CheckedEntry, ConfigErrors};
 pub use locks::{Locks, PING_RESOURCE};
 

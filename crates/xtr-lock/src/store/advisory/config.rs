@@ -11,7 +11,7 @@ use sqlx::postgres::PgConnectOptions;
 use super::db::Target;
 
 use super::keys::KeyMode;
-use crate::dsn::grammar::{Dsn, Options};
+use crate::dsn::{Dsn, Options};
 use crate::error::Result;
 use crate::store::sql::config::{MAX_TIMEOUT, MYSQL_DRIVER, PG_DRIVER, driver_error, set_query};
 

@@ -5,7 +5,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::dsn::grammar::{Dsn, Options, host_port};
+use crate::dsn::{Dsn, Options, host_port};
 use crate::error::{Error, Result};
 
 /// etcd's client port.

@@ -2,7 +2,7 @@
 //! Python peer takes it, with one option, `?names=long`.
 
 use super::FlockStore;
-use crate::dsn::grammar::Dsn;
+use crate::dsn::Dsn;
 use crate::error::{Error, Result};
 
 /// A parsed flock DSN.

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::dsn::grammar::{Dsn, host_port};
+use crate::dsn::{Dsn, host_port};
 use crate::error::Result;
 use crate::limits::MAX_DURATION;
 

@@ -5,7 +5,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::dsn::grammar::Dsn;
+use crate::dsn::Dsn;
 use crate::error::Result;
 use crate::limits::MAX_DURATION;
 use crate::store::redis::{RedisConfig, ignore_pool_options, read_config};

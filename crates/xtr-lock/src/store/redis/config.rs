@@ -4,7 +4,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::dsn::grammar::{Dsn, Options, UrlParts, host_port};
+use crate::dsn::{Dsn, Options, UrlParts, host_port};
 use crate::error::{Error, Result};
 
 /// Default connect and read/write timeouts, as the Python peer's.

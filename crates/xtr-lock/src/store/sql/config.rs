@@ -8,7 +8,7 @@ use sqlx::mysql::MySqlConnectOptions;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::sqlite::SqliteConnectOptions;
 
-use crate::dsn::grammar::{Dsn, Options as DsnOptions};
+use crate::dsn::{Dsn, Options as DsnOptions};
 use crate::error::{Error, Result};
 
 /// Symfony's table name.

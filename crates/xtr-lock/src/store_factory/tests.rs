@@ -119,3 +119,25 @@ fn in_memory_gives_a_new_store_each_time() {
     let b = StoreFactory::create_store("in-memory").unwrap();
     assert!(!Arc::ptr_eq(&a, &b));
 }
+
+#[test]
+fn dsns_are_shown_without_credentials() {
+    let shown = crate::StoreFactory::redact;
+    assert_eq!(shown("flock"), "flock");
+    assert_eq!(
+        shown("redis://:hunter2@cache:6379/0"),
+        "redis://:***@cache:6379/0"
+    );
+    assert_eq!(shown("redis://hunter2@cache/0"), "redis://***@cache/0");
+    assert_eq!(
+        shown("postgresql+advisory://app:hunter2@db/app?keys=crc32"),
+        "postgresql+advisory://app:***@db/app?keys=crc32"
+    );
+    assert_eq!(
+        shown("mysql://app@db/app?password=hunter2&ssl-mode=required&ssl-key=k"),
+        "mysql://app@db/app?password=***&ssl-mode=required&ssl-key=***"
+    );
+    assert_eq!(shown("redis://[bad"), "redis:(redacted: not a URL)");
+    assert_eq!(shown("p@ss://[bad"), "(redacted):(redacted: not a URL)");
+    assert_eq!(shown("flock:///var/lock"), "flock:///var/lock");
+}

@@ -1,5 +1,5 @@
 //! [`StoreFactory`]: stores from connection strings (DSNs), through one grammar
-//! ([`grammar`]) and one table of schemes ([`schemes`]).
+//! ([`crate::dsn`], below the stores) and one table of schemes ([`schemes`]).
 
 use std::sync::Arc;
 
@@ -7,18 +7,6 @@ use crate::error::{Error, Result};
 use crate::redact::redact;
 use crate::store::{CombinedStore, Store, Strategy};
 
-// Only the keyword stores in a build without a store that reads a URL.
-#[cfg_attr(
-    not(any(
-        feature = "flock",
-        feature = "redis",
-        feature = "sql",
-        feature = "etcd",
-        feature = "memcached"
-    )),
-    allow(dead_code)
-)]
-pub(crate) mod grammar;
 pub(crate) mod schemes;
 mod spec;
 
@@ -95,7 +83,11 @@ impl StoreFactory {
     /// Redis takes as the password) and secret options replaced by `***`; a DSN that is not a
     /// URL shows its scheme only.
     pub fn redact(dsn: &str) -> String {
-        crate::redact::redact_dsn(dsn, Self::kind(dsn))
+        let kind = Self::kind(dsn);
+        // Redis takes a lone user name as the password.
+        let lone_user_is_secret = kind.is_some_and(|k| matches!(k.name, "redis" | "pubsub"));
+        let secrets = kind.map_or(&[][..], |k| k.secret_options);
+        crate::redact::redact_dsn(dsn, secrets, lone_user_is_secret)
     }
 }
 

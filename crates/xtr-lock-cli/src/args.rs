@@ -8,7 +8,7 @@ use xtr_lock::store::{CombinedStore, ConsensusStrategy, UnanimousStrategy};
 use xtr_lock::{Lock, LockFactory, Mode, Store, StoreFactory, Wait};
 
 use crate::cli::{StoreArgs, WaitArgs};
-use crate::settings::{self, Configured};
+use crate::file::{self, Configured};
 
 /// Parses a duration naming the flag on error: seconds as flock(1) takes them (`30`, `0.5`), or
 /// humantime (`30s`, `2m`, `1h30m`, `500ms`); at most [`MAX_DURATION`](xtr_lock::MAX_DURATION)
@@ -118,11 +118,11 @@ impl Source {
         }
         let entry = args.use_entry.as_deref();
         if args.config.is_some() || entry.is_some() {
-            let Some(path) = settings::file(args.config.as_deref()) else {
+            let Some(path) = file::path(args.config.as_deref()) else {
                 return Err(anyhow!(
                     "--use picks an entry of a lock configuration file: give --config FILE or \
                      set ${}",
-                    settings::CONFIG_ENV
+                    file::CONFIG_ENV
                 ));
             };
             return Ok(Source::Config(Box::new(Configured::open(
@@ -136,7 +136,7 @@ impl Source {
                 return Err(anyhow!("${STORE_ENV} is not valid UTF-8"));
             }
         }
-        match settings::file(None) {
+        match file::path(None) {
             Some(path) => Ok(Source::Config(Box::new(Configured::open(
                 &path, false, None,
             )?))),

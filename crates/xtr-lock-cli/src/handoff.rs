@@ -19,7 +19,7 @@ use anyhow::{Context as _, Result, anyhow};
 use serde_json::{Value, json};
 use xtr_lock::{Key, Lock, Lockable as _, Mode};
 
-use crate::config::{Source, StoreConfig};
+use crate::args::{Source, StoreConfig};
 use crate::output::mode_name;
 
 /// The envelope's version field, and its name.

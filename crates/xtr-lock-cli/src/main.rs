@@ -1,15 +1,15 @@
 //! `xtr-lock`: run commands under locks, hand locks between processes, show holders, benchmark
 //! a store. Thin: parse, run, map to an exit code; errors are printed once.
 
+mod args;
 mod cli;
 mod cmd;
-mod config;
 mod exit;
+mod file;
 mod handoff;
 mod lease;
 mod output;
 mod procs;
-mod settings;
 mod stdio;
 mod trampoline;
 
@@ -17,8 +17,8 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory as _, Parser as _};
 
+use args::{Source, StoreConfig, Take, duration};
 use cli::{Cli, Command};
-use config::{Source, StoreConfig, Take, duration};
 use exit::Exit;
 
 fn main() -> ExitCode {

@@ -8,7 +8,7 @@ use xtr_lock::Lockable as _;
 use anyhow::{Result, anyhow};
 use serde_json::json;
 
-use crate::config::StoreConfig;
+use crate::args::StoreConfig;
 use crate::exit::Exit;
 use crate::output::short;
 

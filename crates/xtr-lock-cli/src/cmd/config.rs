@@ -9,11 +9,11 @@ use serde_json::json;
 use xtr_lock::Wait;
 use xtr_lock::config::{CheckedEntry, Locks, QuorumKind};
 
+use crate::args::duration;
 use crate::cli::{ConfigCommand, ConfigFileArgs};
-use crate::config::duration;
 use crate::exit::Exit;
+use crate::file::{LoadError, Loaded};
 use crate::output;
-use crate::settings::{self, LoadError, Loaded};
 
 pub(crate) async fn config(command: ConfigCommand) -> Result<Exit> {
     match command {
@@ -30,10 +30,10 @@ pub(crate) async fn config(command: ConfigCommand) -> Result<Exit> {
 }
 
 fn path(file: &ConfigFileArgs) -> Result<PathBuf> {
-    settings::file(file.config.as_deref()).ok_or_else(|| {
+    crate::file::path(file.config.as_deref()).ok_or_else(|| {
         anyhow!(
             "no lock configuration to read: give --config FILE or set ${}",
-            settings::CONFIG_ENV
+            crate::file::CONFIG_ENV
         )
     })
 }
@@ -41,7 +41,7 @@ fn path(file: &ConfigFileArgs) -> Result<PathBuf> {
 /// Loads the file; its problems are printed here (one per line, or as JSON) and are the answer.
 fn load(file: &ConfigFileArgs) -> Result<std::result::Result<Loaded, Exit>> {
     let path = path(file)?;
-    let problems = match settings::load(&path) {
+    let problems = match crate::file::load(&path) {
         Ok(loaded) => return Ok(Ok(loaded)),
         Err(LoadError::Unreadable(why)) => vec![why],
         Err(LoadError::Problems(p)) => p,

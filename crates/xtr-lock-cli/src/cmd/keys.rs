@@ -9,7 +9,7 @@ use serde_json::json;
 use xtr_lock::Lockable as _;
 use xtr_lock::Release;
 
-use crate::config::{Source, StoreConfig, Take};
+use crate::args::{Source, StoreConfig, Take};
 use crate::exit::Exit;
 use crate::handoff::{self, Handed};
 use crate::output::mode_name;

@@ -13,7 +13,7 @@ use anyhow::Result;
 use serde_json::json;
 use xtr_lock::{Lock, Lockable as _, Wait};
 
-use crate::config::{StoreConfig, Take};
+use crate::args::{StoreConfig, Take};
 use crate::output::{self, StatusLine, mode_name};
 
 /// Takes `lock` as `take` says: `Some(how long it took)`, or `None` when it is held by someone

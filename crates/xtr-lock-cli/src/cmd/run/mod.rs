@@ -12,7 +12,7 @@ use xtr_lock::{Lock, Lockable as _, Release};
 
 use serde_json::json;
 
-use crate::config::{StoreConfig, Take};
+use crate::args::{StoreConfig, Take};
 use crate::exit::Exit;
 use crate::lease;
 use crate::output::{self, causes, mode_name, short};

@@ -8,18 +8,10 @@ use xtr_lock::Lockable as _;
 use anyhow::{Result, anyhow};
 use serde_json::json;
 
-use crate::args::StoreConfig;
+use crate::args::BenchSettings;
 use crate::exit::Exit;
 use crate::output::short;
-
-pub(crate) struct BenchArgs {
-    pub store: StoreConfig,
-    pub clients: usize,
-    pub resources: usize,
-    pub duration: Duration,
-    pub hold: Duration,
-    pub json: bool,
-}
+use crate::store::StoreConfig;
 
 const CYCLES: usize = 1000;
 const HANDOFFS: usize = 50;
@@ -29,12 +21,12 @@ fn percentile(sorted: &[Duration], q: f64) -> Duration {
     sorted[((sorted.len() - 1) as f64 * q).round() as usize]
 }
 
-pub(crate) async fn bench(args: BenchArgs) -> Result<Exit> {
+pub(crate) async fn bench(store: StoreConfig, args: BenchSettings) -> Result<Exit> {
     if args.clients == 0 || args.resources == 0 {
         return Err(anyhow!("--clients and --resources must be at least 1"));
     }
     let tag = format!("xtr-lock-bench:{}", std::process::id());
-    let factory = args.store.factory().with_default_ttl(Some(TTL));
+    let factory = store.factory().with_default_ttl(Some(TTL));
 
     let lock = factory.create_lock(format!("{tag}:cycle"));
     let mut cycles = Vec::with_capacity(CYCLES);
@@ -99,7 +91,7 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<Exit> {
         println!(
             "{}",
             json!({
-                "store": args.store.scheme,
+                "store": store.scheme,
                 "uncontended_us": {"n": CYCLES, "p50": us(percentile(&cycles, 0.5)), "p99": us(percentile(&cycles, 0.99))},
                 "handoff_us": {"n": HANDOFFS, "p50": us(percentile(&handoffs, 0.5)), "p99": us(percentile(&handoffs, 0.99))},
                 "throughput": {"clients": args.clients, "resources": args.resources, "hold_ms": args.hold.as_millis() as u64, "per_second": rate},
@@ -113,7 +105,7 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<Exit> {
                 us(percentile(s, 0.99))
             )
         };
-        println!("store: {}", args.store.store);
+        println!("store: {}", store.store);
         println!(
             "uncontended acquire + release  {}  [{CYCLES} cycles]",
             cell(&cycles)

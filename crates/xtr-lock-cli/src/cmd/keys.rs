@@ -9,10 +9,11 @@ use serde_json::json;
 use xtr_lock::Lockable as _;
 use xtr_lock::Release;
 
-use crate::args::{Source, StoreConfig, Take};
+use crate::args::{Source, Take};
 use crate::exit::Exit;
 use crate::handoff::{self, Handed};
 use crate::output::mode_name;
+use crate::store::StoreConfig;
 
 /// Prints `text` on stdout; a closed pipe is not an error (`| head`).
 fn print(text: &str) -> Result<()> {
@@ -104,7 +105,7 @@ where
     let lock = store.factory().create_lock_from_key(handed.key.clone());
     let handle = store.store.clone();
     let outcome = op(handed, lock).await;
-    crate::close(&*handle).await;
+    super::close(&*handle).await;
     outcome
 }
 

@@ -12,11 +12,12 @@ use xtr_lock::{Lock, Lockable as _, Release};
 
 use serde_json::json;
 
-use crate::args::{StoreConfig, Take};
+use crate::args::{RunSettings, Take};
 use crate::exit::Exit;
 use crate::lease;
 use crate::output::{self, causes, mode_name, short};
 use crate::procs;
+use crate::store::StoreConfig;
 
 mod child;
 mod terminal;
@@ -24,14 +25,15 @@ mod terminal;
 use child::{Child, Event, Tie};
 use terminal::Terminal;
 
-pub(crate) struct RunArgs {
-    pub store: StoreConfig,
-    pub take: Take,
-    pub kill_after: Duration,
+/// What `run` works with: its store, opened, and its settings.
+struct RunArgs {
+    store: StoreConfig,
+    take: Take,
+    kill_after: Duration,
     /// `-o`: the command does not inherit the lock's descriptors.
-    pub close: bool,
-    pub resource: String,
-    pub command: Vec<OsString>,
+    close: bool,
+    resource: String,
+    command: Vec<OsString>,
 }
 
 /// SIGINT, SIGTERM and SIGHUP, caught from the start: while waiting they end the wait cleanly,
@@ -64,7 +66,24 @@ fn killed_by(sig: Signal) -> Exit {
     Exit::Command(procs::killed_by_code(sig.as_raw()))
 }
 
-pub(crate) async fn run(args: RunArgs) -> Result<Exit> {
+/// `run` on `store`, as `settings` say.
+pub(crate) async fn run(store: StoreConfig, settings: RunSettings) -> Result<Exit> {
+    let RunSettings {
+        source: _,
+        take,
+        kill_after,
+        close,
+        resource,
+        command,
+    } = settings;
+    let args = RunArgs {
+        store,
+        take,
+        kill_after,
+        close,
+        resource,
+        command,
+    };
     let mut signals = Signals::new()?;
     let lock = args.store.lock(&args.resource, args.take.ttl);
     let taken = tokio::select! {
@@ -98,13 +117,17 @@ pub(crate) async fn run(args: RunArgs) -> Result<Exit> {
         eprintln!("{}", super::took_line(&lock, took));
     }
     let outcome = supervise(&args, &lock, &mut signals).await;
+    release(&args, &lock, outcome).await
+}
+
+/// Releases the lock whatever happened to the command: a lost lock is exit 3 however it is
+/// found. The exit waits for the store only so long: a release the store does not confirm in
+/// time goes on in the background until the exit's bound, and is said to have failed.
+async fn release(args: &RunArgs, lock: &Lock, outcome: Result<Exit>) -> Result<Exit> {
     let known = lock.lost_reason();
-    // Released whatever happened to the command; a lost lock is exit 3 however it is found.
-    // The exit waits for the store only so long: a release the store does not confirm in
-    // time goes on in the background until the exit's bound, and is said to have failed.
     let released = crate::exit::bounded(lock.release())
         .await
-        .unwrap_or_else(|| Err(unconfirmed_release(&lock)));
+        .unwrap_or_else(|| Err(unconfirmed_release(lock)));
     match released {
         Ok(Release::Lost) => {
             if !matches!(outcome, Ok(Exit::Lost)) {

@@ -1,4 +1,4 @@
-//! The command line, as clap sees it. Raw arguments only: `config.rs` turns them into checked
+//! The command line, as clap sees it. Raw arguments only: `args.rs` turns them into checked
 //! settings.
 
 use std::ffi::OsString;

@@ -42,6 +42,26 @@ pub(crate) async fn bounded<T>(fut: impl std::future::Future<Output = T>) -> Opt
     tokio::time::timeout_at(deadline, fut).await.ok()
 }
 
+/// Lets the store calls still running finish before the runtime (and they with it) is dropped;
+/// says so with -v (or --json) when the bound is hit.
+pub(crate) async fn settle() {
+    let left = deadline().saturating_duration_since(std::time::Instant::now());
+    if xtr_lock::settle(left).await {
+        return;
+    }
+    if crate::output::json() {
+        crate::output::event(
+            "unsettled",
+            serde_json::json!({ "waited_ms": SETTLE.as_millis() as u64 }),
+        );
+    } else if crate::output::verbose() {
+        eprintln!(
+            "xtr-lock: store calls of this process (clean-ups) still running after {SETTLE:?}; \
+             exiting without them (a lock they would have released is held until its ttl ends)"
+        );
+    }
+}
+
 /// The lock was lost.
 pub(crate) const LOST: u8 = 3;
 /// Usage, configuration or store error.

@@ -19,8 +19,9 @@ use anyhow::{Context as _, Result, anyhow};
 use serde_json::{Value, json};
 use xtr_lock::{Key, Lock, Lockable as _, Mode};
 
-use crate::config::{Source, StoreConfig};
+use crate::args::Source;
 use crate::output::mode_name;
+use crate::store::StoreConfig;
 
 /// The envelope's version field, and its name.
 const VERSION_FIELD: &str = "xtr_lock_key";

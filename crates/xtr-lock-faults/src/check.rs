@@ -32,7 +32,7 @@
 //! every section active at it, and those that enter within half a second after it (their lock
 //! was granted before the fault, their command started after).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 /// How often the harness appends a `clock` line to the log.
@@ -93,99 +93,154 @@ pub fn check(log: &str, fenced: bool) -> Verdict {
 
 /// Checks `log` under `rules`.
 pub fn check_with(log: &str, rules: Rules) -> Verdict {
-    let fenced = rules.fenced;
-    let mut verdict = Verdict::default();
-    let mut clock: u32 = 0;
-    // `destroyed <id>` marks, and `destroyed-all` marks (line, clock).
-    let mut marks: HashMap<&str, (usize, u32)> = HashMap::new();
-    let mut all_marks: Vec<(usize, u32)> = Vec::new();
-    let mut sections: HashMap<&str, Section> = HashMap::new();
-    let mut order: Vec<&str> = Vec::new();
-    let mut highest: Option<u64> = None;
-    let mut last_writer: Option<u64> = None;
-    let mut refused: std::collections::HashSet<&str> = std::collections::HashSet::new();
+    let mut scan = Scan::new(rules.fenced);
     for (at, line) in log.lines().enumerate() {
-        let fields: Vec<&str> = line.split_whitespace().collect();
+        scan.line(at, line);
+    }
+    let Scan {
+        mut verdict,
+        mut sections,
+        order,
+        marks,
+        all_marks,
+        ..
+    } = scan;
+    mark_destroyed(&mut sections, &marks, &all_marks);
+    let bound = u32::try_from(rules.destroyed_bound.as_millis() / CLOCK_TICK.as_millis())
+        .unwrap_or(u32::MAX);
+    overlaps(&order, &sections, bound, &mut verdict);
+    verdict
+}
+
+/// The log read line by line: its sections, its marks, and what is wrong already (tokens,
+/// unreadable lines).
+struct Scan<'a> {
+    fenced: bool,
+    verdict: Verdict,
+    clock: u32,
+    /// `destroyed <id>` marks, and `destroyed-all` marks (line, clock).
+    marks: HashMap<&'a str, (usize, u32)>,
+    all_marks: Vec<(usize, u32)>,
+    sections: HashMap<&'a str, Section>,
+    order: Vec<&'a str>,
+    highest: Option<u64>,
+    last_writer: Option<u64>,
+    refused: HashSet<&'a str>,
+}
+
+impl<'a> Scan<'a> {
+    fn new(fenced: bool) -> Scan<'a> {
+        Scan {
+            fenced,
+            verdict: Verdict::default(),
+            clock: 0,
+            marks: HashMap::new(),
+            all_marks: Vec::new(),
+            sections: HashMap::new(),
+            order: Vec::new(),
+            highest: None,
+            last_writer: None,
+            refused: HashSet::new(),
+        }
+    }
+
+    /// Reads line `at` of the log.
+    fn line(&mut self, at: usize, line: &'a str) {
+        let fields: Vec<&'a str> = line.split_whitespace().collect();
         match fields.as_slice() {
-            ["enter", id, mode, token, pid] => {
-                let token = token.parse::<u64>().ok();
-                let write = *mode == "w";
-                if let Ok(pid) = pid.parse() {
-                    verdict.pids.push(pid);
-                }
-                if let Some(t) = token {
-                    if fenced && highest.is_some_and(|h| t < h) {
-                        verdict.fenced_off += 1;
-                        refused.insert(id);
-                        continue;
-                    }
-                    if write && highest.is_some_and(|h| t <= h) {
-                        verdict.violations.push(format!(
-                            "section {id} (exclusive) entered with token {t}, not above {}",
-                            highest.unwrap_or_default()
-                        ));
-                    }
-                    if !write && last_writer.is_some_and(|w| t < w) {
-                        verdict.violations.push(format!(
-                            "section {id} (shared) entered with token {t}, below the last writer's {}",
-                            last_writer.unwrap_or_default()
-                        ));
-                    }
-                    highest = highest.max(Some(t));
-                    if write {
-                        last_writer = Some(t);
-                    }
-                }
-                verdict.sections += 1;
-                order.push(id);
-                sections.insert(
-                    id,
-                    Section {
-                        write,
-                        token,
-                        first: at,
-                        last: at,
-                        first_clock: clock,
-                        last_clock: clock,
-                        destroyed: None,
-                    },
-                );
-            }
-            ["tick" | "exit", id] => {
-                let Some(s) = sections.get_mut(id) else {
-                    if refused.contains(id) {
-                        verdict.fenced_off += 1;
-                    }
-                    continue;
-                };
-                if fenced
-                    && let (Some(t), Some(h)) = (s.token, highest)
-                    && t < h
-                {
-                    verdict.fenced_off += 1;
-                    continue;
-                }
-                s.last = at;
-                s.last_clock = clock;
-            }
-            ["clock"] => clock += 1,
+            ["enter", id, mode, token, pid] => self.enter(at, id, *mode == "w", token, pid),
+            ["tick" | "exit", id] => self.step(at, id),
+            ["clock"] => self.clock += 1,
             ["destroyed", id] => {
-                marks.entry(id).or_insert((at, clock));
+                self.marks.entry(id).or_insert((at, self.clock));
             }
-            ["destroyed-all"] => all_marks.push((at, clock)),
+            ["destroyed-all"] => self.all_marks.push((at, self.clock)),
             [] => {}
-            _ => verdict
+            _ => self
+                .verdict
                 .violations
                 .push(format!("line {}: unreadable: {line:?}", at + 1)),
         }
     }
-    mark_destroyed(&mut sections, &marks, &all_marks);
-    let bound = u32::try_from(rules.destroyed_bound.as_millis() / CLOCK_TICK.as_millis())
-        .unwrap_or(u32::MAX);
-    // Overlaps: sections sorted by their first line; each is compared with those that entered
-    // before it and were still active.
+
+    /// `enter <id> <w|r> <token or -> <pid>` at line `at`.
+    fn enter(&mut self, at: usize, id: &'a str, write: bool, token: &str, pid: &str) {
+        let token = token.parse::<u64>().ok();
+        if let Ok(pid) = pid.parse() {
+            self.verdict.pids.push(pid);
+        }
+        if let Some(t) = token {
+            if self.fenced && self.highest.is_some_and(|h| t < h) {
+                self.verdict.fenced_off += 1;
+                self.refused.insert(id);
+                return;
+            }
+            self.check_token(id, write, t);
+        }
+        self.verdict.sections += 1;
+        self.order.push(id);
+        self.sections.insert(
+            id,
+            Section {
+                write,
+                token,
+                first: at,
+                last: at,
+                first_clock: self.clock,
+                last_clock: self.clock,
+                destroyed: None,
+            },
+        );
+    }
+
+    /// A writer's token `t` must exceed every token entered before it; a reader's must be at
+    /// least the last writer's.
+    fn check_token(&mut self, id: &str, write: bool, t: u64) {
+        if write && self.highest.is_some_and(|h| t <= h) {
+            self.verdict.violations.push(format!(
+                "section {id} (exclusive) entered with token {t}, not above {}",
+                self.highest.unwrap_or_default()
+            ));
+        }
+        if !write && self.last_writer.is_some_and(|w| t < w) {
+            self.verdict.violations.push(format!(
+                "section {id} (shared) entered with token {t}, below the last writer's {}",
+                self.last_writer.unwrap_or_default()
+            ));
+        }
+        self.highest = self.highest.max(Some(t));
+        if write {
+            self.last_writer = Some(t);
+        }
+    }
+
+    /// `tick <id>` or `exit <id>` at line `at`: the section's last applied line, unless the
+    /// fenced resource refuses it.
+    fn step(&mut self, at: usize, id: &str) {
+        let Some(s) = self.sections.get_mut(id) else {
+            if self.refused.contains(id) {
+                self.verdict.fenced_off += 1;
+            }
+            return;
+        };
+        if self.fenced
+            && let (Some(t), Some(h)) = (s.token, self.highest)
+            && t < h
+        {
+            self.verdict.fenced_off += 1;
+            return;
+        }
+        s.last = at;
+        s.last_clock = self.clock;
+    }
+}
+
+/// Overlaps: sections in the order they entered, each compared with those that entered
+/// before it and were still active; an overlap that includes a writer is a violation, unless
+/// a destroyed lock excuses it within `bound` clock ticks.
+fn overlaps(order: &[&str], sections: &HashMap<&str, Section>, bound: u32, verdict: &mut Verdict) {
     let mut active: Vec<&str> = Vec::new();
-    for id in &order {
+    for id in order {
         let s = &sections[id];
         active.retain(|other| sections[other].last > s.first);
         for other in &active {
@@ -204,7 +259,6 @@ pub fn check_with(log: &str, rules: Rules) -> Verdict {
         }
         active.push(id);
     }
-    verdict
 }
 
 /// Sets each section's `destroyed` from the marks: its own (at its enter if it entered after

@@ -137,7 +137,7 @@ fn holders(pool: &Pool) -> Vec<Victim> {
         .iter()
         .enumerate()
         .filter_map(|(worker, s)| {
-            let (n, section) = s.lock().unwrap_or_else(|e| e.into_inner()).clone()?;
+            let (n, section) = crate::mutex::lock(s).clone()?;
             command_group(n)?;
             Some(Victim {
                 worker,
@@ -173,73 +173,16 @@ fn pid(n: u32) -> Option<Pid> {
     Pid::from_raw(i32::try_from(n).ok()?)
 }
 
+/// Injects the scenario's fault once; whether it was (a holder fault needs a holder).
 fn once(stores: &mut Stores, pool: &Pool, scenario: &Scenario, log: &Path) -> bool {
     let past_ttl = scenario.ttl + scenario.ttl / 2;
-    let destroys = scenario.fault.destroys_lock(scenario.target);
     match scenario.fault {
         Fault::ReadMix => false,
-        Fault::RestartServer => {
-            if destroys {
-                mark(log, "destroyed-all");
-            }
-            stores.restart();
-            true
-        }
-        Fault::TerminateBackend => {
-            let Some(v) = victim(pool) else {
-                return false;
-            };
-            if stores.target == Target::GetLock {
-                // MariaDB's process list shows no client address here: the session ended is
-                // the lock's holder (`IS_USED_LOCK`), whichever holder that is.
-                mark(log, "destroyed-all");
-            } else if destroys {
-                mark(log, &format!("destroyed {}", v.section));
-            }
-            stores.terminate_sessions(v.pid.as_raw_nonzero().get().unsigned_abs())
-        }
-        Fault::Partition => {
-            let Some(v) = victim(pool) else {
-                return false;
-            };
-            let freeze = &stores.freezes[v.worker];
-            freeze.freeze();
-            std::thread::sleep(past_ttl);
-            freeze.thaw();
-            true
-        }
-        Fault::KillHolder | Fault::KillXtrLock | Fault::Delay => {
-            let Some(xtr) = victim(pool).map(|v| v.pid) else {
-                return false;
-            };
-            let group = command_group(xtr.as_raw_nonzero().get().unsigned_abs());
-            let _ = kill_process(xtr, Signal::KILL);
-            if scenario.fault == Fault::KillHolder
-                && let Some(g) = group.and_then(Pid::from_raw)
-            {
-                let _ = kill_process_group(g, Signal::KILL);
-            }
-            true
-        }
-        Fault::StopXtrLock | Fault::StopHolder => {
-            let Some(xtr) = victim(pool).map(|v| v.pid) else {
-                return false;
-            };
-            let group = (scenario.fault == Fault::StopHolder)
-                .then(|| command_group(xtr.as_raw_nonzero().get().unsigned_abs()))
-                .flatten()
-                .and_then(Pid::from_raw);
-            let _ = kill_process(xtr, Signal::STOP);
-            if let Some(g) = group {
-                let _ = kill_process_group(g, Signal::STOP);
-            }
-            std::thread::sleep(past_ttl);
-            if let Some(g) = group {
-                let _ = kill_process_group(g, Signal::CONT);
-            }
-            let _ = kill_process(xtr, Signal::CONT);
-            true
-        }
+        Fault::RestartServer => restart_server(stores, scenario, log),
+        Fault::TerminateBackend => terminate_backend(stores, pool, scenario, log),
+        Fault::Partition => partition(stores, pool, past_ttl),
+        Fault::KillHolder | Fault::KillXtrLock | Fault::Delay => kill_holder(pool, scenario.fault),
+        Fault::StopXtrLock | Fault::StopHolder => stop_holder(pool, scenario.fault, past_ttl),
         Fault::StopMembers(n) if stores.etcd.is_some() => {
             let cluster = stores.etcd.as_ref().expect("an etcd cluster");
             for i in 0..n {
@@ -251,18 +194,7 @@ fn once(stores: &mut Stores, pool: &Pool, scenario: &Scenario, log: &Path) -> bo
             }
             true
         }
-        Fault::KillLeader => {
-            let Some(cluster) = stores.etcd.as_mut() else {
-                return false;
-            };
-            let Some(leader) = cluster.leader() else {
-                return false;
-            };
-            cluster.kill(leader);
-            std::thread::sleep(past_ttl);
-            cluster.restart(leader);
-            true
-        }
+        Fault::KillLeader => kill_leader(stores, past_ttl),
         Fault::StopServer | Fault::StopMembers(_) => {
             let n = match scenario.fault {
                 Fault::StopMembers(n) => n,
@@ -288,4 +220,93 @@ fn once(stores: &mut Stores, pool: &Pool, scenario: &Scenario, log: &Path) -> bo
             true
         }
     }
+}
+
+/// [`Fault::RestartServer`], marked in the log where it destroys every lock.
+fn restart_server(stores: &mut Stores, scenario: &Scenario, log: &Path) -> bool {
+    if scenario.fault.destroys_lock(scenario.target) {
+        mark(log, "destroyed-all");
+    }
+    stores.restart();
+    true
+}
+
+/// [`Fault::TerminateBackend`]: a holder's sessions ended, marked in the log where that
+/// destroys its lock.
+fn terminate_backend(stores: &mut Stores, pool: &Pool, scenario: &Scenario, log: &Path) -> bool {
+    let Some(v) = victim(pool) else {
+        return false;
+    };
+    if stores.target == Target::GetLock {
+        // MariaDB's process list shows no client address here: the session ended is
+        // the lock's holder (`IS_USED_LOCK`), whichever holder that is.
+        mark(log, "destroyed-all");
+    } else if scenario.fault.destroys_lock(scenario.target) {
+        mark(log, &format!("destroyed {}", v.section));
+    }
+    stores.terminate_sessions(v.pid.as_raw_nonzero().get().unsigned_abs())
+}
+
+/// [`Fault::Partition`]: a holder's proxies frozen for `past_ttl`, then thawed.
+fn partition(stores: &Stores, pool: &Pool, past_ttl: Duration) -> bool {
+    let Some(v) = victim(pool) else {
+        return false;
+    };
+    let freeze = &stores.freezes[v.worker];
+    freeze.freeze();
+    std::thread::sleep(past_ttl);
+    freeze.thaw();
+    true
+}
+
+/// [`Fault::KillHolder`] (its command's group too), [`Fault::KillXtrLock`] and
+/// [`Fault::Delay`]'s kills (the `xtr-lock` process alone).
+fn kill_holder(pool: &Pool, fault: Fault) -> bool {
+    let Some(xtr) = victim(pool).map(|v| v.pid) else {
+        return false;
+    };
+    let group = command_group(xtr.as_raw_nonzero().get().unsigned_abs());
+    let _ = kill_process(xtr, Signal::KILL);
+    if fault == Fault::KillHolder
+        && let Some(g) = group.and_then(Pid::from_raw)
+    {
+        let _ = kill_process_group(g, Signal::KILL);
+    }
+    true
+}
+
+/// [`Fault::StopXtrLock`] and [`Fault::StopHolder`] (its command's group too): stopped for
+/// `past_ttl`, then continued.
+fn stop_holder(pool: &Pool, fault: Fault, past_ttl: Duration) -> bool {
+    let Some(xtr) = victim(pool).map(|v| v.pid) else {
+        return false;
+    };
+    let group = (fault == Fault::StopHolder)
+        .then(|| command_group(xtr.as_raw_nonzero().get().unsigned_abs()))
+        .flatten()
+        .and_then(Pid::from_raw);
+    let _ = kill_process(xtr, Signal::STOP);
+    if let Some(g) = group {
+        let _ = kill_process_group(g, Signal::STOP);
+    }
+    std::thread::sleep(past_ttl);
+    if let Some(g) = group {
+        let _ = kill_process_group(g, Signal::CONT);
+    }
+    let _ = kill_process(xtr, Signal::CONT);
+    true
+}
+
+/// [`Fault::KillLeader`]: the etcd cluster's leader killed, and started again after `past_ttl`.
+fn kill_leader(stores: &mut Stores, past_ttl: Duration) -> bool {
+    let Some(cluster) = stores.etcd.as_mut() else {
+        return false;
+    };
+    let Some(leader) = cluster.leader() else {
+        return false;
+    };
+    cluster.kill(leader);
+    std::thread::sleep(past_ttl);
+    cluster.restart(leader);
+    true
 }

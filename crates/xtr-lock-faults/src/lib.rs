@@ -14,6 +14,7 @@
 
 pub mod check;
 mod faults;
+mod mutex;
 mod scenarios;
 mod sockets;
 mod stores;

@@ -104,95 +104,20 @@ impl Scenario {
     /// terminated session, a server restarted without its locks) and there are no tokens, the
     /// checker bounds how long the holder may run on (see `Fault::destroys_lock`).
     pub fn all(duration: Duration) -> Vec<Scenario> {
-        use Fault::*;
-        let holder = [KillHolder, KillXtrLock, StopXtrLock];
+        let holder = [Fault::KillHolder, Fault::KillXtrLock, Fault::StopXtrLock];
         let mut out = Vec::new();
-        let mut add = |target: Target, faults: &[Fault]| {
-            for &fault in holder.iter().chain(faults) {
+        for target in ORDER {
+            for fault in holder.into_iter().chain(faults_of(target)) {
                 out.push(Scenario {
                     target,
                     fault,
                     duration,
                     workers: 4,
-                    readers: if fault == ReadMix { 8 } else { 0 },
+                    readers: if fault == Fault::ReadMix { 8 } else { 0 },
                     ttl: ttl(target),
                 });
             }
-        };
-        // The kernel frees a killed holder's lock and never takes it from a live one: a paused
-        // holder keeps it, with or without tokens.
-        add(Target::Flock, &[StopHolder, ReadMix]);
-        add(Target::Semaphore, &[StopHolder]);
-        add(Target::Sqlite, &[StopHolder]);
-        add(
-            Target::Redis,
-            &[
-                StopHolder,
-                StopServer,
-                RestartServerEmpty,
-                Delay,
-                Partition,
-                ReadMix,
-            ],
-        );
-        // No StopHolder: a quorum has no fencing tokens, and a holder paused past its lease
-        // resumes believing it holds (as with any lease); nothing can refuse its writes.
-        add(
-            Target::Quorum,
-            &[
-                StopMembers(1),
-                StopMembers(2),
-                KillMembers(1),
-                KillMembers(2),
-                Delay,
-                Partition,
-                ReadMix,
-            ],
-        );
-        // A lock on a Raft cluster: a member (the leader, or a follower) paused or killed and
-        // brought back must change nothing; the holder's faults are every store's.
-        add(
-            Target::Etcd,
-            &[StopHolder, StopMembers(1), KillLeader, Partition, ReadMix],
-        );
-        // The lock is a subscription; a restart or a killed connection ends it at once (the
-        // holder must notice and stop); a silent holder is killed by any prober after
-        // `unavailable_timeout`: paused holders are fenced by portalocker's counter.
-        add(
-            Target::PubSub,
-            &[
-                StopHolder,
-                StopServer,
-                RestartServer,
-                TerminateBackend,
-                Partition,
-                ReadMix,
-            ],
-        );
-        // Rows with a ttl and tokens: the database restarted keeps them, a terminated session
-        // is only a broken connection.
-        let table = [
-            StopHolder,
-            StopServer,
-            RestartServer,
-            TerminateBackend,
-            Partition,
-        ];
-        add(Target::SqlPostgres, &table);
-        add(Target::SqlMariaDb, &table);
-        // Session locks: the server never takes one from a live session (a paused holder keeps
-        // it); a terminated session or a restart frees it at once.
-        let session = [
-            StopHolder,
-            StopServer,
-            RestartServer,
-            TerminateBackend,
-            Partition,
-        ];
-        add(Target::Advisory, &[&session[..], &[ReadMix]].concat());
-        add(Target::GetLock, &session);
-        // No StopHolder (no tokens, the entry expires); a restart comes back empty.
-        add(Target::Memcached, &[StopServer, RestartServer, Partition]);
+        }
         out
     }
 
@@ -219,6 +144,83 @@ impl Scenario {
         } else {
             Duration::from_millis(500)
         }
+    }
+}
+
+/// The order of the targets in [`Scenario::all`]: a target's scenarios are adjacent (they share
+/// its servers).
+const ORDER: [Target; 12] = [
+    Target::Flock,
+    Target::Semaphore,
+    Target::Sqlite,
+    Target::Redis,
+    Target::Quorum,
+    Target::Etcd,
+    Target::PubSub,
+    Target::SqlPostgres,
+    Target::SqlMariaDb,
+    Target::Advisory,
+    Target::GetLock,
+    Target::Memcached,
+];
+
+/// The faults `target` suffers besides every holder's (killed, its `xtr-lock` killed or
+/// stopped); [`Scenario::all`] says why the others are left out.
+fn faults_of(target: Target) -> Vec<Fault> {
+    use Fault::*;
+    // Rows with a ttl and tokens (the SQL tables): the database restarted keeps them, a
+    // terminated session is only a broken connection. Session locks (advisory, `GET_LOCK`):
+    // the server never takes one from a live session (a paused holder keeps it); a terminated
+    // session or a restart frees it at once.
+    let table_or_session = [
+        StopHolder,
+        StopServer,
+        RestartServer,
+        TerminateBackend,
+        Partition,
+    ];
+    match target {
+        // The kernel frees a killed holder's lock and never takes it from a live one: a paused
+        // holder keeps it, with or without tokens.
+        Target::Flock => vec![StopHolder, ReadMix],
+        Target::Semaphore | Target::Sqlite => vec![StopHolder],
+        Target::Redis => vec![
+            StopHolder,
+            StopServer,
+            RestartServerEmpty,
+            Delay,
+            Partition,
+            ReadMix,
+        ],
+        // No StopHolder: a quorum has no fencing tokens, and a holder paused past its lease
+        // resumes believing it holds (as with any lease); nothing can refuse its writes.
+        Target::Quorum => vec![
+            StopMembers(1),
+            StopMembers(2),
+            KillMembers(1),
+            KillMembers(2),
+            Delay,
+            Partition,
+            ReadMix,
+        ],
+        // A lock on a Raft cluster: a member (the leader, or a follower) paused or killed and
+        // brought back must change nothing; the holder's faults are every store's.
+        Target::Etcd => vec![StopHolder, StopMembers(1), KillLeader, Partition, ReadMix],
+        // The lock is a subscription; a restart or a killed connection ends it at once (the
+        // holder must notice and stop); a silent holder is killed by any prober after
+        // `unavailable_timeout`: paused holders are fenced by portalocker's counter.
+        Target::PubSub => vec![
+            StopHolder,
+            StopServer,
+            RestartServer,
+            TerminateBackend,
+            Partition,
+            ReadMix,
+        ],
+        Target::SqlPostgres | Target::SqlMariaDb | Target::GetLock => table_or_session.to_vec(),
+        Target::Advisory => [&table_or_session[..], &[ReadMix]].concat(),
+        // No StopHolder (no tokens, the entry expires); a restart comes back empty.
+        Target::Memcached => vec![StopServer, RestartServer, Partition],
     }
 }
 

@@ -153,9 +153,9 @@ fn worker(
             std::thread::sleep(Duration::from_millis(50));
             continue;
         };
-        *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some((child.id(), section));
+        *crate::mutex::lock(slot) = Some((child.id(), section));
         let status = child.wait();
-        *slot.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        *crate::mutex::lock(slot) = None;
         let bucket = match status
             .ok()
             .and_then(|s| s.code().or(s.signal().map(|_| 99)))

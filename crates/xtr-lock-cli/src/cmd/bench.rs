@@ -3,23 +3,15 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
-use xtr_lock::Lockable as _;
+use xtr_lock::{LockFactory, Lockable as _};
 
 use anyhow::{Result, anyhow};
 use serde_json::json;
 
-use crate::config::StoreConfig;
+use crate::args::BenchSettings;
 use crate::exit::Exit;
 use crate::output::short;
-
-pub(crate) struct BenchArgs {
-    pub store: StoreConfig,
-    pub clients: usize,
-    pub resources: usize,
-    pub duration: Duration,
-    pub hold: Duration,
-    pub json: bool,
-}
+use crate::store::StoreConfig;
 
 const CYCLES: usize = 1000;
 const HANDOFFS: usize = 50;
@@ -29,13 +21,22 @@ fn percentile(sorted: &[Duration], q: f64) -> Duration {
     sorted[((sorted.len() - 1) as f64 * q).round() as usize]
 }
 
-pub(crate) async fn bench(args: BenchArgs) -> Result<Exit> {
+/// `bench`: uncontended latency, hand-off latency, then throughput, printed as a table or JSON.
+pub(crate) async fn bench(store: StoreConfig, args: BenchSettings) -> Result<Exit> {
     if args.clients == 0 || args.resources == 0 {
         return Err(anyhow!("--clients and --resources must be at least 1"));
     }
     let tag = format!("xtr-lock-bench:{}", std::process::id());
-    let factory = args.store.factory().with_default_ttl(Some(TTL));
+    let factory = store.factory().with_default_ttl(Some(TTL));
+    let cycles = cycles(&factory, &tag).await?;
+    let handoffs = handoffs(&factory, &tag).await?;
+    let rate = throughput(&factory, &tag, &args).await?;
+    print(&store, &args, &cycles, &handoffs, rate);
+    Ok(Exit::Ok)
+}
 
+/// [`CYCLES`] uncontended acquire + release, sorted.
+async fn cycles(factory: &LockFactory, tag: &str) -> Result<Vec<Duration>> {
     let lock = factory.create_lock(format!("{tag}:cycle"));
     let mut cycles = Vec::with_capacity(CYCLES);
     for _ in 0..CYCLES {
@@ -49,7 +50,11 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<Exit> {
         cycles.push(t.elapsed());
     }
     cycles.sort_unstable();
+    Ok(cycles)
+}
 
+/// [`HANDOFFS`] times from a release to the waiter's acquire, sorted.
+async fn handoffs(factory: &LockFactory, tag: &str) -> Result<Vec<Duration>> {
     let holder = factory.create_lock(format!("{tag}:handoff"));
     let mut handoffs = Vec::with_capacity(HANDOFFS);
     for _ in 0..HANDOFFS {
@@ -67,7 +72,11 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<Exit> {
         handoffs.push(task.await??.saturating_duration_since(released));
     }
     handoffs.sort_unstable();
+    Ok(handoffs)
+}
 
+/// Acquire + release per second of `--clients` spread over `--resources`, for `--duration`.
+async fn throughput(factory: &LockFactory, tag: &str, args: &BenchSettings) -> Result<f64> {
     let done = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let mut tasks = Vec::new();
@@ -92,43 +101,51 @@ pub(crate) async fn bench(args: BenchArgs) -> Result<Exit> {
     for task in tasks {
         task.await??;
     }
-    let rate = done.load(Ordering::Relaxed) as f64 / t.elapsed().as_secs_f64();
+    Ok(done.load(Ordering::Relaxed) as f64 / t.elapsed().as_secs_f64())
+}
 
+/// The measurements, as a table or (`--json`) one JSON object.
+fn print(
+    store: &StoreConfig,
+    args: &BenchSettings,
+    cycles: &[Duration],
+    handoffs: &[Duration],
+    rate: f64,
+) {
     let us = |d: Duration| d.as_secs_f64() * 1e6;
     if args.json {
         println!(
             "{}",
             json!({
-                "store": args.store.scheme,
-                "uncontended_us": {"n": CYCLES, "p50": us(percentile(&cycles, 0.5)), "p99": us(percentile(&cycles, 0.99))},
-                "handoff_us": {"n": HANDOFFS, "p50": us(percentile(&handoffs, 0.5)), "p99": us(percentile(&handoffs, 0.99))},
+                "store": store.scheme,
+                "uncontended_us": {"n": CYCLES, "p50": us(percentile(cycles, 0.5)), "p99": us(percentile(cycles, 0.99))},
+                "handoff_us": {"n": HANDOFFS, "p50": us(percentile(handoffs, 0.5)), "p99": us(percentile(handoffs, 0.99))},
                 "throughput": {"clients": args.clients, "resources": args.resources, "hold_ms": args.hold.as_millis() as u64, "per_second": rate},
             })
         );
-    } else {
-        let cell = |s: &[Duration]| {
-            format!(
-                "{:.1} µs (p99 {:.1} µs)",
-                us(percentile(s, 0.5)),
-                us(percentile(s, 0.99))
-            )
-        };
-        println!("store: {}", args.store.store);
-        println!(
-            "uncontended acquire + release  {}  [{CYCLES} cycles]",
-            cell(&cycles)
-        );
-        println!(
-            "hand-off (release → waiter)    {}  [{HANDOFFS} hand-offs]",
-            cell(&handoffs)
-        );
-        println!(
-            "throughput                     {rate:.0} acquire+release/s  [{} clients, {} resources, hold {}, {}]",
-            args.clients,
-            args.resources,
-            short(args.hold),
-            short(args.duration)
-        );
+        return;
     }
-    Ok(Exit::Ok)
+    let cell = |s: &[Duration]| {
+        format!(
+            "{:.1} µs (p99 {:.1} µs)",
+            us(percentile(s, 0.5)),
+            us(percentile(s, 0.99))
+        )
+    };
+    println!("store: {}", store.store);
+    println!(
+        "uncontended acquire + release  {}  [{CYCLES} cycles]",
+        cell(cycles)
+    );
+    println!(
+        "hand-off (release → waiter)    {}  [{HANDOFFS} hand-offs]",
+        cell(handoffs)
+    );
+    println!(
+        "throughput                     {rate:.0} acquire+release/s  [{} clients, {} resources, hold {}, {}]",
+        args.clients,
+        args.resources,
+        short(args.hold),
+        short(args.duration)
+    );
 }

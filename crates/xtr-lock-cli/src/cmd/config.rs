@@ -9,31 +9,16 @@ use serde_json::json;
 use xtr_lock::Wait;
 use xtr_lock::config::{CheckedEntry, Locks, QuorumKind};
 
-use crate::cli::{ConfigCommand, ConfigFileArgs};
-use crate::config::duration;
+use crate::cli::ConfigFileArgs;
 use crate::exit::Exit;
+use crate::file::{LoadError, Loaded};
 use crate::output;
-use crate::settings::{self, LoadError, Loaded};
-
-pub(crate) async fn config(command: ConfigCommand) -> Result<Exit> {
-    match command {
-        ConfigCommand::Check {
-            file,
-            ping,
-            timeout,
-        } => {
-            let timeout = duration("--timeout", &timeout)?;
-            check(&file, ping.then_some(timeout)).await
-        }
-        ConfigCommand::Show { file } => show(&file),
-    }
-}
 
 fn path(file: &ConfigFileArgs) -> Result<PathBuf> {
-    settings::file(file.config.as_deref()).ok_or_else(|| {
+    crate::file::path(file.config.as_deref()).ok_or_else(|| {
         anyhow!(
             "no lock configuration to read: give --config FILE or set ${}",
-            settings::CONFIG_ENV
+            crate::file::CONFIG_ENV
         )
     })
 }
@@ -41,7 +26,7 @@ fn path(file: &ConfigFileArgs) -> Result<PathBuf> {
 /// Loads the file; its problems are printed here (one per line, or as JSON) and are the answer.
 fn load(file: &ConfigFileArgs) -> Result<std::result::Result<Loaded, Exit>> {
     let path = path(file)?;
-    let problems = match settings::load(&path) {
+    let problems = match crate::file::load(&path) {
         Ok(loaded) => return Ok(Ok(loaded)),
         Err(LoadError::Unreadable(why)) => vec![why],
         Err(LoadError::Problems(p)) => p,
@@ -59,7 +44,9 @@ fn load(file: &ConfigFileArgs) -> Result<std::result::Result<Loaded, Exit>> {
     Ok(Err(Exit::Error))
 }
 
-async fn check(file: &ConfigFileArgs, ping: Option<Duration>) -> Result<Exit> {
+/// `config check`: every entry checked, and with `ping` (how long each may take to answer)
+/// every store reached.
+pub(crate) async fn check(file: &ConfigFileArgs, ping: Option<Duration>) -> Result<Exit> {
     let loaded = match load(file)? {
         Ok(loaded) => loaded,
         Err(exit) => return Ok(exit),
@@ -126,7 +113,8 @@ async fn check(file: &ConfigFileArgs, ping: Option<Duration>) -> Result<Exit> {
     })
 }
 
-fn show(file: &ConfigFileArgs) -> Result<Exit> {
+/// `config show`: the file as checked, credentials redacted.
+pub(crate) fn show(file: &ConfigFileArgs) -> Result<Exit> {
     let loaded = match load(file)? {
         Ok(loaded) => loaded,
         Err(exit) => return Ok(exit),

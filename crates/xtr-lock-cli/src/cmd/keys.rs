@@ -8,11 +8,13 @@ use anyhow::{Result, anyhow};
 use serde_json::json;
 use xtr_lock::Lockable as _;
 use xtr_lock::Release;
+use xtr_lock::store::HolderInfo;
 
-use crate::config::{Source, StoreConfig, Take};
+use crate::args::{Source, Take};
 use crate::exit::Exit;
 use crate::handoff::{self, Handed};
 use crate::output::mode_name;
+use crate::store::StoreConfig;
 
 /// Prints `text` on stdout; a closed pipe is not an error (`| head`).
 fn print(text: &str) -> Result<()> {
@@ -104,7 +106,7 @@ where
     let lock = store.factory().create_lock_from_key(handed.key.clone());
     let handle = store.store.clone();
     let outcome = op(handed, lock).await;
-    crate::close(&*handle).await;
+    super::close(&*handle).await;
     outcome
 }
 
@@ -185,86 +187,120 @@ pub(crate) async fn status(store: StoreConfig, resource: String, json_out: bool)
         Some(h) if !h.is_empty() => store.store.fencing_counter(&resource).await?,
         _ => None,
     };
-    let location = store.store.location(&resource);
     // A queue's waiters (etcd) do not hold: a resource with only waiters is free this moment.
     let state = match &holders {
         Some(h) if h.iter().all(|h| h.waiting) => "free",
         Some(_) => "held",
         None => "unknown",
     };
+    let seen = Seen {
+        resource: &resource,
+        holders: holders.as_deref(),
+        fencing,
+        location: store.store.location(&resource),
+        state,
+    };
     if json_out {
-        let list: Option<Vec<_>> = holders.as_ref().map(|hs| {
-            hs.iter()
-                .map(|h| {
-                    json!({
-                        "mode": mode_name(h.mode),
-                        "pid": h.pid,
-                        "id": h.id,
-                        "remaining_ms": h.remaining.map(|d| d.as_millis() as u64),
-                        "waiting": h.waiting,
-                        "backend": h.backend,
-                    })
-                })
-                .collect()
-        });
-        print(
-            &json!({
-                "resource": resource,
-                "store": store.scheme,
-                "state": state,
-                "holders": list,
-                "location": location,
-                "store_fencing_counter": fencing,
-            })
-            .to_string(),
-        )?;
+        status_json(&store, &seen)?;
     } else {
-        match &holders {
-            None => print(&format!(
-                "{resource:?}: the {} store cannot tell who holds a lock",
-                store.scheme
-            ))?,
-            Some(h) if h.is_empty() => print(&format!("{resource:?}: free"))?,
-            Some(h) => {
-                let (waiting, holding): (Vec<_>, Vec<_>) =
-                    h.iter().cloned().partition(|h| h.waiting);
-                if holding.is_empty() {
-                    print(&format!("{resource:?}: free"))?;
-                } else {
-                    print(&format!(
-                        "{resource:?}: held by {}",
-                        crate::output::holders(&holding)
-                    ))?;
-                }
-                if !waiting.is_empty() {
-                    print(&format!("queue: {}", crate::output::holders(&waiting)))?;
-                }
-            }
-        }
-        if let Some(location) = &location {
-            print(&format!("lock: {location}"))?;
-        }
-        if let Some(counter) = fencing {
-            // The pub/sub store counts per resource (portalocker's `<channel>-fence`), as the SQL
-            // store does (its `<table>_fence` rows); the others share one counter per store.
-            let per_resource = store.scheme.contains("+pubsub")
-                || ["postgres", "mysql", "mariadb", "sqlite"]
-                    .iter()
-                    .any(|s| store.scheme.starts_with(s));
-            let whose = if per_resource {
-                "this resource's counter"
-            } else {
-                "one counter for every resource of this store"
-            };
-            print(&format!(
-                "fencing tokens so far: at most {counter} ({whose}; the holder's own is in its \
-                 key and $XTR_LOCK_FENCING_TOKEN)"
-            ))?;
-        }
+        status_lines(&store, &seen)?;
     }
     Ok(match state {
         "held" => Exit::Ok,
         "free" => Exit::Free,
         _ => Exit::Error,
     })
+}
+
+/// What `status` found out about a resource.
+struct Seen<'a> {
+    resource: &'a str,
+    /// `None` where the store cannot tell.
+    holders: Option<&'a [HolderInfo]>,
+    /// The store's fencing counter, where it has one and the resource is held.
+    fencing: Option<u64>,
+    location: Option<String>,
+    /// `held`, `free` or `unknown`.
+    state: &'static str,
+}
+
+/// `status --json`: one object.
+fn status_json(store: &StoreConfig, seen: &Seen<'_>) -> Result<()> {
+    let list: Option<Vec<_>> = seen.holders.map(|hs| {
+        hs.iter()
+            .map(|h| {
+                json!({
+                    "mode": mode_name(h.mode),
+                    "pid": h.pid,
+                    "id": h.id,
+                    "remaining_ms": h.remaining.map(|d| d.as_millis() as u64),
+                    "waiting": h.waiting,
+                    "backend": h.backend,
+                })
+            })
+            .collect()
+    });
+    print(
+        &json!({
+            "resource": seen.resource,
+            "store": store.scheme,
+            "state": seen.state,
+            "holders": list,
+            "location": seen.location,
+            "store_fencing_counter": seen.fencing,
+        })
+        .to_string(),
+    )
+}
+
+/// `status`: who holds it (and who queues), where the lock lives, the fencing counter.
+fn status_lines(store: &StoreConfig, seen: &Seen<'_>) -> Result<()> {
+    let resource = seen.resource;
+    match seen.holders {
+        None => print(&format!(
+            "{resource:?}: the {} store cannot tell who holds a lock",
+            store.scheme
+        ))?,
+        Some([]) => print(&format!("{resource:?}: free"))?,
+        Some(h) => {
+            let (waiting, holding): (Vec<_>, Vec<_>) = h.iter().cloned().partition(|h| h.waiting);
+            if holding.is_empty() {
+                print(&format!("{resource:?}: free"))?;
+            } else {
+                print(&format!(
+                    "{resource:?}: held by {}",
+                    crate::output::holders(&holding)
+                ))?;
+            }
+            if !waiting.is_empty() {
+                print(&format!("queue: {}", crate::output::holders(&waiting)))?;
+            }
+        }
+    }
+    if let Some(location) = &seen.location {
+        print(&format!("lock: {location}"))?;
+    }
+    if let Some(counter) = seen.fencing {
+        print(&fencing_line(&store.scheme, counter))?;
+    }
+    Ok(())
+}
+
+/// What the fencing counter of a store of kind `scheme` counts.
+fn fencing_line(scheme: &str, counter: u64) -> String {
+    // The pub/sub store counts per resource (portalocker's `<channel>-fence`), as the SQL
+    // store does (its `<table>_fence` rows); the others share one counter per store.
+    let per_resource = scheme.contains("+pubsub")
+        || ["postgres", "mysql", "mariadb", "sqlite"]
+            .iter()
+            .any(|s| scheme.starts_with(s));
+    let whose = if per_resource {
+        "this resource's counter"
+    } else {
+        "one counter for every resource of this store"
+    };
+    format!(
+        "fencing tokens so far: at most {counter} ({whose}; the holder's own is in its \
+         key and $XTR_LOCK_FENCING_TOKEN)"
+    )
 }

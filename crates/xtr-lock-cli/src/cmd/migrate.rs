@@ -3,7 +3,7 @@
 use anyhow::{Result, anyhow};
 use xtr_lock::SqlStore;
 
-use crate::config::Source;
+use crate::args::Source;
 use crate::exit::Exit;
 
 /// Makes the lock and fencing tables of every SQL store the source names (or prints their SQL).

@@ -1,4 +1,5 @@
-//! One module per subcommand.
+//! One module per subcommand, and what they share: the dispatch of the checked settings, the
+//! store closed after a command, taking a lock as `-n`/`-w` say and what is said of it.
 
 pub(crate) mod bench;
 pub(crate) mod config;
@@ -10,11 +11,99 @@ use std::io::IsTerminal as _;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
+use clap::CommandFactory as _;
 use serde_json::json;
 use xtr_lock::{Lock, Lockable as _, Wait};
 
-use crate::config::{StoreConfig, Take};
+use crate::args::{Settings, Take};
+use crate::cli::Cli;
+use crate::exit::Exit;
 use crate::output::{self, StatusLine, mode_name};
+use crate::store::StoreConfig;
+
+/// Runs what the command line asked for, on the store it names (opened here, closed after).
+pub(crate) async fn dispatch(settings: Settings) -> Result<Exit> {
+    match settings {
+        Settings::Run(settings) => {
+            let store = StoreConfig::open(&settings.source, settings.take.quiet)?;
+            closing(store, |store| run::run(store, settings)).await
+        }
+        Settings::Acquire {
+            source,
+            take,
+            resource,
+        } => {
+            let store = StoreConfig::open(&source, take.quiet)?;
+            closing(store, |store| {
+                keys::acquire(store, &source, take, &resource)
+            })
+            .await
+        }
+        Settings::Release { source, key } => keys::release(&source, key).await,
+        Settings::Refresh { source, ttl, key } => keys::refresh(&source, ttl, key).await,
+        Settings::Status {
+            source,
+            resource,
+            json,
+        } => {
+            let store = StoreConfig::open(&source, true)?;
+            closing(store, |store| keys::status(store, resource, json)).await
+        }
+        Settings::StatusOfKey { source, key, json } => {
+            keys::status_of_key(&source, Some(key), json).await
+        }
+        Settings::Bench(settings) => {
+            // Measuring a store that locks nothing between processes is a fair question.
+            let store = StoreConfig::open(&settings.source, true)?;
+            closing(store, |store| bench::bench(store, settings)).await
+        }
+        Settings::Migrate { source, print } => migrate::migrate(&source, print).await,
+        Settings::ConfigCheck { file, ping } => config::check(&file, ping).await,
+        Settings::ConfigShow { file } => config::show(&file),
+        Settings::Completions(shell) => {
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "xtr-lock",
+                &mut std::io::stdout(),
+            );
+            Ok(Exit::Ok)
+        }
+    }
+}
+
+/// Runs a command on `store`, then closes the store, whatever the outcome: work it still does in
+/// the background (a quorum's slowest members receiving a release) finishes before the process
+/// exits, instead of being left to expiry.
+async fn closing<F, Fut>(store: StoreConfig, command: F) -> Result<Exit>
+where
+    F: FnOnce(StoreConfig) -> Fut,
+    Fut: std::future::Future<Output = Result<Exit>>,
+{
+    let handle = store.store.clone();
+    let outcome = command(store).await;
+    close(&*handle).await;
+    outcome
+}
+
+/// Closes `store` (within the exit's bound, see [`crate::exit::deadline`]: a quorum's release is
+/// confirmed once a majority answered, and its slowest members, a paused server, are not
+/// waited for past it); a failure is reported, and does not change the command's exit status
+/// (what the command did is done).
+pub(crate) async fn close(store: &dyn xtr_lock::Store) {
+    let Some(closed) = crate::exit::bounded(store.close()).await else {
+        // What is left is still pending: the exit's settle says so.
+        return;
+    };
+    if let Err(err) = closed {
+        let line = output::causes(&err);
+        if output::json() {
+            output::event("warning", serde_json::json!({"message": line}));
+        } else {
+            eprintln!("xtr-lock: warning: {line}");
+        }
+    }
+}
 
 /// Takes `lock` as `take` says: `Some(how long it took)`, or `None` when it is held by someone
 /// else (or `--wait` ran out). While it waits, a status line on a terminal; a `waiting` line

@@ -8,15 +8,16 @@ use anyhow::{Context as _, Result};
 use rustix::process::Signal;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::time::Instant;
-use xtr_lock::{Lock, Lockable as _, Release};
+use xtr_lock::{KeepAlive, Lock, Lockable as _, Release};
 
 use serde_json::json;
 
-use crate::config::{StoreConfig, Take};
+use crate::args::{RunSettings, Take};
 use crate::exit::Exit;
 use crate::lease;
 use crate::output::{self, causes, mode_name, short};
 use crate::procs;
+use crate::store::StoreConfig;
 
 mod child;
 mod terminal;
@@ -24,14 +25,15 @@ mod terminal;
 use child::{Child, Event, Tie};
 use terminal::Terminal;
 
-pub(crate) struct RunArgs {
-    pub store: StoreConfig,
-    pub take: Take,
-    pub kill_after: Duration,
+/// What `run` works with: its store, opened, and its settings.
+struct RunArgs {
+    store: StoreConfig,
+    take: Take,
+    kill_after: Duration,
     /// `-o`: the command does not inherit the lock's descriptors.
-    pub close: bool,
-    pub resource: String,
-    pub command: Vec<OsString>,
+    close: bool,
+    resource: String,
+    command: Vec<OsString>,
 }
 
 /// SIGINT, SIGTERM and SIGHUP, caught from the start: while waiting they end the wait cleanly,
@@ -64,7 +66,24 @@ fn killed_by(sig: Signal) -> Exit {
     Exit::Command(procs::killed_by_code(sig.as_raw()))
 }
 
-pub(crate) async fn run(args: RunArgs) -> Result<Exit> {
+/// `run` on `store`, as `settings` say.
+pub(crate) async fn run(store: StoreConfig, settings: RunSettings) -> Result<Exit> {
+    let RunSettings {
+        source: _,
+        take,
+        kill_after,
+        close,
+        resource,
+        command,
+    } = settings;
+    let args = RunArgs {
+        store,
+        take,
+        kill_after,
+        close,
+        resource,
+        command,
+    };
     let mut signals = Signals::new()?;
     let lock = args.store.lock(&args.resource, args.take.ttl);
     let taken = tokio::select! {
@@ -98,13 +117,17 @@ pub(crate) async fn run(args: RunArgs) -> Result<Exit> {
         eprintln!("{}", super::took_line(&lock, took));
     }
     let outcome = supervise(&args, &lock, &mut signals).await;
+    release(&args, &lock, outcome).await
+}
+
+/// Releases the lock whatever happened to the command: a lost lock is exit 3 however it is
+/// found. The exit waits for the store only so long: a release the store does not confirm in
+/// time goes on in the background until the exit's bound, and is said to have failed.
+async fn release(args: &RunArgs, lock: &Lock, outcome: Result<Exit>) -> Result<Exit> {
     let known = lock.lost_reason();
-    // Released whatever happened to the command; a lost lock is exit 3 however it is found.
-    // The exit waits for the store only so long: a release the store does not confirm in
-    // time goes on in the background until the exit's bound, and is said to have failed.
     let released = crate::exit::bounded(lock.release())
         .await
-        .unwrap_or_else(|| Err(unconfirmed_release(&lock)));
+        .unwrap_or_else(|| Err(unconfirmed_release(lock)));
     match released {
         Ok(Release::Lost) => {
             if !matches!(outcome, Ok(Exit::Lost)) {
@@ -161,40 +184,8 @@ async fn supervise(args: &RunArgs, lock: &Lock, signals: &mut Signals) -> Result
     // Renews on stores where locks expire; watches for a loss where the store can see one.
     let mut monitor = lock.keep_alive()?;
     let store = &args.store.store;
-    let caps = store.capabilities();
-    let tie = if !caps.excludes {
-        Tie::None
-    } else {
-        match store.inheritable_descriptors(lock.key())? {
-            Some(fds) if !args.close => Tie::Descriptors(fds),
-            _ => Tie::ParentDeath {
-                grace: args.kill_after,
-                // A lease that xtr-lock renews (itself, or the store for it, as etcd's): the
-                // supervisor also stops the command when xtr-lock can no longer renew it
-                // (stopped, paused) before the lease ends. (A lease nothing ends, as a session
-                // lock's on a server without an idle limit, is told as such: never stopped.)
-                lease: match caps.expiring || store.lease_remaining(lock.key()).is_some() {
-                    true => Some(lease::Writer::create().context("cannot create the lease file")?),
-                    false => None,
-                },
-            },
-        }
-    };
-    // The caller's environment is passed on untouched (XTR_LOCK_STORE included, so nested
-    // xtr-lock calls use the same store); what the lock tells the command has names of its own.
-    let env = [
-        ("XTR_LOCK_RESOURCE", Some(args.resource.clone())),
-        (
-            "XTR_LOCK_MODE",
-            lock.held_mode().map(|m| mode_name(m).to_owned()),
-        ),
-        (
-            "XTR_LOCK_FENCING_TOKEN",
-            lock.fencing_token().map(|t| t.to_string()),
-        ),
-        ("XTR_LOCK_SCHEME", Some(args.store.scheme.clone())),
-        ("XTR_LOCK_LOCATION", store.location(&args.resource)),
-    ];
+    let tie = tie(args, lock)?;
+    let env = environment(args, lock);
     if args.take.verbose && !output::json() {
         let words: Vec<String> = args
             .command
@@ -217,21 +208,7 @@ async fn supervise(args: &RunArgs, lock: &Lock, signals: &mut Signals) -> Result
             _ = lease_ticks.tick() => lease.tell(lock, store.as_ref(), &child),
             event = child.wait() => match event? {
                 Event::Exited(_) if child.stopped_for_lease() => {
-                    // The supervisor stopped it before the lease ran out, xtr-lock not having
-                    // renewed it in time: the renewal's own verdict says why, soon.
-                    let wait = lock.remaining_lifetime().unwrap_or_default() + Duration::from_secs(1);
-                    let why = match tokio::time::timeout(wait, monitor.lost()).await {
-                        Ok(lost) => loss_line(&lost),
-                        Err(_) => format!(
-                            "lock {:?} was about to expire without being renewed in time",
-                            lock.resource()
-                        ),
-                    };
-                    report_loss(
-                        &args.resource,
-                        &format!("{why}; the command was stopped before its lease ended"),
-                    );
-                    return Ok(Exit::Lost);
+                    return Ok(stopped_for_lease(args, lock, &mut monitor).await);
                 }
                 Event::Exited(exit) => return Ok(exit),
                 Event::Stopped => {
@@ -256,6 +233,71 @@ async fn supervise(args: &RunArgs, lock: &Lock, signals: &mut Signals) -> Result
             }
         }
     }
+}
+
+/// How the command is tied to the lock: by the descriptors that hold it (flock, unless `-o`),
+/// else by a supervisor that stops it when `xtr-lock` dies (and, with a lease file, before a
+/// lease `xtr-lock` did not renew ends); nothing where nothing is locked.
+fn tie(args: &RunArgs, lock: &Lock) -> Result<Tie> {
+    let store = &args.store.store;
+    let caps = store.capabilities();
+    if !caps.excludes {
+        return Ok(Tie::None);
+    }
+    Ok(match store.inheritable_descriptors(lock.key())? {
+        Some(fds) if !args.close => Tie::Descriptors(fds),
+        _ => Tie::ParentDeath {
+            grace: args.kill_after,
+            // A lease that xtr-lock renews (itself, or the store for it, as etcd's): the
+            // supervisor also stops the command when xtr-lock can no longer renew it
+            // (stopped, paused) before the lease ends. (A lease nothing ends, as a session
+            // lock's on a server without an idle limit, is told as such: never stopped.)
+            lease: match caps.expiring || store.lease_remaining(lock.key()).is_some() {
+                true => Some(lease::Writer::create().context("cannot create the lease file")?),
+                false => None,
+            },
+        },
+    })
+}
+
+/// What the command's environment gets besides the caller's: the caller's is passed on
+/// untouched (XTR_LOCK_STORE included, so nested xtr-lock calls use the same store), and what
+/// the lock tells the command has names of its own.
+fn environment(args: &RunArgs, lock: &Lock) -> [(&'static str, Option<String>); 5] {
+    [
+        ("XTR_LOCK_RESOURCE", Some(args.resource.clone())),
+        (
+            "XTR_LOCK_MODE",
+            lock.held_mode().map(|m| mode_name(m).to_owned()),
+        ),
+        (
+            "XTR_LOCK_FENCING_TOKEN",
+            lock.fencing_token().map(|t| t.to_string()),
+        ),
+        ("XTR_LOCK_SCHEME", Some(args.store.scheme.clone())),
+        (
+            "XTR_LOCK_LOCATION",
+            args.store.store.location(&args.resource),
+        ),
+    ]
+}
+
+/// The supervisor stopped the command before the lease ran out, xtr-lock not having renewed
+/// it in time: the renewal's own verdict says why, soon.
+async fn stopped_for_lease(args: &RunArgs, lock: &Lock, monitor: &mut KeepAlive) -> Exit {
+    let wait = lock.remaining_lifetime().unwrap_or_default() + Duration::from_secs(1);
+    let why = match tokio::time::timeout(wait, monitor.lost()).await {
+        Ok(lost) => loss_line(&lost),
+        Err(_) => format!(
+            "lock {:?} was about to expire without being renewed in time",
+            lock.resource()
+        ),
+    };
+    report_loss(
+        &args.resource,
+        &format!("{why}; the command was stopped before its lease ended"),
+    );
+    Exit::Lost
 }
 
 /// What `run` knows of its lease and tells the supervisor.

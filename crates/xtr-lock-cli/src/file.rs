@@ -57,7 +57,7 @@ pub(crate) fn load(path: &Path) -> std::result::Result<Loaded, LoadError> {
 }
 
 /// The file named by `flag`, else by `$XTR_LOCK_CONFIG`.
-pub(crate) fn file(flag: Option<&Path>) -> Option<PathBuf> {
+pub(crate) fn path(flag: Option<&Path>) -> Option<PathBuf> {
     if let Some(path) = flag {
         return Some(path.to_owned());
     }

@@ -1,14 +1,256 @@
-//! Raw arguments turned into checked settings, with errors that name the flag at fault.
+//! The command line's arguments turned once into checked [`Settings`], with errors that name
+//! the argument at fault: durations, how to take a lock, and where the store comes from
+//! ([`Source`]: `--store`, a configuration file's entry, `$XTR_LOCK_STORE` or the default).
 
-use std::sync::Arc;
+use std::ffi::OsString;
 use std::time::Duration;
 
-use anyhow::{Context as _, Result, anyhow};
-use xtr_lock::store::{CombinedStore, ConsensusStrategy, UnanimousStrategy};
-use xtr_lock::{Lock, LockFactory, Mode, Store, StoreFactory, Wait};
+use anyhow::{Result, anyhow};
+use xtr_lock::{Mode, Wait};
 
-use crate::cli::{StoreArgs, WaitArgs};
-use crate::settings::{self, Configured};
+use crate::cli::{Cli, Command, ConfigCommand, ConfigFileArgs, StoreArgs, WaitArgs};
+use crate::file::{self, Configured};
+
+/// What the command line asks for, every argument checked and converted once (ripgrep's
+/// `HiArgs`): the store each command names, how to take its lock (ttl, wait), its durations
+/// and its output. Built by [`Settings::from_args`]; `cmd::dispatch` runs it.
+pub(crate) enum Settings {
+    /// `run`: take the lock, run the command, release.
+    Run(RunSettings),
+    /// `acquire`: take the lock and print its key.
+    Acquire {
+        source: Source,
+        take: Take,
+        resource: String,
+    },
+    /// `release`: the key's lock released.
+    Release { source: Source, key: Option<String> },
+    /// `refresh`: the key's lock given `ttl` more, from now.
+    Refresh {
+        source: Source,
+        ttl: Duration,
+        key: Option<String>,
+    },
+    /// `status RESOURCE`: who holds it.
+    Status {
+        source: Source,
+        resource: String,
+        json: bool,
+    },
+    /// `status --key KEY`: whether that key holds its lock.
+    StatusOfKey {
+        source: Source,
+        key: String,
+        json: bool,
+    },
+    /// `bench`: what the store costs.
+    Bench(BenchSettings),
+    /// `migrate`: the SQL stores' tables made, or their SQL printed.
+    Migrate { source: Source, print: bool },
+    /// `config check`, with `ping`: how long each store may take to answer.
+    ConfigCheck {
+        file: ConfigFileArgs,
+        ping: Option<Duration>,
+    },
+    /// `config show`.
+    ConfigShow { file: ConfigFileArgs },
+    /// `completions`.
+    Completions(clap_complete::Shell),
+}
+
+/// `run`'s settings.
+pub(crate) struct RunSettings {
+    pub source: Source,
+    pub take: Take,
+    pub kill_after: Duration,
+    /// `-o`: the command does not inherit the lock's descriptors.
+    pub close: bool,
+    /// With the configuration entry's prefix.
+    pub resource: String,
+    pub command: Vec<OsString>,
+}
+
+/// `bench`'s settings.
+pub(crate) struct BenchSettings {
+    pub source: Source,
+    /// Concurrent clients of the throughput run, and the resources they spread over.
+    pub clients: usize,
+    pub resources: usize,
+    /// How long the throughput run lasts, and each client holds the lock in it.
+    pub duration: Duration,
+    pub hold: Duration,
+    pub json: bool,
+}
+
+impl BenchSettings {
+    /// The durations first, then the store.
+    fn from_args(
+        store: &StoreArgs,
+        clients: usize,
+        resources: usize,
+        run_for: &str,
+        hold: &str,
+        json: bool,
+    ) -> Result<BenchSettings> {
+        let run_for = duration("--duration", run_for)?;
+        let hold = duration("--hold", hold)?;
+        Ok(BenchSettings {
+            source: Source::of(store)?,
+            clients,
+            resources,
+            duration: run_for,
+            hold,
+            json,
+        })
+    }
+}
+
+impl Settings {
+    /// Converts the command line, in the order its arguments are checked: an error is one line
+    /// naming the argument (or the source of the store) at fault. `run --json` is switched on
+    /// before anything can fail, so that its errors are events too; `-v` as the wait is read.
+    pub(crate) fn from_args(cli: Cli) -> Result<Settings> {
+        Ok(match cli.command {
+            Command::Run {
+                store,
+                wait,
+                kill_after,
+                shell,
+                close,
+                unlock,
+                json,
+                resource,
+                command,
+            } => {
+                crate::output::set_json(json);
+                let command = command_line(unlock, shell, command, &resource)?;
+                let source = Source::of(&store)?;
+                let take = Take::from_args(&wait, &source)?;
+                let kill_after = duration("--kill-after", &kill_after)?;
+                Settings::Run(RunSettings {
+                    resource: source.resource(&resource),
+                    source,
+                    take,
+                    kill_after,
+                    close,
+                    command,
+                })
+            }
+            Command::Acquire {
+                store,
+                wait,
+                resource,
+            } => {
+                let source = Source::of(&store)?;
+                let take = Take::from_args(&wait, &source)?;
+                Settings::Acquire {
+                    resource: source.resource(&resource),
+                    source,
+                    take,
+                }
+            }
+            Command::Release { store, key } => Settings::Release {
+                source: Source::of(&store)?,
+                key,
+            },
+            Command::Refresh { store, ttl, key } => {
+                let ttl = duration("--ttl", &ttl)?;
+                if ttl.is_zero() {
+                    return Err(anyhow!("--ttl must be more than zero"));
+                }
+                let source = Source::of(&store)?;
+                Settings::Refresh { source, ttl, key }
+            }
+            Command::Status {
+                store,
+                resource,
+                key,
+                json,
+            } => Settings::status(Source::of(&store)?, resource, key, json),
+            Command::Bench {
+                store,
+                clients,
+                resources,
+                duration: run_for,
+                hold,
+                json,
+            } => Settings::Bench(BenchSettings::from_args(
+                &store, clients, resources, &run_for, &hold, json,
+            )?),
+            Command::Migrate { store, print } => Settings::Migrate {
+                source: Source::of(&store)?,
+                print,
+            },
+            Command::Config { command } => Settings::config(command)?,
+            Command::Completions { shell } => Settings::Completions(shell),
+        })
+    }
+
+    /// `status`: of a key (`--key`), else of the resource clap made sure of.
+    fn status(
+        source: Source,
+        resource: Option<String>,
+        key: Option<String>,
+        json: bool,
+    ) -> Settings {
+        match key {
+            Some(key) => Settings::StatusOfKey { source, key, json },
+            None => Settings::Status {
+                resource: source
+                    .resource(&resource.expect("clap requires a resource without --key")),
+                source,
+                json,
+            },
+        }
+    }
+
+    /// `config check` and `config show`.
+    fn config(command: ConfigCommand) -> Result<Settings> {
+        Ok(match command {
+            ConfigCommand::Check {
+                file,
+                ping,
+                timeout,
+            } => {
+                let timeout = duration("--timeout", &timeout)?;
+                Settings::ConfigCheck {
+                    file,
+                    ping: ping.then_some(timeout),
+                }
+            }
+            ConfigCommand::Show { file } => Settings::ConfigShow { file },
+        })
+    }
+}
+
+/// The command `run` runs: its words, or `sh -c` and the line given with `-c`; refused with
+/// `-u` (flock(1)'s unlock of a descriptor).
+fn command_line(
+    unlock: bool,
+    shell: Option<OsString>,
+    command: Vec<OsString>,
+    resource: &str,
+) -> Result<Vec<OsString>> {
+    if unlock {
+        return Err(anyhow!(
+            "-u/--unlock drops a lock held on a descriptor (flock -u FD), and xtr-lock \
+             holds none for you: `run` releases when the command exits, and a lock \
+             taken with `xtr-lock acquire` is released with `xtr-lock release KEY`"
+        ));
+    }
+    match (shell, command.is_empty()) {
+        (Some(line), true) => Ok(vec!["sh".into(), "-c".into(), line]),
+        (Some(_), false) => Err(anyhow!(
+            "give the command either as words after the resource or as -c 'shell \
+             command', not both"
+        )),
+        (None, false) => Ok(command),
+        (None, true) => Err(anyhow!(
+            "no command to run: give it after the resource (xtr-lock run {resource:?} \
+             ./job.sh) or as -c 'shell command'"
+        )),
+    }
+}
 
 /// Parses a duration naming the flag on error: seconds as flock(1) takes them (`30`, `0.5`), or
 /// humantime (`30s`, `2m`, `1h30m`, `500ms`); at most [`MAX_DURATION`](xtr_lock::MAX_DURATION)
@@ -118,11 +360,11 @@ impl Source {
         }
         let entry = args.use_entry.as_deref();
         if args.config.is_some() || entry.is_some() {
-            let Some(path) = settings::file(args.config.as_deref()) else {
+            let Some(path) = file::path(args.config.as_deref()) else {
                 return Err(anyhow!(
                     "--use picks an entry of a lock configuration file: give --config FILE or \
                      set ${}",
-                    settings::CONFIG_ENV
+                    file::CONFIG_ENV
                 ));
             };
             return Ok(Source::Config(Box::new(Configured::open(
@@ -136,7 +378,7 @@ impl Source {
                 return Err(anyhow!("${STORE_ENV} is not valid UTF-8"));
             }
         }
-        match settings::file(None) {
+        match file::path(None) {
             Some(path) => Ok(Source::Config(Box::new(Configured::open(
                 &path, false, None,
             )?))),
@@ -218,124 +460,6 @@ fn starts_dsn(piece: &str) -> bool {
         }
         None => false,
     }
-}
-
-/// The store a DSN (or a list: a quorum) names. Errors show the scheme only, never the DSN.
-pub(crate) struct StoreConfig {
-    pub store: Arc<dyn Store>,
-    /// What the command may be told about the store: its kind (`flock`, `redis`,
-    /// `combined(redis,redis,redis)`).
-    pub scheme: String,
-    /// Whether a key from this store can be used by another process.
-    pub keys_travel: bool,
-    /// Where each member keeps its locks, as credential-free DSNs that reach them again
-    /// (`redis://h:6379/0?prefix=app%3A`): what a handed-over key names. `None` when a
-    /// member's locks cannot be reached from another process (flock, in-memory).
-    pub locators: Option<Vec<String>>,
-}
-
-impl StoreConfig {
-    /// Opens the store `source` names (nothing connects yet). Unless `quiet`, warns about
-    /// stores that lock nothing between processes.
-    pub(crate) fn open(source: &Source, quiet: bool) -> Result<StoreConfig> {
-        let dsns = source.dsns();
-        let unanimous = matches!(source, Source::Config(c)
-            if c.checked.store.quorum() == Some(xtr_lock::config::QuorumKind::Unanimous));
-        let config = StoreConfig::from_members(&dsns, unanimous).with_context(|| match source {
-            Source::Flag(d) | Source::Env(d) if d.len() > 1 => {
-                format!("{} lists a DSN that names no usable store", source.name())
-            }
-            _ => format!("{} names no usable store", source.name()),
-        })?;
-        if !quiet {
-            let mut seen: Vec<&str> = Vec::new();
-            for dsn in &dsns {
-                if seen.contains(&dsn.as_str()) {
-                    continue;
-                }
-                seen.push(dsn);
-                let warning = match dsn.as_str() {
-                    "in-memory" => {
-                        "in-memory locks live in this process only: nothing is locked between \
-                         processes (use flock or redis://)"
-                    }
-                    "null" => "the null store locks nothing: every lock is granted",
-                    _ => continue,
-                };
-                if crate::output::json() {
-                    crate::output::event("warning", serde_json::json!({ "message": warning }));
-                } else {
-                    eprintln!("xtr-lock: warning: {warning}");
-                }
-            }
-        }
-        Ok(config)
-    }
-
-    pub(crate) fn from_dsns(dsns: &[String]) -> Result<StoreConfig> {
-        StoreConfig::from_members(dsns, false)
-    }
-
-    /// As [`from_dsns`](Self::from_dsns); a quorum needs every member with `unanimous`.
-    pub(crate) fn from_members(dsns: &[String], unanimous: bool) -> Result<StoreConfig> {
-        let scheme_of = |dsn: &str| {
-            dsn.split_once(':')
-                .map_or(dsn, |(s, _)| s)
-                .to_ascii_lowercase()
-        };
-        let members: Vec<Arc<dyn Store>> = dsns
-            .iter()
-            .map(|dsn| StoreFactory::create_store(dsn))
-            .collect::<xtr_lock::Result<_>>()?;
-        let locators: Option<Vec<String>> = dsns
-            .iter()
-            .zip(&members)
-            .map(|(dsn, store)| locator(dsn, &**store))
-            .collect();
-        let in_memory = dsns.iter().any(|d| d == "in-memory");
-        let (store, scheme): (Arc<dyn Store>, String) = match members.as_slice() {
-            [one] => (one.clone(), scheme_of(&dsns[0])),
-            _ => {
-                let schemes: Vec<String> = dsns.iter().map(|d| scheme_of(d)).collect();
-                let combined = if unanimous {
-                    CombinedStore::new(members, UnanimousStrategy)?
-                } else {
-                    CombinedStore::new(members, ConsensusStrategy)?
-                };
-                (
-                    Arc::new(combined),
-                    format!("combined({})", schemes.join(",")),
-                )
-            }
-        };
-        // In-memory locks die with this process; flock keys hold an open file.
-        let keys_travel = store.capabilities().serializable_keys && !in_memory;
-        Ok(StoreConfig {
-            store,
-            scheme,
-            keys_travel,
-            locators: locators.filter(|_| keys_travel),
-        })
-    }
-
-    pub(crate) fn factory(&self) -> LockFactory {
-        LockFactory::from_arc(self.store.clone())
-    }
-
-    pub(crate) fn lock(&self, resource: &str, ttl: Duration) -> Lock {
-        self.factory().create_lock(resource).with_ttl(Some(ttl))
-    }
-}
-
-/// A credential-free DSN that reaches the locks `store` keeps (built from `dsn`), or `None` if
-/// they cannot be reached from another process.
-fn locator(dsn: &str, store: &dyn Store) -> Option<String> {
-    if dsn == "null" {
-        return Some("null".to_owned());
-    }
-    let shown = store.locks_in()?;
-    // Only what the factory can open again: Redis's form is a DSN; flock's and memory's are not.
-    StoreFactory::validate(&shown).ok().map(|()| shown)
 }
 
 #[cfg(test)]

@@ -516,37 +516,8 @@ fn help_has_examples_and_the_exit_codes_and_completions_work() {
         .stdout(predicate::str::contains("xtr-lock"));
 }
 
-#[test]
-fn a_repeated_store_is_a_quorum() {
-    let mut servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
-    let dsns: Vec<String> = servers
-        .iter()
-        .map(|s| format!("{}?socket_connect_timeout=0.5&socket_timeout=0.5", s.url(0)))
-        .collect();
-    let mut args = vec!["run".to_owned()];
-    for d in &dsns {
-        args.push("--store".into());
-        args.push(d.clone());
-    }
-    args.extend([
-        "q".into(),
-        "--".into(),
-        "sh".into(),
-        "-c".into(),
-        "echo $XTR_LOCK_SCHEME".into(),
-    ]);
-    xtr()
-        .args(&args)
-        .assert()
-        .success()
-        .stdout("combined(redis,redis,redis)\n");
-    // The release answers at the quorum; every server has its release all the same. (On
-    // loopback the slowest server's release has usually been sent before the process exits
-    // even without `close`, so this does not prove `close` waits: combined.rs does.)
-    for (i, server) in servers.iter().enumerate() {
-        assert_eq!(server.cli(&["EXISTS", "q"]), "0", "server {i} still holds");
-    }
-    // status speaks for the quorum: the holder a majority of servers agree on.
+/// `status` speaks for the quorum: the holder a majority of servers agree on.
+fn status_speaks_for_the_quorum(dsns: &[String]) {
     let stores: Vec<String> = dsns
         .iter()
         .flat_map(|d| ["--store".into(), d.clone()])
@@ -589,6 +560,40 @@ fn a_repeated_store_is_a_quorum() {
         .stdout(predicate::str::starts_with(
             "\"held\": free\nlock: key \"held\"",
         ));
+}
+
+#[test]
+fn a_repeated_store_is_a_quorum() {
+    let mut servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let dsns: Vec<String> = servers
+        .iter()
+        .map(|s| format!("{}?socket_connect_timeout=0.5&socket_timeout=0.5", s.url(0)))
+        .collect();
+    let mut args = vec!["run".to_owned()];
+    for d in &dsns {
+        args.push("--store".into());
+        args.push(d.clone());
+    }
+    args.extend([
+        "q".into(),
+        "--".into(),
+        "sh".into(),
+        "-c".into(),
+        "echo $XTR_LOCK_SCHEME".into(),
+    ]);
+    xtr()
+        .args(&args)
+        .assert()
+        .success()
+        .stdout("combined(redis,redis,redis)\n");
+    // The release answers at the quorum; every server has its release all the same. (On
+    // loopback the slowest server's release has usually been sent before the process exits
+    // even without `close`, so this does not prove `close` waits: the library's
+    // tests/stores/combined.rs does.)
+    for (i, server) in servers.iter().enumerate() {
+        assert_eq!(server.cli(&["EXISTS", "q"]), "0", "server {i} still holds");
+    }
+    status_speaks_for_the_quorum(&dsns);
     servers[0].kill();
     xtr().args(&args).assert().success();
     servers[1].kill();

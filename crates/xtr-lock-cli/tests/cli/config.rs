@@ -278,7 +278,13 @@ fn commands_use_the_entry_its_prefix_and_wait() {
     assert_eq!(out.code, Some(0), "{}", out.stderr);
     assert_eq!(out.stdout.trim(), "c:job redis");
 
-    // The entry's ttl: a lock taken with acquire has it on the server.
+    the_entrys_ttl_is_on_the_server(&server, f);
+    the_files_wait_holds_unless_the_command_line_says(f);
+    store_and_config_choices(&file, env);
+}
+
+/// The entry's ttl (`cache`'s 7 s): a lock taken with acquire has it on the server.
+fn the_entrys_ttl_is_on_the_server(server: &RedisServer, f: &str) {
     let out = run(bare().args(["acquire", "--config", f, "--use", "cache", "held"]));
     assert_eq!(out.code, Some(0), "{}", out.stderr);
     let key = out.stdout.trim().to_owned();
@@ -288,8 +294,10 @@ fn commands_use_the_entry_its_prefix_and_wait() {
         .args(["release", "--config", f, "--use", "cache", "-"])
         .write_stdin(key));
     assert_eq!(out.code, Some(0), "{}", out.stderr);
+}
 
-    // The file's wait ("0"): a held lock is a conflict at once; -w on the command line wins.
+/// The file's wait ("0"): a held lock is a conflict at once; -w on the command line wins.
+fn the_files_wait_holds_unless_the_command_line_says(f: &str) {
     let holder = spawn(&["run", "--config", f, "busy", "--", "sleep", "30"]);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while run(bare().args(["status", "--config", f, "busy"])).code != Some(0) {
@@ -303,8 +311,12 @@ fn commands_use_the_entry_its_prefix_and_wait() {
     assert_eq!(out.code, Some(1), "{}", out.stderr);
     assert!(started.elapsed() >= std::time::Duration::from_millis(300));
     stop(holder);
+}
 
-    // --store wins over $XTR_LOCK_CONFIG; --store with --config is refused by the parser.
+/// --store wins over $XTR_LOCK_CONFIG; --store with --config is refused by the parser; an entry
+/// that is not there, or --use without a file, is named.
+fn store_and_config_choices(file: &Path, env: &str) {
+    let f = file.to_str().unwrap();
     let out = run(bare()
         .args([
             "run",
@@ -317,7 +329,7 @@ fn commands_use_the_entry_its_prefix_and_wait() {
             "-c",
             env,
         ])
-        .env("XTR_LOCK_CONFIG", &file));
+        .env("XTR_LOCK_CONFIG", file));
     assert_eq!(out.stdout.trim(), "job in-memory", "{}", out.stderr);
     let out = run(bare().args(["run", "--store", "flock", "--config", f, "job", "true"]));
     assert_eq!(out.code, Some(2));

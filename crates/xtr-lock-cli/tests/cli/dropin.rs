@@ -379,27 +379,35 @@ fn events(stderr: &[u8]) -> Vec<serde_json::Value> {
         .collect()
 }
 
-#[test]
-fn run_json_reports_each_event_as_a_line() {
-    let server = RedisServer::start();
-    let store = server.url(0);
-    let holder = spawn(&["run", "--store", &store, "ev", "--", "sleep", "30"]);
-    wait_held(&store, "ev");
+/// The `xtr_lock` field of each event.
+fn names(ev: &[serde_json::Value]) -> Vec<&str> {
+    ev.iter().map(|e| e["xtr_lock"].as_str().unwrap()).collect()
+}
+
+/// A run that waits for a holder, then runs its command (which exits 4).
+fn json_events_of_a_wait(store: &str) {
+    let holder = spawn(&["run", "--store", store, "ev", "--", "sleep", "30"]);
+    wait_held(store, "ev");
     let mut waiter = spawn(&[
-        "run", "--json", "--store", &store, "ev", "--", "sh", "-c", "exit 4",
+        "run", "--json", "--store", store, "ev", "--", "sh", "-c", "exit 4",
     ]);
     let (_, reader) = stderr_after_first_line(&mut waiter);
     stop(holder);
     assert_eq!(waiter.wait().unwrap().code(), Some(4));
     let ev = events(reader.join().unwrap().as_bytes());
-    let names: Vec<&str> = ev.iter().map(|e| e["xtr_lock"].as_str().unwrap()).collect();
-    assert_eq!(names, ["waiting", "acquired", "released", "exit"], "{ev:?}");
+    assert_eq!(
+        names(&ev),
+        ["waiting", "acquired", "released", "exit"],
+        "{ev:?}"
+    );
     assert!(ev[0]["held_by"].as_str().unwrap().starts_with("holder "));
     assert!(ev[1]["fencing_token"].as_u64().unwrap() > 0);
     assert_eq!(ev[1]["mode"], "write");
     assert_eq!(ev[3]["code"], 4);
+}
 
-    // A loss: the key deleted under the command.
+/// A loss: the key deleted under the command.
+fn json_events_of_a_loss(server: &RedisServer, store: &str) {
     let run = spawn(&[
         "run",
         "--json",
@@ -408,29 +416,31 @@ fn run_json_reports_each_event_as_a_line() {
         "--kill-after",
         "1s",
         "--store",
-        &store,
+        store,
         "ev",
         "sleep",
         "30",
     ]);
-    wait_held(&store, "ev");
+    wait_held(store, "ev");
     server.cli(&["DEL", "ev"]);
     let out = run.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(3));
     let ev = events(&out.stderr);
-    let names: Vec<&str> = ev.iter().map(|e| e["xtr_lock"].as_str().unwrap()).collect();
-    assert_eq!(names, ["acquired", "lost", "exit"], "{ev:?}");
+    assert_eq!(names(&ev), ["acquired", "lost", "exit"], "{ev:?}");
     assert!(
         ev[1]["reason"].as_str().unwrap().contains("was lost"),
         "{ev:?}"
     );
     assert_eq!(ev[2]["code"], 3);
+}
 
-    // Conflicts and errors are events too.
-    let held = spawn(&["run", "--store", &store, "ev", "--", "sleep", "30"]);
-    wait_held(&store, "ev");
+/// Conflicts and errors are events too, the supervisor's own messages (it heads the command's
+/// group on Redis) included.
+fn json_events_of_conflicts_and_errors(store: &str) {
+    let held = spawn(&["run", "--store", store, "ev", "--", "sleep", "30"]);
+    wait_held(store, "ev");
     let out = xtr()
-        .args(["run", "--json", "-n", "--store", &store, "ev", "true"])
+        .args(["run", "--json", "-n", "--store", store, "ev", "true"])
         .output()
         .unwrap();
     let ev = events(&out.stderr);
@@ -450,13 +460,12 @@ fn run_json_reports_each_event_as_a_line() {
             .contains("unknown option \"x\"")
     );
     assert_eq!(ev[1]["code"], 2);
-    // The supervisor's own messages (it heads the command's group on Redis) are events too.
     let out = xtr()
         .args([
             "run",
             "--json",
             "--store",
-            &store,
+            store,
             "ev",
             "no-such-command-here",
         ])
@@ -464,9 +473,21 @@ fn run_json_reports_each_event_as_a_line() {
         .unwrap();
     assert_eq!(out.status.code(), Some(127));
     let ev = events(&out.stderr);
-    let names: Vec<&str> = ev.iter().map(|e| e["xtr_lock"].as_str().unwrap()).collect();
-    assert_eq!(names, ["acquired", "error", "released", "exit"], "{ev:?}");
+    assert_eq!(
+        names(&ev),
+        ["acquired", "error", "released", "exit"],
+        "{ev:?}"
+    );
     assert_eq!(ev[1]["message"], "command not found: no-such-command-here");
+}
+
+#[test]
+fn run_json_reports_each_event_as_a_line() {
+    let server = RedisServer::start();
+    let store = server.url(0);
+    json_events_of_a_wait(&store);
+    json_events_of_a_loss(&server, &store);
+    json_events_of_conflicts_and_errors(&store);
     let out = xtr()
         .args(["run", "--json", "--store", "in-memory", "ev", "true"])
         .output()

@@ -287,43 +287,27 @@ fn sections(log: &Path) -> Vec<(u128, u128, bool)> {
     done
 }
 
-/// Item 1 of issue 31, as it was found: one writer holding for 3 s while 8 loops of
-/// `run -s -w 7` contend (readers' sections started inside the writer's in 4 of 5 tries), then
-/// a writer that must get in among them.
-/// Each command logs its section's start and end from inside the hold, so any overlap is real.
-#[test]
-fn readers_never_run_inside_a_writers_run() {
-    let server = RedisServer::start();
-    let tmp = tempfile::tempdir().unwrap();
-    let log = tmp.path().join("log");
-    let store = dsn(&server);
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let section = |who: &str, hold: &str| {
-        format!(
-            "echo {who} s $(date +%s%N) >> {log}; sleep {hold}; echo {who} e $(date +%s%N) >> {log}",
-            log = log.display()
-        )
-    };
-    // The writer first, as found: the readers start while it holds.
-    let first = spawn(&[
-        "run",
-        "--store",
-        &store,
-        "mix",
-        "--",
-        "sh",
-        "-c",
-        &section("W", "3"),
-    ]);
-    while !std::fs::read_to_string(&log).is_ok_and(|l| l.starts_with("W s")) {
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let readers: Vec<_> = (0..8)
+/// A command that logs its section's start and end (`who` `s`/`e` nanoseconds) from inside the
+/// hold, so any overlap is real.
+fn section(log: &Path, who: &str, hold: &str) -> String {
+    format!(
+        "echo {who} s $(date +%s%N) >> {log}; sleep {hold}; echo {who} e $(date +%s%N) >> {log}",
+        log = log.display()
+    )
+}
+
+/// Eight loops of `run -s -w 7` on `mix`, until `stop`.
+fn spawn_readers(
+    store: &str,
+    log: &Path,
+    stop: &std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> Vec<std::thread::JoinHandle<()>> {
+    (0..8)
         .map(|i| {
             let (stop, store, script) = (
                 stop.clone(),
-                store.clone(),
-                section(&format!("R{i}"), "0.05"),
+                store.to_owned(),
+                section(log, &format!("R{i}"), "0.05"),
             );
             std::thread::spawn(move || {
                 while !stop.load(std::sync::atomic::Ordering::Acquire) {
@@ -341,7 +325,35 @@ fn readers_never_run_inside_a_writers_run() {
                 }
             })
         })
-        .collect();
+        .collect()
+}
+
+/// Item 1 of issue 31, as it was found: one writer holding for 3 s while 8 loops of
+/// `run -s -w 7` contend (readers' sections started inside the writer's in 4 of 5 tries), then
+/// a writer that must get in among them.
+/// Each command logs its section's start and end from inside the hold, so any overlap is real.
+#[test]
+fn readers_never_run_inside_a_writers_run() {
+    let server = RedisServer::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let log = tmp.path().join("log");
+    let store = dsn(&server);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // The writer first, as found: the readers start while it holds.
+    let first = spawn(&[
+        "run",
+        "--store",
+        &store,
+        "mix",
+        "--",
+        "sh",
+        "-c",
+        &section(&log, "W", "3"),
+    ]);
+    while !std::fs::read_to_string(&log).is_ok_and(|l| l.starts_with("W s")) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let readers = spawn_readers(&store, &log, &stop);
     let first = first.wait_with_output().unwrap();
     assert_eq!(
         first.status.code(),
@@ -353,7 +365,7 @@ fn readers_never_run_inside_a_writers_run() {
     std::thread::sleep(Duration::from_millis(500));
     xtr()
         .args(["run", "-w", "30", "--store", &store, "mix", "--"])
-        .args(["sh", "-c", &section("W", "2")])
+        .args(["sh", "-c", &section(&log, "W", "2")])
         .assert()
         .code(0);
     stop.store(true, std::sync::atomic::Ordering::Release);

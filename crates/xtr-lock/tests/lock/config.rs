@@ -95,82 +95,84 @@ local = { dsn = "${LOCK_DSN:-in-memory}", ttl = "1h30m", wait = "250ms" }
     );
 }
 
+/// One problem per configuration, and the start of the line that reports it.
+const ONE_PROBLEM_EACH: &[(&str, &str)] = &[
+    (
+        r#"stores.redis = "redis://:${UNSET_PASSWORD}@h""#,
+        "stores.redis: ${UNSET_PASSWORD} is not set",
+    ),
+    (
+        r#"stores.x = "redis://:s3cret@h:6379/0?frobnicate=1""#,
+        "stores.x: ",
+    ),
+    (
+        r#"stores.x = "memcached://u:s3cret@h:11211""#,
+        "stores.x: invalid Memcached connection string \"memcached:\": credentials are not supported",
+    ),
+    (
+        r#"stores.x = "nosuch://u:s3cret@h""#,
+        "stores.x: unsupported connection \"nosuch:\"",
+    ),
+    (
+        r#"stores.x = "flock://relative/dir""#,
+        "stores.x: flock://\"relative/dir\" names a relative directory",
+    ),
+    (
+        r#"stores.x = "redis://${A""#,
+        "stores.x: a ${ without its closing }",
+    ),
+    (
+        r#"stores.x = "redis://${1A}""#,
+        "stores.x: ${1A} is not a variable name",
+    ),
+    (
+        r#"stores.q = ["redis://r1"]"#,
+        "stores.q: a quorum needs at least two stores",
+    ),
+    (r#"stores.q = []"#, "stores.q: the list of stores is empty"),
+    (
+        r#"stores.q = ["redis://:s3cret@r1", "bogus://:s3cret@r2"]"#,
+        "stores.q[1]: unsupported connection \"bogus:\"",
+    ),
+    (
+        r#"stores.t = { ttl = "1s" }"#,
+        "stores.t: no store: give dsn",
+    ),
+    (
+        r#"stores.t = { dsn = "flock", dsns = ["flock"] }"#,
+        "stores.t: give dsn or dsns, not both",
+    ),
+    (
+        r#"stores.t = { dsn = "flock", strategy = "unanimous" }"#,
+        "stores.t: a strategy applies to a quorum",
+    ),
+    (
+        r#"stores.t = { dsns = ["redis://a", "redis://b"], strategy = "most" }"#,
+        "stores.t: unknown strategy \"most\"",
+    ),
+    (
+        r#"stores.t = { dsn = "flock", ttl = "soon" }"#,
+        "stores.t.ttl: \"soon\" is not a period",
+    ),
+    (
+        r#"stores.t = { dsn = "flock", wait = -1 }"#,
+        "stores.t.wait: -1 is not a period",
+    ),
+    (
+        r#"stores.t = { dsn = "flock", ttl = "4000days" }"#,
+        "stores.t.ttl: too long",
+    ),
+    (r#"ttl = "later""#, "ttl: \"later\" is not a period"),
+    (r#"wait = "never""#, "wait: \"never\" is not a period"),
+    (
+        r#"default = "nope""#,
+        "default: no entry named \"nope\" (the entries: default)",
+    ),
+];
+
 #[test]
 fn every_problem_is_reported_at_once_naming_its_entry() {
-    let cases: &[(&str, &str)] = &[
-        (
-            r#"stores.redis = "redis://:${UNSET_PASSWORD}@h""#,
-            "stores.redis: ${UNSET_PASSWORD} is not set",
-        ),
-        (
-            r#"stores.x = "redis://:s3cret@h:6379/0?frobnicate=1""#,
-            "stores.x: ",
-        ),
-        (
-            r#"stores.x = "memcached://u:s3cret@h:11211""#,
-            "stores.x: invalid Memcached connection string \"memcached:\": credentials are not supported",
-        ),
-        (
-            r#"stores.x = "nosuch://u:s3cret@h""#,
-            "stores.x: unsupported connection \"nosuch:\"",
-        ),
-        (
-            r#"stores.x = "flock://relative/dir""#,
-            "stores.x: flock://\"relative/dir\" names a relative directory",
-        ),
-        (
-            r#"stores.x = "redis://${A""#,
-            "stores.x: a ${ without its closing }",
-        ),
-        (
-            r#"stores.x = "redis://${1A}""#,
-            "stores.x: ${1A} is not a variable name",
-        ),
-        (
-            r#"stores.q = ["redis://r1"]"#,
-            "stores.q: a quorum needs at least two stores",
-        ),
-        (r#"stores.q = []"#, "stores.q: the list of stores is empty"),
-        (
-            r#"stores.q = ["redis://:s3cret@r1", "bogus://:s3cret@r2"]"#,
-            "stores.q[1]: unsupported connection \"bogus:\"",
-        ),
-        (
-            r#"stores.t = { ttl = "1s" }"#,
-            "stores.t: no store: give dsn",
-        ),
-        (
-            r#"stores.t = { dsn = "flock", dsns = ["flock"] }"#,
-            "stores.t: give dsn or dsns, not both",
-        ),
-        (
-            r#"stores.t = { dsn = "flock", strategy = "unanimous" }"#,
-            "stores.t: a strategy applies to a quorum",
-        ),
-        (
-            r#"stores.t = { dsns = ["redis://a", "redis://b"], strategy = "most" }"#,
-            "stores.t: unknown strategy \"most\"",
-        ),
-        (
-            r#"stores.t = { dsn = "flock", ttl = "soon" }"#,
-            "stores.t.ttl: \"soon\" is not a period",
-        ),
-        (
-            r#"stores.t = { dsn = "flock", wait = -1 }"#,
-            "stores.t.wait: -1 is not a period",
-        ),
-        (
-            r#"stores.t = { dsn = "flock", ttl = "4000days" }"#,
-            "stores.t.ttl: too long",
-        ),
-        (r#"ttl = "later""#, "ttl: \"later\" is not a period"),
-        (r#"wait = "never""#, "wait: \"never\" is not a period"),
-        (
-            r#"default = "nope""#,
-            "default: no entry named \"nope\" (the entries: default)",
-        ),
-    ];
-    for (toml, want) in cases {
+    for (toml, want) in ONE_PROBLEM_EACH {
         // The entry under test is the default, so that only its own problem shows.
         let named = want
             .strip_prefix("stores.")

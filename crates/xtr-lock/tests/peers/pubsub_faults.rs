@@ -192,25 +192,21 @@ async fn a_foreign_subscriber_is_named_in_the_error_and_never_killed() {
 
 /// Two exclusive and two shared loops in each language on one channel: no interval of a writer
 /// overlaps any other interval.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_mixed_soak_has_no_overlap_where_either_side_writes() {
-    let server = RedisServer::start();
-    // Python's loops try every 0.02 s plus their own teardown (up to 0.11 s): ours try as often.
-    let store = RedisPubSubStore::from_dsn(&format!(
-        "redis+pubsub://127.0.0.1:{}/0?check_interval=0.1",
-        server.port()
-    ))
-    .unwrap();
-    let c = channel("soak");
+/// A hold in the mixed soak: when it started and ended (seconds on the shared clock), whether
+/// it was a writer's, and whose it was (`rust-0`, `py-2`).
+type Interval = (f64, f64, bool, String);
+
+/// Four portalocker loops on `c`, two writers and two readers, six holds each.
+fn soak_pythons(server: &RedisServer, c: &str) -> Vec<Py> {
     let iterations = "6";
-    let mut pythons: Vec<Py> = ["exclusive", "exclusive", "shared", "shared"]
+    ["exclusive", "exclusive", "shared", "shared"]
         .iter()
         .map(|mode| {
             Py::start(
-                &server,
+                server,
                 &[
                     "loop",
-                    &c,
+                    c,
                     mode,
                     iterations,
                     "--check-interval",
@@ -222,51 +218,50 @@ async fn a_mixed_soak_has_no_overlap_where_either_side_writes() {
                 ],
             )
         })
-        .collect();
-    let intervals = Arc::new(std::sync::Mutex::new(Vec::<(f64, f64, bool, String)>::new()));
-    let waits = Arc::new(std::sync::Mutex::new(Vec::<Duration>::new()));
-    let mut rust = Vec::new();
-    for (i, write) in [true, true, false, false].into_iter().enumerate() {
-        let store = store.clone();
-        let c = c.clone();
-        let (intervals, waits) = (intervals.clone(), waits.clone());
-        rust.push(tokio::spawn(async move {
-            for _ in 0..6 {
-                let lock = lock_on(&store, &c);
-                let asked = Instant::now();
-                if write {
-                    assert!(
-                        lock.acquire_timeout(Duration::from_secs(90)).await.unwrap(),
-                        "acquired in time"
-                    );
-                } else {
-                    assert!(
-                        lock.acquire_read_timeout(Duration::from_secs(90))
-                            .await
-                            .unwrap(),
-                        "acquired in time"
-                    );
-                }
-                let start = now();
-                waits.lock().unwrap().push(asked.elapsed());
-                tokio::time::sleep(Duration::from_millis(30)).await;
-                let end = now();
-                intervals
-                    .lock()
-                    .unwrap()
-                    .push((start, end, write, format!("rust-{i}")));
-                lock.release().await.unwrap();
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }));
-    }
-    for task in rust {
-        tokio::time::timeout(Duration::from_secs(120), task)
-            .await
+        .collect()
+}
+
+/// One Rust side of the soak: six holds of 30 ms, recorded in `intervals`, their waits in `waits`.
+async fn rust_soaker(
+    store: RedisPubSubStore,
+    c: String,
+    who: String,
+    write: bool,
+    intervals: Arc<std::sync::Mutex<Vec<Interval>>>,
+    waits: Arc<std::sync::Mutex<Vec<Duration>>>,
+) {
+    for _ in 0..6 {
+        let lock = lock_on(&store, &c);
+        let asked = Instant::now();
+        if write {
+            assert!(
+                lock.acquire_timeout(Duration::from_secs(90)).await.unwrap(),
+                "acquired in time"
+            );
+        } else {
+            assert!(
+                lock.acquire_read_timeout(Duration::from_secs(90))
+                    .await
+                    .unwrap(),
+                "acquired in time"
+            );
+        }
+        let start = now();
+        waits.lock().unwrap().push(asked.elapsed());
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        let end = now();
+        intervals
+            .lock()
             .unwrap()
-            .unwrap();
+            .push((start, end, write, who.clone()));
+        lock.release().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let mut all = intervals.lock().unwrap().clone();
+}
+
+/// The holds the Python loops report, once each has done its six without a failure or a loss.
+async fn python_intervals(pythons: &mut [Py]) -> Vec<Interval> {
+    let mut all = Vec::new();
     for (n, py) in pythons.iter_mut().enumerate() {
         let lines = py.rest().await;
         assert!(
@@ -289,7 +284,11 @@ async fn a_mixed_soak_has_no_overlap_where_either_side_writes() {
             }
         }
     }
-    assert_eq!(all.len(), 48);
+    all
+}
+
+/// The pairs of holds that overlap where either side writes.
+fn overlaps(all: &[Interval]) -> Vec<(Interval, Interval)> {
     let mut violations = Vec::new();
     for (i, a) in all.iter().enumerate() {
         for b in &all[i + 1..] {
@@ -298,6 +297,43 @@ async fn a_mixed_soak_has_no_overlap_where_either_side_writes() {
             }
         }
     }
+    violations
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mixed_soak_has_no_overlap_where_either_side_writes() {
+    let server = RedisServer::start();
+    // Python's loops try every 0.02 s plus their own teardown (up to 0.11 s): ours try as often.
+    let store = RedisPubSubStore::from_dsn(&format!(
+        "redis+pubsub://127.0.0.1:{}/0?check_interval=0.1",
+        server.port()
+    ))
+    .unwrap();
+    let c = channel("soak");
+    let mut pythons = soak_pythons(&server, &c);
+    let intervals = Arc::new(std::sync::Mutex::new(Vec::<Interval>::new()));
+    let waits = Arc::new(std::sync::Mutex::new(Vec::<Duration>::new()));
+    let mut rust = Vec::new();
+    for (i, write) in [true, true, false, false].into_iter().enumerate() {
+        rust.push(tokio::spawn(rust_soaker(
+            store.clone(),
+            c.clone(),
+            format!("rust-{i}"),
+            write,
+            intervals.clone(),
+            waits.clone(),
+        )));
+    }
+    for task in rust {
+        tokio::time::timeout(Duration::from_secs(120), task)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    let mut all = intervals.lock().unwrap().clone();
+    all.extend(python_intervals(&mut pythons).await);
+    assert_eq!(all.len(), 48);
+    let violations = overlaps(&all);
     assert!(violations.is_empty(), "overlaps: {violations:?}");
     let mut waits = waits.lock().unwrap().clone();
     waits.sort();

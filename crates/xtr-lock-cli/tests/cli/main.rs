@@ -1,0 +1,14 @@
+//! The `xtr-lock` command on the stores that need no server (flock, memory) or a Redis the
+//! testkit starts: its commands, configuration files, a terminal, a drop-in for flock(1), the
+//! command's life under `run`, hostile input, several users.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod commands;
+mod config;
+mod dropin;
+mod hostile;
+mod multiuser;
+mod run_lifecycle;
+mod terminal;

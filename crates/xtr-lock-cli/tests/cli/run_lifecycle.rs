@@ -1,0 +1,190 @@
+//! `xtr-lock run`'s command lives and dies with the lock: it runs in its own process group,
+//! keeps a flock lock through its own descriptor when `xtr-lock` is killed (as under
+//! `flock(1)`), is stopped with its children when `xtr-lock` dies on a store where the lock dies
+//! with it, and when the lock is lost; and a lost lock is exit 3 however it is found.
+
+use std::path::Path;
+use std::process::Child;
+
+use rustix::process::Signal;
+use xtr_lock_testkit::redis::RedisServer;
+
+use crate::common::{alive, bin, command_pid, flock_dsn, kill, spawn, wait_gone, wait_held, xtr};
+
+/// `xtr-lock run OPTIONS --kill-after 1s r -- sh -c …` with a command that starts a child in
+/// the background and waits for it (the shell does not `exec` it: a grandchild of `xtr-lock`);
+/// the run, and the grandchild's pid once it runs.
+fn run_with_grandchild(options: &[&str], tmp: &Path) -> (Child, i32) {
+    let pidfile = tmp.join("pid");
+    let script = format!("sleep 30 & echo $! > {}; wait", pidfile.display());
+    let mut args = vec!["run"];
+    args.extend_from_slice(options);
+    args.extend_from_slice(&["--kill-after", "1s", "r", "--", "sh", "-c", &script]);
+    let run = spawn(&args);
+    (run, command_pid(&pidfile))
+}
+
+#[test]
+fn the_command_runs_in_its_own_process_group() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = xtr()
+        .args(["run", "--store", &flock_dsn(tmp.path()), "r", "--"])
+        .args(["sh", "-c", "cut -d' ' -f5 /proc/$$/stat"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let group: i32 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    assert_ne!(
+        group,
+        rustix::process::getpgrp().as_raw_nonzero().get(),
+        "not the group of whoever started xtr-lock"
+    );
+}
+
+#[test]
+fn killed_xtr_lock_on_flock_leaves_the_lock_held_until_the_command_ends() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = flock_dsn(tmp.path());
+    let (pidfile, done) = (tmp.path().join("pid"), tmp.path().join("done"));
+    let script = format!(
+        "echo $$ > {}; while [ ! -e {} ]; do sleep 0.05; done",
+        pidfile.display(),
+        done.display()
+    );
+    let mut run = spawn(&["run", "--store", &store, "r", "--", "sh", "-c", &script]);
+    let command = command_pid(&pidfile);
+    kill(run.id() as i32, Signal::KILL);
+    run.wait().unwrap();
+    assert!(alive(command), "the command goes on");
+    xtr()
+        .args(["run", "-n", "--store", &store, "r", "--", "true"])
+        .assert()
+        .code(1);
+    std::fs::write(&done, b"").unwrap();
+    wait_gone(command, "the command");
+    xtr()
+        .args(["run", "-n", "--store", &store, "r", "--", "true"])
+        .assert()
+        .success();
+}
+
+#[test]
+fn killed_xtr_lock_on_redis_stops_the_command_and_its_children() {
+    let server = RedisServer::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let (mut run, grandchild) =
+        run_with_grandchild(&["--store", &server.url(0), "--ttl", "30s"], tmp.path());
+    kill(run.id() as i32, Signal::KILL);
+    run.wait().unwrap();
+    wait_gone(grandchild, "the command's child, after xtr-lock was killed");
+}
+
+#[test]
+fn a_lost_lock_stops_the_commands_children_too() {
+    let server = RedisServer::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let (run, grandchild) =
+        run_with_grandchild(&["--store", &server.url(0), "--ttl", "600ms"], tmp.path());
+    server.cli(&["DEL", "r"]); // behind its back
+    let out = run.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(3));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("was lost: it was removed"), "{stderr}");
+    wait_gone(grandchild, "the command's child, after the loss");
+}
+
+#[test]
+fn a_replaced_lock_file_stops_the_command_at_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = flock_dsn(tmp.path());
+    let (run, grandchild) = run_with_grandchild(&["--store", &store], tmp.path());
+    wait_held(&store, "r");
+    let lock_file = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("xtr."))
+        })
+        .expect("the lock file");
+    std::fs::remove_file(&lock_file).unwrap();
+    let out = run.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(3));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("lock file was removed or replaced"),
+        "{stderr}"
+    );
+    wait_gone(grandchild, "the command's child");
+}
+
+#[test]
+fn a_lock_lost_while_a_short_command_ran_is_exit_3() {
+    // Observed before: exit 0, with another holder holding the lock.
+    let server = RedisServer::start();
+    let store = server.url(0);
+    let script = format!(
+        "redis-cli -p {port} del j >/dev/null; {xtr} acquire --store {store} --ttl 30s j >/dev/null; sleep .2",
+        port = server.port(),
+        xtr = bin().display(),
+    );
+    let out = xtr()
+        .args([
+            "run", "--store", &store, "--ttl", "30s", "j", "--", "sh", "-c", &script,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("was lost while the command ran"),
+        "{stderr}"
+    );
+    assert_eq!(
+        server.cli(&["ZCARD", "j"]),
+        "2",
+        "the other holder keeps its lock"
+    );
+}
+
+#[test]
+fn a_lock_whose_store_stays_unreachable_stops_the_command_saying_why() {
+    let mut server = RedisServer::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let store = format!(
+        "{}?socket_connect_timeout=0.2&socket_timeout=0.2",
+        server.url(0)
+    );
+    let (run, grandchild) = run_with_grandchild(&["--store", &store, "--ttl", "900ms"], tmp.path());
+    server.kill();
+    let out = run.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(3));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("could not be reached before its lifetime ran out"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("failed to define an expiration: "),
+        "the refresh error and its cause: {stderr}"
+    );
+    wait_gone(grandchild, "the command's child, after the loss");
+}
+
+#[test]
+fn the_supervisor_mode_is_not_for_users() {
+    xtr()
+        .args(["__exec-child", "nonsense"])
+        .assert()
+        .code(2)
+        .stderr(predicates::str::contains("for xtr-lock run's own use"));
+    // Its parent is not the one it names: it does not run the command.
+    let tmp = tempfile::tempdir().unwrap();
+    let marker = tmp.path().join("ran");
+    xtr()
+        .args(["__exec-child", "1", "1000", "-", "--", "touch"])
+        .arg(&marker)
+        .assert()
+        .code(3);
+    assert!(!marker.exists());
+}

@@ -1,0 +1,13 @@
+//! The `xtr-lock` command on each server store: session locks (advisory, `GET_LOCK`), etcd
+//! (with the `etcd` feature), the pub/sub store, the SQL table store, and Symfony's semaphore
+//! and Memcached stores.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod advisory;
+#[cfg(feature = "etcd")]
+mod etcd;
+mod pubsub;
+mod sql;
+mod symfony_stores;

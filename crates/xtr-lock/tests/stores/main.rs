@@ -1,0 +1,30 @@
+//! Each store beyond the conformance suite, faults included, on real throwaway servers the
+//! testkit starts: a module per store (or per side of one: `redis_connections`, `sql_lost_answer`
+//! …). `cargo nextest run -p xtr-lock --test stores -E 'test(/^redis/)'` runs Redis's.
+//! The tests against Python and PHP processes are in the `peers` binary.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod advisory;
+mod bounded_calls;
+mod combined;
+mod combined_faults;
+mod etcd;
+mod etcd_faults;
+mod flock;
+mod flock_loss;
+mod getlock;
+mod memcached;
+mod pubsub;
+mod pubsub_liveness;
+mod quorum_lease;
+mod redis;
+mod redis_connections;
+mod redis_fencing;
+mod redis_hostile;
+mod redis_waking;
+mod semaphore;
+mod session_lease;
+mod sql;
+mod sql_lost_answer;

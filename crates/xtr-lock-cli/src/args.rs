@@ -6,7 +6,7 @@ use std::ffi::OsString;
 use std::time::Duration;
 
 use anyhow::{Result, anyhow};
-use xtr_lock::{Mode, Wait};
+use xtr_lock::{Mode, QuorumKind, StoreSpec, Wait};
 
 use crate::cli::{Cli, Command, ConfigCommand, ConfigFileArgs, StoreArgs, WaitArgs};
 use crate::file::{self, Configured};
@@ -386,11 +386,14 @@ impl Source {
         }
     }
 
-    pub(crate) fn dsns(&self) -> Vec<String> {
+    /// The store it names: one DSN, or a quorum (by consensus, unless its entry says otherwise).
+    pub(crate) fn spec(&self) -> StoreSpec {
         match self {
-            Source::Flag(d) | Source::Env(d) => d.clone(),
-            Source::Config(c) => c.checked.store.dsns().to_vec(),
-            Source::Default => vec!["flock".to_owned()],
+            Source::Flag(d) | Source::Env(d) => {
+                StoreSpec::members(d.clone(), QuorumKind::Consensus)
+            }
+            Source::Config(c) => c.checked.store.clone(),
+            Source::Default => StoreSpec::one("flock"),
         }
     }
 
@@ -423,43 +426,9 @@ impl Source {
     }
 }
 
-/// Splits a comma-separated list of DSNs. A comma starts a new DSN only where what follows
-/// looks like one (`scheme://`, `scheme:` with no host, or a keyword such as `flock`), so a DSN
-/// whose own text holds commas (a list of hosts, an option value) stays whole.
-pub(crate) fn split_dsns(text: &str) -> Vec<String> {
-    let mut out: Vec<String> = Vec::new();
-    for piece in text.split(',') {
-        let piece_trimmed = piece.trim();
-        match out.last_mut() {
-            Some(last) if !last.is_empty() && !starts_dsn(piece_trimmed) => {
-                last.push(',');
-                last.push_str(piece);
-            }
-            _ => out.push(piece_trimmed.to_owned()),
-        }
-    }
-    out.into_iter()
-        .map(|d| d.trim().to_owned())
-        .filter(|d| !d.is_empty())
-        .collect()
-}
-
-fn starts_dsn(piece: &str) -> bool {
-    const KEYWORDS: &[&str] = &["flock", "in-memory", "null"];
-    if KEYWORDS.contains(&piece) {
-        return true;
-    }
-    match piece.split_once(':') {
-        Some((scheme, rest)) => {
-            !scheme.is_empty()
-                && scheme
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c))
-                && scheme.starts_with(|c: char| c.is_ascii_alphabetic())
-                && (rest.starts_with("//") || scheme.eq_ignore_ascii_case("sqlite"))
-        }
-        None => false,
-    }
+/// Splits a comma-separated list of DSNs (see [`StoreSpec::parse_list`]).
+fn split_dsns(text: &str) -> Vec<String> {
+    StoreSpec::parse_list(text).dsns().to_vec()
 }
 
 #[cfg(test)]
@@ -478,21 +447,5 @@ mod tests {
         assert!(err.contains("too long"), "{err}");
         let err = duration("-w", "soon").unwrap_err().to_string();
         assert!(err.starts_with("-w \"soon\" is not a duration"), "{err}");
-    }
-
-    #[test]
-    fn dsn_lists_split_where_a_dsn_starts() {
-        assert_eq!(
-            split_dsns("redis://a:1/0, redis://b:2/0,flock"),
-            ["redis://a:1/0", "redis://b:2/0", "flock"]
-        );
-        assert_eq!(
-            split_dsns("etcd://h1:2379,h2:2379,redis://c"),
-            ["etcd://h1:2379,h2:2379", "redis://c"],
-            "a host list stays in its DSN"
-        );
-        assert_eq!(split_dsns("redis://h?prefix=a,b"), ["redis://h?prefix=a,b"]);
-        assert_eq!(split_dsns("flock:///d"), ["flock:///d"]);
-        assert_eq!(split_dsns(" , "), Vec::<String>::new());
     }
 }

@@ -4,8 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
-use xtr_lock::store::{CombinedStore, ConsensusStrategy, UnanimousStrategy};
-use xtr_lock::{Lock, LockFactory, Store, StoreFactory};
+use xtr_lock::{Fencing, Lock, LockFactory, QuorumKind, Store, StoreFactory, StoreSpec};
 
 use crate::args::Source;
 
@@ -21,89 +20,53 @@ pub(crate) struct StoreConfig {
     /// (`redis://h:6379/0?prefix=app%3A`): what a handed-over key names. `None` when a
     /// member's locks cannot be reached from another process (flock, in-memory).
     pub locators: Option<Vec<String>>,
+    /// How the store counts fencing tokens (`None` for a quorum, which has none of its own).
+    pub fencing: Option<Fencing>,
 }
 
 impl StoreConfig {
     /// Opens the store `source` names (nothing connects yet). Unless `quiet`, warns about
     /// stores that lock nothing between processes.
     pub(crate) fn open(source: &Source, quiet: bool) -> Result<StoreConfig> {
-        let dsns = source.dsns();
-        let unanimous = matches!(source, Source::Config(c)
-            if c.checked.store.quorum() == Some(xtr_lock::config::QuorumKind::Unanimous));
-        let config = StoreConfig::from_members(&dsns, unanimous).with_context(|| match source {
+        let spec = source.spec();
+        let config = StoreConfig::from_spec(&spec).with_context(|| match source {
             Source::Flag(d) | Source::Env(d) if d.len() > 1 => {
                 format!("{} lists a DSN that names no usable store", source.name())
             }
             _ => format!("{} names no usable store", source.name()),
         })?;
         if !quiet {
-            let mut seen: Vec<&str> = Vec::new();
-            for dsn in &dsns {
-                if seen.contains(&dsn.as_str()) {
-                    continue;
-                }
-                seen.push(dsn);
-                let warning = match dsn.as_str() {
-                    "in-memory" => {
-                        "in-memory locks live in this process only: nothing is locked between \
-                         processes (use flock or redis://)"
-                    }
-                    "null" => "the null store locks nothing: every lock is granted",
-                    _ => continue,
-                };
-                if crate::output::json() {
-                    crate::output::event("warning", serde_json::json!({ "message": warning }));
-                } else {
-                    eprintln!("xtr-lock: warning: {warning}");
-                }
-            }
+            warn_about(&spec);
         }
         Ok(config)
     }
 
+    /// The stores a handed-over key names, one or a quorum by consensus.
     pub(crate) fn from_dsns(dsns: &[String]) -> Result<StoreConfig> {
-        StoreConfig::from_members(dsns, false)
+        StoreConfig::from_spec(&StoreSpec::members(dsns.to_vec(), QuorumKind::Consensus))
     }
 
-    /// As [`from_dsns`](Self::from_dsns); a quorum needs every member with `unanimous`.
-    pub(crate) fn from_members(dsns: &[String], unanimous: bool) -> Result<StoreConfig> {
-        let scheme_of = |dsn: &str| {
-            dsn.split_once(':')
-                .map_or(dsn, |(s, _)| s)
-                .to_ascii_lowercase()
-        };
-        let members: Vec<Arc<dyn Store>> = dsns
-            .iter()
-            .map(|dsn| StoreFactory::create_store(dsn))
-            .collect::<xtr_lock::Result<_>>()?;
-        let locators: Option<Vec<String>> = dsns
+    fn from_spec(spec: &StoreSpec) -> Result<StoreConfig> {
+        let members = spec.build_members()?;
+        let locators: Option<Vec<String>> = spec
+            .dsns()
             .iter()
             .zip(&members)
             .map(|(dsn, store)| locator(dsn, &**store))
             .collect();
-        let in_memory = dsns.iter().any(|d| d == "in-memory");
-        let (store, scheme): (Arc<dyn Store>, String) = match members.as_slice() {
-            [one] => (one.clone(), scheme_of(&dsns[0])),
-            _ => {
-                let schemes: Vec<String> = dsns.iter().map(|d| scheme_of(d)).collect();
-                let combined = if unanimous {
-                    CombinedStore::new(members, UnanimousStrategy)?
-                } else {
-                    CombinedStore::new(members, ConsensusStrategy)?
-                };
-                (
-                    Arc::new(combined),
-                    format!("combined({})", schemes.join(",")),
-                )
-            }
-        };
+        let in_memory = spec.dsns().iter().any(|d| kind_name(d) == Some("memory"));
+        let store = spec.assemble(members)?;
         // In-memory locks die with this process; flock keys hold an open file.
         let keys_travel = store.capabilities().serializable_keys && !in_memory;
         Ok(StoreConfig {
             store,
-            scheme,
+            scheme: spec.kind_name(),
             keys_travel,
             locators: locators.filter(|_| keys_travel),
+            fencing: match spec.dsns() {
+                [one] if spec.quorum().is_none() => StoreFactory::kind(one).map(|k| k.fencing),
+                _ => None,
+            },
         })
     }
 
@@ -119,10 +82,39 @@ impl StoreConfig {
 /// A credential-free DSN that reaches the locks `store` keeps (built from `dsn`), or `None` if
 /// they cannot be reached from another process.
 fn locator(dsn: &str, store: &dyn Store) -> Option<String> {
-    if dsn == "null" {
+    if kind_name(dsn) == Some("null") {
         return Some("null".to_owned());
     }
     let shown = store.locks_in()?;
     // Only what the factory can open again: Redis's form is a DSN; flock's and memory's are not.
     StoreFactory::validate(&shown).ok().map(|()| shown)
+}
+
+/// The short name of the store `dsn` names (`memory`, `null`, `redis`).
+fn kind_name(dsn: &str) -> Option<&'static str> {
+    StoreFactory::kind(dsn).map(|k| k.name)
+}
+
+/// Warns, once per DSN, about stores that lock nothing between processes.
+fn warn_about(spec: &StoreSpec) {
+    let mut seen: Vec<&str> = Vec::new();
+    for dsn in spec.dsns() {
+        if seen.contains(&dsn.as_str()) {
+            continue;
+        }
+        seen.push(dsn);
+        let warning = match kind_name(dsn) {
+            Some("memory") => {
+                "in-memory locks live in this process only: nothing is locked between \
+                 processes (use flock or redis://)"
+            }
+            Some("null") => "the null store locks nothing: every lock is granted",
+            _ => continue,
+        };
+        if crate::output::json() {
+            crate::output::event("warning", serde_json::json!({ "message": warning }));
+        } else {
+            eprintln!("xtr-lock: warning: {warning}");
+        }
+    }
 }

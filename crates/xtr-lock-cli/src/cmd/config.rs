@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, anyhow};
 use serde_json::json;
-use xtr_lock::Wait;
 use xtr_lock::config::{CheckedEntry, Locks, QuorumKind};
+use xtr_lock::{StoreFactory, Wait};
 
 use crate::cli::ConfigFileArgs;
 use crate::exit::Exit;
@@ -147,7 +147,12 @@ pub(crate) fn show(file: &ConfigFileArgs) -> Result<Exit> {
         match e.store.quorum() {
             None => println!("dsn = {}", quoted(&redacted(&e.store.dsns()[0]))),
             Some(kind) => {
-                let list: Vec<String> = e.store.dsns().iter().map(|d| quoted(&redacted(d))).collect();
+                let list: Vec<String> = e
+                    .store
+                    .dsns()
+                    .iter()
+                    .map(|d| quoted(&redacted(d)))
+                    .collect();
                 println!("dsns = [{}]", list.join(", "));
                 println!("strategy = {}", quoted(quorum_name(kind)));
             }
@@ -196,72 +201,7 @@ fn quoted(text: &str) -> String {
     serde_json::Value::String(text.to_owned()).to_string()
 }
 
-/// Query options that hold secrets in the stores' DSNs.
-const SECRET_OPTIONS: &[&str] = &[
-    "password",
-    "pass",
-    "passwd",
-    "auth",
-    "secret",
-    "token",
-    "sslpassword",
-    "sslkey",
-];
-
-/// A DSN as `config show` prints it: the password (and, for Redis, where a lone user name is the
-/// password, the user) and secret options replaced by `***`; a DSN that is not a URL shows its
-/// scheme only.
-pub(crate) fn redacted(dsn: &str) -> String {
-    if !dsn.contains(':') {
-        return dsn.to_owned(); // a keyword: flock, in-memory, null
-    }
-    let Ok(mut url) = url::Url::parse(dsn) else {
-        let scheme = dsn.split_once(':').map_or("", |(s, _)| s);
-        return format!("{scheme}:(redacted: not a URL)");
-    };
-    let redis = url.scheme().starts_with("redis") || url.scheme() == "unix";
-    if url.password().is_some() {
-        let _ = url.set_password(Some("***"));
-    } else if redis && !url.username().is_empty() {
-        let _ = url.set_username("***");
-    }
-    if url.query().is_some() {
-        let pairs: Vec<(String, String)> = url
-            .query_pairs()
-            .map(|(k, v)| {
-                let secret = SECRET_OPTIONS.contains(&k.to_ascii_lowercase().as_str());
-                (
-                    k.into_owned(),
-                    if secret { "***".into() } else { v.into_owned() },
-                )
-            })
-            .collect();
-        url.query_pairs_mut().clear().extend_pairs(pairs);
-    }
-    url.to_string()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn dsns_are_shown_without_credentials() {
-        assert_eq!(redacted("flock"), "flock");
-        assert_eq!(
-            redacted("redis://:hunter2@cache:6379/0"),
-            "redis://:***@cache:6379/0"
-        );
-        assert_eq!(redacted("redis://hunter2@cache/0"), "redis://***@cache/0");
-        assert_eq!(
-            redacted("postgresql+advisory://app:hunter2@db/app?keys=crc32"),
-            "postgresql+advisory://app:***@db/app?keys=crc32"
-        );
-        assert_eq!(
-            redacted("mysql://app@db/app?password=hunter2&ssl-mode=required"),
-            "mysql://app@db/app?password=***&ssl-mode=required"
-        );
-        assert_eq!(redacted("redis://[bad"), "redis:(redacted: not a URL)");
-        assert_eq!(redacted("flock:///var/lock"), "flock:///var/lock");
-    }
+/// A DSN as `config show` prints it: secrets replaced by `***` ([`StoreFactory::redact`]).
+fn redacted(dsn: &str) -> String {
+    StoreFactory::redact(dsn)
 }

@@ -7,8 +7,8 @@ use std::time::Duration;
 use anyhow::{Result, anyhow};
 use serde_json::json;
 use xtr_lock::Lockable as _;
-use xtr_lock::Release;
 use xtr_lock::store::HolderInfo;
+use xtr_lock::{Fencing, Release};
 
 use crate::args::{Source, Take};
 use crate::exit::Exit;
@@ -281,20 +281,16 @@ fn status_lines(store: &StoreConfig, seen: &Seen<'_>) -> Result<()> {
         print(&format!("lock: {location}"))?;
     }
     if let Some(counter) = seen.fencing {
-        print(&fencing_line(&store.scheme, counter))?;
+        print(&fencing_line(store.fencing, counter))?;
     }
     Ok(())
 }
 
 /// What the fencing counter of a store of kind `scheme` counts.
-fn fencing_line(scheme: &str, counter: u64) -> String {
+fn fencing_line(fencing: Option<Fencing>, counter: u64) -> String {
     // The pub/sub store counts per resource (portalocker's `<channel>-fence`), as the SQL
     // store does (its `<table>_fence` rows); the others share one counter per store.
-    let per_resource = scheme.contains("+pubsub")
-        || ["postgres", "mysql", "mariadb", "sqlite"]
-            .iter()
-            .any(|s| scheme.starts_with(s));
-    let whose = if per_resource {
+    let whose = if fencing == Some(Fencing::PerResource) {
         "this resource's counter"
     } else {
         "one counter for every resource of this store"

@@ -1,23 +1,18 @@
 //! `migrate`: make (or check) the tables of SQL stores.
 
 use anyhow::{Result, anyhow};
-use xtr_lock::SqlStore;
+use xtr_lock::{SqlStore, StoreFactory};
 
 use crate::args::Source;
 use crate::exit::Exit;
 
 /// Makes the lock and fencing tables of every SQL store the source names (or prints their SQL).
 pub(crate) async fn migrate(source: &Source, print: bool) -> Result<Exit> {
-    let dsns = source.dsns();
-    let sql: Vec<&String> = dsns
+    let spec = source.spec();
+    let sql: Vec<&String> = spec
+        .dsns()
         .iter()
-        .filter(|d| {
-            let scheme = d.split_once(':').map(|(s, _)| s.to_ascii_lowercase());
-            matches!(
-                scheme.as_deref(),
-                Some("postgres" | "postgresql" | "mysql" | "mariadb" | "sqlite")
-            )
-        })
+        .filter(|d| StoreFactory::kind(d).is_some_and(|k| k.tables))
         .collect();
     if sql.is_empty() {
         return Err(anyhow!(

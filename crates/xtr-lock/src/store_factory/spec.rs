@@ -86,11 +86,28 @@ impl StoreSpec {
     ///
     /// The first member that names no store (showing its scheme only); an empty spec.
     pub fn build(&self) -> Result<Arc<dyn Store>> {
-        let members = self
-            .dsns
+        self.assemble(self.build_members()?)
+    }
+
+    /// Builds each member's store, in order (the one store's, for one).
+    ///
+    /// # Errors
+    ///
+    /// The first member that names no store, showing its scheme only.
+    pub fn build_members(&self) -> Result<Vec<Arc<dyn Store>>> {
+        self.dsns
             .iter()
             .map(|d| StoreFactory::create_store(d))
-            .collect::<Result<Vec<_>>>()?;
+            .collect()
+    }
+
+    /// The store over `members` (from [`build_members`](Self::build_members)): the one store,
+    /// or the quorum deciding as this spec says.
+    ///
+    /// # Errors
+    ///
+    /// No member; members that [`CombinedStore::new`] refuses (one place twice).
+    pub fn assemble(&self, members: Vec<Arc<dyn Store>>) -> Result<Arc<dyn Store>> {
         if let (None, [one]) = (self.quorum, members.as_slice()) {
             return Ok(one.clone());
         }
@@ -163,6 +180,7 @@ mod tests {
         );
         assert_eq!(list("redis://h?prefix=a,b"), ["redis://h?prefix=a,b"]);
         assert_eq!(list("flock:///d"), ["flock:///d"]);
+        assert_eq!(list(" , "), Vec::<String>::new());
         assert_eq!(StoreSpec::parse_list("flock").quorum(), None);
         let q = StoreSpec::parse_list("in-memory,in-memory,in-memory");
         assert_eq!(q.quorum(), Some(QuorumKind::Consensus));

@@ -17,8 +17,8 @@ pub use spec::{QuorumKind, StoreSpec};
 ///
 /// | DSN | store |
 /// |---|---|
-/// | `in-memory` | a **new** [`InMemoryStore`] on each call |
-/// | `null` | [`NullStore`] |
+/// | `in-memory` | a **new** [`InMemoryStore`](crate::InMemoryStore) on each call |
+/// | `null` | [`NullStore`](crate::NullStore) |
 /// | `flock`, `flock://` | [`FlockStore`](crate::FlockStore) in the default directory, `<tempdir>/xtr-lock-<uid>` |
 /// | `flock://<path>` | [`FlockStore`](crate::FlockStore) in `<path>`, taken literally (`flock:///var/lock/app`); it must be absolute |
 /// | `postgres://`, `postgresql://`, `mysql://`, `mariadb://`, `sqlite:///<path>`, `sqlite::memory:` | [`SqlStore`](crate::SqlStore) (feature `sql`) on that database's lock table |

@@ -482,7 +482,7 @@ impl Store for CombinedStore {
     ///
     /// One storage error listing every member that failed to close, after all were tried.
     async fn close(&self) -> Result<()> {
-        self.inflight.settle().await;
+        self.inflight.await_detached().await;
         let results = join_all(self.stores.iter().map(|s| s.close())).await;
         let failures: Vec<String> = self
             .stores

@@ -213,14 +213,15 @@ impl RedisStore {
     }
 
     /// Runs `script` for `key`: KEYS = the lock key, then what `keys` asks for; ARGV = client
-    /// time or "", token, duration ms, the waiter's ticket or "", when its wait began or "".
+    /// time or "", token, duration ms, then the waiter's `ticket` and when its wait began (µs),
+    /// or "" twice.
     pub(super) async fn eval<T: redis::FromRedisValue + Send + 'static>(
         &self,
         script: &redis::Script,
         key: &Key,
         ttl: Option<Duration>,
         keys: Keys,
-        ticket: Option<&str>,
+        ticket: Option<(&str, u64)>,
     ) -> Result<T> {
         let read_only = keys == Keys::ReadOnly;
         let mut conn = self
@@ -241,11 +242,8 @@ impl RedisStore {
             client_time(client_clock),
             key.token(KIND),
             ttl.map_or(0, duration_ms).to_string(),
-            ticket.unwrap_or("").to_owned(),
-            match ticket {
-                Some(_) => key.holder().wait_began().to_string(),
-                None => String::new(),
-            },
+            ticket.map_or_else(String::new, |(text, _)| text.to_owned()),
+            ticket.map_or_else(String::new, |(_, since_us)| since_us.to_string()),
         ];
         let script = script.clone();
         let run = move |mut conn: ConnectionManager| {

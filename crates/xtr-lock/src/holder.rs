@@ -3,7 +3,8 @@
 //! A [`Key`](crate::Key) is identity; this is the lock's bookkeeping, which every lock built on
 //! the key shares (they are one holder). The key carries it without knowing what is in it.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use tokio::sync::watch;
 
@@ -33,9 +34,10 @@ pub(crate) struct Holder {
     state: watch::Sender<Believed>,
     /// Runs the store calls of this holder, one at a time, each to its end.
     serial: crate::serial::Serial,
-    /// When the holder's current (or last) wait began, in µs since the Unix epoch; 0 before
-    /// its first. Stores that queue waiters order them by it.
-    wait_began: AtomicU64,
+    /// When the holder's current (or last) wait began; the Unix epoch before its first. Given
+    /// to a store when the holder registers as a waiter (stores that queue waiters order them
+    /// by it).
+    wait_began: Mutex<SystemTime>,
 }
 
 impl Holder {
@@ -47,22 +49,18 @@ impl Holder {
         Holder {
             state,
             serial: crate::serial::Serial::default(),
-            wait_began: AtomicU64::new(0),
+            wait_began: Mutex::new(UNIX_EPOCH),
         }
     }
 
     /// Notes that the holder begins to wait (its first attempt was refused).
     pub(crate) fn begins_waiting(&self) {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(1, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
-        self.wait_began.store(now, Ordering::Relaxed);
+        *crate::mutex::lock(&self.wait_began) = SystemTime::now();
     }
 
-    /// When the holder's current (or last) wait began, in µs since the Unix epoch (0: never).
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    pub(crate) fn wait_began(&self) -> u64 {
-        self.wait_began.load(Ordering::Relaxed)
+    /// When the holder's current (or last) wait began (the Unix epoch: never).
+    pub(crate) fn wait_began(&self) -> SystemTime {
+        *crate::mutex::lock(&self.wait_began)
     }
 
     pub(crate) fn believed(&self) -> Believed {

@@ -199,7 +199,10 @@ impl Lock {
         let mut watcher: Option<Watcher> = None;
         loop {
             if waiting && caps.notifies {
-                watcher = self.store.watch(&self.key).await?;
+                watcher = self
+                    .store
+                    .watch(&self.key, self.holder().wait_began())
+                    .await?;
             }
             let conflict = match (self.attempt(mode).await, ride_out) {
                 (Ok(None), _) => return Ok(true),

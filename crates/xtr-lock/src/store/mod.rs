@@ -29,7 +29,7 @@ use std::fmt;
 #[cfg(unix)]
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use crate::error::{Error, Result};
 use crate::key::Key;
@@ -247,14 +247,16 @@ pub trait Store: Send + Sync + fmt::Debug + fmt::Display + 'static {
     ///
     /// The [`Lock`](crate::Lock) calls it only after an attempt was refused, then attempts
     /// again before it waits: a change between the refusal and the registration is seen by
-    /// that attempt, and a change after the registration by the watcher. A store that queues
-    /// waiters (Redis) learns from the holder's next save that it waits.
+    /// that attempt, and a change after the registration by the watcher. `waiting_since` is
+    /// when the holder's wait began (its first refused attempt): a store that queues waiters
+    /// (Redis) serves them in that order, and learns from the holder's next save that it
+    /// waits.
     ///
     /// # Errors
     ///
     /// A storage error when registering failed.
-    async fn watch(&self, key: &Key) -> Result<Option<Watcher>> {
-        let _ = key;
+    async fn watch(&self, key: &Key, waiting_since: SystemTime) -> Result<Option<Watcher>> {
+        let _ = (key, waiting_since);
         Ok(None)
     }
 
@@ -417,8 +419,8 @@ macro_rules! forward_store {
             async fn exists(&self, key: &Key) -> Result<Holding> {
                 (**self).exists(key).await
             }
-            async fn watch(&self, key: &Key) -> Result<Option<Watcher>> {
-                (**self).watch(key).await
+            async fn watch(&self, key: &Key, waiting_since: SystemTime) -> Result<Option<Watcher>> {
+                (**self).watch(key, waiting_since).await
             }
             async fn watch_loss(&self, key: &Key) -> Result<Option<LossWatcher>> {
                 (**self).watch_loss(key).await

@@ -16,7 +16,7 @@ pub(crate) mod symfony_sql;
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use tokio::sync::Semaphore;
@@ -211,8 +211,9 @@ impl<S: Store> Scripted<S> {
     }
 
     async fn emulated_wait(&self, key: &Key, ttl: Option<Duration>, read: bool) -> Result<Saved> {
+        let since = SystemTime::now();
         loop {
-            let watcher = self.inner.watch(key).await?;
+            let watcher = self.inner.watch(key, since).await?;
             let saved = if read {
                 self.inner.save_read(key, ttl).await
             } else {
@@ -335,7 +336,7 @@ impl<S: Store> Store for Scripted<S> {
     fn inheritable_descriptors(&self, key: &Key) -> Result<Option<Vec<std::os::fd::OwnedFd>>> {
         self.inner.inheritable_descriptors(key)
     }
-    async fn watch(&self, key: &Key) -> Result<Option<Watcher>> {
+    async fn watch(&self, key: &Key, waiting_since: SystemTime) -> Result<Option<Watcher>> {
         if !self.capabilities().notifies {
             return Ok(None);
         }
@@ -344,7 +345,7 @@ impl<S: Store> Store for Scripted<S> {
         if hold {
             self.replies.acquire().await.unwrap().forget();
         }
-        let watcher = self.inner.watch(key).await?;
+        let watcher = self.inner.watch(key, waiting_since).await?;
         if self.script().best_effort_watch {
             return Ok(watcher.map(Watcher::best_effort));
         }

@@ -78,7 +78,7 @@ const PG_SESSION: &str = "SELECT pg_backend_pid(), \
 /// How long a MySQL server's TCP keepalive takes to give up on a peer that went away: the
 /// server enables it with its operating system's settings, which a client cannot read; Linux's
 /// defaults (7200 s idle, then 9 probes 75 s apart) are assumed.
-const MYSQL_KEEPALIVE: Duration = Duration::from_secs(7200 + 9 * 75);
+const MYSQL_TCP_KEEPALIVE: Duration = Duration::from_secs(7200 + 9 * 75);
 
 /// How long the server keeps a PostgreSQL session whose client went silent: the shorter of
 /// `idle_session_timeout` (milliseconds; a stopped client) and the TCP keepalive's time to give
@@ -131,7 +131,7 @@ impl DbConn {
                 let wait = Duration::from_secs(u64::try_from(wait).unwrap_or(0).max(1));
                 let opened = Opened {
                     id,
-                    silence: Some(wait.min(MYSQL_KEEPALIVE)),
+                    silence: Some(wait.min(MYSQL_TCP_KEEPALIVE)),
                 };
                 Ok((DbConn::MySql(my), opened))
             }

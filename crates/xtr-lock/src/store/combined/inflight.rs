@@ -196,7 +196,7 @@ impl Inflight {
     }
 
     /// Waits until everything detached so far has finished.
-    pub(super) async fn settle(&self) {
+    pub(super) async fn await_detached(&self) {
         let all: Vec<Done> = (0..self.members.len())
             .flat_map(|i| {
                 self.member(i)

@@ -3,7 +3,7 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 #[cfg(unix)]
 use std::os::fd::OwnedFd;
@@ -367,14 +367,15 @@ impl Store for CombinedStore {
     /// Returns once members enough to meet the strategy are watching (or can no longer be): a
     /// member slow to register (paused, reconnecting) goes on registering inside the watcher
     /// and never delays the attempt.
-    async fn watch(&self, key: &Key) -> Result<Option<Watcher>> {
+    async fn watch(&self, key: &Key, waiting_since: SystemTime) -> Result<Option<Watcher>> {
         let n = self.stores.len();
         let mut registering: FuturesUnordered<BoxFuture<'static, Option<Watcher>>> = self
             .stores
             .iter()
             .map(|s| {
                 let (s, k) = (s.clone(), key.clone());
-                Box::pin(async move { s.watch(&k).await.ok().flatten() }) as BoxFuture<'static, _>
+                Box::pin(async move { s.watch(&k, waiting_since).await.ok().flatten() })
+                    as BoxFuture<'static, _>
             })
             .collect();
         let mut watchers: FuturesUnordered<Watcher> = FuturesUnordered::new();
@@ -482,7 +483,7 @@ impl Store for CombinedStore {
     ///
     /// One storage error listing every member that failed to close, after all were tried.
     async fn close(&self) -> Result<()> {
-        self.inflight.settle().await;
+        self.inflight.await_detached().await;
         let results = join_all(self.stores.iter().map(|s| s.close())).await;
         let failures: Vec<String> = self
             .stores

@@ -127,6 +127,21 @@ impl CombinedStore {
                 .await;
             return Err(Error::expired(key.resource()).with_store(self));
         }
+        self.quorum_missed(key, ttl, &tally, notes, pending).await
+    }
+
+    /// A save that missed the quorum: what the members stored is put back (a refused mode
+    /// change) or taken back, and the answer is a conflict, or the outage when failures alone
+    /// kept the quorum out of reach.
+    async fn quorum_missed(
+        &self,
+        key: &Key,
+        ttl: Option<Duration>,
+        tally: &Tally<'_>,
+        mut notes: SaveNotes,
+        pending: Pending<Saved>,
+    ) -> Result<Saved> {
+        let n = self.stores.len();
         tracing::info!(target: TARGET, resource = key.resource(), success = tally.yes,
             refused = tally.no, failed = tally.failed,
             "failed to store the lock, the quorum was not met");

@@ -18,8 +18,8 @@ use crate::mutex::lock;
 
 /// HTTP/2 pings on every connection, so a member that stopped answering (paused, cut off) is
 /// found in about two seconds and its requests go to the others.
-const KEEPALIVE: Duration = Duration::from_secs(1);
-const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(1);
+const HTTP2_PING_INTERVAL: Duration = Duration::from_secs(1);
+const HTTP2_PING_TIMEOUT: Duration = Duration::from_secs(1);
 
 pub(super) struct Core {
     pub(super) config: EtcdConfig,
@@ -27,7 +27,7 @@ pub(super) struct Core {
     pub(super) shown: Arc<str>,
     pub(super) owner: HandleOwner,
     client: Mutex<Option<Client>>,
-    /// The leases being revoked (each by its own task), and a wake-up for `settle`.
+    /// The leases being revoked (each by its own task), and a wake-up for `await_revokes`.
     revoking: std::sync::Mutex<HashSet<i64>>,
     revoked: Notify,
 }
@@ -121,7 +121,7 @@ impl Core {
     }
 
     /// Waits until no revoke is under way, or `bound` has passed.
-    pub(super) async fn settle(&self, bound: Duration) {
+    pub(super) async fn await_revokes(&self, bound: Duration) {
         let deadline = tokio::time::Instant::now() + bound;
         loop {
             let woken = self.revoked.notified();
@@ -149,7 +149,7 @@ impl Core {
             .with_timeout(config.request_timeout)
             // A member cut off from its leader answers at once instead of hanging.
             .with_require_leader(true)
-            .with_keep_alive(KEEPALIVE, KEEPALIVE_TIMEOUT)
+            .with_keep_alive(HTTP2_PING_INTERVAL, HTTP2_PING_TIMEOUT)
             .with_keep_alive_while_idle(true);
         if let Some((user, password)) = &config.user {
             options = options.with_user(user.clone(), password.clone());

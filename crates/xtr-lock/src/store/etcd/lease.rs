@@ -189,86 +189,118 @@ impl Keeper {
         let mut waiting: Vec<oneshot::Sender<Result<Duration>>> = Vec::new();
         let mut next = BootInstant::now().after(self.period);
         loop {
-            // Until a keep-alive is due or asked for, watching the confirmed end.
-            loop {
-                let now = BootInstant::now();
-                let end = self.confirmed();
-                if now >= end {
-                    self.unconfirmed();
-                }
-                if !waiting.is_empty() || now >= next {
-                    break;
-                }
-                let mut nap = next.since(now).min(NAP);
-                if now < end {
-                    nap = nap.min(end.since(now));
-                }
-                tokio::select! {
-                    () = tokio::time::sleep(nap) => {}
-                    request = self.requests.recv() => match request {
-                        Some(reply) => waiting.push(reply),
-                        None => return,
-                    },
-                }
+            if !self.until_due(&mut waiting, next).await {
+                return;
             }
             while let Ok(reply) = self.requests.try_recv() {
                 waiting.push(reply);
             }
-            let sent = BootInstant::now();
+            let (sent, attempt) = self.lease_keepalive().await;
+            match self.take_answer(sent, attempt, &mut waiting) {
+                Some(then) => next = then,
+                None => return,
+            }
+        }
+    }
+
+    /// Until a lease keep-alive is due (at `next`) or asked for (the requests go to
+    /// `waiting`), watching the confirmed end. `false` when nobody can ask any more.
+    async fn until_due(
+        &mut self,
+        waiting: &mut Vec<oneshot::Sender<Result<Duration>>>,
+        next: BootInstant,
+    ) -> bool {
+        loop {
+            let now = BootInstant::now();
             let end = self.confirmed();
-            // While the lease is confirmed, an answer later than its confirmed end is too late
-            // for a holder: the attempt is cut there (and goes on afterwards).
-            let attempt = if sent < end {
-                tokio::time::timeout(end.since(sent), self.once())
-                    .await
-                    .unwrap_or_else(|_| {
-                        Err(
-                            Error::storage("no keep-alive answered by the lease's confirmed end")
-                                .temporary(),
-                        )
-                    })
-            } else {
-                self.once().await
-            };
-            match attempt {
-                Ok(Some(left)) => {
-                    *lock(&self.confirmed) = sent.after(left);
-                    self.state.send_if_modified(|s| {
-                        let was = *s;
-                        *s = State::Alive;
-                        was != State::Alive
-                    });
-                    next = BootInstant::now().after(self.period);
-                    for reply in waiting.drain(..) {
-                        let _ = reply.send(Ok(left));
-                    }
+            if now >= end {
+                self.unconfirmed();
+            }
+            if !waiting.is_empty() || now >= next {
+                return true;
+            }
+            let mut nap = next.since(now).min(NAP);
+            if now < end {
+                nap = nap.min(end.since(now));
+            }
+            tokio::select! {
+                () = tokio::time::sleep(nap) => {}
+                request = self.requests.recv() => match request {
+                    Some(reply) => waiting.push(reply),
+                    None => return false,
+                },
+            }
+        }
+    }
+
+    /// One lease keep-alive, and when it was sent. While the lease is confirmed, an answer
+    /// later than its confirmed end is too late for a holder: the attempt is cut there (and
+    /// goes on afterwards).
+    async fn lease_keepalive(&mut self) -> (BootInstant, Result<Option<Duration>>) {
+        let sent = BootInstant::now();
+        let end = self.confirmed();
+        let attempt = if sent < end {
+            tokio::time::timeout(end.since(sent), self.once())
+                .await
+                .unwrap_or_else(|_| {
+                    Err(
+                        Error::storage("no keep-alive answered by the lease's confirmed end")
+                            .temporary(),
+                    )
+                })
+        } else {
+            self.once().await
+        };
+        (sent, attempt)
+    }
+
+    /// Takes in the answer to a lease keep-alive sent at `sent`, and answers those `waiting`
+    /// for it: when the next one is due, `None` once the lease is gone.
+    fn take_answer(
+        &mut self,
+        sent: BootInstant,
+        attempt: Result<Option<Duration>>,
+        waiting: &mut Vec<oneshot::Sender<Result<Duration>>>,
+    ) -> Option<BootInstant> {
+        match attempt {
+            Ok(Some(left)) => {
+                *lock(&self.confirmed) = sent.after(left);
+                self.state.send_if_modified(|s| {
+                    let was = *s;
+                    *s = State::Alive;
+                    was != State::Alive
+                });
+                let next = BootInstant::now().after(self.period);
+                for reply in waiting.drain(..) {
+                    let _ = reply.send(Ok(left));
                 }
-                Ok(None) => {
-                    tracing::warn!(target: crate::logging::TARGET, store = %self.core.shown,
-                        lease = %format!("{:x}", self.id), "the lease expired or was revoked");
-                    self.state.send_replace(State::Gone(LostReason::Expired));
-                    for reply in waiting.drain(..) {
-                        let gone = Error::storage("the lease is gone (expired or revoked)");
-                        let _ = reply.send(Err(self.core.fail(gone)));
-                    }
-                    return;
+                Some(next)
+            }
+            Ok(None) => {
+                tracing::warn!(target: crate::logging::TARGET, store = %self.core.shown,
+                    lease = %format!("{:x}", self.id), "the lease expired or was revoked");
+                self.state.send_replace(State::Gone(LostReason::Expired));
+                for reply in waiting.drain(..) {
+                    let gone = Error::storage("the lease is gone (expired or revoked)");
+                    let _ = reply.send(Err(self.core.fail(gone)));
                 }
-                Err(e) => {
-                    self.stream = None;
-                    if BootInstant::now() >= self.confirmed() {
-                        self.unconfirmed();
-                    }
-                    tracing::debug!(target: crate::logging::TARGET, store = %self.core.shown,
-                        error = %e, "a keep-alive failed; trying again");
-                    for reply in waiting.drain(..) {
-                        let again = Error::storage(e.reason().unwrap_or("a keep-alive failed"));
-                        let _ = reply.send(Err(self.core.fail(again.temporary())));
-                    }
-                    // Again soon (within what is left of the lease, if anything is).
-                    let pause =
-                        (self.period / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
-                    next = BootInstant::now().after(pause);
+                None
+            }
+            Err(e) => {
+                self.stream = None;
+                if BootInstant::now() >= self.confirmed() {
+                    self.unconfirmed();
                 }
+                tracing::debug!(target: crate::logging::TARGET, store = %self.core.shown,
+                    error = %e, "a keep-alive failed; trying again");
+                for reply in waiting.drain(..) {
+                    let again = Error::storage(e.reason().unwrap_or("a keep-alive failed"));
+                    let _ = reply.send(Err(self.core.fail(again.temporary())));
+                }
+                // Again soon (within what is left of the lease, if anything is).
+                let pause =
+                    (self.period / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
+                Some(BootInstant::now().after(pause))
             }
         }
     }

@@ -337,7 +337,9 @@ impl Store for EtcdStore {
     /// to land, at most the request timeout, then drops the store's connection. Holds still
     /// held keep their leases (kept alive while their holders live; after that, their ttl).
     async fn close(&self) -> Result<()> {
-        self.core.settle(self.core.config.request_timeout).await;
+        self.core
+            .await_revokes(self.core.config.request_timeout)
+            .await;
         self.core.disconnect().await;
         Ok(())
     }

@@ -4,7 +4,7 @@ use std::fmt;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use rand::Rng as _;
@@ -461,7 +461,7 @@ impl Store for FlockStore {
     }
 
     /// A best-effort watcher: releases in this process and closes by other processes.
-    async fn watch(&self, key: &Key) -> Result<Option<Watcher>> {
+    async fn watch(&self, key: &Key, _waiting_since: SystemTime) -> Result<Option<Watcher>> {
         let mut changed = self.inner.hub.subscribe(&self.file_name(key.resource()));
         Ok(Some(Watcher::best_effort(async move {
             changed.changed().await;

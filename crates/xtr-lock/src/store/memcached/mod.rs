@@ -5,7 +5,7 @@ use std::fmt;
 use std::future::Future;
 use std::io;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -518,7 +518,7 @@ impl Store for MemcachedStore {
     /// Registers the holder as a waiter for the next release by a holder of this store (in
     /// this process). Releases by other processes, PHP's included, are seen by polling: the
     /// watcher says it covers a release only when the last refusal came from a holder here.
-    async fn watch(&self, key: &Key) -> Result<Option<Watcher>> {
+    async fn watch(&self, key: &Key, _waiting_since: SystemTime) -> Result<Option<Watcher>> {
         let mut rx = lock(&self.inner.wakers).subscribe(key.resource());
         let here = key.handle::<HolderState>(self.inner.owner).here.clone();
         Ok(Some(Watcher::with_coverage(

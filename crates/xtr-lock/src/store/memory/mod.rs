@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use async_trait::async_trait;
 
@@ -487,7 +487,7 @@ impl Store for InMemoryStore {
         Ok(out)
     }
 
-    async fn watch(&self, key: &Key) -> Result<Option<Watcher>> {
+    async fn watch(&self, key: &Key, _waiting_since: SystemTime) -> Result<Option<Watcher>> {
         let mut rx = self.state().watchers.subscribe(key.resource());
         Ok(Some(Watcher::new(async move {
             // An error means the store is gone: nothing will change any more, so wake up.

@@ -54,7 +54,7 @@ async fn empty_entries_and_idle_watchers_do_not_pile_up() {
     for i in 0..1000 {
         let key = Key::new(format!("r{i}"));
         assert!(store.save(&key, None).await.unwrap().is_acquired());
-        drop(store.watch(&key).await.unwrap());
+        drop(store.watch(&key, SystemTime::now()).await.unwrap());
         store.delete(&key).await.unwrap();
     }
     let st = store.state();

@@ -13,9 +13,9 @@ use crate::key::{Key, Mode};
 use crate::store::{Acquired, Conflict, Saved};
 
 impl RedisPubSubStore {
-    /// A turn through the gate of `channel`'s waiters in `mode` (one gate for writers, one for
+    /// A pass through the gate of `channel`'s waiters in `mode` (one gate for writers, one for
     /// readers: a reader held up by waiting writers does not hold up this store's writers too).
-    async fn turn(&self, channel: &str, mode: Mode) -> tokio::sync::OwnedMutexGuard<()> {
+    async fn through_gate(&self, channel: &str, mode: Mode) -> tokio::sync::OwnedMutexGuard<()> {
         let name = format!("{channel} {mode:?}");
         let gate = {
             let mut gates = lock(&self.inner.gates);
@@ -65,10 +65,10 @@ impl RedisPubSubStore {
         );
         // A promotion goes past the gate: a local writer waiting for this reader to go must not
         // keep it from promoting.
-        let _turn = if fwl || reader.is_some() {
+        let _gate = if fwl || reader.is_some() {
             None
         } else {
-            Some(self.turn(&channel, Mode::Write).await)
+            Some(self.through_gate(&channel, Mode::Write).await)
         };
         let mut notices = None;
         loop {
@@ -127,10 +127,10 @@ impl RedisPubSubStore {
             None => {}
         }
         let mut contender = Contender::new(&self.inner, &channel, &id, None, fwl);
-        let _turn = if fwl {
+        let _gate = if fwl {
             None
         } else {
-            Some(self.turn(&channel, Mode::Read).await)
+            Some(self.through_gate(&channel, Mode::Read).await)
         };
         let mut notices = None;
         loop {

@@ -149,6 +149,45 @@ pub(super) async fn probe(
         return Ok(Probe::Inconclusive);
     }
 
+    let Some(records) = gather_replies(
+        conns,
+        &listener,
+        &mut replies,
+        timing,
+        channel,
+        expected,
+        check,
+    )
+    .await?
+    else {
+        return Ok(Probe::Inconclusive);
+    };
+    drop(replies);
+    if numsub(conns, channel).await? != expected {
+        return Ok(Probe::Inconclusive);
+    }
+    if (records.len() as u64) < expected {
+        if reap && reap_silent(conns, channel, &records).await? == 0 {
+            return Ok(Probe::Foreign(expected - records.len() as u64));
+        }
+        return Ok(Probe::Inconclusive);
+    }
+    Ok(Probe::Conclusive(records.into_values().collect()))
+}
+
+/// Takes the replies to the ping until the `expected` ones came or the wait ran out, then
+/// those still unread. `None` when the probe cannot conclude: the listener failed, somebody
+/// came or went (seen by a membership check, which takes `check`), or the prober came too
+/// late to judge who is silent.
+async fn gather_replies(
+    conns: &Conns,
+    listener: &Listener,
+    replies: &mut Replies,
+    timing: Timing,
+    channel: &str,
+    expected: u64,
+    check: Duration,
+) -> Result<Option<BTreeMap<String, Record>>> {
     let deadline = tokio::time::Instant::now() + timing.unavailable;
     let mut records: BTreeMap<String, Record> = BTreeMap::new();
     let mut legacy = 0usize;
@@ -165,45 +204,35 @@ pub(super) async fn probe(
             break;
         }
         let missing = expected - records.len() as u64;
-        let read = read_replies(&mut replies, timing.poll().min(left), missing, &mut |p| {
+        let read = read_replies(replies, timing.poll().min(left), missing, &mut |p| {
             take(p, &mut records);
         })
         .await;
         if read.is_err() {
-            return Ok(Probe::Inconclusive);
+            return Ok(None);
         }
         // Churn: somebody came or went (never a reason to reap). Checked while a check can end
-        // before the deadline; the check after the barrier below covers the rest. A check
-        // running past the deadline would make a prober far from the server (a round trip
-        // longer than its poll interval) late every time, and it would never reap.
+        // before the deadline; the check after the barrier (below, then in `probe`) covers the
+        // rest. A check running past the deadline would make a prober far from the server (a
+        // round trip longer than its poll interval) late every time, and it would never reap.
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         if (records.len() as u64) < expected
             && left > check
             && numsub(conns, channel).await? != expected
         {
-            return Ok(Probe::Inconclusive);
+            return Ok(None);
         }
     }
     if (records.len() as u64) < expected {
         let late = tokio::time::Instant::now().saturating_duration_since(deadline);
-        let Some(unread) = unread_replies(&listener, &mut replies, late, timing).await else {
-            return Ok(Probe::Inconclusive);
+        let Some(unread) = unread_replies(listener, replies, late, timing).await else {
+            return Ok(None);
         };
         for payload in unread {
             take(payload, &mut records);
         }
     }
-    drop(replies);
-    if numsub(conns, channel).await? != expected {
-        return Ok(Probe::Inconclusive);
-    }
-    if (records.len() as u64) < expected {
-        if reap && reap_silent(conns, channel, &records).await? == 0 {
-            return Ok(Probe::Foreign(expected - records.len() as u64));
-        }
-        return Ok(Probe::Inconclusive);
-    }
-    Ok(Probe::Conclusive(records.into_values().collect()))
+    Ok(Some(records))
 }
 
 /// Waits up to `wait` for a reply; once one came, takes what is buffered and what follows

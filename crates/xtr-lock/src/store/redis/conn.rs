@@ -213,14 +213,15 @@ impl RedisStore {
     }
 
     /// Runs `script` for `key`: KEYS = the lock key, then what `keys` asks for; ARGV = client
-    /// time or "", token, duration ms, the waiter's ticket or "", when its wait began or "".
+    /// time or "", token, duration ms, then the waiter's `ticket` and when its wait began (µs),
+    /// or "" twice.
     pub(super) async fn eval<T: redis::FromRedisValue + Send + 'static>(
         &self,
         script: &redis::Script,
         key: &Key,
         ttl: Option<Duration>,
         keys: Keys,
-        ticket: Option<&str>,
+        ticket: Option<(&str, u64)>,
     ) -> Result<T> {
         let read_only = keys == Keys::ReadOnly;
         let mut conn = self
@@ -236,32 +237,13 @@ impl RedisStore {
                 .await
                 .map_err(|e| e.with_resource(key.resource()))?
         };
-        let mut keys_of: Vec<Vec<u8>> = vec![self.key_for(key.resource()).into()];
-        match keys {
-            Keys::Save => {
-                keys_of.push(self.internal_key(FENCE_KEY));
-                keys_of.push(self.queue_key(key.resource()));
-            }
-            Keys::Queue => keys_of.push(self.queue_key(key.resource())),
-            Keys::Lock | Keys::ReadOnly => {}
-        }
-        let now = if client_clock {
-            let t = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .unwrap_or_default();
-            format!("{:.6}", t.as_secs_f64())
-        } else {
-            String::new()
-        };
+        let keys_of = self.script_keys(key, keys);
         let args = [
-            now,
+            client_time(client_clock),
             key.token(KIND),
             ttl.map_or(0, duration_ms).to_string(),
-            ticket.unwrap_or("").to_owned(),
-            match ticket {
-                Some(_) => key.holder().wait_began().to_string(),
-                None => String::new(),
-            },
+            ticket.map_or_else(String::new, |(text, _)| text.to_owned()),
+            ticket.map_or_else(String::new, |(_, since_us)| since_us.to_string()),
         ];
         let script = script.clone();
         let run = move |mut conn: ConnectionManager| {
@@ -297,6 +279,33 @@ impl RedisStore {
             }
             other => other.map_err(|e| self.redis_error(e, Some(key.resource()))),
         }
+    }
+
+    /// The keys a script for `key` takes: the lock key, then what `keys` asks for.
+    fn script_keys(&self, key: &Key, keys: Keys) -> Vec<Vec<u8>> {
+        let mut keys_of: Vec<Vec<u8>> = vec![self.key_for(key.resource()).into()];
+        match keys {
+            Keys::Save => {
+                keys_of.push(self.internal_key(FENCE_KEY));
+                keys_of.push(self.queue_key(key.resource()));
+            }
+            Keys::Queue => keys_of.push(self.queue_key(key.resource())),
+            Keys::Lock | Keys::ReadOnly => {}
+        }
+        keys_of
+    }
+}
+
+/// The client's Unix time in seconds for a script, when it must be given the client's clock;
+/// else "" (the script reads the server's).
+fn client_time(client_clock: bool) -> String {
+    if client_clock {
+        let t = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        format!("{:.6}", t.as_secs_f64())
+    } else {
+        String::new()
     }
 }
 

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use redis::aio::ConnectionManager;
@@ -277,7 +277,7 @@ impl RedisStore {
                 key,
                 Some(ttl),
                 Keys::Save,
-                ticket.as_ref().map(|t| t.text.as_str()),
+                ticket.as_ref().map(|t| (t.text.as_str(), t.since_us)),
             )
             .await?;
         if let Some(ticket) = &ticket {
@@ -452,14 +452,19 @@ impl Store for RedisStore {
         Ok(holding(code))
     }
 
-    /// Registers the holder as a waiter: its next refused save queues it on the server, and a
-    /// release wakes it (one waiter per release across every process; every waiting reader
-    /// when readers can come in). Subscribes the store's wake channel on first use. The
-    /// watcher sees every release while every holder it waits behind announces its release
-    /// (this library's holders); beside a Python or PHP holder the lock polls.
-    async fn watch(&self, key: &Key) -> Result<Option<Watcher>> {
+    /// Registers the holder as a waiter: its next refused save queues it on the server (in the
+    /// order of `waiting_since`), and a release wakes it (one waiter per release across every
+    /// process; every waiting reader when readers can come in). Subscribes the store's wake
+    /// channel on first use. The watcher sees every release while every holder it waits behind
+    /// announces its release (this library's holders); beside a Python or PHP holder the lock
+    /// polls.
+    async fn watch(&self, key: &Key, waiting_since: SystemTime) -> Result<Option<Watcher>> {
         let lock_key = self.key_for(key.resource());
-        Ok(self.inner.notifier.watch(self, lock_key, key).await)
+        Ok(self
+            .inner
+            .notifier
+            .watch(self, lock_key, key, waiting_since)
+            .await)
     }
 
     /// Drops the command connection and the subscriber connection (waiters wake and poll, then

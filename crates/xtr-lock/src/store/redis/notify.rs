@@ -9,9 +9,9 @@
 //! waiter's ticket is taken out of the queue. See `docs/waking.md`.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use base64::Engine as _;
 use futures_util::FutureExt as _;
@@ -80,6 +80,9 @@ struct Waiter {
     announced: AtomicBool,
     /// The ticket last sent with a save, while the server may still keep it queued.
     queued: Mutex<Option<String>>,
+    /// When its wait began, as its last registration said: µs since the Unix epoch, the
+    /// ticket's score in the queue.
+    since_us: AtomicU64,
 }
 
 impl Notifier {
@@ -98,13 +101,14 @@ impl Notifier {
         lock(&self.inner)
     }
 
-    /// Registers `key`'s holder as a waiter on `lock_key`; its next save queues it. `None` when
-    /// the wake channel cannot be had (the waiter then polls).
+    /// Registers `key`'s holder as a waiter on `lock_key`, waiting since `waiting_since`; its
+    /// next save queues it. `None` when the wake channel cannot be had (the waiter then polls).
     pub(super) async fn watch(
         &self,
         store: &RedisStore,
         lock_key: String,
         key: &Key,
+        waiting_since: SystemTime,
     ) -> Option<Watcher> {
         if !self.ensure_subscribed(store).await {
             return None;
@@ -126,9 +130,13 @@ impl Notifier {
                         wake: Notify::new(),
                         announced: AtomicBool::new(false),
                         queued: Mutex::new(None),
+                        since_us: AtomicU64::new(0),
                     })
                 })
                 .clone();
+            waiter
+                .since_us
+                .store(micros(waiting_since), Ordering::Relaxed);
             st.by_seq.insert(waiter.seq, waiter.clone());
             waiter.watchers.fetch_add(1, Ordering::Relaxed);
             waiter
@@ -165,7 +173,12 @@ impl Notifier {
         };
         let text = format!("{mode}{}{}{}", waiter.token, self.id, waiter.seq);
         *lock(&waiter.queued) = Some(text.clone());
-        Some(Ticket { text, waiter })
+        let since_us = waiter.since_us.load(Ordering::Relaxed);
+        Some(Ticket {
+            text,
+            since_us,
+            waiter,
+        })
     }
 
     /// Records what a save that sent `ticket` was answered: refused (with whether every holder
@@ -315,7 +328,15 @@ impl Notifier {
 /// A ticket sent with a save, and the waiter it stands for.
 pub(super) struct Ticket {
     pub(super) text: String,
+    /// When the waiter's wait began (µs since the Unix epoch): its score in the queue.
+    pub(super) since_us: u64,
     waiter: Arc<Waiter>,
+}
+
+/// `t` in µs since the Unix epoch (1 before it, saturating), as the queue scores waits.
+fn micros(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(1, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }
 
 /// A wake: `<store id><waiter number> <lock key>`. Wakes that waiter, or passes the wake on

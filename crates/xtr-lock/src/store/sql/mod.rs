@@ -4,7 +4,7 @@
 use std::fmt;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use async_trait::async_trait;
 use sha2::{Digest as _, Sha256};
@@ -466,7 +466,7 @@ impl Store for SqlStore {
     /// met at the last refusal announces its releases: a holder of this store (in-process), or
     /// on PostgreSQL any holder of this library while the listener is up. Otherwise the lock
     /// polls.
-    async fn watch(&self, key: &Key) -> Result<Option<Watcher>> {
+    async fn watch(&self, key: &Key, _waiting_since: SystemTime) -> Result<Option<Watcher>> {
         Ok(Some(self.watcher(key).await))
     }
 

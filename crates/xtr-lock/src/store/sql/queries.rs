@@ -144,48 +144,57 @@ pub(crate) async fn save(conn: &mut Conn, sql: &Sql, id: &str, token: &str, ttl:
                 }),
             }
         }
-        Conn::Sqlite(p) => {
-            // The write transaction holds the database's write lock from its first statement,
-            // so the row read here is the row the upsert meets.
-            let mut tx = sqlx::Connection::begin_with(&mut **p, "BEGIN IMMEDIATE").await?;
-            let found: Option<(String, bool, Option<i64>)> =
-                sqlx::query_as(AssertSqlSafe(sql.read.as_str()))
-                    .bind(id)
-                    .fetch_optional(&mut *tx)
-                    .await?;
-            let found = found.map(row);
-            if let Some(r) = &found
-                && r.token != token
-                && r.live
-            {
-                tx.rollback().await?;
-                return Ok(Saved::Conflict { holder: found });
-            }
-            let got: Option<i64> = sqlx::query_scalar(AssertSqlSafe(sql.save.as_str()))
-                .bind(id)
-                .bind(token)
-                .bind(ttl)
-                .fetch_optional(&mut *tx)
-                .await?;
-            if got.is_none() {
-                tx.rollback().await?;
-                return Ok(Saved::Conflict { holder: found });
-            }
-            let new = found.as_ref().is_none_or(|r| r.token != token);
-            let n = if new {
-                Some(
-                    sqlx::query_scalar::<_, i64>(AssertSqlSafe(sql.draw.as_str()))
-                        .bind(id)
-                        .fetch_one(&mut *tx)
-                        .await?,
-                )
-            } else {
-                None
-            };
-            tx.commit().await?;
-            Ok(Saved::Acquired { fence: fence(n) })
-        }
+        Conn::Sqlite(p) => save_sqlite(p, sql, id, token, ttl).await,
     }
+}
+
+/// SQLite's save: the row is read, then saved, in one write transaction.
+async fn save_sqlite(
+    p: &mut PoolConnection<Sqlite>,
+    sql: &Sql,
+    id: &str,
+    token: &str,
+    ttl: i32,
+) -> Db<Saved> {
+    // The write transaction holds the database's write lock from its first statement,
+    // so the row read here is the row the upsert meets.
+    let mut tx = sqlx::Connection::begin_with(&mut **p, "BEGIN IMMEDIATE").await?;
+    let found: Option<(String, bool, Option<i64>)> =
+        sqlx::query_as(AssertSqlSafe(sql.read.as_str()))
+            .bind(id)
+            .fetch_optional(&mut *tx)
+            .await?;
+    let found = found.map(row);
+    if let Some(r) = &found
+        && r.token != token
+        && r.live
+    {
+        tx.rollback().await?;
+        return Ok(Saved::Conflict { holder: found });
+    }
+    let got: Option<i64> = sqlx::query_scalar(AssertSqlSafe(sql.save.as_str()))
+        .bind(id)
+        .bind(token)
+        .bind(ttl)
+        .fetch_optional(&mut *tx)
+        .await?;
+    if got.is_none() {
+        tx.rollback().await?;
+        return Ok(Saved::Conflict { holder: found });
+    }
+    let new = found.as_ref().is_none_or(|r| r.token != token);
+    let n = if new {
+        Some(
+            sqlx::query_scalar::<_, i64>(AssertSqlSafe(sql.draw.as_str()))
+                .bind(id)
+                .fetch_one(&mut *tx)
+                .await?,
+        )
+    } else {
+        None
+    };
+    tx.commit().await?;
+    Ok(Saved::Acquired { fence: fence(n) })
 }
 
 /// Draws `id`'s next fencing token (outside an acquiring statement: MySQL's second statement,

@@ -138,7 +138,7 @@ impl Actor {
             } else if self.holds().is_some() {
                 // At least three pings within the time the server lets a silent client live.
                 let silence = self.conn.as_ref().and_then(|c| c.silence);
-                let keepalive = silence
+                let ping_every = silence
                     .map_or(self.conns.config.keepalive, |s| {
                         self.conns.config.keepalive.min(s / 3)
                     })
@@ -148,8 +148,8 @@ impl Actor {
                         Some(cmd) => cmd,
                         None => break,
                     },
-                    () = tokio::time::sleep(keepalive) => {
-                        self.keepalive().await;
+                    () = tokio::time::sleep(ping_every) => {
+                        self.ping().await;
                         continue;
                     }
                 }
@@ -342,7 +342,7 @@ impl Actor {
                 }
             }
         }
-        let ran = self.settle(ran, mode).await;
+        let ran = self.recheck_grant(ran, mode).await;
         let abandoned = reply.is_closed() || self.shutting_down || self.release_pending();
         let ping = wait && matches!(ran, Ran::Granted) && !abandoned;
         let mut answer = self.answer(ran, mode, abandoned).await;
@@ -350,7 +350,7 @@ impl Actor {
             // A grant after a wait is confirmed as of the wait's start, maybe longer ago than
             // the server lets a silent session live: one round trip before the answer dates
             // the lease the caller reads from now (dated from the wait, it read as lost).
-            self.keepalive().await;
+            self.ping().await;
             if self.holds().is_none() {
                 answer = Err(self.error(
                     Error::storage("lost the connection to the database right after the grant")
@@ -513,7 +513,7 @@ impl Actor {
         }
     }
 
-    async fn keepalive(&mut self) {
+    async fn ping(&mut self) {
         let Some(conn) = self.conn.as_mut() else {
             return;
         };

@@ -105,7 +105,7 @@ impl Actor {
     /// a waiting session its lock and only then notices a cancel request (or a deadlock check
     /// that came too late), and a session-level lock outlives the error. The session is asked
     /// what it holds; a hold it has is a grant. A session that cannot say is closed.
-    pub(super) async fn settle(&mut self, ran: Ran, mode: Mode) -> Ran {
+    pub(super) async fn recheck_grant(&mut self, ran: Ran, mode: Mode) -> Ran {
         if !matches!(ran, Ran::Cancelled | Ran::Deadlock | Ran::Refusal(_)) {
             return ran;
         }

@@ -181,7 +181,7 @@ impl Actor {
         loop {
             if let Some(cmd) = self.deferred.pop_front() {
                 self.command(cmd).await;
-                self.settle();
+                self.revoke_idle_lease();
                 continue;
             }
             let lease_state = self.lease.as_ref().map(|l| l.state.clone());
@@ -201,7 +201,7 @@ impl Actor {
             if self.stale.is_empty() {
                 retry = keys::RETRY_FIRST;
             }
-            self.settle();
+            self.revoke_idle_lease();
         }
         // The holder's key went: its lease goes, and every key on it with it.
         self.abandon_lease();
@@ -223,7 +223,7 @@ impl Actor {
                 let answer = self.release().await;
                 // The lease's revoke is under way before the answer: a `close` right after
                 // it waits for the revoke.
-                self.settle();
+                self.revoke_idle_lease();
                 let _ = reply.send(answer);
             }
             other => self.check_or_release(other).await,
@@ -305,8 +305,8 @@ impl Actor {
         while let Ok((key, rev)) = self.lost_rx.try_recv() {
             self.key_deleted(&key, rev);
         }
-        // A lease not confirmed any more ends a hold; a wait rides it out (`settle` gives up a
-        // lease that holds nothing between commands).
+        // A lease not confirmed any more ends a hold; a wait rides it out (`revoke_idle_lease`
+        // gives up a lease that holds nothing between commands).
         if self
             .lease
             .as_ref()
@@ -317,7 +317,7 @@ impl Actor {
     }
 
     /// Between commands: a lease that holds nothing is revoked (with every key left on it).
-    fn settle(&mut self) {
+    fn revoke_idle_lease(&mut self) {
         if self.held.is_none() && self.lease.is_some() {
             self.abandon_lease();
             self.publish();

@@ -110,24 +110,38 @@ impl Actor {
                 pause = (pause * 2).min(Duration::from_secs(1));
                 continue;
             }
-            match self.reread(me).await {
-                Ok(Some(read)) => return Waited::Again(read),
-                // Gone with its lease, or deleted: a plain wait queues again at the back.
-                Ok(None) if self.held.is_none() => return Waited::Requeue,
-                Ok(None) => {
-                    return Waited::Failed(self.error(Error::expired(&self.resource).with_reason(
-                        "the queue key vanished while it waited (its lease ended, or it \
-                             was deleted): never a grant",
-                    )));
+            if let Some(waited) = self.read_after_change(me, reply, &mut pause).await {
+                return waited;
+            }
+        }
+    }
+
+    /// Reads the queue again once the key waited for changed: how the wait goes on, or `None`
+    /// to watch again (the read failed, and `pause` was slept and doubled).
+    async fn read_after_change(
+        &mut self,
+        me: &Entry,
+        reply: &mut oneshot::Sender<Result<Saved>>,
+        pause: &mut Duration,
+    ) -> Option<Waited> {
+        match self.reread(me).await {
+            Ok(Some(read)) => Some(Waited::Again(read)),
+            // Gone with its lease, or deleted: a plain wait queues again at the back.
+            Ok(None) if self.held.is_none() => Some(Waited::Requeue),
+            Ok(None) => Some(Waited::Failed(self.error(
+                Error::expired(&self.resource).with_reason(
+                    "the queue key vanished while it waited (its lease ended, or it \
+                         was deleted): never a grant",
+                ),
+            ))),
+            Err(e) => {
+                tracing::debug!(target: crate::logging::TARGET, resource = %self.resource,
+                    error = %e, "cannot read the queue while waiting; trying again");
+                if self.pause(*pause, reply).await {
+                    return Some(Waited::Left);
                 }
-                Err(e) => {
-                    tracing::debug!(target: crate::logging::TARGET, resource = %self.resource,
-                        error = %e, "cannot read the queue while waiting; trying again");
-                    if self.pause(pause, reply).await {
-                        return Waited::Left;
-                    }
-                    pause = (pause * 2).min(Duration::from_secs(1));
-                }
+                *pause = (*pause * 2).min(Duration::from_secs(1));
+                None
             }
         }
     }

@@ -237,31 +237,36 @@ impl Lock {
                     continue;
                 }
             }
-            // However quickly a watcher fires, let the scheduler (and a caller's deadline) run
-            // between attempts: a wait must never spin without yielding.
-            tokio::task::yield_now().await;
-            tracing::debug!(target: TARGET, resource = self.resource(), store = %self.store, "waiting for the lock");
-            // Sleep until the holders' lifetimes end, if the store said when; poll unless the
-            // watcher sees every release.
-            let poll = match &watcher {
-                Some(w) if w.sees_every_release() => None,
-                _ => Some(Duration::from_millis(rand::rng().random_range(90..=110))),
-            };
-            let sleep = match (conflict.retry_after, poll) {
-                (Some(hint), Some(poll)) => Some(hint.min(poll)),
-                (hint, poll) => hint.or(poll),
-            };
-            match (watcher.as_mut(), sleep) {
-                (Some(watcher), Some(d)) => {
-                    tokio::select! {
-                        () = watcher => {}
-                        () = self.key.clock().sleep(d) => {}
-                    }
+            self.between_attempts(watcher.as_mut(), conflict.retry_after)
+                .await;
+        }
+    }
+
+    /// The pause of a waiting attempt: until the watcher fires, or the holders' lifetimes end
+    /// if the store said when, or a poll (unless the watcher sees every release).
+    async fn between_attempts(&self, watcher: Option<&mut Watcher>, retry_after: Option<Duration>) {
+        // However quickly a watcher fires, let the scheduler (and a caller's deadline) run
+        // between attempts: a wait must never spin without yielding.
+        tokio::task::yield_now().await;
+        tracing::debug!(target: TARGET, resource = self.resource(), store = %self.store, "waiting for the lock");
+        let poll = match &watcher {
+            Some(w) if w.sees_every_release() => None,
+            _ => Some(Duration::from_millis(rand::rng().random_range(90..=110))),
+        };
+        let sleep = match (retry_after, poll) {
+            (Some(hint), Some(poll)) => Some(hint.min(poll)),
+            (hint, poll) => hint.or(poll),
+        };
+        match (watcher, sleep) {
+            (Some(watcher), Some(d)) => {
+                tokio::select! {
+                    () = watcher => {}
+                    () = self.key.clock().sleep(d) => {}
                 }
-                (Some(watcher), None) => watcher.await,
-                (None, Some(d)) => self.key.clock().sleep(d).await,
-                (None, None) => unreachable!("without a watcher the lock always polls"),
             }
+            (Some(watcher), None) => watcher.await,
+            (None, Some(d)) => self.key.clock().sleep(d).await,
+            (None, None) => unreachable!("without a watcher the lock always polls"),
         }
     }
 

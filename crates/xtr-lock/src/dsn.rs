@@ -48,24 +48,39 @@ impl fmt::Debug for Dsn<'_> {
 }
 
 impl<'a> Dsn<'a> {
-    /// Splits `text`, whose scheme is `written` (everything before the first `:`).
+    /// Splits `text`, whose scheme is `written` (everything before the first `:`). The query
+    /// starts at the first `?` and ends at a `#`; a fragment is a `#` before the query; the
+    /// user information ends at the last `@` before the first `/`, the hosts at the `/` after.
     pub(crate) fn split(text: &'a str, what: &'static str) -> Dsn<'a> {
+        Self::split_with(text, what, false)
+    }
+
+    /// As [`split`](Self::split), with the user information ending at the *last* `@` before the
+    /// query, so a password may hold an unescaped `/` (the Redis stores have always read them so).
+    pub(crate) fn split_lenient(text: &'a str, what: &'static str) -> Dsn<'a> {
+        Self::split_with(text, what, true)
+    }
+
+    fn split_with(text: &'a str, what: &'static str, last_at: bool) -> Dsn<'a> {
         let (written, rest) = text.split_once(':').unwrap_or((text, ""));
         let url = rest.strip_prefix("//").map(|after| {
-            let (before_fragment, fragment) = match after.split_once('#') {
+            let (before_query, query) = after.split_once('?').unwrap_or((after, ""));
+            let (location, fragment) = match before_query.split_once('#') {
                 Some((b, f)) => (b, Some(f)),
-                None => (after, None),
+                None => (before_query, None),
             };
-            let (location, query) = before_fragment
-                .split_once('?')
-                .unwrap_or((before_fragment, ""));
-            let (authority, path, has_path) = match location.split_once('/') {
-                Some((a, p)) => (a, p, true),
-                None => (location, "", false),
+            let query = query.split_once('#').map_or(query, |(q, _)| q);
+            let authority = match location.split_once('/') {
+                Some((a, _)) if !last_at => a,
+                _ => location,
             };
-            let (userinfo, hosts) = match authority.rsplit_once('@') {
-                Some((u, h)) => (Some(u), h),
-                None => (None, authority),
+            let (userinfo, rest) = match authority.rsplit_once('@') {
+                Some((u, _)) => (Some(u), &location[u.len() + 1..]),
+                None => (None, location),
+            };
+            let (hosts, path, has_path) = match rest.split_once('/') {
+                Some((h, p)) => (h, p, true),
+                None => (rest, "", false),
             };
             UrlParts {
                 userinfo,
@@ -121,19 +136,41 @@ impl<'a> Dsn<'a> {
             .ok_or_else(|| self.invalid(format!("the {what} is not valid percent-encoded UTF-8")))
     }
 
-    /// The options after `?`, form-decoded, in order, for a typed read.
+    /// The options after `?`, form-decoded (`+` is a space, as the Python peer reads them), in
+    /// order, for a typed read.
     pub(crate) fn options(&self) -> Options<'_, 'a> {
+        let pairs = url::form_urlencoded::parse(self.query().as_bytes())
+            .into_owned()
+            .map(Some)
+            .collect();
+        self.reader(pairs)
+    }
+
+    /// The options after `?`, only `%XX`-decoded (a `+` stays a `+`: file paths), refusing a
+    /// broken escape.
+    pub(crate) fn options_percent(&self) -> Result<Options<'_, 'a>> {
+        let mut pairs = Vec::new();
+        for pair in self.query().split('&').filter(|p| !p.is_empty()) {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let name = self.decode("option names", name)?;
+            let value = self.decode(&format!("{name} option"), value)?;
+            pairs.push(Some((name, value)));
+        }
+        Ok(self.reader(pairs))
+    }
+
+    fn query(&self) -> &'a str {
         let query = match self.url {
             Some(u) => u.query,
             None => self.rest.split_once('?').map_or("", |(_, q)| q),
         };
-        let query = query.split_once('#').map_or(query, |(q, _)| q);
+        query.split_once('#').map_or(query, |(q, _)| q)
+    }
+
+    fn reader(&self, pairs: Vec<Option<(String, String)>>) -> Options<'_, 'a> {
         Options {
             dsn: self,
-            pairs: url::form_urlencoded::parse(query.as_bytes())
-                .into_owned()
-                .map(Some)
-                .collect(),
+            pairs,
             known: Vec::new(),
             driver: &[],
         }
@@ -306,6 +343,13 @@ impl Options<'_, '_> {
         let Some((name, _)) = self.pairs.iter().flatten().next() else {
             return Ok(());
         };
+        if name.contains(['@', '/', ':']) {
+            // What follows a `?` in a password that was not percent-encoded.
+            return Err(self.dsn.invalid(
+                "an unknown option whose name is not shown: it may be part of a password \
+                 (percent-encode ?, @ and / in credentials: %3F, %40, %2F)",
+            ));
+        }
         let shown: String = name.chars().take(40).collect();
         let meant = self
             .known
@@ -417,7 +461,7 @@ mod tests {
 
     #[test]
     fn a_dsn_splits_into_its_parts() {
-        let d = Dsn::split("Redis://u%40x:p%2F@h1:1,h2/db/x?a=1&b=%20#frag", "Redis");
+        let d = Dsn::split("Redis://u%40x:p%2F@h1:1,h2/db/x#frag?a=1&b=%20#x", "Redis");
         assert_eq!(d.scheme, "redis");
         assert_eq!(d.written, "Redis");
         let u = d.url.unwrap();
@@ -462,6 +506,9 @@ mod tests {
             "invalid X connection string \"x:\": unknown option \"junk\"; the options are t, n, \
              f, k, absent, and the driver's sslmode"
         );
+        let d = Dsn::split("x://u:pa?ss@h/db", "X");
+        let err = d.options().finish().unwrap_err().to_string();
+        assert!(!err.contains("ss@"), "{err}");
         let d = Dsn::split("x://h?socket-timeout=1", "X");
         let mut o = d.options();
         let _ = o.take("socket_timeout");

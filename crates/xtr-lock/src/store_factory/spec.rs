@@ -120,9 +120,8 @@ impl StoreSpec {
 
 /// A DSN's scheme (or keyword), lower-cased.
 fn scheme_of(dsn: &str) -> String {
-    dsn.split_once(':')
-        .map_or(dsn, |(s, _)| s)
-        .to_ascii_lowercase()
+    let scheme = dsn.split_once(':').map_or(dsn, |(s, _)| s);
+    crate::redact::shown_scheme(scheme).to_ascii_lowercase()
 }
 
 fn split_list(text: &str) -> Vec<String> {
@@ -192,5 +191,6 @@ mod tests {
                 .is_err()
         );
         assert!(!format!("{:?}", StoreSpec::one("redis://:pw@h")).contains("pw"));
+        assert!(!format!("{:?}", StoreSpec::one("pasted secret")).contains("secret"));
     }
 }

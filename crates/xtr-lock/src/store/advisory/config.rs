@@ -61,12 +61,13 @@ pub(crate) fn parse(text: &str) -> Result<SessionConfig> {
             "MySQL GET_LOCK"
         },
     );
+    let driver = if postgres { "postgresql" } else { "mysql" };
+    // The URL first, as the SQL store does (a `?` in a password fails as the URL).
+    let mut url = url::Url::parse(&format!("{driver}:{}", dsn.rest)).map_err(|e| dsn.invalid(e))?;
     let mut options = dsn.options();
     let mut config = read_options(&dsn, postgres, &mut options)?;
     let theirs = options.pass_through(if postgres { PG_DRIVER } else { MYSQL_DRIVER });
     options.finish()?;
-    let driver = if postgres { "postgresql" } else { "mysql" };
-    let mut url = url::Url::parse(&format!("{driver}:{}", dsn.rest)).map_err(|e| dsn.invalid(e))?;
     set_query(&mut url, &theirs);
     config.database = url.path().trim_start_matches('/').to_owned();
     let refused = driver_error(&dsn, url.password());
@@ -110,17 +111,17 @@ fn read_options(
     postgres: bool,
     options: &mut Options<'_, '_>,
 ) -> Result<SessionConfig> {
-    let keys = options.choice(
-        "keys",
-        &[("sha256", KeyMode::Sha256), ("crc32", KeyMode::Crc32)],
-        "write sha256 (the default) or crc32 (Symfony's keys)",
-    )?;
-    if keys.is_some() && !postgres {
+    if !postgres && options.take("keys").is_some() {
         return Err(dsn.invalid(
             "keys= is an option of PostgreSQL advisory locks; MySQL lock names are always \
              SHA-256 digests",
         ));
     }
+    let keys = options.choice(
+        "keys",
+        &[("sha256", KeyMode::Sha256), ("crc32", KeyMode::Crc32)],
+        "write sha256 (the default) or crc32 (Symfony's keys)",
+    )?;
     Ok(SessionConfig {
         target: Target::Postgres(PgConnectOptions::new()),
         keys: keys.unwrap_or(KeyMode::Sha256),
@@ -199,5 +200,16 @@ mod tests {
             assert!(err.contains(says), "{dsn}: {err}");
             assert!(!err.contains("hunter2"), "{dsn}: {err}");
         }
+    }
+
+    #[test]
+    fn keys_is_refused_on_mysql_whatever_its_value() {
+        let err = parse("mysql+getlock://u@h/db?keys=md5")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("an option of PostgreSQL advisory locks"),
+            "{err}"
+        );
     }
 }

@@ -82,7 +82,7 @@ pub(crate) fn parse(text: &str) -> Result<EtcdConfig> {
         _ => return Err(dsn.invalid("the scheme must be etcd or etcds")),
     };
     let url = dsn.url("etcd://host:port[,host:port…][/prefix]")?;
-    if url.fragment.is_some() {
+    if dsn.rest.contains('#') {
         return Err(dsn.invalid("a DSN has no #fragment"));
     }
     let user = match dsn.credentials()? {
@@ -101,7 +101,8 @@ pub(crate) fn parse(text: &str) -> Result<EtcdConfig> {
         .map(|m| host_port(&dsn, m.trim(), DEFAULT_PORT).map(|(h, p)| format!("{h}:{p}")))
         .collect::<Result<Vec<_>>>()?;
     let prefix = dsn.decode("prefix", url.path)?;
-    let mut options = dsn.options();
+    // Percent-decoding only: a `+` in a certificate's path is a `+`.
+    let mut options = dsn.options_percent()?;
     let config = EtcdConfig {
         endpoints: members
             .iter()
@@ -219,5 +220,16 @@ mod tests {
             assert!(err.contains(says), "{dsn}: {err}");
             assert!(!err.contains("pw"), "{dsn}: {err}");
         }
+    }
+
+    #[test]
+    fn option_values_are_percent_decoded_and_keep_their_plus() {
+        let c = parse("etcds://h?ca_file=/etc/ssl/a+b%20c.pem").unwrap();
+        assert_eq!(c.tls.unwrap().ca, Some(PathBuf::from("/etc/ssl/a+b c.pem")));
+        assert!(parse("etcds://h?ca_file=/a%zz").is_err());
+        assert!(
+            parse("etcd://h?ttl=5#x").is_err(),
+            "a fragment after the options too"
+        );
     }
 }

@@ -35,7 +35,7 @@ pub(crate) fn parse(text: &str) -> Result<MemcachedConfig> {
         return Err(dsn.invalid("expected memcached://host[:port]"));
     }
     let url = dsn.url("memcached://host[:port]")?;
-    let mut options = dsn.options();
+    let mut options = dsn.options_percent()?;
     let mut config = MemcachedConfig {
         address: Address::Tcp(String::new(), DEFAULT_PORT),
         shown: String::new(),
@@ -43,6 +43,9 @@ pub(crate) fn parse(text: &str) -> Result<MemcachedConfig> {
         timeout: options.seconds_or("timeout", MAX_DURATION, DEFAULT_TIMEOUT)?,
     };
     options.finish()?;
+    if url.fragment.is_some() {
+        return Err(dsn.invalid("a Memcached DSN has no #fragment"));
+    }
     if url.hosts.is_empty() && url.has_path && url.userinfo.is_none() {
         let path = format!("/{}", url.path);
         config.shown = format!("memcached://{path}");
@@ -63,6 +66,9 @@ pub(crate) fn parse(text: &str) -> Result<MemcachedConfig> {
     }
     if url.hosts.is_empty() {
         return Err(dsn.invalid("no host"));
+    }
+    if url.has_path {
+        return Err(dsn.invalid("a Memcached DSN names a server, not a path after it"));
     }
     let (host, port) = host_port(&dsn, url.hosts, DEFAULT_PORT)?;
     config.shown = format!("memcached://{host}:{port}");
@@ -113,6 +119,17 @@ mod tests {
             assert!(err.contains(why), "{dsn}: {err}");
             assert!(!err.contains("hunter2"), "{err}");
             assert!(err.contains("memcached:\""), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_path_or_a_fragment_after_the_server_is_refused() {
+        for dsn in [
+            "memcached://cache:11211/0",
+            "memcached://cache#x",
+            "memcached:///s#x",
+        ] {
+            assert!(parse(dsn).is_err(), "{dsn}");
         }
     }
 }

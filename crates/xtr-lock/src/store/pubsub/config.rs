@@ -42,7 +42,7 @@ impl fmt::Debug for PubSubConfig {
 /// Parses a DSN: the Redis rules with `+pubsub` after the scheme, and the protocol's timings.
 /// Errors show the scheme only.
 pub(crate) fn parse(text: &str) -> Result<PubSubConfig> {
-    let dsn = Dsn::split(text, "pub/sub");
+    let dsn = Dsn::split_lenient(text, "pub/sub");
     let mut options = dsn.options();
     let redis = read_config(&dsn, "+pubsub", &mut options)?;
     let mut seconds = |name| options.seconds(name, MAX_DURATION);

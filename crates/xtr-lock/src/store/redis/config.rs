@@ -53,7 +53,7 @@ const MAX_TIMEOUT: Duration = Duration::from_secs(86_400);
 
 /// Parses a DSN. Errors show the scheme only.
 pub(crate) fn parse(text: &str) -> Result<RedisConfig> {
-    let dsn = Dsn::split(text, "Redis");
+    let dsn = Dsn::split_lenient(text, "Redis");
     let mut options = dsn.options();
     let config = read(&dsn, "", &mut options)?;
     ignore_pool_options(&mut options);
@@ -339,5 +339,19 @@ mod tests {
             "{err}"
         );
         parse("redis://h?health_check_interval=10&client_name=x").expect("redis-py's pool options");
+    }
+
+    #[test]
+    fn passwords_may_hold_a_slash_and_insecure_may_precede_the_options() {
+        let c = parse("redis://:pa/ss@h/3").unwrap();
+        assert_eq!(c.client_url, "redis://:pa%2Fss@h:6379/3");
+        let c = parse("rediss://h#insecure?prefix=a").unwrap();
+        assert_eq!(c.client_url, "rediss://h:6379/0#insecure");
+        assert_eq!(c.prefix, "a");
+        let c = parse("redis://h?prefix=a#b").unwrap();
+        assert_eq!(
+            c.prefix, "a",
+            "what follows # after the options is not an option"
+        );
     }
 }

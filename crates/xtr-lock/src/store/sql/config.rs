@@ -118,11 +118,13 @@ pub(crate) fn parse(text: &str) -> Result<SqlConfig> {
         }
     };
     let dsn = Dsn::split(text, what);
+    // The URL first: a `?` in a password that was not percent-encoded then fails as the URL
+    // (a bad port), never as an "unknown option" named after the rest of the password.
+    let mut url = url::Url::parse(text).map_err(|e| dsn.invalid(e))?;
     let mut options = dsn.options();
     let ours = Options::read(&mut options)?;
     let theirs = options.pass_through(driver);
     options.finish()?;
-    let mut url = url::Url::parse(text).map_err(|e| dsn.invalid(e))?;
     set_query(&mut url, &theirs);
     let host = url.host_str().unwrap_or("localhost").to_owned();
     let database = url.path().trim_start_matches('/').to_owned();
@@ -358,6 +360,21 @@ mod tests {
         }
         for bad in ["", "1x", "a-b", "a;drop", "a b", &"x".repeat(58)] {
             check_table(bad).unwrap_err();
+        }
+    }
+
+    #[test]
+    fn a_question_mark_in_a_password_never_shows_the_rest_of_it() {
+        for dsn in [
+            "postgres://u:pa?ss@h/db",
+            "mysql://u:pa?ss@h/db",
+            "postgresql+advisory://u:pa?ss@h/db",
+        ] {
+            let err = match crate::StoreFactory::validate(dsn) {
+                Err(e) => e.to_string(),
+                Ok(()) => panic!("{dsn} accepted"),
+            };
+            assert!(!err.contains("ss@"), "{dsn}: {err}");
         }
     }
 }

@@ -126,7 +126,7 @@ pub struct Capabilities {
     /// check; expiry is always found by renewal.
     pub observes_loss: bool,
     /// A held lock stands on a lease the store keeps with the holder's process (an etcd
-    /// lease, a pub/sub holder answering pings, a database session kept alive), which another
+    /// lease, a pub/sub holder answering pings, a database session it pings), which another
     /// process can end while the holder is alive but silent; [`Store::lease_remaining`] tells
     /// how much of it the server confirmed.
     pub leased: bool,
@@ -344,7 +344,7 @@ pub trait Store: Send + Sync + fmt::Debug + fmt::Display + 'static {
     /// of its own that the holder renews in the background, and that another process can end
     /// while the holder is alive but silent: etcd's lease (the end of the last keep-alive the
     /// cluster confirmed), pub/sub's `unavailable_timeout` after the last self-check the server
-    /// answered, a session lock's keepalive (the last round trip plus the time the server takes
+    /// answered, a session lock's pings (the last round trip plus the time the server takes
     /// to end a silent client's session). Only what the server confirmed counts: a renewal in
     /// flight lengthens nothing until it is answered. `None` (the default) when the store keeps
     /// no such lease (the ttl of an expiring store is

@@ -1,5 +1,5 @@
 //! The queue of one resource: the keys directly under `<prefix><resource>/`, in create-revision
-//! order, and whose turn it is. Pure: no I/O, so every rule is unit-tested here.
+//! order, and whose place it is to go next. Pure: no I/O, so every rule is unit-tested here.
 //!
 //! - Every key directly under the directory is a queue entry (`etcdctl lock` puts
 //!   `<resource>/<lease id in hex>` with an empty value). Keys deeper down (`<resource>/a/b`)
@@ -94,9 +94,10 @@ pub(super) fn entries<'a>(
     out
 }
 
-/// Whose turn it is, for one of a holder's keys.
+/// A key's place in its queue: first (its lock is granted), after another key, or in a
+/// promotion that cannot be granted.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Turn {
+pub(super) enum Place {
     /// The key holds.
     Mine,
     /// The key waits for this one (the nearest key before it that blocks it) to go or change.
@@ -106,9 +107,9 @@ pub(super) enum Turn {
     Deadlock,
 }
 
-/// The turn of `me` in `queue`, ignoring the keys on the holder's `own` leases. `promoting`:
+/// The place of `me` in `queue`, ignoring the keys on the holder's `own` leases. `promoting`:
 /// the holder also reads, so every writer queued before `me` waits for the holder's read key.
-pub(super) fn turn(queue: &[Entry], me: &Entry, own: &[i64], promoting: bool) -> Turn {
+pub(super) fn place(queue: &[Entry], me: &Entry, own: &[i64], promoting: bool) -> Place {
     let before = queue
         .iter()
         .filter(|e| e.rev < me.rev && !(e.lease != 0 && own.contains(&e.lease)));
@@ -116,15 +117,15 @@ pub(super) fn turn(queue: &[Entry], me: &Entry, own: &[i64], promoting: bool) ->
         Kind::Writer => {
             let before: Vec<&Entry> = before.collect();
             if promoting && before.iter().any(|e| e.kind == Kind::Writer) {
-                return Turn::Deadlock;
+                return Place::Deadlock;
             }
             before
         }
         Kind::Reader => before.filter(|e| e.kind == Kind::Writer).collect(),
     };
     match blocking.last() {
-        Some(e) => Turn::After((*e).clone()),
-        None => Turn::Mine,
+        Some(e) => Place::After((*e).clone()),
+        None => Place::Mine,
     }
 }
 
@@ -197,17 +198,17 @@ mod tests {
             e("r/r-3", 12, 3, Kind::Reader),
             e("r/4", 13, 4, Kind::Writer),
         ];
-        assert_eq!(turn(&q, &q[0], &[], false), Turn::Mine);
-        assert_eq!(turn(&q, &q[1], &[], false), Turn::After(q[0].clone()));
+        assert_eq!(place(&q, &q[0], &[], false), Place::Mine);
+        assert_eq!(place(&q, &q[1], &[], false), Place::After(q[0].clone()));
         // A reader after a queued writer waits for it: writers are not starved.
-        assert_eq!(turn(&q, &q[2], &[], false), Turn::After(q[1].clone()));
-        assert_eq!(turn(&q, &q[3], &[], false), Turn::After(q[2].clone()));
+        assert_eq!(place(&q, &q[2], &[], false), Place::After(q[1].clone()));
+        assert_eq!(place(&q, &q[3], &[], false), Place::After(q[2].clone()));
         assert_eq!(holding(&q), [true, false, false, false]);
         let readers = [
             e("r/r-1", 10, 1, Kind::Reader),
             e("r/r-2", 11, 2, Kind::Reader),
         ];
-        assert_eq!(turn(&readers, &readers[1], &[], false), Turn::Mine);
+        assert_eq!(place(&readers, &readers[1], &[], false), Place::Mine);
         assert_eq!(holding(&readers), [true, true]);
     }
 
@@ -220,23 +221,23 @@ mod tests {
             e("r/a", 12, 0xa, Kind::Writer),
         ];
         let own = [0xa];
-        assert_eq!(turn(&q, &q[2], &own, true), Turn::After(q[1].clone()));
+        assert_eq!(place(&q, &q[2], &own, true), Place::After(q[1].clone()));
         // B promotes too (13): A's writer key is before it, and waits for B's read key.
         q.push(e("r/b", 13, 0xb, Kind::Writer));
-        assert_eq!(turn(&q, &q[3], &[0xb], true), Turn::Deadlock);
+        assert_eq!(place(&q, &q[3], &[0xb], true), Place::Deadlock);
         // A plain writer queued before a promotion: the same.
         let q = [
             e("r/r-a", 10, 0xa, Kind::Reader),
             e("r/c", 11, 0xc, Kind::Writer),
             e("r/a", 12, 0xa, Kind::Writer),
         ];
-        assert_eq!(turn(&q, &q[2], &own, true), Turn::Deadlock);
+        assert_eq!(place(&q, &q[2], &own, true), Place::Deadlock);
         // The sole reader promotes at once.
         let q = [
             e("r/r-a", 10, 0xa, Kind::Reader),
             e("r/a", 12, 0xa, Kind::Writer),
         ];
-        assert_eq!(turn(&q, &q[1], &own, true), Turn::Mine);
+        assert_eq!(place(&q, &q[1], &own, true), Place::Mine);
     }
 
     #[test]
@@ -248,8 +249,8 @@ mod tests {
             e("r/b", 11, 0xb, Kind::Writer),
             e("r/r-c", 12, 0xc, Kind::Reader),
         ];
-        assert_eq!(turn(&q, &q[1], &[], false), Turn::After(q[0].clone()));
-        assert_eq!(turn(&q, &q[2], &[], false), Turn::After(q[1].clone()));
+        assert_eq!(place(&q, &q[1], &[], false), Place::After(q[0].clone()));
+        assert_eq!(place(&q, &q[2], &[], false), Place::After(q[1].clone()));
         assert_eq!(holding(&q), [true, false, false]);
     }
 
@@ -262,13 +263,13 @@ mod tests {
             e("r/r-a", 10, 0xa, Kind::Reader),
             e("r/a", 12, 0xa, Kind::Writer),
         ];
-        assert_eq!(turn(&q, &q[2], &[0xa, 0x7], false), Turn::Mine);
+        assert_eq!(place(&q, &q[2], &[0xa, 0x7], false), Place::Mine);
         // Someone else's key still blocks, and so does a key without a lease.
-        assert_eq!(turn(&q, &q[2], &[0xa], false), Turn::After(q[0].clone()));
+        assert_eq!(place(&q, &q[2], &[0xa], false), Place::After(q[0].clone()));
         let q = [
             e("r/x", 9, 0, Kind::Writer),
             e("r/a", 12, 0xa, Kind::Writer),
         ];
-        assert_eq!(turn(&q, &q[1], &[0xa, 0], false), Turn::After(q[0].clone()));
+        assert_eq!(place(&q, &q[1], &[0xa, 0], false), Place::After(q[0].clone()));
     }
 }

@@ -4,7 +4,7 @@
 //! its queue key, a grant nobody will receive is given back.
 //!
 //! While a wait is pending, the task still answers the holder's checks, refreshes, releases
-//! and tries (a try that would need the waiting key's turn is refused at once); a sibling's
+//! and tries (a try that would need the waiting key's place is refused at once); a sibling's
 //! wait is taken up when the pending one ends.
 
 use std::sync::Arc;
@@ -17,7 +17,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use super::clock::BootInstant;
 use super::conn::Core;
 use super::lease::{Lease, State, lease_gone};
-use super::queue::{self, Entry, Kind, Turn};
+use super::queue::{self, Entry, Kind, Place};
 use crate::store::tasks::Task;
 
 mod keys;
@@ -461,7 +461,7 @@ impl Actor {
     }
 
     /// Puts a key of `mode` in the queue (a promotion's writer key beside the read key) and
-    /// waits for its turn, or gives up at once when `wait` is false. `None`: the caller left
+    /// waits until it is first, or gives up at once when `wait` is false. `None`: the caller left
     /// and nothing is to be answered. A key that does not hold is deleted again (with its lease
     /// when nothing else is held on it: between commands).
     async fn enqueue(
@@ -479,8 +479,8 @@ impl Actor {
         };
         loop {
             let own = self.own_leases();
-            let waited = match queue::turn(&read.queue, &me, &own, promoting) {
-                Turn::Mine => {
+            let waited = match queue::place(&read.queue, &me, &own, promoting) {
+                Place::Mine => {
                     if reply.is_closed() {
                         // Nobody will receive the grant: give it back.
                         self.drop_key(&me).await;
@@ -491,7 +491,7 @@ impl Actor {
                         Some(waited) => waited,
                     }
                 }
-                Turn::Deadlock => {
+                Place::Deadlock => {
                     self.drop_key(&me).await;
                     return Some(if wait {
                         Err(self.error(Error::conflict(&self.resource).with_reason(
@@ -502,11 +502,11 @@ impl Actor {
                         Ok(Conflict::new().with_kept(kept).into())
                     });
                 }
-                Turn::After(_) if !wait => {
+                Place::After(_) if !wait => {
                     self.drop_key(&me).await;
                     return Some(Ok(Conflict::new().with_kept(kept).into()));
                 }
-                Turn::After(before) => self.wait_for(&me, &before, read.revision, reply).await,
+                Place::After(before) => self.wait_for(&me, &before, read.revision, reply).await,
             };
             match waited {
                 Waited::Again(next) => read = next,

@@ -15,7 +15,7 @@ use crate::store::{Conflict, Holding, Saved};
 impl Actor {
     /// A command that came in while a wait is pending: answered now, except another wait,
     /// which is taken up after this one. A try that the held key does not grant is refused
-    /// (granting it would need the waiting key's turn).
+    /// (granting it would need the waiting key's place).
     pub(super) async fn during_wait(&mut self, cmd: Cmd) {
         match cmd {
             Cmd::Save { wait: true, .. } => self.deferred.push_back(cmd),
@@ -246,7 +246,7 @@ impl Actor {
     }
 
     /// The queue again, if `me` is still in it (the check the recipe lacked: a key that
-    /// vanished while its holder waited is never taken for a turn).
+    /// vanished while its holder waited is never taken for a place in the queue).
     async fn reread(&self, me: &Entry) -> Result<Option<Read>> {
         let txn = Txn::new()
             .when([Compare::create_revision(

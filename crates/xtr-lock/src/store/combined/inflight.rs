@@ -156,7 +156,7 @@ impl Inflight {
         if rest.is_empty() {
             return;
         }
-        // Answers that have already arrived are taken here (one turn of the runtime, no wait):
+        // Answers that have already arrived are taken here (one pass of the runtime, no wait):
         // what is left needs a background task.
         let mut members = members.to_vec();
         tokio::task::yield_now().await;

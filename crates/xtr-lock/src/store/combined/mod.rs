@@ -199,7 +199,7 @@ impl CombinedStore {
             .iter()
             .any(|&i| self.inflight.busy(i, key.resource(), id))
         {
-            // Their answers may have arrived already: one turn of the runtime lets them be
+            // Their answers may have arrived already: one pass of the runtime lets them be
             // taken, so this request goes out with the others rather than after a round trip.
             tokio::task::yield_now().await;
         }

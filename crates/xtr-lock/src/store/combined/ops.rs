@@ -104,7 +104,7 @@ impl CombinedStore {
         // Counting stops when the quorum is met, or when the members that refused are enough to
         // miss it: then the lock is held by someone else whatever the others answer, and a
         // paused member is not waited for. A miss that failures made is only decided when
-        // every member has answered: until then a refusal could still turn it into a conflict.
+        // every member has answered: until then a refusal could still make it a conflict.
         while let Some((i, answer)) = pending.next().await {
             let vote = notes.judge(self, key, i, answer);
             tally.add(i, vote);

@@ -63,7 +63,7 @@ pub(crate) fn validate_dsn(dsn: &str) -> Result<()> {
 ///   lease's ttl is fixed when it is granted: a refresh keeps the lease alive and cannot change
 ///   it. The lease's confirmed end is kept on the boot clock, which counts suspend.
 /// - **Waits ride out a cluster that does not answer** (paused, cut off, without a quorum):
-///   a waiter whose lease is not confirmed in time keeps its place if the lease turns out
+///   a waiter whose lease is not confirmed in time keeps its place if the lease proves
 ///   alive, and queues again at the back (with a new lease) if it does not. A holder's own
 ///   keys (any key on one of its leases, such as one whose delete did not land yet) never
 ///   make it wait; a delete that fails is tried again until it lands.

@@ -270,6 +270,9 @@ mod tests {
             e("r/x", 9, 0, Kind::Writer),
             e("r/a", 12, 0xa, Kind::Writer),
         ];
-        assert_eq!(place(&q, &q[1], &[0xa, 0], false), Place::After(q[0].clone()));
+        assert_eq!(
+            place(&q, &q[1], &[0xa, 0], false),
+            Place::After(q[0].clone())
+        );
     }
 }

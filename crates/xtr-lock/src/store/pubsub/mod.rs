@@ -115,7 +115,7 @@ pub(super) struct Inner {
     timing: Timing,
     owner: HandleOwner,
     /// Gates per channel and mode: of this store's waiters on a resource in one mode, only the
-    /// one through the gate attempts (the others wait their turn in order), so a hundred local
+    /// one through the gate attempts (the others wait at the gate, in order), so a hundred local
     /// waiters are one or two contenders on the wire, not a hundred subscriptions coming and
     /// going that keep every probe inconclusive.
     gates: Mutex<HashMap<String, Weak<tokio::sync::Mutex<()>>>>,

@@ -49,7 +49,7 @@ const FENCE_KEY: &str = "fence";
 ///   release script says what it removed). The peers need two for acquire and release.
 /// - **Woken on release**: releases publish on a channel from inside the release script; waiters
 ///   of this store share one subscriber connection, and a release wakes **one** of them (a
-///   reader that gets in passes the turn on). A waiter also sleeps only until the earliest
+///   reader that gets in wakes the next). A waiter also sleeps only until the earliest
 ///   current lease ends (the refusal says when), so a crashed holder's lock is taken the moment
 ///   it expires. Releases by Python or PHP peers publish nothing, so a 90–110 ms poll remains.
 /// - **Fencing tokens** from a counter in a separate key that no resource can name

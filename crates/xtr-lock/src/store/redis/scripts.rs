@@ -305,7 +305,7 @@ return 1
 "#;
 
 /// Passes a wake on: a waiter that was woken but is no longer there (it gave up, or its process
-/// let go of it) hands its turn to the next, as a release would.
+/// let go of it) wakes the next waiter, as a release would.
 const WAKE: &str = r#"
 wake_next(KEYS[1], KEYS[2], now_ms())
 return 1

@@ -1,5 +1,5 @@
 //! The statements of each operation, run on a connection of one of the three pools. Results
-//! are plain values; the store turns them into outcomes and errors.
+//! are plain values; the store makes outcomes and errors of them.
 
 use std::time::Duration;
 

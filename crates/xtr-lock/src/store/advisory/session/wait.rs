@@ -17,7 +17,7 @@ use crate::store::{Acquired, Conflict, Holding, Saved};
 impl Actor {
     /// A lock statement that waits in the server, watched: a caller that goes away, a release
     /// of the same holder, or the holder's handle going cancel it; other commands are answered
-    /// from what the session holds, or wait their turn.
+    /// from what the session holds, or wait in line.
     pub(super) async fn wait(&mut self, op: Op, reply: &mut oneshot::Sender<Result<Saved>>) -> Ran {
         let sent = Instant::now();
         match self.wait_statement(op, reply).await {

@@ -81,7 +81,7 @@ impl Actor {
     /// Puts this holder's key of `mode` and reads the queue, in one transaction. A key of that
     /// name left by an earlier attempt whose answer was lost is this holder's (the name carries
     /// its lease): the put rewrites its value and keeps its place, so trying again is safe. A
-    /// lease that turns out gone is replaced once.
+    /// lease found gone is replaced once.
     pub(super) async fn put(&mut self, mode: Mode, ttl: Duration) -> Result<(Entry, Read)> {
         let mut again = true;
         loop {

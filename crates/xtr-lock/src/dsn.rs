@@ -219,23 +219,41 @@ impl Options<'_, '_> {
         last
     }
 
+    /// Every value given for `name`, each parsed by `parse` (an error built by `why` from the
+    /// first that does not parse), the last one kept: a repeated option wins by its last value
+    /// but may not hide a bad one.
+    fn parse_each<T>(
+        &mut self,
+        name: &'static str,
+        parse: impl Fn(&str) -> Option<T>,
+        why: impl Fn(&str) -> String,
+    ) -> Result<Option<T>> {
+        self.known.push(name);
+        let mut last = None;
+        for slot in &mut self.pairs {
+            if let Some((_, value)) = slot.take_if(|(k, _)| k == name) {
+                last = Some(parse(&value).ok_or_else(|| self.dsn.invalid(why(&value)))?);
+            }
+        }
+        Ok(last)
+    }
+
     /// Seconds (`2`, `0.5`): positive, finite, at most `max`.
     pub(crate) fn seconds(
         &mut self,
         name: &'static str,
         max: Duration,
     ) -> Result<Option<Duration>> {
-        let Some(value) = self.take(name) else {
-            return Ok(None);
-        };
-        crate::limits::positive_seconds(&value, max)
-            .map(Some)
-            .ok_or_else(|| {
-                self.dsn.invalid(format!(
+        self.parse_each(
+            name,
+            |v| crate::limits::positive_seconds(v, max),
+            |_| {
+                format!(
                     "{name} must be a positive number of seconds, at most {}",
                     max.as_secs_f64()
-                ))
-            })
+                )
+            },
+        )
     }
 
     /// [`seconds`](Self::seconds), or `default` when the option is not given.
@@ -257,21 +275,17 @@ impl Options<'_, '_> {
     where
         T: std::str::FromStr + PartialOrd + fmt::Display,
     {
-        let Some(value) = self.take(name) else {
-            return Ok(None);
-        };
-        value
-            .parse::<T>()
-            .ok()
-            .filter(|n| range.contains(n))
-            .map(Some)
-            .ok_or_else(|| {
-                self.dsn.invalid(format!(
-                    "{name}={value:?}: a number from {} to {}",
+        self.parse_each(
+            name,
+            |v| v.parse::<T>().ok().filter(|n| range.contains(n)),
+            |v| {
+                format!(
+                    "{name}={v:?}: a number from {} to {}",
                     range.start(),
                     range.end()
-                ))
-            })
+                )
+            },
+        )
     }
 
     /// `true`/`1`/`yes` or `false`/`0`/`no`.
@@ -297,16 +311,16 @@ impl Options<'_, '_> {
         choices: &[(&str, T)],
         hint: &str,
     ) -> Result<Option<T>> {
-        let Some(value) = self.take(name) else {
-            return Ok(None);
-        };
-        match choices.iter().find(|(c, _)| *c == value) {
-            Some((_, v)) => Ok(Some(*v)),
-            None => Err(self.dsn.invalid(format!(
-                "{name}={:?}: {hint}",
-                value.chars().take(40).collect::<String>()
-            ))),
-        }
+        self.parse_each(
+            name,
+            |v| choices.iter().find(|(c, _)| *c == v).map(|(_, t)| *t),
+            |v| {
+                format!(
+                    "{name}={:?}: {hint}",
+                    v.chars().take(40).collect::<String>()
+                )
+            },
+        )
     }
 
     /// Options accepted and dropped (another client's pool settings, say), so one DSN serves both.
@@ -490,6 +504,11 @@ mod tests {
             "the last one wins"
         );
         assert_eq!(o.number("n", 1u32..=9).unwrap(), Some(7));
+        let d2 = Dsn::split("x://h?t=x&t=2", "X");
+        assert!(
+            d2.options().seconds("t", Duration::from_secs(10)).is_err(),
+            "a bad value hidden by a later one"
+        );
         assert_eq!(o.flag("f").unwrap(), Some(true));
         assert_eq!(
             o.choice("k", &[("a", 1), ("b", 2)], "a or b").unwrap(),

@@ -366,7 +366,10 @@ fn dsn_errors_and_display_never_show_the_password() {
         ("mysql+getlock://app:hunter2@db/locks?keys=crc32", "keys="),
         ("mysql+getlock://app:hunter2@db", "name the database"),
         ("mysql+getlock://app:hunter2@db/x?keepalive=-1", "keepalive"),
-        ("mysql+getlock://app:hunter2@[db/x", "invalid mysql+getlock"),
+        (
+            "mysql+getlock://app:hunter2@[db/x",
+            "invalid MySQL GET_LOCK",
+        ),
     ] {
         let err = xtr_lock::StoreFactory::create_store(dsn).unwrap_err();
         assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{dsn}");

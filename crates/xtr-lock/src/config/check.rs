@@ -12,7 +12,7 @@ use crate::store_factory::{QuorumKind, StoreFactory, StoreSpec};
 
 /// A configuration whose every entry was checked: DSNs expanded and accepted by a store of this
 /// build, periods parsed.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct CheckedConfig {
     /// The entry used when none is named.
     pub default: String,
@@ -20,8 +20,9 @@ pub struct CheckedConfig {
     pub entries: BTreeMap<String, CheckedEntry>,
 }
 
-/// One checked entry. Its DSNs (which may hold credentials) are not shown by `Debug`.
-#[derive(Clone)]
+/// One checked entry. Its DSNs (which may hold credentials) are shown by `Debug` as their
+/// schemes only (a [`StoreSpec`]'s `Debug`).
+#[derive(Debug, Clone)]
 pub struct CheckedEntry {
     /// The store: one DSN or a quorum, variables expanded.
     pub store: StoreSpec,
@@ -57,26 +58,6 @@ impl From<ConfigErrors> for Error {
             if e.problems.len() == 1 { "" } else { "s" },
             e.problems.join("; ")
         ))
-    }
-}
-
-impl fmt::Debug for CheckedEntry {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CheckedEntry")
-            .field("store", &self.store)
-            .field("prefix", &self.prefix)
-            .field("ttl", &self.ttl)
-            .field("wait", &self.wait)
-            .finish()
-    }
-}
-
-impl fmt::Debug for CheckedConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CheckedConfig")
-            .field("default", &self.default)
-            .field("entries", &self.entries)
-            .finish()
     }
 }
 

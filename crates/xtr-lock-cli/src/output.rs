@@ -9,6 +9,21 @@ use std::time::{Duration, Instant};
 use xtr_lock::store::HolderInfo;
 use xtr_lock::{Mode, Store};
 
+/// Prints `text` and a newline on stdout; a closed pipe is not an error (`| head`): the
+/// reader has what it wanted.
+pub(crate) fn print(text: &str) -> anyhow::Result<()> {
+    print_bytes(format!("{text}\n").as_bytes())
+}
+
+/// Writes `bytes` on stdout as they are; a closed pipe is not an error, as for [`print`].
+pub(crate) fn print_bytes(bytes: &[u8]) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(bytes).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(()),
+    }
+}
+
 /// A mode as the command shows it (lines, JSON, `XTR_LOCK_MODE`): `write` or `read`.
 pub(crate) fn mode_name(mode: Mode) -> &'static str {
     match mode {

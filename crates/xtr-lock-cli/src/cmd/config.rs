@@ -113,7 +113,8 @@ pub(crate) async fn check(file: &ConfigFileArgs, ping: Option<Duration>) -> Resu
     })
 }
 
-/// `config show`: the file as checked, credentials redacted.
+/// `config show`: the file as checked, credentials redacted. A reader that stops early
+/// (`| head`) ends it quietly.
 pub(crate) fn show(file: &ConfigFileArgs) -> Result<Exit> {
     let loaded = match load(file)? {
         Ok(loaded) => loaded,
@@ -126,42 +127,51 @@ pub(crate) fn show(file: &ConfigFileArgs) -> Result<Exit> {
             .iter()
             .map(|(name, e)| (name.clone(), entry_json(e)))
             .collect();
-        println!(
-            "{}",
-            json!({
-                "file": loaded.path.display().to_string(),
-                "default": checked.default,
-                "entries": entries,
-            })
-        );
+        let shown = json!({
+            "file": loaded.path.display().to_string(),
+            "default": checked.default,
+            "entries": entries,
+        });
+        output::print(&shown.to_string())?;
         return Ok(Exit::Ok);
     }
-    println!(
-        "# {}, checked; variables expanded, credentials redacted",
-        loaded.path.display()
+    let mut text = format!(
+        "# {}, checked; variables expanded, credentials redacted\ndefault = {}\n",
+        loaded.path.display(),
+        quoted(&checked.default)
     );
-    println!("default = {}", quoted(&checked.default));
     for (name, e) in &checked.entries {
-        println!();
-        println!("[stores.{}]", quoted(name));
-        match e.store.quorum() {
-            None => println!("dsn = {}", quoted(&redacted(&e.store.dsns()[0]))),
-            Some(kind) => {
-                let list: Vec<String> = e
-                    .store
-                    .dsns()
-                    .iter()
-                    .map(|d| quoted(&redacted(d)))
-                    .collect();
-                println!("dsns = [{}]", list.join(", "));
-                println!("strategy = {}", quoted(quorum_name(kind)));
-            }
-        }
-        println!("prefix = {}", quoted(&e.prefix));
-        println!("ttl = {}", quoted(&ttl_text(e.ttl)));
-        println!("wait = {}", quoted(&wait_text(e.wait)));
+        text.push_str(&entry_toml(name, e));
     }
+    output::print(text.trim_end())?;
     Ok(Exit::Ok)
+}
+
+/// One entry as `config show` prints it, after a blank line.
+fn entry_toml(name: &str, e: &CheckedEntry) -> String {
+    let stores = match e.store.quorum() {
+        None => format!("dsn = {}", quoted(&redacted(&e.store.dsns()[0]))),
+        Some(kind) => {
+            let list: Vec<String> = e
+                .store
+                .dsns()
+                .iter()
+                .map(|d| quoted(&redacted(d)))
+                .collect();
+            format!(
+                "dsns = [{}]\nstrategy = {}",
+                list.join(", "),
+                quoted(quorum_name(kind))
+            )
+        }
+    };
+    format!(
+        "\n[stores.{}]\n{stores}\nprefix = {}\nttl = {}\nwait = {}\n",
+        quoted(name),
+        quoted(&e.prefix),
+        quoted(&ttl_text(e.ttl)),
+        quoted(&wait_text(e.wait))
+    )
 }
 
 fn entry_json(e: &CheckedEntry) -> serde_json::Value {

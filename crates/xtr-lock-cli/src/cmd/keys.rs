@@ -1,7 +1,6 @@
 //! `acquire`, `release`, `refresh`, `status`: locks handed between processes as keys, and what
 //! a store says about a resource.
 
-use std::io::Write as _;
 use std::time::Duration;
 
 use anyhow::{Result, anyhow};
@@ -16,14 +15,7 @@ use crate::handoff::{self, Handed};
 use crate::output::mode_name;
 use crate::store::StoreConfig;
 
-/// Prints `text` on stdout; a closed pipe is not an error (`| head`).
-fn print(text: &str) -> Result<()> {
-    let mut out = std::io::stdout().lock();
-    match writeln!(out, "{text}").and_then(|()| out.flush()) {
-        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
-        _ => Ok(()),
-    }
-}
+use crate::output::print;
 
 pub(crate) async fn acquire(
     store: StoreConfig,

@@ -24,18 +24,18 @@ pub(crate) async fn migrate(source: &Source, print: bool) -> Result<Exit> {
     for dsn in sql {
         let store = SqlStore::from_dsn(dsn)?;
         if print {
-            println!("-- {store}");
+            crate::output::print(&format!("-- {store}"))?;
             for statement in store.ddl() {
-                println!("{statement};");
+                crate::output::print(&format!("{statement};"))?;
             }
             continue;
         }
         let made = store.create_table().await?;
         let what = format!("{} and {}_fence in {store}", store.table(), store.table());
         if made {
-            println!("made {what}");
+            crate::output::print(&format!("made {what}"))?;
         } else {
-            println!("{what}: already there, columns as they should be");
+            crate::output::print(&format!("{what}: already there, columns as they should be"))?;
         }
         xtr_lock::Store::close(&store).await?;
     }

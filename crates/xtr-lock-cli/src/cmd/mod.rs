@@ -61,12 +61,10 @@ pub(crate) async fn dispatch(settings: Settings) -> Result<Exit> {
         Settings::ConfigCheck { file, ping } => config::check(&file, ping).await,
         Settings::ConfigShow { file } => config::show(&file),
         Settings::Completions(shell) => {
-            clap_complete::generate(
-                shell,
-                &mut Cli::command(),
-                "xtr-lock",
-                &mut std::io::stdout(),
-            );
+            // Written whole, so a reader that stops early (`| head`) ends it quietly.
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "xtr-lock", &mut script);
+            crate::output::print_bytes(&script)?;
             Ok(Exit::Ok)
         }
     }

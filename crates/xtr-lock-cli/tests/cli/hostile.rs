@@ -187,3 +187,33 @@ fn a_killed_xtr_lock_leaves_no_supervisor_behind() {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
 }
+
+/// `config show | head -1`, `completions fish | head -3`: a reader that has what it wanted and
+/// closes the pipe ends the command quietly (no panic, no backtrace), with status 0.
+#[test]
+fn a_reader_that_closes_the_pipe_early_ends_the_output_quietly() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("locks.toml");
+    std::fs::write(&file, "[stores]\ndefault = \"in-memory\"\n").unwrap();
+    let file = file.to_str().unwrap();
+    for args in [
+        &["config", "show", "--config", file][..],
+        &["config", "show", "--json", "--config", file][..],
+        &["completions", "fish"][..],
+        &["completions", "bash"][..],
+    ] {
+        // The read end is closed before the command starts: its first write meets EPIPE.
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = Command::cargo_bin("xtr-lock")
+            .unwrap()
+            .args(args)
+            .stdout(writer)
+            .stderr(Stdio::piped())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+}

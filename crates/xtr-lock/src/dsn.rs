@@ -406,7 +406,7 @@ fn squash(s: &str) -> String {
 
 /// The edit distance of two short names (insertions, deletions, substitutions, and a swap of
 /// two neighbours counted as one).
-fn edits(a: &str, b: &str) -> usize {
+pub(crate) fn edits(a: &str, b: &str) -> usize {
     let (a, b): (Vec<char>, Vec<char>) = (a.chars().take(64).collect(), b.chars().collect());
     let mut d = vec![vec![0usize; b.len() + 1]; a.len() + 1];
     for (i, row) in d.iter_mut().enumerate() {

@@ -103,10 +103,30 @@ fn row(dsn: &str) -> Result<&'static schemes::Scheme> {
             dsn.chars().take(200).collect::<String>()
         )));
     }
-    Err(Error::invalid_argument(format!(
-        "unsupported connection {}",
-        redact(dsn)
-    )))
+    let meant = dsn
+        .split_once(':')
+        .and_then(|(scheme, _)| closest_scheme(scheme));
+    Err(Error::invalid_argument(match meant {
+        Some(known) => format!(
+            "unsupported connection {}; did you mean \"{known}:\"?",
+            redact(dsn)
+        ),
+        None => format!("unsupported connection {}", redact(dsn)),
+    }))
+}
+
+/// The known scheme a mistyped one most likely meant (`redsi` → `redis`, `memcache` →
+/// `memcached`): at most two edits away, and not itself a secret (it is only shown when
+/// [`redact`] would show the scheme anyway).
+fn closest_scheme(scheme: &str) -> Option<&'static str> {
+    let scheme = scheme.to_ascii_lowercase();
+    schemes::table()
+        .iter()
+        .flat_map(|r| r.schemes.iter().copied())
+        .map(|known| (crate::dsn::edits(&scheme, known), known))
+        .filter(|(d, _)| *d <= 2)
+        .min()
+        .map(|(_, known)| known)
 }
 
 fn not_built(dsn: &str, row: &schemes::Scheme) -> Error {

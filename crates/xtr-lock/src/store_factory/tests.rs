@@ -141,3 +141,24 @@ fn dsns_are_shown_without_credentials() {
     assert_eq!(shown("p@ss://[bad"), "(redacted):(redacted: not a URL)");
     assert_eq!(shown("flock:///var/lock"), "flock:///var/lock");
 }
+
+#[test]
+fn a_mistyped_scheme_gets_the_one_it_meant() {
+    for (dsn, meant) in [
+        ("redsi://h", "redis:"),
+        ("memcache://u:pw@h", "memcached:"),
+        ("Postgress://u:pw@h/db", "postgres:"),
+        ("etdc://h", "etcd:"),
+    ] {
+        let err = StoreFactory::validate(dsn).unwrap_err().to_string();
+        assert!(
+            err.ends_with(&format!("did you mean \"{meant}\"?")),
+            "{dsn}: {err}"
+        );
+        assert!(!err.contains("pw"), "{err}");
+    }
+    let err = StoreFactory::validate("nosuch://h")
+        .unwrap_err()
+        .to_string();
+    assert_eq!(err, "unsupported connection \"nosuch:\"");
+}

@@ -25,7 +25,8 @@ pub(super) fn redis_error(what: &str, err: &redis::RedisError) -> Error {
         Some(d) => format!("{}: {d}", err.code().unwrap_or("error")),
         None => err.to_string(),
     };
-    let e = Error::storage(format!("{what}: {}", crate::redact::redact(&detail)));
+    // The client's own words (as the Redis store shows them): they never hold the DSN.
+    let e = Error::storage(format!("{what}: {detail}"));
     if temporary { e.temporary() } else { e }
 }
 

@@ -15,7 +15,7 @@ pub(crate) fn print(text: &str) -> anyhow::Result<()> {
     print_bytes(format!("{text}\n").as_bytes())
 }
 
-/// Writes `bytes` on stdout as they are; a closed pipe is not an error, as for [`print`].
+/// Writes `bytes` on stdout as they are; a closed pipe is not an error, as for [`print()`].
 pub(crate) fn print_bytes(bytes: &[u8]) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     match out.write_all(bytes).and_then(|()| out.flush()) {

@@ -239,3 +239,28 @@ async fn an_uncontended_acquire_and_release_on_the_wire() {
         assert_eq!(&seen[i].0, holder, "{seen:#?}");
     }
 }
+
+/// A server that is not there is reported with the client's cause, not a redacted placeholder.
+#[tokio::test]
+async fn an_unreachable_server_is_reported_with_its_cause() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let store =
+        StoreFactory::create_store(&format!("redis+pubsub://:secret@127.0.0.1:{port}/0")).unwrap();
+    let lock = LockFactory::from_arc(store).create_lock("nobody-home");
+    let err = lock.try_acquire().await.unwrap_err();
+    let mut text = err.to_string();
+    let mut source = std::error::Error::source(&err);
+    while let Some(cause) = source {
+        text.push_str(&format!(": {cause}"));
+        source = cause.source();
+    }
+    assert!(text.to_lowercase().contains("refused"), "{text}");
+    assert!(
+        !text.contains("redacted") && !text.contains("secret"),
+        "{text}"
+    );
+}

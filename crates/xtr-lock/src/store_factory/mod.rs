@@ -41,7 +41,10 @@ pub use spec::{QuorumKind, StoreSpec};
 /// let store = xtr_lock::StoreFactory::create_store("in-memory")?;
 /// assert_eq!(store.to_string(), "in-memory");
 /// let err = xtr_lock::StoreFactory::validate("memcache://app:hunter2@cache:11211").unwrap_err();
-/// assert_eq!(err.to_string(), r#"unsupported connection "memcache:""#);
+/// assert_eq!(
+///     err.to_string(),
+///     r#"unsupported connection "memcache:"; did you mean "memcached:"?"#
+/// );
 /// # Ok::<(), xtr_lock::Error>(())
 /// ```
 #[derive(Debug, Clone, Copy, Default)]

@@ -261,21 +261,25 @@ fn expand_all(
                 Ok(()) => expanded.push(dsn),
                 Err(e) => problems.push(format!("{here}: {}", e.reason().unwrap_or("invalid"))),
             },
-            Err(Problem::Unset(names)) => {
-                for name in names {
-                    problems.push(format!("{here}: ${{{name}}} is not set"));
-                }
-            }
-            Err(Problem::Unclosed) => {
-                problems.push(format!("{here}: a ${{ without its closing }}"))
-            }
-            Err(Problem::BadName(name)) => problems.push(format!(
-                "{here}: ${{{name}}} is not a variable name (letters, digits and _; write $${{ \
-                 for a literal ${{)"
-            )),
+            Err(problem) => problems.extend(expansion_problems(&here, problem)),
         }
     }
     expanded
+}
+
+/// What a DSN's `${VAR}`s got wrong, one line each, naming the entry at `here`.
+fn expansion_problems(here: &str, problem: Problem) -> Vec<String> {
+    match problem {
+        Problem::Unset(names) => names
+            .into_iter()
+            .map(|name| format!("{here}: ${{{name}}} is not set"))
+            .collect(),
+        Problem::Unclosed => vec![format!("{here}: a ${{ without its closing }}")],
+        Problem::BadName(name) => vec![format!(
+            "{here}: ${{{name}}} is not a variable name (letters, digits and _; write $${{ for a \
+             literal ${{)"
+        )],
+    }
 }
 
 /// A period: seconds or humantime text, at most [`MAX_DURATION`](crate::MAX_DURATION).

@@ -37,7 +37,7 @@
 //! |---|---|---|---|---|---|---|---|---|
 //! | [`InMemoryStore`] | tasks and threads of one process using one store | emulated | yes | opt-in ([`InMemoryStore::expiring`]) | yes | yes | yes | with the process |
 //! | [`FlockStore`] (feature `flock`, Linux) | processes on one machine, with Python xtr-lock and `flock(1)` | yes | yes | no | no | yes (inotify across processes) | yes (a replaced lock file) | yes (kernel) |
-//! | `RedisStore` (feature `redis`) | anyone reaching the server, with Python xtr-lock and Symfony Lock | emulated | yes | yes | yes | yes (pub/sub) | by renewal | at ttl |
+//! | `RedisStore` (feature `redis`) | anyone reaching the server, with Python xtr-lock and Symfony Lock | emulated | yes | yes | yes | yes (a wait queue on the server: one wake per release, in arrival order) | by renewal | at ttl |
 //! | `RedisPubSubStore` (feature `redis`) | anyone reaching one standalone server, with portalocker 4.2–4.4 | yes | yes | no | yes | yes (notices; any holder's going, by its count) | at once (the connection) | at once |
 //! | `SqlStore` (feature `sql`) | anyone using the table in one PostgreSQL, MySQL/MariaDB or SQLite database, with Symfony Lock's `PdoStore` | emulated | no (a read lock is exclusive) | yes (whole seconds) | yes | yes (PostgreSQL `NOTIFY`; in-process on MySQL, SQLite) | by renewal | at ttl |
 //! | [`CombinedStore`](store::CombinedStore) | a quorum of any stores, asked concurrently | emulated | yes | if members do | no | yes (a quorum of members) | as its members | as its members |
@@ -60,9 +60,11 @@
 //!   [fencing token](Lockable::fencing_token) downstream so stale writers can be refused, and
 //!   keep ttls well above your pauses.
 //! - Locks are not counted: one release lets go for every task of the holder.
-//! - Waiters are not served in order; readers are preferred (a stream of readers can starve a
-//!   writer), as in the peers' layouts. etcd is the exception: waiters are served in queue
-//!   order and readers queue behind a waiting writer.
+//! - Waiters are woken on release, but only etcd and PostgreSQL advisory locks serve them strictly
+//!   in order (and queue readers behind a waiting writer). Redis wakes them in the order they
+//!   began waiting, yet a newcomer can get in before the one it woke; the other stores wake every
+//!   waiter and one wins. Elsewhere readers are preferred (a stream of readers can starve a
+//!   writer), as in the peers' layouts.
 //! - A dropped guard or cancelled acquire cleans up in the background, ordered before the
 //!   holder's next operation, but another holder may see the lock for a moment longer.
 //!
@@ -151,3 +153,8 @@ pub use store_factory::{Fencing, QuorumKind, StoreFactory, StoreKind, StoreSpec}
 #[cfg(doctest)]
 #[doc = include_str!("../../../README.md")]
 pub struct ReadmeDoctests;
+
+/// So are those of `docs/library.md`, the library's page.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/library.md")]
+pub struct LibraryPageDoctests;

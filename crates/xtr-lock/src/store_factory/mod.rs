@@ -21,6 +21,8 @@ pub use spec::{QuorumKind, StoreSpec};
 /// | `null` | [`NullStore`](crate::NullStore) |
 /// | `flock`, `flock://` | [`FlockStore`](crate::FlockStore) in the default directory, `<tempdir>/xtr-lock-<uid>` |
 /// | `flock://<path>` | [`FlockStore`](crate::FlockStore) in `<path>`, taken literally (`flock:///var/lock/app`); it must be absolute |
+/// | `redis://[user[:password]@]host[:port][/db]`, `rediss://` (TLS), `valkey://`, `valkeys://`, `unix:///path/to/socket[?db=N]` | [`RedisStore`](crate::RedisStore) (feature `redis`): the sorted-set layout shared with Python xtr-lock and Symfony Lock; `?prefix=`, `?socket_timeout=`, `?socket_connect_timeout=` |
+/// | `redis+pubsub://`, `rediss+pubsub://`, `valkey+pubsub://`, `valkeys+pubsub://`, `unix+pubsub://` | [`RedisPubSubStore`](crate::RedisPubSubStore) (feature `redis`): portalocker's pub/sub lock, a live subscription per holder; `?unavailable_timeout=`, `?check_interval=`, `?health_check_interval=` |
 /// | `postgres://`, `postgresql://`, `mysql://`, `mariadb://`, `sqlite:///<path>`, `sqlite::memory:` | [`SqlStore`](crate::SqlStore) (feature `sql`) on that database's lock table |
 /// | `postgresql+advisory://`, `postgres+advisory://` | [`PgAdvisoryStore`](crate::PgAdvisoryStore) (feature `sql`): session-level advisory locks |
 /// | `mysql+getlock://`, `mariadb+getlock://` | [`MySqlLockStore`](crate::MySqlLockStore) (feature `sql`): named locks (`GET_LOCK`) |

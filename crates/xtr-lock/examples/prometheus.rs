@@ -12,7 +12,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use metrics_exporter_prometheus::PrometheusBuilder;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 use xtr_lock::{InMemoryStore, LockFactory, Lockable as _};
 
 #[tokio::main]
@@ -20,9 +20,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let listen: SocketAddr = std::env::var("METRICS_ADDR")
         .unwrap_or_else(|_| "127.0.0.1:9000".into())
         .parse()?;
-    // Every xtr-lock metric goes to this recorder from here on.
+    // Every xtr-lock metric goes to this recorder from here on. Without buckets the exporter
+    // shows the acquire latency as a summary (quantiles that cannot be aggregated across
+    // processes); with them, as a histogram.
     PrometheusBuilder::new()
         .with_http_listener(listen)
+        .set_buckets_for_metric(
+            Matcher::Full("xtr_lock_acquire_seconds".into()),
+            xtr_lock::ACQUIRE_SECONDS_BUCKETS,
+        )?
         .install()?;
     println!("metrics on http://{listen}/metrics");
 

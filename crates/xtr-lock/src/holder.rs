@@ -3,7 +3,7 @@
 //! A [`Key`](crate::Key) is identity; this is the lock's bookkeeping, which every lock built on
 //! the key shares (they are one holder). The key carries it without knowing what is in it.
 
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use tokio::sync::watch;
@@ -38,6 +38,9 @@ pub(crate) struct Holder {
     /// to a store when the holder registers as a waiter (stores that queue waiters order them
     /// by it).
     wait_began: Mutex<SystemTime>,
+    /// The kind of store its locks are in, as metrics label it (set by the first lock built on
+    /// the key).
+    store: OnceLock<String>,
 }
 
 impl Holder {
@@ -50,7 +53,18 @@ impl Holder {
             state,
             serial: crate::serial::Serial::default(),
             wait_began: Mutex::new(UNIX_EPOCH),
+            store: OnceLock::new(),
         }
+    }
+
+    /// Names the kind of store the holder's locks are in, for its metrics (the first name
+    /// given stays: one holder, one store).
+    pub(crate) fn in_store(&self, store: &dyn std::fmt::Display) {
+        self.store.get_or_init(|| crate::telemetry::kind(store));
+    }
+
+    fn store(&self) -> &str {
+        self.store.get().map_or("unknown", String::as_str)
     }
 
     /// Notes that the holder begins to wait (its first attempt was refused).
@@ -106,7 +120,7 @@ impl Holder {
                 },
                 Hold::Free | Hold::Lost(_) => {
                     b.generation += 1;
-                    crate::telemetry::held(true);
+                    crate::telemetry::held(self.store(), true);
                     Hold::Held { mode, fencing }
                 }
             };
@@ -126,7 +140,7 @@ impl Holder {
                 // generation, with no fencing token known here.
                 Hold::Free | Hold::Lost(_) => {
                     b.generation += 1;
-                    crate::telemetry::held(true);
+                    crate::telemetry::held(self.store(), true);
                     Hold::Held {
                         mode,
                         fencing: None,
@@ -145,8 +159,8 @@ impl Holder {
         self.state.send_if_modified(|b| match b.hold {
             Hold::Held { .. } => {
                 b.hold = Hold::Lost(reason);
-                crate::telemetry::held(false);
-                crate::telemetry::lost(reason);
+                crate::telemetry::held(self.store(), false);
+                crate::telemetry::lost(self.store(), reason);
                 lost = true;
                 true
             }
@@ -162,8 +176,8 @@ impl Holder {
         self.state.send_if_modified(|b| {
             if b.generation == generation && matches!(b.hold, Hold::Held { .. }) {
                 b.hold = Hold::Lost(reason);
-                crate::telemetry::held(false);
-                crate::telemetry::lost(reason);
+                crate::telemetry::held(self.store(), false);
+                crate::telemetry::lost(self.store(), reason);
                 lost = true;
             }
             lost
@@ -175,7 +189,7 @@ impl Holder {
     pub(crate) fn released(&self) {
         self.state.send_if_modified(|b| {
             if matches!(b.hold, Hold::Held { .. }) {
-                crate::telemetry::held(false);
+                crate::telemetry::held(self.store(), false);
             }
             let changed = b.hold != Hold::Free;
             b.hold = Hold::Free;

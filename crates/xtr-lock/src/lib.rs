@@ -148,6 +148,7 @@ pub use store::{InMemoryStore, NullStore, Store};
 #[cfg(feature = "sql")]
 pub use store::{KeyMode, MySqlLockStore, PgAdvisoryStore, SqlStore};
 pub use store_factory::{Fencing, QuorumKind, StoreFactory, StoreKind, StoreSpec};
+pub use telemetry::{ACQUIRE_SECONDS_BUCKETS, METRICS, MetricInfo, describe_metrics};
 
 /// The README's examples are compiled and run as doc tests, so they stay true.
 #[cfg(doctest)]

@@ -43,6 +43,7 @@ pub struct Lock {
 impl Lock {
     /// A lock for `key` in `store`; a `ttl` of `None` or zero means no lifetime.
     pub fn new(key: Key, store: Arc<dyn Store>, ttl: Option<Duration>) -> Self {
+        key.holder().in_store(store.as_ref());
         Lock {
             key,
             store,

@@ -83,16 +83,61 @@ fn metrics_count_what_happened_with_bounded_labels() {
     );
     assert_eq!(count("xtr_lock_contended_total{store=in-memory}"), 3);
     assert_eq!(count("xtr_lock_waits_total{store=in-memory}"), 2);
-    assert_eq!(count("xtr_lock_lost_total{reason=expired}"), 1);
-    match seen.get("xtr_lock_held{}") {
+    assert_eq!(
+        count("xtr_lock_lost_total{reason=expired,store=in-memory}"),
+        1
+    );
+    match seen.get("xtr_lock_held{store=in-memory}") {
         Some(DebugValue::Gauge(g)) => assert_eq!(g.into_inner(), 0.0, "nothing held at the end"),
         other => panic!("xtr_lock_held: {other:?}"),
     }
-    // No label carries a resource name.
+    // No label carries a resource name; every series names its store.
     assert!(
         seen.keys()
             .all(|k| !k.contains("job") && !k.contains("short"))
     );
+    assert!(
+        seen.keys().all(|k| k.contains("store=in-memory")),
+        "{:#?}",
+        seen.keys()
+    );
+}
+
+/// What a Prometheus scrape shows: the acquire latency as a histogram with the suggested
+/// buckets, and a `# HELP` line for every metric.
+#[test]
+fn a_prometheus_scrape_has_help_texts_and_a_real_histogram() {
+    use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+    let recorder = PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            Matcher::Full("xtr_lock_acquire_seconds".into()),
+            xtr_lock::ACQUIRE_SECONDS_BUCKETS,
+        )
+        .unwrap()
+        .build_recorder();
+    let handle = recorder.handle();
+    metrics::with_local_recorder(&recorder, || {
+        xtr_lock::describe_metrics();
+        runtime().block_on(workload());
+    });
+    let scrape = handle.render();
+    assert!(
+        scrape.contains("xtr_lock_acquire_seconds_bucket{"),
+        "{scrape}"
+    );
+    // The exporter shows the metrics recorded; the workload records all but refresh failures.
+    let shown: Vec<_> = xtr_lock::METRICS
+        .iter()
+        .filter(|m| scrape.contains(&format!("# TYPE {} {}", m.name, m.kind)))
+        .collect();
+    assert_eq!(shown.len(), xtr_lock::METRICS.len() - 1, "{scrape}");
+    for metric in shown {
+        assert!(
+            scrape.contains(&format!("# HELP {} {}", metric.name, metric.help)),
+            "no help for {} in {scrape}",
+            metric.name
+        );
+    }
 }
 
 /// One captured event: level, message, fields.

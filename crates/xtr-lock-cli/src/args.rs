@@ -9,7 +9,7 @@ use anyhow::{Result, anyhow};
 use xtr_lock::{Mode, QuorumKind, StoreSpec, Wait};
 
 use crate::cli::{Cli, Command, ConfigCommand, ConfigFileArgs, StoreArgs, WaitArgs};
-use crate::file::{self, Configured};
+use crate::file::{self, Configured, Origin};
 
 /// What the command line asks for, every argument checked and converted once (ripgrep's
 /// `HiArgs`): the store each command names, how to take its lock (ttl, wait), its durations
@@ -154,10 +154,15 @@ impl Settings {
                 key,
             },
             Command::Refresh { store, ttl, key } => {
-                let ttl = duration("--ttl", &ttl)?;
-                if ttl.is_zero() {
-                    return Err(anyhow!("--ttl must be more than zero"));
-                }
+                let ttl = match ttl {
+                    Some(text) => ttl_arg(&text)?.ok_or_else(|| {
+                        anyhow!(
+                            "--ttl none: refresh gives a lock more time, and a lock cannot be \
+                             given no expiry after it was taken; give a duration"
+                        )
+                    })?,
+                    None => DEFAULT_TTL,
+                };
                 let source = Source::of(&store)?;
                 Settings::Refresh { source, ttl, key }
             }
@@ -282,48 +287,75 @@ pub(crate) fn duration(flag: &str, text: &str) -> Result<Duration> {
     Ok(d)
 }
 
+/// `--ttl`: a duration, or `none` (no expiry), as in configuration files; zero is refused
+/// (a file's `0` means none, which the command line spells out).
+fn ttl_arg(text: &str) -> Result<Option<Duration>> {
+    if text.trim() == "none" {
+        return Ok(None);
+    }
+    let ttl = duration("--ttl", text).map_err(|e| anyhow!("{e}; or none (no expiry)"))?;
+    if ttl.is_zero() {
+        return Err(anyhow!(
+            "--ttl must be more than zero (--ttl none: no expiry)"
+        ));
+    }
+    Ok(Some(ttl))
+}
+
+/// `-w`: a duration (zero: try once), or `forever`, as in configuration files.
+fn wait_arg(text: &str) -> Result<Wait> {
+    if text.trim() == "forever" {
+        return Ok(Wait::Forever);
+    }
+    let wait = duration("--wait", text).map_err(|e| anyhow!("{e}; or forever"))?;
+    Ok(Wait::AtMost(wait))
+}
+
 /// How to take a lock.
 #[derive(Debug, Clone)]
 pub(crate) struct Take {
-    /// `-n`: [`Wait::Never`]; `-w D`: [`Wait::AtMost`]; neither: [`Wait::Forever`], the same
-    /// meanings as in the library.
+    /// `-n`: [`Wait::Never`]; `-w D`: [`Wait::AtMost`] (`-w forever`: [`Wait::Forever`]);
+    /// neither: the configuration entry's, else [`Wait::Forever`], the same meanings as in the
+    /// library.
     pub wait: Wait,
     pub mode: Mode,
-    pub ttl: Duration,
+    /// `None`: no expiry (`--ttl none`, a file's `ttl = "none"`).
+    pub ttl: Option<Duration>,
+    /// Whether the ttl was asked for (`--ttl`, the file), or is the default.
+    pub ttl_from: Origin,
     pub conflict_exit_code: u8,
     pub quiet: bool,
     pub verbose: bool,
 }
 
-/// The default lifetime on stores where locks expire: renewed while a command runs.
-pub(crate) const DEFAULT_TTL: Duration = Duration::from_secs(60);
+/// The lifetime of a lock on stores where locks expire, unless `--ttl` or the file says
+/// otherwise: the library's, which configuration files also default to.
+pub(crate) const DEFAULT_TTL: Duration = xtr_lock::DEFAULT_TTL;
 
 impl Take {
-    /// The flags, else what `source`'s configuration entry says, else the defaults (60s,
-    /// forever).
+    /// The flags, else what `source`'s configuration entry says, else the defaults (5m,
+    /// forever), which are the library's and the file's.
     pub(crate) fn from_args(args: &WaitArgs, source: &Source) -> Result<Take> {
         let configured = match source {
             Source::Config(c) => Some(&**c),
             _ => None,
         };
-        let ttl = match (&args.ttl, configured.and_then(|c| c.ttl)) {
-            (Some(t), _) => duration("--ttl", t)?,
-            (None, Some(ttl)) => ttl,
-            (None, None) => DEFAULT_TTL,
+        let (ttl, ttl_from) = match (&args.ttl, configured) {
+            (Some(t), _) => (ttl_arg(t)?, Origin::Flag),
+            (None, Some(c)) => (c.checked.ttl, c.origins.ttl),
+            (None, None) => (Some(DEFAULT_TTL), Origin::Default),
         };
-        if ttl.is_zero() {
-            return Err(anyhow!("--ttl must be more than zero"));
-        }
         let wait = match (&args.wait, args.nonblock) {
             (_, true) => Wait::Never,
-            (Some(w), false) => Wait::AtMost(duration("--wait", w)?),
-            (None, false) => configured.and_then(|c| c.wait).unwrap_or(Wait::Forever),
+            (Some(w), false) => wait_arg(w)?,
+            (None, false) => configured.map_or(Wait::Forever, |c| c.checked.wait),
         };
         crate::output::set_verbose(args.verbose);
         Ok(Take {
             wait,
             mode: if args.shared { Mode::Read } else { Mode::Write },
             ttl,
+            ttl_from,
             conflict_exit_code: args.conflict_exit_code,
             quiet: args.quiet,
             verbose: args.verbose,
@@ -447,5 +479,19 @@ mod tests {
         assert!(err.contains("too long"), "{err}");
         let err = duration("-w", "soon").unwrap_err().to_string();
         assert!(err.starts_with("-w \"soon\" is not a duration"), "{err}");
+    }
+
+    #[test]
+    fn none_and_forever_mean_what_they_mean_in_files() {
+        assert_eq!(ttl_arg("none").unwrap(), None);
+        assert_eq!(ttl_arg("90").unwrap(), Some(Duration::from_secs(90)));
+        let err = ttl_arg("0").unwrap_err().to_string();
+        assert!(err.contains("--ttl none"), "{err}");
+        assert_eq!(wait_arg("forever").unwrap(), Wait::Forever);
+        assert_eq!(wait_arg("0").unwrap(), Wait::AtMost(Duration::ZERO));
+        assert!(
+            wait_arg("none").is_err(),
+            "a wait of none is not forever: refused"
+        );
     }
 }

@@ -6,53 +6,32 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-const EXAMPLES: &str = "\
-Examples:
-  xtr-lock run nightly-report ./build-report.sh         wait for the lock, run, release
-  xtr-lock run -n cron:cleanup -c 'find /tmp -delete'   skip (exit 1) if already running
-  xtr-lock run -w 30 --store redis://cache:6379 invoice:42 ./renew.sh
-  KEY=$(xtr-lock acquire --store redis://h job:7 --ttl 10m); ...; echo \"$KEY\" | xtr-lock release -
-  xtr-lock status nightly-report && echo running
-  xtr-lock bench --store flock --clients 8";
-
-/// What `run --help` adds: the command's environment, the ttl, the exit codes, examples.
+/// What `run --help` adds: the command's environment, the ttl (then the stores that give
+/// fencing tokens, examples and the exit codes).
 const RUN_HELP: &str = "\
 The command's environment (the caller's own, XTR_LOCK_STORE included, plus):
   XTR_LOCK_RESOURCE       the resource locked
   XTR_LOCK_MODE           write or read
-  XTR_LOCK_FENCING_TOKEN  the lock's fencing token, where the store gives one (Redis): pass it to
+  XTR_LOCK_FENCING_TOKEN  the lock's fencing token, where the store gives one (below): pass it to
                           what the command writes, so a write made after the lock was lost is refused
   XTR_LOCK_SCHEME         the store's kind: flock, redis, combined(...), ...
-  XTR_LOCK_LOCATION       where the lock lives: the lock file (flock), the key and server (Redis)
+  XTR_LOCK_LOCATION       where the lock lives: the lock file, the key and its server, ...
 
-The ttl: on stores where a lock is a lease (Redis), it lasts --ttl (default 60s) and is renewed
-every third of it while the command runs, so a crashed xtr-lock frees it within --ttl. Flock
-locks need none: they end when the holding processes die. `acquire` has the same default for
-the same reason: a key whose holder vanished frees its lock when the ttl runs out.
-
-Examples:
-  xtr-lock run backup ./backup.sh                     wait as long as it takes (flock(1) style)
-  xtr-lock run -n backup ./backup.sh                  skip if running: exit 1 (cron)
-  xtr-lock run -w 30 -E 0 backup ./backup.sh          wait 30 s at most, then skip quietly
-  xtr-lock run -s report -c 'cat data/*.csv'          readers together, writers alone
-  xtr-lock run --store redis://cache:6379 --ttl 5m deploy ./deploy.sh
-  XTR_LOCK_STORE=redis://a:6379,redis://b:6379,redis://c:6379 xtr-lock run job ./job.sh
-  xtr-lock run --store redis+pubsub://cache:6379 sync ./sync.sh   freed the instant xtr-lock dies
-  xtr-lock run -v --json job ./job.sh 2>events.jsonl  what happened, as JSON lines on stderr";
+The ttl (5m unless --ttl or the configuration file says otherwise, as in the library): where
+locks expire (redis, sql, memcached), the lock lasts that long and `run` renews it every third
+of it while the command runs, so a crashed xtr-lock frees it within the ttl; on etcd it is the
+ttl of the lease the store keeps alive. Stores whose locks end with their holder (flock,
+semaphore, pg-advisory, mysql-getlock, pubsub) use none: a --ttl there is ignored, with a
+warning. --ttl none asks for no expiry, which stores whose locks expire refuse.";
 
 #[derive(Debug, Parser)]
 #[command(
     name = "xtr-lock",
     version,
-    about = "Run commands under exclusive or shared locks held in files, Redis, SQL databases, \
-etcd, Memcached, SysV semaphores or a quorum of them.",
-    long_about = "Run commands under exclusive or shared locks held in files (the default, no server), \
-Redis, PostgreSQL, MySQL/MariaDB or SQLite, etcd, Memcached, SysV semaphores, memory, or a quorum \
-of stores; hand locks between processes; show who holds them; benchmark a store.\n\n\
-Locks made here and by the xtr-lock library, Python xtr-lock and flock(1) (files, Redis), \
-portalocker (Redis pub/sub), Symfony Lock (Redis, SQL, Memcached, semaphores) and etcdctl lock \
-(etcd) exclude each other.",
-    after_help = format!("{EXAMPLES}\n\n{}", crate::exit::TABLE),
+    about = crate::help::ABOUT,
+    long_about = crate::help::LONG_ABOUT,
+    after_help = crate::help::top_short(),
+    after_long_help = crate::help::top_long(),
 )]
 pub(crate) struct Cli {
     #[command(subcommand)]
@@ -61,27 +40,24 @@ pub(crate) struct Cli {
 
 #[derive(Debug, Args, Clone)]
 pub(crate) struct StoreArgs {
-    /// Where locks live: flock (the default), flock:///dir, redis://host:6379/0, rediss://…,
-    /// unix:///sock, redis+pubsub://host:6379 (a live connection, shared with portalocker),
-    /// postgres://, mysql://, mariadb://, sqlite:///path (Symfony's lock table; see
-    /// `migrate`), postgresql+advisory://host/db (PostgreSQL advisory locks; ?keys=crc32 for
-    /// Symfony's keys), mysql+getlock://host/db (MySQL/MariaDB GET_LOCK), memcached://host:11211
-    /// (Symfony's Memcached layout), semaphore (SysV semaphores, shared with PHP's sysvsem),
-    /// in-memory, null.
-    /// Repeated, or several separated by commas: a quorum (strict majority) over those stores.
-    /// Without --store: --config, then $XTR_LOCK_STORE (also a comma-separated list), then
-    /// $XTR_LOCK_CONFIG, then flock.
-    #[arg(long, value_name = "DSN")]
+    /// Where locks live, as a DSN (default: flock; a quorum: several)
+    #[arg(long, value_name = "DSN", long_help = crate::help::store_long())]
     pub store: Vec<String>,
 
-    /// A lock configuration file (TOML: named store entries, a prefix, a ttl and a wait; see
-    /// `xtr-lock config --help`); the entry --use names, or the file's default, is the store.
-    /// Also $XTR_LOCK_CONFIG.
+    /// A lock configuration file (also $XTR_LOCK_CONFIG)
+    ///
+    /// TOML: named store entries, a prefix, a ttl and a wait (see `xtr-lock config --help`);
+    /// the entry --use names, or the file's default, is the store.
     #[arg(long, value_name = "FILE", conflicts_with = "store")]
     pub config: Option<PathBuf>,
 
     /// The entry of the configuration file to use (default: the file's `default`).
-    #[arg(long = "use", value_name = "NAME", conflicts_with = "store")]
+    #[arg(
+        long = "use",
+        value_name = "NAME",
+        conflicts_with = "store",
+        hide_short_help = true
+    )]
     pub use_entry: Option<String>,
 }
 
@@ -101,8 +77,8 @@ pub(crate) struct ConfigFileArgs {
 const CONFIG_HELP: &str = "\
 The file (TOML); ${VAR} and ${VAR:-default} in DSNs come from the environment:
   prefix = \"billing:\"      # in front of every resource
-  ttl = \"5 minutes\"        # lock lifetime where locks expire (\"none\": the CLI keeps 60s)
-  wait = \"30s\"             # how long run/acquire wait without -n/-w (\"forever\", \"0\")
+  ttl = \"5 minutes\"        # lock lifetime where locks expire (default 5m; \"none\")
+  wait = \"30s\"             # how long run/acquire wait (default \"forever\"; \"0\": try once)
   default = \"redis\"        # the entry used without --use (default: \"default\")
 
   [stores]
@@ -111,15 +87,18 @@ The file (TOML); ${VAR} and ${VAR:-default} in DSNs come from the environment:
   quorum = [\"redis://r1:6379\", \"redis://r2:6379\", \"redis://r3:6379\"]
   db = { dsn = \"postgresql+advisory://app:${PGPASSWORD}@db/app\", prefix = \"\", wait = \"0\" }
 
-Flags win over the file: --ttl, -w and -n over its ttl and wait.
+Flags win over the file: --ttl, -w and -n over its ttl and wait. `config show` prints each
+entry's prefix, ttl and wait as commands use them, and where each came from.
 
 Exit codes of check: 0 every entry is sound (and, with --ping, reached), 2 a problem (each on
 its own line), 69 an entry could not be reached (--ping).";
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum ConfigCommand {
-    /// Check every entry: DSNs, variables, periods, the default entry; with --ping also reach
-    /// each store (a trying lock on `xtr-lock-ping`, released), for readiness probes.
+    /// Check every entry (with --ping: reach every store, for readiness probes).
+    ///
+    /// Checks DSNs, variables, periods and the default entry; with --ping also reaches each
+    /// store (a trying lock on `xtr-lock-ping`, released).
     Check {
         #[command(flatten)]
         file: ConfigFileArgs,
@@ -130,8 +109,11 @@ pub(crate) enum ConfigCommand {
         #[arg(long, value_name = "DURATION", default_value = "5s")]
         timeout: String,
     },
-    /// Print the configuration as checked: every entry with its stores (credentials redacted),
-    /// prefix, ttl and wait.
+    /// Print every entry as commands use it (credentials redacted).
+    ///
+    /// Every entry with its stores (credentials redacted), and the prefix, ttl and wait commands
+    /// use without --ttl, -w or -n, each saying where it came from: the entry, the file's top
+    /// level, or the default (the same as the library's).
     Show {
         #[command(flatten)]
         file: ConfigFileArgs,
@@ -149,8 +131,10 @@ pub(crate) struct WaitArgs {
     )]
     pub nonblock: bool,
 
-    /// Give up after this long if the lock stays held: seconds (30, 0.5) or a duration (2m,
-    /// 1h30m, 500ms).
+    /// Wait at most this long for the lock (default: forever)
+    ///
+    /// Seconds (30, 0.5), a duration (2m, 1h30m, 500ms), or forever (the default, unless the
+    /// configuration file says otherwise). 0 tries once, as -n.
     #[arg(
         short = 'w',
         long = "wait",
@@ -159,16 +143,28 @@ pub(crate) struct WaitArgs {
     )]
     pub wait: Option<String>,
 
-    /// Take a shared (read) lock: readers run together, writers wait.
+    /// Take a shared (read) lock: readers run together, writers wait
+    ///
+    /// On a store without shared locks (sql, mysql-getlock, memcached, semaphore) the lock
+    /// taken is exclusive, and a warning says so.
     #[arg(short = 's', long = "shared", conflicts_with = "exclusive")]
     pub shared: bool,
 
     /// Take an exclusive (write) lock: the default, as in flock(1).
-    #[arg(short = 'x', short_alias = 'e', long = "exclusive")]
+    #[arg(
+        short = 'x',
+        short_alias = 'e',
+        long = "exclusive",
+        hide_short_help = true
+    )]
     pub exclusive: bool,
 
-    /// The lock's lifetime on stores where locks expire (renewed while the command runs):
-    /// seconds or a duration; default 60s.
+    /// The lock's lifetime where locks expire: 5m (the default), 30s, none
+    ///
+    /// Seconds or a duration; 5m by default (as in the library and configuration files); none:
+    /// no expiry. `run` renews it while the command runs; a lock from `acquire` lasts that long
+    /// unless `refresh` extends it. Where locks end with their holder (flock, semaphore,
+    /// pg-advisory, mysql-getlock, pubsub) it is not used, and a warning says so.
     #[arg(long, value_name = "DURATION")]
     pub ttl: Option<String>,
 
@@ -177,16 +173,18 @@ pub(crate) struct WaitArgs {
         short = 'E',
         long = "conflict-exit-code",
         value_name = "N",
-        default_value_t = 1
+        default_value_t = 1,
+        hide_short_help = true
     )]
     pub conflict_exit_code: u8,
 
-    /// Print nothing but errors.
+    /// Print nothing but errors (no warnings either).
     #[arg(short = 'q', long, conflicts_with = "verbose")]
     pub quiet: bool,
 
-    /// Say how long getting the lock took (and, for run, what is executed), also when stderr
-    /// is not a terminal.
+    /// Say how long getting the lock took (and, for run, what runs)
+    ///
+    /// Also when stderr is not a terminal.
     #[arg(short = 'v', long)]
     pub verbose: bool,
 }
@@ -203,7 +201,15 @@ pub(crate) enum Command {
     /// the lock lasts while it runs even if xtr-lock is killed; elsewhere COMMAND is stopped if
     /// xtr-lock dies, and, where the lock is a lease, before the lease ends if xtr-lock could
     /// not renew it (stopped or starved).
-    #[command(after_help = format!("{RUN_HELP}\n\n{}", crate::exit::TABLE))]
+    #[command(
+        after_help = crate::help::RUN_SHORT,
+        after_long_help = format!(
+            "{RUN_HELP}\n\nStores that give fencing tokens: {}.\n\n{}\n\n{}",
+            crate::help::fencing_names(),
+            crate::help::RUN_EXAMPLES,
+            crate::exit::TABLE
+        ),
+    )]
     Run {
         #[command(flatten)]
         store: StoreArgs,
@@ -211,27 +217,34 @@ pub(crate) enum Command {
         wait: WaitArgs,
         /// Grace between SIGTERM and SIGKILL when the command's process group must stop (the
         /// lock was lost, or xtr-lock died on a store where the lock dies with it).
-        #[arg(long, value_name = "DURATION", default_value = "10s")]
+        #[arg(
+            long,
+            value_name = "DURATION",
+            default_value = "10s",
+            hide_short_help = true
+        )]
         kill_after: String,
-        /// Run this through `sh -c` instead of a COMMAND given as words.
+        /// Run this through `sh -c` instead of COMMAND's words.
         #[arg(short = 'c', long = "command", value_name = "SHELL_COMMAND")]
         shell: Option<OsString>,
         /// flock(1)'s --close: COMMAND does not inherit the lock file, so children it leaves
         /// behind do not hold the lock; the lock is then xtr-lock's, and COMMAND is stopped if
         /// xtr-lock dies. Other stores never hand the lock to COMMAND.
-        #[arg(short = 'o', long = "close")]
+        #[arg(short = 'o', long = "close", hide_short_help = true)]
         close: bool,
         /// flock(1)'s --unlock, which drops a lock held on a descriptor; refused (see the
         /// message): xtr-lock releases when COMMAND exits.
         #[arg(short = 'u', long = "unlock", hide = true)]
         unlock: bool,
-        /// Report what happens as JSON lines on stderr (waiting, acquired, lost, released,
-        /// exit) instead of sentences.
+        /// Report what happens as JSON lines on stderr
+        ///
+        /// Events instead of sentences: waiting, acquired (with the ttl), conflict, lost,
+        /// released, warning, error, exit.
         #[arg(long)]
         json: bool,
         /// The resource to lock (any string).
         resource: String,
-        /// The command and its arguments.
+        /// The command and its arguments (or -c 'shell command').
         #[arg(
             trailing_var_arg = true,
             allow_hyphen_values = true,
@@ -239,10 +252,11 @@ pub(crate) enum Command {
         )]
         command: Vec<OsString>,
     },
-    /// Take a lock and print its key, for `release`/`refresh`/`status --key` in another process.
+    /// Take a lock and print its key (for release, refresh and status --key elsewhere).
     ///
-    /// The key (one line of JSON) names the store it was made on, without credentials, and the
-    /// lock's fencing token; `release`, `refresh` and `status --key` use that store unless
+    /// The lock is not renewed: it lasts its ttl unless `refresh` extends it. The key (one line
+    /// of JSON) names the store it was made on, without credentials, and the lock's fencing
+    /// token; `release`, `refresh` and `status --key` use that store unless
     /// --store names one (which must be the same store: with credentials, say).
     Acquire {
         #[command(flatten)]
@@ -264,9 +278,9 @@ pub(crate) enum Command {
     Refresh {
         #[command(flatten)]
         store: StoreArgs,
-        /// The new lifetime, from now: seconds or a duration.
-        #[arg(long, value_name = "DURATION", default_value = "60s")]
-        ttl: String,
+        /// The new lifetime, from now: seconds or a duration (default 5m, as `acquire`'s).
+        #[arg(long, value_name = "DURATION")]
+        ttl: Option<String>,
         /// The key printed by `acquire`; `-` or absent: read from stdin.
         key: Option<String>,
     },
@@ -307,8 +321,9 @@ pub(crate) enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Make the tables of SQL stores (postgres://, mysql://, mariadb://, sqlite:///path): the
-    /// lock table with Symfony Lock's column types, shared with PHP's PdoStore, and this
+    /// Make the SQL table store's tables (postgres://, mysql://, mariadb://, sqlite://).
+    ///
+    /// The lock table with Symfony Lock's column types, shared with PHP's PdoStore, and this
     /// library's fencing table. Tables already there are checked and kept as they are.
     Migrate {
         #[command(flatten)]
@@ -318,7 +333,10 @@ pub(crate) enum Command {
         print: bool,
     },
     /// Check or show a lock configuration file (--config, $XTR_LOCK_CONFIG).
-    #[command(after_help = CONFIG_HELP)]
+    #[command(
+        after_help = "`xtr-lock config --help`: the file's shape, and check's exit codes.",
+        after_long_help = CONFIG_HELP
+    )]
     Config {
         #[command(subcommand)]
         command: ConfigCommand,

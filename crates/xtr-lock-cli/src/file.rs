@@ -2,10 +2,8 @@
 //! problem at once, and one entry of it turned into the store, prefix, ttl and wait of a command.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use anyhow::{Result, anyhow};
-use xtr_lock::Wait;
 use xtr_lock::config::{CheckedConfig, CheckedEntry, DEFAULT_ENTRY, Entry, LocksConfig};
 
 /// The environment variable a configuration file is read from when `--config` is absent.
@@ -14,7 +12,70 @@ pub(crate) const CONFIG_ENV: &str = "XTR_LOCK_CONFIG";
 /// A configuration file read and checked.
 pub(crate) struct Loaded {
     pub path: PathBuf,
+    /// As written: where each entry's settings come from ([`origins`]).
+    pub raw: LocksConfig,
     pub checked: CheckedConfig,
+}
+
+/// Where a setting a command uses came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Origin {
+    /// Nobody set it: the default, the same in the library, the CLI and files (a ttl of
+    /// [`xtr_lock::DEFAULT_TTL`], waiting forever, no prefix).
+    Default,
+    /// The file's top level.
+    File,
+    /// The entry's own table.
+    Entry,
+    /// The command line.
+    Flag,
+}
+
+impl Origin {
+    /// Whether somebody asked for the value (the command line or the file).
+    pub(crate) fn explicit(self) -> bool {
+        self != Origin::Default
+    }
+
+    /// How `config show` names it.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Origin::Default => "default",
+            Origin::File => "file",
+            Origin::Entry => "entry",
+            Origin::Flag => "flag",
+        }
+    }
+}
+
+/// Where an entry's prefix, ttl and wait come from.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Origins {
+    pub prefix: Origin,
+    pub ttl: Origin,
+    pub wait: Origin,
+}
+
+/// Where the settings of `entry` in `raw` come from: its own table, else the file's top level,
+/// else the defaults (which [`LocksConfig::check`] filled in).
+pub(crate) fn origins(raw: &LocksConfig, entry: &str) -> Origins {
+    let table = match raw.stores.get(entry) {
+        Some(Entry::Table(t)) => Some(t),
+        _ => None,
+    };
+    let origin = |in_entry: bool, at_top: bool| match (in_entry, at_top) {
+        (true, _) => Origin::Entry,
+        (false, true) => Origin::File,
+        (false, false) => Origin::Default,
+    };
+    Origins {
+        prefix: origin(
+            table.is_some_and(|t| t.prefix.is_some()),
+            raw.prefix.is_some(),
+        ),
+        ttl: origin(table.is_some_and(|t| t.ttl.is_some()), raw.ttl.is_some()),
+        wait: origin(table.is_some_and(|t| t.wait.is_some()), raw.wait.is_some()),
+    }
 }
 
 /// Why a file could not be used: it cannot be read or parsed (one line), or it has problems
@@ -52,6 +113,7 @@ pub(crate) fn load(path: &Path) -> std::result::Result<Loaded, LoadError> {
     let checked = raw.check().map_err(|e| LoadError::Problems(e.problems))?;
     Ok(Loaded {
         path: path.to_owned(),
+        raw,
         checked,
     })
 }
@@ -73,11 +135,10 @@ pub(crate) struct Configured {
     /// Named on the command line (`--config` or `--use`), not only by the environment.
     pub explicit: bool,
     pub entry: String,
+    /// Its store, prefix, ttl and wait, the defaults filled in.
     pub checked: CheckedEntry,
-    /// The file's ttl for this entry, when it sets one as a period.
-    pub ttl: Option<Duration>,
-    /// The file's wait for this entry, when it sets one.
-    pub wait: Option<Wait>,
+    /// Whether the file set them, or the defaults did.
+    pub origins: Origins,
 }
 
 impl Configured {
@@ -112,19 +173,10 @@ impl Configured {
                 path.display()
             )
         })?;
-        // What the file itself says, the entry's table first: an unset ttl or wait leaves the
-        // command's own default (60s, forever), not the library's.
-        let table = match raw.stores.get(&entry) {
-            Some(Entry::Table(t)) => Some(t),
-            _ => None,
-        };
-        let ttl_set = table.and_then(|t| t.ttl.as_ref()).or(raw.ttl.as_ref());
-        let wait_set = table.and_then(|t| t.wait.as_ref()).or(raw.wait.as_ref());
         Ok(Configured {
             path: path.to_owned(),
             explicit,
-            ttl: ttl_set.and(checked.ttl),
-            wait: wait_set.map(|_| checked.wait),
+            origins: origins(&raw, &entry),
             entry,
             checked,
         })

@@ -9,6 +9,7 @@ mod cmd;
 mod exit;
 mod file;
 mod handoff;
+mod help;
 mod lease;
 mod output;
 mod procs;

@@ -157,6 +157,15 @@ pub(crate) fn error_line(message: &str) {
     }
 }
 
+/// A warning line: `xtr-lock: warning: …`, or a `warning` event under `--json`.
+pub(crate) fn warning(message: &str) {
+    if json() {
+        event("warning", serde_json::json!({"message": message}));
+    } else {
+        eprintln!("xtr-lock: warning: {message}");
+    }
+}
+
 /// A duration rounded for people: `850ms`, `12s`, `3m 20s`.
 pub(crate) fn short(d: Duration) -> String {
     if d < Duration::from_secs(1) {

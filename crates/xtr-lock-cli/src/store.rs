@@ -4,9 +4,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
-use xtr_lock::{Fencing, Lock, LockFactory, QuorumKind, Store, StoreFactory, StoreSpec};
+use xtr_lock::store::Capabilities;
+use xtr_lock::{Fencing, Lock, LockFactory, Mode, QuorumKind, Store, StoreFactory, StoreSpec};
 
-use crate::args::Source;
+use crate::args::{Source, Take};
+use crate::file::Origin;
 
 /// The store a DSN (or a list: a quorum) names. Errors show the scheme only, never the DSN.
 pub(crate) struct StoreConfig {
@@ -22,6 +24,9 @@ pub(crate) struct StoreConfig {
     pub locators: Option<Vec<String>>,
     /// How the store counts fencing tokens (`None` for a quorum, which has none of its own).
     pub fencing: Option<Fencing>,
+    /// Each store (each member of a quorum) by its short name, with what it does: whether it
+    /// does what the command line asked ([`StoreConfig::check_take`]).
+    members: Vec<(&'static str, Capabilities)>,
 }
 
 impl StoreConfig {
@@ -55,6 +60,12 @@ impl StoreConfig {
             .map(|(dsn, store)| locator(dsn, &**store))
             .collect();
         let in_memory = spec.dsns().iter().any(|d| kind_name(d) == Some("memory"));
+        let kinds = spec
+            .dsns()
+            .iter()
+            .zip(&members)
+            .map(|(dsn, store)| (kind_name(dsn).unwrap_or("?"), store.capabilities()))
+            .collect();
         let store = spec.assemble(members)?;
         // In-memory locks die with this process; flock keys hold an open file.
         let keys_travel = store.capabilities().serializable_keys && !in_memory;
@@ -67,6 +78,7 @@ impl StoreConfig {
                 [one] if spec.quorum().is_none() => StoreFactory::kind(one).map(|k| k.fencing),
                 _ => None,
             },
+            members: kinds,
         })
     }
 
@@ -74,9 +86,58 @@ impl StoreConfig {
         LockFactory::from_arc(self.store.clone())
     }
 
-    pub(crate) fn lock(&self, resource: &str, ttl: Duration) -> Lock {
-        self.factory().create_lock(resource).with_ttl(Some(ttl))
+    /// A lock on `resource` (a new holder) with `ttl` (`None`: no expiry).
+    pub(crate) fn lock(&self, resource: &str, ttl: Option<Duration>) -> Lock {
+        self.factory().create_lock(resource).with_ttl(ttl)
     }
+
+    /// Checks that the store can take the lock as the command line (or the configuration
+    /// file) asked: no ttl (`none`) is refused on a store whose locks expire, before anything
+    /// is stored. Then warns, unless `-q`, once per kind of store, where the lock taken is not
+    /// what was asked for: `-s` on a store without shared locks takes the exclusive lock; a
+    /// ttl on a store whose locks end with their holder is not used (a ttl nobody asked for,
+    /// the default, is not worth a word).
+    pub(crate) fn check_take(&self, take: &Take) -> Result<()> {
+        let asked = match take.ttl_from {
+            Origin::Flag => "--ttl",
+            _ => "the configuration file's ttl",
+        };
+        let expiring = self.members.iter().find(|(_, caps)| caps.expiring);
+        if let (None, Some((name, _))) = (take.ttl, expiring) {
+            anyhow::bail!(
+                "{asked} is none, and the {name} store's locks expire: give it a duration"
+            );
+        }
+        if take.quiet {
+            return Ok(());
+        }
+        let mut seen: Vec<&str> = Vec::new();
+        for (name, caps) in &self.members {
+            if seen.contains(name) {
+                continue;
+            }
+            seen.push(name);
+            if take.mode == Mode::Read && !caps.shared {
+                crate::output::warning(&format!(
+                    "the {name} store has no shared locks; -s takes an exclusive lock"
+                ));
+            }
+            if take.ttl.is_some() && take.ttl_from.explicit() && ends_with_holder(caps) {
+                crate::output::warning(&format!(
+                    "the {name} store's locks do not expire: {asked} is not used, the lock ends \
+                     with its holder"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Whether a lock on a store with `caps` lasts exactly as long as its holder, so that a ttl is
+/// not used: it does not expire, and a dead holder frees it at once (not the etcd store, whose
+/// lease has the lock's ttl, nor the null store, which locks nothing).
+fn ends_with_holder(caps: &Capabilities) -> bool {
+    caps.excludes && !caps.expiring && caps.liveness
 }
 
 /// A credential-free DSN that reaches the locks `store` keeps (built from `dsn`), or `None` if
@@ -111,10 +172,6 @@ fn warn_about(spec: &StoreSpec) {
             Some("null") => "the null store locks nothing: every lock is granted",
             _ => continue,
         };
-        if crate::output::json() {
-            crate::output::event("warning", serde_json::json!({ "message": warning }));
-        } else {
-            eprintln!("xtr-lock: warning: {warning}");
-        }
+        crate::output::warning(warning);
     }
 }

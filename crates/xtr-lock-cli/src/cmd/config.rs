@@ -11,7 +11,7 @@ use xtr_lock::{StoreFactory, Wait};
 
 use crate::cli::ConfigFileArgs;
 use crate::exit::Exit;
-use crate::file::{LoadError, Loaded};
+use crate::file::{LoadError, Loaded, Origins, origins};
 use crate::output;
 
 fn path(file: &ConfigFileArgs) -> Result<PathBuf> {
@@ -73,7 +73,7 @@ pub(crate) async fn check(file: &ConfigFileArgs, ping: Option<Duration>) -> Resu
     let report = locks.ping(deadline).await;
     let took = started.elapsed();
     if let Err(err) = locks.close().await {
-        eprintln!("xtr-lock: warning: {}", output::causes(&err));
+        output::warning(&output::causes(&err));
     }
     let failed = report.iter().filter(|(_, r)| r.is_err()).count();
     if file.json {
@@ -113,8 +113,9 @@ pub(crate) async fn check(file: &ConfigFileArgs, ping: Option<Duration>) -> Resu
     })
 }
 
-/// `config show`: the file as checked, credentials redacted. A reader that stops early
-/// (`| head`) ends it quietly.
+/// `config show`: the file as checked, credentials redacted, each entry's prefix, ttl and wait
+/// as `run` and `acquire` use them when no flag says otherwise (the defaults filled in, each
+/// value saying where it came from). A reader that stops early (`| head`) ends it quietly.
 pub(crate) fn show(file: &ConfigFileArgs) -> Result<Exit> {
     let loaded = match load(file)? {
         Ok(loaded) => loaded,
@@ -125,7 +126,7 @@ pub(crate) fn show(file: &ConfigFileArgs) -> Result<Exit> {
         let entries: serde_json::Map<String, serde_json::Value> = checked
             .entries
             .iter()
-            .map(|(name, e)| (name.clone(), entry_json(e)))
+            .map(|(name, e)| (name.clone(), entry_json(e, origins(&loaded.raw, name))))
             .collect();
         let shown = json!({
             "file": loaded.path.display().to_string(),
@@ -136,19 +137,34 @@ pub(crate) fn show(file: &ConfigFileArgs) -> Result<Exit> {
         return Ok(Exit::Ok);
     }
     let mut text = format!(
-        "# {}, checked; variables expanded, credentials redacted\ndefault = {}\n",
+        "# {}, checked; variables expanded, credentials redacted\n# prefix, ttl and wait as \
+         commands use them without --ttl, -w or -n; after each, where it is set:\n# the \
+         entry, the file (its top level), or the default (the library's)\n{}default = {}\n",
         loaded.path.display(),
+        store_env_note(),
         quoted(&checked.default)
     );
     for (name, e) in &checked.entries {
-        text.push_str(&entry_toml(name, e));
+        text.push_str(&entry_toml(name, e, origins(&loaded.raw, name)));
     }
     output::print(text.trim_end())?;
     Ok(Exit::Ok)
 }
 
+/// What `config show` says when `$XTR_LOCK_STORE` is set: commands without --config use it,
+/// not the file `$XTR_LOCK_CONFIG` names.
+fn store_env_note() -> String {
+    match std::env::var_os(crate::args::STORE_ENV) {
+        Some(v) if !v.is_empty() => format!(
+            "# note: ${} is set: commands without --config or --use use it, not this file\n",
+            crate::args::STORE_ENV
+        ),
+        _ => String::new(),
+    }
+}
+
 /// One entry as `config show` prints it, after a blank line.
-fn entry_toml(name: &str, e: &CheckedEntry) -> String {
+fn entry_toml(name: &str, e: &CheckedEntry, from: Origins) -> String {
     let stores = match e.store.quorum() {
         None => format!("dsn = {}", quoted(&redacted(&e.store.dsns()[0]))),
         Some(kind) => {
@@ -166,21 +182,29 @@ fn entry_toml(name: &str, e: &CheckedEntry) -> String {
         }
     };
     format!(
-        "\n[stores.{}]\n{stores}\nprefix = {}\nttl = {}\nwait = {}\n",
+        "\n[stores.{}]\n{stores}\nprefix = {}  # {}\nttl = {}  # {}\nwait = {}  # {}\n",
         quoted(name),
         quoted(&e.prefix),
+        from.prefix.name(),
         quoted(&ttl_text(e.ttl)),
-        quoted(&wait_text(e.wait))
+        from.ttl.name(),
+        quoted(&wait_text(e.wait)),
+        from.wait.name(),
     )
 }
 
-fn entry_json(e: &CheckedEntry) -> serde_json::Value {
+fn entry_json(e: &CheckedEntry, from: Origins) -> serde_json::Value {
     json!({
         "stores": e.store.dsns().iter().map(|d| redacted(d)).collect::<Vec<_>>(),
         "strategy": e.store.quorum().map(quorum_name),
         "prefix": e.prefix,
         "ttl": ttl_text(e.ttl),
         "wait": wait_text(e.wait),
+        "from": {
+            "prefix": from.prefix.name(),
+            "ttl": from.ttl.name(),
+            "wait": from.wait.name(),
+        },
     })
 }
 

@@ -26,6 +26,7 @@ pub(crate) async fn dispatch(settings: Settings) -> Result<Exit> {
     match settings {
         Settings::Run(settings) => {
             let store = StoreConfig::open(&settings.source, settings.take.quiet)?;
+            store.check_take(&settings.take)?;
             closing(store, |store| run::run(store, settings)).await
         }
         Settings::Acquire {
@@ -34,6 +35,7 @@ pub(crate) async fn dispatch(settings: Settings) -> Result<Exit> {
             resource,
         } => {
             let store = StoreConfig::open(&source, take.quiet)?;
+            store.check_take(&take)?;
             closing(store, |store| {
                 keys::acquire(store, &source, take, &resource)
             })
@@ -94,12 +96,7 @@ pub(crate) async fn close(store: &dyn xtr_lock::Store) {
         return;
     };
     if let Err(err) = closed {
-        let line = output::causes(&err);
-        if output::json() {
-            output::event("warning", serde_json::json!({"message": line}));
-        } else {
-            eprintln!("xtr-lock: warning: {line}");
-        }
+        output::warning(&output::causes(&err));
     }
 }
 

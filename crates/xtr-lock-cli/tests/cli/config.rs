@@ -220,7 +220,7 @@ quorum = { dsns = ["redis://a:6379", "redis://b:6379", "redis://c:6379"], strate
     assert_eq!(out.code, Some(0), "{}", out.stderr);
     assert!(!out.stdout.contains("hunter2"), "{}", out.stdout);
     for needle in [
-        "[stores.\"cache\"]\ndsn = \"redis://:***@cache:6379/0\"\nprefix = \"billing:\"\nttl = \"1m 30s\"\nwait = \"30s\"",
+        "[stores.\"cache\"]\ndsn = \"redis://:***@cache:6379/0\"\nprefix = \"billing:\"  # file\nttl = \"1m 30s\"  # file\nwait = \"30s\"  # entry",
         "strategy = \"unanimous\"",
         "[stores.\"default\"]\ndsn = \"flock\"",
         "wait = \"forever\"",

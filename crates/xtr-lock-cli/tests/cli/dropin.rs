@@ -579,11 +579,11 @@ fn run_help_lists_the_environment_exit_codes_and_ttl() {
         "XTR_LOCK_SCHEME",
         "XTR_LOCK_LOCATION",
         "the caller's own, XTR_LOCK_STORE included",
-        "default 60s",
-        "`acquire` has the same default",
+        "The ttl (5m unless --ttl",
+        "Stores that give fencing tokens: redis,",
         "Exit codes:",
         "status:  0 held, 1 free",
-        "xtr-lock run -n backup ./backup.sh",
+        "xtr-lock run -n backup ./job",
         "--timeout",
     ] {
         assert!(

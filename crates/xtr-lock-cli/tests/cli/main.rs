@@ -1,14 +1,18 @@
-//! The `xtr-lock` command on the stores that need no server (flock, memory) or a Redis the
-//! testkit starts: its commands, configuration files, a terminal, a drop-in for flock(1), the
-//! command's life under `run`, hostile input, several users.
+//! The `xtr-lock` command on the stores that need no server (flock, memory, semaphores) or a
+//! Redis the testkit starts: its commands, configuration files, defaults, help, warnings, a
+//! terminal, a drop-in for flock(1), the command's life under `run`, hostile input, several
+//! users.
 
 #[path = "../common/mod.rs"]
 mod common;
 
 mod commands;
 mod config;
+mod defaults;
 mod dropin;
+mod help;
 mod hostile;
 mod multiuser;
 mod run_lifecycle;
 mod terminal;
+mod warnings;

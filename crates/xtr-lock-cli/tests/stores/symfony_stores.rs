@@ -1,6 +1,7 @@
 //! `xtr-lock` on Symfony's remaining stores: SysV semaphores (`semaphore`), where a killed
 //! `xtr-lock` frees the lock at once and stops its command, and Memcached, where a lock deleted
-//! behind the holder's back stops the command (exit 3).
+//! behind the holder's back stops the command (exit 3), and `-s`, which takes the exclusive lock
+//! there, says so.
 
 use std::time::{Duration, Instant};
 
@@ -84,4 +85,42 @@ fn memcached_run_status_and_a_deleted_entry_stops_the_command() {
     let status = wait_exit(&mut run, "run did not notice the lost lock");
     assert_eq!(status.code(), Some(3));
     wait_gone(command, "the command of a lost lock");
+}
+
+/// Memcached has no shared locks: `-s` says it takes the exclusive lock. Its locks expire, so
+/// `--ttl` is used and nothing is said of it; `--ttl none` is refused before anything is stored.
+#[test]
+fn memcached_says_that_s_is_exclusive_and_uses_the_ttl() {
+    let server = MemcachedServer::start();
+    let dsn = server.url();
+    let run = |args: &[&str]| {
+        let out = xtr()
+            .args(["run", "--store", &dsn])
+            .args(args)
+            .args(["warned", "--", "true"])
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    assert_eq!(
+        run(&["-s", "--ttl", "30s"]),
+        (
+            Some(0),
+            "xtr-lock: warning: the memcached store has no shared locks; -s takes an exclusive \
+             lock\n"
+                .to_owned()
+        )
+    );
+    assert_eq!(run(&["--ttl", "30s"]), (Some(0), String::new()));
+    assert_eq!(run(&["-q", "-s"]), (Some(0), String::new()));
+    let (code, stderr) = run(&["--ttl", "none"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("the memcached store's locks expire"),
+        "{stderr}"
+    );
+    assert!(server.get("warned").is_none(), "nothing was stored");
 }

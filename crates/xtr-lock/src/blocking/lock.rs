@@ -69,7 +69,8 @@ impl Lock {
         self.acquire_with(Mode::Write, Wait::AtMost(wait))
     }
 
-    /// Tries once to take a read lock.
+    /// Tries once to take a read lock. On a store without shared locks this takes the write
+    /// lock (see [`Lockable::acquire_with`](crate::Lockable::acquire_with)).
     ///
     /// # Errors
     ///
@@ -78,7 +79,8 @@ impl Lock {
         self.acquire_with(Mode::Read, Wait::Never)
     }
 
-    /// Waits until a read lock is taken.
+    /// Waits until a read lock is taken. On a store without shared locks this takes the write
+    /// lock (see [`Lockable::acquire_with`](crate::Lockable::acquire_with)).
     ///
     /// # Errors
     ///
@@ -87,7 +89,8 @@ impl Lock {
         self.acquire_with(Mode::Read, Wait::Forever).map(|_| ())
     }
 
-    /// Waits up to `wait` for a read lock.
+    /// Waits up to `wait` for a read lock. On a store without shared locks this takes the write
+    /// lock (see [`Lockable::acquire_with`](crate::Lockable::acquire_with)).
     ///
     /// # Errors
     ///

@@ -83,7 +83,8 @@ impl LockFactory {
         })
     }
 
-    /// The same factory with `ttl` as its locks' default lifetime (`None`: no ttl).
+    /// The same factory with `ttl` as its locks' default lifetime (`None`: no ttl). Where a ttl
+    /// is used: see [`Lock::with_ttl`](crate::Lock::with_ttl).
     #[must_use]
     pub fn with_default_ttl(mut self, ttl: Option<Duration>) -> Self {
         self.inner = self.inner.with_default_ttl(ttl);

@@ -61,7 +61,8 @@ impl LockFactory {
         self
     }
 
-    /// Sets the ttl locks get by default; `None` (or zero) for none.
+    /// Sets the ttl locks get by default; `None` (or zero) for none. Where a ttl is used: see
+    /// [`Lock::with_ttl`].
     pub fn with_default_ttl(mut self, ttl: Option<Duration>) -> Self {
         self.ttl = ttl.filter(|t| !t.is_zero());
         self
@@ -189,7 +190,8 @@ impl LockFactory {
 
     /// Runs `body` under the read lock on `resource`, waiting for it, with the factory's ttl:
     /// `run(resource, RunOptions::new().shared(), body)`. Readers run together; a writer waits
-    /// for them.
+    /// for them. On a store without shared locks the body runs under the write lock (see
+    /// [`Lockable::acquire_with`](crate::Lockable::acquire_with)).
     ///
     /// # Errors
     ///
@@ -250,7 +252,8 @@ impl RunOptions {
         Self::default()
     }
 
-    /// The lock's lifetime, instead of the factory's default ttl (zero: none).
+    /// The lock's lifetime, instead of the factory's default ttl (zero: none). Where a ttl is
+    /// used: see [`Lock::with_ttl`].
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = Some(Some(ttl));
         self
@@ -273,7 +276,8 @@ impl RunOptions {
         self.wait.is_some()
     }
 
-    /// Takes a shared (read) lock instead of the write lock.
+    /// Takes a shared (read) lock instead of the write lock; on a store without shared locks,
+    /// the write lock (see [`Lockable::acquire_with`](crate::Lockable::acquire_with)).
     pub fn shared(mut self) -> Self {
         self.mode = Mode::Read;
         self

@@ -186,7 +186,8 @@ impl Lock {
     }
 
     /// Waits for the read lock and returns a guard that keeps it alive, reports its loss and
-    /// releases it: readers hold it together, a writer waits for them.
+    /// releases it: readers hold it together, a writer waits for them. On a store without
+    /// shared locks this takes the write lock (see [`acquire_with`](Lockable::acquire_with)).
     ///
     /// A holder that already holds the lock keeps it as it is when the guard goes (nesting);
     /// one holding the write lock is not demoted.

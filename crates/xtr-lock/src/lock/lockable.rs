@@ -101,7 +101,9 @@ pub trait Lockable: sealed::Sealed + Send + Sync {
     /// - Write: a reader that is the sole reader is promoted; a reader that is not keeps its
     ///   read lock and gets `Ok(false)` (or waits).
     /// - Read: shared with other readers; a writer that asks is demoted. On a store without
-    ///   shared locks this takes the write lock instead (logged at debug).
+    ///   shared locks ([`Capabilities::shared`](crate::store::Capabilities::shared) false: the
+    ///   SQL table, `GET_LOCK`, Memcached, SysV semaphores) this takes the write lock instead
+    ///   (logged at debug): readers then exclude each other.
     /// - Acquiring what the holder already holds succeeds at once.
     ///
     /// # Errors
@@ -187,7 +189,8 @@ pub trait Lockable: sealed::Sealed + Send + Sync {
         self.acquire_with(Mode::Write, Wait::AtMost(wait)).await
     }
 
-    /// Tries once to take a read lock: `acquire_with(Read, Wait::Never)`.
+    /// Tries once to take a read lock: `acquire_with(Read, Wait::Never)`. On a store without shared locks this takes the write lock (see
+    /// [`acquire_with`](Lockable::acquire_with)).
     ///
     /// # Errors
     ///
@@ -200,7 +203,8 @@ pub trait Lockable: sealed::Sealed + Send + Sync {
         self.acquire_with(Mode::Read, Wait::Never).await
     }
 
-    /// Waits until a read lock is taken: `acquire_with(Read, Wait::Forever)`.
+    /// Waits until a read lock is taken: `acquire_with(Read, Wait::Forever)`. On a store without shared locks this takes the write lock (see
+    /// [`acquire_with`](Lockable::acquire_with)).
     ///
     /// # Errors
     ///
@@ -215,7 +219,8 @@ pub trait Lockable: sealed::Sealed + Send + Sync {
             .map(|_| ())
     }
 
-    /// Waits up to `wait` for a read lock; `Ok(false)` if it did not come in time.
+    /// Waits up to `wait` for a read lock; `Ok(false)` if it did not come in time. On a store without shared locks this takes the write lock (see
+    /// [`acquire_with`](Lockable::acquire_with)).
     ///
     /// # Errors
     ///

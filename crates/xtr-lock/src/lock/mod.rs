@@ -41,7 +41,8 @@ pub struct Lock {
 }
 
 impl Lock {
-    /// A lock for `key` in `store`; a `ttl` of `None` or zero means no lifetime.
+    /// A lock for `key` in `store`; a `ttl` of `None` or zero means no lifetime (where a ttl
+    /// is used: see [`with_ttl`](Lock::with_ttl)).
     pub fn new(key: Key, store: Arc<dyn Store>, ttl: Option<Duration>) -> Self {
         key.holder().in_store(store.as_ref());
         Lock {
@@ -53,6 +54,13 @@ impl Lock {
     }
 
     /// The same holder with another ttl (`None` or zero: no lifetime).
+    ///
+    /// The ttl is used where locks expire
+    /// ([`Capabilities::expiring`](crate::store::Capabilities::expiring): Redis, the SQL table,
+    /// Memcached; these refuse a lock without one), and on etcd as the ttl of the lease the
+    /// store keeps alive for the holder (how long a dead holder's lock outlives it). Elsewhere
+    /// (flock, SysV semaphores, advisory and `GET_LOCK` sessions, pub/sub, an in-memory store
+    /// without a clock) it is not used: the lock lasts until its holder releases it or dies.
     pub fn with_ttl(mut self, ttl: Option<Duration>) -> Self {
         self.ttl = ttl.filter(|t| !t.is_zero());
         self

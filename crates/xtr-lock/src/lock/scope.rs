@@ -258,7 +258,9 @@ impl Lock {
 
     /// Waits for the read lock, runs `body` while keeping the lock alive, and releases it on the
     /// way out, as [`Lock::scoped`] does for the write lock (a body whose lock is lost is
-    /// stopped and the call returns [`ErrorKind::Lost`](crate::ErrorKind::Lost)).
+    /// stopped and the call returns [`ErrorKind::Lost`](crate::ErrorKind::Lost)). On a store
+    /// without shared locks this takes the write lock (see
+    /// [`acquire_with`](crate::Lockable::acquire_with)).
     ///
     /// # Errors
     ///

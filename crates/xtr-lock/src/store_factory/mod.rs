@@ -84,6 +84,18 @@ impl StoreFactory {
         schemes::find(dsn).map(|r| r.kind)
     }
 
+    /// Every kind of store the library knows, the default (flock) first, with whether this
+    /// build contains it ([`StoreKind::built`]): for help texts that list the stores.
+    ///
+    /// ```
+    /// let redis = xtr_lock::StoreFactory::kinds().find(|k| k.name == "redis").unwrap();
+    /// assert_eq!(redis.example, "redis://host:6379/0");
+    /// assert!(redis.schemes.contains(&"rediss"));
+    /// ```
+    pub fn kinds() -> impl Iterator<Item = StoreKind> {
+        schemes::table().iter().map(|r| r.kind)
+    }
+
     /// `dsn` as it may be shown (`config show`): the password, a Redis user name alone (which
     /// Redis takes as the password) and secret options replaced by `***`; a DSN that is not a
     /// URL shows its scheme only.
@@ -127,7 +139,7 @@ fn closest_scheme(scheme: &str) -> Option<&'static str> {
     let scheme = scheme.to_ascii_lowercase();
     schemes::table()
         .iter()
-        .flat_map(|r| r.schemes.iter().copied())
+        .flat_map(|r| r.kind.schemes.iter().copied())
         .map(|known| (crate::dsn::edits(&scheme, known), known))
         .filter(|(d, _)| *d <= 2)
         .min()

@@ -27,6 +27,14 @@ pub enum Fencing {
 pub struct StoreKind {
     /// The store's short name (`redis`, `sql`, `flock`), as in its tokens and metrics.
     pub name: &'static str,
+    /// Lower-case schemes (`redis` for `redis://…`) that name it, matched case-insensitively.
+    pub schemes: &'static [&'static str],
+    /// Colon-less keywords (`flock`, `in-memory`) that name it, matched exactly.
+    pub keywords: &'static [&'static str],
+    /// A DSN that names it, as help texts show it (`redis://host:6379/0`).
+    pub example: &'static str,
+    /// What it is, in one line of help text (at most 60 characters).
+    pub summary: &'static str,
     /// The cargo feature that builds it (empty: always built).
     pub feature: &'static str,
     /// Whether this build contains it.
@@ -41,10 +49,7 @@ pub struct StoreKind {
 
 /// One row: the schemes (or, for keywords, the exact words) a store answers to.
 pub(crate) struct Scheme {
-    /// Lower-case schemes (`redis` for `redis://…`), matched case-insensitively.
-    pub(crate) schemes: &'static [&'static str],
-    /// Colon-less keywords (`flock`, `in-memory`), matched exactly (case-sensitive).
-    pub(crate) keywords: &'static [&'static str],
+    /// What it is; its schemes and keywords are what DSNs are matched against.
     pub(crate) kind: StoreKind,
     /// Builds the store (never touching the network); `None` when the feature is off.
     pub(crate) build: Option<Build>,
@@ -69,21 +74,25 @@ const SQL_SECRETS: &[&str] = &["password", "sslkey", "ssl-key"];
 type Build = fn(&str) -> Result<Arc<dyn Store>>;
 type Check = fn(&str) -> Result<()>;
 
-/// One row: `schemes, keywords, name, cfg, fencing, tables, secret options, build, check`. The
-/// build and check functions exist only where `cfg` holds (the store is in this build).
+/// One row: `schemes, keywords, name, example, summary, cfg, fencing, tables, secret options,
+/// build, check`. The build and check functions exist only where `cfg` holds (the store is in
+/// this build).
 macro_rules! row {
-    ($schemes:expr, $keywords:expr, $name:literal, $cfg:meta, $fencing:ident, $tables:literal,
-     $secrets:expr, |$d:ident| $build:expr, $check:expr) => {{
+    ($schemes:expr, $keywords:expr, $name:literal, $example:literal, $summary:literal,
+     $cfg:meta, $fencing:ident, $tables:literal, $secrets:expr, |$d:ident| $build:expr,
+     $check:expr) => {{
         #[cfg($cfg)]
         let (build, check): (Option<Build>, Option<Check>) =
             (Some(|$d| Ok(Arc::new($build))), Some($check));
         #[cfg(not($cfg))]
         let (build, check): (Option<Build>, Option<Check>) = (None, None);
         Scheme {
-            schemes: $schemes,
-            keywords: $keywords,
             kind: StoreKind {
                 name: $name,
+                schemes: $schemes,
+                keywords: $keywords,
+                example: $example,
+                summary: $summary,
                 feature: feature_of(stringify!($cfg)),
                 built: build.is_some(),
                 fencing: Fencing::$fencing,
@@ -104,34 +113,57 @@ fn feature_of(cfg: &'static str) -> &'static str {
         .map_or("", |(feature, _)| feature)
 }
 
-/// Every store, in the order DSNs are matched.
+/// Every store, the default first. No scheme or keyword is in two rows, so the order is the
+/// one help texts list them in.
 #[rustfmt::skip]
 pub(crate) fn table() -> &'static [Scheme] {
     use crate::store as s;
     static TABLE: std::sync::OnceLock<Vec<Scheme>> = std::sync::OnceLock::new();
     TABLE.get_or_init(|| vec![
-        row!(&[], &["in-memory"], "memory", all(), PerStore, false, &[],
-            |_d| s::InMemoryStore::new(), |_| Ok(())),
-        row!(&[], &["null"], "null", all(), None, false, &[],
-            |_d| s::NullStore::new(), |_| Ok(())),
-        row!(&[], &["semaphore"], "semaphore", all(feature = "semaphore", target_os = "linux"),
-            None, false, &[], |_d| s::SemaphoreStore::new(), |_| Ok(())),
-        row!(&["flock"], &["flock"], "flock", all(feature = "flock", target_os = "linux"),
-            None, false, &[], |d| s::FlockStore::from_dsn(d)?, s::flock::config::validate_dsn),
-        row!(PUBSUB, &[], "pubsub", feature = "redis", PerResource, false, &[],
-            |d| s::RedisPubSubStore::from_dsn(d)?, s::pubsub::validate_dsn),
-        row!(REDIS, &[], "redis", feature = "redis", PerStore, false, &[],
+        row!(&["flock"], &["flock"], "flock", "flock:///var/lock/app",
+            "lock files, shared with flock(1); `flock`: the default",
+            all(feature = "flock", target_os = "linux"), None, false, &[],
+            |d| s::FlockStore::from_dsn(d)?, s::flock::config::validate_dsn),
+        row!(REDIS, &[], "redis", "redis://host:6379/0",
+            "Redis or Valkey keys with a ttl, shared with Python xtr-lock",
+            feature = "redis", PerStore, false, &[],
             |d| s::RedisStore::from_dsn(d)?, s::redis::validate_dsn),
-        row!(ADVISORY, &[], "pg-advisory", feature = "sql", None, false, SQL_SECRETS,
-            |d| s::PgAdvisoryStore::from_dsn(d)?, s::advisory::validate_dsn),
-        row!(GETLOCK, &[], "mysql-getlock", feature = "sql", None, false, SQL_SECRETS,
-            |d| s::MySqlLockStore::from_dsn(d)?, s::advisory::validate_dsn),
-        row!(&["etcd", "etcds"], &[], "etcd", feature = "etcd", PerStore, false, &[],
-            |d| s::EtcdStore::from_dsn(d)?, s::etcd::validate_dsn),
-        row!(&["memcached"], &[], "memcached", feature = "memcached", None, false, &[],
-            |d| s::MemcachedStore::from_dsn(d)?, s::memcached::validate_dsn),
-        row!(SQL, &[], "sql", feature = "sql", PerResource, true, SQL_SECRETS,
+        row!(PUBSUB, &[], "pubsub", "redis+pubsub://host:6379",
+            "a live Redis connection, shared with portalocker",
+            feature = "redis", PerResource, false, &[],
+            |d| s::RedisPubSubStore::from_dsn(d)?, s::pubsub::validate_dsn),
+        row!(SQL, &[], "sql", "postgres://user@host/db",
+            "a lock table, shared with Symfony's PdoStore (`migrate`)",
+            feature = "sql", PerResource, true, SQL_SECRETS,
             |d| s::SqlStore::from_dsn(d)?, s::sql::validate_dsn),
+        row!(ADVISORY, &[], "pg-advisory", "postgresql+advisory://user@host/db",
+            "PostgreSQL advisory locks, held by a session",
+            feature = "sql", None, false, SQL_SECRETS,
+            |d| s::PgAdvisoryStore::from_dsn(d)?, s::advisory::validate_dsn),
+        row!(GETLOCK, &[], "mysql-getlock", "mysql+getlock://user@host/db",
+            "MySQL/MariaDB GET_LOCK, held by a session",
+            feature = "sql", None, false, SQL_SECRETS,
+            |d| s::MySqlLockStore::from_dsn(d)?, s::advisory::validate_dsn),
+        row!(&["etcd", "etcds"], &[], "etcd", "etcd://host:2379",
+            "etcd's lock recipe on a lease, shared with etcdctl lock",
+            feature = "etcd", PerStore, false, &[],
+            |d| s::EtcdStore::from_dsn(d)?, s::etcd::validate_dsn),
+        row!(&["memcached"], &[], "memcached", "memcached://host:11211",
+            "Memcached entries with a ttl, shared with Symfony Lock",
+            feature = "memcached", None, false, &[],
+            |d| s::MemcachedStore::from_dsn(d)?, s::memcached::validate_dsn),
+        row!(&[], &["semaphore"], "semaphore", "semaphore",
+            "SysV semaphores, shared with PHP's sysvsem (Linux)",
+            all(feature = "semaphore", target_os = "linux"), None, false, &[],
+            |_d| s::SemaphoreStore::new(), |_| Ok(())),
+        row!(&[], &["in-memory"], "memory", "in-memory",
+            "locks in this process only (for tests)",
+            all(), PerStore, false, &[],
+            |_d| s::InMemoryStore::new(), |_| Ok(())),
+        row!(&[], &["null"], "null", "null",
+            "locks nothing: every lock is granted (for tests)",
+            all(), None, false, &[],
+            |_d| s::NullStore::new(), |_| Ok(())),
     ])
 }
 
@@ -142,8 +174,8 @@ pub(crate) fn find(dsn: &str) -> Option<&'static Scheme> {
             let scheme = scheme.to_ascii_lowercase();
             table()
                 .iter()
-                .find(|r| r.schemes.contains(&scheme.as_str()))
+                .find(|r| r.kind.schemes.contains(&scheme.as_str()))
         }
-        None => table().iter().find(|r| r.keywords.contains(&dsn)),
+        None => table().iter().find(|r| r.kind.keywords.contains(&dsn)),
     }
 }

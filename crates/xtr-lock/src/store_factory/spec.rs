@@ -146,7 +146,7 @@ fn split_list(text: &str) -> Vec<String> {
 fn starts_dsn(piece: &str) -> bool {
     if super::schemes::table()
         .iter()
-        .any(|r| r.keywords.contains(&piece))
+        .any(|r| r.kind.keywords.contains(&piece))
     {
         return true;
     }

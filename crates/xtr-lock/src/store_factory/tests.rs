@@ -80,8 +80,8 @@ fn a_path_is_not_a_store() {
 fn every_scheme_names_one_row() {
     let mut seen = std::collections::BTreeSet::new();
     for row in schemes::table() {
-        let schemes = row.schemes.iter().map(|s| (s, "scheme"));
-        for (name, what) in schemes.chain(row.keywords.iter().map(|k| (k, "keyword"))) {
+        let schemes = row.kind.schemes.iter().map(|s| (s, "scheme"));
+        for (name, what) in schemes.chain(row.kind.keywords.iter().map(|k| (k, "keyword"))) {
             assert!(seen.insert((*name, what)), "{what} {name} is in two rows");
             assert_eq!(*name, name.to_ascii_lowercase(), "{name}");
         }
@@ -101,6 +101,30 @@ fn every_scheme_names_one_row() {
         StoreFactory::kind("FLOCK").is_none(),
         "keywords are case-sensitive"
     );
+}
+
+/// What help texts show of a kind is true of it: its example names it (and, built, is a valid
+/// DSN), its summary fits on a line.
+#[test]
+fn every_kind_has_an_example_that_names_it_and_a_one_line_summary() {
+    let kinds: Vec<_> = StoreFactory::kinds().collect();
+    assert_eq!(kinds.len(), schemes::table().len());
+    assert_eq!(kinds[0].name, "flock", "the default comes first");
+    for kind in kinds {
+        assert_eq!(
+            StoreFactory::kind(kind.example).map(|k| k.name),
+            Some(kind.name)
+        );
+        if kind.built {
+            StoreFactory::validate(kind.example).unwrap();
+        }
+        assert!(
+            !kind.summary.is_empty() && kind.summary.len() <= 60,
+            "{}: {:?}",
+            kind.name,
+            kind.summary
+        );
+    }
 }
 
 #[cfg(feature = "redis")]

@@ -110,6 +110,7 @@ pub(crate) async fn run(store: StoreConfig, settings: RunSettings) -> Result<Exi
                 "resource": args.resource,
                 "mode": lock.held_mode().map(mode_name),
                 "fencing_token": lock.fencing_token(),
+                "ttl_ms": lock.ttl().map(|t| t.as_millis()),
                 "waited_ms": took.as_secs_f64() * 1e3,
             }),
         );
@@ -202,7 +203,7 @@ async fn supervise(args: &RunArgs, lock: &Lock, signals: &mut Signals) -> Result
     let mut lease = LeaseView::default();
     lease.tell(lock, store.as_ref(), &child);
     // Often enough that the supervisor's view lags the renewals by little.
-    let mut lease_ticks = tokio::time::interval(lease.tick(args.take.ttl));
+    let mut lease_ticks = tokio::time::interval(lease.tick(lock.ttl()));
     loop {
         tokio::select! {
             _ = lease_ticks.tick() => lease.tell(lock, store.as_ref(), &child),
@@ -326,11 +327,12 @@ impl LeaseView {
     }
 
     /// How often to tell: a tenth of the lease (of `ttl` before any is known), 10–250 ms.
-    fn tick(&self, ttl: Duration) -> Duration {
-        let lease = if self.longest.is_zero() {
-            ttl
-        } else {
-            self.longest
+    fn tick(&self, ttl: Option<Duration>) -> Duration {
+        let lease = match ttl {
+            _ if !self.longest.is_zero() => self.longest,
+            Some(ttl) => ttl,
+            // No lifetime of the lock's own: a lease, if any, is the store's (etcd, pub/sub).
+            None => Duration::MAX,
         };
         (lease / 10).clamp(Duration::from_millis(10), Duration::from_millis(250))
     }

@@ -349,7 +349,7 @@ pub(crate) const STORE_ENV: &str = "XTR_LOCK_STORE";
 
 impl Source {
     /// The first of: `--store`, `--config` (or `--use` with `$XTR_LOCK_CONFIG`),
-    /// `$XTR_LOCK_STORE`, `$XTR_LOCK_CONFIG`, flock.
+    /// `$XTR_LOCK_STORE`, `$XTR_LOCK_CONFIG` (its entry `$XTR_LOCK_USE`, else its default), flock.
     pub(crate) fn of(args: &StoreArgs) -> Result<Source> {
         if !args.store.is_empty() {
             let dsns: Vec<String> = args.store.iter().flat_map(|s| split_dsns(s)).collect();
@@ -378,11 +378,41 @@ impl Source {
                 return Err(anyhow!("${STORE_ENV} is not valid UTF-8"));
             }
         }
-        match file::path(None) {
-            Some(path) => Ok(Source::Config(Box::new(Configured::open(
-                &path, false, None,
+        let entry = file::entry_from_env()?;
+        match (file::path(None), entry) {
+            (Some(path), entry) => Ok(Source::Config(Box::new(Configured::open(
+                &path,
+                false,
+                entry.as_deref(),
             )?))),
-            None => Ok(Source::Default),
+            (None, Some(_)) => Err(anyhow!(
+                "${} names an entry of a lock configuration file, and ${} names none",
+                file::USE_ENV,
+                file::CONFIG_ENV
+            )),
+            (None, None) => Ok(Source::Default),
+        }
+    }
+
+    /// What `run`'s command gets in its environment so that a nested `xtr-lock` finds this
+    /// store (each variable set, or removed with `None`): `--store`'s DSNs as
+    /// `$XTR_LOCK_STORE`, a password included (the command line showed it already; the
+    /// environment is readable by the same user only); a configuration entry as
+    /// `$XTR_LOCK_CONFIG` (absolute: the command may change directory) and `$XTR_LOCK_USE`,
+    /// without `$XTR_LOCK_STORE`, which would win over them. A store the environment named, or
+    /// the default, is found again as it was.
+    pub(crate) fn nested_environment(&self) -> Vec<(&'static str, Option<OsString>)> {
+        match self {
+            Source::Flag(dsns) => vec![(STORE_ENV, Some(dsns.join(",").into()))],
+            Source::Config(c) => {
+                let path = std::path::absolute(&c.path).unwrap_or_else(|_| c.path.clone());
+                vec![
+                    (STORE_ENV, None),
+                    (file::CONFIG_ENV, Some(path.into_os_string())),
+                    (file::USE_ENV, Some(c.entry.clone().into())),
+                ]
+            }
+            Source::Env(_) | Source::Default => Vec::new(),
         }
     }
 

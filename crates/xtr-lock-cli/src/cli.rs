@@ -17,7 +17,9 @@ Examples:
 
 /// What `run --help` adds: the command's environment, the ttl, the exit codes, examples.
 const RUN_HELP: &str = "\
-The command's environment (the caller's own, XTR_LOCK_STORE included, plus):
+The command's environment (the caller's own, plus what names the store run used, so that a nested
+xtr-lock uses it too: XTR_LOCK_STORE for --store, with its password if it has one; XTR_LOCK_CONFIG
+and XTR_LOCK_USE for --config/--use):
   XTR_LOCK_RESOURCE       the resource locked
   XTR_LOCK_MODE           write or read
   XTR_LOCK_FENCING_TOKEN  the lock's fencing token, where the store gives one (Redis): pass it to
@@ -80,7 +82,8 @@ pub(crate) struct StoreArgs {
     #[arg(long, value_name = "FILE", conflicts_with = "store")]
     pub config: Option<PathBuf>,
 
-    /// The entry of the configuration file to use (default: the file's `default`).
+    /// The entry of the configuration file to use (default: the file's `default`; for the
+    /// file of $XTR_LOCK_CONFIG, $XTR_LOCK_USE first).
     #[arg(long = "use", value_name = "NAME", conflicts_with = "store")]
     pub use_entry: Option<String>,
 }

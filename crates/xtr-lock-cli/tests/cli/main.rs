@@ -10,5 +10,6 @@ mod config;
 mod dropin;
 mod hostile;
 mod multiuser;
+mod nested;
 mod run_lifecycle;
 mod terminal;

@@ -54,7 +54,7 @@ impl Child {
     /// 127), after saying why on stderr.
     pub(super) fn start(
         command: &[OsString],
-        env: &[(&str, Option<String>)],
+        env: &[(&str, Option<OsString>)],
         tie: Tie,
     ) -> Result<std::result::Result<Child, Exit>> {
         let exits = signal(SignalKind::child()).context("cannot watch for the command's exit")?;

@@ -17,12 +17,15 @@ use crate::file::{self, Configured};
 pub(crate) enum Settings {
     /// `run`: take the lock, run the command, release.
     Run(RunSettings),
-    /// `acquire`: take the lock and print its key.
+    /// `acquire`: take the lock and print its key, or with `fd`, lock that descriptor.
     Acquire {
         source: Source,
         take: Take,
         resource: String,
+        fd: Option<crate::cmd::fd::Inherited>,
     },
+    /// `path`: the lock file of a resource on the flock store.
+    Path { source: Source, resource: String },
     /// `release`: the key's lock released.
     Release { source: Source, key: Option<String> },
     /// `refresh`: the key's lock given `ttl` more, from now.
@@ -118,12 +121,14 @@ impl Settings {
                 shell,
                 close,
                 unlock,
+                no_fork,
                 json,
                 resource,
                 command,
             } => {
                 crate::output::set_json(json);
-                let command = command_line(unlock, shell, command, &resource)?;
+                refuse_flock_only(unlock, no_fork)?;
+                let command = command_line(shell, command, &resource)?;
                 let source = Source::of(&store)?;
                 let take = Take::from_args(&wait, &source)?;
                 let kill_after = duration("--kill-after", &kill_after)?;
@@ -139,6 +144,7 @@ impl Settings {
             Command::Acquire {
                 store,
                 wait,
+                fd,
                 resource,
             } => {
                 let source = Source::of(&store)?;
@@ -147,6 +153,14 @@ impl Settings {
                     resource: source.resource(&resource),
                     source,
                     take,
+                    fd: fd.map(crate::cmd::fd::Inherited::take).transpose()?,
+                }
+            }
+            Command::Path { store, resource } => {
+                let source = Source::of(&store)?;
+                Settings::Path {
+                    resource: source.resource(&resource),
+                    source,
                 }
             }
             Command::Release { store, key } => Settings::Release {
@@ -223,20 +237,41 @@ impl Settings {
     }
 }
 
-/// The command `run` runs: its words, or `sh -c` and the line given with `-c`; refused with
-/// `-u` (flock(1)'s unlock of a descriptor).
-fn command_line(
-    unlock: bool,
-    shell: Option<OsString>,
-    command: Vec<OsString>,
-    resource: &str,
-) -> Result<Vec<OsString>> {
+/// Refuses flock(1)'s `-u` (unlock a descriptor) and `-F` (exec the command in flock's place),
+/// saying what to do instead.
+fn refuse_flock_only(unlock: bool, no_fork: bool) -> Result<()> {
     if unlock {
         return Err(anyhow!(
-            "-u/--unlock drops a lock held on a descriptor (flock -u FD), and xtr-lock \
-             holds none for you: `run` releases when the command exits, and a lock \
-             taken with `xtr-lock acquire` is released with `xtr-lock release KEY`"
+            "-u/--unlock drops a lock held on a descriptor (flock -u FD), and `run` holds \
+             none for you: it releases when the command exits; a lock taken with `xtr-lock \
+             acquire` is released with `xtr-lock release KEY`, one taken with `acquire --fd N` \
+             by closing the descriptor (exec N>&-)"
         ));
+    }
+    if no_fork {
+        return Err(anyhow!(
+            "-F/--no-fork would put the command in xtr-lock's place, and xtr-lock stays to \
+             watch the lock and release it when the command exits: leave -F out (on flock the \
+             command holds the lock's descriptor, as under -F), or lock a descriptor of your \
+             shell and exec the command yourself: exec 9>\"$(xtr-lock path R)\"; xtr-lock \
+             acquire --fd 9 R && exec COMMAND"
+        ));
+    }
+    Ok(())
+}
+
+/// The command `run` runs: its words, or `sh -c` and the line given with `-c`.
+///
+/// clap ends the options at the first `--`, so in `run -- -x -- COMMAND` (a resource that
+/// starts with `-`) the second `--` reaches the command's words: it only separates them from
+/// the resource, as after a resource without a dash (no command is called `--`).
+fn command_line(
+    shell: Option<OsString>,
+    mut command: Vec<OsString>,
+    resource: &str,
+) -> Result<Vec<OsString>> {
+    if command.first().is_some_and(|w| w == "--") {
+        command.remove(0);
     }
     match (shell, command.is_empty()) {
         (Some(line), true) => Ok(vec!["sh".into(), "-c".into(), line]),

@@ -228,6 +228,9 @@ pub(crate) enum Command {
         /// message): xtr-lock releases when COMMAND exits.
         #[arg(short = 'u', long = "unlock", hide = true)]
         unlock: bool,
+        /// flock(1)'s --no-fork, which execs COMMAND in flock's place; refused (see the message).
+        #[arg(short = 'F', long = "no-fork", hide = true)]
+        no_fork: bool,
         /// Report what happens as JSON lines on stderr (waiting, acquired, lost, released,
         /// exit) instead of sentences.
         #[arg(long)]
@@ -252,7 +255,20 @@ pub(crate) enum Command {
         store: StoreArgs,
         #[command(flatten)]
         wait: WaitArgs,
+        /// Lock descriptor N of the calling shell instead of printing a key (flock(1)'s `flock
+        /// 9`; the flock store only): open the lock file on it first, exec 9>"$(xtr-lock path
+        /// RESOURCE)". The lock lasts until the shell closes it (exec 9>&-) or exits.
+        #[arg(long, value_name = "N")]
+        fd: Option<i32>,
         /// The resource to lock.
+        resource: String,
+    },
+    /// Print the lock file of RESOURCE on the flock store, for a shell to open and lock:
+    /// exec 9>"$(xtr-lock path RESOURCE)"; xtr-lock acquire --fd 9 -n RESOURCE (or flock -n 9).
+    Path {
+        #[command(flatten)]
+        store: StoreArgs,
+        /// The resource.
         resource: String,
     },
     /// Release the lock a key (argument or stdin) holds.

@@ -28,6 +28,9 @@ fn main() -> ExitCode {
         return code; // started by `run` to become its command, and could not
     }
     let cli = Cli::parse(); // usage errors: clap prints them and exits 2
+    // Before the runtime opens descriptors of its own: `acquire --fd N` takes hold of the
+    // caller's descriptor N before a number the caller left free can be reused here.
+    let settings = Settings::from_args(cli);
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -38,7 +41,7 @@ fn main() -> ExitCode {
             return ExitCode::from(exit::ERROR);
         }
     };
-    let outcome = runtime.block_on(async { cmd::dispatch(Settings::from_args(cli)?).await });
+    let outcome = runtime.block_on(async { cmd::dispatch(settings?).await });
     let code = match outcome {
         Ok(exit) => exit.code(),
         Err(err) => {

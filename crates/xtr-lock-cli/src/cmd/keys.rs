@@ -32,7 +32,7 @@ pub(crate) async fn acquire(
     let lock = store.lock(resource, take.ttl);
     let Some(waited) = super::take(&lock, &store, &take).await? else {
         if !take.quiet {
-            eprintln!("{}", super::conflict_message(&lock, &take));
+            eprintln!("{}", super::conflict_message(lock.resource(), &take));
         }
         return Ok(Exit::Conflict(take.conflict_exit_code));
     };

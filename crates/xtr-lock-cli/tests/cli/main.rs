@@ -8,6 +8,7 @@ mod common;
 mod commands;
 mod config;
 mod dropin;
+mod flock_habits;
 mod hostile;
 mod multiuser;
 mod nested;

@@ -102,7 +102,7 @@ pub(crate) async fn run(store: StoreConfig, settings: RunSettings) -> Result<Exi
         if output::json() {
             output::event("conflict", json!({"resource": args.resource}));
         } else if !args.take.quiet {
-            eprintln!("{}", super::conflict_message(&lock, &args.take));
+            eprintln!("{}", super::conflict_message(lock.resource(), &args.take));
         }
         return Ok(Exit::Conflict(args.take.conflict_exit_code));
     };

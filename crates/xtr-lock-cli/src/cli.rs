@@ -247,9 +247,9 @@ pub(crate) enum Command {
     },
     /// Take a lock and print its key, for `release`/`refresh`/`status --key` in another process.
     ///
-    /// The key (one line of JSON) names the store it was made on, without credentials, and the
-    /// lock's fencing token; `release`, `refresh` and `status --key` use that store unless
-    /// --store names one (which must be the same store: with credentials, say).
+    /// The key (one line of JSON) names the store it was made on, with its user name but never
+    /// a password, and the lock's fencing token; `release`, `refresh` and `status --key` use
+    /// that store unless --store or $XTR_LOCK_STORE names it with its password.
     Acquire {
         #[command(flatten)]
         store: StoreArgs,

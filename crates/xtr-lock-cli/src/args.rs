@@ -146,16 +146,7 @@ impl Settings {
                 wait,
                 fd,
                 resource,
-            } => {
-                let source = Source::of(&store)?;
-                let take = Take::from_args(&wait, &source)?;
-                Settings::Acquire {
-                    resource: source.resource(&resource),
-                    source,
-                    take,
-                    fd: fd.map(crate::cmd::fd::Inherited::take).transpose()?,
-                }
-            }
+            } => Settings::acquire(&store, &wait, fd, &resource)?,
             Command::Path { store, resource } => {
                 let source = Source::of(&store)?;
                 Settings::Path {
@@ -197,6 +188,23 @@ impl Settings {
             },
             Command::Config { command } => Settings::config(command)?,
             Command::Completions { shell } => Settings::Completions(shell),
+        })
+    }
+
+    /// `acquire`: with `--fd N`, the caller's descriptor N taken hold of now.
+    fn acquire(
+        store: &StoreArgs,
+        wait: &WaitArgs,
+        fd: Option<i32>,
+        resource: &str,
+    ) -> Result<Settings> {
+        let source = Source::of(store)?;
+        let take = Take::from_args(wait, &source)?;
+        Ok(Settings::Acquire {
+            resource: source.resource(resource),
+            source,
+            take,
+            fd: fd.map(crate::cmd::fd::Inherited::take).transpose()?,
         })
     }
 

@@ -203,7 +203,8 @@ pub(crate) enum Command {
     /// lost (its key deleted, its lock file replaced, its lease run out), the group gets
     /// SIGTERM, then SIGKILL after --kill-after, and xtr-lock exits 3; a lock found lost when
     /// COMMAND ends is exit 3 too. On flock COMMAND inherits the locked file (unless -o), so
-    /// the lock lasts while it runs even if xtr-lock is killed; elsewhere COMMAND is stopped if
+    /// the lock lasts while it runs even if xtr-lock is killed (not its whole process group,
+    /// which stops COMMAND, as flock(1)'s); elsewhere COMMAND is stopped if
     /// xtr-lock dies, and, where the lock is a lease, before the lease ends if xtr-lock could
     /// not renew it (stopped or starved).
     #[command(after_help = format!("{RUN_HELP}\n\n{}", crate::exit::TABLE))]

@@ -12,6 +12,7 @@ mod handoff;
 mod lease;
 mod output;
 mod procs;
+mod sentinel;
 mod stdio;
 mod store;
 mod trampoline;
@@ -26,6 +27,9 @@ use cli::Cli;
 fn main() -> ExitCode {
     if let Some(code) = trampoline::run_if_asked() {
         return code; // started by `run` to become its command, and could not
+    }
+    if let Some(code) = sentinel::run_if_asked() {
+        return code; // started by `run` to stand for its process group
     }
     let cli = Cli::parse(); // usage errors: clap prints them and exits 2
     // Before the runtime opens descriptors of its own: `acquire --fd N` takes hold of the

@@ -248,7 +248,10 @@ fn tie(args: &RunArgs, lock: &Lock) -> Result<Tie> {
         return Ok(Tie::None);
     }
     Ok(match store.inheritable_descriptors(lock.key())? {
-        Some(fds) if !args.close => Tie::Descriptors(fds),
+        Some(fds) if !args.close => Tie::Descriptors {
+            fds,
+            grace: args.kill_after,
+        },
         _ => Tie::ParentDeath {
             grace: args.kill_after,
             // A lease that xtr-lock renews (itself, or the store for it, as etcd's): the

@@ -17,12 +17,15 @@ use crate::file::{self, Configured, Origin};
 pub(crate) enum Settings {
     /// `run`: take the lock, run the command, release.
     Run(RunSettings),
-    /// `acquire`: take the lock and print its key.
+    /// `acquire`: take the lock and print its key, or with `fd`, lock that descriptor.
     Acquire {
         source: Source,
         take: Take,
         resource: String,
+        fd: Option<crate::cmd::fd::Inherited>,
     },
+    /// `path`: the lock file of a resource on the flock store.
+    Path { source: Source, resource: String },
     /// `release`: the key's lock released.
     Release { source: Source, key: Option<String> },
     /// `refresh`: the key's lock given `ttl` more, from now.
@@ -118,12 +121,14 @@ impl Settings {
                 shell,
                 close,
                 unlock,
+                no_fork,
                 json,
                 resource,
                 command,
             } => {
                 crate::output::set_json(json);
-                let command = command_line(unlock, shell, command, &resource)?;
+                refuse_flock_only(unlock, no_fork)?;
+                let command = command_line(shell, command, &resource)?;
                 let source = Source::of(&store)?;
                 let take = Take::from_args(&wait, &source)?;
                 let kill_after = duration("--kill-after", &kill_after)?;
@@ -139,14 +144,14 @@ impl Settings {
             Command::Acquire {
                 store,
                 wait,
+                fd,
                 resource,
-            } => {
+            } => Settings::acquire(&store, &wait, fd, &resource)?,
+            Command::Path { store, resource } => {
                 let source = Source::of(&store)?;
-                let take = Take::from_args(&wait, &source)?;
-                Settings::Acquire {
+                Settings::Path {
                     resource: source.resource(&resource),
                     source,
-                    take,
                 }
             }
             Command::Release { store, key } => Settings::Release {
@@ -191,6 +196,23 @@ impl Settings {
         })
     }
 
+    /// `acquire`: with `--fd N`, the caller's descriptor N taken hold of now.
+    fn acquire(
+        store: &StoreArgs,
+        wait: &WaitArgs,
+        fd: Option<i32>,
+        resource: &str,
+    ) -> Result<Settings> {
+        let source = Source::of(store)?;
+        let take = Take::from_args(wait, &source)?;
+        Ok(Settings::Acquire {
+            resource: source.resource(resource),
+            source,
+            take,
+            fd: fd.map(crate::cmd::fd::Inherited::take).transpose()?,
+        })
+    }
+
     /// `status`: of a key (`--key`), else of the resource clap made sure of.
     fn status(
         source: Source,
@@ -228,20 +250,41 @@ impl Settings {
     }
 }
 
-/// The command `run` runs: its words, or `sh -c` and the line given with `-c`; refused with
-/// `-u` (flock(1)'s unlock of a descriptor).
-fn command_line(
-    unlock: bool,
-    shell: Option<OsString>,
-    command: Vec<OsString>,
-    resource: &str,
-) -> Result<Vec<OsString>> {
+/// Refuses flock(1)'s `-u` (unlock a descriptor) and `-F` (exec the command in flock's place),
+/// saying what to do instead.
+fn refuse_flock_only(unlock: bool, no_fork: bool) -> Result<()> {
     if unlock {
         return Err(anyhow!(
-            "-u/--unlock drops a lock held on a descriptor (flock -u FD), and xtr-lock \
-             holds none for you: `run` releases when the command exits, and a lock \
-             taken with `xtr-lock acquire` is released with `xtr-lock release KEY`"
+            "-u/--unlock drops a lock held on a descriptor (flock -u FD), and `run` holds \
+             none for you: it releases when the command exits; a lock taken with `xtr-lock \
+             acquire` is released with `xtr-lock release KEY`, one taken with `acquire --fd N` \
+             by closing the descriptor (exec N>&-)"
         ));
+    }
+    if no_fork {
+        return Err(anyhow!(
+            "-F/--no-fork would put the command in xtr-lock's place, and xtr-lock stays to \
+             watch the lock and release it when the command exits: leave -F out (on flock the \
+             command holds the lock's descriptor, as under -F), or lock a descriptor of your \
+             shell and exec the command yourself: exec 9>\"$(xtr-lock path R)\"; xtr-lock \
+             acquire --fd 9 R && exec COMMAND"
+        ));
+    }
+    Ok(())
+}
+
+/// The command `run` runs: its words, or `sh -c` and the line given with `-c`.
+///
+/// clap ends the options at the first `--`, so in `run -- -x -- COMMAND` (a resource that
+/// starts with `-`) the second `--` reaches the command's words: it only separates them from
+/// the resource, as after a resource without a dash (no command is called `--`).
+fn command_line(
+    shell: Option<OsString>,
+    mut command: Vec<OsString>,
+    resource: &str,
+) -> Result<Vec<OsString>> {
+    if command.first().is_some_and(|w| w == "--") {
+        command.remove(0);
     }
     match (shell, command.is_empty()) {
         (Some(line), true) => Ok(vec!["sh".into(), "-c".into(), line]),
@@ -381,7 +424,7 @@ pub(crate) const STORE_ENV: &str = "XTR_LOCK_STORE";
 
 impl Source {
     /// The first of: `--store`, `--config` (or `--use` with `$XTR_LOCK_CONFIG`),
-    /// `$XTR_LOCK_STORE`, `$XTR_LOCK_CONFIG`, flock.
+    /// `$XTR_LOCK_STORE`, `$XTR_LOCK_CONFIG` (its entry `$XTR_LOCK_USE`, else its default), flock.
     pub(crate) fn of(args: &StoreArgs) -> Result<Source> {
         if !args.store.is_empty() {
             let dsns: Vec<String> = args.store.iter().flat_map(|s| split_dsns(s)).collect();
@@ -410,11 +453,41 @@ impl Source {
                 return Err(anyhow!("${STORE_ENV} is not valid UTF-8"));
             }
         }
-        match file::path(None) {
-            Some(path) => Ok(Source::Config(Box::new(Configured::open(
-                &path, false, None,
+        let entry = file::entry_from_env()?;
+        match (file::path(None), entry) {
+            (Some(path), entry) => Ok(Source::Config(Box::new(Configured::open(
+                &path,
+                false,
+                entry.as_deref(),
             )?))),
-            None => Ok(Source::Default),
+            (None, Some(_)) => Err(anyhow!(
+                "${} names an entry of a lock configuration file, and ${} names none",
+                file::USE_ENV,
+                file::CONFIG_ENV
+            )),
+            (None, None) => Ok(Source::Default),
+        }
+    }
+
+    /// What `run`'s command gets in its environment so that a nested `xtr-lock` finds this
+    /// store (each variable set, or removed with `None`): `--store`'s DSNs as
+    /// `$XTR_LOCK_STORE`, a password included (the command line showed it already; the
+    /// environment is readable by the same user only); a configuration entry as
+    /// `$XTR_LOCK_CONFIG` (absolute: the command may change directory) and `$XTR_LOCK_USE`,
+    /// without `$XTR_LOCK_STORE`, which would win over them. A store the environment named, or
+    /// the default, is found again as it was.
+    pub(crate) fn nested_environment(&self) -> Vec<(&'static str, Option<OsString>)> {
+        match self {
+            Source::Flag(dsns) => vec![(STORE_ENV, Some(dsns.join(",").into()))],
+            Source::Config(c) => {
+                let path = std::path::absolute(&c.path).unwrap_or_else(|_| c.path.clone());
+                vec![
+                    (STORE_ENV, None),
+                    (file::CONFIG_ENV, Some(path.into_os_string())),
+                    (file::USE_ENV, Some(c.entry.clone().into())),
+                ]
+            }
+            Source::Env(_) | Source::Default => Vec::new(),
         }
     }
 

@@ -9,7 +9,9 @@ use clap::{Args, Parser, Subcommand};
 /// What `run --help` adds: the command's environment, the ttl (then the stores that give
 /// fencing tokens, examples and the exit codes).
 const RUN_HELP: &str = "\
-The command's environment (the caller's own, XTR_LOCK_STORE included, plus):
+The command's environment (the caller's own, plus what names the store run used, so that a nested
+xtr-lock uses it too: XTR_LOCK_STORE for --store, with its password if it has one; XTR_LOCK_CONFIG
+and XTR_LOCK_USE for --config/--use):
   XTR_LOCK_RESOURCE       the resource locked
   XTR_LOCK_MODE           write or read
   XTR_LOCK_FENCING_TOKEN  the lock's fencing token, where the store gives one (below): pass it to
@@ -51,7 +53,8 @@ pub(crate) struct StoreArgs {
     #[arg(long, value_name = "FILE", conflicts_with = "store")]
     pub config: Option<PathBuf>,
 
-    /// The entry of the configuration file to use (default: the file's `default`).
+    /// The entry of the configuration file to use (default: the file's `default`; for the
+    /// file of $XTR_LOCK_CONFIG, $XTR_LOCK_USE first).
     #[arg(
         long = "use",
         value_name = "NAME",
@@ -198,7 +201,8 @@ pub(crate) enum Command {
     /// lost (its key deleted, its lock file replaced, its lease run out), the group gets
     /// SIGTERM, then SIGKILL after --kill-after, and xtr-lock exits 3; a lock found lost when
     /// COMMAND ends is exit 3 too. On flock COMMAND inherits the locked file (unless -o), so
-    /// the lock lasts while it runs even if xtr-lock is killed; elsewhere COMMAND is stopped if
+    /// the lock lasts while it runs even if xtr-lock is killed (not its whole process group,
+    /// which stops COMMAND, as flock(1)'s); elsewhere COMMAND is stopped if
     /// xtr-lock dies, and, where the lock is a lease, before the lease ends if xtr-lock could
     /// not renew it (stopped or starved).
     #[command(
@@ -236,6 +240,9 @@ pub(crate) enum Command {
         /// message): xtr-lock releases when COMMAND exits.
         #[arg(short = 'u', long = "unlock", hide = true)]
         unlock: bool,
+        /// flock(1)'s --no-fork, which execs COMMAND in flock's place; refused (see the message).
+        #[arg(short = 'F', long = "no-fork", hide = true)]
+        no_fork: bool,
         /// Report what happens as JSON lines on stderr
         ///
         /// Events instead of sentences: waiting, acquired (with the ttl), conflict, lost,
@@ -255,15 +262,28 @@ pub(crate) enum Command {
     /// Take a lock and print its key (for release, refresh and status --key elsewhere).
     ///
     /// The lock is not renewed: it lasts its ttl unless `refresh` extends it. The key (one line
-    /// of JSON) names the store it was made on, without credentials, and the lock's fencing
-    /// token; `release`, `refresh` and `status --key` use that store unless
-    /// --store names one (which must be the same store: with credentials, say).
+    /// of JSON) names the store it was made on, with its user name but never a password, and the
+    /// lock's fencing token; `release`, `refresh` and `status --key` use that store unless
+    /// --store or $XTR_LOCK_STORE names it with its password.
     Acquire {
         #[command(flatten)]
         store: StoreArgs,
         #[command(flatten)]
         wait: WaitArgs,
+        /// Lock descriptor N of the calling shell instead of printing a key (flock(1)'s `flock
+        /// 9`; the flock store only): open the lock file on it first, exec 9>"$(xtr-lock path
+        /// RESOURCE)". The lock lasts until the shell closes it (exec 9>&-) or exits.
+        #[arg(long, value_name = "N")]
+        fd: Option<i32>,
         /// The resource to lock.
+        resource: String,
+    },
+    /// Print the lock file of RESOURCE on the flock store, for a shell to open and lock:
+    /// exec 9>"$(xtr-lock path RESOURCE)"; xtr-lock acquire --fd 9 -n RESOURCE (or flock -n 9).
+    Path {
+        #[command(flatten)]
+        store: StoreArgs,
+        /// The resource.
         resource: String,
     },
     /// Release the lock a key (argument or stdin) holds.

@@ -9,6 +9,10 @@ use xtr_lock::config::{CheckedConfig, CheckedEntry, DEFAULT_ENTRY, Entry, LocksC
 /// The environment variable a configuration file is read from when `--config` is absent.
 pub(crate) const CONFIG_ENV: &str = "XTR_LOCK_CONFIG";
 
+/// The environment variable naming the entry of `$XTR_LOCK_CONFIG`'s file when `--use` is
+/// absent: what `run` sets for a nested `xtr-lock` when it was given `--config`/`--use`.
+pub(crate) const USE_ENV: &str = "XTR_LOCK_USE";
+
 /// A configuration file read and checked.
 pub(crate) struct Loaded {
     pub path: PathBuf,
@@ -126,6 +130,15 @@ pub(crate) fn path(flag: Option<&Path>) -> Option<PathBuf> {
     std::env::var_os(CONFIG_ENV)
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)
+}
+
+/// The entry `$XTR_LOCK_USE` names, if it is set.
+pub(crate) fn entry_from_env() -> Result<Option<String>> {
+    match std::env::var(USE_ENV) {
+        Ok(name) if !name.trim().is_empty() => Ok(Some(name)),
+        Ok(_) | Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(_)) => Err(anyhow!("${USE_ENV} is not valid UTF-8")),
+    }
 }
 
 /// One entry of a configuration file, as a command uses it.

@@ -8,9 +8,10 @@
 //!  "lock":{"v":1,"resource":"job:7","remaining_ms":600000,"tokens":{"redis":"…"}}}
 //! ```
 //!
-//! `store` lists where the lock lives as DSNs without credentials (several: a quorum), so a key
-//! alone is enough to release it; a `--store` given with it must name the same stores (it may
-//! add the credentials). The library's bare form (what an older `acquire` printed) is still
+//! `store` lists where the lock lives as DSNs without a password (several: a quorum), with the
+//! user name the lock was taken as (`postgres://app@db:5432/app`), so a key alone is enough to
+//! release it where no password is needed; a `--store` given with it must name the same stores
+//! (it may add the password). The library's bare form (what an older `acquire` printed) is still
 //! read, with the store taken from `--store`.
 
 use std::io::Read as _;
@@ -127,23 +128,42 @@ fn parse(text: &str) -> Result<Handed> {
     })
 }
 
-/// The store a handed-in key is used on: `--store` if given (it must name the key's stores),
-/// else the key's own stores, with `$XTR_LOCK_STORE`'s DSNs when they name the same ones (they
-/// may hold credentials the key leaves out); a bare key uses `--store`, the environment or the
-/// default.
-pub(crate) fn store_for(handed: &Handed, source: &Source) -> Result<StoreConfig> {
+/// The store a handed-in key is used on, and whether it is the key's own (opened from the
+/// DSNs the key names, without a password).
+pub(crate) struct KeyStore {
+    pub store: StoreConfig,
+    pub own: bool,
+}
+
+/// The store a handed-in key is used on: `--store` if given (it must name the key's stores,
+/// as the same user when the key names one), else the key's own stores, with
+/// `$XTR_LOCK_STORE`'s DSNs when they name the same ones (they may hold the password the key
+/// leaves out); a bare key uses `--store`, the environment or the default.
+pub(crate) fn store_for(handed: &Handed, source: &Source) -> Result<KeyStore> {
+    let given = |store| KeyStore { store, own: false };
     let Some(stores) = &handed.stores else {
         let config = StoreConfig::open(source, true)?;
         refuse_local(&config, source)?;
-        return Ok(config);
+        return Ok(given(config));
     };
+    // A key made before keys kept the user name matches the store whoever logs in.
+    let users_named = stores.iter().any(|s| *s != crate::store::without_user(s));
     let same = |config: &StoreConfig| {
         config.locators.as_ref().is_some_and(|mine| {
-            let (mut a, mut b) = (mine.clone(), stores.clone());
+            let mut a: Vec<String> = match users_named {
+                true => mine.clone(),
+                false => mine.iter().map(|m| crate::store::without_user(m)).collect(),
+            };
+            let mut b = stores.clone();
             a.sort();
             b.sort();
             a == b
         })
+    };
+    let own = || {
+        StoreConfig::from_dsns(stores)
+            .context(OWN_STORE)
+            .map(|store| KeyStore { store, own: true })
     };
     match source {
         source if source.explicit() => {
@@ -163,16 +183,21 @@ pub(crate) fn store_for(handed: &Handed, source: &Source) -> Result<StoreConfig>
                     }
                 ));
             }
-            Ok(config)
+            Ok(given(config))
         }
-        Source::Default => StoreConfig::from_dsns(stores).context(OWN_STORE),
+        Source::Default => own(),
         // The environment's store (or configuration) is used when it names the key's stores.
         _ => match StoreConfig::open(source, true) {
-            Ok(config) if same(&config) => Ok(config),
-            _ => StoreConfig::from_dsns(stores).context(OWN_STORE),
+            Ok(config) if same(&config) => Ok(given(config)),
+            _ => own(),
         },
     }
 }
+
+/// What is said after an error on a key's own store: where the password goes, which a key never
+/// carries.
+pub(crate) const NO_PASSWORD: &str = "a key carries no password: if the store needs one, give \
+     its DSN with --store or $XTR_LOCK_STORE (or, for PostgreSQL, $PGPASSWORD or ~/.pgpass)";
 
 const OWN_STORE: &str = "the key names a store that cannot be opened";
 

@@ -13,6 +13,7 @@ mod help;
 mod lease;
 mod output;
 mod procs;
+mod sentinel;
 mod stdio;
 mod store;
 mod trampoline;
@@ -28,7 +29,13 @@ fn main() -> ExitCode {
     if let Some(code) = trampoline::run_if_asked() {
         return code; // started by `run` to become its command, and could not
     }
+    if let Some(code) = sentinel::run_if_asked() {
+        return code; // started by `run` to stand for its process group
+    }
     let cli = Cli::parse(); // usage errors: clap prints them and exits 2
+    // Before the runtime opens descriptors of its own: `acquire --fd N` takes hold of the
+    // caller's descriptor N before a number the caller left free can be reused here.
+    let settings = Settings::from_args(cli);
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -39,7 +46,7 @@ fn main() -> ExitCode {
             return ExitCode::from(exit::ERROR);
         }
     };
-    let outcome = runtime.block_on(async { cmd::dispatch(Settings::from_args(cli)?).await });
+    let outcome = runtime.block_on(async { cmd::dispatch(settings?).await });
     let code = match outcome {
         Ok(exit) => exit.code(),
         Err(err) => {

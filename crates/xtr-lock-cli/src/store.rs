@@ -18,9 +18,10 @@ pub(crate) struct StoreConfig {
     pub scheme: String,
     /// Whether a key from this store can be used by another process.
     pub keys_travel: bool,
-    /// Where each member keeps its locks, as credential-free DSNs that reach them again
-    /// (`redis://h:6379/0?prefix=app%3A`): what a handed-over key names. `None` when a
-    /// member's locks cannot be reached from another process (flock, in-memory).
+    /// Where each member keeps its locks, as DSNs without a password that reach them again as
+    /// the same user (`redis://h:6379/0?prefix=app%3A`, `postgres://app@db:5432/app`): what a
+    /// handed-over key names. `None` when a member's locks cannot be reached from another
+    /// process (flock, in-memory).
     pub locators: Option<Vec<String>>,
     /// How the store counts fencing tokens (`None` for a quorum, which has none of its own).
     pub fencing: Option<Fencing>,
@@ -140,15 +141,70 @@ fn ends_with_holder(caps: &Capabilities) -> bool {
     caps.excludes && !caps.expiring && caps.liveness
 }
 
-/// A credential-free DSN that reaches the locks `store` keeps (built from `dsn`), or `None` if
-/// they cannot be reached from another process.
+/// A DSN without a password that reaches the locks `store` keeps (built from `dsn`), as the
+/// user `dsn` names, or `None` if they cannot be reached from another process.
 fn locator(dsn: &str, store: &dyn Store) -> Option<String> {
     if kind_name(dsn) == Some("null") {
         return Some("null".to_owned());
     }
     let shown = store.locks_in()?;
     // Only what the factory can open again: Redis's form is a DSN; flock's and memory's are not.
-    StoreFactory::validate(&shown).ok().map(|()| shown)
+    StoreFactory::validate(&shown).ok()?;
+    let as_user = with_user(dsn, &shown);
+    Some(match StoreFactory::validate(&as_user) {
+        Ok(()) => as_user,
+        Err(_) => shown,
+    })
+}
+
+/// `shown` (a DSN without credentials) with the user name `dsn` logs in as, which a key must
+/// keep to reach its store as the same user (a PostgreSQL role, a Redis ACL user):
+/// `postgres://app@db:5432/app`. Never the password: a key travels through pipes, files and
+/// logs. On Redis a user name alone (`redis://word@host`) is left out: it logs in as nobody (no
+/// AUTH is sent without a password), and it is often a password written in the wrong place.
+fn with_user(dsn: &str, shown: &str) -> String {
+    let Some((user, has_password)) = user_of(dsn) else {
+        return shown.to_owned();
+    };
+    if !has_password && matches!(kind_name(dsn), Some("redis" | "pubsub")) {
+        return shown.to_owned();
+    }
+    match shown.split_once("://") {
+        Some((scheme, rest)) => format!("{scheme}://{user}@{rest}"),
+        None => shown.to_owned(),
+    }
+}
+
+/// The user name of `scheme://user[:password]@host…` as written (percent-encoded), and whether a
+/// password follows it.
+fn user_of(dsn: &str) -> Option<(&str, bool)> {
+    let userinfo = userinfo(dsn)?;
+    let (user, has_password) = match userinfo.split_once(':') {
+        Some((user, _)) => (user, true),
+        None => (userinfo, false),
+    };
+    (!user.is_empty()).then_some((user, has_password))
+}
+
+/// What comes before the `@` of a DSN's authority, if it has one.
+fn userinfo(dsn: &str) -> Option<&str> {
+    let (_, rest) = dsn.split_once("://")?;
+    let authority = rest.split(['/', '?', '#']).next()?;
+    authority.rsplit_once('@').map(|(userinfo, _)| userinfo)
+}
+
+/// `dsn` without its user name (a locator never has a password): where the locks are, whoever
+/// takes them.
+pub(crate) fn without_user(dsn: &str) -> String {
+    match (dsn.split_once("://"), userinfo(dsn)) {
+        (Some((scheme, rest)), Some(userinfo)) => {
+            let rest = rest
+                .strip_prefix(userinfo)
+                .and_then(|r| r.strip_prefix('@'));
+            rest.map_or_else(|| dsn.to_owned(), |rest| format!("{scheme}://{rest}"))
+        }
+        _ => dsn.to_owned(),
+    }
 }
 
 /// The short name of the store `dsn` names (`memory`, `null`, `redis`).
@@ -173,5 +229,58 @@ fn warn_about(spec: &StoreSpec) {
             _ => continue,
         };
         crate::output::warning(warning);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_locator_keeps_the_user_name_and_never_the_password() {
+        for (dsn, shown, locator) in [
+            (
+                "postgres://app:pw@db/app",
+                "postgres://db:5432/app",
+                "postgres://app@db:5432/app",
+            ),
+            (
+                "postgres://app@db/app",
+                "postgres://db:5432/app",
+                "postgres://app@db:5432/app",
+            ),
+            (
+                "postgres://db/app",
+                "postgres://db:5432/app",
+                "postgres://db:5432/app",
+            ),
+            (
+                "redis://alice:p%40ss@h/0",
+                "redis://h:6379/0",
+                "redis://alice@h:6379/0",
+            ),
+            ("redis://:pw@h/0", "redis://h:6379/0", "redis://h:6379/0"),
+            // A lone word before `@` on Redis logs in as nobody, and may be a password.
+            (
+                "redis://maybe-a-password@h/0",
+                "redis://h:6379/0",
+                "redis://h:6379/0",
+            ),
+            (
+                "unix://u:p@/run/redis.sock",
+                "unix:///run/redis.sock?db=0",
+                "unix://u@/run/redis.sock?db=0",
+            ),
+            // An `@` in a password that was not percent-encoded: the user is what precedes `:`.
+            (
+                "mysql://u:p@ss@h/db",
+                "mysql://h:3306/db",
+                "mysql://u@h:3306/db",
+            ),
+        ] {
+            let made = with_user(dsn, shown);
+            assert_eq!(made, locator, "{dsn}");
+            assert_eq!(without_user(&made), shown, "{dsn}");
+        }
     }
 }

@@ -32,7 +32,7 @@ pub(crate) async fn acquire(
     let lock = store.lock(resource, take.ttl);
     let Some(waited) = super::take(&lock, &store, &take).await? else {
         if !take.quiet {
-            eprintln!("{}", super::conflict_message(&lock, &take));
+            eprintln!("{}", super::conflict_message(lock.resource(), &take));
         }
         return Ok(Exit::Conflict(take.conflict_exit_code));
     };
@@ -94,12 +94,29 @@ where
     Fut: std::future::Future<Output = Result<Exit>>,
 {
     let handed = handoff::read(key)?;
-    let store = handoff::store_for(&handed, source)?;
-    let lock = store.factory().create_lock_from_key(handed.key.clone());
-    let handle = store.store.clone();
+    let chosen = handoff::store_for(&handed, source)?;
+    let lock = chosen
+        .store
+        .factory()
+        .create_lock_from_key(handed.key.clone());
+    let handle = chosen.store.store.clone();
     let outcome = op(handed, lock).await;
     super::close(&*handle).await;
-    outcome
+    // A server that refuses the key's own store may want the password the key leaves out.
+    outcome.map_err(|err| match chosen.own && refused(&err) {
+        true => anyhow!(
+            "{}; {}",
+            crate::output::causes(err.as_ref()),
+            handoff::NO_PASSWORD
+        ),
+        false => err,
+    })
+}
+
+/// Whether `err` is a store's refusal, not a store out of reach: a login refused, say.
+fn refused(err: &anyhow::Error) -> bool {
+    err.downcast_ref::<xtr_lock::Error>()
+        .is_some_and(|e| !e.is_temporary())
 }
 
 pub(crate) async fn release(source: &Source, key: Option<String>) -> Result<Exit> {

@@ -3,6 +3,7 @@
 
 pub(crate) mod bench;
 pub(crate) mod config;
+pub(crate) mod fd;
 pub(crate) mod keys;
 pub(crate) mod migrate;
 pub(crate) mod run;
@@ -33,6 +34,16 @@ pub(crate) async fn dispatch(settings: Settings) -> Result<Exit> {
             source,
             take,
             resource,
+            fd: Some(fd),
+        } => {
+            let store = StoreConfig::open(&source, take.quiet)?;
+            closing(store, |store| fd::lock(store, take, resource, fd)).await
+        }
+        Settings::Acquire {
+            source,
+            take,
+            resource,
+            fd: None,
         } => {
             let store = StoreConfig::open(&source, take.quiet)?;
             store.check_take(&take)?;
@@ -40,6 +51,10 @@ pub(crate) async fn dispatch(settings: Settings) -> Result<Exit> {
                 keys::acquire(store, &source, take, &resource)
             })
             .await
+        }
+        Settings::Path { source, resource } => {
+            let store = StoreConfig::open(&source, true)?;
+            closing(store, |store| async move { fd::path(&store, &resource) }).await
         }
         Settings::Release { source, key } => keys::release(&source, key).await,
         Settings::Refresh { source, ttl, key } => keys::refresh(&source, ttl, key).await,
@@ -176,21 +191,24 @@ pub(crate) fn took_line(lock: &Lock, took: Duration) -> String {
     let token = lock
         .fencing_token()
         .map_or_else(String::new, |t| format!(", fencing token {t}"));
+    took_line_of(lock.resource(), took, &format!("{mode}{token}"))
+}
+
+/// `-v`'s line for `resource`, taken in `took`, with what the lock is (`write, descriptor 9`).
+pub(crate) fn took_line_of(resource: &str, took: Duration, what: &str) -> String {
     format!(
-        "xtr-lock: getting lock {:?} took {:.6} seconds ({mode}{token})",
-        lock.resource(),
+        "xtr-lock: getting lock {resource:?} took {:.6} seconds ({what})",
         took.as_secs_f64()
     )
 }
 
-/// The message for a lock held by someone else.
-pub(crate) fn conflict_message(lock: &Lock, take: &Take) -> String {
+/// The message for a lock on `resource` held by someone else.
+pub(crate) fn conflict_message(resource: &str, take: &Take) -> String {
     match take.wait {
         Wait::AtMost(d) if !d.is_zero() => format!(
-            "xtr-lock: {:?} is still held by someone else after {}",
-            lock.resource(),
+            "xtr-lock: {resource:?} is still held by someone else after {}",
             crate::output::short(d)
         ),
-        _ => format!("xtr-lock: {:?} is held by someone else", lock.resource()),
+        _ => format!("xtr-lock: {resource:?} is held by someone else"),
     }
 }

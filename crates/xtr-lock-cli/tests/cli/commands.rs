@@ -26,7 +26,7 @@ fn run_passes_the_commands_status_and_environment_on() {
         .assert()
         .code(7)
         .stdout(format!(
-            "job flock write none unset {}/xtr.job.XoyZAiB.lock\n",
+            "job flock write none {store} {}/xtr.job.XoyZAiB.lock\n",
             tmp.path().display()
         ));
     xtr()

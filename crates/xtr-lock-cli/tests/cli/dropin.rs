@@ -578,7 +578,7 @@ fn run_help_lists_the_environment_exit_codes_and_ttl() {
         "XTR_LOCK_FENCING_TOKEN",
         "XTR_LOCK_SCHEME",
         "XTR_LOCK_LOCATION",
-        "the caller's own, XTR_LOCK_STORE included",
+        "the caller's own, plus what names the store run used",
         "The ttl (5m unless --ttl",
         "Stores that give fencing tokens: redis,",
         "Exit codes:",

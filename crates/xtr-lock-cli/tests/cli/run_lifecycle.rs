@@ -68,6 +68,56 @@ fn killed_xtr_lock_on_flock_leaves_the_lock_held_until_the_command_ends() {
         .success();
 }
 
+/// As under flock(1), whose command shares its process group: killing the group of a `run`
+/// started in a session of its own (a job, `setsid`, `timeout -s KILL`) stops the command and
+/// its children, and the lock is free once they are gone. (Before: the command, alone in its own
+/// group, ran on holding the lock until it ended.)
+#[test]
+fn killing_the_group_of_xtr_lock_on_flock_stops_the_command_and_frees_the_lock() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = flock_dsn(tmp.path());
+    let pidfile = tmp.path().join("pid");
+    let script = format!("sleep 60 & echo $! > {}; wait", pidfile.display());
+    // setsid(1) makes the process it starts the leader of a new session and group, and execs
+    // it in place: the group's id is the run's pid.
+    let mut run = std::process::Command::new("setsid")
+        .arg(bin())
+        .args([
+            "run",
+            "--store",
+            &store,
+            "--kill-after",
+            "1s",
+            "r",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ])
+        .spawn()
+        .expect("setsid (util-linux)");
+    let grandchild = command_pid(&pidfile);
+    let group = rustix::process::Pid::from_raw(run.id() as i32).unwrap();
+    assert_eq!(rustix::process::getpgid(Some(group)).unwrap(), group);
+    rustix::process::kill_process_group(group, Signal::KILL).unwrap();
+    run.wait().unwrap();
+    wait_gone(
+        grandchild,
+        "the command's child, after xtr-lock's group was killed",
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !xtr()
+        .args(["run", "-n", "--store", &store, "r", "true"])
+        .output()
+        .unwrap()
+        .status
+        .success()
+    {
+        assert!(std::time::Instant::now() < deadline, "the lock stayed held");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 #[test]
 fn killed_xtr_lock_on_redis_stops_the_command_and_its_children() {
     let server = RedisServer::start();
@@ -187,4 +237,16 @@ fn the_supervisor_mode_is_not_for_users() {
         .assert()
         .code(3);
     assert!(!marker.exists());
+}
+
+#[test]
+fn the_sentinel_mode_is_not_for_users() {
+    // A pipe is a FIFO too: it is not the one the sentinel was named.
+    let tmp = tempfile::tempdir().unwrap();
+    xtr()
+        .args(["__sentinel"])
+        .arg(tmp.path())
+        .assert()
+        .code(2)
+        .stderr(predicates::str::contains("for xtr-lock run's own use"));
 }

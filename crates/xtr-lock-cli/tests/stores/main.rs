@@ -8,6 +8,7 @@ mod common;
 mod advisory;
 #[cfg(feature = "etcd")]
 mod etcd;
+mod handover;
 mod pubsub;
 mod sql;
 mod symfony_stores;

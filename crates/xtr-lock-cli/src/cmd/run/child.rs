@@ -1,6 +1,7 @@
-//! The command `run` supervises: started in its own process group, holding the lock's
-//! descriptors where the lock is a descriptor (flock), or with a parent-death signal where the
-//! lock dies with `xtr-lock`; reaped with its stops seen; signalled as a group.
+//! The command `run` supervises: started in its own process group, headed by a supervisor that
+//! stops the group when `xtr-lock` dies (where the lock dies with it) or when `xtr-lock`'s whole
+//! process group is killed (flock, where the command holds the lock's descriptors and outlives
+//! a killed `xtr-lock`, as under flock(1)); reaped with its stops seen; signalled as a group.
 
 use std::ffi::OsString;
 use std::os::fd::OwnedFd;
@@ -14,13 +15,19 @@ use tokio::signal::unix::{SignalKind, signal};
 use crate::exit::Exit;
 use crate::lease;
 use crate::procs;
+use crate::sentinel::Sentinel;
 use crate::trampoline;
 
 /// How the command is tied to the lock.
 pub(super) enum Tie {
     /// It inherits these descriptors, which hold the lock for as long as it keeps them open:
-    /// the lock outlives a killed `xtr-lock`, as under `flock(1)`.
-    Descriptors(Vec<OwnedFd>),
+    /// the lock outlives a killed `xtr-lock`, as under `flock(1)`. A supervisor in the command's
+    /// group stops the group (SIGTERM, then SIGKILL after `grace`) if `xtr-lock`'s whole process
+    /// group is killed, as `flock(1)`'s command dies with flock's group (see `sentinel`).
+    Descriptors {
+        fds: Vec<OwnedFd>,
+        grace: std::time::Duration,
+    },
     /// The lock dies with `xtr-lock` (a lease it renews, a connection it holds): if `xtr-lock`
     /// dies, a supervisor in the command's group stops the group (SIGTERM, then SIGKILL after
     /// `grace`); with a `lease` file, also when the lease told there is about to end.
@@ -39,6 +46,9 @@ pub(super) struct Child {
     exits: tokio::signal::unix::Signal,
     /// Where the supervisor learns until when the lock is held.
     lease: Option<lease::Writer>,
+    /// The process in `xtr-lock`'s group whose end the supervisor watches (flock); ends after
+    /// the command.
+    _sentinel: Option<Sentinel>,
 }
 
 /// How a wait for the command ended.
@@ -54,33 +64,33 @@ impl Child {
     /// 127), after saying why on stderr.
     pub(super) fn start(
         command: &[OsString],
-        env: &[(&str, Option<String>)],
+        env: &[(&str, Option<OsString>)],
         tie: Tie,
     ) -> Result<std::result::Result<Child, Exit>> {
         let exits = signal(SignalKind::child()).context("cannot watch for the command's exit")?;
-        let mut cmd =
-            match &tie {
-                Tie::ParentDeath { grace, lease } => {
-                    let mut cmd = Command::new(trampoline::SELF_EXE);
-                    cmd.arg0("xtr-lock")
-                        .arg(trampoline::ARG)
-                        .arg(rustix::process::getpid().as_raw_nonzero().to_string())
-                        .arg(grace.as_millis().to_string())
-                        .arg(lease.as_ref().map_or_else(
-                            || OsString::from("-"),
-                            |w| w.path().as_os_str().to_owned(),
-                        ))
-                        .args(crate::output::json().then_some(trampoline::JSON))
-                        .arg("--")
-                        .args(command);
-                    cmd
-                }
-                Tie::Descriptors(_) | Tie::None => {
-                    let mut cmd = Command::new(&command[0]);
-                    cmd.args(&command[1..]);
-                    cmd
-                }
-            };
+        let sentinel = match &tie {
+            Tie::Descriptors { .. } => Some(
+                Sentinel::start()
+                    .context("cannot start the sentinel of xtr-lock's process group")?,
+            ),
+            _ => None,
+        };
+        let mut cmd = match &tie {
+            Tie::ParentDeath { grace, lease } => supervised(
+                command,
+                *grace,
+                lease.as_ref().map(lease::Writer::path),
+                None,
+            ),
+            Tie::Descriptors { grace, .. } => {
+                supervised(command, *grace, None, sentinel.as_ref().map(Sentinel::path))
+            }
+            Tie::None => {
+                let mut cmd = Command::new(&command[0]);
+                cmd.args(&command[1..]);
+                cmd
+            }
+        };
         cmd.process_group(0);
         for (name, value) in env {
             match value {
@@ -90,7 +100,7 @@ impl Child {
         }
         // Inherited: duplicates without close-on-exec, alive until the command is started.
         let inherited: Vec<OwnedFd> = match &tie {
-            Tie::Descriptors(fds) => fds
+            Tie::Descriptors { fds, .. } => fds
                 .iter()
                 .map(rustix::io::dup)
                 .collect::<Result<_, _>>()
@@ -116,7 +126,12 @@ impl Child {
             Tie::ParentDeath { lease, .. } => lease,
             _ => None,
         };
-        Ok(Ok(Child { pid, exits, lease }))
+        Ok(Ok(Child {
+            pid,
+            exits,
+            lease,
+            _sentinel: sentinel,
+        }))
     }
 
     /// Whether the supervisor stopped the command because its lease was about to end.
@@ -167,6 +182,34 @@ impl Child {
         rustix::process::test_kill_process_group(self.pid).is_ok()
             && crate::procs::running_in_group(self.pid.as_raw_nonzero().get(), None)
     }
+}
+
+/// `command` under its supervisor (see `trampoline`): stopped after `grace` when `xtr-lock` dies,
+/// or with `group`, when the sentinel of `xtr-lock`'s process group does; with `lease`, also when
+/// the lease told there is about to end.
+fn supervised(
+    command: &[OsString],
+    grace: std::time::Duration,
+    lease: Option<&std::path::Path>,
+    group: Option<&std::path::Path>,
+) -> Command {
+    let mut cmd = Command::new(trampoline::SELF_EXE);
+    cmd.arg0("xtr-lock")
+        .arg(trampoline::ARG)
+        .arg(rustix::process::getpid().as_raw_nonzero().to_string())
+        .arg(grace.as_millis().to_string())
+        .arg(lease.map_or_else(
+            || OsString::from(trampoline::NO_LEASE),
+            |p| p.as_os_str().to_owned(),
+        ))
+        .args(crate::output::json().then_some(trampoline::JSON));
+    if let Some(fifo) = group {
+        let mut option = OsString::from(trampoline::GROUP);
+        option.push(fifo);
+        cmd.arg(option);
+    }
+    cmd.arg("--").args(command);
+    cmd
 }
 
 fn event_of(status: WaitStatus) -> Option<Event> {

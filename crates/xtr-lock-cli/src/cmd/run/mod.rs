@@ -34,6 +34,8 @@ struct RunArgs {
     close: bool,
     resource: String,
     command: Vec<OsString>,
+    /// What names the store for a nested `xtr-lock` (see [`crate::args::Source::nested_environment`]).
+    nested: Vec<(&'static str, Option<OsString>)>,
 }
 
 /// SIGINT, SIGTERM and SIGHUP, caught from the start: while waiting they end the wait cleanly,
@@ -69,7 +71,7 @@ fn killed_by(sig: Signal) -> Exit {
 /// `run` on `store`, as `settings` say.
 pub(crate) async fn run(store: StoreConfig, settings: RunSettings) -> Result<Exit> {
     let RunSettings {
-        source: _,
+        source,
         take,
         kill_after,
         close,
@@ -83,6 +85,7 @@ pub(crate) async fn run(store: StoreConfig, settings: RunSettings) -> Result<Exi
         close,
         resource,
         command,
+        nested: source.nested_environment(),
     };
     let mut signals = Signals::new()?;
     let lock = args.store.lock(&args.resource, args.take.ttl);
@@ -99,7 +102,7 @@ pub(crate) async fn run(store: StoreConfig, settings: RunSettings) -> Result<Exi
         if output::json() {
             output::event("conflict", json!({"resource": args.resource}));
         } else if !args.take.quiet {
-            eprintln!("{}", super::conflict_message(&lock, &args.take));
+            eprintln!("{}", super::conflict_message(lock.resource(), &args.take));
         }
         return Ok(Exit::Conflict(args.take.conflict_exit_code));
     };
@@ -246,7 +249,10 @@ fn tie(args: &RunArgs, lock: &Lock) -> Result<Tie> {
         return Ok(Tie::None);
     }
     Ok(match store.inheritable_descriptors(lock.key())? {
-        Some(fds) if !args.close => Tie::Descriptors(fds),
+        Some(fds) if !args.close => Tie::Descriptors {
+            fds,
+            grace: args.kill_after,
+        },
         _ => Tie::ParentDeath {
             grace: args.kill_after,
             // A lease that xtr-lock renews (itself, or the store for it, as etcd's): the
@@ -261,26 +267,28 @@ fn tie(args: &RunArgs, lock: &Lock) -> Result<Tie> {
     })
 }
 
-/// What the command's environment gets besides the caller's: the caller's is passed on
-/// untouched (XTR_LOCK_STORE included, so nested xtr-lock calls use the same store), and what
-/// the lock tells the command has names of its own.
-fn environment(args: &RunArgs, lock: &Lock) -> [(&'static str, Option<String>); 5] {
-    [
-        ("XTR_LOCK_RESOURCE", Some(args.resource.clone())),
+/// What the command's environment gets besides the caller's: what names the store `run` used,
+/// so that a nested `xtr-lock` uses it too, and what the lock tells the command, under names
+/// of its own.
+fn environment(args: &RunArgs, lock: &Lock) -> Vec<(&'static str, Option<OsString>)> {
+    let mut env = args.nested.clone();
+    env.extend([
+        ("XTR_LOCK_RESOURCE", Some(args.resource.clone().into())),
         (
             "XTR_LOCK_MODE",
-            lock.held_mode().map(|m| mode_name(m).to_owned()),
+            lock.held_mode().map(|m| mode_name(m).into()),
         ),
         (
             "XTR_LOCK_FENCING_TOKEN",
-            lock.fencing_token().map(|t| t.to_string()),
+            lock.fencing_token().map(|t| t.to_string().into()),
         ),
-        ("XTR_LOCK_SCHEME", Some(args.store.scheme.clone())),
+        ("XTR_LOCK_SCHEME", Some(args.store.scheme.clone().into())),
         (
             "XTR_LOCK_LOCATION",
-            args.store.store.location(&args.resource),
+            args.store.store.location(&args.resource).map(Into::into),
         ),
-    ]
+    ]);
+    env
 }
 
 /// The supervisor stopped the command before the lease ran out, xtr-lock not having renewed

@@ -40,7 +40,7 @@ pub(crate) struct Cli {
     pub command: Command,
 }
 
-#[derive(Debug, Args, Clone)]
+#[derive(Debug, Args, Clone, Default)]
 pub(crate) struct StoreArgs {
     /// Where locks live, as a DSN (default: flock; a quorum: several)
     #[arg(long, value_name = "DSN", long_help = crate::help::store_long())]

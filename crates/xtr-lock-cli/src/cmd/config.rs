@@ -117,6 +117,9 @@ pub(crate) async fn check(file: &ConfigFileArgs, ping: Option<Duration>) -> Resu
 /// as `run` and `acquire` use them when no flag says otherwise (the defaults filled in, each
 /// value saying where it came from). A reader that stops early (`| head`) ends it quietly.
 pub(crate) fn show(file: &ConfigFileArgs) -> Result<Exit> {
+    if crate::file::path(file.config.as_deref()).is_none() {
+        return show_without_file(file.json);
+    }
     let loaded = match load(file)? {
         Ok(loaded) => loaded,
         Err(exit) => return Ok(exit),
@@ -148,6 +151,43 @@ pub(crate) fn show(file: &ConfigFileArgs) -> Result<Exit> {
         text.push_str(&entry_toml(name, e, origins(&loaded.raw, name)));
     }
     output::print(text.trim_end())?;
+    Ok(Exit::Ok)
+}
+
+/// `config show` with no file to read: what commands use then, the store of
+/// `$XTR_LOCK_STORE` or the default one, with the library's defaults.
+fn show_without_file(json: bool) -> Result<Exit> {
+    let source = crate::args::Source::of(&crate::cli::StoreArgs::default())?;
+    let from = match &source {
+        crate::args::Source::Env(_) => format!("${}", crate::args::STORE_ENV),
+        _ => "default".to_owned(),
+    };
+    let stores: Vec<String> = source.spec().dsns().iter().map(|d| redacted(d)).collect();
+    let ttl = ttl_text(Some(crate::args::DEFAULT_TTL));
+    let wait = wait_text(Wait::Forever);
+    if json {
+        let shown = json!({
+            "file": null,
+            "stores": stores,
+            "prefix": "",
+            "ttl": ttl,
+            "wait": wait,
+            "from": {"stores": from, "prefix": "default", "ttl": "default", "wait": "default"},
+        });
+        output::print(&shown.to_string())?;
+        return Ok(Exit::Ok);
+    }
+    let list: Vec<String> = stores.iter().map(|d| quoted(d)).collect();
+    let text = format!(
+        "# no lock configuration file (--config FILE, ${}): commands use this without --store,\n\
+         # --ttl, -w or -n; after each, where it is set\nstores = [{}]  # {from}\nprefix = \"\"  \
+         # default\nttl = {}  # default\nwait = {}  # default",
+        crate::file::CONFIG_ENV,
+        list.join(", "),
+        quoted(&ttl),
+        quoted(&wait),
+    );
+    output::print(&text)?;
     Ok(Exit::Ok)
 }
 

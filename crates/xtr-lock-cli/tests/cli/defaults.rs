@@ -111,6 +111,34 @@ fn config_show_prints_what_run_uses() {
     assert!(text.contains("wait = \"forever\"  # default"), "{text}");
 }
 
+/// With no configuration file, `config show` prints what commands use then (it used to refuse
+/// with "no lock configuration to read"): the store of `$XTR_LOCK_STORE` (redacted) or flock,
+/// the default ttl that `run` takes its lock with, and waiting forever.
+#[test]
+fn config_show_without_a_file_prints_the_defaults_run_uses() {
+    let out = bare().args(["config", "show", "--json"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let shown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(shown["stores"], serde_json::json!(["flock"]), "{shown}");
+    assert_eq!(shown["wait"], "forever", "{shown}");
+    let said = humantime::parse_duration(shown["ttl"].as_str().unwrap()).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let used = ttl_of_run(&["--store", &flock_dsn(tmp.path())]);
+    assert_eq!(Some(ms(said)), used, "{shown}");
+    let out = bare()
+        .args(["config", "show"])
+        .env("XTR_LOCK_STORE", "redis://u:s3cret@127.0.0.1:1/0")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(
+        text.contains("stores = [\"redis://u:***@127.0.0.1:1/0\"]  # $XTR_LOCK_STORE"),
+        "{text}"
+    );
+    assert!(!text.contains("s3cret"), "{text}");
+}
+
 /// `-w forever` waits as long as it takes, as a file's `wait = "forever"`, and wins over a
 /// file's shorter wait.
 #[test]

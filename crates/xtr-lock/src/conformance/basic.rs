@@ -237,6 +237,12 @@ pub async fn refresh_of_a_lock_never_acquired_is_a_conflict(h: Harness) -> Outco
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Conflict, "{err:?}");
+    // Nobody holds it: the message must not say someone else does.
+    let said = err.to_string();
+    assert!(
+        said.contains("not held") && !said.contains("someone else"),
+        "{said}"
+    );
     assert!(!lock.is_acquired().await.unwrap());
     Outcome::Ran
 }

@@ -167,9 +167,7 @@ impl Lock {
                 } else {
                     tracing::warn!(target: TARGET, resource = self.resource(), store = %self.store,
                         "failed to define an expiration for the lock: it is not held");
-                    Err(Error::conflict(self.resource())
-                        .with_reason("this holder does not hold it")
-                        .with_store(&self.store))
+                    Err(Error::not_held(self.resource()).with_store(&self.store))
                 }
             }
             Err(err) if err.is_expired() => Err(err),

@@ -19,7 +19,7 @@ use crate::key::{ANNOUNCING_SUFFIX, Key, Mode};
 
 pub(crate) mod config;
 mod dialect;
-mod errors;
+pub(crate) mod errors;
 mod notify;
 mod pool;
 mod queries;

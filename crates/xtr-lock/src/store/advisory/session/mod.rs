@@ -20,6 +20,7 @@ use crate::error::{Error, LostReason, Result};
 use crate::key::Mode;
 use crate::store::tasks::Task;
 use crate::store::{Acquired, Conflict, Holding, Saved};
+use crate::store::sql::errors::said;
 
 mod wait;
 
@@ -504,7 +505,10 @@ impl Actor {
                 }
             }
             Ok(Err(e)) if !is_broken(&e) => {
-                Err(self.error(Error::storage(format!("the database refused: {e}"))))
+                Err(self.error(Error::storage(format!(
+                    "the database refused: {}",
+                    said(&e)
+                ))))
             }
             _ => {
                 self.drop_connection();

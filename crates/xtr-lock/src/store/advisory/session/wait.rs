@@ -13,6 +13,7 @@ use super::{Actor, Cmd};
 use crate::error::{LostReason, Result};
 use crate::key::Mode;
 use crate::store::{Acquired, Conflict, Holding, Saved};
+use crate::store::sql::errors::said;
 
 impl Actor {
     /// A lock statement that waits in the server, watched: a caller that goes away, a release
@@ -127,7 +128,10 @@ impl Actor {
                     continue;
                 }
                 Ok(Err(e)) => {
-                    return Ran::Broken(format!("cannot tell what the session holds: {e}"));
+                    return Ran::Broken(format!(
+                        "cannot tell what the session holds: {}",
+                        said(&e)
+                    ));
                 }
                 Err(_) => {
                     return Ran::Broken(format!(

@@ -50,12 +50,14 @@ impl fmt::Display for Report<'_> {
                 text.truncate(at);
             }
         };
-        let mut line = one_line(self.0.to_string());
+        let mut line = self.0.to_string();
         take_store(&mut line);
+        let mut line = one_line(line);
         let mut next = self.0.source();
         while let Some(cause) = next {
-            let mut text = one_line(cause.to_string());
+            let mut text = cause.to_string();
             take_store(&mut text);
+            let text = one_line(text);
             let text = unrepeated(&line, text);
             if !text.is_empty() && !line.contains(&text) {
                 line.push_str(": ");
@@ -171,6 +173,11 @@ mod tests {
         assert_eq!(
             report(&err),
             "the server answered something else: Parse error at 1; Unexpected `82`; Unexpected `69`"
+        );
+        let dumped = Error::storage("refused: Parse error at 1\nUnexpected `82`\n").with_store("s");
+        assert_eq!(
+            report(&dumped),
+            "refused: Parse error at 1; Unexpected `82` (store s)"
         );
     }
 }

@@ -181,3 +181,29 @@ async fn durations_past_the_maximum_are_refused_before_anything_is_stored() {
     let key = xtr_lock::Key::from_json(&tampered).unwrap();
     assert!(key.remaining_lifetime().unwrap() <= xtr_lock::MAX_DURATION);
 }
+
+/// A DSN pointed at a server of another protocol (a Redis DSN at a Memcached, which answers
+/// `ERROR`; a Memcached DSN at a Redis): one line saying so and naming the address, for both
+/// Redis stores and the Memcached store; not the parser's dump of the bytes it could not read.
+#[tokio::test]
+async fn a_server_of_another_protocol_is_said_in_one_line() {
+    let memcached = xtr_lock_testkit::memcached::MemcachedServer::start();
+    let redis = RedisServer::start();
+    let at_memcached = format!("127.0.0.1:{}", memcached.port());
+    let at_redis = format!("127.0.0.1:{}", redis.port());
+    for (dsn, address, protocol) in [
+        (format!("redis://{at_memcached}/0"), &at_memcached, "Redis"),
+        (format!("redis+pubsub://{at_memcached}/0"), &at_memcached, "Redis"),
+        (format!("memcached://{at_redis}"), &at_redis, "Memcached"),
+    ] {
+        let store = xtr_lock::StoreFactory::create_store(&dsn).unwrap();
+        let lock = xtr_lock::LockFactory::from_arc(store).create_lock("not-redis");
+        let err = lock.try_acquire().await.unwrap_err();
+        let said = xtr_lock::Report::new(&err).to_string();
+        assert!(!said.contains('\n'), "{dsn}: {said}");
+        let expected = format!("does not speak the {protocol} protocol");
+        assert!(said.contains(&expected), "{dsn}: {said}");
+        assert!(said.contains(address.as_str()), "{dsn}: {said}");
+        assert!(!said.contains("Unexpected"), "{dsn}: {said}");
+    }
+}

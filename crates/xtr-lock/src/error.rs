@@ -331,7 +331,10 @@ impl fmt::Display for Error {
         let resource = self.resource.as_deref().map(ShownResource);
         match (self.kind, &resource, &self.reason) {
             (ErrorKind::Conflict, Some(r), None) if self.unheld => {
-                write!(f, "lock {r} is not held by this holder (never acquired, or released)")
+                write!(
+                    f,
+                    "lock {r} is not held by this holder (never acquired, or released)"
+                )
             }
             (ErrorKind::Conflict, Some(r), None) => write!(f, "lock {r} is held by someone else"),
             (ErrorKind::Conflict, Some(r), Some(reason)) => {

@@ -124,13 +124,13 @@ pub use clock::{BoxFuture, Clock, ManualClock, MonotonicClock};
 pub use error::{BoxError, Error, ErrorKind, LostReason, Result};
 pub use key::{HandleOwner, Key, Mode, validate_token};
 pub use limits::MAX_DURATION;
-pub use report::Report;
 pub use lock::Lock;
 pub use lock::factory::{DEFAULT_TTL, LockFactory, RunOptions};
 pub use lock::guard::LockGuard;
 pub use lock::lockable::{Lockable, NoLock, Release, Wait};
 pub use lock::lost::{KeepAlive, LockLost};
 pub use lock::scope::LockableExt;
+pub use report::Report;
 pub use serial::settle;
 #[cfg(feature = "etcd")]
 pub use store::EtcdStore;

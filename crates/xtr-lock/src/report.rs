@@ -40,36 +40,42 @@ impl<'a> Report<'a> {
 
 impl fmt::Display for Report<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // Which store: said once, at the end.
-        let mut store: Option<String> = None;
-        let mut take_store = |text: &mut String| {
-            if text.ends_with(')')
-                && let Some(at) = text.rfind(" (store ")
-            {
-                store.get_or_insert_with(|| text[at..].to_owned());
-                text.truncate(at);
-            }
-        };
-        let mut line = self.0.to_string();
-        take_store(&mut line);
-        let mut line = one_line(line);
-        let mut next = self.0.source();
-        while let Some(cause) = next {
-            let mut text = cause.to_string();
-            take_store(&mut text);
-            let text = one_line(text);
-            let text = unrepeated(&line, text);
-            if !text.is_empty() && !line.contains(&text) {
-                line.push_str(": ");
-                line.push_str(&text);
-            }
-            next = cause.source();
-        }
-        if let Some(store) = store {
-            line.push_str(&store);
-        }
-        f.write_str(&line)
+        f.write_str(&with_causes(self.0.to_string(), self.0.source()))
     }
+}
+
+/// `said` followed by the causes from `next` on, as a [`Report`] shows them: what a store uses
+/// to word a backend error whose own message hides its cause (a gRPC status saying "tcp connect
+/// error", its source saying the connection was refused).
+pub(crate) fn with_causes(said: String, mut next: Option<&(dyn StdError + 'static)>) -> String {
+    // Which store: said once, at the end.
+    let mut store: Option<String> = None;
+    let mut take_store = |text: &mut String| {
+        if text.ends_with(')')
+            && let Some(at) = text.rfind(" (store ")
+        {
+            store.get_or_insert_with(|| text[at..].to_owned());
+            text.truncate(at);
+        }
+    };
+    let mut line = said;
+    take_store(&mut line);
+    let mut line = one_line(line);
+    while let Some(cause) = next {
+        let mut text = cause.to_string();
+        take_store(&mut text);
+        let text = one_line(text);
+        let text = unrepeated(&line, text);
+        if !text.is_empty() && !line.contains(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+        next = cause.source();
+    }
+    if let Some(store) = store {
+        line.push_str(&store);
+    }
+    line
 }
 
 impl fmt::Debug for Report<'_> {
@@ -112,9 +118,8 @@ mod tests {
     #[test]
     fn causes_already_shown_are_not_repeated() {
         let io = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
-        let store = Error::storage(format!("cannot reach the server: {io}")).with_source(
-            std::io::Error::from(std::io::ErrorKind::ConnectionRefused),
-        );
+        let store = Error::storage(format!("cannot reach the server: {io}"))
+            .with_source(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
         let top = Error::wrap(
             ErrorKind::Acquiring,
             "r",

@@ -372,3 +372,20 @@ async fn ttls_a_lease_cannot_keep_are_refused() {
         assert!(err.to_string().contains("whole seconds"), "{err}");
     }
 }
+
+/// A cluster that is not there is reported with its cause (the refused connection), not only
+/// the gRPC status's "tcp connect error".
+#[tokio::test]
+async fn an_unreachable_cluster_is_reported_with_its_cause() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let store = xtr_lock::StoreFactory::create_store(&format!("etcd://127.0.0.1:{port}")).unwrap();
+    let lock = xtr_lock::LockFactory::from_arc(store).create_lock("nobody-home");
+    let err = lock.try_acquire().await.unwrap_err();
+    let said = xtr_lock::Report::new(&err).to_string();
+    assert!(said.to_lowercase().contains("connection refused"), "{said}");
+    assert!(err.is_temporary(), "{said}");
+}

@@ -193,7 +193,11 @@ async fn a_server_of_another_protocol_is_said_in_one_line() {
     let at_redis = format!("127.0.0.1:{}", redis.port());
     for (dsn, address, protocol) in [
         (format!("redis://{at_memcached}/0"), &at_memcached, "Redis"),
-        (format!("redis+pubsub://{at_memcached}/0"), &at_memcached, "Redis"),
+        (
+            format!("redis+pubsub://{at_memcached}/0"),
+            &at_memcached,
+            "Redis",
+        ),
         (format!("memcached://{at_redis}"), &at_redis, "Memcached"),
     ] {
         let store = xtr_lock::StoreFactory::create_store(&dsn).unwrap();

@@ -66,7 +66,10 @@ async fn mariadb_down_is_a_refused_connection_within_the_wait() {
 fn said_once(dsn: &str, said: &str, cause: &str) {
     assert_eq!(said.matches(cause).count(), 1, "{dsn}: {said}");
     assert!(!said.contains(" at line "), "{dsn}: {said}");
-    assert!(!said.contains("error returned from database"), "{dsn}: {said}");
+    assert!(
+        !said.contains("error returned from database"),
+        "{dsn}: {said}"
+    );
     assert!(!said.contains('\n'), "{dsn}: {said}");
 }
 

@@ -10,9 +10,9 @@ use super::db::LockId;
 use super::session::{self, Cmd, LeaseEnd, Life};
 use crate::error::{Error, Result};
 use crate::key::{Key, Mode};
+use crate::store::sql::errors::said;
 use crate::store::tasks::{self, Tasks};
 use crate::store::{HandleOwner, Holding, LossWatcher, LostReason, Saved};
-use crate::store::sql::errors::said;
 
 pub(super) struct Core {
     pub(super) conns: Arc<Conns>,

@@ -27,9 +27,9 @@ pub(crate) fn validate_dsn(dsn: &str) -> Result<()> {
 }
 use crate::mutex::lock;
 pub(crate) use config::{RedisConfig, ignore_pool_options, read as read_config};
-pub(crate) use conn::{NOT_REDIS, speaks_another_protocol};
 use conn::ConnectFailure;
 use conn::Keys;
+pub(crate) use conn::{NOT_REDIS, speaks_another_protocol};
 use notify::Notifier;
 use scripts::Scripts;
 

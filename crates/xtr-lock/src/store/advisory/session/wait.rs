@@ -12,8 +12,8 @@ use super::super::outcome::{Ran, classify};
 use super::{Actor, Cmd};
 use crate::error::{LostReason, Result};
 use crate::key::Mode;
-use crate::store::{Acquired, Conflict, Holding, Saved};
 use crate::store::sql::errors::said;
+use crate::store::{Acquired, Conflict, Holding, Saved};
 
 impl Actor {
     /// A lock statement that waits in the server, watched: a caller that goes away, a release

@@ -248,13 +248,10 @@ impl LockGuard {
     /// # Errors
     ///
     /// `Unsupported` inside a tokio runtime.
-    pub fn wait_lost(&mut self, timeout: Duration) -> Result<Option<LockLost>> {
-        let guard = self
-            .inner
-            .as_mut()
-            .expect("a guard is only emptied when it goes");
+    pub fn wait_lost(&self, timeout: Duration) -> Result<Option<LockLost>> {
+        let lost = self.inner().lost();
         self.rt
-            .run(async { tokio::time::timeout(timeout, guard.lost()).await.ok() })
+            .run(async { tokio::time::timeout(timeout, lost).await.ok() })
     }
 
     /// The fencing token of the hold, where the store gives one.
@@ -382,10 +379,10 @@ impl KeepAlive {
     /// # Errors
     ///
     /// `Unsupported` inside a tokio runtime.
-    pub fn wait_lost(&mut self, timeout: Duration) -> Result<Option<LockLost>> {
-        let inner = &mut self.inner;
+    pub fn wait_lost(&self, timeout: Duration) -> Result<Option<LockLost>> {
+        let lost = self.inner.lost();
         self.rt
-            .run(async { tokio::time::timeout(timeout, inner.lost()).await.ok() })
+            .run(async { tokio::time::timeout(timeout, lost).await.ok() })
     }
 
     /// Stops renewing and watching; the lock stays held until its ttl runs out or it is

@@ -61,7 +61,7 @@ pub async fn a_lock_lost_behind_its_holders_back_is_reported(h: Harness) -> Outc
     // keep_alive.
     let lock = h.lock(&r, ttl);
     assert!(lock.try_acquire().await.unwrap());
-    let mut alive = lock.keep_alive().unwrap();
+    let alive = lock.keep_alive().unwrap();
     sabotage(lock.key().clone()).await;
     let lost = h.within("keep_alive reports the loss", alive.lost()).await;
     assert_eq!(lost.resource, r);
@@ -71,7 +71,7 @@ pub async fn a_lock_lost_behind_its_holders_back_is_reported(h: Harness) -> Outc
 
     // A guard.
     let lock = h.lock(&r, ttl);
-    let mut guard = lock.lock().await.unwrap();
+    let guard = lock.lock().await.unwrap();
     sabotage(lock.key().clone()).await;
     h.within("the guard reports the loss", guard.lost()).await;
     assert!(guard.is_lost());

@@ -90,7 +90,7 @@ async fn a_wedged_rust_holder_is_reaped_by_python_and_told_without_resubscribing
             .cli(&["CLIENT", "LIST"])
             .contains(&format!("name={name} "))
     );
-    let mut keep_alive = rust.keep_alive().unwrap();
+    let keep_alive = rust.keep_alive().unwrap();
     store.stop_answering(rust.key());
     let mut py = Py::start(&server, &["hold", &c, "exclusive"]);
     py.expect("ACQUIRED", SOON).await;

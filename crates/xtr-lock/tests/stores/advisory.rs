@@ -264,7 +264,7 @@ async fn a_terminated_backend_is_a_lost_lock() {
     let store = store(&server, "?keepalive=0.2");
     let factory = LockFactory::new(store.clone());
     let lock = factory.create_lock("terminated");
-    let mut guard = lock.lock().await.unwrap();
+    let guard = lock.lock().await.unwrap();
     let pid = store.backend_pid(lock.key()).expect("a holding session");
     let mut probe = session(&server).await;
     let holders = store.holders("terminated").await.unwrap();

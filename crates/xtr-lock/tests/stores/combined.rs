@@ -544,7 +544,7 @@ async fn a_holder_whose_majority_is_lost_gets_the_lost_signal() {
         .create_lock("kept")
         .with_ttl(Some(Duration::from_millis(900)));
     assert!(lock.try_acquire().await.unwrap());
-    let mut alive = lock.keep_alive().unwrap();
+    let alive = lock.keep_alive().unwrap();
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(!alive.is_lost(), "kept alive past its ttl");
     q.servers[0].kill();

@@ -250,7 +250,7 @@ async fn a_revoked_lease_or_a_deleted_key_is_reported_lost_at_once() {
         let r = resource(how);
         let lock = factory.create_lock(&r);
         lock.acquire().await.unwrap();
-        let mut monitor = lock.keep_alive().unwrap();
+        let monitor = lock.keep_alive().unwrap();
         let lease = store.lease_id(lock.key()).unwrap();
         match how {
             "revoke" => cluster.etcdctl_output(&["lease", "revoke", &format!("{lease:x}")]),
@@ -384,7 +384,7 @@ async fn losing_the_majority_gives_temporary_errors_never_a_false_conflict() {
     let free = resource("free");
     let holder = factory.create_lock(&r);
     holder.acquire().await.unwrap();
-    let mut monitor = holder.keep_alive().unwrap();
+    let monitor = holder.keep_alive().unwrap();
     let leader = cluster.wait_leader();
     let (a, b) = ((leader + 1) % 3, (leader + 2) % 3);
     cluster.pause(a);
@@ -585,7 +585,7 @@ async fn an_unconfirmed_lease_is_reported_lost_at_its_end_not_after_the_request_
         LockFactory::from_arc(store.clone()).with_default_ttl(Some(Duration::from_secs(2)));
     let lock = factory.create_lock(resource("unconfirmed"));
     lock.acquire().await.unwrap();
-    let mut monitor = lock.keep_alive().unwrap();
+    let monitor = lock.keep_alive().unwrap();
     let left = store.lease_remaining(lock.key()).unwrap();
     cluster.pause(0);
     let paused = Instant::now();

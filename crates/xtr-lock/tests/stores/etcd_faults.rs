@@ -195,7 +195,7 @@ async fn a_wait_rides_out_a_paused_server() {
     let r = resource("paused-wait");
     let holder = factory.create_lock(&r);
     holder.acquire().await.unwrap();
-    let mut monitor = holder.keep_alive().unwrap();
+    let monitor = holder.keep_alive().unwrap();
     let waiter = factory.create_lock(&r);
     let waiting = tokio::spawn({
         let waiter = waiter.clone();

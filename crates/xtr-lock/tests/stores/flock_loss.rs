@@ -106,7 +106,7 @@ async fn a_holder_watching_for_loss_is_told_at_once_and_only_about_its_file() {
     assert_eq!(reason, LostReason::Replaced);
     // A guard on a file that goes away reports it too, and its scope's body is stopped.
     let guarded = factory.create_lock("g");
-    let mut guard = guarded.lock().await.unwrap();
+    let guard = guarded.lock().await.unwrap();
     fs::remove_file(store.path_for("g")).unwrap();
     let lost = tokio::time::timeout(PATIENCE, guard.lost())
         .await

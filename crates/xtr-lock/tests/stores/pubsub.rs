@@ -144,7 +144,7 @@ async fn a_paused_server_is_a_lost_lock_found_by_the_checks() {
     .unwrap();
     let lock = LockFactory::new(store.clone()).create_lock("half-open");
     assert!(lock.try_acquire().await.unwrap());
-    let mut keep_alive = lock.keep_alive().unwrap();
+    let keep_alive = lock.keep_alive().unwrap();
     server.pause();
     let lost = tokio::time::timeout(SOON, keep_alive.lost())
         .await

@@ -297,7 +297,7 @@ async fn the_lease_is_counted_from_the_last_confirmed_self_check() {
         assert!(left >= unavailable / 3, "{left:?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let mut keep_alive = lock.keep_alive().unwrap();
+    let keep_alive = lock.keep_alive().unwrap();
     server.pause();
     let paused = Instant::now();
     let mut before = store.lease_remaining(lock.key()).unwrap();
@@ -357,7 +357,7 @@ async fn a_half_open_holder_is_told_before_the_next_holder_gets_in() {
     let holder_store = store(proxy);
     let holder = LockFactory::new(holder_store.clone()).create_lock("frozen");
     assert!(holder.try_acquire().await.unwrap());
-    let mut keep_alive = holder.keep_alive().unwrap();
+    let keep_alive = holder.keep_alive().unwrap();
     let waiter = tokio::spawn({
         let port = server.port();
         async move {

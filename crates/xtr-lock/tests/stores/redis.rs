@@ -258,7 +258,7 @@ async fn keep_alive_holds_a_lock_past_several_ttls_and_signals_its_loss() {
     let ttl = Duration::from_millis(300);
     let held = lock(&store, "kept", ttl);
     assert!(held.try_acquire().await.unwrap());
-    let mut alive = held.keep_alive().unwrap();
+    let alive = held.keep_alive().unwrap();
     tokio::time::sleep(ttl * 5).await;
     assert!(held.is_acquired().await.unwrap(), "kept past five ttls");
     assert!(!lock(&store, "kept", ttl).try_acquire().await.unwrap());
@@ -380,7 +380,7 @@ async fn keep_alive_stops_on_release_and_on_drop() {
         "dropped: no more refreshes, it expired"
     );
     held.try_acquire().await.unwrap();
-    let mut alive = held.keep_alive().unwrap();
+    let alive = held.keep_alive().unwrap();
     held.release().await.unwrap();
     tokio::time::sleep(ttl).await;
     assert!(!alive.is_lost(), "a release is not a loss");

@@ -22,7 +22,9 @@
 //! let lock = factory.create_lock("nightly-report").with_ttl(Some(Duration::from_secs(60)));
 //! if lock.try_acquire().await? {
 //!     // ... only one worker gets here ...
-//!     lock.release().await?;
+//!     if !lock.release().await?.was_held() {
+//!         // Lost before the release (expired, deleted, taken over): the work was not protected.
+//!     }
 //! }
 //!
 //! // Or scoped: wait, run, release on the way out (also on error, panic, cancellation).

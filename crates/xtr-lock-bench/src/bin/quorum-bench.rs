@@ -89,7 +89,7 @@ fn lock_cycle(lock: &Lock) -> Cycle<'_> {
     Box::new(move || {
         Box::pin(async move {
             assert!(lock.try_acquire().await.unwrap());
-            lock.release().await.unwrap();
+            let _ = lock.release().await.unwrap();
         })
     })
 }

@@ -153,7 +153,7 @@ async fn throughput(dsn: &str) -> f64 {
         tasks.push(tokio::spawn(async move {
             while !stop.load(Ordering::Relaxed) {
                 assert!(lock.try_acquire().await.unwrap());
-                lock.release().await.unwrap();
+                let _ = lock.release().await.unwrap();
                 done.fetch_add(1, Ordering::Relaxed);
             }
         }));

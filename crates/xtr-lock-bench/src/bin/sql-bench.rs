@@ -135,14 +135,14 @@ async fn measure(t: &Target) -> Measured {
     let lock = factory.create_lock("bench:cycle");
     for _ in 0..50 {
         assert!(lock.try_acquire().await.unwrap());
-        lock.release().await.unwrap();
+        let _ = lock.release().await.unwrap();
     }
     for round in 0..ROUNDS {
         eprintln!("  round {}/{ROUNDS}", round + 1);
         for _ in 0..CYCLES {
             let t0 = Instant::now();
             assert!(lock.try_acquire().await.unwrap());
-            lock.release().await.unwrap();
+            let _ = lock.release().await.unwrap();
             cycle.push(t0.elapsed());
             let t0 = Instant::now();
             select_one(&floor_pool).await;
@@ -245,7 +245,7 @@ async fn rust_throughput(factory: &LockFactory) -> f64 {
             while Instant::now() < end {
                 let lock = factory.create_lock(format!("bench:tp:{}", i % 16));
                 lock.acquire().await.unwrap();
-                lock.release().await.unwrap();
+                let _ = lock.release().await.unwrap();
                 done.fetch_add(1, Ordering::Relaxed);
                 i = i
                     .wrapping_mul(6364136223846793005)

@@ -73,7 +73,7 @@ pub async fn a_lock_lost_behind_its_holders_back_is_reported(h: Harness) -> Outc
     let lock = h.lock(&r, ttl);
     let guard = lock.lock().await.unwrap();
     sabotage(lock.key().clone()).await;
-    h.within("the guard reports the loss", guard.lost()).await;
+    let _ = h.within("the guard reports the loss", guard.lost()).await;
     assert!(guard.is_lost());
     assert_eq!(guard.unlock().await.unwrap(), Release::Lost);
 
@@ -96,7 +96,7 @@ pub async fn a_lock_lost_behind_its_holders_back_is_reported(h: Harness) -> Outc
 
     let other = h.lock(&r, ttl);
     assert!(other.try_acquire().await.unwrap(), "the lock is free again");
-    other.release().await.unwrap();
+    let _ = other.release().await.unwrap();
     Outcome::Ran
 }
 
@@ -121,7 +121,7 @@ pub async fn a_body_whose_lock_is_lost_does_not_succeed(h: Harness) -> Outcome {
     assert_eq!(err.kind(), ErrorKind::Lost, "{err:?}");
     let other = h.lock(&r, ttl(&h));
     assert!(other.try_acquire().await.unwrap(), "the lock is free");
-    other.release().await.unwrap();
+    let _ = other.release().await.unwrap();
     Outcome::Ran
 }
 
@@ -155,7 +155,7 @@ pub async fn guards_and_scopes_keep_an_expiring_lock_alive(h: Harness) -> Outcom
     );
     assert_eq!(guard.unlock().await.unwrap(), Release::Released);
     assert!(other.try_acquire().await.unwrap());
-    other.release().await.unwrap();
+    let _ = other.release().await.unwrap();
     Outcome::Ran
 }
 
@@ -177,6 +177,6 @@ pub async fn without_renewal_a_scope_ends_when_its_lock_expires(h: Harness) -> O
     assert_eq!(err.lost_reason(), Some(crate::error::LostReason::Expired));
     let other = h.lock(&r, Some(h.time(SHORT_TTL)));
     assert!(other.try_acquire().await.unwrap(), "the lock is free");
-    other.release().await.unwrap();
+    let _ = other.release().await.unwrap();
     Outcome::Ran
 }

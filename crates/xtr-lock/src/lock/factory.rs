@@ -28,7 +28,7 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(300);
 /// let factory = LockFactory::new(InMemoryStore::new());
 /// let lock = factory.create_lock("invoices").with_ttl(Some(Duration::from_secs(30)));
 /// lock.acquire().await?;
-/// lock.release().await?;
+/// let _ = lock.release().await?;
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]

@@ -215,8 +215,8 @@ impl Lock {
     /// let reading = a.lock_read().await?;
     /// assert!(b.try_acquire_read().await?, "readers share it");
     /// assert!(!factory.create_lock("catalog").try_acquire().await?, "a writer waits");
-    /// reading.unlock().await?;
-    /// b.release().await?;
+    /// let _ = reading.unlock().await?;
+    /// let _ = b.release().await?;
     /// # Ok(()) }
     /// ```
     pub async fn lock_read(&self) -> Result<LockGuard> {

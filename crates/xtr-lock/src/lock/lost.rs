@@ -16,6 +16,7 @@ use crate::error::{Error, LostReason, ShownResource};
 /// The lost-lock signal: which lock, why, and the error that showed it.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
+#[must_use = "a lost lock no longer protects the work"]
 pub struct LockLost {
     /// The resource.
     pub resource: String,
@@ -94,7 +95,7 @@ impl From<LockLost> for Error {
 ///     lost = alive.lost() => eprintln!("{lost}: stopping the work"),
 ///     () = async { /* the long work */ } => {}
 /// }
-/// lock.release().await?;
+/// let _ = lock.release().await?;
 /// # Ok(()) }
 /// ```
 #[must_use = "dropping a KeepAlive stops the renewal"]

@@ -316,7 +316,7 @@ async fn a_cancelled_waiter_does_not_undo_a_sibling_that_got_the_lock() {
     let waiter = factory.create_lock("r");
     let releaser = async {
         tokio::time::sleep(IN_FLIGHT).await;
-        holder.release().await.unwrap();
+        let _ = holder.release().await.unwrap();
         std::future::pending::<()>().await
     };
     tokio::select! {
@@ -365,7 +365,7 @@ async fn a_timed_out_native_wait_never_takes_back_a_siblings_later_grant() {
         async move { lock.acquire().await }
     });
     assert!(!a.await.unwrap().unwrap(), "A timed out");
-    other.release().await.unwrap();
+    let _ = other.release().await.unwrap();
     tokio::time::timeout(Duration::from_secs(10), b)
         .await
         .expect("B is granted once the other holder released")

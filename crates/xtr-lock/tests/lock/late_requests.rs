@@ -75,7 +75,7 @@ async fn nothing_held_once_it_lands(direct: Arc<dyn Store>, held: HeldRequest, r
         other.try_acquire().await.unwrap(),
         "another holder gets the lock the failed acquire left"
     );
-    other.release().await.unwrap();
+    let _ = other.release().await.unwrap();
 }
 
 /// Holds back the execution of the lock row's INSERT: the next chunk the client sends on the

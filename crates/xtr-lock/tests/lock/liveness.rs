@@ -53,5 +53,5 @@ async fn a_renewal_in_flight_does_not_lengthen_the_lease_until_it_is_confirmed()
         after > before,
         "confirmed, the renewal counts: {after:?} left, {before:?} before it"
     );
-    lock.release().await.unwrap();
+    let _ = lock.release().await.unwrap();
 }

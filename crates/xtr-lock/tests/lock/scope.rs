@@ -35,7 +35,7 @@ async fn the_body_error_wins_over_a_release_error_which_is_returned_after_succes
             .any(|r| r.level == tracing::Level::WARN
                 && r.message == "failed to release the lock after the scope failed")
     );
-    lock.release().await.unwrap();
+    let _ = lock.release().await.unwrap();
 
     store.fail_next("delete", When::Before, Error::storage("boom"));
     let err = lock.scoped(async { Ok::<_, Error>(1) }).await.unwrap_err();
@@ -134,7 +134,7 @@ async fn run_waits_then_fails_naming_the_resource() {
         .await
         .unwrap_err();
     assert!(err.is_conflict());
-    holder.release().await.unwrap();
+    let _ = holder.release().await.unwrap();
     let out = factory
         .run(
             "nightly",
@@ -232,7 +232,10 @@ async fn the_loss_future_is_owned_and_the_guard_stays_usable() {
     let guard = lock.lock().await.unwrap();
     let watched = tokio::spawn(guard.lost());
     let pending = guard.lost();
-    assert!(!guard.is_lost() && guard.took(), "the guard is read meanwhile");
+    assert!(
+        !guard.is_lost() && guard.took(),
+        "the guard is read meanwhile"
+    );
     let copy = Key::from_json(&lock.key().to_json().unwrap()).unwrap();
     factory.store().delete(&copy).await.unwrap();
     let from_task = tokio::time::timeout(Duration::from_secs(5), watched)
@@ -303,7 +306,7 @@ async fn a_keep_alive_ends_quietly_when_the_lock_is_released() {
     // Nor is a new hold of the same holder the old one's loss.
     lock.acquire().await.unwrap();
     assert!(!alive.is_lost());
-    lock.release().await.unwrap();
+    let _ = lock.release().await.unwrap();
 }
 
 #[tokio::test]

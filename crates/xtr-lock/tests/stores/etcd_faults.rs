@@ -219,7 +219,7 @@ async fn a_wait_rides_out_a_paused_server() {
         .await
         .expect("the holder, whose lease could have ended, is told");
     assert_eq!(lost.reason, xtr_lock::LostReason::Expired, "{lost}");
-    waiter.release().await.unwrap();
+    let _ = waiter.release().await.unwrap();
 }
 
 /// Every hold's lease is revoked when the hold ends: after acquire/release cycles, tries that
@@ -236,7 +236,7 @@ async fn leases_are_revoked_when_nothing_is_held_and_before_close_returns() {
         lock.acquire().await.unwrap();
         let lease = store.lease_id(lock.key()).unwrap();
         assert!(leases(&cluster).contains(&lease), "{lease:x} is granted");
-        lock.release().await.unwrap();
+        let _ = lock.release().await.unwrap();
         until("the released hold's lease is revoked", || {
             leases(&cluster).is_empty()
         })
@@ -255,7 +255,7 @@ async fn leases_are_revoked_when_nothing_is_held_and_before_close_returns() {
         leases(&cluster).len() == 1
     })
     .await;
-    lock.release().await.unwrap();
+    let _ = lock.release().await.unwrap();
     store.close().await.unwrap();
     assert_eq!(leases(&cluster), Vec::<i64>::new(), "after close");
     assert!(keys(&cluster, &store.directory(&r)).is_empty());
@@ -292,13 +292,13 @@ async fn a_promotions_read_key_delete_cut_off_is_retried_and_never_blocks() {
         !keys(&cluster, &dir).contains(&read_key)
     })
     .await;
-    lock.release().await.unwrap();
+    let _ = lock.release().await.unwrap();
     // Its own keys never keep the holder waiting for itself.
     assert!(
         lock.acquire_timeout(Duration::from_secs(10)).await.unwrap(),
         "the holder waited for its own stale key"
     );
-    lock.release().await.unwrap();
+    let _ = lock.release().await.unwrap();
     etcdctl_takes(&cluster, &r).await;
     store.close().await.unwrap();
     assert!(
@@ -338,7 +338,7 @@ async fn a_wait_given_up_during_a_partition_leaves_no_key_that_blocks() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     proxy.set_cut(false);
     assert!(!gave_up.unwrap_or(false), "the wait gave up");
-    holder.release().await.unwrap();
+    let _ = holder.release().await.unwrap();
     etcdctl_takes(&cluster, &r).await;
     until("nothing is left", || keys(&cluster, &dir).is_empty()).await;
     assert!(waiter.held_mode().is_none());
@@ -366,7 +366,7 @@ async fn ttls_a_lease_cannot_keep_are_refused() {
         .create_lock(&r)
         .with_ttl(Some(Duration::from_secs(2)));
     lock.acquire().await.unwrap();
-    lock.release().await.unwrap();
+    let _ = lock.release().await.unwrap();
     for dsn in ["?ttl=0.5", "?ttl=1.5"] {
         let err = EtcdStore::from_dsn(&format!("{}{dsn}", cluster.dsn(""))).unwrap_err();
         assert!(err.to_string().contains("whole seconds"), "{err}");

@@ -84,7 +84,7 @@ async fn a_rust_holder_excludes_php_and_a_php_waiter_gets_it_after_the_rust_rele
     waiter.until("RELEASED").await;
     assert_eq!(waiter.exit_code().await, 0);
     assert!(lock.try_acquire().await.unwrap());
-    lock.release().await.unwrap();
+    let _ = lock.release().await.unwrap();
 }
 
 #[tokio::test]
@@ -104,7 +104,7 @@ async fn a_killed_php_holder_is_freed_at_its_ttl_and_not_before() {
         after >= Duration::from_millis(1900),
         "freed after {after:?}"
     );
-    lock.release().await.unwrap();
+    let _ = lock.release().await.unwrap();
 }
 
 /// Just before a conditional delete (`md`) goes through, the entry changes hands: another
@@ -249,7 +249,7 @@ async fn acquires_and_releases_dropped_at_random_points_leave_nothing_held() {
     }
     let lock = f.create_lock(resource);
     assert!(lock.try_acquire().await.unwrap());
-    lock.release().await.unwrap();
+    let _ = lock.release().await.unwrap();
 }
 
 /// After a server restart, the pooled connections are closed: the next operation is sent again

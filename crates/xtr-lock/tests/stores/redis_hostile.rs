@@ -81,7 +81,7 @@ async fn fencing_tokens_increase_across_a_restart_that_lost_the_counter() {
         let l = lock(&store(&server), "fenced", TTL);
         assert!(l.try_acquire().await.unwrap());
         last = l.fencing_token().unwrap();
-        l.release().await.unwrap();
+        let _ = l.release().await.unwrap();
     }
     server.restart();
     let s: RedisStore = store(&server);
@@ -140,7 +140,7 @@ async fn a_wait_with_a_deadline_rides_out_a_brief_outage() {
     let s = RedisStore::from_dsn(&dsn).unwrap();
     let l = lock(&s, "job", TTL);
     assert!(l.try_acquire().await.unwrap());
-    l.release().await.unwrap();
+    let _ = l.release().await.unwrap();
     server.kill();
     let err = l.acquire().await.unwrap_err();
     assert!(err.is_temporary(), "{err}");
@@ -173,7 +173,7 @@ async fn durations_past_the_maximum_are_refused_before_anything_is_stored() {
     let other = lock(&s, "j", TTL);
     let err = other.acquire_timeout(huge).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
-    l.release().await.unwrap();
+    let _ = l.release().await.unwrap();
     // A serialized key with an absurd remaining lifetime is read without overflowing.
     let mut wire: serde_json::Value = serde_json::from_str(&l.key().to_json().unwrap()).unwrap();
     wire["remaining_ms"] = serde_json::json!(u64::MAX);

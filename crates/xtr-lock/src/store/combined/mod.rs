@@ -101,7 +101,7 @@ fn drift(ttl: Duration) -> Duration {
 /// )?;
 /// let lock = xtr_lock::LockFactory::new(store).create_lock("billing").with_ttl(Some(Duration::from_secs(30)));
 /// lock.acquire().await?;
-/// lock.release().await?;
+/// let _ = lock.release().await?;
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]

@@ -96,7 +96,7 @@ const FENCE_KEY: &str = "fence";
 /// let lock = LockFactory::new(store).create_lock("invoice:42").with_ttl(Some(Duration::from_secs(30)));
 /// if lock.try_acquire().await? {
 ///     println!("fencing token {:?}", lock.fencing_token());
-///     lock.release().await?;
+///     let _ = lock.release().await?;
 /// }
 /// # Ok(()) }
 /// ```

@@ -106,7 +106,7 @@ pub(crate) fn validate_dsn(dsn: &str) -> Result<()> {
 /// let store = SqlStore::from_dsn("postgres://app@db/app?create_table=true")?;
 /// let lock = LockFactory::new(store).create_lock("invoice:42").with_ttl(Some(Duration::from_secs(30)));
 /// if lock.try_acquire().await? {
-///     lock.release().await?;
+///     let _ = lock.release().await?;
 /// }
 /// # Ok(()) }
 /// ```

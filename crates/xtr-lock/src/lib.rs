@@ -14,12 +14,11 @@
 //! ```
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> xtr_lock::Result<()> {
 //! use std::time::Duration;
-//! use xtr_lock::{LockFactory, Lockable as _, StoreFactory};
+//! use xtr_lock::{LockFactory, Lockable as _};
 //!
-//! let store = StoreFactory::create_store("in-memory")?;
-//! let factory = LockFactory::from_arc(store);
+//! let factory = LockFactory::from_dsn("in-memory")?; // or redis://…, flock:///dir, …
 //!
-//! let lock = factory.create_lock("nightly-report").with_ttl(Some(Duration::from_secs(60)));
+//! let lock = factory.create_lock("nightly-report").with_ttl(Duration::from_secs(60));
 //! if lock.try_acquire().await? {
 //!     // ... only one worker gets here ...
 //!     if !lock.release().await?.was_held() {

@@ -130,7 +130,7 @@ fn evalsha_usec_per_call(server: &RedisServer) -> f64 {
 }
 
 fn factory(dsn: &str) -> LockFactory {
-    LockFactory::new(RedisStore::from_dsn(dsn).unwrap()).with_default_ttl(Some(TTL))
+    LockFactory::new(RedisStore::from_dsn(dsn).unwrap()).with_ttl(Some(TTL))
 }
 
 async fn cycle(dsn: &str) -> Summary {

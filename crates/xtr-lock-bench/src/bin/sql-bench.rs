@@ -127,7 +127,7 @@ async fn measure(t: &Target) -> Measured {
     eprintln!("{}", t.name);
     let store = SqlStore::from_dsn(&t.dsn).unwrap();
     store.create_table().await.unwrap();
-    let factory = LockFactory::new(store).with_default_ttl(Some(Duration::from_secs(30)));
+    let factory = LockFactory::new(store).with_ttl(Some(Duration::from_secs(30)));
     let floor_pool = floor_pool(&t.dsn).await;
     let (mut cycle, mut floor, mut handoff, mut php_cycle, mut php_handoff) =
         (vec![], vec![], vec![], vec![], vec![]);
@@ -151,7 +151,7 @@ async fn measure(t: &Target) -> Measured {
         // The waiter's store is another instance (as in another process): on PostgreSQL it is
         // woken by NOTIFY through its listener, elsewhere by polling.
         let other = LockFactory::new(SqlStore::from_dsn(&t.dsn).unwrap())
-            .with_default_ttl(Some(Duration::from_secs(30)));
+            .with_ttl(Some(Duration::from_secs(30)));
         handoff.extend(handoffs_between(&factory, &other, "bench:handoff", HANDOFFS).await);
         local.extend(handoffs_between(&factory, &factory, "bench:handoff", HANDOFFS).await);
         if let Some((pdo, user)) = &t.pdo {

@@ -80,7 +80,7 @@ impl Side {
         match self {
             Side::Semaphore => LockFactory::new(SemaphoreStore::new()),
             Side::Memcached(url) => LockFactory::new(MemcachedStore::from_dsn(url).unwrap())
-                .with_default_ttl(Some(Duration::from_secs(30))),
+                .with_ttl(Some(Duration::from_secs(30))),
         }
     }
 

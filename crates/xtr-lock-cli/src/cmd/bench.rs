@@ -27,7 +27,7 @@ pub(crate) async fn bench(store: StoreConfig, args: BenchSettings) -> Result<Exi
         return Err(anyhow!("--clients and --resources must be at least 1"));
     }
     let tag = format!("xtr-lock-bench:{}", std::process::id());
-    let factory = store.factory().with_default_ttl(Some(TTL));
+    let factory = store.factory().with_ttl(Some(TTL));
     let cycles = cycles(&factory, &tag).await?;
     let handoffs = handoffs(&factory, &tag).await?;
     let rate = throughput(&factory, &tag, &args).await?;

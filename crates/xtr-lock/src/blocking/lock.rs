@@ -29,6 +29,27 @@ impl Lock {
         self.inner.resource()
     }
 
+    /// The same holder with another ttl: a `Duration`, or `None` (or zero) for no lifetime;
+    /// as [`crate::Lock::with_ttl`].
+    #[must_use]
+    pub fn with_ttl(mut self, ttl: impl Into<Option<Duration>>) -> Self {
+        self.inner = self.inner.with_ttl(ttl);
+        self
+    }
+
+    /// Whether guards and scopes renew an expiring lock (the default); as
+    /// [`crate::Lock::with_keep_alive`].
+    #[must_use]
+    pub fn with_keep_alive(mut self, renew: bool) -> Self {
+        self.inner = self.inner.with_keep_alive(renew);
+        self
+    }
+
+    /// The lifetime each acquisition gets, if any.
+    pub fn ttl(&self) -> Option<Duration> {
+        self.inner.ttl()
+    }
+
     /// Takes the lock in `mode`, waiting as `wait` says: `Ok(false)` when someone else holds
     /// it and the wait ran out, as [`Lockable::acquire_with`](crate::Lockable::acquire_with).
     /// A wait that runs out leaves nothing held (the async API's cancel safety).

@@ -191,7 +191,7 @@ impl Harness {
     pub fn factory(&self) -> LockFactory {
         LockFactory::from_arc(self.store.clone())
             .with_clock(self.clock.clone())
-            .with_default_ttl(self.ttl)
+            .with_ttl(self.ttl)
     }
 
     /// A lock with a new holder for `resource`, with `ttl`.

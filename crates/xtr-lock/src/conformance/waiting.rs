@@ -139,7 +139,7 @@ pub async fn waiters_wake_on_release_without_polling(h: Harness) -> Outcome {
     let frozen = ManualClock::frozen();
     let factory = LockFactory::from_arc(h.store.clone())
         .with_clock(Arc::new(frozen.clone()))
-        .with_default_ttl(h.ttl);
+        .with_ttl(h.ttl);
     let r = h.resource("no-polling");
     let holder = factory.create_lock(r.as_str());
     holder.acquire().await.unwrap();

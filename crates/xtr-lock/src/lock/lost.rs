@@ -88,7 +88,7 @@ impl From<LockLost> for Error {
 /// use std::time::Duration;
 /// use xtr_lock::Lockable as _;
 /// let factory = xtr_lock::LockFactory::new(xtr_lock::InMemoryStore::new());
-/// let lock = factory.create_lock("long-report").with_ttl(Some(Duration::from_secs(30)));
+/// let lock = factory.create_lock("long-report").with_ttl(Duration::from_secs(30));
 /// lock.acquire().await?;
 /// let alive = lock.keep_alive()?;
 /// tokio::select! {

@@ -41,19 +41,25 @@ pub struct Lock {
 }
 
 impl Lock {
-    /// A lock for `key` in `store`; a `ttl` of `None` or zero means no lifetime.
-    pub fn new(key: Key, store: Arc<dyn Store>, ttl: Option<Duration>) -> Self {
+    /// A lock for `key` in `store` with `ttl`: a `Duration`, or `None` (or zero) for no
+    /// lifetime.
+    pub fn new(key: Key, store: Arc<dyn Store>, ttl: impl Into<Option<Duration>>) -> Self {
         Lock {
             key,
             store,
-            ttl: ttl.filter(|t| !t.is_zero()),
+            ttl: lifetime(ttl),
             keep_alive: true,
         }
     }
 
-    /// The same holder with another ttl (`None` or zero: no lifetime).
-    pub fn with_ttl(mut self, ttl: Option<Duration>) -> Self {
-        self.ttl = ttl.filter(|t| !t.is_zero());
+    /// The same holder with another ttl: a `Duration` (`with_ttl(Duration::from_secs(30))`),
+    /// or `None` (or zero) for no lifetime. The one ttl setter's form across the crate: the
+    /// factories' [`with_ttl`](crate::LockFactory::with_ttl), the blocking
+    /// [`Lock::with_ttl`](crate::blocking::Lock::with_ttl) and
+    /// [`RunOptions::ttl`](crate::RunOptions::ttl) take the same argument.
+    #[must_use]
+    pub fn with_ttl(mut self, ttl: impl Into<Option<Duration>>) -> Self {
+        self.ttl = lifetime(ttl);
         self
     }
 
@@ -308,6 +314,11 @@ impl Lockable for Lock {
     fn release_in_background(&self) {
         self.release_later();
     }
+}
+
+/// A ttl as every setter takes it: a `Duration` or an `Option`; `None` and zero are no lifetime.
+pub(crate) fn lifetime(ttl: impl Into<Option<Duration>>) -> Option<Duration> {
+    ttl.into().filter(|t| !t.is_zero())
 }
 
 impl fmt::Display for Lock {

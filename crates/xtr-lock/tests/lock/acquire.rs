@@ -103,7 +103,7 @@ async fn polling_waiters_yield_to_other_tasks() {
         c.notifies = false;
         c
     });
-    let factory = LockFactory::from_arc(store).with_default_ttl(None);
+    let factory = LockFactory::from_arc(store).with_ttl(None);
     let holder = factory.create_lock("r");
     holder.acquire().await.unwrap();
     let waiter = factory.create_lock("r");

@@ -75,7 +75,7 @@ fn a_guard_keeps_its_lock_alive_and_tells_when_it_is_lost() {
     let server = RedisServer::start();
     let factory = LockFactory::from_dsn(&server.url(0))
         .unwrap()
-        .with_default_ttl(Some(Duration::from_millis(600)));
+        .with_ttl(Some(Duration::from_millis(600)));
     let lock = factory.create_lock("kept");
     let guard = lock.lock().unwrap();
     // Renewed in the background past several ttls while this thread only waits.

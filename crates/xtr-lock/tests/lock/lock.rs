@@ -165,7 +165,7 @@ async fn release_failures_are_releasing_errors() {
 #[tokio::test]
 async fn operations_of_one_holder_take_turns_but_a_wait_never_blocks_them() {
     let store = Scripted::new(InMemoryStore::new());
-    let factory = LockFactory::from_arc(store.clone()).with_default_ttl(None);
+    let factory = LockFactory::from_arc(store.clone()).with_ttl(None);
     let lock = factory.create_lock("r");
     store.hold_replies("save");
     let saving = tokio::spawn({

@@ -227,7 +227,7 @@ async fn unlock_says_what_it_found() {
 /// moved into a task of its own, it reports the loss.
 #[tokio::test]
 async fn the_loss_future_is_owned_and_the_guard_stays_usable() {
-    let factory = LockFactory::new(InMemoryStore::new()).with_default_ttl(None);
+    let factory = LockFactory::new(InMemoryStore::new()).with_ttl(None);
     let lock = factory.create_lock("r");
     let guard = lock.lock().await.unwrap();
     let watched = tokio::spawn(guard.lost());
@@ -252,7 +252,7 @@ async fn the_loss_future_is_owned_and_the_guard_stays_usable() {
 
 #[tokio::test]
 async fn a_dropped_loss_future_misses_nothing() {
-    let factory = LockFactory::new(InMemoryStore::new()).with_default_ttl(None);
+    let factory = LockFactory::new(InMemoryStore::new()).with_ttl(None);
     let lock = factory.create_lock("r");
     let guard = lock.lock().await.unwrap();
     let alive = lock.keep_alive().unwrap();
@@ -291,7 +291,7 @@ async fn a_dropped_loss_future_misses_nothing() {
 
 #[tokio::test]
 async fn a_keep_alive_ends_quietly_when_the_lock_is_released() {
-    let factory = LockFactory::new(InMemoryStore::new()).with_default_ttl(None);
+    let factory = LockFactory::new(InMemoryStore::new()).with_ttl(None);
     let lock = factory.create_lock("r");
     lock.acquire().await.unwrap();
     let alive = lock.keep_alive().unwrap();
@@ -311,7 +311,7 @@ async fn a_keep_alive_ends_quietly_when_the_lock_is_released() {
 
 #[tokio::test]
 async fn a_scope_on_a_dyn_lockable_is_stopped_when_its_lock_is_lost() {
-    let factory = LockFactory::new(InMemoryStore::new()).with_default_ttl(None);
+    let factory = LockFactory::new(InMemoryStore::new()).with_ttl(None);
     let lock = factory.create_lock("r");
     let dynamic: &dyn Lockable = &lock;
     let key = lock.key().clone();
@@ -376,7 +376,7 @@ fn block_on_without_runtime<F: Future>(fut: F) -> F::Output {
 fn a_guard_that_cannot_start_its_monitor_releases_what_it_took() {
     // Outside a tokio runtime the memory store still locks, but the renewal cannot start: the
     // failure must not leave the lock held.
-    let factory = LockFactory::new(InMemoryStore::new()).with_default_ttl(Some(secs(30.0)));
+    let factory = LockFactory::new(InMemoryStore::new()).with_ttl(Some(secs(30.0)));
     let lock = factory.create_lock("r");
     let err = block_on_without_runtime(lock.lock()).expect_err("no runtime to renew on");
     assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");

@@ -47,7 +47,7 @@ fn getlock(server: &MariaDbServer) -> Arc<dyn Store> {
 }
 
 fn factory(store: &Arc<dyn Store>) -> LockFactory {
-    LockFactory::from_arc(store.clone()).with_default_ttl(None)
+    LockFactory::from_arc(store.clone()).with_ttl(None)
 }
 
 /// `lock.acquire()` in a task of its own (a sibling of `lock`).

@@ -17,7 +17,7 @@ fn unique(name: &str) -> String {
 }
 
 fn factory(db: &Db) -> LockFactory {
-    LockFactory::new(db.store()).with_default_ttl(Some(Duration::from_secs(30)))
+    LockFactory::new(db.store()).with_ttl(Some(Duration::from_secs(30)))
 }
 
 async fn symfony_holds_then_rust_takes(db: Db) {

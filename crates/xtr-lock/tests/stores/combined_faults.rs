@@ -30,7 +30,7 @@ fn dead_dsns() -> Vec<String> {
 fn quorum_on(dsns: &[String]) -> LockFactory {
     let dsns: Vec<&str> = dsns.iter().map(String::as_str).collect();
     LockFactory::new(CombinedStore::from_dsns(&dsns, ConsensusStrategy).unwrap())
-        .with_default_ttl(Some(TTL))
+        .with_ttl(Some(TTL))
 }
 
 #[tokio::test]

@@ -379,8 +379,7 @@ async fn losing_the_majority_gives_temporary_errors_never_a_false_conflict() {
     let r = resource("majority");
     let store = store(&cluster, "?request_timeout=1");
     // The lock's ttl is its lease's.
-    let factory =
-        LockFactory::from_arc(store.clone()).with_default_ttl(Some(Duration::from_secs(3)));
+    let factory = LockFactory::from_arc(store.clone()).with_ttl(Some(Duration::from_secs(3)));
     let free = resource("free");
     let holder = factory.create_lock(&r);
     holder.acquire().await.unwrap();
@@ -581,8 +580,7 @@ async fn saves_and_waits_dropped_anywhere_leave_nothing_behind() {
 async fn an_unconfirmed_lease_is_reported_lost_at_its_end_not_after_the_request_timeout() {
     let cluster = EtcdCluster::single();
     let store = store(&cluster, "?request_timeout=10");
-    let factory =
-        LockFactory::from_arc(store.clone()).with_default_ttl(Some(Duration::from_secs(2)));
+    let factory = LockFactory::from_arc(store.clone()).with_ttl(Some(Duration::from_secs(2)));
     let lock = factory.create_lock(resource("unconfirmed"));
     lock.acquire().await.unwrap();
     let monitor = lock.keep_alive().unwrap();

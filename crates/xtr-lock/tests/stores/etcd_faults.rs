@@ -190,8 +190,7 @@ async fn etcdctl_takes(cluster: &EtcdCluster, name: &str) {
 async fn a_wait_rides_out_a_paused_server() {
     let cluster = EtcdCluster::single();
     let store = Arc::new(EtcdStore::from_dsn(&cluster.dsn("")).unwrap());
-    let factory =
-        LockFactory::from_arc(store.clone()).with_default_ttl(Some(Duration::from_secs(2)));
+    let factory = LockFactory::from_arc(store.clone()).with_ttl(Some(Duration::from_secs(2)));
     let r = resource("paused-wait");
     let holder = factory.create_lock(&r);
     holder.acquire().await.unwrap();
@@ -270,8 +269,7 @@ async fn a_promotions_read_key_delete_cut_off_is_retried_and_never_blocks() {
     let cluster = EtcdCluster::single();
     let proxy = Partition::start(port_of(&cluster));
     let store = through(&proxy);
-    let factory =
-        LockFactory::from_arc(store.clone()).with_default_ttl(Some(Duration::from_secs(30)));
+    let factory = LockFactory::from_arc(store.clone()).with_ttl(Some(Duration::from_secs(30)));
     let r = resource("stale-read");
     let dir = store.directory(&r);
     let lock = factory.create_lock(&r);
@@ -321,11 +319,11 @@ async fn a_wait_given_up_during_a_partition_leaves_no_key_that_blocks() {
     let dir = direct.directory(&r);
     let ttl = Some(Duration::from_secs(30));
     let holder = LockFactory::from_arc(direct.clone())
-        .with_default_ttl(ttl)
+        .with_ttl(ttl)
         .create_lock(&r);
     holder.acquire().await.unwrap();
     let waiter = LockFactory::from_arc(cut_off.clone())
-        .with_default_ttl(ttl)
+        .with_ttl(ttl)
         .create_lock(&r);
     let waiting = tokio::spawn({
         let waiter = waiter.clone();

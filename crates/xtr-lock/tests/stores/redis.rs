@@ -400,7 +400,7 @@ async fn a_release_wakes_one_waiter_not_all_of_them() {
     // A frozen clock: no poll and no retry sleep ever ends, so only notifications wake.
     let factory = LockFactory::new(store.clone())
         .with_clock(Arc::new(ManualClock::frozen()))
-        .with_default_ttl(Some(TTL));
+        .with_ttl(Some(TTL));
     let holder = factory.create_lock("herd");
     holder.acquire().await.unwrap();
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();

@@ -43,7 +43,7 @@ async fn until(what: &str, mut cond: impl FnMut() -> bool) {
 fn frozen(store: &RedisStore) -> LockFactory {
     LockFactory::new(store.clone())
         .with_clock(Arc::new(ManualClock::frozen()))
-        .with_default_ttl(Some(TTL))
+        .with_ttl(Some(TTL))
 }
 
 #[tokio::test]
@@ -104,7 +104,7 @@ async fn a_release_between_a_refusal_and_the_registration_is_seen_by_the_second_
     scripted.hold_requests("watch");
     let waiter = LockFactory::from_arc(scripted.clone())
         .with_clock(Arc::new(ManualClock::frozen()))
-        .with_default_ttl(Some(TTL))
+        .with_ttl(Some(TTL))
         .create_lock("race");
     let waiting = tokio::spawn(async move { waiter.acquire().await });
     until("refused, then registering", || {
@@ -249,7 +249,7 @@ async fn beside_a_python_holder_a_waiter_polls_and_gets_the_lock_when_it_release
     let mut py = Peer::python("redis", &server.url(0));
     assert_eq!(py.call_ttl("try_write", "py", Some(30.0)), true);
     let waiter: Lock = LockFactory::new(store.clone())
-        .with_default_ttl(Some(TTL))
+        .with_ttl(Some(TTL))
         .create_lock("py");
     let waiting = tokio::spawn(async move {
         waiter.acquire().await.unwrap();

@@ -93,7 +93,7 @@ const FENCE_KEY: &str = "fence";
 /// use xtr_lock::{LockFactory, Lockable as _, RedisStore};
 ///
 /// let store = RedisStore::from_dsn("redis://localhost:6379/0?prefix=app:")?;
-/// let lock = LockFactory::new(store).create_lock("invoice:42").with_ttl(Some(Duration::from_secs(30)));
+/// let lock = LockFactory::new(store).create_lock("invoice:42").with_ttl(Duration::from_secs(30));
 /// if lock.try_acquire().await? {
 ///     println!("fencing token {:?}", lock.fencing_token());
 ///     let _ = lock.release().await?;

@@ -104,7 +104,7 @@ pub(crate) fn validate_dsn(dsn: &str) -> Result<()> {
 /// use xtr_lock::{LockFactory, Lockable as _, SqlStore};
 ///
 /// let store = SqlStore::from_dsn("postgres://app@db/app?create_table=true")?;
-/// let lock = LockFactory::new(store).create_lock("invoice:42").with_ttl(Some(Duration::from_secs(30)));
+/// let lock = LockFactory::new(store).create_lock("invoice:42").with_ttl(Duration::from_secs(30));
 /// if lock.try_acquire().await? {
 ///     let _ = lock.release().await?;
 /// }

@@ -180,3 +180,40 @@ pub async fn without_renewal_a_scope_ends_when_its_lock_expires(h: Harness) -> O
     let _ = other.release().await.unwrap();
     Outcome::Ran
 }
+
+/// What dropping every handle of a holder that holds does (an early `?` between acquire and
+/// release): where keys travel ([`serializable_keys`](crate::store::Capabilities::serializable_keys):
+/// the lock is stored data a key from another process may hold) the lock stays held, until its
+/// ttl; elsewhere it is held by something of this process (a descriptor, a semaphore, a
+/// database session, a subscription, a lease kept alive), which goes with the holder and lets
+/// the lock go. The rule `Lock` and `Lockable` document.
+pub async fn a_dropped_holder_keeps_its_lock_only_where_keys_travel(h: Harness) -> Outcome {
+    require!(h.caps().excludes, "the store locks nothing");
+    let resource = h.resource("dropped-holder");
+    let lock = h.lock(&resource, h.ttl);
+    assert!(lock.try_acquire().await.unwrap());
+    let travels = h.caps().serializable_keys;
+    let copy = travels.then(|| lock.key().to_json().unwrap());
+    drop(lock);
+    let other = h.lock(&resource, h.ttl);
+    if let Some(copy) = copy {
+        // A moment for a release that should not come.
+        h.sleep(h.time(Duration::from_millis(200))).await;
+        assert!(
+            !other.try_acquire().await.unwrap(),
+            "a stored lock stays held when its holder's handles go"
+        );
+        let key = crate::key::Key::from_json_with_clock(&copy, h.clock.clone()).unwrap();
+        let again = h.factory().create_lock_from_key(key);
+        assert_eq!(again.release().await.unwrap(), Release::Released);
+    } else {
+        h.within("the dropped holder lets the lock go", async {
+            while !other.try_acquire().await.unwrap() {
+                h.sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+        assert_eq!(other.release().await.unwrap(), Release::Released);
+    }
+    Outcome::Ran
+}

@@ -102,6 +102,16 @@ impl Release {
 /// any later store operation of the same holder. If the holder held it (re-acquire, promotion,
 /// demotion, or a sibling task of the same holder that got it first), nothing is deleted.
 ///
+/// # Dropping a held lock
+///
+/// No lock releases when dropped (there is no async drop, and a key may live on in another
+/// process): where locks are stored data whose keys travel (Redis, the SQL table, Memcached,
+/// in-memory) a lock whose holder's handles all went stays held until its ttl; where the lock
+/// is held by something of this process (a flock descriptor, a semaphore, a database session,
+/// a subscription, an etcd lease) that goes with the holder and lets the lock go. See
+/// [`Lock`](crate::Lock#dropping-a-held-lock); a [`LockGuard`](crate::LockGuard) or a scope
+/// releases on every path, on every store.
+///
 /// # Lifetimes
 ///
 /// On expiring stores the lock's ttl goes into the save itself; the key's deadline is measured

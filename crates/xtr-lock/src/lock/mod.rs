@@ -32,6 +32,36 @@ pub(crate) mod scope;
 /// [`scoped`](Lock::scoped), which keep the lock alive and report its loss. Clones, and locks
 /// built from the same key, are one holder: acquiring what it already holds succeeds at once,
 /// and one release lets go for all.
+///
+/// # Dropping a held lock
+///
+/// Dropping a `Lock` does **not** release it; what happens when the holder's last handle goes
+/// (every clone, every lock of its key: an early `?` between `acquire` and `release`) depends on
+/// where the lock lives, as [`Capabilities::serializable_keys`](crate::store::Capabilities::serializable_keys)
+/// tells:
+///
+/// - **Stored data** (Redis, the SQL table, Memcached, in-memory; their keys can travel to
+///   another process, which may hold the lock on): the lock **stays held until its ttl** runs
+///   out (300 s by default). Going out of scope is not a release, since the key may live on
+///   elsewhere (`xtr-lock acquire` hands its key to another process that way).
+/// - **Something of this process** (flock's descriptor, a SysV semaphore, a PostgreSQL or
+///   MySQL session, a pub/sub subscription, an etcd lease kept alive): it goes with the holder
+///   and **the lock is let go** (at once, or in the background: the session closes, the lease
+///   is revoked). Do not rely on it as a release: nothing reports what it found.
+///
+/// Where the lock must go on every path, hold it through a guard ([`lock`](Lock::lock):
+/// dropped, it schedules the release) or a scope ([`scoped`](Lock::scoped),
+/// [`LockFactory::run`](crate::LockFactory::run)), on every store alike.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> xtr_lock::Result<()> {
+/// # fn step() -> xtr_lock::Result<()> { Ok(()) }
+/// let lock = xtr_lock::LockFactory::from_dsn("in-memory")?.create_lock("report");
+/// let guard = lock.lock().await?;
+/// step()?; // an early return: the dropped guard releases, in the background
+/// let _ = guard.unlock().await?;
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct Lock {
     key: Key,

@@ -146,13 +146,13 @@ pub fn park(i: usize) -> Duration {
 pub async fn lock_cycles(lock: &Lock, warmup: usize, n: usize) -> Summary {
     for _ in 0..warmup {
         assert!(lock.try_acquire().await.unwrap());
-        lock.release().await.unwrap();
+        let _ = lock.release().await.unwrap();
     }
     let mut samples = Vec::with_capacity(n);
     for _ in 0..n {
         let t = Instant::now();
         assert!(lock.try_acquire().await.unwrap());
-        lock.release().await.unwrap();
+        let _ = lock.release().await.unwrap();
         samples.push(t.elapsed());
     }
     Summary::of(samples)
@@ -182,13 +182,13 @@ pub async fn handoffs_between(
             let _ = ready_tx.send(());
             waiter.acquire().await.unwrap();
             let got = Instant::now();
-            waiter.release().await.unwrap();
+            let _ = waiter.release().await.unwrap();
             got
         });
         ready_rx.await.unwrap();
         tokio::time::sleep(park(i)).await; // the waiter is parked
         let released = Instant::now();
-        holder.release().await.unwrap();
+        let _ = holder.release().await.unwrap();
         samples.push(task.await.unwrap() - released);
     }
     samples
@@ -250,7 +250,7 @@ pub async fn handoffs_to_peer(
         assert_eq!(line.trim(), "waiting");
         tokio::time::sleep(park(i)).await;
         let released = monotonic_ns();
-        holder.release().await.unwrap();
+        let _ = holder.release().await.unwrap();
         line.clear();
         from_child.read_line(&mut line).unwrap();
         let got: u64 = line.trim().parse().unwrap();

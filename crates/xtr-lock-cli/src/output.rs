@@ -72,46 +72,10 @@ pub(crate) fn held_by(list: &[HolderInfo]) -> String {
     out
 }
 
-/// An error and its causes on one line, each after a colon, each once: a cause whose text is
-/// already shown (a store error quoting the I/O error it wraps) is left out, and so are the
-/// parts of a cause that repeat what is shown (`lock 'r': ` again, the same `(store …)`).
+/// An error and its causes on one line, each once, the lock and the store named once (the
+/// library's [`xtr_lock::Report`]).
 pub(crate) fn causes(err: &(dyn std::error::Error + 'static)) -> String {
-    // Which store: said once, at the end.
-    let mut store: Option<String> = None;
-    let mut take_store = |text: &mut String| {
-        if text.ends_with(')')
-            && let Some(at) = text.rfind(" (store ")
-        {
-            store.get_or_insert_with(|| text[at..].to_owned());
-            text.truncate(at);
-        }
-    };
-    let mut line = err.to_string();
-    take_store(&mut line);
-    let mut next = err.source();
-    while let Some(cause) = next {
-        let mut text = cause.to_string();
-        take_store(&mut text);
-        let text = unrepeated(&line, text);
-        if !line.contains(&text) {
-            line.push_str(": ");
-            line.push_str(&text);
-        }
-        next = cause.source();
-    }
-    if let Some(store) = store {
-        line.push_str(&store);
-    }
-    line
-}
-
-/// `text` without a leading `lock 'r': ` that `shown` already names (a wrapped error naming its
-/// lock again).
-pub(crate) fn unrepeated(shown: &str, text: String) -> String {
-    match text.split_once(": ") {
-        Some((head, rest)) if head.starts_with("lock ") && shown.contains(head) => rest.to_owned(),
-        _ => text,
-    }
+    xtr_lock::Report::new(err).to_string()
 }
 
 /// Whether `run --json` asked for events as JSON lines: every line xtr-lock itself writes on
@@ -233,23 +197,6 @@ mod tests {
         );
         let plain = anyhow::anyhow!("outer").context("top");
         assert_eq!(causes(plain.as_ref()), "top: outer");
-    }
-
-    #[test]
-    fn a_loss_does_not_name_its_lock_twice() {
-        let said = "lock 'r' was lost: the store could not be reached before its lifetime ran out";
-        assert_eq!(
-            super::unrepeated(
-                said,
-                "lock 'r': failed to define an expiration: refused".into()
-            ),
-            "failed to define an expiration: refused"
-        );
-        assert_eq!(
-            super::unrepeated(said, "lock 'other': x".into()),
-            "lock 'other': x",
-            "another lock is named"
-        );
     }
 
     #[test]

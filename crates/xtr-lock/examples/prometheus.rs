@@ -48,7 +48,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             })
             .await?;
         let _ = worker.acquire_timeout(Duration::from_millis(10)).await?;
-        worker.release().await?;
+        let _ = worker.release().await?;
         if round % 5 == 0 {
             println!("round {round}");
         }

@@ -6,16 +6,15 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use xtr_lock::{LockFactory, Lockable as _, RunOptions, StoreFactory, Wait};
+use xtr_lock::{LockFactory, Lockable as _, RunOptions, Wait};
 
 #[tokio::main]
 async fn main() -> xtr_lock::Result<()> {
     let dsn = std::env::args()
         .nth(1)
         .unwrap_or_else(|| "flock".to_owned());
-    let store = StoreFactory::create_store(&dsn)?;
-    let factory = LockFactory::from_arc(store.clone());
-    println!("store: {store}");
+    let factory = LockFactory::from_dsn(&dsn)?;
+    println!("store: {}", factory.store());
 
     // 1. Non-blocking: whoever gets the lock does the work, the others skip it.
     let mut workers = Vec::new();
@@ -24,14 +23,16 @@ async fn main() -> xtr_lock::Result<()> {
         workers.push(tokio::spawn(async move {
             let lock = factory
                 .create_lock("nightly-report")
-                .with_ttl(Some(Duration::from_secs(60)));
+                .with_ttl(Duration::from_secs(60));
             if lock.try_acquire().await? {
                 println!(
                     "worker {id}: building the report (fencing token {:?})",
                     lock.fencing_token()
                 );
                 tokio::time::sleep(Duration::from_millis(100)).await;
-                lock.release().await?;
+                if !lock.release().await?.was_held() {
+                    println!("worker {id}: the lock was lost before the release");
+                }
             } else {
                 println!("worker {id}: someone else is building it, skipping");
             }
@@ -67,7 +68,7 @@ async fn main() -> xtr_lock::Result<()> {
     });
     tokio::time::sleep(Duration::from_millis(200)).await;
     let released_at = started.elapsed();
-    holder.release().await?;
+    let _ = holder.release().await?;
     waiter.await.expect("waiter panicked")?;
     println!("holder: released at {released_at:?}");
     Ok(())

@@ -120,6 +120,8 @@ pub struct Error {
     reason: Option<String>,
     temporary: bool,
     lost: Option<LostReason>,
+    /// A conflict that is not someone else's hold: this holder does not hold the lock.
+    unheld: bool,
     source: Option<BoxError>,
 }
 
@@ -158,6 +160,7 @@ impl Error {
             reason: None,
             temporary: false,
             lost: None,
+            unheld: false,
             source: None,
         }
     }
@@ -165,6 +168,14 @@ impl Error {
     /// "Held by someone else" for `resource`.
     pub fn conflict(resource: impl Into<String>) -> Self {
         Error::new(ErrorKind::Conflict).with_resource(resource)
+    }
+
+    /// "Not held by this holder" for `resource`: a [`Conflict`](ErrorKind::Conflict) of a holder
+    /// that never held the lock or has released it (a refresh then), whoever else holds it.
+    pub fn not_held(resource: impl Into<String>) -> Self {
+        let mut err = Error::conflict(resource);
+        err.unheld = true;
+        err
     }
 
     /// The lifetime of the lock on `resource` ran out before the store confirmed it.
@@ -309,6 +320,7 @@ impl Error {
             reason: Some(reason.to_owned()),
             temporary: cause.temporary,
             lost: None,
+            unheld: false,
             source: Some(Box::new(cause)),
         }
     }
@@ -318,6 +330,12 @@ impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let resource = self.resource.as_deref().map(ShownResource);
         match (self.kind, &resource, &self.reason) {
+            (ErrorKind::Conflict, Some(r), None) if self.unheld => {
+                write!(
+                    f,
+                    "lock {r} is not held by this holder (never acquired, or released)"
+                )
+            }
             (ErrorKind::Conflict, Some(r), None) => write!(f, "lock {r} is held by someone else"),
             (ErrorKind::Conflict, Some(r), Some(reason)) => {
                 write!(f, "lock {r} is held by someone else; {reason}")
@@ -353,8 +371,14 @@ impl fmt::Display for Error {
     }
 }
 
+/// `{:?}` is the message and its causes on one line, each once (a [`Report`](crate::Report)):
+/// what `fn main() -> xtr_lock::Result<()>` and `unwrap` print. `{:#?}` is the structure: kind,
+/// resource, store, reason, flags and the source's own `Debug`.
 impl fmt::Debug for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if !f.alternate() {
+            return fmt::Display::fmt(&crate::report::Report::new(self), f);
+        }
         let mut d = f.debug_struct("Error");
         d.field("kind", &self.kind);
         if let Some(r) = &self.resource {
@@ -371,6 +395,9 @@ impl fmt::Debug for Error {
         }
         if let Some(why) = &self.lost {
             d.field("lost", why);
+        }
+        if self.unheld {
+            d.field("unheld", &true);
         }
         if let Some(s) = &self.source {
             d.field("source", s);
@@ -421,6 +448,10 @@ mod tests {
                 "lock 'r' was lost: someone else holds it now",
             ),
             (
+                Error::not_held("r"),
+                "lock 'r' is not held by this holder (never acquired, or released)",
+            ),
+            (
                 Error::conflict("a\nb'c"),
                 "lock 'a\\nb\\'c' is held by someone else",
             ),
@@ -453,6 +484,31 @@ mod tests {
         assert_eq!(err.store(), Some("s"));
         let src = err.source().expect("chained");
         assert_eq!(src.to_string(), "timeout (store s)");
+    }
+
+    /// What `fn main() -> xtr_lock::Result<()>` prints after `Error: `: one line with the
+    /// cause, not a dump of the struct; `{:#?}` keeps the structure.
+    #[test]
+    fn debug_is_one_line_with_the_causes_and_alternate_debug_the_structure() {
+        let cause = Error::storage("cannot reach the server: connection refused")
+            .with_store("redis://h:1/0")
+            .temporary();
+        let err = Error::wrap(
+            ErrorKind::Acquiring,
+            "r",
+            "failed to acquire the lock",
+            cause,
+        );
+        assert_eq!(
+            format!("{err:?}"),
+            "lock 'r': failed to acquire the lock: cannot reach the server: connection refused \
+             (store redis://h:1/0)"
+        );
+        let structure = format!("{err:#?}");
+        assert!(
+            structure.contains("kind: Acquiring") && structure.contains("temporary: true"),
+            "{structure}"
+        );
     }
 
     #[test]

@@ -14,15 +14,16 @@
 //! ```
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> xtr_lock::Result<()> {
 //! use std::time::Duration;
-//! use xtr_lock::{LockFactory, Lockable as _, StoreFactory};
+//! use xtr_lock::{LockFactory, Lockable as _};
 //!
-//! let store = StoreFactory::create_store("in-memory")?;
-//! let factory = LockFactory::from_arc(store);
+//! let factory = LockFactory::from_dsn("in-memory")?; // or redis://…, flock:///dir, …
 //!
-//! let lock = factory.create_lock("nightly-report").with_ttl(Some(Duration::from_secs(60)));
+//! let lock = factory.create_lock("nightly-report").with_ttl(Duration::from_secs(60));
 //! if lock.try_acquire().await? {
 //!     // ... only one worker gets here ...
-//!     lock.release().await?;
+//!     if !lock.release().await?.was_held() {
+//!         // Lost before the release (expired, deleted, taken over): the work was not protected.
+//!     }
 //! }
 //!
 //! // Or scoped: wait, run, release on the way out (also on error, panic, cancellation).
@@ -113,6 +114,7 @@ mod logging;
 mod mode;
 mod mutex;
 mod redact;
+mod report;
 mod serial;
 pub mod store;
 mod store_factory;
@@ -131,6 +133,7 @@ pub use lock::guard::LockGuard;
 pub use lock::lockable::{Lockable, NoLock, Release, Wait};
 pub use lock::lost::{KeepAlive, LockLost};
 pub use lock::scope::LockableExt;
+pub use report::Report;
 pub use serial::settle;
 #[cfg(feature = "etcd")]
 pub use store::EtcdStore;

@@ -38,7 +38,7 @@ fn one(dsn: &str, rounds: usize) {
         .unwrap();
     rt.block_on(async {
         let store = StoreFactory::create_store(dsn).unwrap();
-        let factory = xtr_lock::LockFactory::from_arc(store).with_default_ttl(
+        let factory = xtr_lock::LockFactory::from_arc(store).with_ttl(
             if dsn.starts_with("redis") || dsn.starts_with("sqlite") {
                 Some(Duration::from_secs(30))
             } else {

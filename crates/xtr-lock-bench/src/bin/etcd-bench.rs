@@ -120,7 +120,7 @@ async fn measure(cluster: &EtcdCluster) -> Measured {
     let lock = factory.create_lock("bench:cycle");
     for _ in 0..50 {
         assert!(lock.try_acquire().await.unwrap());
-        lock.release().await.unwrap();
+        let _ = lock.release().await.unwrap();
         client.put("bench:floor", "x", None).await.unwrap();
     }
     let (mut put, mut get, mut cycle, mut handoff, mut pass, mut ctl) =
@@ -131,7 +131,7 @@ async fn measure(cluster: &EtcdCluster) -> Measured {
         for _ in 0..CYCLES {
             let t = Instant::now();
             assert!(lock.try_acquire().await.unwrap());
-            lock.release().await.unwrap();
+            let _ = lock.release().await.unwrap();
             cycle.push(t.elapsed());
             let t = Instant::now();
             client.put("bench:floor", "x", None).await.unwrap();
@@ -179,7 +179,7 @@ async fn passthrough(
         tasks.push(tokio::spawn(async move {
             lock.acquire().await.unwrap();
             served.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            lock.release().await.unwrap();
+            let _ = lock.release().await.unwrap();
         }));
     }
     while store.holders(&resource).await.unwrap().len() < QUEUE + 1 {
@@ -187,7 +187,7 @@ async fn passthrough(
     }
     let before = handled(cluster);
     let t = Instant::now();
-    holder.release().await.unwrap();
+    let _ = holder.release().await.unwrap();
     for task in tasks {
         task.await.unwrap();
     }

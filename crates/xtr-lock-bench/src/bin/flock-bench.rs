@@ -162,7 +162,7 @@ fn handoff_across_processes(dir: &Path) -> Summary {
         assert_eq!(line.trim(), "waiting");
         std::thread::sleep(park(i)); // the child is parked in its wait
         let released = monotonic_ns();
-        rt.block_on(holder.release()).unwrap();
+        let _ = rt.block_on(holder.release()).unwrap();
         line.clear();
         from_child.read_line(&mut line).unwrap();
         let got: u64 = line.trim().parse().unwrap();
@@ -190,7 +190,7 @@ fn child_waiter(dir: &Path, resource: &str) {
         out.flush().unwrap();
         rt.block_on(waiter.acquire()).unwrap();
         let got = monotonic_ns();
-        rt.block_on(waiter.release()).unwrap();
+        let _ = rt.block_on(waiter.release()).unwrap();
         writeln!(out, "{got}").unwrap();
         out.flush().unwrap();
     }

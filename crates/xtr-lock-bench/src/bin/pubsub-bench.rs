@@ -44,7 +44,7 @@ fn main() {
         let lock = factory.create_lock("bench-cycle");
         for _ in 0..20 {
             assert!(lock.try_acquire().await.unwrap());
-            lock.release().await.unwrap();
+            let _ = lock.release().await.unwrap();
         }
     });
     for round in 0..ROUNDS {
@@ -55,7 +55,7 @@ fn main() {
                 let t0 = Instant::now();
                 assert!(lock.try_acquire().await.unwrap());
                 let t1 = Instant::now();
-                lock.release().await.unwrap();
+                let _ = lock.release().await.unwrap();
                 s.acquire.push(t1 - t0);
                 s.release.push(t1.elapsed());
                 s.cycle.push(t0.elapsed());
@@ -281,7 +281,7 @@ async fn churned_rust_writer(factory: &LockFactory, port: &str, round: usize) ->
         );
         waits.push(t.elapsed());
         tokio::time::sleep(Duration::from_millis(50)).await;
-        writer.release().await.unwrap();
+        let _ = writer.release().await.unwrap();
     }
     for mut r in readers {
         let _ = r.kill();
@@ -320,7 +320,7 @@ async fn rust_to_python(factory: &LockFactory, port: &str, i: usize) -> Duration
     // Interpreter start-up, then the waiter is parked somewhere in its poll.
     tokio::time::sleep(Duration::from_millis(400) + park(i)).await;
     let released = monotonic_ns();
-    holder.release().await.unwrap();
+    let _ = holder.release().await.unwrap();
     let got = py.at("ACQUIRED");
     py.finish();
     Duration::from_nanos(got - released)
@@ -332,7 +332,7 @@ fn waiter(factory: &LockFactory, channel: &str) -> tokio::task::JoinHandle<u64> 
     tokio::spawn(async move {
         waiter.acquire().await.unwrap();
         let at = monotonic_ns();
-        waiter.release().await.unwrap();
+        let _ = waiter.release().await.unwrap();
         at
     })
 }

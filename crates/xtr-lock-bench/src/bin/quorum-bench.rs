@@ -89,7 +89,7 @@ fn lock_cycle(lock: &Lock) -> Cycle<'_> {
     Box::new(move || {
         Box::pin(async move {
             assert!(lock.try_acquire().await.unwrap());
-            lock.release().await.unwrap();
+            let _ = lock.release().await.unwrap();
         })
     })
 }
@@ -132,13 +132,13 @@ async fn run(urls: &[String], rounds: usize, per_round: usize) -> Vec<Contender<
     // Leaked: the contenders borrow them for the whole run of this short-lived binary.
     let single: &'static Lock = Box::leak(Box::new(
         LockFactory::new(RedisStore::from_dsn(&urls[0]).unwrap())
-            .with_default_ttl(Some(TTL))
+            .with_ttl(Some(TTL))
             .create_lock("bench:single"),
     ));
     let refs: Vec<&str> = urls.iter().map(String::as_str).collect();
     let quorum: &'static Lock = Box::leak(Box::new(
         LockFactory::new(CombinedStore::from_dsns(&refs, ConsensusStrategy).unwrap())
-            .with_default_ttl(Some(TTL))
+            .with_ttl(Some(TTL))
             .create_lock("bench:quorum"),
     ));
     let mut rl = rslock::LockManager::new(urls.to_vec());

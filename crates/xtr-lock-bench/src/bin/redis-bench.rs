@@ -130,7 +130,7 @@ fn evalsha_usec_per_call(server: &RedisServer) -> f64 {
 }
 
 fn factory(dsn: &str) -> LockFactory {
-    LockFactory::new(RedisStore::from_dsn(dsn).unwrap()).with_default_ttl(Some(TTL))
+    LockFactory::new(RedisStore::from_dsn(dsn).unwrap()).with_ttl(Some(TTL))
 }
 
 async fn cycle(dsn: &str) -> Summary {
@@ -153,7 +153,7 @@ async fn throughput(dsn: &str) -> f64 {
         tasks.push(tokio::spawn(async move {
             while !stop.load(Ordering::Relaxed) {
                 assert!(lock.try_acquire().await.unwrap());
-                lock.release().await.unwrap();
+                let _ = lock.release().await.unwrap();
                 done.fetch_add(1, Ordering::Relaxed);
             }
         }));

@@ -127,7 +127,7 @@ async fn measure(t: &Target) -> Measured {
     eprintln!("{}", t.name);
     let store = SqlStore::from_dsn(&t.dsn).unwrap();
     store.create_table().await.unwrap();
-    let factory = LockFactory::new(store).with_default_ttl(Some(Duration::from_secs(30)));
+    let factory = LockFactory::new(store).with_ttl(Some(Duration::from_secs(30)));
     let floor_pool = floor_pool(&t.dsn).await;
     let (mut cycle, mut floor, mut handoff, mut php_cycle, mut php_handoff) =
         (vec![], vec![], vec![], vec![], vec![]);
@@ -135,14 +135,14 @@ async fn measure(t: &Target) -> Measured {
     let lock = factory.create_lock("bench:cycle");
     for _ in 0..50 {
         assert!(lock.try_acquire().await.unwrap());
-        lock.release().await.unwrap();
+        let _ = lock.release().await.unwrap();
     }
     for round in 0..ROUNDS {
         eprintln!("  round {}/{ROUNDS}", round + 1);
         for _ in 0..CYCLES {
             let t0 = Instant::now();
             assert!(lock.try_acquire().await.unwrap());
-            lock.release().await.unwrap();
+            let _ = lock.release().await.unwrap();
             cycle.push(t0.elapsed());
             let t0 = Instant::now();
             select_one(&floor_pool).await;
@@ -151,7 +151,7 @@ async fn measure(t: &Target) -> Measured {
         // The waiter's store is another instance (as in another process): on PostgreSQL it is
         // woken by NOTIFY through its listener, elsewhere by polling.
         let other = LockFactory::new(SqlStore::from_dsn(&t.dsn).unwrap())
-            .with_default_ttl(Some(Duration::from_secs(30)));
+            .with_ttl(Some(Duration::from_secs(30)));
         handoff.extend(handoffs_between(&factory, &other, "bench:handoff", HANDOFFS).await);
         local.extend(handoffs_between(&factory, &factory, "bench:handoff", HANDOFFS).await);
         if let Some((pdo, user)) = &t.pdo {
@@ -245,7 +245,7 @@ async fn rust_throughput(factory: &LockFactory) -> f64 {
             while Instant::now() < end {
                 let lock = factory.create_lock(format!("bench:tp:{}", i % 16));
                 lock.acquire().await.unwrap();
-                lock.release().await.unwrap();
+                let _ = lock.release().await.unwrap();
                 done.fetch_add(1, Ordering::Relaxed);
                 i = i
                     .wrapping_mul(6364136223846793005)

@@ -80,7 +80,7 @@ impl Side {
         match self {
             Side::Semaphore => LockFactory::new(SemaphoreStore::new()),
             Side::Memcached(url) => LockFactory::new(MemcachedStore::from_dsn(url).unwrap())
-                .with_default_ttl(Some(Duration::from_secs(30))),
+                .with_ttl(Some(Duration::from_secs(30))),
         }
     }
 
@@ -108,7 +108,7 @@ async fn measure(side: Side, memcached_port: Option<u16>) -> Measured {
     let lock = factory.create_lock(format!("bench:cycle:{tag}"));
     for _ in 0..50 {
         assert!(lock.try_acquire().await.unwrap());
-        lock.release().await.unwrap();
+        let _ = lock.release().await.unwrap();
     }
     let mut floor_conn = match memcached_port {
         Some(port) => Some(
@@ -126,7 +126,7 @@ async fn measure(side: Side, memcached_port: Option<u16>) -> Measured {
         for _ in 0..CYCLES {
             let t = Instant::now();
             assert!(lock.try_acquire().await.unwrap());
-            lock.release().await.unwrap();
+            let _ = lock.release().await.unwrap();
             cycle.push(t.elapsed());
             if let Some(conn) = floor_conn.as_mut() {
                 let t = Instant::now();
@@ -198,7 +198,7 @@ async fn from_symfony(factory: &LockFactory, store: &str, resource: &str) -> Vec
         let task = tokio::spawn(async move {
             waiter.acquire().await.unwrap();
             let got = monotonic_ns();
-            waiter.release().await.unwrap();
+            let _ = waiter.release().await.unwrap();
             got
         });
         tokio::time::sleep(park(i)).await;

@@ -212,7 +212,7 @@ fn lock(store: &RedisStore, resource: &str) -> Lock {
 async fn free_lock(store: &RedisStore) -> (Summary, Summary, Summary) {
     let warm = lock(store, "bench:warm");
     warm.acquire().await.unwrap();
-    warm.release().await.unwrap();
+    let _ = warm.release().await.unwrap();
     let (mut tries, mut acquires, mut every_65th) = (Vec::new(), Vec::new(), Vec::new());
     let nonce = monotonic_ns();
     for round in 0..ROUNDS {
@@ -230,7 +230,7 @@ async fn free_lock(store: &RedisStore) -> (Summary, Summary, Summary) {
                     assert!(l.try_acquire().await.unwrap());
                     tries.push(t.elapsed());
                 }
-                l.release().await.unwrap();
+                let _ = l.release().await.unwrap();
             }
         }
     }
@@ -259,7 +259,7 @@ async fn handoffs_across(store: &RedisStore, dsn: &str, cpu: i32) -> (Summary, S
         until_queued(store, dsn, &resource, 1).await;
         tokio::time::sleep(park(i)).await;
         let released = monotonic_ns();
-        holder.release().await.unwrap();
+        let _ = holder.release().await.unwrap();
         let mut line = String::new();
         from_child.read_line(&mut line).unwrap();
         let held: u64 = line.trim().parse().unwrap();
@@ -267,7 +267,7 @@ async fn handoffs_across(store: &RedisStore, dsn: &str, cpu: i32) -> (Summary, S
         tokio::time::sleep(park(i)).await;
         let t = Instant::now();
         idle.acquire().await.unwrap();
-        idle.release().await.unwrap();
+        let _ = idle.release().await.unwrap();
         cycles.push(t.elapsed());
     }
     writeln!(to_child, "quit").unwrap();
@@ -284,7 +284,7 @@ async fn parked_behind_ours(server: &RedisServer, store: &RedisStore) -> f64 {
     until_queued(store, &dsn, "bench:parked", 100).await;
     let rate = command_rate(server, 100).await;
     stop(waiters).await;
-    holder.release().await.unwrap();
+    let _ = holder.release().await.unwrap();
     rate
 }
 
@@ -316,7 +316,7 @@ fn python_waiters(server: &RedisServer, dsn: &str) -> f64 {
     let rate = rt.block_on(command_rate(server, 100));
     writeln!(py.stdin.as_mut().unwrap(), "stop").unwrap();
     py.wait().unwrap();
-    rt.block_on(holder.release()).unwrap();
+    let _ = rt.block_on(holder.release()).unwrap();
     rate
 }
 
@@ -359,14 +359,14 @@ async fn chain_in_process(server: &RedisServer, store: &RedisStore) -> (f64, f64
             let l = lock(store, "bench:chain1");
             tokio::spawn(async move {
                 l.acquire().await.unwrap();
-                l.release().await.unwrap();
+                let _ = l.release().await.unwrap();
             })
         })
         .collect();
     until_queued(store, &dsn, "bench:chain1", 100).await;
     server.cli(&["CONFIG", "RESETSTAT"]);
     let before = commands(server);
-    holder.release().await.unwrap();
+    let _ = holder.release().await.unwrap();
     for w in waiters {
         w.await.unwrap();
     }
@@ -384,7 +384,7 @@ async fn chain_in_processes(server: &RedisServer, store: &RedisStore, dsn: &str)
     until_queued(store, dsn, "bench:chain10", 100).await;
     server.cli(&["CONFIG", "RESETSTAT"]);
     let before = commands(server);
-    holder.release().await.unwrap();
+    let _ = holder.release().await.unwrap();
     for mut c in children {
         let status = tokio::task::spawn_blocking(move || c.wait().unwrap())
             .await
@@ -408,7 +408,7 @@ async fn parked_cpu(server: &RedisServer, store: &RedisStore, n: usize) -> (f64,
     let wall = t0.elapsed().as_secs_f64();
     let out = ((server_cpu(server) - s0) / wall, (own_cpu() - c0) / wall);
     stop(waiters).await;
-    holder.release().await.unwrap();
+    let _ = holder.release().await.unwrap();
     out
 }
 
@@ -416,7 +416,7 @@ async fn parked_cpu(server: &RedisServer, store: &RedisStore, n: usize) -> (f64,
 async fn bytes_per_lock(factory: LockFactory) -> f64 {
     let warm = factory.create_lock("bench:mem:warm").with_ttl(Some(TTL));
     assert!(warm.try_acquire().await.unwrap());
-    warm.release().await.unwrap();
+    let _ = warm.release().await.unwrap();
     const N: usize = 10_000;
     let mut held = Vec::with_capacity(N);
     let before = live_bytes();
@@ -429,7 +429,7 @@ async fn bytes_per_lock(factory: LockFactory) -> f64 {
     }
     let after = live_bytes();
     for l in &held {
-        l.release().await.unwrap();
+        let _ = l.release().await.unwrap();
     }
     (after - before) as f64 / N as f64
 }
@@ -500,7 +500,7 @@ fn child(args: &[String]) {
                     let held = monotonic_ns();
                     writeln!(out, "{held}").unwrap();
                     out.flush().unwrap();
-                    l.release().await.unwrap();
+                    let _ = l.release().await.unwrap();
                 });
             }
         }
@@ -512,7 +512,7 @@ fn child(args: &[String]) {
                         let l = lock(&store, &args[2]);
                         tokio::spawn(async move {
                             l.acquire().await.unwrap();
-                            l.release().await.unwrap();
+                            let _ = l.release().await.unwrap();
                         })
                     })
                     .collect();

@@ -27,7 +27,7 @@ pub(crate) async fn bench(store: StoreConfig, args: BenchSettings) -> Result<Exi
         return Err(anyhow!("--clients and --resources must be at least 1"));
     }
     let tag = format!("xtr-lock-bench:{}", std::process::id());
-    let factory = store.factory().with_default_ttl(Some(TTL));
+    let factory = store.factory().with_ttl(Some(TTL));
     let cycles = cycles(&factory, &tag).await?;
     let handoffs = handoffs(&factory, &tag).await?;
     let rate = throughput(&factory, &tag, &args).await?;
@@ -46,7 +46,7 @@ async fn cycles(factory: &LockFactory, tag: &str) -> Result<Vec<Duration>> {
                 "the benchmark's own resource {tag}:cycle is held by someone else"
             ));
         }
-        lock.release().await?;
+        let _ = lock.release().await?;
         cycles.push(t.elapsed());
     }
     cycles.sort_unstable();
@@ -63,12 +63,12 @@ async fn handoffs(factory: &LockFactory, tag: &str) -> Result<Vec<Duration>> {
         let task = tokio::spawn(async move {
             waiter.acquire().await?;
             let got = Instant::now();
-            waiter.release().await?;
+            let _ = waiter.release().await?;
             Ok::<_, xtr_lock::Error>(got)
         });
         tokio::time::sleep(Duration::from_millis(5)).await;
         let released = Instant::now();
-        holder.release().await?;
+        let _ = holder.release().await?;
         handoffs.push(task.await??.saturating_duration_since(released));
     }
     handoffs.sort_unstable();
@@ -89,7 +89,7 @@ async fn throughput(factory: &LockFactory, tag: &str, args: &BenchSettings) -> R
                 if !hold.is_zero() {
                     tokio::time::sleep(hold).await;
                 }
-                lock.release().await?;
+                let _ = lock.release().await?;
                 done.fetch_add(1, Ordering::Relaxed);
             }
             Ok::<_, xtr_lock::Error>(())

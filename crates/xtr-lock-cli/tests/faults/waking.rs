@@ -32,7 +32,7 @@ async fn a_release_wakes_one_process_and_every_waiting_process_gets_the_lock() {
 
     let store = RedisStore::from_dsn(&dsn).unwrap();
     let holder = LockFactory::new(store)
-        .with_default_ttl(Some(Duration::from_secs(60)))
+        .with_ttl(Some(Duration::from_secs(60)))
         .create_lock("multi");
     holder.acquire().await.unwrap();
     const PROCESSES: usize = 6;
@@ -43,7 +43,7 @@ async fn a_release_wakes_one_process_and_every_waiting_process_gets_the_lock() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     server.cli(&["CONFIG", "RESETSTAT"]);
-    holder.release().await.unwrap();
+    let _ = holder.release().await.unwrap();
     for child in waiting {
         let out = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap())
             .await

@@ -123,3 +123,23 @@ fn run_exits_after_a_partition_from_its_database() {
 fn run_exits_with_its_database_paused() {
     exits_after_its_database_goes_silent(false);
 }
+
+/// `run -w 3` against a database that is down ends by its wait with one line naming the refused
+/// connection: not a pool timeout after the connect timeout, nor "did not answer".
+#[test]
+fn run_with_its_database_down_says_connection_refused_within_the_wait() {
+    let mut server = PostgresServer::start();
+    let dsn = format!("{}?connect_timeout=10", server.url());
+    server.kill();
+    let started = Instant::now();
+    let out = xtr()
+        .args(["run", "--store", &dsn, "-w", "3", "down", "--", "true"])
+        .output()
+        .unwrap();
+    let took = started.elapsed();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.to_lowercase().contains("connection refused"), "{err}");
+    assert!(took < Duration::from_secs(6), "{took:?}: {err}");
+}

@@ -29,6 +29,27 @@ impl Lock {
         self.inner.resource()
     }
 
+    /// The same holder with another ttl: a `Duration`, or `None` (or zero) for no lifetime;
+    /// as [`crate::Lock::with_ttl`].
+    #[must_use]
+    pub fn with_ttl(mut self, ttl: impl Into<Option<Duration>>) -> Self {
+        self.inner = self.inner.with_ttl(ttl);
+        self
+    }
+
+    /// Whether guards and scopes renew an expiring lock (the default); as
+    /// [`crate::Lock::with_keep_alive`].
+    #[must_use]
+    pub fn with_keep_alive(mut self, renew: bool) -> Self {
+        self.inner = self.inner.with_keep_alive(renew);
+        self
+    }
+
+    /// The lifetime each acquisition gets, if any.
+    pub fn ttl(&self) -> Option<Duration> {
+        self.inner.ttl()
+    }
+
     /// Takes the lock in `mode`, waiting as `wait` says: `Ok(false)` when someone else holds
     /// it and the wait ran out, as [`Lockable::acquire_with`](crate::Lockable::acquire_with).
     /// A wait that runs out leaves nothing held (the async API's cancel safety).
@@ -251,13 +272,10 @@ impl LockGuard {
     /// # Errors
     ///
     /// `Unsupported` inside a tokio runtime.
-    pub fn wait_lost(&mut self, timeout: Duration) -> Result<Option<LockLost>> {
-        let guard = self
-            .inner
-            .as_mut()
-            .expect("a guard is only emptied when it goes");
+    pub fn wait_lost(&self, timeout: Duration) -> Result<Option<LockLost>> {
+        let lost = self.inner().lost();
         self.rt
-            .run(async { tokio::time::timeout(timeout, guard.lost()).await.ok() })
+            .run(async { tokio::time::timeout(timeout, lost).await.ok() })
     }
 
     /// The fencing token of the hold, where the store gives one.
@@ -385,10 +403,10 @@ impl KeepAlive {
     /// # Errors
     ///
     /// `Unsupported` inside a tokio runtime.
-    pub fn wait_lost(&mut self, timeout: Duration) -> Result<Option<LockLost>> {
-        let inner = &mut self.inner;
+    pub fn wait_lost(&self, timeout: Duration) -> Result<Option<LockLost>> {
+        let lost = self.inner.lost();
         self.rt
-            .run(async { tokio::time::timeout(timeout, inner.lost()).await.ok() })
+            .run(async { tokio::time::timeout(timeout, lost).await.ok() })
     }
 
     /// Stops renewing and watching; the lock stays held until its ttl runs out or it is

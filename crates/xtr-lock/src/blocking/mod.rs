@@ -83,12 +83,20 @@ impl LockFactory {
         })
     }
 
-    /// The same factory with `ttl` as its locks' default lifetime (`None`: no ttl). Where a ttl
-    /// is used: see [`Lock::with_ttl`](crate::Lock::with_ttl).
+    /// The ttl the locks it makes get: a `Duration`, or `None` (or zero) for none; as
+    /// [`crate::LockFactory::with_ttl`]. Where a ttl is used: see
+    /// [`Lock::with_ttl`](crate::Lock::with_ttl).
     #[must_use]
-    pub fn with_default_ttl(mut self, ttl: Option<Duration>) -> Self {
-        self.inner = self.inner.with_default_ttl(ttl);
+    pub fn with_ttl(mut self, ttl: impl Into<Option<Duration>>) -> Self {
+        self.inner = self.inner.with_ttl(ttl);
         self
+    }
+
+    /// The old name of [`with_ttl`](Self::with_ttl).
+    #[deprecated(note = "use `with_ttl`, which also takes a plain `Duration`")]
+    #[must_use]
+    pub fn with_default_ttl(self, ttl: Option<Duration>) -> Self {
+        self.with_ttl(ttl)
     }
 
     /// A lock (a new holder) for `resource`.

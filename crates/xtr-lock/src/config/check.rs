@@ -8,7 +8,7 @@ use super::expand::{Problem, expand};
 use super::{DEFAULT_ENTRY, Entry, EntryTable, LocksConfig, Period};
 use crate::error::Error;
 use crate::lock::lockable::Wait;
-use crate::store_factory::{QuorumKind, StoreFactory, StoreSpec};
+use crate::store_factory::{QuorumKind, StoreFactory, StoreKind, StoreSpec};
 
 /// A configuration whose every entry was checked: DSNs expanded and accepted by a store of this
 /// build, periods parsed.
@@ -62,9 +62,14 @@ impl From<ConfigErrors> for Error {
 }
 
 impl LocksConfig {
-    /// Checks every entry with the process's environment: each DSN's `${VAR}`s are set, a store
-    /// of this build serves its scheme and accepts it, periods parse, the default entry exists.
-    /// Connects to nothing.
+    /// Checks every entry with the process's environment: each DSN's `${VAR}`s are set, its
+    /// scheme names a store and (when this build has that store) the store accepts it, periods
+    /// parse, the default entry exists. Connects to nothing.
+    ///
+    /// An entry whose store this build lacks (a `postgres://` entry in an application built
+    /// without `sql`) is not a problem: a shared file names stores some applications never use.
+    /// Using it fails ([`Unsupported`](crate::ErrorKind::Unsupported), naming the feature);
+    /// [`CheckedEntry::missing_features`] tells beforehand.
     ///
     /// # Errors
     ///
@@ -257,14 +262,48 @@ fn expand_all(
             at.to_owned()
         };
         match expand(dsn, env) {
-            Ok(dsn) => match StoreFactory::validate(&dsn) {
-                Ok(()) => expanded.push(dsn),
-                Err(e) => problems.push(format!("{here}: {}", e.reason().unwrap_or("invalid"))),
+            Ok(dsn) => match refusal(&dsn, StoreFactory::kind(&dsn)) {
+                None => expanded.push(dsn),
+                Some(why) => problems.push(format!("{here}: {why}")),
             },
             Err(problem) => problems.extend(expansion_problems(&here, problem)),
         }
     }
     expanded
+}
+
+/// Why `dsn` (of a store of `kind`) cannot be an entry's store, or `None`.
+///
+/// A store this build lacks is no problem here: one configuration file is shared by
+/// applications built with different features, each using some of its entries. Such an entry
+/// is checked no further (its store's grammar is not in the build) and fails when it is used
+/// ([`Locks::factory`](super::Locks::factory): unsupported, naming the feature);
+/// [`CheckedEntry::missing_features`] tells beforehand.
+fn refusal(dsn: &str, kind: Option<StoreKind>) -> Option<String> {
+    if kind.is_some_and(|k| !k.built) {
+        return None;
+    }
+    StoreFactory::validate(dsn)
+        .err()
+        .map(|e| e.reason().unwrap_or("invalid").to_owned())
+}
+
+impl CheckedEntry {
+    /// The cargo features this entry's stores need that this build lacks (empty: it can be
+    /// used). [`LocksConfig::check`] accepts such an entry, so that a configuration shared with
+    /// applications built otherwise loads; using it fails.
+    pub fn missing_features(&self) -> Vec<&'static str> {
+        let mut missing: Vec<&'static str> = self
+            .store
+            .dsns()
+            .iter()
+            .filter_map(|dsn| StoreFactory::kind(dsn))
+            .filter(|kind| !kind.built)
+            .map(|kind| kind.feature)
+            .collect();
+        missing.dedup();
+        missing
+    }
 }
 
 /// What a DSN's `${VAR}`s got wrong, one line each, naming the entry at `here`.
@@ -325,5 +364,56 @@ fn wait(p: &Period) -> Result<Wait, String> {
                 Wait::AtMost(d)
             }
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store_factory::Fencing;
+
+    fn sql_kind(built: bool) -> StoreKind {
+        StoreKind {
+            name: "sql",
+            feature: "sql",
+            built,
+            fencing: Fencing::PerResource,
+            tables: true,
+            secret_options: &[],
+        }
+    }
+
+    /// The decision a build without `sql` takes (this test runs in every build): an entry of a
+    /// store the build lacks is kept, whatever its DSN says; one the build has is checked.
+    #[test]
+    fn a_store_this_build_lacks_is_no_problem_until_used() {
+        let dsn = "postgres://app@db/app?no_such_option=1";
+        assert_eq!(refusal(dsn, Some(sql_kind(false))), None);
+        if StoreFactory::kind(dsn).is_some_and(|k| k.built) {
+            let why = refusal(dsn, Some(sql_kind(true))).expect("refused");
+            assert!(why.contains("no_such_option"), "{why}");
+        }
+        let why = refusal("redsi://h", None).expect("no store");
+        assert!(why.contains("did you mean"), "{why}");
+    }
+
+    /// A file shared by applications built with other features loads in every build; what this
+    /// build cannot use is named by its entry.
+    #[test]
+    fn a_shared_file_loads_in_every_build() {
+        let config = LocksConfig::from_toml_str(
+            "[stores]\ndefault = \"in-memory\"\ndb = \"postgres://app@db/app\"\n\
+             quorum = [\"etcd://e1:2379\", \"etcd://e2:2379\", \"in-memory\"]\n",
+        )
+        .unwrap();
+        let checked = config.check_with(&|_| None).expect("loads");
+        let missing = |entry: &str| checked.entries[entry].missing_features();
+        assert!(missing("default").is_empty());
+        let built = |dsn: &str| StoreFactory::kind(dsn).is_some_and(|k| k.built);
+        assert_eq!(missing("db").is_empty(), built("postgres://h/db"));
+        assert_eq!(missing("quorum").is_empty(), built("etcd://h:2379"));
+        if !built("etcd://h:2379") {
+            assert_eq!(missing("quorum"), ["etcd"], "each feature once");
+        }
     }
 }

@@ -111,7 +111,7 @@ impl Locks {
             return Ok(factory.clone());
         }
         let store = checked.store.build()?;
-        let factory = LockFactory::from_arc(store).with_default_ttl(checked.ttl);
+        let factory = LockFactory::from_arc(store).with_ttl(checked.ttl);
         built.insert(entry.to_owned(), factory.clone());
         Ok(factory)
     }

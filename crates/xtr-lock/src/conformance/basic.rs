@@ -224,7 +224,7 @@ pub async fn reentrant_acquire_and_no_counting(h: Harness) -> Outcome {
         "one release lets go for all"
     );
     assert!(b.try_acquire().await.unwrap());
-    b.release().await.unwrap();
+    let _ = b.release().await.unwrap();
     Outcome::Ran
 }
 
@@ -237,6 +237,12 @@ pub async fn refresh_of_a_lock_never_acquired_is_a_conflict(h: Harness) -> Outco
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Conflict, "{err:?}");
+    // Nobody holds it: the message must not say someone else does.
+    let said = err.to_string();
+    assert!(
+        said.contains("not held") && !said.contains("someone else"),
+        "{said}"
+    );
     assert!(!lock.is_acquired().await.unwrap());
     Outcome::Ran
 }
@@ -252,7 +258,7 @@ pub async fn refresh_on_a_non_expiring_store_checks_the_hold(h: Harness) -> Outc
     lock.refresh(Some(Duration::from_secs(1))).await.unwrap();
     assert_eq!(lock.remaining_lifetime(), None);
     assert!(!lock.is_expired());
-    lock.release().await.unwrap();
+    let _ = lock.release().await.unwrap();
     let err = lock.refresh(None).await.unwrap_err();
     assert!(err.is_conflict(), "{err:?}");
     Outcome::Ran
@@ -285,7 +291,7 @@ pub async fn release_reports_what_it_found(h: Harness) -> Outcome {
             other.is_acquired().await.unwrap(),
             "the new holder keeps its lock"
         );
-        other.release().await.unwrap();
+        let _ = other.release().await.unwrap();
     }
     Outcome::Ran
 }
@@ -306,7 +312,7 @@ pub async fn scoped_use_releases_on_error_and_panic(h: Harness) -> Outcome {
         other.try_acquire().await.unwrap(),
         "released after the body's error"
     );
-    other.release().await.unwrap();
+    let _ = other.release().await.unwrap();
 
     let panicked = tokio::spawn({
         let lock = lock.clone();
@@ -322,7 +328,7 @@ pub async fn scoped_use_releases_on_error_and_panic(h: Harness) -> Outcome {
             .is_ok(),
         "released after the body's panic"
     );
-    other.release().await.unwrap();
+    let _ = other.release().await.unwrap();
 
     // Nested scopes: the inner exit keeps the lock, the outer releases it.
     let inner_kept = lock
@@ -344,7 +350,7 @@ pub async fn scoped_use_releases_on_error_and_panic(h: Harness) -> Outcome {
         .await
         .unwrap();
     assert!(lock.is_acquired().await.unwrap());
-    lock.release().await.unwrap();
+    let _ = lock.release().await.unwrap();
     Outcome::Ran
 }
 

@@ -110,7 +110,7 @@ pub async fn remaining_lifetime_after_put_off(h: Harness) -> Outcome {
         left > Duration::ZERO && left <= h.time(Duration::from_secs(1)),
         "{left:?}"
     );
-    lock.release().await.unwrap();
+    let _ = lock.release().await.unwrap();
     Outcome::Ran
 }
 
@@ -167,7 +167,7 @@ pub async fn expired_reader_cannot_revive_itself(h: Harness) -> Outcome {
     );
     assert!(!short.is_acquired().await.unwrap());
     assert!(long.is_acquired().await.unwrap());
-    long.release().await.unwrap();
+    let _ = long.release().await.unwrap();
     Outcome::Ran
 }
 
@@ -184,7 +184,7 @@ pub async fn waiter_takes_over_an_abandoned_lock(h: Harness) -> Outcome {
         .unwrap();
     assert!(waiter.is_acquired().await.unwrap());
     assert!(!crashed.is_acquired().await.unwrap());
-    waiter.release().await.unwrap();
+    let _ = waiter.release().await.unwrap();
     Outcome::Ran
 }
 
@@ -207,7 +207,7 @@ pub async fn long_wait_ends_with_a_full_lease(h: Harness) -> Outcome {
         holder.refresh(None).await.unwrap();
     }
     assert!(!wait.is_finished(), "the waiter waited");
-    holder.release().await.unwrap();
+    let _ = holder.release().await.unwrap();
     h.within("the waiter gets the lock", wait)
         .await
         .unwrap()
@@ -218,7 +218,7 @@ pub async fn long_wait_ends_with_a_full_lease(h: Harness) -> Outcome {
         "the lease starts when the waiter wins: {left:?} left of {ttl:?}"
     );
     assert!(waiter.is_acquired().await.unwrap());
-    waiter.release().await.unwrap();
+    let _ = waiter.release().await.unwrap();
     Outcome::Ran
 }
 
@@ -237,6 +237,6 @@ pub async fn release_after_expiry_and_takeover_reports_lost(h: Harness) -> Outco
         second.is_acquired().await.unwrap(),
         "the new holder keeps its lock"
     );
-    second.release().await.unwrap();
+    let _ = second.release().await.unwrap();
     Outcome::Ran
 }

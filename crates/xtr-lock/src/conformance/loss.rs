@@ -61,7 +61,7 @@ pub async fn a_lock_lost_behind_its_holders_back_is_reported(h: Harness) -> Outc
     // keep_alive.
     let lock = h.lock(&r, ttl);
     assert!(lock.try_acquire().await.unwrap());
-    let mut alive = lock.keep_alive().unwrap();
+    let alive = lock.keep_alive().unwrap();
     sabotage(lock.key().clone()).await;
     let lost = h.within("keep_alive reports the loss", alive.lost()).await;
     assert_eq!(lost.resource, r);
@@ -71,9 +71,9 @@ pub async fn a_lock_lost_behind_its_holders_back_is_reported(h: Harness) -> Outc
 
     // A guard.
     let lock = h.lock(&r, ttl);
-    let mut guard = lock.lock().await.unwrap();
+    let guard = lock.lock().await.unwrap();
     sabotage(lock.key().clone()).await;
-    h.within("the guard reports the loss", guard.lost()).await;
+    let _ = h.within("the guard reports the loss", guard.lost()).await;
     assert!(guard.is_lost());
     assert_eq!(guard.unlock().await.unwrap(), Release::Lost);
 
@@ -96,7 +96,7 @@ pub async fn a_lock_lost_behind_its_holders_back_is_reported(h: Harness) -> Outc
 
     let other = h.lock(&r, ttl);
     assert!(other.try_acquire().await.unwrap(), "the lock is free again");
-    other.release().await.unwrap();
+    let _ = other.release().await.unwrap();
     Outcome::Ran
 }
 
@@ -121,7 +121,7 @@ pub async fn a_body_whose_lock_is_lost_does_not_succeed(h: Harness) -> Outcome {
     assert_eq!(err.kind(), ErrorKind::Lost, "{err:?}");
     let other = h.lock(&r, ttl(&h));
     assert!(other.try_acquire().await.unwrap(), "the lock is free");
-    other.release().await.unwrap();
+    let _ = other.release().await.unwrap();
     Outcome::Ran
 }
 
@@ -155,7 +155,7 @@ pub async fn guards_and_scopes_keep_an_expiring_lock_alive(h: Harness) -> Outcom
     );
     assert_eq!(guard.unlock().await.unwrap(), Release::Released);
     assert!(other.try_acquire().await.unwrap());
-    other.release().await.unwrap();
+    let _ = other.release().await.unwrap();
     Outcome::Ran
 }
 
@@ -177,6 +177,43 @@ pub async fn without_renewal_a_scope_ends_when_its_lock_expires(h: Harness) -> O
     assert_eq!(err.lost_reason(), Some(crate::error::LostReason::Expired));
     let other = h.lock(&r, Some(h.time(SHORT_TTL)));
     assert!(other.try_acquire().await.unwrap(), "the lock is free");
-    other.release().await.unwrap();
+    let _ = other.release().await.unwrap();
+    Outcome::Ran
+}
+
+/// What dropping every handle of a holder that holds does (an early `?` between acquire and
+/// release): where keys travel ([`serializable_keys`](crate::store::Capabilities::serializable_keys):
+/// the lock is stored data a key from another process may hold) the lock stays held, until its
+/// ttl; elsewhere it is held by something of this process (a descriptor, a semaphore, a
+/// database session, a subscription, a lease kept alive), which goes with the holder and lets
+/// the lock go. The rule `Lock` and `Lockable` document.
+pub async fn a_dropped_holder_keeps_its_lock_only_where_keys_travel(h: Harness) -> Outcome {
+    require!(h.caps().excludes, "the store locks nothing");
+    let resource = h.resource("dropped-holder");
+    let lock = h.lock(&resource, h.ttl);
+    assert!(lock.try_acquire().await.unwrap());
+    let travels = h.caps().serializable_keys;
+    let copy = travels.then(|| lock.key().to_json().unwrap());
+    drop(lock);
+    let other = h.lock(&resource, h.ttl);
+    if let Some(copy) = copy {
+        // A moment for a release that should not come.
+        h.sleep(h.time(Duration::from_millis(200))).await;
+        assert!(
+            !other.try_acquire().await.unwrap(),
+            "a stored lock stays held when its holder's handles go"
+        );
+        let key = crate::key::Key::from_json_with_clock(&copy, h.clock.clone()).unwrap();
+        let again = h.factory().create_lock_from_key(key);
+        assert_eq!(again.release().await.unwrap(), Release::Released);
+    } else {
+        h.within("the dropped holder lets the lock go", async {
+            while !other.try_acquire().await.unwrap() {
+                h.sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+        assert_eq!(other.release().await.unwrap(), Release::Released);
+    }
     Outcome::Ran
 }

@@ -191,7 +191,7 @@ impl Harness {
     pub fn factory(&self) -> LockFactory {
         LockFactory::from_arc(self.store.clone())
             .with_clock(self.clock.clone())
-            .with_default_ttl(self.ttl)
+            .with_ttl(self.ttl)
     }
 
     /// A lock with a new holder for `resource`, with `ttl`.
@@ -299,6 +299,7 @@ macro_rules! conformance_tests {
             a_body_whose_lock_is_lost_does_not_succeed,
             guards_and_scopes_keep_an_expiring_lock_alive,
             without_renewal_a_scope_ends_when_its_lock_expires,
+            a_dropped_holder_keeps_its_lock_only_where_keys_travel,
             // expiring
             put_off_lock_expires,
             tiny_put_off_raises_expired,

@@ -97,10 +97,10 @@ pub async fn promotion_with_other_readers_conflicts_and_keeps_the_read_lock(h: H
         !w.try_acquire().await.unwrap(),
         "a's read lock still excludes writers"
     );
-    b.release().await.unwrap();
+    let _ = b.release().await.unwrap();
     assert!(a.try_acquire().await.unwrap(), "sole reader now: promotes");
     assert_eq!(a.held_mode(), Some(Mode::Write));
-    a.release().await.unwrap();
+    let _ = a.release().await.unwrap();
     Outcome::Ran
 }
 
@@ -158,9 +158,9 @@ pub async fn a_travelled_reader_keeps_its_read_lock_when_promotion_is_refused(
         !a.is_acquired().await.unwrap(),
         "one holder: released for a too"
     );
-    b.release().await.unwrap();
+    let _ = b.release().await.unwrap();
     assert!(w.try_acquire().await.unwrap());
-    w.release().await.unwrap();
+    let _ = w.release().await.unwrap();
     Outcome::Ran
 }
 
@@ -233,6 +233,6 @@ pub async fn read_falls_back_to_write_without_shared_locks(h: Harness) -> Outcom
     assert!(a.try_acquire_read().await.unwrap());
     assert_eq!(a.held_mode(), Some(Mode::Write));
     assert!(!b.try_acquire_read().await.unwrap());
-    a.release().await.unwrap();
+    let _ = a.release().await.unwrap();
     Outcome::Ran
 }

@@ -460,7 +460,7 @@ impl Chaos {
                 && listed.is_empty()
                 && fresh.try_acquire().await.unwrap_or(false);
             if free {
-                fresh.release().await.unwrap();
+                let _ = fresh.release().await.unwrap();
                 return;
             }
             let _ = fresh.release().await;

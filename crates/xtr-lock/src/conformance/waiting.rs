@@ -121,13 +121,13 @@ pub async fn blocking_acquire_wakes_on_release(h: Harness) -> Outcome {
     });
     tokio::time::sleep(SETTLE).await;
     assert!(!wait.is_finished(), "the waiter waits");
-    holder.release().await.unwrap();
+    let _ = holder.release().await.unwrap();
     h.within("the waiter gets the lock", wait)
         .await
         .unwrap()
         .unwrap();
     assert!(waiter.is_acquired().await.unwrap());
-    waiter.release().await.unwrap();
+    let _ = waiter.release().await.unwrap();
     Outcome::Ran
 }
 
@@ -139,7 +139,7 @@ pub async fn waiters_wake_on_release_without_polling(h: Harness) -> Outcome {
     let frozen = ManualClock::frozen();
     let factory = LockFactory::from_arc(h.store.clone())
         .with_clock(Arc::new(frozen.clone()))
-        .with_default_ttl(h.ttl);
+        .with_ttl(h.ttl);
     let r = h.resource("no-polling");
     let holder = factory.create_lock(r.as_str());
     holder.acquire().await.unwrap();
@@ -156,9 +156,10 @@ pub async fn waiters_wake_on_release_without_polling(h: Harness) -> Outcome {
     }
     tokio::time::sleep(SETTLE).await;
     assert!(waits.iter().all(|w| !w.is_finished()), "the waiters wait");
-    holder.release().await.unwrap();
+    let _ = holder.release().await.unwrap();
     for wait in waits {
-        h.within("a waiter is woken by the release", wait)
+        let _ = h
+            .within("a waiter is woken by the release", wait)
             .await
             .unwrap()
             .unwrap();
@@ -198,11 +199,11 @@ pub async fn cancelled_wait_holds_nothing(h: Harness) -> Outcome {
         holder.is_acquired().await.unwrap(),
         "the holder is untouched"
     );
-    holder.release().await.unwrap();
+    let _ = holder.release().await.unwrap();
     let third = h.lock(&r, h.ttl);
     assert!(third.try_acquire().await.unwrap());
     assert!(!waiter.is_acquired().await.unwrap());
-    third.release().await.unwrap();
+    let _ = third.release().await.unwrap();
     Outcome::Ran
 }
 
@@ -223,8 +224,8 @@ pub async fn cancelled_reacquire_keeps_the_lock(h: Harness) -> Outcome {
         !w.try_acquire().await.unwrap(),
         "and still excludes writers"
     );
-    a.release().await.unwrap();
-    b.release().await.unwrap();
+    let _ = a.release().await.unwrap();
+    let _ = b.release().await.unwrap();
     Outcome::Ran
 }
 
@@ -253,7 +254,7 @@ pub async fn cancellation_at_random_points_leaves_nothing(h: Harness) -> Outcome
                 result.unwrap();
                 assert!(!held, "the waiter got a lock that was held");
                 assert!(waiter.is_acquired().await.unwrap());
-                waiter.release().await.unwrap();
+                let _ = waiter.release().await.unwrap();
             }
             Err(_) => {
                 assert!(
@@ -271,7 +272,7 @@ pub async fn cancellation_at_random_points_leaves_nothing(h: Harness) -> Outcome
                 holder.is_acquired().await.unwrap(),
                 "round {i}: holder disturbed"
             );
-            holder.release().await.unwrap();
+            let _ = holder.release().await.unwrap();
         }
     }
     let fresh = h.lock(&r, h.ttl);
@@ -279,7 +280,7 @@ pub async fn cancellation_at_random_points_leaves_nothing(h: Harness) -> Outcome
         fresh.try_acquire().await.unwrap(),
         "nothing was left behind"
     );
-    fresh.release().await.unwrap();
+    let _ = fresh.release().await.unwrap();
     Outcome::Ran
 }
 
@@ -293,12 +294,12 @@ pub async fn acquire_timeout_gives_up_and_holds_nothing(h: Harness) -> Outcome {
     assert!(!waiter.acquire_timeout(wait).await.unwrap());
     assert!(!waiter.acquire_read_timeout(wait).await.unwrap());
     assert!(!waiter.is_acquired().await.unwrap());
-    holder.release().await.unwrap();
+    let _ = holder.release().await.unwrap();
     assert!(
         waiter.acquire_timeout(wait).await.unwrap(),
         "a free lock comes in time"
     );
-    waiter.release().await.unwrap();
+    let _ = waiter.release().await.unwrap();
     Outcome::Ran
 }
 
@@ -326,7 +327,7 @@ pub async fn counter_race_under_the_lock(h: Harness) -> Outcome {
                 tokio::task::yield_now().await;
                 counter.store(v + 1, Ordering::SeqCst);
                 inside.fetch_sub(1, Ordering::SeqCst);
-                lock.release().await.unwrap();
+                let _ = lock.release().await.unwrap();
             }
         }));
     }
@@ -357,7 +358,7 @@ pub async fn many_waiters_all_get_their_turn(h: Harness) -> Outcome {
             tokio::task::yield_now().await;
             inside.fetch_sub(1, Ordering::SeqCst);
             served.fetch_add(1, Ordering::SeqCst);
-            lock.release().await.unwrap();
+            let _ = lock.release().await.unwrap();
         }));
     }
     for handle in handles {
@@ -379,7 +380,7 @@ pub async fn fencing_tokens_strictly_increase(h: Harness) -> Outcome {
     let t1 = a.fencing_token().expect("a token");
     assert!(a.try_acquire().await.unwrap());
     assert_eq!(a.fencing_token(), Some(t1), "a re-acquire keeps the token");
-    a.release().await.unwrap();
+    let _ = a.release().await.unwrap();
     assert_eq!(a.fencing_token(), None, "no token after release");
 
     let b = h.lock(&r, h.ttl);
@@ -400,7 +401,7 @@ pub async fn fencing_tokens_strictly_increase(h: Harness) -> Outcome {
             "a promotion is a new exclusive acquisition: {t3} > {read}"
         );
     }
-    b.release().await.unwrap();
+    let _ = b.release().await.unwrap();
 
     // Concurrent holders, recorded in the order they held the lock.
     let order = Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -412,7 +413,7 @@ pub async fn fencing_tokens_strictly_increase(h: Harness) -> Outcome {
             for _ in 0..5 {
                 lock.acquire().await.unwrap();
                 order.lock().unwrap().push(lock.fencing_token().unwrap());
-                lock.release().await.unwrap();
+                let _ = lock.release().await.unwrap();
             }
         }));
     }

@@ -26,9 +26,9 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(300);
 /// use xtr_lock::{InMemoryStore, LockFactory, Lockable as _};
 ///
 /// let factory = LockFactory::new(InMemoryStore::new());
-/// let lock = factory.create_lock("invoices").with_ttl(Some(Duration::from_secs(30)));
+/// let lock = factory.create_lock("invoices").with_ttl(Duration::from_secs(30));
 /// lock.acquire().await?;
-/// lock.release().await?;
+/// let _ = lock.release().await?;
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]
@@ -61,11 +61,56 @@ impl LockFactory {
         self
     }
 
-    /// Sets the ttl locks get by default; `None` (or zero) for none. Where a ttl is used: see
-    /// [`Lock::with_ttl`].
-    pub fn with_default_ttl(mut self, ttl: Option<Duration>) -> Self {
-        self.ttl = ttl.filter(|t| !t.is_zero());
+    /// A factory on the store `dsn` names (any DSN of [`StoreFactory`](crate::StoreFactory)),
+    /// with a default ttl of 300 s: `LockFactory::from_dsn("redis://cache:6379/0")?`.
+    ///
+    /// Not `async`, as every `from_dsn` of the crate (the stores' and the blocking
+    /// [`LockFactory::from_dsn`](crate::blocking::LockFactory::from_dsn)): building a store
+    /// never touches the network, so a server that is down is only seen by the first lock
+    /// call. Call it inside the runtime the locks will run on: some stores start tasks there
+    /// when they are made.
+    ///
+    /// # Errors
+    ///
+    /// As [`StoreFactory::create_store`](crate::StoreFactory::create_store): a DSN that names
+    /// no store ([`InvalidArgument`](crate::ErrorKind::InvalidArgument)) or a store this build
+    /// lacks ([`Unsupported`](crate::ErrorKind::Unsupported)), the scheme shown, never a
+    /// credential.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> xtr_lock::Result<()> {
+    /// use std::time::Duration;
+    /// use xtr_lock::{LockFactory, Lockable as _};
+    /// let factory = LockFactory::from_dsn("in-memory")?.with_ttl(Duration::from_secs(30));
+    /// let lock = factory.create_lock("invoices");
+    /// assert!(lock.try_acquire().await?);
+    /// assert!(lock.release().await?.was_held());
+    /// # Ok(()) }
+    /// ```
+    pub fn from_dsn(dsn: &str) -> crate::Result<Self> {
+        Ok(Self::from_arc(crate::StoreFactory::create_store(dsn)?))
+    }
+
+    /// The ttl the locks it makes get: a `Duration`, or `None` (or zero) for none; the same
+    /// argument as [`Lock::with_ttl`], which says where a ttl is used.
+    #[must_use]
+    pub fn with_ttl(mut self, ttl: impl Into<Option<Duration>>) -> Self {
+        self.ttl = super::lifetime(ttl);
         self
+    }
+
+    /// The old name of [`with_ttl`](Self::with_ttl).
+    #[deprecated(note = "use `with_ttl`, which also takes a plain `Duration`")]
+    #[must_use]
+    pub fn with_default_ttl(self, ttl: Option<Duration>) -> Self {
+        self.with_ttl(ttl)
+    }
+
+    /// The ttl the locks it makes get (`None`: none).
+    pub fn ttl(&self) -> Option<Duration> {
+        self.ttl
     }
 
     /// The store.
@@ -83,7 +128,7 @@ impl LockFactory {
         Key::with_clock(resource, self.clock.clone())
     }
 
-    /// A lock for `resource` with a **new holder**, and the default ttl. Use
+    /// A lock for `resource` with a **new holder**, and the factory's ttl. Use
     /// [`Lock::with_ttl`] for another lifetime or none.
     pub fn create_lock(&self, resource: impl Into<String>) -> Lock {
         self.create_lock_from_key(self.new_key(resource))
@@ -252,17 +297,18 @@ impl RunOptions {
         Self::default()
     }
 
-    /// The lock's lifetime, instead of the factory's default ttl (zero: none). Where a ttl is
-    /// used: see [`Lock::with_ttl`].
-    pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = Some(Some(ttl));
+    /// The lock's lifetime, instead of the factory's: a `Duration`, or `None` (or zero) for
+    /// none (stores where locks expire refuse a lock without one); the same argument as
+    /// [`Lock::with_ttl`], which says where a ttl is used.
+    pub fn ttl(mut self, ttl: impl Into<Option<Duration>>) -> Self {
+        self.ttl = Some(super::lifetime(ttl));
         self
     }
 
-    /// No lifetime (stores where locks expire refuse a lock without one).
-    pub fn no_ttl(mut self) -> Self {
-        self.ttl = Some(None);
-        self
+    /// No lifetime: the old name of `ttl(None)`.
+    #[deprecated(note = "use `ttl(None)`")]
+    pub fn no_ttl(self) -> Self {
+        self.ttl(None)
     }
 
     /// How long to wait for a lock held by someone else.

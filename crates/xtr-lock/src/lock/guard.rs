@@ -63,11 +63,15 @@ impl LockGuard {
 
     /// Completes when the lock is lost, with why; pending forever while it is held.
     ///
+    /// Takes `&self` and borrows nothing: the future can be awaited while the guard is used
+    /// otherwise (its token read, `is_lost` asked), moved into a task, or made again at each
+    /// step of the work.
+    ///
     /// # Cancel safety
     ///
     /// Cancel-safe: dropping it misses nothing; a later call reports the same loss.
-    pub async fn lost(&mut self) -> LockLost {
-        self.monitor.lost().await
+    pub fn lost(&self) -> impl Future<Output = LockLost> + Send + 'static {
+        self.monitor.lost()
     }
 
     /// Whether the lock is known to be lost (no waiting).
@@ -170,7 +174,7 @@ impl Lock {
     /// use xtr_lock::Release;
     /// let factory = xtr_lock::LockFactory::new(xtr_lock::InMemoryStore::new());
     /// let lock = factory.create_lock("reindex");
-    /// let mut guard = lock.lock().await?;
+    /// let guard = lock.lock().await?;
     /// for step in 0..3 {
     ///     tokio::select! {
     ///         lost = guard.lost() => return Err(lost.into()),
@@ -212,8 +216,8 @@ impl Lock {
     /// let reading = a.lock_read().await?;
     /// assert!(b.try_acquire_read().await?, "readers share it");
     /// assert!(!factory.create_lock("catalog").try_acquire().await?, "a writer waits");
-    /// reading.unlock().await?;
-    /// b.release().await?;
+    /// let _ = reading.unlock().await?;
+    /// let _ = b.release().await?;
     /// # Ok(()) }
     /// ```
     pub async fn lock_read(&self) -> Result<LockGuard> {

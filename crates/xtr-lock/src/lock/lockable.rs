@@ -31,8 +31,32 @@ pub enum Wait {
 }
 
 /// What a release found.
+///
+/// `#[must_use]`: a release can find that the lock had been lost meanwhile
+/// ([`Release::Lost`]), and then the work done since was not protected. Check it
+/// ([`was_held`](Release::was_held)), or say that it does not matter with `let _ =`:
+///
+/// ```
+/// # #![deny(unused_must_use)]
+/// # async fn work(lock: &xtr_lock::Lock) -> xtr_lock::Result<()> {
+/// use xtr_lock::Lockable as _;
+/// if !lock.release().await?.was_held() {
+///     // Lost before the release: the work was not protected.
+/// }
+/// let _ = lock.release().await?; // nothing to release any more
+/// # Ok(()) }
+/// ```
+///
+/// ```compile_fail
+/// # #![deny(unused_must_use)]
+/// # async fn work(lock: &xtr_lock::Lock) -> xtr_lock::Result<()> {
+/// use xtr_lock::Lockable as _;
+/// lock.release().await?; // unused `Release` that must be used
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
+#[must_use = "a release can find the lock lost meanwhile (Release::Lost): the work since was not protected"]
 pub enum Release {
     /// The holder held the lock and now does not.
     Released,
@@ -77,6 +101,16 @@ impl Release {
 /// the store may already have stored is scheduled on the runtime and runs to completion, before
 /// any later store operation of the same holder. If the holder held it (re-acquire, promotion,
 /// demotion, or a sibling task of the same holder that got it first), nothing is deleted.
+///
+/// # Dropping a held lock
+///
+/// No lock releases when dropped (there is no async drop, and a key may live on in another
+/// process): where locks are stored data whose keys travel (Redis, the SQL table, Memcached,
+/// in-memory) a lock whose holder's handles all went stays held until its ttl; where the lock
+/// is held by something of this process (a flock descriptor, a semaphore, a database session,
+/// a subscription, an etcd lease) that goes with the holder and lets the lock go. See
+/// [`Lock`](crate::Lock#dropping-a-held-lock); a [`LockGuard`](crate::LockGuard) or a scope
+/// releases on every path, on every store.
 ///
 /// # Lifetimes
 ///
@@ -140,7 +174,7 @@ pub trait Lockable: sealed::Sealed + Send + Sync {
     /// let lock = factory.create_lock("nightly-report");
     /// if lock.try_acquire().await? {
     ///     // ... the work only one worker may do ...
-    ///     lock.release().await?;
+    ///     let _ = lock.release().await?;
     /// }
     /// # Ok(()) }
     /// ```
@@ -166,7 +200,7 @@ pub trait Lockable: sealed::Sealed + Send + Sync {
     /// let factory = xtr_lock::LockFactory::new(xtr_lock::InMemoryStore::new());
     /// let lock = factory.create_lock("subscription:42");
     /// lock.acquire().await?;
-    /// lock.release().await?;
+    /// let _ = lock.release().await?;
     /// # Ok(()) }
     /// ```
     async fn acquire(&self) -> Result<()> {

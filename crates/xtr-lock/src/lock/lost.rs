@@ -16,6 +16,7 @@ use crate::error::{Error, LostReason, ShownResource};
 /// The lost-lock signal: which lock, why, and the error that showed it.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
+#[must_use = "a lost lock no longer protects the work"]
 pub struct LockLost {
     /// The resource.
     pub resource: String,
@@ -87,14 +88,14 @@ impl From<LockLost> for Error {
 /// use std::time::Duration;
 /// use xtr_lock::Lockable as _;
 /// let factory = xtr_lock::LockFactory::new(xtr_lock::InMemoryStore::new());
-/// let lock = factory.create_lock("long-report").with_ttl(Some(Duration::from_secs(30)));
+/// let lock = factory.create_lock("long-report").with_ttl(Duration::from_secs(30));
 /// lock.acquire().await?;
-/// let mut alive = lock.keep_alive()?;
+/// let alive = lock.keep_alive()?;
 /// tokio::select! {
 ///     lost = alive.lost() => eprintln!("{lost}: stopping the work"),
 ///     () = async { /* the long work */ } => {}
 /// }
-/// lock.release().await?;
+/// let _ = lock.release().await?;
 /// # Ok(()) }
 /// ```
 #[must_use = "dropping a KeepAlive stops the renewal"]
@@ -125,17 +126,23 @@ impl KeepAlive {
     /// Completes when the lock is lost, with why. Pending forever while it is kept, and after
     /// a release or [`stop`](KeepAlive::stop) (so it can sit in a `select!` next to the work).
     ///
+    /// The future owns what it watches: it borrows nothing, so it can be awaited while the
+    /// `KeepAlive` is used otherwise, moved into a task, or made again at each step.
+    ///
     /// # Cancel safety
     ///
     /// Cancel-safe: dropping it misses nothing; a later call reports the same loss.
-    pub async fn lost(&mut self) -> LockLost {
-        loop {
-            if let Some(lost) = self.lost.borrow_and_update().clone() {
-                return lost;
-            }
-            if self.lost.changed().await.is_err() {
-                // The work ended without a loss (released or stopped): never completes.
-                std::future::pending::<()>().await;
+    pub fn lost(&self) -> impl Future<Output = LockLost> + Send + 'static {
+        let mut lost = self.lost.clone();
+        async move {
+            loop {
+                if let Some(lost) = lost.borrow_and_update().clone() {
+                    return lost;
+                }
+                if lost.changed().await.is_err() {
+                    // The work ended without a loss (released or stopped): never completes.
+                    std::future::pending::<()>().await;
+                }
             }
         }
     }

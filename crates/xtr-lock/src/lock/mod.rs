@@ -32,6 +32,36 @@ pub(crate) mod scope;
 /// [`scoped`](Lock::scoped), which keep the lock alive and report its loss. Clones, and locks
 /// built from the same key, are one holder: acquiring what it already holds succeeds at once,
 /// and one release lets go for all.
+///
+/// # Dropping a held lock
+///
+/// Dropping a `Lock` does **not** release it; what happens when the holder's last handle goes
+/// (every clone, every lock of its key: an early `?` between `acquire` and `release`) depends on
+/// where the lock lives, as [`Capabilities::serializable_keys`](crate::store::Capabilities::serializable_keys)
+/// tells:
+///
+/// - **Stored data** (Redis, the SQL table, Memcached, in-memory; their keys can travel to
+///   another process, which may hold the lock on): the lock **stays held until its ttl** runs
+///   out (300 s by default). Going out of scope is not a release, since the key may live on
+///   elsewhere (`xtr-lock acquire` hands its key to another process that way).
+/// - **Something of this process** (flock's descriptor, a SysV semaphore, a PostgreSQL or
+///   MySQL session, a pub/sub subscription, an etcd lease kept alive): it goes with the holder
+///   and **the lock is let go** (at once, or in the background: the session closes, the lease
+///   is revoked). Do not rely on it as a release: nothing reports what it found.
+///
+/// Where the lock must go on every path, hold it through a guard ([`lock`](Lock::lock):
+/// dropped, it schedules the release) or a scope ([`scoped`](Lock::scoped),
+/// [`LockFactory::run`](crate::LockFactory::run)), on every store alike.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> xtr_lock::Result<()> {
+/// # fn step() -> xtr_lock::Result<()> { Ok(()) }
+/// let lock = xtr_lock::LockFactory::from_dsn("in-memory")?.create_lock("report");
+/// let guard = lock.lock().await?;
+/// step()?; // an early return: the dropped guard releases, in the background
+/// let _ = guard.unlock().await?;
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct Lock {
     key: Key,
@@ -41,19 +71,23 @@ pub struct Lock {
 }
 
 impl Lock {
-    /// A lock for `key` in `store`; a `ttl` of `None` or zero means no lifetime (where a ttl
-    /// is used: see [`with_ttl`](Lock::with_ttl)).
-    pub fn new(key: Key, store: Arc<dyn Store>, ttl: Option<Duration>) -> Self {
+    /// A lock for `key` in `store` with `ttl`: a `Duration`, or `None` (or zero) for no
+    /// lifetime.
+    pub fn new(key: Key, store: Arc<dyn Store>, ttl: impl Into<Option<Duration>>) -> Self {
         key.holder().in_store(store.as_ref());
         Lock {
             key,
             store,
-            ttl: ttl.filter(|t| !t.is_zero()),
+            ttl: lifetime(ttl),
             keep_alive: true,
         }
     }
 
-    /// The same holder with another ttl (`None` or zero: no lifetime).
+    /// The same holder with another ttl: a `Duration` (`with_ttl(Duration::from_secs(30))`),
+    /// or `None` (or zero) for no lifetime. The one ttl setter's form across the crate: the
+    /// factories' [`with_ttl`](crate::LockFactory::with_ttl), the blocking
+    /// [`Lock::with_ttl`](crate::blocking::Lock::with_ttl) and
+    /// [`RunOptions::ttl`](crate::RunOptions::ttl) take the same argument.
     ///
     /// The ttl is used where locks expire
     /// ([`Capabilities::expiring`](crate::store::Capabilities::expiring): Redis, the SQL table,
@@ -61,8 +95,9 @@ impl Lock {
     /// store keeps alive for the holder (how long a dead holder's lock outlives it). Elsewhere
     /// (flock, SysV semaphores, advisory and `GET_LOCK` sessions, pub/sub, an in-memory store
     /// without a clock) it is not used: the lock lasts until its holder releases it or dies.
-    pub fn with_ttl(mut self, ttl: Option<Duration>) -> Self {
-        self.ttl = ttl.filter(|t| !t.is_zero());
+    #[must_use]
+    pub fn with_ttl(mut self, ttl: impl Into<Option<Duration>>) -> Self {
+        self.ttl = lifetime(ttl);
         self
     }
 
@@ -176,9 +211,7 @@ impl Lock {
                 } else {
                     tracing::warn!(target: TARGET, resource = self.resource(), store = %self.store,
                         "failed to define an expiration for the lock: it is not held");
-                    Err(Error::conflict(self.resource())
-                        .with_reason("this holder does not hold it")
-                        .with_store(&self.store))
+                    Err(Error::not_held(self.resource()).with_store(&self.store))
                 }
             }
             Err(err) if err.is_expired() => Err(err),
@@ -319,6 +352,11 @@ impl Lockable for Lock {
     fn release_in_background(&self) {
         self.release_later();
     }
+}
+
+/// A ttl as every setter takes it: a `Duration` or an `Option`; `None` and zero are no lifetime.
+pub(crate) fn lifetime(ttl: impl Into<Option<Duration>>) -> Option<Duration> {
+    ttl.into().filter(|t| !t.is_zero())
 }
 
 impl fmt::Display for Lock {

@@ -114,7 +114,10 @@ pub struct Capabilities {
     pub fencing: bool,
     /// [`Store::watch`] reports releases, so waiters wake on release instead of polling.
     pub notifies: bool,
-    /// Keys used with this store can be serialized and used by another process.
+    /// Keys used with this store can be serialized and used by another process. Such a lock is
+    /// stored data: when its holder's handles are all dropped it stays held until its ttl.
+    /// Without it, the lock is held by something of this process, which goes with the holder
+    /// and lets the lock go (see [`Lock`](crate::Lock#dropping-a-held-lock)).
     pub serializable_keys: bool,
     /// [`Store::holders`] tells who holds a resource.
     pub introspection: bool,

@@ -114,9 +114,19 @@ impl From<Acquired> for Saved {
 /// Whether a holder holds its resource, as a store found it ([`Store::exists`],
 /// [`Store::put_off_expiration`]).
 ///
+/// `#[must_use]`: a renewal that finds nothing held has not renewed anything.
+///
+/// ```compile_fail
+/// # #![deny(unused_must_use)]
+/// # async fn renew(store: &dyn xtr_lock::Store, key: &xtr_lock::Key) -> xtr_lock::Result<()> {
+/// store.put_off_expiration(key, std::time::Duration::from_secs(30)).await?; // unused `Holding`
+/// # Ok(()) }
+/// ```
+///
 /// [`Store::exists`]: crate::Store::exists
 /// [`Store::put_off_expiration`]: crate::Store::put_off_expiration
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use = "a refresh or check can find the lock no longer held (Holding::NotHeld)"]
 pub enum Holding {
     /// It holds, in this mode.
     Held(Mode),

@@ -59,11 +59,11 @@ async fn a_blocking_acquire_of_a_free_lock_is_a_try_and_a_waiter_watches_only_af
     let lock = factory.create_lock("r");
     lock.acquire().await.unwrap();
     assert_eq!(store.op_names(), ["save"], "nothing but the try's save");
-    lock.release().await.unwrap();
+    let _ = lock.release().await.unwrap();
     store.clear_ops();
     lock.acquire_read().await.unwrap();
     assert_eq!(store.op_names(), ["save_read"]);
-    lock.release().await.unwrap();
+    let _ = lock.release().await.unwrap();
 
     // Refused once: register, then attempt again at once (no sleep), before any wait.
     store.clear_ops();
@@ -103,14 +103,14 @@ async fn polling_waiters_yield_to_other_tasks() {
         c.notifies = false;
         c
     });
-    let factory = LockFactory::from_arc(store).with_default_ttl(None);
+    let factory = LockFactory::from_arc(store).with_ttl(None);
     let holder = factory.create_lock("r");
     holder.acquire().await.unwrap();
     let waiter = factory.create_lock("r");
     // On a current-thread runtime, the release below can only run if the wait yields.
     let wait = tokio::spawn(async move { waiter.acquire().await });
     tokio::time::sleep(Duration::from_millis(150)).await;
-    holder.release().await.unwrap();
+    let _ = holder.release().await.unwrap();
     tokio::time::timeout(Duration::from_secs(10), wait)
         .await
         .unwrap()
@@ -130,7 +130,7 @@ async fn a_blocking_store_gets_its_native_wait_and_a_wait_that_cannot_go_on_is_a
     let lock = factory.create_lock("r");
     lock.acquire().await.unwrap();
     assert_eq!(store.op_names(), ["wait_and_save"]);
-    lock.release().await.unwrap();
+    let _ = lock.release().await.unwrap();
 
     // A native wait refuses only when it cannot go on: a blocking acquire reports that as a
     // conflict error, never as acquired.

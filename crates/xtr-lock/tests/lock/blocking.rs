@@ -75,9 +75,9 @@ fn a_guard_keeps_its_lock_alive_and_tells_when_it_is_lost() {
     let server = RedisServer::start();
     let factory = LockFactory::from_dsn(&server.url(0))
         .unwrap()
-        .with_default_ttl(Some(Duration::from_millis(600)));
+        .with_ttl(Some(Duration::from_millis(600)));
     let lock = factory.create_lock("kept");
-    let mut guard = lock.lock().unwrap();
+    let guard = lock.lock().unwrap();
     // Renewed in the background past several ttls while this thread only waits.
     assert!(
         guard
@@ -105,7 +105,7 @@ fn a_guard_keeps_its_lock_alive_and_tells_when_it_is_lost() {
     assert_eq!(out.unwrap_err().kind(), ErrorKind::Lost);
     // A KeepAlive of a plain acquire reports the same way.
     lock.acquire().unwrap();
-    let mut keep = lock.keep_alive().unwrap();
+    let keep = lock.keep_alive().unwrap();
     server.cli(&["DEL", "kept"]);
     assert!(keep.wait_lost(Duration::from_secs(10)).unwrap().is_some());
     keep.stop();

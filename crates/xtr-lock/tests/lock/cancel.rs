@@ -33,7 +33,7 @@ async fn dropped_in_flight_leaves_nothing(
     path: impl Fn(Lock) -> BoxFuture<'static, ()>,
 ) {
     let store = Scripted::with_caps(InMemoryStore::new(), caps);
-    let factory = LockFactory::from_arc(store.clone()).with_default_ttl(None);
+    let factory = LockFactory::from_arc(store.clone()).with_ttl(None);
     let lock = factory.create_lock("r");
     store.hold_replies(op);
     let outcome = tokio::time::timeout(IN_FLIGHT, path(lock.clone())).await;
@@ -203,7 +203,7 @@ async fn factory_run() {
 #[tokio::test]
 async fn an_unlock_dropped_in_flight_still_releases() {
     let store = Scripted::new(InMemoryStore::new());
-    let factory = LockFactory::from_arc(store.clone()).with_default_ttl(None);
+    let factory = LockFactory::from_arc(store.clone()).with_ttl(None);
     let lock = factory.create_lock("r");
     let guard = lock.lock().await.unwrap();
     store.hold_requests("delete");
@@ -236,7 +236,7 @@ impl LockGuardExt for xtr_lock::LockGuard {
 #[tokio::test]
 async fn a_cancelled_reacquire_keeps_what_the_holder_held() {
     let store = Scripted::new(InMemoryStore::new());
-    let factory = LockFactory::from_arc(store.clone()).with_default_ttl(None);
+    let factory = LockFactory::from_arc(store.clone()).with_ttl(None);
     let lock = factory.create_lock("r");
     lock.acquire().await.unwrap();
     store.hold_replies("save");
@@ -316,7 +316,7 @@ async fn a_cancelled_waiter_does_not_undo_a_sibling_that_got_the_lock() {
     let waiter = factory.create_lock("r");
     let releaser = async {
         tokio::time::sleep(IN_FLIGHT).await;
-        holder.release().await.unwrap();
+        let _ = holder.release().await.unwrap();
         std::future::pending::<()>().await
     };
     tokio::select! {
@@ -340,10 +340,10 @@ async fn a_timed_out_native_wait_never_takes_back_a_siblings_later_grant() {
     let memory = InMemoryStore::new();
     let store = Scripted::with_caps(memory.clone(), native);
     let lock = LockFactory::from_arc(store.clone())
-        .with_default_ttl(None)
+        .with_ttl(None)
         .create_lock("r");
     // The other holder goes straight to the memory store: its calls are not held.
-    let direct = LockFactory::new(memory.clone()).with_default_ttl(None);
+    let direct = LockFactory::new(memory.clone()).with_ttl(None);
     let other = direct.create_lock("r");
     other.acquire().await.unwrap();
     // A delete of this holder, if any, is held in flight until B has been granted.
@@ -365,7 +365,7 @@ async fn a_timed_out_native_wait_never_takes_back_a_siblings_later_grant() {
         async move { lock.acquire().await }
     });
     assert!(!a.await.unwrap().unwrap(), "A timed out");
-    other.release().await.unwrap();
+    let _ = other.release().await.unwrap();
     tokio::time::timeout(Duration::from_secs(10), b)
         .await
         .expect("B is granted once the other holder released")

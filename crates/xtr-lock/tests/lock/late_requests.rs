@@ -34,9 +34,7 @@ async fn a_save_that_lands_after_the_timeout_leaves_nothing_held(
     held: HeldRequest,
     r: &str,
 ) {
-    let lock = LockFactory::from_arc(proxied)
-        .with_default_ttl(TTL)
-        .create_lock(r);
+    let lock = LockFactory::from_arc(proxied).with_ttl(TTL).create_lock(r);
     let tried = tokio::time::timeout(PATIENCE, lock.try_acquire())
         .await
         .expect("the request timeout bounds the acquire");
@@ -68,14 +66,12 @@ async fn nothing_held_once_it_lands(direct: Arc<dyn Store>, held: HeldRequest, r
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let other = LockFactory::from_arc(direct)
-        .with_default_ttl(TTL)
-        .create_lock(r);
+    let other = LockFactory::from_arc(direct).with_ttl(TTL).create_lock(r);
     assert!(
         other.try_acquire().await.unwrap(),
         "another holder gets the lock the failed acquire left"
     );
-    other.release().await.unwrap();
+    let _ = other.release().await.unwrap();
 }
 
 /// Holds back the execution of the lock row's INSERT: the next chunk the client sends on the
@@ -170,15 +166,13 @@ async fn a_quorum_members_add_that_lands_after_its_timeout_leaves_nothing_held()
     // Another holder holds on the two in-memory members: the quorum refuses at once.
     for member in [&m1, &m2] {
         let other = LockFactory::from_arc(member.clone())
-            .with_default_ttl(TTL)
+            .with_ttl(TTL)
             .create_lock(&r);
         assert!(other.try_acquire().await.unwrap());
     }
     let quorum: Arc<dyn Store> =
         Arc::new(CombinedStore::new(vec![proxied, m1, m2], ConsensusStrategy).unwrap());
-    let lock = LockFactory::from_arc(quorum)
-        .with_default_ttl(TTL)
-        .create_lock(&r);
+    let lock = LockFactory::from_arc(quorum).with_ttl(TTL).create_lock(&r);
     let tried = tokio::time::timeout(PATIENCE, lock.try_acquire())
         .await
         .expect("the quorum answers");

@@ -25,7 +25,7 @@ async fn a_renewal_in_flight_does_not_lengthen_the_lease_until_it_is_confirmed()
     });
     let store = MemcachedStore::from_dsn(&format!("memcached://127.0.0.1:{port}")).unwrap();
     let lock = LockFactory::new(store)
-        .with_default_ttl(Some(Duration::from_secs(4)))
+        .with_ttl(Some(Duration::from_secs(4)))
         .create_lock(format!("liveness-{:08x}", rand::random::<u32>()));
     assert!(lock.try_acquire().await.unwrap());
     tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -53,5 +53,5 @@ async fn a_renewal_in_flight_does_not_lengthen_the_lease_until_it_is_confirmed()
         after > before,
         "confirmed, the renewal counts: {after:?} left, {before:?} before it"
     );
-    lock.release().await.unwrap();
+    let _ = lock.release().await.unwrap();
 }

@@ -165,7 +165,7 @@ async fn release_failures_are_releasing_errors() {
 #[tokio::test]
 async fn operations_of_one_holder_take_turns_but_a_wait_never_blocks_them() {
     let store = Scripted::new(InMemoryStore::new());
-    let factory = LockFactory::from_arc(store.clone()).with_default_ttl(None);
+    let factory = LockFactory::from_arc(store.clone()).with_ttl(None);
     let lock = factory.create_lock("r");
     store.hold_replies("save");
     let saving = tokio::spawn({
@@ -204,7 +204,7 @@ async fn operations_of_one_holder_take_turns_but_a_wait_never_blocks_them() {
         async move { me.acquire().await }
     });
     tokio::time::sleep(Duration::from_millis(20)).await;
-    tokio::time::timeout(Duration::from_secs(5), me.release())
+    let _ = tokio::time::timeout(Duration::from_secs(5), me.release())
         .await
         .expect("a release is not blocked by the holder's own wait")
         .unwrap();
@@ -230,7 +230,7 @@ fn a_key_keeps_working_on_a_second_runtime() {
     rt2.block_on(async {
         assert!(lock.is_acquired().await.unwrap());
         assert!(!other.try_acquire().await.unwrap());
-        lock.release().await.unwrap();
+        let _ = lock.release().await.unwrap();
         assert!(other.try_acquire().await.unwrap());
     });
 }
@@ -268,7 +268,7 @@ async fn successes_log_at_debug_contention_at_info_with_the_resource() {
     let a = factory.create_lock("reports");
     a.try_acquire().await.unwrap();
     factory.create_lock("reports").try_acquire().await.unwrap();
-    a.release().await.unwrap();
+    let _ = a.release().await.unwrap();
     let records = capture.records();
     let find = |level, message: &str| {
         records

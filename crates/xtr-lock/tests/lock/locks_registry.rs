@@ -44,7 +44,7 @@ other = { dsn = "in-memory", prefix = "", ttl = "none", wait = "forever" }
         .unwrap_err();
     assert_eq!(busy.kind(), ErrorKind::Conflict);
     assert_eq!(busy.resource(), Some("app:job"));
-    a.release().await.unwrap();
+    let _ = a.release().await.unwrap();
     let ran = locks
         .run("job", || async { Ok::<_, xtr_lock::Error>(7) })
         .await
@@ -71,7 +71,7 @@ async fn keys_go_out_and_come_back_with_their_prefix() {
         .from_key(Key::from_json(&key.to_json().unwrap()).unwrap())
         .unwrap();
     assert!(back.is_acquired().await.unwrap());
-    back.release().await.unwrap();
+    let _ = back.release().await.unwrap();
     let foreign = locks.from_key(Key::new("other:report")).unwrap_err();
     assert_eq!(foreign.kind(), ErrorKind::InvalidArgument);
     assert!(
@@ -99,7 +99,7 @@ async fn nothing_is_built_before_first_use() {
     assert!(locks_dir.is_dir());
     assert!(lock.try_acquire().await.unwrap());
     assert!(!locks.lock("job").unwrap().try_acquire().await.unwrap());
-    lock.release().await.unwrap();
+    let _ = lock.release().await.unwrap();
     // The unreachable Redis entry was never used: closing does not touch it.
     locks.close().await.unwrap();
 }
@@ -131,7 +131,7 @@ async fn redis_entries_and_quorums_lock_and_close() {
         started.elapsed() >= Duration::from_secs(2),
         "the entry's wait was used"
     );
-    held.release().await.unwrap();
+    let _ = held.release().await.unwrap();
     let on_quorum = locks.lock_on("quorum", "job").unwrap();
     assert!(on_quorum.try_acquire().await.unwrap());
     assert!(
@@ -142,7 +142,7 @@ async fn redis_entries_and_quorums_lock_and_close() {
             .await
             .unwrap()
     );
-    on_quorum.release().await.unwrap();
+    let _ = on_quorum.release().await.unwrap();
     locks.close().await.unwrap();
     // Used again after close: it reconnects.
     assert!(locks.lock("job").unwrap().try_acquire().await.unwrap());
@@ -204,7 +204,7 @@ async fn ping_reaches_every_entry_and_names_the_ones_that_fail() {
             _ => assert!(answer.is_ok(), "{entry}: {answer:?}"),
         }
     }
-    other.release().await.unwrap();
+    let _ = other.release().await.unwrap();
     // A ping holds nothing afterwards: the ping lock is free on every reachable entry.
     for entry in ["default", "files", "redis"] {
         let lock = locks
@@ -212,7 +212,7 @@ async fn ping_reaches_every_entry_and_names_the_ones_that_fail() {
             .unwrap();
         assert_eq!(lock.resource(), "app:xtr-lock-ping");
         assert!(lock.try_acquire().await.unwrap(), "{entry}");
-        lock.release().await.unwrap();
+        let _ = lock.release().await.unwrap();
     }
     locks.close().await.unwrap();
 }
@@ -235,7 +235,7 @@ async fn a_dropped_ping_leaves_nothing_held() {
             );
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        probe.release().await.unwrap();
+        let _ = probe.release().await.unwrap();
     }
     locks.close().await.unwrap();
 }

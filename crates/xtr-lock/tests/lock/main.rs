@@ -14,6 +14,7 @@ mod late_requests;
 mod liveness;
 mod lock;
 mod locks_registry;
+mod newcomer;
 mod observability;
 mod scope;
 mod scoped_reads;

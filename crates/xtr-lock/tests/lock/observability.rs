@@ -31,7 +31,7 @@ async fn workload() {
     assert!(!b.acquire_timeout(Duration::from_millis(30)).await.unwrap());
     let cancelled = tokio::time::timeout(Duration::from_millis(30), b.acquire()).await;
     assert!(cancelled.is_err());
-    a.release().await.unwrap();
+    let _ = a.release().await.unwrap();
     let short = factory
         .create_lock("short")
         .with_ttl(Some(Duration::from_millis(40)));

@@ -35,7 +35,7 @@ async fn the_body_error_wins_over_a_release_error_which_is_returned_after_succes
             .any(|r| r.level == tracing::Level::WARN
                 && r.message == "failed to release the lock after the scope failed")
     );
-    lock.release().await.unwrap();
+    let _ = lock.release().await.unwrap();
 
     store.fail_next("delete", When::Before, Error::storage("boom"));
     let err = lock.scoped(async { Ok::<_, Error>(1) }).await.unwrap_err();
@@ -134,7 +134,7 @@ async fn run_waits_then_fails_naming_the_resource() {
         .await
         .unwrap_err();
     assert!(err.is_conflict());
-    holder.release().await.unwrap();
+    let _ = holder.release().await.unwrap();
     let out = factory
         .run(
             "nightly",
@@ -223,12 +223,39 @@ async fn unlock_says_what_it_found() {
     assert_eq!(guard.unlock().await.unwrap(), Release::Lost);
 }
 
+/// The loss signal borrows nothing: awaited while the guard is read (no `mut` needed), and
+/// moved into a task of its own, it reports the loss.
+#[tokio::test]
+async fn the_loss_future_is_owned_and_the_guard_stays_usable() {
+    let factory = LockFactory::new(InMemoryStore::new()).with_ttl(None);
+    let lock = factory.create_lock("r");
+    let guard = lock.lock().await.unwrap();
+    let watched = tokio::spawn(guard.lost());
+    let pending = guard.lost();
+    assert!(
+        !guard.is_lost() && guard.took(),
+        "the guard is read meanwhile"
+    );
+    let copy = Key::from_json(&lock.key().to_json().unwrap()).unwrap();
+    factory.store().delete(&copy).await.unwrap();
+    let from_task = tokio::time::timeout(Duration::from_secs(5), watched)
+        .await
+        .expect("reported")
+        .unwrap();
+    assert_eq!(from_task.reason, LostReason::Removed);
+    let here = tokio::time::timeout(Duration::from_secs(5), pending)
+        .await
+        .expect("reported");
+    assert_eq!(here.reason, LostReason::Removed);
+    assert_eq!(guard.unlock().await.unwrap(), Release::Lost);
+}
+
 #[tokio::test]
 async fn a_dropped_loss_future_misses_nothing() {
-    let factory = LockFactory::new(InMemoryStore::new()).with_default_ttl(None);
+    let factory = LockFactory::new(InMemoryStore::new()).with_ttl(None);
     let lock = factory.create_lock("r");
-    let mut guard = lock.lock().await.unwrap();
-    let mut alive = lock.keep_alive().unwrap();
+    let guard = lock.lock().await.unwrap();
+    let alive = lock.keep_alive().unwrap();
     // Dropped while pending: nothing happens, nothing is lost.
     for _ in 0..3 {
         assert!(
@@ -264,10 +291,10 @@ async fn a_dropped_loss_future_misses_nothing() {
 
 #[tokio::test]
 async fn a_keep_alive_ends_quietly_when_the_lock_is_released() {
-    let factory = LockFactory::new(InMemoryStore::new()).with_default_ttl(None);
+    let factory = LockFactory::new(InMemoryStore::new()).with_ttl(None);
     let lock = factory.create_lock("r");
     lock.acquire().await.unwrap();
-    let mut alive = lock.keep_alive().unwrap();
+    let alive = lock.keep_alive().unwrap();
     assert_eq!(lock.release().await.unwrap(), Release::Released);
     assert!(
         tokio::time::timeout(Duration::from_millis(200), alive.lost())
@@ -279,12 +306,12 @@ async fn a_keep_alive_ends_quietly_when_the_lock_is_released() {
     // Nor is a new hold of the same holder the old one's loss.
     lock.acquire().await.unwrap();
     assert!(!alive.is_lost());
-    lock.release().await.unwrap();
+    let _ = lock.release().await.unwrap();
 }
 
 #[tokio::test]
 async fn a_scope_on_a_dyn_lockable_is_stopped_when_its_lock_is_lost() {
-    let factory = LockFactory::new(InMemoryStore::new()).with_default_ttl(None);
+    let factory = LockFactory::new(InMemoryStore::new()).with_ttl(None);
     let lock = factory.create_lock("r");
     let dynamic: &dyn Lockable = &lock;
     let key = lock.key().clone();
@@ -349,7 +376,7 @@ fn block_on_without_runtime<F: Future>(fut: F) -> F::Output {
 fn a_guard_that_cannot_start_its_monitor_releases_what_it_took() {
     // Outside a tokio runtime the memory store still locks, but the renewal cannot start: the
     // failure must not leave the lock held.
-    let factory = LockFactory::new(InMemoryStore::new()).with_default_ttl(Some(secs(30.0)));
+    let factory = LockFactory::new(InMemoryStore::new()).with_ttl(Some(secs(30.0)));
     let lock = factory.create_lock("r");
     let err = block_on_without_runtime(lock.lock()).expect_err("no runtime to renew on");
     assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
@@ -381,7 +408,7 @@ async fn a_lease_that_runs_out_while_refreshes_fail_is_lost_with_the_error_that_
     let store = Scripted::new(expiring_memory(&clock));
     let factory = LockFactory::from_arc(store.clone()).with_clock(Arc::new(clock.clone()));
     let lock = factory.create_lock("r").with_ttl(Some(secs(3.0)));
-    let mut guard = lock.lock().await.unwrap();
+    let guard = lock.lock().await.unwrap();
     // Every refresh fails as against an unreachable server, more times than the lease lasts.
     for _ in 0..100 {
         let refused = Error::storage("connection refused").temporary();

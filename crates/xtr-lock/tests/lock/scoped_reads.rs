@@ -79,7 +79,7 @@ async fn readers_share_a_read_scope_and_a_writer_waits_for_them() {
     ra.unwrap();
     rb.unwrap();
     assert!(writer.try_acquire().await.unwrap(), "both let go");
-    writer.release().await.unwrap();
+    let _ = writer.release().await.unwrap();
 }
 
 #[tokio::test]
@@ -105,7 +105,7 @@ async fn a_read_guard_inside_a_write_hold_does_not_demote_it() {
     let guard = lock.lock_read().await.unwrap();
     assert!(guard.took());
     assert!(other.try_acquire_read().await.unwrap());
-    other.release().await.unwrap();
+    let _ = other.release().await.unwrap();
     assert_eq!(guard.unlock().await.unwrap(), Release::Released);
     assert!(other.try_acquire().await.unwrap());
 }
@@ -122,7 +122,7 @@ async fn a_read_scope_dropped_while_waiting_leaves_nothing() {
     )
     .await;
     assert!(waited.is_err(), "it waited for the writer");
-    writer.release().await.unwrap();
+    let _ = writer.release().await.unwrap();
     assert_eq!(reader.held_mode(), None);
     assert!(factory.create_lock("wait").try_acquire().await.unwrap());
 }
@@ -156,7 +156,7 @@ async fn run_read_on_a_factory_and_a_registry_shares_the_lock() {
         .run_read("r", || async { Ok::<_, xtr_lock::Error>(()) })
         .await
         .unwrap();
-    held.release().await.unwrap();
+    let _ = held.release().await.unwrap();
     assert!(held.try_acquire().await.unwrap());
     let refused = locks
         .run_read("r", || async { Ok::<_, xtr_lock::Error>(()) })

@@ -47,7 +47,7 @@ fn getlock(server: &MariaDbServer) -> Arc<dyn Store> {
 }
 
 fn factory(store: &Arc<dyn Store>) -> LockFactory {
-    LockFactory::from_arc(store.clone()).with_default_ttl(None)
+    LockFactory::from_arc(store.clone()).with_ttl(None)
 }
 
 /// `lock.acquire()` in a task of its own (a sibling of `lock`).
@@ -76,7 +76,7 @@ async fn a_timed_out_sibling_does_not_release_what_a_waiting_sibling_was_granted
         .await
         .expect("the timed acquire gives up on time");
     assert!(!a.unwrap().unwrap(), "A timed out: the other holder holds");
-    other.release().await.unwrap();
+    let _ = other.release().await.unwrap();
     tokio::time::timeout(PATIENCE, b)
         .await
         .expect("B is granted after the other holder's release")
@@ -134,16 +134,16 @@ async fn a_waiting_sibling_does_not_block_the_holders_other_calls(store: Arc<dyn
     let released = tokio::time::timeout(NOT_BLOCKED, lock.release())
         .await
         .expect("release returns while a sibling waits (not blocked behind its wait)");
-    released.unwrap();
+    let _ = released.unwrap();
     waiting.abort();
     let _ = waiting.await;
-    other.release().await.unwrap();
+    let _ = other.release().await.unwrap();
     let fresh = f.create_lock(&r);
     let free = tokio::time::timeout(PATIENCE, fresh.acquire_timeout(PATIENCE))
         .await
         .expect("bounded");
     assert!(free.unwrap(), "the resource is free in the end");
-    fresh.release().await.unwrap();
+    let _ = fresh.release().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -203,7 +203,7 @@ async fn advisory_a_timed_out_siblings_reconcile_does_not_wait_behind_the_next_w
     assert!(!a.await.unwrap().unwrap(), "A timed out");
     tokio::time::sleep(ms(300)).await;
     let checked = tokio::time::timeout(NOT_BLOCKED, lock.is_acquired()).await;
-    other.release().await.unwrap();
+    let _ = other.release().await.unwrap();
     tokio::time::timeout(PATIENCE, b)
         .await
         .expect("B is granted once the other holder released")
@@ -214,5 +214,5 @@ async fn advisory_a_timed_out_siblings_reconcile_does_not_wait_behind_the_next_w
         "is_acquired answered while B waited: {checked:?}"
     );
     assert_eq!(lock.held_mode(), Some(Mode::Write));
-    lock.release().await.unwrap();
+    let _ = lock.release().await.unwrap();
 }

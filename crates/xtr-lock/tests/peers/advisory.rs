@@ -48,7 +48,7 @@ async fn a_symfony_writer_excludes_rust_in_crc32_mode_only() {
         other_space.try_acquire().await.unwrap(),
         "the 64-bit keys are another key space"
     );
-    other_space.release().await.unwrap();
+    let _ = other_space.release().await.unwrap();
     let holders = crc.store().holders(resource).await.unwrap();
     assert_eq!(holders.len(), 1, "{holders:?}");
     php.term();
@@ -139,7 +139,7 @@ async fn readers_share_across_languages_and_a_rust_writer_waits_for_the_php_read
         &["--try", "--ttl=0"],
     );
     php_writer.until("BUSY").await;
-    writer.release().await.unwrap();
+    let _ = writer.release().await.unwrap();
 }
 
 #[tokio::test]
@@ -160,5 +160,5 @@ async fn a_killed_php_holder_frees_the_lock_at_once() {
         .expect("the session's end frees the lock")
         .unwrap()
         .unwrap();
-    colliding.release().await.unwrap();
+    let _ = colliding.release().await.unwrap();
 }

@@ -52,7 +52,7 @@ async fn flock_1_sees_our_modes() {
         "our read lock admits flock -s"
     );
     assert!(!flock_cmd(&["-n", "-x"], &file), "and excludes flock -x");
-    lock.release().await.unwrap();
+    let _ = lock.release().await.unwrap();
     assert!(flock_cmd(&["-n", "-x"], &file));
 }
 
@@ -157,7 +157,7 @@ async fn a_reader_in_another_process_admits_our_readers_and_excludes_our_writers
     assert!(reader.try_acquire_read().await.unwrap());
     let writer = factory.create_lock("shared");
     assert!(!writer.try_acquire().await.unwrap());
-    reader.release().await.unwrap();
+    let _ = reader.release().await.unwrap();
     let wait = tokio::spawn({
         let writer = writer.clone();
         async move { writer.acquire().await }
@@ -258,7 +258,7 @@ async fn readers_in_both_languages_share_and_exclude_writers() {
         false,
         "our writer excludes Python readers"
     );
-    ours.release().await.unwrap();
+    let _ = ours.release().await.unwrap();
 }
 
 #[tokio::test]
@@ -270,7 +270,7 @@ async fn python_waits_for_rust() {
     lock.acquire().await.unwrap();
     py.send("wait_write", "cron", None);
     tokio::time::sleep(Duration::from_millis(200)).await;
-    lock.release().await.unwrap();
+    let _ = lock.release().await.unwrap();
     let answer = py.read();
     assert_eq!(answer["ok"], true, "{answer}");
     assert_eq!(

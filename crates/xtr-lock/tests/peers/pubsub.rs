@@ -51,7 +51,7 @@ async fn exclusive_against_exclusive_both_ways() {
         &["hold", &c, "exclusive", "--check-interval", "0.02"],
     );
     tokio::time::sleep(Duration::from_millis(300)).await;
-    rust.release().await.unwrap();
+    let _ = rust.release().await.unwrap();
     py.expect("ACQUIRED", SOON).await;
     assert!(!rust.try_acquire().await.unwrap(), "Python holds now");
     py.release();
@@ -84,7 +84,7 @@ async fn readers_share_across_languages_and_python_parses_ours() {
     // And we see the Python reader.
     let holders = store.holders(&c).await.unwrap();
     assert_eq!(holders.len(), 2, "{holders:?}");
-    rust.release().await.unwrap();
+    let _ = rust.release().await.unwrap();
     py.release();
     py.expect("RELEASED", SOON).await;
 }
@@ -112,7 +112,7 @@ async fn a_rust_writer_waits_on_a_python_reader_elected_and_blocking_new_readers
     reader.expect("RELEASED", SOON).await;
     assert!(waiting.await.unwrap().unwrap(), "acquired in time");
     assert!(writer.is_acquired().await.unwrap());
-    writer.release().await.unwrap();
+    let _ = writer.release().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -130,14 +130,14 @@ async fn a_python_writer_waits_on_a_rust_reader_and_our_reader_then_waits() {
     let second = lock_on(&store, &c);
     let deadline = Instant::now() + SOON;
     while second.try_acquire_read().await.unwrap() {
-        second.release().await.unwrap();
+        let _ = second.release().await.unwrap();
         assert!(
             Instant::now() < deadline,
             "the Python writer never blocked readers"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    reader.release().await.unwrap();
+    let _ = reader.release().await.unwrap();
     writer.expect("ACQUIRED", SOON).await;
     assert!(!second.try_acquire_read().await.unwrap(), "Python writes");
     writer.release();
@@ -146,7 +146,7 @@ async fn a_python_writer_waits_on_a_rust_reader_and_our_reader_then_waits() {
         second.acquire_read_timeout(SOON).await.unwrap(),
         "acquired in time"
     );
-    second.release().await.unwrap();
+    let _ = second.release().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -188,7 +188,7 @@ async fn an_elected_python_writer_is_deferred_to_by_a_lower_rust_id() {
         })
     };
     tokio::time::sleep(Duration::from_millis(500)).await;
-    reader.release().await.unwrap();
+    let _ = reader.release().await.unwrap();
     let py_at = py.stamp("ACQUIRED", SOON).await;
     assert!(rust_got_it.lock().unwrap().is_none(), "Python first");
     py.release();
@@ -197,7 +197,7 @@ async fn an_elected_python_writer_is_deferred_to_by_a_lower_rust_id() {
     let ours = rust_got_it.lock().unwrap().unwrap();
     assert!(ours > py_at, "Rust after Python");
     assert!(ours >= released, "Rust after Python began to release");
-    writer.release().await.unwrap();
+    let _ = writer.release().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -251,18 +251,18 @@ async fn our_replies_are_pythons_byte_for_byte_in_every_state() {
         }
         assert!(Instant::now() < deadline, "never pending/true: {r:?}");
     }
-    reader.release().await.unwrap();
+    let _ = reader.release().await.unwrap();
     assert!(waiting.await.unwrap().unwrap(), "acquired in time");
     let r = replies(Py::start(&server, &["ping", &c, "0.5"]).rest().await);
     assert_eq!(r.len(), 1, "{r:?}");
     id_re(&r[0], "exclusive", true);
-    writer.release().await.unwrap();
+    let _ = writer.release().await.unwrap();
     // Exclusive through the fast path: elected false.
     let alone = lock_on(&store, &c);
     assert!(alone.try_acquire().await.unwrap());
     let r = replies(Py::start(&server, &["ping", &c, "0.5"]).rest().await);
     id_re(&r[0], "exclusive", false);
-    alone.release().await.unwrap();
+    let _ = alone.release().await.unwrap();
 }
 
 /// Writers of both languages pending behind a reader: the lowest id is elected and goes first
@@ -309,12 +309,12 @@ async fn pending_writers_of_both_languages_elect_the_lowest_id_first() {
             let at = now();
             tokio::time::sleep(Duration::from_millis(100)).await;
             let until = now();
-            writer.release().await.unwrap();
+            let _ = writer.release().await.unwrap();
             (at, until)
         })
     };
     tokio::time::sleep(Duration::from_millis(500)).await;
-    reader.release().await.unwrap();
+    let _ = reader.release().await.unwrap();
     let first_at: f64 = first.stamp("ACQUIRED", SOON).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     first.release();

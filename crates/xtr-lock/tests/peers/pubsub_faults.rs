@@ -33,7 +33,7 @@ async fn a_killed_python_holder_is_released_at_once_for_a_rust_waiter() {
         "{:?}",
         killed.elapsed()
     );
-    rust.release().await.unwrap();
+    let _ = rust.release().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -50,7 +50,7 @@ async fn a_wedged_python_holder_is_reaped_by_a_rust_waiter_and_told() {
     );
     py.expect("LOST", SOON).await;
     assert_eq!(py.exit_code().await, 3);
-    rust.release().await.unwrap();
+    let _ = rust.release().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -68,7 +68,7 @@ async fn a_paused_python_holder_is_taken_over_and_finds_out_on_resume() {
     );
     py.signal(rustix::process::Signal::CONT);
     py.expect("LOST", SOON).await;
-    rust.release().await.unwrap();
+    let _ = rust.release().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -90,7 +90,7 @@ async fn a_wedged_rust_holder_is_reaped_by_python_and_told_without_resubscribing
             .cli(&["CLIENT", "LIST"])
             .contains(&format!("name={name} "))
     );
-    let mut keep_alive = rust.keep_alive().unwrap();
+    let keep_alive = rust.keep_alive().unwrap();
     store.stop_answering(rust.key());
     let mut py = Py::start(&server, &["hold", &c, "exclusive"]);
     py.expect("ACQUIRED", SOON).await;
@@ -135,7 +135,7 @@ async fn a_poison_message_does_not_cost_a_rust_holder_its_lock() {
     assert_eq!(records.len(), 1, "{records:?}");
     assert_eq!(records[0]["mode"], "exclusive");
     assert!(rust.is_acquired().await.unwrap());
-    rust.release().await.unwrap();
+    let _ = rust.release().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -254,7 +254,7 @@ async fn rust_soaker(
             .lock()
             .unwrap()
             .push((start, end, write, who.clone()));
-        lock.release().await.unwrap();
+        let _ = lock.release().await.unwrap();
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -390,5 +390,5 @@ fn a_holder_whose_runtime_is_blocked_still_answers_and_is_not_reaped() {
         "Python saw the lock held: {said:?}"
     );
     assert!(runtime.block_on(rust.is_acquired()).unwrap(), "not reaped");
-    runtime.block_on(rust.release()).unwrap();
+    let _ = runtime.block_on(rust.release()).unwrap();
 }

@@ -40,7 +40,7 @@ async fn python_and_rust_exclude_each_other_both_ways() {
         "Python is excluded by our lock"
     );
     assert_eq!(py.call("try_read", "py-first"), false);
-    ours.release().await.unwrap();
+    let _ = ours.release().await.unwrap();
     assert_eq!(py.call("try_write", "py-first"), true);
 }
 
@@ -79,7 +79,7 @@ async fn python_and_rust_readers_share_and_promote_and_demote() {
         true,
         "Python joins after the demotion"
     );
-    ours.release().await.unwrap();
+    let _ = ours.release().await.unwrap();
     py.call("release", "rw");
     assert_eq!(server.cli(&["EXISTS", "rw"]), "0");
 }
@@ -99,7 +99,7 @@ async fn an_expired_python_lock_is_taken_over_and_a_python_key_holds_for_rust() 
         false,
         "Python sees its lock lost"
     );
-    ours.release().await.unwrap();
+    let _ = ours.release().await.unwrap();
 }
 
 // ---- Symfony Lock 5.4 ------------------------------------------------------------------------------
@@ -133,6 +133,6 @@ async fn symfony_and_rust_exclude_each_other_both_ways() {
     );
     php.call("release", "sf");
     assert!(ours.try_acquire().await.unwrap());
-    ours.release().await.unwrap();
+    let _ = ours.release().await.unwrap();
     assert_eq!(server.cli(&["EXISTS", "sf"]), "0");
 }

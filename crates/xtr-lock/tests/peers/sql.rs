@@ -17,7 +17,7 @@ fn unique(name: &str) -> String {
 }
 
 fn factory(db: &Db) -> LockFactory {
-    LockFactory::new(db.store()).with_default_ttl(Some(Duration::from_secs(30)))
+    LockFactory::new(db.store()).with_ttl(Some(Duration::from_secs(30)))
 }
 
 async fn symfony_holds_then_rust_takes(db: Db) {
@@ -62,7 +62,7 @@ async fn rust_holds_and_symfony_is_refused(db: Db) {
         lock.is_acquired().await.unwrap(),
         "and the refusals changed nothing"
     );
-    lock.release().await.unwrap();
+    let _ = lock.release().await.unwrap();
     let mut php = Holder::start(&db, &r, 0.1, &["--try", "--ttl=30"]);
     php.until("RELEASED").await;
     assert_eq!(php.exit_code().await, 0);
@@ -86,7 +86,7 @@ async fn rust_takes_over_an_expired_symfony_row(db: Db) {
     php.until("LOST").await;
     assert_eq!(php.exit_code().await, 1);
     assert!(lock.is_acquired().await.unwrap(), "the Rust row stays");
-    lock.release().await.unwrap();
+    let _ = lock.release().await.unwrap();
 }
 
 /// A Rust row that expired (its holder stopped renewing) is taken over by Symfony; the Rust
@@ -202,7 +202,7 @@ async fn a_table_symfony_made_is_used_as_it_is(db: Db) {
         .with_ttl(Some(Duration::from_secs(30)));
     assert!(lock.try_acquire().await.unwrap());
     assert!(lock.fencing_token().is_some());
-    lock.release().await.unwrap();
+    let _ = lock.release().await.unwrap();
 }
 
 macro_rules! on_both {

@@ -264,7 +264,7 @@ async fn a_terminated_backend_is_a_lost_lock() {
     let store = store(&server, "?keepalive=0.2");
     let factory = LockFactory::new(store.clone());
     let lock = factory.create_lock("terminated");
-    let mut guard = lock.lock().await.unwrap();
+    let guard = lock.lock().await.unwrap();
     let pid = store.backend_pid(lock.key()).expect("a holding session");
     let mut probe = session(&server).await;
     let holders = store.holders("terminated").await.unwrap();
@@ -340,8 +340,8 @@ async fn the_two_key_modes_do_not_exclude_each_other() {
     let shown = rows(&mut probe, crc_store.advisory_key("modes")).await;
     assert_eq!(shown.len(), 1, "{shown:?}");
     assert_eq!(shown[0].1, "ExclusiveLock");
-    a.release().await.unwrap();
-    b.release().await.unwrap();
+    let _ = a.release().await.unwrap();
+    let _ = b.release().await.unwrap();
 }
 
 #[tokio::test]
@@ -355,8 +355,8 @@ async fn colliding_crc32_resources_exclude_each_other_and_sha256_ones_do_not() {
         assert_eq!(b.try_acquire().await.unwrap(), !collide, "{options:?}");
         // A read beside a write is refused exactly when the keys collide.
         assert_eq!(b.try_acquire_read().await.unwrap(), !collide, "{options:?}");
-        a.release().await.unwrap();
-        b.release().await.unwrap();
+        let _ = a.release().await.unwrap();
+        let _ = b.release().await.unwrap();
     }
 }
 

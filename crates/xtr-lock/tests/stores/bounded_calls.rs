@@ -130,7 +130,7 @@ async fn a_wait_that_gives_up_leaves_nothing_running(mut db: Db, fault: Fault) {
     }
     let started = Instant::now();
     let lock = LockFactory::new(store.clone())
-        .with_default_ttl(TTL)
+        .with_ttl(TTL)
         .create_lock(unique("wait"));
     let got = lock
         .acquire_with(Mode::Write, Wait::AtMost(Duration::from_secs(2)))

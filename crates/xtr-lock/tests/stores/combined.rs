@@ -251,7 +251,7 @@ async fn every_member_gets_the_ttl_and_read_locks_fall_back_per_member() {
     );
     assert_eq!(shared.op_names(), ["save_read"]);
     assert_eq!(exclusive.op_names(), ["save"], "falls back to a write lock");
-    store
+    let _ = store
         .put_off_expiration(&key, Duration::from_secs(10))
         .await
         .unwrap();
@@ -328,7 +328,7 @@ async fn every_member_holds_even_when_the_quorum_was_decided_first() {
     let store = combined(&m);
     let key = Key::new("r");
     assert!(store.save(&key, Some(TTL)).await.unwrap().is_acquired());
-    store
+    let _ = store
         .put_off_expiration(&key, Duration::from_secs(60))
         .await
         .unwrap();
@@ -460,7 +460,7 @@ async fn one_server_of_three_down_still_locks_and_refreshes() {
     assert!(lock.try_acquire().await.unwrap());
     lock.refresh(None).await.unwrap();
     assert!(!q.factory().create_lock("r").try_acquire().await.unwrap());
-    lock.release().await.unwrap();
+    let _ = lock.release().await.unwrap();
 }
 
 #[tokio::test]
@@ -508,7 +508,7 @@ async fn a_paused_server_is_a_vote_against_within_the_socket_timeout() {
     let q = quorum("?socket_timeout=0.5&socket_connect_timeout=0.5");
     let lock = q.factory().create_lock("r");
     lock.try_acquire().await.unwrap(); // connect everywhere first
-    lock.release().await.unwrap();
+    let _ = lock.release().await.unwrap();
     q.servers[1].pause();
     let started = Instant::now();
     assert!(lock.try_acquire().await.unwrap());
@@ -517,7 +517,7 @@ async fn a_paused_server_is_a_vote_against_within_the_socket_timeout() {
         "{:?}",
         started.elapsed()
     );
-    lock.release().await.unwrap();
+    let _ = lock.release().await.unwrap();
     q.servers[2].pause(); // two of three paused now: no majority
 
     // The verdict waits for server 1's earlier requests (the save and the release it never
@@ -544,7 +544,7 @@ async fn a_holder_whose_majority_is_lost_gets_the_lost_signal() {
         .create_lock("kept")
         .with_ttl(Some(Duration::from_millis(900)));
     assert!(lock.try_acquire().await.unwrap());
-    let mut alive = lock.keep_alive().unwrap();
+    let alive = lock.keep_alive().unwrap();
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(!alive.is_lost(), "kept alive past its ttl");
     q.servers[0].kill();
@@ -575,7 +575,7 @@ async fn a_paused_server_does_not_hold_up_a_release_and_gets_it_once_resumed() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     q.servers[1].pause();
-    tokio::time::timeout(Duration::from_secs(20), lock.release())
+    let _ = tokio::time::timeout(Duration::from_secs(20), lock.release())
         .await
         .expect("the release answers once two of three released")
         .unwrap();

@@ -30,7 +30,7 @@ fn dead_dsns() -> Vec<String> {
 fn quorum_on(dsns: &[String]) -> LockFactory {
     let dsns: Vec<&str> = dsns.iter().map(String::as_str).collect();
     LockFactory::new(CombinedStore::from_dsns(&dsns, ConsensusStrategy).unwrap())
-        .with_default_ttl(Some(TTL))
+        .with_ttl(Some(TTL))
 }
 
 #[tokio::test]
@@ -90,7 +90,7 @@ async fn with_one_member_of_three_paused_hand_off_and_free_acquires_do_not_stall
     let q = quorum("");
     let (a, b) = (q.factory().create_lock("r"), q.factory().create_lock("r"));
     assert!(a.try_acquire().await.unwrap());
-    a.release().await.unwrap();
+    let _ = a.release().await.unwrap();
     q.servers[1].pause();
     let started = Instant::now();
     a.acquire().await.unwrap(); // blocking: it watches before its attempt
@@ -101,7 +101,7 @@ async fn with_one_member_of_three_paused_hand_off_and_free_acquires_do_not_stall
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
     let released = Instant::now();
-    a.release().await.unwrap();
+    let _ = a.release().await.unwrap();
     let (got, at) = waiter.await.unwrap();
     assert!(got.unwrap(), "the waiter got the lock");
     let hand_off = at - released;
@@ -201,7 +201,7 @@ async fn a_hundred_first_attempts_on_fresh_stores_all_get_their_turn() {
             waiters.push(tokio::spawn(async move {
                 lock.acquire().await.unwrap();
                 tokio::task::yield_now().await;
-                lock.release().await.unwrap();
+                let _ = lock.release().await.unwrap();
             }));
         }
         let all = futures_util::future::join_all(waiters);

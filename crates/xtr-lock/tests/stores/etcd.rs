@@ -106,7 +106,7 @@ async fn etcdctl_lock_and_ours_exclude_each_other_both_ways_with_comparable_toke
     let next = other.fencing_token().unwrap();
     assert!(next > theirs, "our token {next} > ETCD_LOCK_REV {theirs}");
     assert!(child.wait().unwrap().success());
-    other.release().await.unwrap();
+    let _ = other.release().await.unwrap();
 
     // A reader excludes etcdctl too.
     let reader = factory.create_lock(&r);
@@ -114,7 +114,7 @@ async fn etcdctl_lock_and_ours_exclude_each_other_both_ways_with_comparable_toke
     let (mut child, revs) = etcdctl_lock(&cluster, &r, 0);
     tokio::time::sleep(Duration::from_millis(800)).await;
     assert!(revs.try_recv().is_err(), "etcdctl lock waits for a reader");
-    reader.release().await.unwrap();
+    let _ = reader.release().await.unwrap();
     tokio::task::spawn_blocking(move || revs.recv_timeout(PATIENCE).unwrap())
         .await
         .unwrap();
@@ -138,7 +138,7 @@ async fn waiters_are_served_in_the_order_they_queued() {
             lock.acquire().await.unwrap();
             order.lock().unwrap().push(i);
             tokio::time::sleep(Duration::from_millis(10)).await;
-            lock.release().await.unwrap();
+            let _ = lock.release().await.unwrap();
         }));
         // The next waiter queues only once this one has its key.
         let want = i + 2;
@@ -153,7 +153,7 @@ async fn waiters_are_served_in_the_order_they_queued() {
         !queue[0].waiting && queue[1..].iter().all(|h| h.waiting),
         "{queue:?}"
     );
-    first.release().await.unwrap();
+    let _ = first.release().await.unwrap();
     for t in tasks {
         tokio::time::timeout(PATIENCE, t).await.unwrap().unwrap();
     }
@@ -184,7 +184,7 @@ async fn two_readers_promoting_at_once_do_not_deadlock_the_later_gives_way() {
     assert!(err.to_string().contains("deadlock"), "{err}");
     assert_eq!(b.held_mode(), Some(Mode::Read), "B keeps reading");
     assert!(!promoting.is_finished(), "A still waits for B's read lock");
-    b.release().await.unwrap();
+    let _ = b.release().await.unwrap();
     tokio::time::timeout(PATIENCE, promoting)
         .await
         .unwrap()
@@ -193,7 +193,7 @@ async fn two_readers_promoting_at_once_do_not_deadlock_the_later_gives_way() {
     assert_eq!(a.held_mode(), Some(Mode::Write));
     let left = keys(&cluster, &store.directory(&r));
     assert_eq!(left.len(), 1, "only A's writer key: {left:?}");
-    a.release().await.unwrap();
+    let _ = a.release().await.unwrap();
 }
 
 async fn until_queued(store: &EtcdStore, r: &str, n: usize) {
@@ -236,8 +236,8 @@ async fn a_dropped_wait_leaves_no_queue_key_and_a_dropped_promotion_keeps_the_re
         keys(&cluster, &dir).len() == 2
     })
     .await;
-    holder.release().await.unwrap();
-    other.release().await.unwrap();
+    let _ = holder.release().await.unwrap();
+    let _ = other.release().await.unwrap();
     assert!(keys(&cluster, &dir).is_empty());
 }
 
@@ -250,7 +250,7 @@ async fn a_revoked_lease_or_a_deleted_key_is_reported_lost_at_once() {
         let r = resource(how);
         let lock = factory.create_lock(&r);
         lock.acquire().await.unwrap();
-        let mut monitor = lock.keep_alive().unwrap();
+        let monitor = lock.keep_alive().unwrap();
         let lease = store.lease_id(lock.key()).unwrap();
         match how {
             "revoke" => cluster.etcdctl_output(&["lease", "revoke", &format!("{lease:x}")]),
@@ -274,7 +274,7 @@ async fn a_revoked_lease_or_a_deleted_key_is_reported_lost_at_once() {
         assert_eq!(lock.release().await.unwrap(), Release::Lost);
         // The holder takes it again with a new lease.
         assert!(lock.try_acquire().await.unwrap());
-        lock.release().await.unwrap();
+        let _ = lock.release().await.unwrap();
     }
 }
 
@@ -316,7 +316,7 @@ async fn the_lock_and_its_queue_survive_the_leader_killed() {
         tasks.push(tokio::spawn(async move {
             lock.acquire().await.unwrap();
             order.lock().unwrap().push(i);
-            lock.release().await.unwrap();
+            let _ = lock.release().await.unwrap();
         }));
         until_queued(&store, &r, i + 2).await;
     }
@@ -333,7 +333,7 @@ async fn the_lock_and_its_queue_survive_the_leader_killed() {
         !factory.create_lock(&r).try_acquire().await.unwrap(),
         "still held"
     );
-    holder.release().await.unwrap();
+    let _ = holder.release().await.unwrap();
     for t in tasks {
         tokio::time::timeout(PATIENCE, t).await.unwrap().unwrap();
     }
@@ -361,7 +361,7 @@ async fn a_paused_minority_member_changes_nothing() {
     while started.elapsed() < Duration::from_secs(4) {
         let other = factory.create_lock(resource("other"));
         other.acquire().await.unwrap();
-        other.release().await.unwrap();
+        let _ = other.release().await.unwrap();
         assert!(!factory.create_lock(&r).try_acquire().await.unwrap());
     }
     cluster.resume(follower);
@@ -379,12 +379,11 @@ async fn losing_the_majority_gives_temporary_errors_never_a_false_conflict() {
     let r = resource("majority");
     let store = store(&cluster, "?request_timeout=1");
     // The lock's ttl is its lease's.
-    let factory =
-        LockFactory::from_arc(store.clone()).with_default_ttl(Some(Duration::from_secs(3)));
+    let factory = LockFactory::from_arc(store.clone()).with_ttl(Some(Duration::from_secs(3)));
     let free = resource("free");
     let holder = factory.create_lock(&r);
     holder.acquire().await.unwrap();
-    let mut monitor = holder.keep_alive().unwrap();
+    let monitor = holder.keep_alive().unwrap();
     let leader = cluster.wait_leader();
     let (a, b) = ((leader + 1) % 3, (leader + 2) % 3);
     cluster.pause(a);
@@ -413,7 +412,7 @@ async fn losing_the_majority_gives_temporary_errors_never_a_false_conflict() {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    again.release().await.unwrap();
+    let _ = again.release().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -439,7 +438,7 @@ async fn tokens_increase_across_a_queue_mixing_etcdctl_and_ours() {
         }
     });
     until_queued(&store, &r, 3).await;
-    first.release().await.unwrap();
+    let _ = first.release().await.unwrap();
     let theirs = tokio::task::spawn_blocking(move || revs.recv_timeout(PATIENCE).unwrap())
         .await
         .unwrap();
@@ -453,7 +452,7 @@ async fn tokens_increase_across_a_queue_mixing_etcdctl_and_ours() {
         "{t1} < ETCD_LOCK_REV {theirs} < {t3}"
     );
     assert!(child.wait().unwrap().success());
-    third.release().await.unwrap();
+    let _ = third.release().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -581,11 +580,10 @@ async fn saves_and_waits_dropped_anywhere_leave_nothing_behind() {
 async fn an_unconfirmed_lease_is_reported_lost_at_its_end_not_after_the_request_timeout() {
     let cluster = EtcdCluster::single();
     let store = store(&cluster, "?request_timeout=10");
-    let factory =
-        LockFactory::from_arc(store.clone()).with_default_ttl(Some(Duration::from_secs(2)));
+    let factory = LockFactory::from_arc(store.clone()).with_ttl(Some(Duration::from_secs(2)));
     let lock = factory.create_lock(resource("unconfirmed"));
     lock.acquire().await.unwrap();
-    let mut monitor = lock.keep_alive().unwrap();
+    let monitor = lock.keep_alive().unwrap();
     let left = store.lease_remaining(lock.key()).unwrap();
     cluster.pause(0);
     let paused = Instant::now();

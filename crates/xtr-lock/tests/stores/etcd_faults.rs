@@ -190,12 +190,11 @@ async fn etcdctl_takes(cluster: &EtcdCluster, name: &str) {
 async fn a_wait_rides_out_a_paused_server() {
     let cluster = EtcdCluster::single();
     let store = Arc::new(EtcdStore::from_dsn(&cluster.dsn("")).unwrap());
-    let factory =
-        LockFactory::from_arc(store.clone()).with_default_ttl(Some(Duration::from_secs(2)));
+    let factory = LockFactory::from_arc(store.clone()).with_ttl(Some(Duration::from_secs(2)));
     let r = resource("paused-wait");
     let holder = factory.create_lock(&r);
     holder.acquire().await.unwrap();
-    let mut monitor = holder.keep_alive().unwrap();
+    let monitor = holder.keep_alive().unwrap();
     let waiter = factory.create_lock(&r);
     let waiting = tokio::spawn({
         let waiter = waiter.clone();
@@ -219,7 +218,7 @@ async fn a_wait_rides_out_a_paused_server() {
         .await
         .expect("the holder, whose lease could have ended, is told");
     assert_eq!(lost.reason, xtr_lock::LostReason::Expired, "{lost}");
-    waiter.release().await.unwrap();
+    let _ = waiter.release().await.unwrap();
 }
 
 /// Every hold's lease is revoked when the hold ends: after acquire/release cycles, tries that
@@ -236,7 +235,7 @@ async fn leases_are_revoked_when_nothing_is_held_and_before_close_returns() {
         lock.acquire().await.unwrap();
         let lease = store.lease_id(lock.key()).unwrap();
         assert!(leases(&cluster).contains(&lease), "{lease:x} is granted");
-        lock.release().await.unwrap();
+        let _ = lock.release().await.unwrap();
         until("the released hold's lease is revoked", || {
             leases(&cluster).is_empty()
         })
@@ -255,7 +254,7 @@ async fn leases_are_revoked_when_nothing_is_held_and_before_close_returns() {
         leases(&cluster).len() == 1
     })
     .await;
-    lock.release().await.unwrap();
+    let _ = lock.release().await.unwrap();
     store.close().await.unwrap();
     assert_eq!(leases(&cluster), Vec::<i64>::new(), "after close");
     assert!(keys(&cluster, &store.directory(&r)).is_empty());
@@ -270,8 +269,7 @@ async fn a_promotions_read_key_delete_cut_off_is_retried_and_never_blocks() {
     let cluster = EtcdCluster::single();
     let proxy = Partition::start(port_of(&cluster));
     let store = through(&proxy);
-    let factory =
-        LockFactory::from_arc(store.clone()).with_default_ttl(Some(Duration::from_secs(30)));
+    let factory = LockFactory::from_arc(store.clone()).with_ttl(Some(Duration::from_secs(30)));
     let r = resource("stale-read");
     let dir = store.directory(&r);
     let lock = factory.create_lock(&r);
@@ -292,13 +290,13 @@ async fn a_promotions_read_key_delete_cut_off_is_retried_and_never_blocks() {
         !keys(&cluster, &dir).contains(&read_key)
     })
     .await;
-    lock.release().await.unwrap();
+    let _ = lock.release().await.unwrap();
     // Its own keys never keep the holder waiting for itself.
     assert!(
         lock.acquire_timeout(Duration::from_secs(10)).await.unwrap(),
         "the holder waited for its own stale key"
     );
-    lock.release().await.unwrap();
+    let _ = lock.release().await.unwrap();
     etcdctl_takes(&cluster, &r).await;
     store.close().await.unwrap();
     assert!(
@@ -321,11 +319,11 @@ async fn a_wait_given_up_during_a_partition_leaves_no_key_that_blocks() {
     let dir = direct.directory(&r);
     let ttl = Some(Duration::from_secs(30));
     let holder = LockFactory::from_arc(direct.clone())
-        .with_default_ttl(ttl)
+        .with_ttl(ttl)
         .create_lock(&r);
     holder.acquire().await.unwrap();
     let waiter = LockFactory::from_arc(cut_off.clone())
-        .with_default_ttl(ttl)
+        .with_ttl(ttl)
         .create_lock(&r);
     let waiting = tokio::spawn({
         let waiter = waiter.clone();
@@ -338,7 +336,7 @@ async fn a_wait_given_up_during_a_partition_leaves_no_key_that_blocks() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     proxy.set_cut(false);
     assert!(!gave_up.unwrap_or(false), "the wait gave up");
-    holder.release().await.unwrap();
+    let _ = holder.release().await.unwrap();
     etcdctl_takes(&cluster, &r).await;
     until("nothing is left", || keys(&cluster, &dir).is_empty()).await;
     assert!(waiter.held_mode().is_none());
@@ -366,9 +364,26 @@ async fn ttls_a_lease_cannot_keep_are_refused() {
         .create_lock(&r)
         .with_ttl(Some(Duration::from_secs(2)));
     lock.acquire().await.unwrap();
-    lock.release().await.unwrap();
+    let _ = lock.release().await.unwrap();
     for dsn in ["?ttl=0.5", "?ttl=1.5"] {
         let err = EtcdStore::from_dsn(&format!("{}{dsn}", cluster.dsn(""))).unwrap_err();
         assert!(err.to_string().contains("whole seconds"), "{err}");
     }
+}
+
+/// A cluster that is not there is reported with its cause (the refused connection), not only
+/// the gRPC status's "tcp connect error".
+#[tokio::test]
+async fn an_unreachable_cluster_is_reported_with_its_cause() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let store = xtr_lock::StoreFactory::create_store(&format!("etcd://127.0.0.1:{port}")).unwrap();
+    let lock = xtr_lock::LockFactory::from_arc(store).create_lock("nobody-home");
+    let err = lock.try_acquire().await.unwrap_err();
+    let said = xtr_lock::Report::new(&err).to_string();
+    assert!(said.to_lowercase().contains("connection refused"), "{said}");
+    assert!(err.is_temporary(), "{said}");
 }

@@ -210,7 +210,7 @@ fn nobody_child() {
                 !rt.block_on(factory.create_lock("read-only").try_acquire())
                     .unwrap()
             );
-            rt.block_on(lock.release()).unwrap();
+            let _ = rt.block_on(lock.release()).unwrap();
         }
         other => panic!("unknown case {other}"),
     }
@@ -263,7 +263,7 @@ async fn files_are_0666_whatever_the_umask_and_never_unlinked() {
         0,
         "lock files are empty"
     );
-    lock.release().await.unwrap();
+    let _ = lock.release().await.unwrap();
     assert!(path.exists(), "never unlinked");
 }
 
@@ -319,7 +319,7 @@ async fn odd_resource_names_get_safe_file_names_inside_the_directory() {
             "{name:?} stays in the directory"
         );
         assert!(path.exists());
-        lock.release().await.unwrap();
+        let _ = lock.release().await.unwrap();
     }
     assert_eq!(
         store.path_for("reports:nightly").file_name().unwrap(),
@@ -339,7 +339,7 @@ async fn keys_that_held_a_file_refuse_to_serialize() {
         lock.key().to_json().unwrap_err().kind(),
         ErrorKind::UnserializableKey
     );
-    lock.release().await.unwrap();
+    let _ = lock.release().await.unwrap();
     assert_eq!(
         lock.key().to_json().unwrap_err().kind(),
         ErrorKind::UnserializableKey
@@ -379,7 +379,7 @@ async fn the_kernel_agrees_and_delete_closes_the_descriptor() {
         Mode::Read,
         "demoted in the kernel"
     );
-    lock.release().await.unwrap();
+    let _ = lock.release().await.unwrap();
     assert_eq!(fds_on(&file), 0, "release closes the descriptor");
     assert!(store.holders("r").await.unwrap().is_empty());
     assert!(store.holders("never-locked").await.unwrap().is_empty());
@@ -415,7 +415,7 @@ async fn a_failed_promotion_keeps_the_read_lock_in_the_kernel_too() {
     );
     assert!(a.is_acquired().await.unwrap());
     assert_eq!(store.holders("r").await.unwrap().len(), 2);
-    b.release().await.unwrap();
+    let _ = b.release().await.unwrap();
     assert!(a.try_acquire().await.unwrap(), "the sole reader promotes");
     assert_eq!(store.holders("r").await.unwrap()[0].mode, Mode::Write);
 }
@@ -485,13 +485,13 @@ async fn a_thousand_waiters_are_served_one_at_a_time_without_a_thread_each() {
             lock.acquire().await.unwrap();
             assert_eq!(inside.fetch_add(1, std::sync::atomic::Ordering::SeqCst), 0);
             inside.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
-            lock.release().await.unwrap();
+            let _ = lock.release().await.unwrap();
         }));
     }
     tokio::time::sleep(Duration::from_millis(100)).await;
     let threads = fs::read_dir("/proc/self/task").unwrap().count();
     assert!(threads < 50, "{threads} threads for 1000 waiters");
-    holder.release().await.unwrap();
+    let _ = holder.release().await.unwrap();
     for task in tasks {
         tokio::time::timeout(Duration::from_secs(120), task)
             .await

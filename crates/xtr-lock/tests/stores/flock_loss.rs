@@ -71,7 +71,7 @@ async fn a_replaced_lock_file_is_a_lost_lock_never_claimed() {
             !flock_1_gets(&path, Mode::Write),
             "{replace}: b holds the name"
         );
-        b.release().await.unwrap();
+        let _ = b.release().await.unwrap();
         assert!(flock_1_gets(&path, Mode::Write));
     }
 }
@@ -106,7 +106,7 @@ async fn a_holder_watching_for_loss_is_told_at_once_and_only_about_its_file() {
     assert_eq!(reason, LostReason::Replaced);
     // A guard on a file that goes away reports it too, and its scope's body is stopped.
     let guarded = factory.create_lock("g");
-    let mut guard = guarded.lock().await.unwrap();
+    let guard = guarded.lock().await.unwrap();
     fs::remove_file(store.path_for("g")).unwrap();
     let lost = tokio::time::timeout(PATIENCE, guard.lost())
         .await
@@ -179,7 +179,7 @@ async fn a_re_acquire_after_the_file_was_replaced_locks_the_new_file() {
         store.exists(lock.key()).await.unwrap(),
         Holding::Held(Mode::Write)
     );
-    lock.release().await.unwrap();
+    let _ = lock.release().await.unwrap();
 }
 
 #[tokio::test]

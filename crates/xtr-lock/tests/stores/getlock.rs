@@ -246,7 +246,7 @@ async fn a_killed_connection_is_a_lost_lock() {
     let store = store(&server, "?keepalive=0.2");
     let factory = LockFactory::new(store.clone());
     let lock = factory.create_lock("killed");
-    let mut guard = lock.lock().await.unwrap();
+    let guard = lock.lock().await.unwrap();
     let id = store.connection_id(lock.key()).expect("a holding session");
     let holders = store.holders("killed").await.unwrap();
     assert_eq!(holders.len(), 1, "{holders:?}");

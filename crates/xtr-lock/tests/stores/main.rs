@@ -27,4 +27,5 @@ mod redis_waking;
 mod semaphore;
 mod session_lease;
 mod sql;
+mod sql_errors;
 mod sql_lost_answer;

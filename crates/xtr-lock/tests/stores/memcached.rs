@@ -13,7 +13,7 @@ use crate::support::symfony_sql::Holder;
 
 fn rust(server: &MemcachedServer) -> LockFactory {
     LockFactory::new(MemcachedStore::from_dsn(&server.url()).unwrap())
-        .with_default_ttl(Some(Duration::from_secs(30)))
+        .with_ttl(Some(Duration::from_secs(30)))
 }
 
 #[tokio::test]
@@ -84,7 +84,7 @@ async fn a_rust_holder_excludes_php_and_a_php_waiter_gets_it_after_the_rust_rele
     waiter.until("RELEASED").await;
     assert_eq!(waiter.exit_code().await, 0);
     assert!(lock.try_acquire().await.unwrap());
-    lock.release().await.unwrap();
+    let _ = lock.release().await.unwrap();
 }
 
 #[tokio::test]
@@ -104,7 +104,7 @@ async fn a_killed_php_holder_is_freed_at_its_ttl_and_not_before() {
         after >= Duration::from_millis(1900),
         "freed after {after:?}"
     );
-    lock.release().await.unwrap();
+    let _ = lock.release().await.unwrap();
 }
 
 /// Just before a conditional delete (`md`) goes through, the entry changes hands: another
@@ -132,7 +132,7 @@ async fn a_release_never_deletes_a_lock_that_changed_hands_after_its_read() {
     });
     let store = MemcachedStore::from_dsn(&format!("memcached://127.0.0.1:{port}")).unwrap();
     let lock = LockFactory::new(store)
-        .with_default_ttl(Some(Duration::from_secs(30)))
+        .with_ttl(Some(Duration::from_secs(30)))
         .create_lock(resource);
     assert!(lock.try_acquire().await.unwrap());
     // The release reads our entry, the entry changes hands, the conditional delete is refused.
@@ -205,7 +205,7 @@ async fn a_paused_server_is_a_temporary_error_within_the_timeout_never_a_hang() 
     let server = MemcachedServer::start();
     let store = MemcachedStore::from_dsn(&format!("{}?timeout=0.5", server.url())).unwrap();
     let lock = LockFactory::new(store)
-        .with_default_ttl(Some(Duration::from_secs(30)))
+        .with_ttl(Some(Duration::from_secs(30)))
         .create_lock("invoice:paused");
     assert!(lock.try_acquire().await.unwrap());
     server.pause();
@@ -249,7 +249,7 @@ async fn acquires_and_releases_dropped_at_random_points_leave_nothing_held() {
     }
     let lock = f.create_lock(resource);
     assert!(lock.try_acquire().await.unwrap());
-    lock.release().await.unwrap();
+    let _ = lock.release().await.unwrap();
 }
 
 /// After a server restart, the pooled connections are closed: the next operation is sent again
@@ -285,7 +285,7 @@ async fn a_dropped_acquire_is_taken_back_even_when_its_add_lands_after_the_clean
     });
     let store = MemcachedStore::from_dsn(&format!("memcached://127.0.0.1:{port}")).unwrap();
     let lock = LockFactory::new(store)
-        .with_default_ttl(Some(Duration::from_secs(30)))
+        .with_ttl(Some(Duration::from_secs(30)))
         .create_lock("invoice:overtaken");
     // The first connection checks the version (slowly); the add goes out on it too.
     let dropped = tokio::time::timeout(Duration::from_millis(450), lock.try_acquire()).await;

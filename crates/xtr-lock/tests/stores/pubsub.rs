@@ -73,7 +73,7 @@ async fn dsns_build_the_store_and_say_where_locks_live() {
             .unwrap(),
         "another database, the same lock"
     );
-    lock.release().await.unwrap();
+    let _ = lock.release().await.unwrap();
 }
 
 #[tokio::test]
@@ -111,7 +111,7 @@ async fn dropped_acquires_leave_nothing_on_the_server() {
         let lock = factory.create_lock(channel);
         let budget = Duration::from_micros(i * 50);
         if let Ok(Ok(true)) = tokio::time::timeout(budget, lock.try_acquire()).await {
-            lock.release().await.unwrap();
+            let _ = lock.release().await.unwrap();
         }
     }
     nothing_left(&server, channel).await;
@@ -128,7 +128,7 @@ async fn dropped_acquires_leave_nothing_on_the_server() {
         );
         assert!(!writer.is_acquired().await.unwrap());
     }
-    reader.release().await.unwrap();
+    let _ = reader.release().await.unwrap();
     nothing_left(&server, channel).await;
 }
 
@@ -144,7 +144,7 @@ async fn a_paused_server_is_a_lost_lock_found_by_the_checks() {
     .unwrap();
     let lock = LockFactory::new(store.clone()).create_lock("half-open");
     assert!(lock.try_acquire().await.unwrap());
-    let mut keep_alive = lock.keep_alive().unwrap();
+    let keep_alive = lock.keep_alive().unwrap();
     server.pause();
     let lost = tokio::time::timeout(SOON, keep_alive.lost())
         .await
@@ -168,7 +168,7 @@ async fn an_uncontended_acquire_and_release_on_the_wire() {
     let lock = LockFactory::new(store.clone()).create_lock("wire");
     // Connections warm, so only the lock's own commands follow.
     assert!(lock.try_acquire().await.unwrap());
-    lock.release().await.unwrap();
+    let _ = lock.release().await.unwrap();
     let mut monitor = std::process::Command::new("redis-cli")
         .args(["-p", &server.port().to_string(), "MONITOR"])
         .stdout(std::process::Stdio::piped())
@@ -183,7 +183,7 @@ async fn an_uncontended_acquire_and_release_on_the_wire() {
     });
     assert_eq!(rx.recv_timeout(SOON).unwrap(), "OK");
     assert!(lock.try_acquire().await.unwrap());
-    lock.release().await.unwrap();
+    let _ = lock.release().await.unwrap();
     server.cli(&["ECHO", "end"]);
     let mut seen = Vec::new();
     while let Ok(line) = rx.recv_timeout(SOON) {

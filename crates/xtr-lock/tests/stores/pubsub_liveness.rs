@@ -39,7 +39,7 @@ fn reader_loop(
                 let hold = rand::rng().random_range(2..20);
                 tokio::time::sleep(Duration::from_millis(hold)).await;
                 log.lock().unwrap().push((start, Instant::now(), false));
-                lock.release().await.unwrap();
+                let _ = lock.release().await.unwrap();
             }
             let pause = rand::rng().random_range(10..60);
             tokio::time::sleep(Duration::from_millis(pause)).await;
@@ -72,7 +72,7 @@ async fn readers_never_enter_while_a_writer_holds() {
         let start = Instant::now();
         tokio::time::sleep(Duration::from_millis(1500)).await;
         log.lock().unwrap().push((start, Instant::now(), true));
-        writer.release().await.unwrap();
+        let _ = writer.release().await.unwrap();
     }
     stop.store(true, Ordering::Release);
     for r in readers {
@@ -177,7 +177,7 @@ async fn a_reader_that_passes_by_during_a_probe_does_not_hide_the_writer() {
     assert!(!armed.load(Ordering::SeqCst), "the reader never pinged");
     assert!(!got, "a reader got in while the writer held");
     assert!(writer.is_acquired().await.unwrap());
-    writer.release().await.unwrap();
+    let _ = writer.release().await.unwrap();
 }
 
 /// `total_connections_received` and `SUBSCRIBE` calls so far.
@@ -212,7 +212,7 @@ async fn waiting_readers_do_not_spin_while_a_writer_holds() {
                         .await
                         .unwrap()
                 );
-                lock.release().await.unwrap();
+                let _ = lock.release().await.unwrap();
             })
         })
         .collect();
@@ -225,7 +225,7 @@ async fn waiting_readers_do_not_spin_while_a_writer_holds() {
         churn(&server).0 - connections,
         churn(&server).1 - subscribes,
     );
-    writer.release().await.unwrap();
+    let _ = writer.release().await.unwrap();
     for r in readers {
         tokio::time::timeout(Duration::from_secs(30), r)
             .await
@@ -256,14 +256,14 @@ async fn fencing_tokens_never_go_backwards_across_a_restart_empty() {
             let token = lock.fencing_token().unwrap();
             assert!(token > last, "round {round}: token {token} after {last}");
             last = token;
-            lock.release().await.unwrap();
+            let _ = lock.release().await.unwrap();
             assert!(lock.try_acquire_read().await.unwrap());
             let read = lock.fencing_token().unwrap();
             assert!(
                 read >= last,
                 "round {round}: read token {read} after {last}"
             );
-            lock.release().await.unwrap();
+            let _ = lock.release().await.unwrap();
         }
         server.restart();
         // A reader first after the restart: it never sees less than the last writer's token.
@@ -274,7 +274,7 @@ async fn fencing_tokens_never_go_backwards_across_a_restart_empty() {
             read >= last,
             "after restart {round}: read token {read} after {last}"
         );
-        reader.release().await.unwrap();
+        let _ = reader.release().await.unwrap();
     }
 }
 
@@ -297,7 +297,7 @@ async fn the_lease_is_counted_from_the_last_confirmed_self_check() {
         assert!(left >= unavailable / 3, "{left:?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let mut keep_alive = lock.keep_alive().unwrap();
+    let keep_alive = lock.keep_alive().unwrap();
     server.pause();
     let paused = Instant::now();
     let mut before = store.lease_remaining(lock.key()).unwrap();
@@ -357,14 +357,14 @@ async fn a_half_open_holder_is_told_before_the_next_holder_gets_in() {
     let holder_store = store(proxy);
     let holder = LockFactory::new(holder_store.clone()).create_lock("frozen");
     assert!(holder.try_acquire().await.unwrap());
-    let mut keep_alive = holder.keep_alive().unwrap();
+    let keep_alive = holder.keep_alive().unwrap();
     let waiter = tokio::spawn({
         let port = server.port();
         async move {
             let lock = LockFactory::new(store(port)).create_lock("frozen");
             assert!(lock.acquire_timeout(Duration::from_secs(30)).await.unwrap());
             let at = Instant::now();
-            lock.release().await.unwrap();
+            let _ = lock.release().await.unwrap();
             at
         }
     });
@@ -471,7 +471,7 @@ async fn contending_writers_after_a_restart_empty_never_draw_small_tokens() {
     let first = LockFactory::new(store(port)).create_lock("drawn");
     assert!(first.try_acquire().await.unwrap());
     let mut before = first.fencing_token().unwrap();
-    first.release().await.unwrap();
+    let _ = first.release().await.unwrap();
     for round in 0..4 {
         server.restart();
         let log = Arc::new(Mutex::new(Vec::new()));
@@ -485,7 +485,7 @@ async fn contending_writers_after_a_restart_empty_never_draw_small_tokens() {
                             let token = lock.fencing_token().unwrap();
                             log.lock().unwrap().push((Instant::now(), token));
                             tokio::time::sleep(Duration::from_millis(5)).await;
-                            lock.release().await.unwrap();
+                            let _ = lock.release().await.unwrap();
                         }
                     }
                 })
@@ -536,5 +536,5 @@ async fn a_prober_with_slow_membership_checks_still_reaps_a_silent_holder() {
         lock.acquire_timeout(Duration::from_secs(15)).await.unwrap(),
         "the silent holder was never reaped"
     );
-    lock.release().await.unwrap();
+    let _ = lock.release().await.unwrap();
 }

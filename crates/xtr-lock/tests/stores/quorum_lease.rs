@@ -115,7 +115,7 @@ async fn a_session_that_never_times_out_does_not_cut_the_quorums_lease() {
         Some(Duration::MAX),
         "held on a session nothing ends"
     );
-    alone.release().await.unwrap();
+    let _ = alone.release().await.unwrap();
 
     let members: Vec<Arc<dyn Store>> = vec![advisory, pubsub(&redis)];
     let store = Arc::new(CombinedStore::new(members, UnanimousStrategy).unwrap());
@@ -129,7 +129,7 @@ async fn a_session_that_never_times_out_does_not_cut_the_quorums_lease() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    lock.release().await.unwrap();
+    let _ = lock.release().await.unwrap();
     assert_eq!(store.lease_remaining(lock.key()), None, "nothing held");
 }
 
@@ -171,5 +171,5 @@ async fn a_member_left_answering_in_the_background_counts_for_nothing() {
         "the quorum stands on the pub/sub member now: {left:?}"
     );
     b.resume();
-    lock.release().await.unwrap();
+    let _ = lock.release().await.unwrap();
 }

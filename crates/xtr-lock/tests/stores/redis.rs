@@ -102,11 +102,11 @@ async fn one_round_trip_per_acquire_refresh_and_release() {
     // Warm up: connect, probe the clock, load each script once (NOSCRIPT, SCRIPT LOAD).
     lock.try_acquire().await.unwrap();
     lock.refresh(None).await.unwrap();
-    lock.release().await.unwrap();
+    let _ = lock.release().await.unwrap();
     server.cli(&["CONFIG", "RESETSTAT"]);
     lock.try_acquire().await.unwrap();
     lock.refresh(None).await.unwrap();
-    lock.release().await.unwrap();
+    let _ = lock.release().await.unwrap();
     assert_eq!(server.command_calls("evalsha"), 3);
     assert_eq!(server.command_calls("eval"), 0);
     assert_eq!(server.command_calls("script"), 0, "no script loaded again");
@@ -258,7 +258,7 @@ async fn keep_alive_holds_a_lock_past_several_ttls_and_signals_its_loss() {
     let ttl = Duration::from_millis(300);
     let held = lock(&store, "kept", ttl);
     assert!(held.try_acquire().await.unwrap());
-    let mut alive = held.keep_alive().unwrap();
+    let alive = held.keep_alive().unwrap();
     tokio::time::sleep(ttl * 5).await;
     assert!(held.is_acquired().await.unwrap(), "kept past five ttls");
     assert!(!lock(&store, "kept", ttl).try_acquire().await.unwrap());
@@ -380,8 +380,8 @@ async fn keep_alive_stops_on_release_and_on_drop() {
         "dropped: no more refreshes, it expired"
     );
     held.try_acquire().await.unwrap();
-    let mut alive = held.keep_alive().unwrap();
-    held.release().await.unwrap();
+    let alive = held.keep_alive().unwrap();
+    let _ = held.release().await.unwrap();
     tokio::time::sleep(ttl).await;
     assert!(!alive.is_lost(), "a release is not a loss");
     assert!(
@@ -400,7 +400,7 @@ async fn a_release_wakes_one_waiter_not_all_of_them() {
     // A frozen clock: no poll and no retry sleep ever ends, so only notifications wake.
     let factory = LockFactory::new(store.clone())
         .with_clock(Arc::new(ManualClock::frozen()))
-        .with_default_ttl(Some(TTL));
+        .with_ttl(Some(TTL));
     let holder = factory.create_lock("herd");
     holder.acquire().await.unwrap();
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
@@ -421,7 +421,7 @@ async fn a_release_wakes_one_waiter_not_all_of_them() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     server.cli(&["CONFIG", "RESETSTAT"]);
-    holder.release().await.unwrap();
+    let _ = holder.release().await.unwrap();
     let (_, first) = tokio::time::timeout(Duration::from_secs(10), rx.recv())
         .await
         .unwrap()
@@ -434,13 +434,13 @@ async fn a_release_wakes_one_waiter_not_all_of_them() {
     );
     assert!(rx.try_recv().is_err(), "exactly one waiter got the lock");
     // The rest still get their turn, one release at a time.
-    first.release().await.unwrap();
+    let _ = first.release().await.unwrap();
     for _ in 0..99 {
         let (_, next) = tokio::time::timeout(Duration::from_secs(10), rx.recv())
             .await
             .expect("the next waiter is woken")
             .unwrap();
-        next.release().await.unwrap();
+        let _ = next.release().await.unwrap();
     }
     for w in waiters {
         w.await.unwrap();
@@ -469,10 +469,10 @@ async fn cancellation_at_random_points_leaves_no_member_behind() {
         let still = waiter.is_acquired().await.unwrap();
         assert_eq!(still, completed, "round {i}");
         if completed {
-            waiter.release().await.unwrap();
+            let _ = waiter.release().await.unwrap();
         }
         if held {
-            holder.release().await.unwrap();
+            let _ = holder.release().await.unwrap();
         }
         let token = waiter.key().token("redis");
         assert!(
@@ -550,7 +550,7 @@ async fn holders_carry_an_id_that_matches_the_key_and_hides_the_token() {
     assert_eq!(id.len(), 12);
     let token = writer.key().token("redis");
     assert!(!token.contains(&id) && !format!("{hs:?}").contains(&token));
-    writer.release().await.unwrap();
+    let _ = writer.release().await.unwrap();
     // A Python peer's holder gets an id too: it is the token in the set that is digested.
     let mut py = Peer::python("redis", &server.url(0));
     assert_eq!(py.call_ttl("try_write", "r", Some(30.0)), true);

@@ -58,7 +58,7 @@ async fn a_store_over_a_client_you_built() {
     let l = lock(&store, "r", TTL);
     assert!(l.try_acquire().await.unwrap());
     assert_eq!(server.cli(&["TYPE", "mine:r"]), "zset");
-    l.release().await.unwrap();
+    let _ = l.release().await.unwrap();
 }
 
 #[tokio::test]
@@ -75,7 +75,7 @@ async fn rediss_connects_over_tls_and_checks_the_certificate() {
         "zset",
         "the same server, reached over TLS"
     );
-    l.release().await.unwrap();
+    let _ = l.release().await.unwrap();
     let verified = RedisStore::from_dsn(&format!(
         "rediss://127.0.0.1:{port}/0?socket_connect_timeout=2"
     ))
@@ -107,7 +107,7 @@ fn a_store_keeps_working_on_a_second_runtime() {
             lock.is_acquired().await.unwrap(),
             "no error on the new runtime"
         );
-        lock.release().await.unwrap();
+        let _ = lock.release().await.unwrap();
     });
 }
 
@@ -143,13 +143,13 @@ async fn close_drops_both_connections_and_waiters_and_later_calls_carry_on() {
     let waiter = lock(&store, "r", TTL);
     let waiting = tokio::spawn(async move {
         waiter.acquire().await.unwrap();
-        waiter.release().await.unwrap();
+        let _ = waiter.release().await.unwrap();
     });
     until_connections(&server, 2, "commands + the waiter's subscription").await;
 
     store.close().await.unwrap();
     // The waiter goes on: it polls, then subscribes again on a new connection.
-    holder.release().await.unwrap();
+    let _ = holder.release().await.unwrap();
     tokio::time::timeout(Duration::from_secs(10), waiting)
         .await
         .expect("the waiter still gets the lock after close")
@@ -160,7 +160,7 @@ async fn close_drops_both_connections_and_waiters_and_later_calls_carry_on() {
     // A closed store reconnects on its next call.
     assert!(holder.try_acquire().await.unwrap());
     until_connections(&server, 1, "reconnected").await;
-    holder.release().await.unwrap();
+    let _ = holder.release().await.unwrap();
 }
 
 #[tokio::test]
@@ -191,5 +191,5 @@ async fn requests_waiting_for_a_failed_connection_share_its_error_instead_of_que
     tokio::time::sleep(Duration::from_millis(200)).await;
     let lock = lock(&store, "r0", TTL);
     assert!(lock.try_acquire().await.unwrap());
-    lock.release().await.unwrap();
+    let _ = lock.release().await.unwrap();
 }

@@ -20,7 +20,7 @@ async fn fencing_tokens_increase_across_stores_and_connections() {
         assert!(l.try_acquire().await.unwrap());
         assert_eq!(l.fencing_token(), Some(t), "a re-save keeps the token");
         last = t;
-        l.release().await.unwrap();
+        let _ = l.release().await.unwrap();
     }
     // The counter is a separate key, never a member of the lock's set.
     let mut conn = redis::Client::open(server.url(0))
@@ -53,7 +53,7 @@ async fn fence_rounds(dsn: &str, rounds: usize) {
             .query_async(&mut conn)
             .await
             .unwrap();
-        l.release().await.unwrap();
+        let _ = l.release().await.unwrap();
     }
 }
 

@@ -81,7 +81,7 @@ async fn fencing_tokens_increase_across_a_restart_that_lost_the_counter() {
         let l = lock(&store(&server), "fenced", TTL);
         assert!(l.try_acquire().await.unwrap());
         last = l.fencing_token().unwrap();
-        l.release().await.unwrap();
+        let _ = l.release().await.unwrap();
     }
     server.restart();
     let s: RedisStore = store(&server);
@@ -140,7 +140,7 @@ async fn a_wait_with_a_deadline_rides_out_a_brief_outage() {
     let s = RedisStore::from_dsn(&dsn).unwrap();
     let l = lock(&s, "job", TTL);
     assert!(l.try_acquire().await.unwrap());
-    l.release().await.unwrap();
+    let _ = l.release().await.unwrap();
     server.kill();
     let err = l.acquire().await.unwrap_err();
     assert!(err.is_temporary(), "{err}");
@@ -173,11 +173,41 @@ async fn durations_past_the_maximum_are_refused_before_anything_is_stored() {
     let other = lock(&s, "j", TTL);
     let err = other.acquire_timeout(huge).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
-    l.release().await.unwrap();
+    let _ = l.release().await.unwrap();
     // A serialized key with an absurd remaining lifetime is read without overflowing.
     let mut wire: serde_json::Value = serde_json::from_str(&l.key().to_json().unwrap()).unwrap();
     wire["remaining_ms"] = serde_json::json!(u64::MAX);
     let tampered = wire.to_string();
     let key = xtr_lock::Key::from_json(&tampered).unwrap();
     assert!(key.remaining_lifetime().unwrap() <= xtr_lock::MAX_DURATION);
+}
+
+/// A DSN pointed at a server of another protocol (a Redis DSN at a Memcached, which answers
+/// `ERROR`; a Memcached DSN at a Redis): one line saying so and naming the address, for both
+/// Redis stores and the Memcached store; not the parser's dump of the bytes it could not read.
+#[tokio::test]
+async fn a_server_of_another_protocol_is_said_in_one_line() {
+    let memcached = xtr_lock_testkit::memcached::MemcachedServer::start();
+    let redis = RedisServer::start();
+    let at_memcached = format!("127.0.0.1:{}", memcached.port());
+    let at_redis = format!("127.0.0.1:{}", redis.port());
+    for (dsn, address, protocol) in [
+        (format!("redis://{at_memcached}/0"), &at_memcached, "Redis"),
+        (
+            format!("redis+pubsub://{at_memcached}/0"),
+            &at_memcached,
+            "Redis",
+        ),
+        (format!("memcached://{at_redis}"), &at_redis, "Memcached"),
+    ] {
+        let store = xtr_lock::StoreFactory::create_store(&dsn).unwrap();
+        let lock = xtr_lock::LockFactory::from_arc(store).create_lock("not-redis");
+        let err = lock.try_acquire().await.unwrap_err();
+        let said = xtr_lock::Report::new(&err).to_string();
+        assert!(!said.contains('\n'), "{dsn}: {said}");
+        let expected = format!("does not speak the {protocol} protocol");
+        assert!(said.contains(&expected), "{dsn}: {said}");
+        assert!(said.contains(address.as_str()), "{dsn}: {said}");
+        assert!(!said.contains("Unexpected"), "{dsn}: {said}");
+    }
 }

@@ -43,7 +43,7 @@ async fn until(what: &str, mut cond: impl FnMut() -> bool) {
 fn frozen(store: &RedisStore) -> LockFactory {
     LockFactory::new(store.clone())
         .with_clock(Arc::new(ManualClock::frozen()))
-        .with_default_ttl(Some(TTL))
+        .with_ttl(Some(TTL))
 }
 
 #[tokio::test]
@@ -72,7 +72,7 @@ async fn a_waiter_queued_by_its_refusal_is_woken_by_the_next_release_and_sends_n
         0,
         "a parked waiter sends nothing"
     );
-    holder.release().await.unwrap();
+    let _ = holder.release().await.unwrap();
     let waiter = tokio::time::timeout(Duration::from_secs(10), waiting)
         .await
         .expect("the release woke the waiter")
@@ -104,14 +104,14 @@ async fn a_release_between_a_refusal_and_the_registration_is_seen_by_the_second_
     scripted.hold_requests("watch");
     let waiter = LockFactory::from_arc(scripted.clone())
         .with_clock(Arc::new(ManualClock::frozen()))
-        .with_default_ttl(Some(TTL))
+        .with_ttl(Some(TTL))
         .create_lock("race");
     let waiting = tokio::spawn(async move { waiter.acquire().await });
     until("refused, then registering", || {
         scripted.op_names() == ["save", "watch"]
     })
     .await;
-    holder.release().await.unwrap();
+    let _ = holder.release().await.unwrap();
     assert!(
         queue(&server, &store, "race").is_empty(),
         "nobody was queued"
@@ -143,7 +143,7 @@ async fn a_dropped_waiter_leaves_the_queue_and_no_wake_is_kept_for_the_next() {
     .await;
     // A release with nobody waiting wakes nobody, and keeps nothing for the next waiter: it
     // makes its two attempts and then waits for the next release.
-    holder.release().await.unwrap();
+    let _ = holder.release().await.unwrap();
     let holder = factory.create_lock("drop");
     holder.acquire().await.unwrap();
     server.cli(&["CONFIG", "RESETSTAT"]);
@@ -162,7 +162,7 @@ async fn a_dropped_waiter_leaves_the_queue_and_no_wake_is_kept_for_the_next() {
         2,
         "two attempts, then nothing"
     );
-    holder.release().await.unwrap();
+    let _ = holder.release().await.unwrap();
     tokio::time::timeout(Duration::from_secs(10), waiting)
         .await
         .unwrap()
@@ -201,7 +201,7 @@ async fn a_wake_for_a_waiter_that_is_gone_is_passed_on_and_dead_processes_are_sk
         .query(&mut conn)
         .unwrap();
     assert_eq!(queue(&server, &store, "pass"), [dead, orphan, real]);
-    holder.release().await.unwrap();
+    let _ = holder.release().await.unwrap();
     let waiter = tokio::time::timeout(Duration::from_secs(10), waiting)
         .await
         .expect("the wake reached the real waiter")
@@ -230,7 +230,7 @@ async fn a_writers_release_wakes_every_waiting_reader() {
     })
     .await;
     server.cli(&["CONFIG", "RESETSTAT"]);
-    writer.release().await.unwrap();
+    let _ = writer.release().await.unwrap();
     for r in readers {
         let r = tokio::time::timeout(Duration::from_secs(10), r)
             .await
@@ -249,7 +249,7 @@ async fn beside_a_python_holder_a_waiter_polls_and_gets_the_lock_when_it_release
     let mut py = Peer::python("redis", &server.url(0));
     assert_eq!(py.call_ttl("try_write", "py", Some(30.0)), true);
     let waiter: Lock = LockFactory::new(store.clone())
-        .with_default_ttl(Some(TTL))
+        .with_ttl(Some(TTL))
         .create_lock("py");
     let waiting = tokio::spawn(async move {
         waiter.acquire().await.unwrap();

@@ -146,7 +146,7 @@ async fn a_rust_holder_excludes_php_and_its_release_wakes_a_blocked_php_waiter()
     assert_eq!(waiter.exit_code().await, 0);
     // And the lock is free again for Rust.
     assert!(lock.try_acquire().await.unwrap());
-    lock.release().await.unwrap();
+    let _ = lock.release().await.unwrap();
 }
 
 #[tokio::test]
@@ -165,7 +165,7 @@ async fn a_killed_php_holder_frees_the_lock_at_once() {
         .expect("SEM_UNDO frees the lock when its holder dies")
         .unwrap()
         .unwrap();
-    lock.release().await.unwrap();
+    let _ = lock.release().await.unwrap();
 }
 
 #[tokio::test]
@@ -193,7 +193,7 @@ async fn tasks_of_one_process_exclude_each_other_and_a_set_removed_by_ipcrm_is_a
     );
     assert!(b.try_acquire().await.unwrap());
     assert_eq!(a.release().await.unwrap(), Release::Lost);
-    b.release().await.unwrap();
+    let _ = b.release().await.unwrap();
 }
 
 /// Waits and tries dropped at random points, while another holder holds and releases: nothing
@@ -222,7 +222,7 @@ async fn waits_and_tries_dropped_at_random_points_leave_nothing_held() {
         let releaser = tokio::spawn(async move {
             if release_during {
                 tokio::time::sleep(cut / 2).await;
-                h.release().await.unwrap();
+                let _ = h.release().await.unwrap();
             }
         });
         let _ = tokio::time::timeout(cut, attempt).await;
@@ -260,7 +260,7 @@ async fn waits_and_tries_dropped_at_random_points_leave_nothing_held() {
             );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        check.release().await.unwrap();
+        let _ = check.release().await.unwrap();
     }
     assert_eq!(set_values(&resource), None);
 }

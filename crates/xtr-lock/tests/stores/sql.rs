@@ -227,7 +227,7 @@ async fn postgres_locks_do_not_depend_on_anyones_transaction() {
 async fn cancelled_acquires_leave_no_row(db: Db) {
     let store = db.store();
     store.create_table().await.unwrap();
-    let factory = LockFactory::new(store.clone()).with_default_ttl(TTL);
+    let factory = LockFactory::new(store.clone()).with_ttl(TTL);
     for i in 0..40u64 {
         let r = unique("cancel");
         let lock = factory.create_lock(&r);
@@ -253,7 +253,7 @@ async fn cancelled_acquires_leave_no_row(db: Db) {
                 "dropped after {budget:?}: a row was left behind"
             );
         } else {
-            lock.release().await.unwrap();
+            let _ = lock.release().await.unwrap();
         }
     }
 }

@@ -54,7 +54,7 @@ async fn an_acquisition_whose_answer_was_lost_has_a_larger_token(db: Db, step: u
     // the proxy (not its preparation, which names no resource) is the acquisition's.
     let id = db.query("SELECT key_id FROM lock_keys");
     assert_eq!(id.len(), 64, "one row: {id:?}");
-    first.release().await.unwrap();
+    let _ = first.release().await.unwrap();
 
     let (store, lost) = cut_off_store(&db, id, Arc::new(AtomicBool::new(true)));
     let cut_off = LockFactory::new(store);
@@ -70,7 +70,7 @@ async fn an_acquisition_whose_answer_was_lost_has_a_larger_token(db: Db, step: u
         Some(before + step),
         "a new acquisition after {before}"
     );
-    second.release().await.unwrap();
+    let _ = second.release().await.unwrap();
     assert!(
         direct.create_lock(resource).try_acquire().await.unwrap(),
         "released"

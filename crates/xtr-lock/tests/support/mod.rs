@@ -33,7 +33,7 @@ pub(crate) fn manual(store: Arc<dyn Store>) -> (LockFactory, ManualClock) {
     let clock = ManualClock::new();
     let factory = LockFactory::from_arc(store)
         .with_clock(Arc::new(clock.clone()))
-        .with_default_ttl(None);
+        .with_ttl(None);
     (factory, clock)
 }
 

@@ -43,6 +43,6 @@ pub(crate) fn quorum(extra: &str) -> Quorum {
 impl Quorum {
     /// A factory on the quorum with the default test ttl.
     pub(crate) fn factory(&self) -> LockFactory {
-        LockFactory::from_arc(self.store.clone()).with_default_ttl(Some(TTL))
+        LockFactory::from_arc(self.store.clone()).with_ttl(Some(TTL))
     }
 }

@@ -348,11 +348,7 @@ impl LeaseView {
 
 /// A loss and the error that showed it, with its causes (a refresh that kept failing).
 fn loss_line(lost: &xtr_lock::LockLost) -> String {
-    let said = lost.to_string();
-    let cause = lost.error.as_deref().map_or_else(String::new, |err| {
-        format!(" ({})", output::unrepeated(&said, causes(err)))
-    });
-    format!("{said}{cause}")
+    causes(&xtr_lock::Error::from(lost.clone()))
 }
 
 /// Stops the command's process group: SIGTERM, then SIGKILL for whatever of it is still there

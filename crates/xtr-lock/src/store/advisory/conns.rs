@@ -10,6 +10,7 @@ use sqlx::postgres::{PgPool, PgPoolOptions};
 
 use super::config::SessionConfig;
 use super::db::{DbConn, Target};
+use crate::store::sql::errors::said;
 
 /// A lock connection: a session of its own, and its id on the server (PostgreSQL's backend
 /// pid, MySQL's connection id).
@@ -148,7 +149,7 @@ impl Conns {
         };
         match tokio::time::timeout(self.config.statement_timeout, ask).await {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(e.to_string()),
+            Ok(Err(e)) => Err(said(&e)),
             Err(_) => Err("the cancel request got no answer".into()),
         }
     }

@@ -7,6 +7,7 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlDatabaseError};
 use sqlx::postgres::{PgConnectOptions, PgConnection};
 
 use crate::key::Mode;
+use crate::store::sql::errors::said;
 
 /// Which database, with the driver's options.
 #[derive(Debug, Clone)]
@@ -240,9 +241,9 @@ pub(crate) fn classify(e: &sqlx::Error) -> Failure {
             }
         }
         sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::Tls(_) => {
-            Failure::Broken(e.to_string())
+            Failure::Broken(said(e))
         }
-        _ => Failure::Refused(e.to_string()),
+        _ => Failure::Refused(said(e)),
     }
 }
 

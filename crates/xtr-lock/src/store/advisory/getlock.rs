@@ -63,7 +63,7 @@ use crate::store::{Capabilities, HolderInfo, Holding, LossWatcher, Saved, Store}
 /// let lock = factory.create_lock("nightly-report");
 /// if lock.try_acquire().await? {
 ///     // ... the work; the lock goes the moment this process's session ends ...
-///     lock.release().await?;
+///     let _ = lock.release().await?;
 /// }
 /// # Ok(()) }
 /// ```

@@ -92,7 +92,7 @@ pub(crate) fn validate_dsn(dsn: &str) -> Result<()> {
 /// let lock = factory.create_lock("nightly-report");
 /// if lock.try_acquire().await? {
 ///     // ... the work; the lock goes the moment this process's session ends ...
-///     lock.release().await?;
+///     let _ = lock.release().await?;
 /// }
 /// # Ok(()) }
 /// ```

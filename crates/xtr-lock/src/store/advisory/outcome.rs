@@ -3,6 +3,7 @@
 use super::conns::ConnectError;
 use super::db::Failure;
 use crate::error::Error;
+use crate::store::sql::errors::said;
 
 /// How a lock statement ended.
 pub(super) enum Ran {
@@ -48,7 +49,7 @@ pub(super) fn connect_error(e: ConnectError) -> Error {
         .temporary(),
         ConnectError::Sqlx(e) => {
             let temporary = is_broken(&e);
-            let err = Error::storage(format!("cannot connect to the database: {e}"));
+            let err = Error::storage(format!("cannot connect to the database: {}", said(&e)));
             if temporary { err.temporary() } else { err }
         }
     }

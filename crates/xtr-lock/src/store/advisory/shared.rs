@@ -10,6 +10,7 @@ use super::db::LockId;
 use super::session::{self, Cmd, LeaseEnd, Life};
 use crate::error::{Error, Result};
 use crate::key::{Key, Mode};
+use crate::store::sql::errors::said;
 use crate::store::tasks::{self, Tasks};
 use crate::store::{HandleOwner, Holding, LossWatcher, LostReason, Saved};
 
@@ -134,7 +135,7 @@ impl Core {
                         Error::storage("cannot connect to the database within the connect timeout")
                             .temporary()
                     }
-                    e => Error::storage(format!("cannot read {what}: {e}")).temporary(),
+                    e => Error::storage(format!("cannot read {what}: {}", said(&e))).temporary(),
                 })
             })
             .map_err(|e| e.with_resource(resource).with_store(&*self.shown))

@@ -99,9 +99,9 @@ fn drift(ttl: Duration) -> Duration {
 ///     &["redis://r1:6379", "redis://r2:6379", "redis://r3:6379"],
 ///     ConsensusStrategy,
 /// )?;
-/// let lock = xtr_lock::LockFactory::new(store).create_lock("billing").with_ttl(Some(Duration::from_secs(30)));
+/// let lock = xtr_lock::LockFactory::new(store).create_lock("billing").with_ttl(Duration::from_secs(30));
 /// lock.acquire().await?;
-/// lock.release().await?;
+/// let _ = lock.release().await?;
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]

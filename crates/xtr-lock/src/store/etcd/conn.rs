@@ -15,6 +15,8 @@ use super::config::EtcdConfig;
 use crate::error::{Error, Result};
 use crate::key::HandleOwner;
 use crate::mutex::lock;
+use crate::report::with_causes;
+use std::error::Error as _;
 
 /// HTTP/2 pings on every connection, so a member that stopped answering (paused, cut off) is
 /// found in about two seconds and its requests go to the others.
@@ -269,7 +271,9 @@ pub(super) fn failure(what: &str, err: etcd_client::Error) -> Error {
     match &err {
         etcd_client::Error::GRpcStatus(status) => {
             let code = status.code() as i32;
-            let msg = status.message();
+            // The status's message can hide its cause ("tcp connect error"): its sources say
+            // it (the connection was refused).
+            let msg = with_causes(status.message().to_owned(), status.source());
             let e = Error::storage(format!("etcd refused {what}: {msg}"));
             match code {
                 UNAVAILABLE | DEADLINE_EXCEEDED | ABORTED | RESOURCE_EXHAUSTED | UNKNOWN
@@ -280,7 +284,8 @@ pub(super) fn failure(what: &str, err: etcd_client::Error) -> Error {
             }
         }
         etcd_client::Error::TransportError(e) => {
-            Error::storage(format!("cannot reach etcd ({what}): {e}")).temporary()
+            let said = with_causes(e.to_string(), e.source());
+            Error::storage(format!("cannot reach etcd ({what}): {said}")).temporary()
         }
         etcd_client::Error::IoError(e) => {
             Error::storage(format!("cannot reach etcd ({what}): {e}")).temporary()

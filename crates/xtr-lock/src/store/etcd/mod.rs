@@ -84,7 +84,7 @@ pub(crate) fn validate_dsn(dsn: &str) -> Result<()> {
 /// lock.acquire().await?;
 /// let token = lock.fencing_token(); // the key's create revision
 /// // ... the work, passing `token` to what it writes ...
-/// lock.release().await?;
+/// let _ = lock.release().await?;
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]

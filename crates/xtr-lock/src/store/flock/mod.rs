@@ -102,7 +102,7 @@ const DEFAULT_POLL: Duration = Duration::from_millis(100);
 /// let lock = factory.create_lock("nightly-report");
 /// assert!(lock.try_acquire().await?);
 /// assert!(!factory.create_lock("nightly-report").try_acquire().await?);
-/// lock.release().await?;
+/// let _ = lock.release().await?;
 /// # std::fs::remove_dir_all(&dir).ok();
 /// # Ok(()) }
 /// ```

@@ -131,7 +131,15 @@ impl Conn {
         let line = self.line().await?;
         line.strip_prefix("VERSION ")
             .map(str::to_owned)
-            .ok_or_else(|| protocol(format!("unexpected reply to version: {line:.60}")))
+            .ok_or_else(|| {
+                // The first exchange on a connection: a server that answers otherwise is not
+                // a Memcached (a Redis answers `-ERR unknown command`).
+                protocol(format!(
+                    "the server does not speak the Memcached protocol (it answered {:?} to \
+                     `version`: is a Memcached server at this address?)",
+                    line.chars().take(60).collect::<String>()
+                ))
+            })
     }
 
     /// `mg <key> v c t`: the entry, or `None` (`EN`).

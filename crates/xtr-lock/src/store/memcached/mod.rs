@@ -85,9 +85,9 @@ pub(crate) fn validate_dsn(dsn: &str) -> Result<()> {
 /// use xtr_lock::{LockFactory, Lockable as _, MemcachedStore};
 ///
 /// let store = MemcachedStore::from_dsn("memcached://localhost:11211")?;
-/// let lock = LockFactory::new(store).create_lock("invoice:42").with_ttl(Some(Duration::from_secs(30)));
+/// let lock = LockFactory::new(store).create_lock("invoice:42").with_ttl(Duration::from_secs(30));
 /// if lock.try_acquire().await? {
-///     lock.release().await?;
+///     let _ = lock.release().await?;
 /// }
 /// # Ok(()) }
 /// ```

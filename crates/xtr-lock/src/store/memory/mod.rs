@@ -59,7 +59,7 @@ const KIND: &str = "memory";
 /// let b = factory.create_lock("report");
 /// assert!(a.try_acquire().await?);
 /// assert!(!b.try_acquire().await?);
-/// a.release().await?;
+/// let _ = a.release().await?;
 /// assert!(b.try_acquire().await?);
 /// # Ok(()) }
 /// ```

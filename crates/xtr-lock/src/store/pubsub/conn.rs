@@ -14,9 +14,13 @@ use tokio::sync::{mpsc, watch};
 use super::config::PubSubConfig;
 use crate::error::{Error, Result};
 use crate::mutex::lock;
+use crate::store::redis::{NOT_REDIS, speaks_another_protocol};
 
 /// A Redis error as this store's: temporary when it is the connection's fault.
 pub(super) fn redis_error(what: &str, err: &redis::RedisError) -> Error {
+    if speaks_another_protocol(err) {
+        return Error::storage(format!("{what}: {NOT_REDIS}"));
+    }
     let temporary = err.is_io_error()
         || err.is_timeout()
         || err.is_connection_dropped()

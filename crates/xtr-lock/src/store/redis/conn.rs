@@ -173,6 +173,14 @@ impl RedisStore {
     }
 
     pub(super) fn redis_error(&self, err: redis::RedisError, resource: Option<&str>) -> Error {
+        if speaks_another_protocol(&err) {
+            // The parser's dump of the bytes adds nothing but lines.
+            let out = Error::storage(NOT_REDIS).with_store(self);
+            return match resource {
+                Some(r) => out.with_resource(r),
+                None => out,
+            };
+        }
         let temporary = err.is_io_error()
             || err.is_timeout()
             || err.is_connection_refusal()
@@ -310,6 +318,17 @@ fn client_time(client_clock: bool) -> String {
 }
 
 /// What a request the caller stopped waiting for at the response timeout answers.
+/// What an answer the client cannot parse means: the server at the address speaks another
+/// protocol (Memcached, a database, HTTP), not Redis's.
+pub(crate) const NOT_REDIS: &str =
+    "the server does not speak the Redis protocol (is a Redis server at this address?)";
+
+/// Whether `err` is the parser's refusal of an answer that is not in Redis's protocol, whose
+/// text dumps the bytes it could not read over several lines.
+pub(crate) fn speaks_another_protocol(err: &redis::RedisError) -> bool {
+    err.kind() == redis::ErrorKind::Parse && err.to_string().contains("Parse error")
+}
+
 fn timed_out() -> redis::RedisError {
     std::io::Error::new(
         std::io::ErrorKind::TimedOut,

@@ -29,6 +29,7 @@ use crate::mutex::lock;
 pub(crate) use config::{RedisConfig, ignore_pool_options, read as read_config};
 use conn::ConnectFailure;
 use conn::Keys;
+pub(crate) use conn::{NOT_REDIS, speaks_another_protocol};
 use notify::Notifier;
 use scripts::Scripts;
 
@@ -92,10 +93,10 @@ const FENCE_KEY: &str = "fence";
 /// use xtr_lock::{LockFactory, Lockable as _, RedisStore};
 ///
 /// let store = RedisStore::from_dsn("redis://localhost:6379/0?prefix=app:")?;
-/// let lock = LockFactory::new(store).create_lock("invoice:42").with_ttl(Some(Duration::from_secs(30)));
+/// let lock = LockFactory::new(store).create_lock("invoice:42").with_ttl(Duration::from_secs(30));
 /// if lock.try_acquire().await? {
 ///     println!("fencing token {:?}", lock.fencing_token());
-///     lock.release().await?;
+///     let _ = lock.release().await?;
 /// }
 /// # Ok(()) }
 /// ```

@@ -72,7 +72,7 @@ pub fn semaphore_key(resource: &str) -> i32 {
 ///
 /// let lock = LockFactory::new(SemaphoreStore::new()).create_lock("invoice:42");
 /// lock.acquire().await?;
-/// lock.release().await?;
+/// let _ = lock.release().await?;
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]

@@ -11,11 +11,11 @@ pub(super) fn broken(e: &sqlx::Error) -> bool {
 }
 
 /// SQLSTATEs of PostgreSQL (and SQLite's codes) of failures that may pass: serialization
-/// failures, deadlocks, lock timeouts, cancelled statements, a server shutting down or
-/// starting, a busy or locked SQLite database.
+/// failures, deadlocks, lock timeouts, cancelled statements, a server shutting down, starting
+/// or full (too many connections), a busy or locked SQLite database.
 const PASSING: &[&str] = &[
-    "40001", "40P01", "55P03", "57014", "57P01", "57P02", "57P03", "08006", "08001", "5", "6",
-    "261", "517",
+    "40001", "40P01", "55P03", "57014", "57P01", "57P02", "57P03", "53300", "08006", "08001", "5",
+    "6", "261", "517",
 ];
 
 /// MySQL's and MariaDB's error numbers of failures that may pass. MySQL answers most errors
@@ -46,16 +46,71 @@ fn passing(d: &dyn sqlx::error::DatabaseError) -> bool {
     d.code().is_some_and(|c| PASSING.contains(&c.as_ref()))
 }
 
-/// A database failure as this library's error, naming what failed without the driver's noise.
+/// What a database error says, on one line and once: the server's message without the
+/// driver's framing (`error returned from database: `, `error communicating with database: `)
+/// and without what sqlx adds to PostgreSQL's messages (` at line 948`: a line of the server's
+/// own C source, not of anything the user wrote).
+pub(crate) fn said(e: &sqlx::Error) -> String {
+    match e {
+        sqlx::Error::Database(d) => d.message().to_owned(),
+        sqlx::Error::Io(io) => io.to_string(),
+        sqlx::Error::Tls(tls) => tls.to_string(),
+        sqlx::Error::Protocol(what) => what.clone(),
+        sqlx::Error::PoolTimedOut => "no connection within the connect timeout".to_owned(),
+        other => other.to_string(),
+    }
+}
+
+/// A database error as the source of this library's error: its text is what [`said`] gives,
+/// which the error's own message quotes, so a report of the causes says it once. `{:#?}` of the
+/// error shows the driver's error whole.
+struct DbError {
+    text: String,
+    driver: sqlx::Error,
+}
+
+impl DbError {
+    fn new(driver: sqlx::Error) -> Self {
+        DbError {
+            text: said(&driver),
+            driver,
+        }
+    }
+}
+
+impl std::fmt::Display for DbError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl std::fmt::Debug for DbError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(&self.driver, f)
+    }
+}
+
+impl std::error::Error for DbError {}
+
+/// `err` with the database error that caused it as its source (see [`DbError`]).
+pub(crate) fn caused_by(err: Error, e: sqlx::Error) -> Error {
+    err.with_source(DbError::new(e))
+}
+
+/// A database failure as this library's error, naming what failed once, without the driver's
+/// noise.
 pub(super) fn map_error(e: sqlx::Error, inner: &Inner) -> Error {
     let table = &inner.table;
     let out = match &e {
         sqlx::Error::PoolTimedOut => {
-            Error::storage("cannot reach the database: no connection within the connect timeout")
-                .temporary()
+            // The pool's words add nothing.
+            return Error::storage(
+                "cannot reach the database: no connection within the connect timeout",
+            )
+            .temporary();
         }
         sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::Protocol(_) => {
-            Error::storage(format!("cannot reach the database: {e}")).temporary()
+            Error::storage(format!("cannot reach the database: {}", said(&e))).temporary()
         }
         sqlx::Error::WorkerCrashed => {
             Error::storage("the database's connection worker stopped").temporary()
@@ -63,7 +118,7 @@ pub(super) fn map_error(e: sqlx::Error, inner: &Inner) -> Error {
         sqlx::Error::PoolClosed => Error::storage("the store's connections were closed"),
         sqlx::Error::Database(d) => {
             let code = d.code().map(|c| c.into_owned()).unwrap_or_default();
-            let message = d.message().to_owned();
+            let message = d.message();
             if code == "42P01" || code == "42S02" || message.contains("no such table") {
                 Error::storage(format!(
                     "the lock table {table} (or its fencing table {table}_fence) does not exist: \
@@ -79,7 +134,7 @@ pub(super) fn map_error(e: sqlx::Error, inner: &Inner) -> Error {
                 }
             }
         }
-        _ => Error::storage(format!("the database failed: {e}")),
+        _ => Error::storage(format!("the database failed: {}", said(&e))),
     };
-    out.with_source(e)
+    caused_by(out, e)
 }

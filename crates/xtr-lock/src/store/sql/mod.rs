@@ -19,7 +19,7 @@ use crate::key::{ANNOUNCING_SUFFIX, Key, Mode};
 
 pub(crate) mod config;
 mod dialect;
-mod errors;
+pub(crate) mod errors;
 mod notify;
 mod pool;
 mod queries;
@@ -104,9 +104,9 @@ pub(crate) fn validate_dsn(dsn: &str) -> Result<()> {
 /// use xtr_lock::{LockFactory, Lockable as _, SqlStore};
 ///
 /// let store = SqlStore::from_dsn("postgres://app@db/app?create_table=true")?;
-/// let lock = LockFactory::new(store).create_lock("invoice:42").with_ttl(Some(Duration::from_secs(30)));
+/// let lock = LockFactory::new(store).create_lock("invoice:42").with_ttl(Duration::from_secs(30));
 /// if lock.try_acquire().await? {
-///     lock.release().await?;
+///     let _ = lock.release().await?;
 /// }
 /// # Ok(()) }
 /// ```

@@ -25,13 +25,43 @@ impl Pool {
         }
     }
 
-    /// A connection of the pool, within the pool's connect timeout.
+    /// A connection of the pool, within the pool's connect timeout; or why none can be opened
+    /// (a refused connection), as soon as that is known.
     pub(crate) async fn acquire(&self) -> Db<Conn> {
-        Ok(match self {
-            Pool::Postgres(p) => Conn::Postgres(p.acquire().await?),
-            Pool::MySql(p) => Conn::MySql(p.acquire().await?),
-            Pool::Sqlite(p) => Conn::Sqlite(p.acquire().await?),
-        })
+        let pooled = async {
+            Ok(match self {
+                Pool::Postgres(p) => Conn::Postgres(p.acquire().await?),
+                Pool::MySql(p) => Conn::MySql(p.acquire().await?),
+                Pool::Sqlite(p) => Conn::Sqlite(p.acquire().await?),
+            })
+        };
+        tokio::select! {
+            biased;
+            conn = pooled => conn,
+            why = self.why_no_connection() => Err(why),
+        }
+    }
+
+    /// Why the pool cannot open a connection, once that is seen; pending while it may.
+    ///
+    /// The pool tries a refused connection again and again (and one to a server starting up,
+    /// or full) until its acquire timeout, and then says only that it timed out: the cause is
+    /// lost, and the caller waited the whole timeout, past its own deadline. So when the pool
+    /// has given no connection within a moment, and is opening one rather than waiting for one
+    /// in use, one connection is opened beside it: its error is the answer. A local connect
+    /// takes milliseconds, so the extra one is rare (and closed at once when it succeeds).
+    async fn why_no_connection(&self) -> sqlx::Error {
+        tokio::time::sleep(PROBE_AFTER).await;
+        let failed = match self {
+            Pool::Postgres(p) => connect_beside(p).await,
+            Pool::MySql(p) => connect_beside(p).await,
+            // A file: nothing to be refused by.
+            Pool::Sqlite(_) => None,
+        };
+        match failed {
+            Some(why) => why,
+            None => std::future::pending().await,
+        }
     }
 
     /// Closes the pool, waiting at most `bound` for the connections in use to come back (one
@@ -46,6 +76,25 @@ impl Pool {
             Pool::MySql(p) => p.close().await,
             Pool::Sqlite(p) => p.close().await,
         }
+    }
+}
+
+/// How long an acquire waits for its pool before it tries a connection beside it.
+const PROBE_AFTER: Duration = Duration::from_millis(250);
+
+/// Opens (and closes) one connection to `pool`'s server, unless the pool has one idle or is
+/// full (its acquire waits for a connection in use, not for the server): the error, if any.
+async fn connect_beside<DB: sqlx::Database>(pool: &sqlx::Pool<DB>) -> Option<sqlx::Error> {
+    use sqlx::{ConnectOptions as _, Connection as _};
+    if pool.num_idle() > 0 || pool.size() >= pool.options().get_max_connections() {
+        return None;
+    }
+    match pool.connect_options().connect().await {
+        Ok(conn) => {
+            let _ = conn.close().await;
+            None
+        }
+        Err(why) => Some(why),
     }
 }
 

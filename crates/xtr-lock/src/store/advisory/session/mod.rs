@@ -18,6 +18,7 @@ use super::db::{LockId, Op};
 use super::outcome::{Ran, classify, connect_error, is_broken};
 use crate::error::{Error, LostReason, Result};
 use crate::key::Mode;
+use crate::store::sql::errors::said;
 use crate::store::tasks::Task;
 use crate::store::{Acquired, Conflict, Holding, Saved};
 
@@ -503,9 +504,10 @@ impl Actor {
                     Ok(Holding::NotHeld(LostReason::Removed))
                 }
             }
-            Ok(Err(e)) if !is_broken(&e) => {
-                Err(self.error(Error::storage(format!("the database refused: {e}"))))
-            }
+            Ok(Err(e)) if !is_broken(&e) => Err(self.error(Error::storage(format!(
+                "the database refused: {}",
+                said(&e)
+            )))),
             _ => {
                 self.drop_connection();
                 Ok(Holding::NotHeld(LostReason::Disconnected))

@@ -12,6 +12,7 @@ use super::super::outcome::{Ran, classify};
 use super::{Actor, Cmd};
 use crate::error::{LostReason, Result};
 use crate::key::Mode;
+use crate::store::sql::errors::said;
 use crate::store::{Acquired, Conflict, Holding, Saved};
 
 impl Actor {
@@ -127,7 +128,10 @@ impl Actor {
                     continue;
                 }
                 Ok(Err(e)) => {
-                    return Ran::Broken(format!("cannot tell what the session holds: {e}"));
+                    return Ran::Broken(format!(
+                        "cannot tell what the session holds: {}",
+                        said(&e)
+                    ));
                 }
                 Err(_) => {
                     return Ran::Broken(format!(

@@ -375,6 +375,10 @@ mod tests {
     fn sql_kind(built: bool) -> StoreKind {
         StoreKind {
             name: "sql",
+            schemes: &["postgres"],
+            keywords: &[],
+            example: "postgres://app@db/app",
+            summary: "the SQL table store",
             feature: "sql",
             built,
             fencing: Fencing::PerResource,

@@ -38,6 +38,19 @@ async fn acl_users_and_unix_sockets_connect() {
     .unwrap();
     let err = wrong.save(&Key::new("acl"), Some(TTL)).await.unwrap_err();
     assert!(!format!("{err:?}").contains("nope"));
+    // The refusal in words, once (the client says "Password authentication failed -
+    // AuthenticationFailed"), and so is a password the server wants and the DSN lacks.
+    assert!(
+        format!("{err:?}").contains("the Redis server refused the DSN's credentials"),
+        "{err:?}"
+    );
+    let none = RedisStore::from_dsn(&format!("redis://127.0.0.1:{}/0", server.port())).unwrap();
+    let err = none.save(&Key::new("acl"), Some(TTL)).await.unwrap_err();
+    assert!(
+        format!("{err:?}").contains("the Redis server requires a password, and the DSN gives none"),
+        "{err:?}"
+    );
+    assert!(!format!("{err:?}").contains("NOAUTH"), "{err:?}");
     let unix = RedisStore::from_dsn(&format!(
         "unix://:s3cret@{}?db=1",
         server.socket_path().display()

@@ -185,6 +185,14 @@ impl RedisStore {
             || err.is_timeout()
             || err.is_connection_refusal()
             || err.is_connection_dropped();
+        if let Some(why) = auth_refusal(&err) {
+            // Said in words; the client's text would only say it again in its own terms.
+            let out = Error::storage(why).with_store(self);
+            return match resource {
+                Some(r) => out.with_resource(r),
+                None => out,
+            };
+        }
         let reason = if err.kind() == redis::ErrorKind::InvalidClientConfig {
             format!("the Redis client refuses its configuration: {err}")
         } else if err.is_timeout() {
@@ -354,4 +362,23 @@ pub(super) enum Keys {
 fn duration_ms(d: Duration) -> u64 {
     let ms = d.as_nanos().div_ceil(1_000_000);
     u64::try_from(ms).unwrap_or(u64::MAX).max(1)
+}
+
+/// What a server's refusal of the DSN's credentials means, in words (the client's own text,
+/// "Password authentication failed - AuthenticationFailed" or `"NOAUTH": Authentication
+/// required.`, says it in its own terms); `None` for any other error.
+fn auth_refusal(err: &redis::RedisError) -> Option<&'static str> {
+    if err.kind() == redis::ErrorKind::AuthenticationFailed {
+        Some(
+            "the Redis server refused the DSN's credentials (a wrong user name or password, or a \
+             disabled user)",
+        )
+    } else if err.code() == Some("NOAUTH") {
+        Some(
+            "the Redis server requires a password, and the DSN gives none \
+             (redis://[user]:password@host)",
+        )
+    } else {
+        None
+    }
 }

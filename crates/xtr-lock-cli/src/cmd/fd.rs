@@ -72,16 +72,39 @@ pub(crate) async fn lock(
     let fd = inherited.number;
     let shared = checked(inherited, &resource, &file)?;
     let Some(took) = wait_for(&shared, &store, &take, &resource).await? else {
-        if !take.quiet {
-            eprintln!("{}", super::conflict_message(&resource, &take));
-        }
-        return Ok(Exit::Conflict(take.conflict_exit_code));
+        return conflict(&resource, &take);
     };
+    if !still_the_lock_file(&shared, &file) {
+        // Removed (or replaced) while this waited: its lock excludes nobody who opens the path
+        // now. Let go, as the flock store does when it finds its file gone.
+        let _ = rustix::fs::flock(&shared, FlockOperation::Unlock);
+        return Err(anyhow!(
+            "the lock file of {resource:?} ({}) was removed or replaced while waiting: open it              again (exec {fd}>\"$(xtr-lock path {resource:?})\") and retry",
+            file.display()
+        ));
+    }
     if take.verbose {
         let what = format!("{}, descriptor {fd}", mode_name(take.mode));
         eprintln!("{}", super::took_line_of(&resource, took, &what));
     }
     Ok(Exit::Ok)
+}
+
+fn conflict(resource: &str, take: &Take) -> Result<Exit> {
+    if !take.quiet {
+        eprintln!("{}", super::conflict_message(resource, take));
+    }
+    Ok(Exit::Conflict(take.conflict_exit_code))
+}
+
+/// Whether the locked descriptor is still the file at `file` (not unlinked, not replaced).
+fn still_the_lock_file(locked: &OwnedFd, file: &Path) -> bool {
+    let Ok(ours) = rustix::fs::fstat(locked) else {
+        return false;
+    };
+    ours.st_nlink > 0
+        && rustix::fs::lstat(file)
+            .is_ok_and(|named| named.st_dev == ours.st_dev && named.st_ino == ours.st_ino)
 }
 
 /// The lock file of `resource`, on the flock store only.

@@ -187,3 +187,82 @@ fn a_resource_that_starts_with_a_dash_goes_after_a_double_dash() {
         .success()
         .stdout("ran\n");
 }
+
+/// A lock file removed while `acquire --fd` waits (a clean-up of the lock directory) is not
+/// taken when its holder lets go: that lock would exclude nobody who opens the path now. The
+/// waiter lets go and says so (it used to return 0, holding a lock on a file nobody else sees).
+#[test]
+fn acquire_fd_does_not_take_a_lock_file_removed_while_it_waited() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = flock_dsn(tmp.path());
+    let path = String::from_utf8(
+        xtr()
+            .args(["path", "--store", &store, "gone"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    let path = path.trim().to_owned();
+    let (held, done) = (tmp.path().join("held"), tmp.path().join("done"));
+    let mut holder = std::process::Command::new("flock")
+        .args([
+            &path,
+            "sh",
+            "-c",
+            &format!(
+                "touch {}; while [ ! -e {} ]; do sleep 0.02; done",
+                held.display(),
+                done.display()
+            ),
+        ])
+        .spawn()
+        .unwrap();
+    wait_for_file(&held, "flock(1) never held the file");
+    let waiter = std::process::Command::new("sh")
+        .args([
+            "-c",
+            &with_xtr(
+                &store,
+                "exec 9>\"$(xtr_lock path gone)\"; xtr_lock acquire --fd 9 -w 20 gone",
+            ),
+        ])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Once the waiter holds its copy of descriptor 9 (two descriptors on the file), remove the
+    // file, then let the holder go.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !acquire_holds_its_copy(&path) {
+        assert!(
+            Instant::now() < deadline,
+            "acquire --fd never started waiting"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::fs::remove_file(&path).unwrap();
+    std::fs::write(&done, b"").unwrap();
+    assert!(wait_exit(&mut holder, "flock(1) did not end").success());
+    let out = waiter.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.lines().count() == 1, "{stderr}");
+}
+
+/// Whether an `acquire --fd` process has its copy of the shell's descriptor on `path` (two
+/// descriptors of its own on the file): it has started waiting, past its checks.
+fn acquire_holds_its_copy(path: &str) -> bool {
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    procs.flatten().any(|p| {
+        let cmdline = std::fs::read(p.path().join("cmdline")).unwrap_or_default();
+        let is_acquire = String::from_utf8_lossy(&cmdline).contains("--fd");
+        let on_path = std::fs::read_dir(p.path().join("fd")).map_or(0, |fds| {
+            fds.flatten()
+                .filter(|fd| std::fs::read_link(fd.path()).is_ok_and(|t| t.to_str() == Some(path)))
+                .count()
+        });
+        is_acquire && on_path >= 2
+    })
+}

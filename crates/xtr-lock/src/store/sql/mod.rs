@@ -332,7 +332,10 @@ impl SqlStore {
     /// Dropped mid-flight, some of the tables may have been made; calling it again finishes.
     pub async fn create_table(&self) -> Result<bool> {
         let pool = self.pool().await?;
-        let mut conn = pool.acquire().await.map_err(|e| self.db_error(e, None))?;
+        let mut conn = pool
+            .acquire(true)
+            .await
+            .map_err(|e| self.db_error(e, None))?;
         let made = schema::ensure(&self.inner, &mut conn, true)
             .await
             .map_err(|e| e.with_store(self))?;

@@ -90,7 +90,7 @@ async fn take(
     let conn = if abandon {
         tokio::select! {
             biased;
-            conn = pool.acquire() => conn,
+            conn = pool.acquire(true) => conn,
             _ = bound.changed() => {
                 return Err(Error::storage(
                     "gave up before reaching the database: its bound passed",
@@ -105,7 +105,7 @@ async fn take(
             }
         }
     } else {
-        pool.acquire().await
+        pool.acquire(false).await
     };
     match conn {
         Ok(conn) => Ok(Taken {

@@ -25,9 +25,10 @@ impl Pool {
         }
     }
 
-    /// A connection of the pool, within the pool's connect timeout; or why none can be opened
-    /// (a refused connection), as soon as that is known.
-    pub(crate) async fn acquire(&self) -> Db<Conn> {
+    /// A connection of the pool, within the pool's connect timeout; or, when `probe` (a caller
+    /// with a deadline, never a release, which rides out a restart on the pool's own retries),
+    /// why none can be opened (a refused connection) as soon as that is known.
+    pub(crate) async fn acquire(&self, probe: bool) -> Db<Conn> {
         let pooled = async {
             Ok(match self {
                 Pool::Postgres(p) => Conn::Postgres(p.acquire().await?),
@@ -35,6 +36,9 @@ impl Pool {
                 Pool::Sqlite(p) => Conn::Sqlite(p.acquire().await?),
             })
         };
+        if !probe {
+            return pooled.await;
+        }
         tokio::select! {
             biased;
             conn = pooled => conn,
@@ -94,8 +98,17 @@ async fn connect_beside<DB: sqlx::Database>(pool: &sqlx::Pool<DB>) -> Option<sql
             let _ = conn.close().await;
             None
         }
+        // A server starting up or full: the pool's own retries may yet get a connection.
+        Err(why) if passes(&why) => None,
         Err(why) => Some(why),
     }
+}
+
+/// Whether a failed connect is one the pool rides out: PostgreSQL starting up (SQLSTATE 57P03)
+/// or out of connections (53300), MySQL out of connections (1040, SQLSTATE 08004).
+fn passes(why: &sqlx::Error) -> bool {
+    why.as_database_error()
+        .is_some_and(|db| matches!(db.code().as_deref(), Some("57P03" | "53300" | "08004")))
 }
 
 /// A connection taken from one of the three pools: dropped, it goes back to the pool (which

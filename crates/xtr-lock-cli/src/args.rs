@@ -70,6 +70,9 @@ pub(crate) struct RunSettings {
     pub close: bool,
     /// With the configuration entry's prefix.
     pub resource: String,
+    /// As the command line named it (the command's `$XTR_LOCK_RESOURCE`: a nested `xtr-lock`
+    /// on the same entry adds the prefix again).
+    pub named: String,
     pub command: Vec<OsString>,
 }
 
@@ -134,6 +137,7 @@ impl Settings {
                 let kill_after = duration("--kill-after", &kill_after)?;
                 Settings::Run(RunSettings {
                     resource: source.resource(&resource),
+                    named: resource,
                     source,
                     take,
                     kill_after,
@@ -160,15 +164,20 @@ impl Settings {
             },
             Command::Refresh { store, ttl, key } => {
                 let ttl = match ttl {
-                    Some(text) => ttl_arg(&text)?.ok_or_else(|| {
+                    Some(text) => Some(ttl_arg(&text)?.ok_or_else(|| {
                         anyhow!(
                             "--ttl none: refresh gives a lock more time, and a lock cannot be \
                              given no expiry after it was taken; give a duration"
                         )
-                    })?,
-                    None => DEFAULT_TTL,
+                    })?),
+                    None => None,
                 };
                 let source = Source::of(&store)?;
+                // Unless told, the entry's ttl (as `config show` says), else the default.
+                let ttl = ttl.unwrap_or_else(|| match &source {
+                    Source::Config(c) => c.checked.ttl.unwrap_or(DEFAULT_TTL),
+                    _ => DEFAULT_TTL,
+                });
                 Settings::Refresh { source, ttl, key }
             }
             Command::Status {

@@ -12,7 +12,7 @@ const RUN_HELP: &str = "\
 The command's environment (the caller's own, plus what names the store run used, so that a nested
 xtr-lock uses it too: XTR_LOCK_STORE for --store, with its password if it has one; XTR_LOCK_CONFIG
 and XTR_LOCK_USE for --config/--use):
-  XTR_LOCK_RESOURCE       the resource locked
+  XTR_LOCK_RESOURCE       the resource, as named (a nested call on the same entry adds its prefix)
   XTR_LOCK_MODE           write or read
   XTR_LOCK_FENCING_TOKEN  the lock's fencing token, where the store gives one (below): pass it to
                           what the command writes, so a write made after the lock was lost is refused

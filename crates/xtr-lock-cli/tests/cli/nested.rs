@@ -156,3 +156,52 @@ fn a_nested_call_uses_the_entry_given_with_config_and_use() {
     assert!(stdout.ends_with("inner=1\n"), "{stdout}");
     assert_eq!(server.cli(&["EXISTS", "c:nest:1"]), "0", "released after");
 }
+
+/// `$XTR_LOCK_RESOURCE` names the resource as the command line did: a nested call on the same
+/// entry adds the entry's prefix itself (it used to get `m:nest:1` and look at `m:m:nest:1`,
+/// free, and take it).
+#[test]
+fn the_resource_in_the_environment_is_named_as_the_nested_call_names_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let file = write_config(tmp.path(), "redis://127.0.0.1:1/0");
+    let out = bare()
+        .args(["run", "--config", file.to_str().unwrap(), "--use", "mine"])
+        .args(["nest:1", "--", "sh", "-c"])
+        .arg(nested_script("\"$XTR_LOCK_RESOURCE\""))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(stdout.starts_with("\"m:nest:1\": held by pid "), "{stdout}");
+    assert!(stdout.ends_with("inner=1\n"), "{stdout}");
+}
+
+/// `refresh` without `--ttl` gives the lock the entry's ttl, as `config show` says (it used to
+/// give 5m whatever the entry said).
+#[test]
+fn refresh_uses_the_entrys_ttl() {
+    let server = RedisServer::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("locks.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[stores]\ndefault = {{ dsn = \"{}\", ttl = \"40s\" }}\n",
+            server.url(0)
+        ),
+    )
+    .unwrap();
+    let f = file.to_str().unwrap();
+    let key = bare()
+        .args(["acquire", "--config", f, "--ttl", "10s", "short"])
+        .output()
+        .unwrap();
+    assert!(key.status.success(), "{key:?}");
+    bare()
+        .args(["refresh", "--config", f])
+        .write_stdin(key.stdout)
+        .assert()
+        .success();
+    let pttl: u64 = server.cli(&["PTTL", "short"]).trim().parse().unwrap();
+    assert!(pttl > 30_000 && pttl <= 40_000, "PTTL {pttl}");
+}

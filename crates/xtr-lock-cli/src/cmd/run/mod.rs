@@ -33,6 +33,8 @@ struct RunArgs {
     /// `-o`: the command does not inherit the lock's descriptors.
     close: bool,
     resource: String,
+    /// As the command line named it, without the configuration entry's prefix.
+    named: String,
     command: Vec<OsString>,
     /// What names the store for a nested `xtr-lock` (see [`crate::args::Source::nested_environment`]).
     nested: Vec<(&'static str, Option<OsString>)>,
@@ -76,6 +78,7 @@ pub(crate) async fn run(store: StoreConfig, settings: RunSettings) -> Result<Exi
         kill_after,
         close,
         resource,
+        named,
         command,
     } = settings;
     let args = RunArgs {
@@ -84,6 +87,7 @@ pub(crate) async fn run(store: StoreConfig, settings: RunSettings) -> Result<Exi
         kill_after,
         close,
         resource,
+        named,
         command,
         nested: source.nested_environment(),
     };
@@ -273,7 +277,7 @@ fn tie(args: &RunArgs, lock: &Lock) -> Result<Tie> {
 fn environment(args: &RunArgs, lock: &Lock) -> Vec<(&'static str, Option<OsString>)> {
     let mut env = args.nested.clone();
     env.extend([
-        ("XTR_LOCK_RESOURCE", Some(args.resource.clone().into())),
+        ("XTR_LOCK_RESOURCE", Some(args.named.clone().into())),
         (
             "XTR_LOCK_MODE",
             lock.held_mode().map(|m| mode_name(m).into()),

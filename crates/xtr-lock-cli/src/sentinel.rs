@@ -143,17 +143,15 @@ pub(crate) fn run_if_asked() -> Option<ExitCode> {
         output::error_line(&format!("{ARG} is for xtr-lock run's own use"));
         return Some(ExitCode::from(exit::ERROR));
     }
-    // Killed only with its group: a signal sent to the group (SIGTERM, a hangup) is for the
-    // command, which `run` forwards it to, and waits for.
+    // It dies when `run` does of a signal sent to the group: the signals `run` survives (it
+    // forwards SIGINT, SIGTERM and SIGHUP to the command and waits for it; a pipe or job
+    // control signal) are blocked, the ones that kill `run` (SIGQUIT, SIGUSR1, …, SIGKILL) are
+    // not.
     let mut blocked = SigSet::empty();
     for sig in [
         Signal::SIGINT,
         Signal::SIGTERM,
         Signal::SIGHUP,
-        Signal::SIGQUIT,
-        Signal::SIGUSR1,
-        Signal::SIGUSR2,
-        Signal::SIGALRM,
         Signal::SIGPIPE,
         Signal::SIGTSTP,
         Signal::SIGTTIN,

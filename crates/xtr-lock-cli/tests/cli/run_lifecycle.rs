@@ -74,6 +74,17 @@ fn killed_xtr_lock_on_flock_leaves_the_lock_held_until_the_command_ends() {
 /// group, ran on holding the lock until it ended.)
 #[test]
 fn killing_the_group_of_xtr_lock_on_flock_stops_the_command_and_frees_the_lock() {
+    signal_to_the_group_stops_the_command(Signal::KILL);
+}
+
+/// The same with a signal that kills `xtr-lock` without being forwarded (SIGUSR1): its
+/// watcher in the group dies of it too (it used to block it, and the command ran on).
+#[test]
+fn a_deadly_signal_to_the_group_of_xtr_lock_on_flock_stops_the_command() {
+    signal_to_the_group_stops_the_command(Signal::USR1);
+}
+
+fn signal_to_the_group_stops_the_command(signal: Signal) {
     let tmp = tempfile::tempdir().unwrap();
     let store = flock_dsn(tmp.path());
     let pidfile = tmp.path().join("pid");
@@ -99,7 +110,7 @@ fn killing_the_group_of_xtr_lock_on_flock_stops_the_command_and_frees_the_lock()
     let grandchild = command_pid(&pidfile);
     let group = rustix::process::Pid::from_raw(run.id() as i32).unwrap();
     assert_eq!(rustix::process::getpgid(Some(group)).unwrap(), group);
-    rustix::process::kill_process_group(group, Signal::KILL).unwrap();
+    rustix::process::kill_process_group(group, signal).unwrap();
     run.wait().unwrap();
     wait_gone(
         grandchild,

@@ -145,6 +145,21 @@ fn tie(parent: i32, group: Option<&std::path::Path>) -> Result<Watched, ExitCode
     Ok(watched)
 }
 
+/// Catches, to ignore them, the signals other than SIGTERM, SIGINT and SIGHUP (which the caller
+/// watches) that would end a helper process in the command's group, and that are sent to the
+/// group for the command (`kill -USR1 -- -PGID` to rotate its logs, SIGQUIT from `Ctrl-\`): the helper lives
+/// on, and `run` does not take its end for the command's. Once caught, a signal stays caught.
+pub(crate) fn ignore_the_commands_signals() -> std::io::Result<()> {
+    [
+        SignalKind::quit(),
+        SignalKind::user_defined1(),
+        SignalKind::user_defined2(),
+        SignalKind::alarm(),
+    ]
+    .into_iter()
+    .try_for_each(|kind| signal(kind).map(drop))
+}
+
 fn parent_is(parent: i32) -> bool {
     rustix::process::getppid().map(|p| p.as_raw_nonzero().get()) == Some(parent)
 }
@@ -161,7 +176,13 @@ async fn supervise(
         signal(SignalKind::interrupt()),
         signal(SignalKind::hangup()),
     );
-    let (Ok(mut exits), Ok(mut term), Ok(mut int), Ok(mut hup)) = signals else {
+    let (Ok(mut exits), Ok(mut term), Ok(mut int), Ok(mut hup), Ok(())) = (
+        signals.0,
+        signals.1,
+        signals.2,
+        signals.3,
+        ignore_the_commands_signals(),
+    ) else {
         output::error_line("cannot watch signals");
         return ExitCode::from(exit::ERROR);
     };

@@ -9,7 +9,9 @@ use std::process::Child;
 use rustix::process::Signal;
 use xtr_lock_testkit::redis::RedisServer;
 
-use crate::common::{alive, bin, command_pid, flock_dsn, kill, spawn, wait_gone, wait_held, xtr};
+use crate::common::{
+    alive, bin, command_pid, flock_dsn, kill, spawn, wait_exit, wait_gone, wait_held, xtr,
+};
 
 /// `xtr-lock run OPTIONS --kill-after 1s r -- sh -c …` with a command that starts a child in
 /// the background and waits for it (the shell does not `exec` it: a grandchild of `xtr-lock`);
@@ -68,6 +70,23 @@ fn killed_xtr_lock_on_flock_leaves_the_lock_held_until_the_command_ends() {
         .success();
 }
 
+/// `xtr-lock ARGS` started by setsid(1), which makes it the leader of a new session and group
+/// and execs it in place: the group's id is the run's pid.
+fn setsid_run(args: &[&str]) -> Child {
+    std::process::Command::new("setsid")
+        .arg(bin())
+        .args(args)
+        .spawn()
+        .expect("setsid (util-linux)")
+}
+
+/// The process group of the run `run`, which leads its own.
+fn group_of(run: &Child) -> rustix::process::Pid {
+    let group = rustix::process::Pid::from_raw(run.id() as i32).unwrap();
+    assert_eq!(rustix::process::getpgid(Some(group)).unwrap(), group);
+    group
+}
+
 /// As under flock(1), whose command shares its process group: killing the group of a `run`
 /// started in a session of its own (a job, `setsid`, `timeout -s KILL`) stops the command and
 /// its children, and the lock is free once they are gone. (Before: the command, alone in its own
@@ -78,28 +97,20 @@ fn killing_the_group_of_xtr_lock_on_flock_stops_the_command_and_frees_the_lock()
     let store = flock_dsn(tmp.path());
     let pidfile = tmp.path().join("pid");
     let script = format!("sleep 60 & echo $! > {}; wait", pidfile.display());
-    // setsid(1) makes the process it starts the leader of a new session and group, and execs
-    // it in place: the group's id is the run's pid.
-    let mut run = std::process::Command::new("setsid")
-        .arg(bin())
-        .args([
-            "run",
-            "--store",
-            &store,
-            "--kill-after",
-            "1s",
-            "r",
-            "--",
-            "sh",
-            "-c",
-            &script,
-        ])
-        .spawn()
-        .expect("setsid (util-linux)");
+    let mut run = setsid_run(&[
+        "run",
+        "--store",
+        &store,
+        "--kill-after",
+        "1s",
+        "r",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
     let grandchild = command_pid(&pidfile);
-    let group = rustix::process::Pid::from_raw(run.id() as i32).unwrap();
-    assert_eq!(rustix::process::getpgid(Some(group)).unwrap(), group);
-    rustix::process::kill_process_group(group, Signal::KILL).unwrap();
+    rustix::process::kill_process_group(group_of(&run), Signal::KILL).unwrap();
     run.wait().unwrap();
     wait_gone(
         grandchild,
@@ -116,6 +127,89 @@ fn killing_the_group_of_xtr_lock_on_flock_stops_the_command_and_frees_the_lock()
         assert!(std::time::Instant::now() < deadline, "the lock stayed held");
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
+}
+
+/// A command that writes down each SIGUSR1 to `log`, writes its pid to `pidfile`, and ends
+/// (exit 0) once `done` exists; as `sh -c` arguments.
+fn usr1_script(log: &Path, pidfile: &Path, done: &Path) -> String {
+    format!(
+        "trap 'echo usr1 >> {log}' USR1; echo $$ > {pid}; \
+         while [ ! -e {done} ]; do sleep 0.05; done",
+        log = log.display(),
+        pid = pidfile.display(),
+        done = done.display()
+    )
+}
+
+/// Sends SIGUSR1 to the whole process group of the command whose pid is in `pidfile` (as to
+/// rotate its logs: `kill -USR1 -- -PGID`), and waits until the command wrote it down in `log`.
+fn usr1_to_the_commands_group(pidfile: &Path, log: &Path) -> i32 {
+    let command = command_pid(pidfile);
+    let group = rustix::process::getpgid(rustix::process::Pid::from_raw(command)).unwrap();
+    rustix::process::kill_process_group(group, Signal::USR1).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::fs::read_to_string(log).unwrap_or_default().is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the command got no USR1"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    command
+}
+
+/// A signal meant for the command and sent to its whole group ends neither the watcher of the
+/// group (killing `xtr-lock`'s group afterwards still stops the command) nor the run (before,
+/// on flock, it ended the supervisor heading the group: `xtr-lock` took that for the command's
+/// exit, 138, and released the lock, the command running on).
+#[test]
+fn a_signal_to_the_commands_group_on_flock_leaves_it_watched_and_locked() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = flock_dsn(tmp.path());
+    let [pidfile, log, done] = ["pid", "log", "done"].map(|f| tmp.path().join(f));
+    let script = usr1_script(&log, &pidfile, &done);
+    let mut run = setsid_run(&[
+        "run",
+        "--store",
+        &store,
+        "--kill-after",
+        "1s",
+        "r",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    let command = usr1_to_the_commands_group(&pidfile, &log);
+    xtr()
+        .args(["run", "-n", "--store", &store, "r", "--", "true"])
+        .assert()
+        .code(1);
+    rustix::process::kill_process_group(group_of(&run), Signal::KILL).unwrap();
+    run.wait().unwrap();
+    wait_gone(command, "the command, after xtr-lock's group was killed");
+}
+
+/// Where a supervisor heads the command's group (Redis), a signal meant for the command and
+/// sent to the group does not end it: the run goes on, and ends with the command's own status.
+#[test]
+fn a_signal_to_the_commands_group_on_redis_leaves_the_run_to_the_command() {
+    let server = RedisServer::start();
+    let store = server.url(0);
+    let tmp = tempfile::tempdir().unwrap();
+    let [pidfile, log, done] = ["pid", "log", "done"].map(|f| tmp.path().join(f));
+    let script = usr1_script(&log, &pidfile, &done);
+    let mut run = spawn(&[
+        "run", "--store", &store, "--ttl", "30s", "r", "--", "sh", "-c", &script,
+    ]);
+    usr1_to_the_commands_group(&pidfile, &log);
+    xtr()
+        .args(["run", "-n", "--store", &store, "r", "--", "true"])
+        .assert()
+        .code(1);
+    std::fs::write(&done, b"").unwrap();
+    let status = wait_exit(&mut run, "the run ends with its command");
+    assert_eq!(status.code(), Some(0), "the command's own status");
 }
 
 #[test]

@@ -10,7 +10,8 @@ use rustix::process::Signal;
 use xtr_lock_testkit::redis::RedisServer;
 
 use crate::common::{
-    alive, bin, command_pid, flock_dsn, kill, spawn, wait_exit, wait_gone, wait_held, xtr,
+    alive, bin, command_pid, flock_dsn, kill, running_in_group, spawn, wait_exit, wait_gone,
+    wait_held, xtr,
 };
 
 /// `xtr-lock run OPTIONS --kill-after 1s r -- sh -c …` with a command that starts a child in
@@ -129,6 +130,44 @@ fn killing_the_group_of_xtr_lock_on_flock_stops_the_command_and_frees_the_lock()
     }
 }
 
+/// A signal that `xtr-lock` catches and forwards, sent to its whole group (`kill -- -PGID`,
+/// `timeout`'s SIGTERM), reaches the command once, and the command stops its own way however
+/// long that takes, as when only `xtr-lock` gets it: the group's sentinel, which such a signal
+/// may kill, does not make the group look killed while `xtr-lock` lives (the command would be
+/// told to stop again, then killed after --kill-after).
+#[test]
+fn a_forwarded_signal_to_the_group_of_xtr_lock_on_flock_leaves_the_command_to_stop_its_way() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = flock_dsn(tmp.path());
+    let (pidfile, log) = (tmp.path().join("pid"), tmp.path().join("log"));
+    // Its stop takes longer than the grace (and a second SIGTERM does not cut it short, but is
+    // written down).
+    let script = format!(
+        "trap 'trap \"echo again >> {log}\" TERM; echo term >> {log}; \
+         (trap \"\" TERM; sleep 0.5); echo done >> {log}; exit 0' TERM; \
+         echo $$ > {pid}; while :; do sleep 0.05; done",
+        log = log.display(),
+        pid = pidfile.display()
+    );
+    let mut run = setsid_run(&[
+        "run",
+        "--store",
+        &store,
+        "--kill-after",
+        "200ms",
+        "r",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    command_pid(&pidfile);
+    rustix::process::kill_process_group(group_of(&run), Signal::TERM).unwrap();
+    let status = wait_exit(&mut run, "xtr-lock waits for the command");
+    assert_eq!(status.code(), Some(0), "the command's own exit");
+    assert_eq!(std::fs::read_to_string(&log).unwrap(), "term\ndone\n");
+}
+
 /// A command that writes down each SIGUSR1 to `log`, writes its pid to `pidfile`, and ends
 /// (exit 0) once `done` exists; as `sh -c` arguments.
 fn usr1_script(log: &Path, pidfile: &Path, done: &Path) -> String {
@@ -210,6 +249,30 @@ fn a_signal_to_the_commands_group_on_redis_leaves_the_run_to_the_command() {
     std::fs::write(&done, b"").unwrap();
     let status = wait_exit(&mut run, "the run ends with its command");
     assert_eq!(status.code(), Some(0), "the command's own status");
+}
+
+/// Once a run on flock ended, nothing of it is left: neither in its own group (the sentinel)
+/// nor in its command's (the watcher).
+#[test]
+fn a_run_on_flock_leaves_no_process_behind() {
+    let tmp = tempfile::tempdir().unwrap();
+    let pidfile = tmp.path().join("pgid");
+    let script = format!("cut -d' ' -f5 /proc/$$/stat > {}", pidfile.display());
+    let store = flock_dsn(tmp.path());
+    let mut run = setsid_run(&["run", "--store", &store, "r", "--", "sh", "-c", &script]);
+    let ours = run.id() as i32; // a group of its own, once setsid(1) made it
+    assert!(wait_exit(&mut run, "the run ends").success());
+    let commands = command_pid(&pidfile);
+    for group in [ours, commands] {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while running_in_group(group) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "group {group} still runs"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
 }
 
 #[test]
@@ -334,7 +397,7 @@ fn the_supervisor_mode_is_not_for_users() {
 }
 
 #[test]
-fn the_sentinel_mode_is_not_for_users() {
+fn the_sentinel_and_watcher_modes_are_not_for_users() {
     // A pipe is a FIFO too: it is not the one the sentinel was named.
     let tmp = tempfile::tempdir().unwrap();
     xtr()
@@ -343,4 +406,25 @@ fn the_sentinel_mode_is_not_for_users() {
         .assert()
         .code(2)
         .stderr(predicates::str::contains("for xtr-lock run's own use"));
+    xtr()
+        .args(["__watch", "1", "1000", "0:0"])
+        .assert()
+        .code(2)
+        .stderr(predicates::str::contains("for xtr-lock run's own use"));
+}
+
+/// Where there is no `/bin/cat`, this executable stands for it as the sentinel: it ends when
+/// its pipe has no writer left.
+#[test]
+fn the_sentinel_mode_waits_for_the_end_of_its_pipe() {
+    let (reader, writer) = std::io::pipe().unwrap();
+    let st = rustix::fs::fstat(&reader).unwrap();
+    let mut sentinel = std::process::Command::new(bin())
+        .arg("__sentinel")
+        .arg(format!("{}:{}", st.st_dev, st.st_ino))
+        .stdin(reader)
+        .spawn()
+        .unwrap();
+    drop(writer);
+    assert!(wait_exit(&mut sentinel, "the sentinel ends").success());
 }

@@ -191,14 +191,19 @@ fn compare(rounds: usize, specs: &[String]) {
     println!();
     println!("{} runs each, in {rounds} rounds.", rounds * PER_ROUND);
     println!();
-    println!("| resident memory while the command runs | processes (RSS) | PSS, all |");
-    println!("|---|---|---|");
+    println!(
+        "| resident memory while the command runs | processes (RSS) | PSS, all | anonymous, all |"
+    );
+    println!("|---|---|---|---|");
     for side in sides.iter().filter(|s| s.options.is_some()) {
-        let (each, pss) = resident(side.command(&dsn, &file, &["sh", "-c", "echo $$; exec cat"]));
+        let r = resident(side.command(&dsn, &file, &["sh", "-c", "echo $$; exec cat"]));
+        let mb = |kb: u64| kb as f64 / 1024.0;
         println!(
-            "| {} | {each} | {:.1} MB |",
+            "| {} | {} | {:.1} MB | {:.1} MB |",
             side.label,
-            pss as f64 / 1024.0
+            r.each,
+            mb(r.pss),
+            mb(r.anonymous)
         );
     }
 }
@@ -209,10 +214,19 @@ fn quantile(samples: &mut [Duration], q: f64) -> Duration {
     samples[((samples.len() - 1) as f64 * q).round() as usize]
 }
 
+/// The resident memory of a run's processes but its command's.
+struct Resident {
+    /// Each one's name and RSS.
+    each: String,
+    /// The sum of their PSS (shared pages counted once), in kB.
+    pss: u64,
+    /// The sum of their anonymous memory (their own, not the executables' pages), in kB.
+    anonymous: u64,
+}
+
 /// Starts `c`, whose command prints its pid and waits for its stdin to end, and reads the
-/// resident memory of `c`'s processes but the command's: each one's RSS, and the sum of their
-/// PSS (shared pages counted once), in kB.
-fn resident(mut c: Command) -> (String, u64) {
+/// resident memory of `c`'s processes but the command's.
+fn resident(mut c: Command) -> Resident {
     let mut child = c
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -225,32 +239,40 @@ fn resident(mut c: Command) -> (String, u64) {
     let command: u32 = line.trim().parse().expect("the command's pid");
     // Started processes finish loading meanwhile.
     std::thread::sleep(Duration::from_millis(300));
-    let mut each = Vec::new();
-    let mut pss = 0;
+    let (mut each, mut pss, mut anonymous) = (Vec::new(), 0, 0);
     for pid in descendants(child.id()) {
         if pid == command {
             continue;
         }
         let proc = PathBuf::from(format!("/proc/{pid}"));
-        let cmdline = std::fs::read(proc.join("cmdline")).unwrap_or_default();
-        let name: Vec<String> = cmdline
-            .split(|b| *b == 0)
-            .take(2)
-            .map(|w| String::from_utf8_lossy(w).into_owned())
-            .collect();
-        let program = Path::new(&name[0]).file_name().unwrap_or_default();
-        let program = program.to_string_lossy();
-        let name = match name.get(1) {
-            Some(arg) if arg.starts_with("__") => format!("{program} {arg}"),
-            _ => program.into_owned(),
-        };
         let rss = kb(&proc.join("status"), "VmRSS:");
         pss += kb(&proc.join("smaps_rollup"), "Pss:");
-        each.push(format!("{name} {:.1} MB", rss as f64 / 1024.0));
+        anonymous += kb(&proc.join("smaps_rollup"), "Anonymous:");
+        each.push(format!("{} {:.1} MB", name_of(&proc), rss as f64 / 1024.0));
     }
     drop(child.stdin.take());
     assert!(child.wait().unwrap().success());
-    (each.join(", "), pss)
+    Resident {
+        each: each.join(", "),
+        pss,
+        anonymous,
+    }
+}
+
+/// A process's program, with its mode (`xtr-lock __watch`).
+fn name_of(proc: &Path) -> String {
+    let cmdline = std::fs::read(proc.join("cmdline")).unwrap_or_default();
+    let words: Vec<String> = cmdline
+        .split(|b| *b == 0)
+        .take(2)
+        .map(|w| String::from_utf8_lossy(w).into_owned())
+        .collect();
+    let program = Path::new(&words[0]).file_name().unwrap_or_default();
+    let program = program.to_string_lossy();
+    match words.get(1) {
+        Some(arg) if arg.starts_with("__") => format!("{program} {arg}"),
+        _ => program.into_owned(),
+    }
 }
 
 /// `pid` and its descendants, from `/proc`.

@@ -30,7 +30,7 @@ fn main() -> ExitCode {
         return code; // started by `run` to become its command, and could not
     }
     if let Some(code) = sentinel::run_if_asked() {
-        return code; // started by `run` to stand for its process group
+        return code; // started by `run` to stand for its process group, or to watch it
     }
     let cli = Cli::parse(); // usage errors: clap prints them and exits 2
     // Before the runtime opens descriptors of its own: `acquire --fd N` takes hold of the

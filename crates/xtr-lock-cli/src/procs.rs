@@ -1,6 +1,8 @@
 //! Processes: by group, from `/proc`, and how they ended.
 
-use rustix::process::WaitStatus;
+use std::time::Duration;
+
+use rustix::process::{Signal, WaitStatus};
 
 /// The code a shell reports for a process that ended with `status`: its exit code, or 128
 /// plus the signal that killed it. None while it has not ended (stopped or continued).
@@ -50,4 +52,26 @@ pub(crate) fn running_in_group(group: i32, except: Option<i32>) -> bool {
         let pgrp = fields.nth(1);
         pgrp == Some(group.as_str()) && state != Some("Z")
     })
+}
+
+/// Asks this process's own group to stop, as `run` stops a command: SIGTERM, and SIGCONT for a
+/// stopped process to see it. (The caller, in the group, catches SIGTERM.)
+pub(crate) fn terminate_group() {
+    let group = rustix::process::getpgrp();
+    let _ = rustix::process::kill_process_group(group, Signal::TERM);
+    let _ = rustix::process::kill_process_group(group, Signal::CONT);
+}
+
+/// Waits until no other process of this process's group runs, or until `deadline`; then kills
+/// what is left of the group (this process with it).
+pub(crate) async fn outlast_group(deadline: tokio::time::Instant) {
+    let group = rustix::process::getpgrp();
+    let me = rustix::process::getpid().as_raw_nonzero().get();
+    let others = || running_in_group(group.as_raw_nonzero().get(), Some(me));
+    while others() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    if others() {
+        let _ = rustix::process::kill_process_group(group, Signal::KILL);
+    }
 }

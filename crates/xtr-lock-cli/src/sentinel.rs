@@ -1,172 +1,290 @@
-//! The job's sentinel: how `run` on flock stops its command when `xtr-lock`'s whole process
-//! group is killed (`kill -9 -- -PGID`, `timeout -s KILL`, a service manager killing the job),
-//! while a kill of `xtr-lock` alone leaves the command running with the lock, both as under
-//! flock(1), whose command shares flock's process group.
+//! The job's sentinel and its watcher: how `run` on flock stops its command when `xtr-lock`'s
+//! whole process group is killed (`kill -9 -- -PGID`, `timeout -s KILL`, a service manager
+//! killing the job), while a kill of `xtr-lock` alone leaves the command running with the lock,
+//! both as under flock(1), whose command shares flock's process group.
 //!
 //! `run`'s command has a process group of its own, so that `run` can signal it as a group
 //! without signalling whoever started `run`; SIGKILL to `xtr-lock`'s group therefore missed it,
 //! and on flock, where the command holds the lock's descriptor, it ran on holding the lock. A
-//! process outside the command's group must notice the death of `xtr-lock`'s group, and only
-//! that: `xtr-lock` itself cannot (SIGKILL), and a parent-death signal cannot tell `kill -9 PID`
-//! from `kill -9 -PGID` when `xtr-lock` is alone in its group (`setsid`). So a second process
-//! stays in `xtr-lock`'s group: this executable again (`__sentinel`), with every signal but
-//! SIGKILL (and SIGSTOP) blocked, holding the write end of a private FIFO whose read end the
-//! command's supervisor watches (`trampoline`, `group=` option). Killing the group kills the
-//! sentinel; the supervisor sees the FIFO's end and stops the command's group as on a lost
-//! lock (SIGTERM, then SIGKILL after `--kill-after`); the lock file's descriptors close with
-//! it. The sentinel ends by itself once nobody reads the FIFO (`xtr-lock` and the supervisor
-//! gone). It goes by path, as the lease file: a descriptor cannot be handed to the supervisor
-//! without `unsafe`, which this workspace forbids.
+//! process outside `xtr-lock`'s group must notice the death of that group, and only that:
+//! `xtr-lock` itself cannot (SIGKILL), and its death alone cannot tell `kill -9 PID` from
+//! `kill -9 -PGID` when `xtr-lock` is alone in its group (`setsid`). So:
+//!
+//! - the sentinel stays in `xtr-lock`'s group: `/bin/cat` reading a pipe that nobody writes to
+//!   (this executable again, `__sentinel`, where there is no `/bin/cat`), so it dies with the
+//!   group and ends by itself once the pipe has no writer left;
+//! - the watcher (`__watch`), this executable again, leads the command's process group (the
+//!   command is started into it, still as `xtr-lock`'s child) and holds the pipe's only write
+//!   end as its stdout, which reports an error once the sentinel is gone. With a parent-death
+//!   signal it also learns when `xtr-lock` dies. Once both are gone, it stops the command's
+//!   group as on a lost lock (SIGTERM, then SIGKILL after `--kill-after`); the lock file's
+//!   descriptors close with it. With only `xtr-lock` gone, it waits for the command's group to
+//!   end, and then ends (and the sentinel with it). `xtr-lock` kills it once the command ended.
+//!
+//! A signal that `xtr-lock` catches and forwards to the command (SIGTERM or a hangup sent to the
+//! group) may kill the sentinel: with `xtr-lock` alive, that stops nothing more, the command
+//! stops as it decides. The watcher ignores the signals sent to the command's group that would
+//! end it (but SIGKILL). It is started just before the command, which does not wait for it to
+//! be ready: its start, the slowest part of all this, runs beside the command's, off its way. A
+//! group killed before the watcher is ready is seen once it is: the pipe's error and the
+//! parent's death stay for it to find.
 
-use std::fs::{File, OpenOptions};
+use std::ffi::OsString;
+use std::io::{PipeReader, Read as _};
 use std::os::fd::AsFd as _;
-use std::os::unix::fs::OpenOptionsExt as _;
 use std::os::unix::process::CommandExt as _;
-use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
+use std::time::Duration;
 
-use nix::sys::signal::{SigSet, SigmaskHow, Signal, pthread_sigmask};
-use rustix::event::{PollFd, PollFlags};
-use rustix::fs::{FileType, Mode};
-use rustix::io::Errno;
-use tokio::net::unix::pipe::Receiver;
+use rustix::fs::FileType;
+use rustix::process::{Pid, Signal};
+use tokio::net::unix::pipe::Sender;
+use tokio::signal::unix::{SignalKind, signal};
 
-use crate::{exit, output, trampoline};
+use crate::{exit, output, procs, trampoline};
 
-/// The first argument that selects this mode (never a subcommand a user types): `__sentinel
-/// DEV:INO`, with the write end of that FIFO as stdout.
+/// The first argument of the sentinel where there is no `/bin/cat` (never a subcommand a user
+/// types): `__sentinel DEV:INO`, with that pipe as stdin.
 pub(crate) const ARG: &str = "__sentinel";
 
-/// `run`'s side: the sentinel started in `xtr-lock`'s process group, the FIFO it holds, and
-/// `xtr-lock`'s own reading end of it (the sentinel lives while `xtr-lock` or the supervisor
-/// reads). Dropped once the command ended: the sentinel then ends too.
+/// The first argument of the watcher: `__watch PARENT GRACE_MS DEV:INO [json]`, with that pipe,
+/// the sentinel's, as stdout.
+pub(crate) const WATCH: &str = "__watch";
+
+/// The sentinel where the machine has it: it only waits for the end of its stdin, and starts
+/// faster than this executable.
+const CAT: &str = "/bin/cat";
+
+/// How often the watcher looks for the command's group once `xtr-lock` died alone.
+const ORPHAN_POLL: Duration = Duration::from_millis(100);
+
+/// `run`'s side: the sentinel, started in `xtr-lock`'s process group, and the watcher, leading
+/// the group the command is to be started into. Dropped once the command ended: the watcher is
+/// killed, and the sentinel ends with it.
 #[derive(Debug)]
 pub(crate) struct Sentinel {
-    path: PathBuf,
-    reader: Option<File>,
-    process: std::process::Child,
-    _dir: tempfile::TempDir,
+    sentinel: std::process::Child,
+    watcher: std::process::Child,
+    group: Pid,
 }
 
 impl Sentinel {
-    /// Starts the sentinel in this process's group.
-    pub(crate) fn start() -> std::io::Result<Sentinel> {
-        let dir = tempfile::Builder::new().prefix("xtr-lock-job-").tempdir()?;
-        let path = dir.path().join("group");
-        rustix::fs::mknodat(
-            rustix::fs::CWD,
-            &path,
-            FileType::Fifo,
-            Mode::from_raw_mode(0o600),
-            0,
-        )?;
-        // A reader first, so that opening the write end does not wait for one.
-        let reader = OpenOptions::new()
-            .read(true)
-            .custom_flags(nonblocking())
-            .open(&path)?;
-        let writer = OpenOptions::new().write(true).open(&path)?;
-        let process = Command::new(trampoline::SELF_EXE)
+    /// Starts the sentinel in this process's group and its watcher in a new group, which stops
+    /// after `grace` once both the sentinel and this process are gone.
+    pub(crate) fn start(grace: Duration) -> std::io::Result<Sentinel> {
+        let (reader, writer) = std::io::pipe()?;
+        let mut sentinel = spawn_sentinel(reader)?;
+        // The pipe's only write end: the command, started later, does not inherit it.
+        let watcher = Command::new(trampoline::SELF_EXE)
             .arg0("xtr-lock")
-            .arg(ARG)
+            .arg(WATCH)
+            .arg(rustix::process::getpid().as_raw_nonzero().to_string())
+            .arg(grace.as_millis().to_string())
             .arg(identity(&writer)?)
+            .args(output::json().then_some(trampoline::JSON))
             .stdin(Stdio::null())
             .stdout(writer)
-            .stderr(Stdio::null())
-            .spawn()?;
+            .process_group(0)
+            .spawn();
+        let watcher = match watcher {
+            Ok(watcher) => watcher,
+            Err(e) => {
+                // Its pipe has no writer left: the sentinel ends.
+                let _ = sentinel.try_wait();
+                return Err(e);
+            }
+        };
+        let group = Pid::from_raw(watcher.id() as i32)
+            .ok_or_else(|| std::io::Error::other("the watcher has no pid"))?;
         Ok(Sentinel {
-            path,
-            reader: Some(reader),
-            process,
-            _dir: dir,
+            sentinel,
+            watcher,
+            group,
         })
     }
 
-    /// The FIFO, for the supervisor.
-    pub(crate) fn path(&self) -> &Path {
-        &self.path
+    /// The process group the command goes into: the watcher's pid, which `run` leaves out
+    /// where it looks for what of the command is left.
+    pub(crate) fn group(&self) -> Pid {
+        self.group
     }
 }
 
 impl Drop for Sentinel {
     fn drop(&mut self) {
-        // With no reader left (the supervisor ended with the command), the sentinel ends. Reaped
-        // here if it already did; otherwise when `xtr-lock` exits, moments later.
-        self.reader.take();
-        let _ = self.process.try_wait();
+        // The command ended: the watcher has nothing left to watch. With it gone, the
+        // sentinel's pipe has no writer left, and the sentinel ends. Both are reaped here if
+        // they already ended; otherwise when `xtr-lock` exits, moments later.
+        let _ = self.watcher.kill();
+        let _ = self.watcher.try_wait();
+        let _ = self.sentinel.try_wait();
     }
 }
 
+/// The sentinel, reading `reader`, in this process's group.
+fn spawn_sentinel(reader: PipeReader) -> std::io::Result<std::process::Child> {
+    let mut cmd = if std::path::Path::new(CAT).exists() {
+        Command::new(CAT)
+    } else {
+        let mut cmd = Command::new(trampoline::SELF_EXE);
+        cmd.arg0("xtr-lock").arg(ARG).arg(identity(&reader)?);
+        cmd
+    };
+    // The command, and with it this process's copy of the read end, is dropped at once: the
+    // sentinel must be the pipe's only reader.
+    cmd.stdin(reader)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+}
+
 /// The device and inode of an open file, as the sentinel's argument.
-fn identity(file: &impl std::os::fd::AsFd) -> std::io::Result<std::ffi::OsString> {
+fn identity(file: &impl std::os::fd::AsFd) -> std::io::Result<OsString> {
     let st = rustix::fs::fstat(file)?;
     Ok(format!("{}:{}", st.st_dev, st.st_ino).into())
 }
 
-/// `O_NONBLOCK`, as `OpenOptions::custom_flags` takes it.
-fn nonblocking() -> i32 {
-    i32::try_from(rustix::fs::OFlags::NONBLOCK.bits()).unwrap_or(0)
-}
-
-/// The supervisor's side: the FIFO opened for reading, its name removed. Within a runtime.
-pub(crate) fn watch(path: &Path) -> std::io::Result<Receiver> {
-    let fifo = tokio::net::unix::pipe::OpenOptions::new().open_receiver(path)?;
-    let _ = std::fs::remove_file(path);
-    if let Some(dir) = path.parent() {
-        let _ = std::fs::remove_dir(dir);
-    }
-    Ok(fifo)
-}
-
-/// Whether the sentinel is gone (the FIFO has no writer left): `xtr-lock`'s group was killed.
-pub(crate) fn gone(fifo: &Receiver) -> bool {
-    // Nothing is ever written: a read ends (0 bytes) once no writer is left, else would block.
-    matches!(fifo.try_read(&mut [0u8; 1]), Ok(0))
-}
-
-/// Runs the sentinel if this process was started as one; `None` otherwise.
+/// Runs the sentinel (where there is no `/bin/cat`) or the watcher if this process was
+/// started as one; `None` otherwise.
 pub(crate) fn run_if_asked() -> Option<ExitCode> {
     let mut args = std::env::args_os().skip(1);
-    if args.next()? != ARG {
-        return None;
+    let mode = args.next()?;
+    if mode == WATCH {
+        Some(watcher(args))
+    } else if mode == ARG {
+        Some(sentinel(args))
+    } else {
+        None
     }
-    let stdout = std::io::stdout();
-    let fifo = stdout.as_fd();
-    // Its stdout is the FIFO it was told of: started by `run`, not typed. (By identity, not by
-    // path: the supervisor may have removed the name already.)
-    let told = args.next();
-    let is_it = rustix::fs::fstat(fifo).is_ok_and(|held| {
-        FileType::from_raw_mode(held.st_mode) == FileType::Fifo
-            && told.is_some_and(|told| identity(&fifo).is_ok_and(|id| id == told))
-    });
-    if !is_it {
-        output::error_line(&format!("{ARG} is for xtr-lock run's own use"));
-        return Some(ExitCode::from(exit::ERROR));
+}
+
+/// `__sentinel DEV:INO`: as `cat`, until its stdin, that pipe, has no writer left (nothing is
+/// ever written to it).
+fn sentinel(mut args: impl Iterator<Item = OsString>) -> ExitCode {
+    let stdin = std::io::stdin();
+    // Its stdin is the pipe it was told of: started by `run`, not typed.
+    if !is_told(&stdin, args.next()) {
+        return not_for_users(ARG);
     }
-    // It dies when `run` does of a signal sent to the group: the signals `run` survives (it
-    // forwards SIGINT, SIGTERM and SIGHUP to the command and waits for it; a pipe or job
-    // control signal) are blocked, the ones that kill `run` (SIGQUIT, SIGUSR1, …, SIGKILL) are
-    // not.
-    let mut blocked = SigSet::empty();
-    for sig in [
-        Signal::SIGINT,
-        Signal::SIGTERM,
-        Signal::SIGHUP,
-        Signal::SIGPIPE,
-        Signal::SIGTSTP,
-        Signal::SIGTTIN,
-        Signal::SIGTTOU,
-    ] {
-        blocked.add(sig);
-    }
-    let _ = pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&blocked), None);
+    let mut buf = [0u8; 64];
+    let mut stdin = stdin.lock();
     loop {
-        // No events asked: the write end of a FIFO reports an error once no reader is left.
-        let mut fds = [PollFd::new(&fifo, PollFlags::empty())];
-        match rustix::event::poll(&mut fds, None) {
-            Ok(_) if !fds[0].revents().is_empty() => return Some(ExitCode::SUCCESS),
-            Ok(_) | Err(Errno::INTR) => {}
-            Err(_) => return Some(ExitCode::from(exit::ERROR)),
+        match stdin.read(&mut buf) {
+            Ok(0) => return ExitCode::SUCCESS,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return ExitCode::from(exit::ERROR),
         }
+    }
+}
+
+/// `__watch PARENT GRACE_MS DEV:INO [json]`: see the module's documentation.
+fn watcher(mut args: impl Iterator<Item = OsString>) -> ExitCode {
+    let number = |a: Option<OsString>| a?.into_string().ok()?.parse::<u64>().ok();
+    let parent = number(args.next()).and_then(|p| i32::try_from(p).ok());
+    let grace = number(args.next()).map(Duration::from_millis);
+    let pipe = args.next();
+    output::set_json(args.next().is_some_and(|a| a == trampoline::JSON));
+    // Its stdout is the pipe it was told of, and it leads its group: started by `run`.
+    let leads = rustix::process::getpgrp() == rustix::process::getpid();
+    let (Some(parent), Some(grace), true) =
+        (parent, grace, leads && is_told(&std::io::stdout(), pipe))
+    else {
+        return not_for_users(WATCH);
+    };
+    let runtime = match trampoline::runtime() {
+        Ok(rt) => rt,
+        Err(code) => return code,
+    };
+    let _context = runtime.enter();
+    // Signals sent to the command's group are not for the watcher, which they would end. SIGTERM
+    // is also the parent-death signal, caught before it is asked for.
+    let signals = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::hangup()),
+    );
+    let ignored = trampoline::ignore_the_commands_signals();
+    let (Ok(term), Ok(int), Ok(hup), Ok(())) = (signals.0, signals.1, signals.2, ignored) else {
+        output::error_line("cannot watch signals");
+        return ExitCode::from(exit::ERROR);
+    };
+    if let Err(e) = rustix::process::set_parent_process_death_signal(Some(Signal::TERM)) {
+        output::error_line(&format!("cannot tie the command to xtr-lock's life: {e}"));
+        return ExitCode::from(exit::ERROR);
+    }
+    let pipe = rustix::io::dup(std::io::stdout().as_fd())
+        .map_err(std::io::Error::from)
+        .and_then(Sender::from_owned_fd);
+    match pipe {
+        Ok(pipe) => runtime.block_on(watch(parent, grace, &pipe, [term, int, hup])),
+        Err(e) => {
+            output::error_line(&format!("cannot watch xtr-lock's process group: {e}"));
+            ExitCode::from(exit::ERROR)
+        }
+    }
+}
+
+/// Whether `file` is the pipe `told` names (by identity, as [`identity`] gives it).
+fn is_told(file: &impl std::os::fd::AsFd, told: Option<OsString>) -> bool {
+    rustix::fs::fstat(file).is_ok_and(|held| {
+        FileType::from_raw_mode(held.st_mode) == FileType::Fifo
+            && told.is_some_and(|told| identity(file).is_ok_and(|id| id == told))
+    })
+}
+
+fn not_for_users(mode: &str) -> ExitCode {
+    output::error_line(&format!("{mode} is for xtr-lock run's own use"));
+    ExitCode::from(exit::ERROR)
+}
+
+/// Watches `parent` (its death is SIGTERM, one of `signals`, which only wake this) and the
+/// sentinel at the other end of `pipe`: once both are gone, stops this process's group after
+/// `grace`; once only `parent` is, ends when the group has nothing else left.
+async fn watch(
+    parent: i32,
+    grace: Duration,
+    pipe: &Sender,
+    signals: [tokio::signal::unix::Signal; 3],
+) -> ExitCode {
+    let [mut term, mut int, mut hup] = signals;
+    let mut sentinel_gone = false;
+    loop {
+        let orphaned = !trampoline::parent_is(parent);
+        if orphaned && sentinel_gone {
+            // xtr-lock's whole group was killed: stop the command's, as a loss would.
+            let at = tokio::time::Instant::now();
+            procs::terminate_group();
+            procs::outlast_group(at + grace).await;
+            return ExitCode::SUCCESS;
+        }
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+            _ = hup.recv() => {}
+            () = gone(pipe), if !sentinel_gone => sentinel_gone = true,
+            // xtr-lock was killed alone: the command runs on with the lock, watched until
+            // it ends.
+            () = tokio::time::sleep(ORPHAN_POLL), if orphaned => {
+                if !others_in_group() {
+                    return ExitCode::SUCCESS;
+                }
+            }
+        }
+    }
+}
+
+/// Whether a process of this process's group other than itself runs.
+fn others_in_group() -> bool {
+    let group = rustix::process::getpgrp().as_raw_nonzero().get();
+    let me = rustix::process::getpid().as_raw_nonzero().get();
+    procs::running_in_group(group, Some(me))
+}
+
+/// Returns once the sentinel is gone: the write end of a pipe reports an error once the pipe
+/// has no reader left.
+async fn gone(pipe: &Sender) {
+    if pipe.ready(tokio::io::Interest::ERROR).await.is_err() {
+        std::future::pending::<()>().await;
     }
 }

@@ -1,6 +1,6 @@
-//! `xtr-lock __exec-child PARENT GRACE_MS LEASE [json] [group=FIFO] -- COMMAND [ARG…]`: how `run`
-//! makes sure its command does not outlive a killed `xtr-lock` on stores where the lock dies with
-//! it, nor, on flock, a killed process group of `xtr-lock` (`group=`: see the `sentinel` module).
+//! `xtr-lock __exec-child PARENT GRACE_MS LEASE [json] -- COMMAND [ARG…]`: how `run` makes sure
+//! its command does not outlive a killed `xtr-lock` on stores where the lock dies with it (on
+//! flock, see the `sentinel` module).
 //!
 //! The command's process group starts with this small supervisor: it asks the kernel for
 //! SIGTERM when its parent dies (a parent-death signal, which must be set in the child; Rust can
@@ -9,9 +9,10 @@
 //! started it, then runs the command in the same process group and waits for it. When the
 //! parent dies, it stops the whole group as `run` would on a lost lock: SIGTERM, then SIGKILL
 //! after the grace. Given a lease file (see the `lease` module), it also stops the group when
-//! the lease `run` last told is about to end: `run` stopped or paused cannot renew it. Signals sent to the group while the parent lives (forwarded by `run`, or
-//! from the terminal) reach the command directly; the supervisor ignores them. It exits with
-//! the command's status (128 + N for a signal N).
+//! the lease `run` last told is about to end: `run` stopped or paused cannot renew it. Signals
+//! sent to the group while the parent lives (forwarded by `run`, or from the terminal) reach the
+//! command directly; the supervisor ignores them. It exits with the command's status (128 + N
+//! for a signal N).
 
 use std::ffi::OsString;
 use std::process::{Command, ExitCode};
@@ -27,10 +28,6 @@ pub(crate) const NO_LEASE: &str = "-";
 
 /// The option that makes the supervisor's messages JSON events, as `run --json` asks.
 pub(crate) const JSON: &str = "json";
-
-/// The option (`group=FIFO`) that ties the command to the sentinel in `xtr-lock`'s process
-/// group instead of to `xtr-lock` itself.
-pub(crate) const GROUP: &str = "group=";
 
 /// The first argument that selects this mode (never a subcommand a user types).
 pub(crate) const ARG: &str = "__exec-child";
@@ -50,32 +47,23 @@ pub(crate) fn run_if_asked() -> Option<ExitCode> {
     let lease_path = args.next().filter(|p| p != NO_LEASE);
     let rest: Vec<OsString> = args.collect();
     let split = rest.iter().position(|a| a == "--").unwrap_or(rest.len());
-    // Options between the lease and `--`: `json` (run --json: messages are events), `group=FIFO`
-    // (watch the sentinel instead of the parent).
+    // Options between the lease and `--`: `json` (run --json: messages are events).
     output::set_json(rest[..split].iter().any(|a| a == JSON));
-    let group = rest[..split].iter().find_map(|a| {
-        let a = a.to_str()?;
-        a.strip_prefix(GROUP).map(std::path::PathBuf::from)
-    });
     let command: Vec<OsString> = rest.into_iter().skip(split + 1).collect();
     let (Some(parent), Some(grace), false) = (parent, grace, command.is_empty()) else {
         output::error_line(&format!("{ARG} is for xtr-lock run's own use"));
         return Some(ExitCode::from(exit::ERROR));
     };
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    if let Err(e) = rustix::process::set_parent_process_death_signal(Some(Signal::TERM)) {
+        output::error_line(&format!("cannot tie the command to xtr-lock's life: {e}"));
+        return Some(ExitCode::from(exit::ERROR));
+    }
+    if !parent_is(parent) {
+        output::error_line("the process holding the lock is gone; the command does not run");
+        return Some(ExitCode::from(exit::LOST));
+    }
+    let runtime = match runtime() {
         Ok(rt) => rt,
-        Err(e) => {
-            output::error_line(&format!("cannot start the async runtime: {e}"));
-            return Some(ExitCode::from(exit::ERROR));
-        }
-    };
-    // Within the runtime: the sentinel's FIFO is watched by its reactor.
-    let _context = runtime.enter();
-    let watched = match tie(parent, group.as_deref()) {
-        Ok(watched) => watched,
         Err(code) => return Some(code),
     };
     let lease = match lease_path.map(|p| lease::Reader::open(std::path::Path::new(&p))) {
@@ -86,71 +74,42 @@ pub(crate) fn run_if_asked() -> Option<ExitCode> {
         }
         None => None,
     };
-    Some(runtime.block_on(supervise(watched, grace, lease, &command)))
+    Some(runtime.block_on(supervise(parent, grace, lease, &command)))
 }
 
-/// What the supervisor watches: the process holding the lock (a parent-death signal, and its
-/// pid), or the sentinel in `xtr-lock`'s process group (see `sentinel`), where the command
-/// holds the lock itself and outlives a killed `xtr-lock` (flock), though not its killed group.
-enum Watched {
-    Parent(i32),
-    Group(tokio::net::unix::pipe::Receiver),
+/// Catches, to ignore them, the signals other than SIGTERM, SIGINT and SIGHUP (which the caller
+/// watches) that would end a helper process in the command's group, and that are sent to the
+/// group for the command (`kill -USR1 -- -PGID` to rotate its logs, SIGQUIT from `Ctrl-\`): the helper lives
+/// on, and `run` does not take its end for the command's. Once caught, a signal stays caught.
+pub(crate) fn ignore_the_commands_signals() -> std::io::Result<()> {
+    [
+        SignalKind::quit(),
+        SignalKind::user_defined1(),
+        SignalKind::user_defined2(),
+        SignalKind::alarm(),
+    ]
+    .into_iter()
+    .try_for_each(|kind| signal(kind).map(drop))
 }
 
-impl Watched {
-    /// Whether what is watched is gone: the command must stop.
-    fn gone(&self) -> bool {
-        match self {
-            Watched::Parent(parent) => !parent_is(*parent),
-            Watched::Group(fifo) => crate::sentinel::gone(fifo),
-        }
-    }
-
-    /// Returns when the sentinel may be gone (never for a parent: its death is a signal).
-    async fn changed(&self) {
-        match self {
-            Watched::Parent(_) => std::future::pending().await,
-            Watched::Group(fifo) => {
-                if fifo.readable().await.is_err() {
-                    std::future::pending::<()>().await;
-                }
-            }
-        }
-    }
+/// The current-thread runtime of a helper process; the exit code, said why, if it cannot start.
+pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| {
+            output::error_line(&format!("cannot start the async runtime: {e}"));
+            ExitCode::from(exit::ERROR)
+        })
 }
 
-/// Ties this process to `parent`'s life, or to the sentinel at `group`; exits (as the exit
-/// code) when what it is tied to is gone already, or cannot be watched.
-fn tie(parent: i32, group: Option<&std::path::Path>) -> Result<Watched, ExitCode> {
-    let watched = match group {
-        Some(path) => {
-            let fifo = crate::sentinel::watch(path).map_err(|e| {
-                output::error_line(&format!("cannot watch xtr-lock's process group: {e}"));
-                ExitCode::from(exit::ERROR)
-            })?;
-            Watched::Group(fifo)
-        }
-        None => {
-            if let Err(e) = rustix::process::set_parent_process_death_signal(Some(Signal::TERM)) {
-                output::error_line(&format!("cannot tie the command to xtr-lock's life: {e}"));
-                return Err(ExitCode::from(exit::ERROR));
-            }
-            Watched::Parent(parent)
-        }
-    };
-    if watched.gone() {
-        output::error_line("the process holding the lock is gone; the command does not run");
-        return Err(ExitCode::from(exit::LOST));
-    }
-    Ok(watched)
-}
-
-fn parent_is(parent: i32) -> bool {
+/// Whether this process's parent is still `parent` (once it dies, another process adopts it).
+pub(crate) fn parent_is(parent: i32) -> bool {
     rustix::process::getppid().map(|p| p.as_raw_nonzero().get()) == Some(parent)
 }
 
 async fn supervise(
-    watched: Watched,
+    parent: i32,
     grace: Duration,
     mut lease: Option<lease::Reader>,
     command: &[OsString],
@@ -161,7 +120,13 @@ async fn supervise(
         signal(SignalKind::interrupt()),
         signal(SignalKind::hangup()),
     );
-    let (Ok(mut exits), Ok(mut term), Ok(mut int), Ok(mut hup)) = signals else {
+    let (Ok(mut exits), Ok(mut term), Ok(mut int), Ok(mut hup), Ok(())) = (
+        signals.0,
+        signals.1,
+        signals.2,
+        signals.3,
+        ignore_the_commands_signals(),
+    ) else {
         output::error_line("cannot watch signals");
         return ExitCode::from(exit::ERROR);
     };
@@ -186,16 +151,7 @@ async fn supervise(
         if let Some(code) = exit_code(pid) {
             if let Some(at) = orphaned_at {
                 // What the command left behind in its group gets the rest of the grace.
-                let group = rustix::process::getpgrp();
-                let me = rustix::process::getpid().as_raw_nonzero().get();
-                let others =
-                    || crate::procs::running_in_group(group.as_raw_nonzero().get(), Some(me));
-                while others() && tokio::time::Instant::now() < at + grace {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-                if others() {
-                    let _ = rustix::process::kill_process_group(group, Signal::KILL);
-                }
+                procs::outlast_group(at + grace).await;
             }
             return code;
         }
@@ -212,15 +168,11 @@ async fn supervise(
             () = tokio::time::sleep(lease::POLL), if lease.is_some() => {
                 check_lease(lease.as_mut().expect("guarded"), grace, &mut lease_ending);
             }
-            () = watched.changed(), if orphaned_at.is_none() => {}
         }
-        if orphaned_at.is_none() && watched.gone() {
-            // xtr-lock died (or its whole group was killed, where the command holds the lock
-            // itself): stop the group, as a loss would.
+        if orphaned_at.is_none() && !parent_is(parent) {
+            // xtr-lock died: its lock will not be renewed. Stop the group, as a loss would.
             orphaned_at = Some(tokio::time::Instant::now());
-            let group = rustix::process::getpgrp();
-            let _ = rustix::process::kill_process_group(group, Signal::TERM);
-            let _ = rustix::process::kill_process_group(group, Signal::CONT);
+            procs::terminate_group();
         }
     }
 }

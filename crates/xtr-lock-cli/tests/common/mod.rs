@@ -85,6 +85,22 @@ pub(crate) fn alive(pid: i32) -> bool {
     }
 }
 
+/// Whether a process of group `group` is running (a zombie is not).
+pub(crate) fn running_in_group(group: i32) -> bool {
+    let group = group.to_string();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .any(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            // "pid (comm) state ppid pgrp …"
+            stat.rsplit_once(") ").is_some_and(|(_, rest)| {
+                let fields: Vec<&str> = rest.split(' ').take(3).collect();
+                fields.first() != Some(&"Z") && fields.get(2) == Some(&group.as_str())
+            })
+        })
+}
+
 /// Waits until `pid` is gone, failing after 10 s.
 pub(crate) fn wait_gone(pid: i32, what: &str) {
     let deadline = Instant::now() + Duration::from_secs(10);

@@ -1,7 +1,8 @@
-//! The command `run` supervises: started in its own process group, headed by a supervisor that
-//! stops the group when `xtr-lock` dies (where the lock dies with it) or when `xtr-lock`'s whole
-//! process group is killed (flock, where the command holds the lock's descriptors and outlives
-//! a killed `xtr-lock`, as under flock(1)); reaped with its stops seen; signalled as a group.
+//! The command `run` supervises: started in its own process group, which a watcher leads on
+//! flock, where the command holds the lock's descriptors and outlives a killed `xtr-lock`, as
+//! under flock(1), though not its killed process group (see `sentinel`), and a supervisor heads
+//! where the lock dies with `xtr-lock` (see `trampoline`); reaped with its stops seen; signalled
+//! as a group.
 
 use std::ffi::OsString;
 use std::os::fd::OwnedFd;
@@ -21,9 +22,10 @@ use crate::trampoline;
 /// How the command is tied to the lock.
 pub(super) enum Tie {
     /// It inherits these descriptors, which hold the lock for as long as it keeps them open:
-    /// the lock outlives a killed `xtr-lock`, as under `flock(1)`. A supervisor in the command's
-    /// group stops the group (SIGTERM, then SIGKILL after `grace`) if `xtr-lock`'s whole process
-    /// group is killed, as `flock(1)`'s command dies with flock's group (see `sentinel`).
+    /// the lock outlives a killed `xtr-lock`, as under `flock(1)`. A watcher leading the
+    /// command's group stops the group (SIGTERM, then SIGKILL after `grace`) if `xtr-lock`'s
+    /// whole process group is killed, as `flock(1)`'s command dies with flock's group (see
+    /// `sentinel`).
     Descriptors {
         fds: Vec<OwnedFd>,
         grace: std::time::Duration,
@@ -42,13 +44,15 @@ pub(super) enum Tie {
 /// A started command.
 pub(super) struct Child {
     pid: Pid,
+    /// Its process group: its pid, or the watcher's (flock).
+    group: Pid,
     /// SIGCHLD, registered before the command was started, so no exit is missed.
     exits: tokio::signal::unix::Signal,
     /// Where the supervisor learns until when the lock is held.
     lease: Option<lease::Writer>,
-    /// The process in `xtr-lock`'s group whose end the supervisor watches (flock); ends after
-    /// the command.
-    _sentinel: Option<Sentinel>,
+    /// The sentinel in `xtr-lock`'s group and the watcher of the command's (flock); they end
+    /// after the command.
+    sentinel: Option<Sentinel>,
 }
 
 /// How a wait for the command ended.
@@ -69,29 +73,28 @@ impl Child {
     ) -> Result<std::result::Result<Child, Exit>> {
         let exits = signal(SignalKind::child()).context("cannot watch for the command's exit")?;
         let sentinel = match &tie {
-            Tie::Descriptors { .. } => Some(
-                Sentinel::start()
+            Tie::Descriptors { grace, .. } => Some(
+                Sentinel::start(*grace)
                     .context("cannot start the sentinel of xtr-lock's process group")?,
             ),
             _ => None,
         };
         let mut cmd = match &tie {
-            Tie::ParentDeath { grace, lease } => supervised(
-                command,
-                *grace,
-                lease.as_ref().map(lease::Writer::path),
-                None,
-            ),
-            Tie::Descriptors { grace, .. } => {
-                supervised(command, *grace, None, sentinel.as_ref().map(Sentinel::path))
+            Tie::ParentDeath { grace, lease } => {
+                supervised(command, *grace, lease.as_ref().map(lease::Writer::path))
             }
-            Tie::None => {
+            Tie::Descriptors { .. } | Tie::None => {
                 let mut cmd = Command::new(&command[0]);
                 cmd.args(&command[1..]);
                 cmd
             }
         };
-        cmd.process_group(0);
+        // Into the watcher's group where there is one: the watcher starts beside the command.
+        cmd.process_group(
+            sentinel
+                .as_ref()
+                .map_or(0, |s| s.group().as_raw_nonzero().get()),
+        );
         for (name, value) in env {
             match value {
                 Some(value) => cmd.env(name, value),
@@ -128,9 +131,10 @@ impl Child {
         };
         Ok(Ok(Child {
             pid,
+            group: sentinel.as_ref().map_or(pid, Sentinel::group),
             exits,
             lease,
-            _sentinel: sentinel,
+            sentinel,
         }))
     }
 
@@ -146,9 +150,9 @@ impl Child {
         }
     }
 
-    /// The command's process group (its pid).
+    /// The command's process group.
     pub(super) fn group(&self) -> Pid {
-        self.pid
+        self.group
     }
 
     /// Waits until the command exits or stops.
@@ -171,27 +175,29 @@ impl Child {
         }
     }
 
-    /// Sends `sig` to the command's whole process group.
+    /// Sends `sig` to the command's whole process group (the watcher ignores what it can).
     pub(super) fn signal_group(&self, sig: Signal) {
-        let _ = rustix::process::kill_process_group(self.pid, sig);
+        let _ = rustix::process::kill_process_group(self.group, sig);
     }
 
     /// Whether anything of the command's process group is still running (its own children,
-    /// once it exited); zombies do not count.
+    /// once it exited); zombies and the watcher do not count.
     pub(super) fn group_alive(&self) -> bool {
-        rustix::process::test_kill_process_group(self.pid).is_ok()
-            && crate::procs::running_in_group(self.pid.as_raw_nonzero().get(), None)
+        let watcher = self
+            .sentinel
+            .as_ref()
+            .map(|s| s.group().as_raw_nonzero().get());
+        rustix::process::test_kill_process_group(self.group).is_ok()
+            && crate::procs::running_in_group(self.group.as_raw_nonzero().get(), watcher)
     }
 }
 
-/// `command` under its supervisor (see `trampoline`): stopped after `grace` when `xtr-lock` dies,
-/// or with `group`, when the sentinel of `xtr-lock`'s process group does; with `lease`, also when
-/// the lease told there is about to end.
+/// `command` under its supervisor (see `trampoline`): stopped after `grace` when `xtr-lock` dies;
+/// with `lease`, also when the lease told there is about to end.
 fn supervised(
     command: &[OsString],
     grace: std::time::Duration,
     lease: Option<&std::path::Path>,
-    group: Option<&std::path::Path>,
 ) -> Command {
     let mut cmd = Command::new(trampoline::SELF_EXE);
     cmd.arg0("xtr-lock")
@@ -202,13 +208,9 @@ fn supervised(
             || OsString::from(trampoline::NO_LEASE),
             |p| p.as_os_str().to_owned(),
         ))
-        .args(crate::output::json().then_some(trampoline::JSON));
-    if let Some(fifo) = group {
-        let mut option = OsString::from(trampoline::GROUP);
-        option.push(fifo);
-        cmd.arg(option);
-    }
-    cmd.arg("--").args(command);
+        .args(crate::output::json().then_some(trampoline::JSON))
+        .arg("--")
+        .args(command);
     cmd
 }
 

@@ -27,7 +27,8 @@
 //! end it (but SIGKILL). It is started just before the command, which does not wait for it to
 //! be ready: its start, the slowest part of all this, runs beside the command's, off its way. A
 //! group killed before the watcher is ready is seen once it is: the pipe's error and the
-//! parent's death stay for it to find.
+//! parent's death stay for it to find. (A signal sent to the command's group meanwhile ends it:
+//! the run goes on, its group unwatched.)
 
 use std::ffi::OsString;
 use std::io::{PipeReader, Read as _};

@@ -169,6 +169,10 @@ impl Drop for Weakening<'_> {
     }
 }
 
+/// How many more times a write grant's check lists the holders while the listing shows more
+/// than the writer (see `Chaos::listed_alone`).
+const RELIST: usize = 10;
+
 impl Chaos {
     fn new(h: Harness, seed: u64) -> Self {
         let resource = h.resource("siblings");
@@ -344,6 +348,25 @@ impl Chaos {
         Some(all.into_iter().filter(|x| !x.waiting).collect())
     }
 
+    /// What the store lists while a holder holds a write lock, looked at again (up to
+    /// `RELIST` times) while it lists more than one writer. A listing is a snapshot: on pub/sub
+    /// a reader announces itself before it looks for a writer (portalocker's protocol) and
+    /// drops out on seeing one, so another holder's attempt may show for a moment as a reader;
+    /// it is gone at the next look, a lock held beside the writer is not.
+    async fn listed_alone(&self) -> Option<Vec<HolderInfo>> {
+        let mut listed = self.listed().await;
+        for _ in 0..RELIST {
+            match &listed {
+                Some(l) if !(l.len() == 1 && l[0].mode == Mode::Write) => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    listed = self.listed().await;
+                }
+                _ => break,
+            }
+        }
+        listed
+    }
+
     /// Holder `i` was just granted a write lock. If no sibling call that could end or weaken
     /// the hold ran from before the call until after the store was asked, the store must say
     /// `i` holds alone, and its token must be above every earlier writer's.
@@ -352,7 +375,7 @@ impl Chaos {
             return;
         }
         let holdings = self.holdings().await;
-        let listed = self.listed().await;
+        let listed = self.listed_alone().await;
         let fenced = match self.holders[i].lock.fencing_token() {
             Some(t) if self.h.caps().fencing => self.apply_token(i, t),
             _ => Ok(()),

@@ -162,24 +162,7 @@ impl Settings {
                 source: Source::of(&store)?,
                 key,
             },
-            Command::Refresh { store, ttl, key } => {
-                let ttl = match ttl {
-                    Some(text) => Some(ttl_arg(&text)?.ok_or_else(|| {
-                        anyhow!(
-                            "--ttl none: refresh gives a lock more time, and a lock cannot be \
-                             given no expiry after it was taken; give a duration"
-                        )
-                    })?),
-                    None => None,
-                };
-                let source = Source::of(&store)?;
-                // Unless told, the entry's ttl (as `config show` says), else the default.
-                let ttl = ttl.unwrap_or_else(|| match &source {
-                    Source::Config(c) => c.checked.ttl.unwrap_or(DEFAULT_TTL),
-                    _ => DEFAULT_TTL,
-                });
-                Settings::Refresh { source, ttl, key }
-            }
+            Command::Refresh { store, ttl, key } => Settings::refresh(&store, ttl, key)?,
             Command::Status {
                 store,
                 resource,
@@ -206,6 +189,26 @@ impl Settings {
     }
 
     /// `acquire`: with `--fd N`, the caller's descriptor N taken hold of now.
+    /// `refresh`: `--ttl`, unless absent: the entry's ttl (as `config show` says), else the
+    /// default; never none (a lock cannot be given no expiry after it was taken).
+    fn refresh(store: &StoreArgs, ttl: Option<String>, key: Option<String>) -> Result<Settings> {
+        let ttl = match ttl {
+            Some(text) => Some(ttl_arg(&text)?.ok_or_else(|| {
+                anyhow!(
+                    "--ttl none: refresh gives a lock more time, and a lock cannot be given no \
+                     expiry after it was taken; give a duration"
+                )
+            })?),
+            None => None,
+        };
+        let source = Source::of(store)?;
+        let ttl = ttl.unwrap_or_else(|| match &source {
+            Source::Config(c) => c.checked.ttl.unwrap_or(DEFAULT_TTL),
+            _ => DEFAULT_TTL,
+        });
+        Ok(Settings::Refresh { source, ttl, key })
+    }
+
     fn acquire(
         store: &StoreArgs,
         wait: &WaitArgs,

@@ -298,7 +298,7 @@ pub(crate) enum Command {
     Refresh {
         #[command(flatten)]
         store: StoreArgs,
-        /// The new lifetime, from now: seconds or a duration (default 5m, as `acquire`'s).
+        /// The new lifetime, from now: seconds or a duration (default 5m, or the entry's ttl).
         #[arg(long, value_name = "DURATION")]
         ttl: Option<String>,
         /// The key printed by `acquire`; `-` or absent: read from stdin.

@@ -306,6 +306,10 @@ impl CheckedEntry {
     }
 }
 
+/// What opens a variable: written through this, the message below keeps its braces balanced
+/// (source tools that count braces read the function's end where it is).
+const OPEN: &str = "${";
+
 /// What a DSN's `${VAR}`s got wrong, one line each, naming the entry at `here`.
 fn expansion_problems(here: &str, problem: Problem) -> Vec<String> {
     match problem {
@@ -315,8 +319,8 @@ fn expansion_problems(here: &str, problem: Problem) -> Vec<String> {
             .collect(),
         Problem::Unclosed => vec![format!("{here}: a ${{ without its closing }}")],
         Problem::BadName(name) => vec![format!(
-            "{here}: ${{{name}}} is not a variable name (letters, digits and _; write $${{ for a \
-             literal ${{)"
+            "{here}: ${{{name}}} is not a variable name (letters, digits and _; write ${OPEN} for \
+             a literal {OPEN})"
         )],
     }
 }

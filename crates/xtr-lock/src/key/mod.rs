@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use crate::clock::{Clock, MonotonicClock};
 use crate::holder::Holder;
 use crate::mutex::lock;
+use crate::permits::Permits;
 
 mod wire;
 
@@ -64,6 +65,8 @@ pub struct Key {
 
 struct KeyInner {
     resource: String,
+    /// What a semaphore's holder asks for; `None` for a lock's.
+    permits: Option<Permits>,
     clock: Arc<dyn Clock>,
     state: Mutex<KeyState>,
     /// What the locks of this holder believe about it (the lock's bookkeeping, not the key's).
@@ -104,13 +107,35 @@ impl Key {
 
     /// A new holder for `resource` whose lifetime runs on `clock`.
     pub fn with_clock(resource: impl Into<String>, clock: Arc<dyn Clock>) -> Self {
-        Self::from_parts(resource.into(), clock, KeyState::default())
+        Self::from_parts(resource.into(), None, clock, KeyState::default())
     }
 
-    fn from_parts(resource: String, clock: Arc<dyn Clock>, state: KeyState) -> Self {
+    /// A new holder of `permits` of the semaphore `resource`, on the default monotonic clock
+    /// (a [`Semaphore`](crate::Semaphore)'s key). Stores keep semaphores apart from locks: a
+    /// semaphore and a lock of one name do not exclude each other.
+    pub fn for_semaphore(resource: impl Into<String>, permits: Permits) -> Self {
+        Self::for_semaphore_with_clock(resource, permits, Arc::new(MonotonicClock))
+    }
+
+    /// Like [`for_semaphore`](Key::for_semaphore), with the lifetime on `clock`.
+    pub fn for_semaphore_with_clock(
+        resource: impl Into<String>,
+        permits: Permits,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
+        Self::from_parts(resource.into(), Some(permits), clock, KeyState::default())
+    }
+
+    fn from_parts(
+        resource: String,
+        permits: Option<Permits>,
+        clock: Arc<dyn Clock>,
+        state: KeyState,
+    ) -> Self {
         Key {
             inner: Arc::new(KeyInner {
                 resource,
+                permits,
                 clock,
                 state: Mutex::new(state),
                 holder: Holder::new(),
@@ -121,6 +146,11 @@ impl Key {
     /// The resource this key is for. Any string, the empty one included.
     pub fn resource(&self) -> &str {
         &self.inner.resource
+    }
+
+    /// The permits this holder takes, for a semaphore's key; `None` for a lock's.
+    pub fn permits(&self) -> Option<Permits> {
+        self.inner.permits
     }
 
     /// The clock the lifetime runs on.
@@ -304,6 +334,7 @@ impl fmt::Debug for Key {
         // of logs. Only the store kinds are shown.
         f.debug_struct("Key")
             .field("resource", &self.inner.resource)
+            .field("permits", &self.inner.permits)
             .field(
                 "tokens",
                 &st.tokens.iter().map(|(k, _)| k).collect::<Vec<_>>(),

@@ -60,6 +60,7 @@ impl Key {
         Ok(WireKey {
             v: WIRE_VERSION,
             resource: self.resource().to_owned(),
+            permits: self.permits(),
             remaining_ms,
             tokens: st.tokens.iter().cloned().collect(),
         })
@@ -76,6 +77,11 @@ impl Key {
             validate_kind(kind)?;
             validate_token(token).map_err(|e| e.with_resource(wire.resource.clone()))?;
         }
+        let permits = wire
+            .permits
+            .map(crate::permits::Permits::validated)
+            .transpose()
+            .map_err(|e| e.with_resource(wire.resource.clone()))?;
         let deadline = wire
             .remaining_ms
             .map(|ms| super::later(clock.now(), Duration::from_millis(ms)));
@@ -84,7 +90,7 @@ impl Key {
             tokens: wire.tokens.into_iter().collect(),
             ..KeyState::default()
         };
-        Ok(Self::from_parts(wire.resource, clock, state))
+        Ok(Self::from_parts(wire.resource, permits, clock, state))
     }
 }
 
@@ -95,6 +101,9 @@ const WIRE_VERSION: u32 = 1;
 struct WireKey {
     v: u32,
     resource: String,
+    /// A semaphore holder's permits (absent for a lock's key).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    permits: Option<crate::permits::Permits>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     remaining_ms: Option<u64>,
     #[serde(default)]

@@ -42,6 +42,15 @@ impl Lock {
             ))
             .with_resource(self.resource()));
         }
+        if self.key.permits().is_some() {
+            super::counting(self.store.as_ref(), &self.key)?;
+            if asked == Mode::Read {
+                return Err(Error::invalid_argument(
+                    "a semaphore's permits are taken whole: there is no shared mode",
+                )
+                .with_resource(self.resource()));
+            }
+        }
         let caps = self.store.capabilities();
         let mode = if asked == Mode::Read && !caps.shared {
             tracing::debug!(target: TARGET, resource = self.resource(), store = %self.store,

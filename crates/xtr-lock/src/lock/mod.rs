@@ -25,6 +25,26 @@ pub(crate) mod lost;
 mod monitor;
 pub(crate) mod scope;
 
+/// Refuses a semaphore's key on a store that cannot count (saying why), and a lock's key
+/// where a semaphore's is needed.
+pub(crate) fn counting(store: &dyn Store, key: &Key) -> Result<()> {
+    if key.permits().is_none() {
+        return Err(Error::invalid_argument(
+            "a semaphore needs a key with permits (Key::for_semaphore)",
+        )
+        .with_resource(key.resource()));
+    }
+    if !store.capabilities().counting {
+        return Err(Error::unsupported(format!(
+            "the store has no counting semaphores: {}",
+            store.why_not_counting()
+        ))
+        .with_resource(key.resource())
+        .with_store(store));
+    }
+    Ok(())
+}
+
 /// An exclusive or shared lock on one resource, held by one [`Key`] in one [`Store`].
 ///
 /// Made by a [`LockFactory`](crate::LockFactory); its methods are those of [`Lockable`] (waiting,

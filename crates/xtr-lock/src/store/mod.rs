@@ -23,6 +23,12 @@
 //! - With lifetimes: shorten the key's lifetime ([`Key::reduce_lifetime`]) **before** the round
 //!   trip, and call [`check_expiry`] once the store has confirmed.
 //! - `Display` is a short id without credentials; errors name the store by it.
+//! - A key with [`Permits`](crate::Permits) ([`Key::permits`]) is a semaphore's holder: with
+//!   [`Capabilities::counting`], every method works on it as on a lock's key (`save` takes its
+//!   permits or answers a conflict when too few are free; the `Mode` is always `Write`; a
+//!   limit other than the one the current holders use is an invalid argument,
+//!   [`Permits::limit_mismatch`](crate::Permits::limit_mismatch)); keep semaphores apart from
+//!   locks of the same name. Without it, a [`Semaphore`](crate::Semaphore) never reaches you.
 //! - Run the conformance suite (feature `conformance`) on your store.
 
 use std::fmt;
@@ -133,6 +139,11 @@ pub struct Capabilities {
     /// process can end while the holder is alive but silent; [`Store::lease_remaining`] tells
     /// how much of it the server confirmed.
     pub leased: bool,
+    /// Counting semaphores: the methods work on keys with [`Permits`](crate::Permits)
+    /// ([`Key::for_semaphore`]), and [`Store::usage`] tells how many are held. Without it a
+    /// [`Semaphore`](crate::Semaphore) on the store is refused as unsupported, saying
+    /// [why](Store::why_not_counting).
+    pub counting: bool,
 }
 
 /// Where locks live. Object-safe: locks hold an `Arc<dyn Store>`.
@@ -287,6 +298,23 @@ pub trait Store: Send + Sync + fmt::Debug + fmt::Display + 'static {
             .with_store(self))
     }
 
+    /// How many of the semaphore's permits are held, its stored limit, and by whom, for a key
+    /// with [`Permits`](crate::Permits) (the key names the semaphore, its kind of token and its
+    /// limit; it need not hold). Read-only.
+    ///
+    /// # Errors
+    ///
+    /// `Unsupported` unless [`Capabilities::counting`].
+    async fn usage(&self, key: &Key) -> Result<crate::Usage> {
+        Err(self.unsupported(key, "counting semaphores"))
+    }
+
+    /// Why the store has no counting semaphores (one clause, for the `Unsupported` error a
+    /// [`Semaphore`](crate::Semaphore) on it gets), where [`Capabilities::counting`] is false.
+    fn why_not_counting(&self) -> String {
+        "it has no counting semaphores".to_owned()
+    }
+
     /// The fencing counter behind `resource`'s tokens: every later exclusive acquisition gets a
     /// larger token. `Ok(None)` for stores without fencing.
     ///
@@ -433,6 +461,12 @@ macro_rules! forward_store {
             }
             async fn fencing_counter(&self, resource: &str) -> Result<Option<u64>> {
                 (**self).fencing_counter(resource).await
+            }
+            async fn usage(&self, key: &Key) -> Result<crate::Usage> {
+                (**self).usage(key).await
+            }
+            fn why_not_counting(&self) -> String {
+                (**self).why_not_counting()
             }
             async fn close(&self) -> Result<()> {
                 (**self).close().await

@@ -63,11 +63,17 @@ impl Store for NullStore {
             liveness: false,
             observes_loss: false,
             leased: false,
+            counting: true,
         }
     }
 
     async fn save(&self, _key: &Key, _ttl: Option<Duration>) -> Result<Saved> {
         Ok(Saved::Acquired(Acquired::new()))
+    }
+
+    /// Nobody holds anything.
+    async fn usage(&self, _key: &Key) -> Result<crate::Usage> {
+        Ok(crate::Usage::default())
     }
 
     async fn save_read(&self, _key: &Key, _ttl: Option<Duration>) -> Result<Saved> {

@@ -171,6 +171,8 @@ pub struct HolderInfo {
     pub backend: Option<String>,
     /// It does not hold yet: it waits in the store's queue (etcd shows its queue in order).
     pub waiting: bool,
+    /// How many permits it holds, for a semaphore's holder ([`Store::usage`](crate::Store::usage)).
+    pub permits: Option<u32>,
 }
 
 impl HolderInfo {
@@ -183,7 +185,14 @@ impl HolderInfo {
             id: None,
             backend: None,
             waiting: false,
+            permits: None,
         }
+    }
+
+    /// A semaphore's holder of `permits` permits (sets [`permits`](HolderInfo::permits)).
+    pub fn with_permits(mut self, permits: u32) -> Self {
+        self.permits = Some(permits);
+        self
     }
 
     /// Marks it as waiting in the store's queue (sets [`waiting`](HolderInfo::waiting)).

@@ -131,6 +131,7 @@ impl Store for MySqlLockStore {
             liveness: true,
             observes_loss: true,
             leased: true,
+            counting: false,
         }
     }
 

@@ -166,6 +166,7 @@ impl Store for PgAdvisoryStore {
             liveness: true,
             observes_loss: true,
             leased: true,
+            counting: false,
         }
     }
 

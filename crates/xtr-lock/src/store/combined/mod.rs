@@ -303,6 +303,13 @@ impl Store for CombinedStore {
         self.quorum_lease(key)
     }
 
+    fn why_not_counting(&self) -> String {
+        "a quorum cannot bound a count: each member counts the permits it granted, and a \
+         majority of members each below the limit does not keep the holders across all members \
+         below it"
+            .to_owned()
+    }
+
     fn capabilities(&self) -> Capabilities {
         let caps: Vec<Capabilities> = self.stores.iter().map(|s| s.capabilities()).collect();
         let met = |f: fn(&Capabilities) -> bool| {
@@ -323,6 +330,7 @@ impl Store for CombinedStore {
             // Only when every member watches can every loss that breaks the quorum be seen.
             observes_loss: caps.iter().all(|c| c.observes_loss),
             leased: caps.iter().any(|c| c.leased),
+            counting: false,
         }
     }
 

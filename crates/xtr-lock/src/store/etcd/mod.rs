@@ -212,6 +212,7 @@ impl Store for EtcdStore {
             liveness: false,
             observes_loss: true,
             leased: true,
+            counting: false,
         }
     }
 

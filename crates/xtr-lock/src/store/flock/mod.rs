@@ -389,6 +389,7 @@ impl Store for FlockStore {
             liveness: true,
             observes_loss: true,
             leased: false,
+            counting: false,
         }
     }
 

@@ -425,6 +425,7 @@ impl Store for MemcachedStore {
             liveness: false,
             observes_loss: false,
             leased: false,
+            counting: false,
         }
     }
 

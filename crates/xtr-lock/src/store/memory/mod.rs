@@ -311,6 +311,7 @@ impl Store for InMemoryStore {
             liveness: true,
             observes_loss: true,
             leased: false,
+            counting: false,
         }
     }
 

@@ -250,6 +250,12 @@ impl fmt::Debug for RedisPubSubStore {
 
 #[async_trait]
 impl Store for RedisPubSubStore {
+    fn why_not_counting(&self) -> String {
+        "its protocol (shared with portalocker's pub/sub lock) has one writer or readers per \
+         channel and no count; use the redis store's semaphores"
+            .to_owned()
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             excludes: true,
@@ -264,6 +270,7 @@ impl Store for RedisPubSubStore {
             liveness: true,
             observes_loss: true,
             leased: true,
+            counting: false,
         }
     }
 

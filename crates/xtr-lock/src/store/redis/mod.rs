@@ -362,6 +362,7 @@ impl Store for RedisStore {
             liveness: false,
             observes_loss: false,
             leased: false,
+            counting: false,
         }
     }
 

@@ -356,6 +356,7 @@ impl Store for SemaphoreStore {
             liveness: true,
             observes_loss: false,
             leased: false,
+            counting: false,
         }
     }
 

@@ -419,6 +419,7 @@ impl Store for SqlStore {
             liveness: false,
             observes_loss: false,
             leased: false,
+            counting: false,
         }
     }
 

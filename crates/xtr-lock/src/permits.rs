@@ -1,0 +1,109 @@
+//! [`Permits`]: what a semaphore's holder asks for, carried by its [`Key`](crate::Key), and the
+//! rules every counting store applies the same way.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// A semaphore holder's request: `count` permits of a semaphore that lets `limit` permits be
+/// held at once (Symfony Semaphore's weight and limit).
+///
+/// A key with permits ([`Key::for_semaphore`](crate::Key::for_semaphore)) is one holder, as a
+/// lock's key is: every rule of locks (ttl, renewal, loss, cancellation, fencing where the store
+/// has it) holds per holder, and its `count` permits are taken and given back together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Permits {
+    limit: u32,
+    count: u32,
+}
+
+/// The largest limit a semaphore may have. Stores that keep one slot per permit (flock's slot
+/// files, Memcached's keys) try up to this many.
+pub const MAX_PERMITS: u32 = 1000;
+
+impl Permits {
+    /// `count` permits of a semaphore of `limit`.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidArgument`](crate::ErrorKind::InvalidArgument) unless
+    /// `1 <= count <= limit <= 1000`.
+    pub fn new(limit: u32, count: u32) -> Result<Self> {
+        if limit == 0 || limit > MAX_PERMITS {
+            return Err(Error::invalid_argument(format!(
+                "a semaphore's limit must be between 1 and {MAX_PERMITS}, got {limit}"
+            )));
+        }
+        if count == 0 || count > limit {
+            return Err(Error::invalid_argument(format!(
+                "a holder takes between 1 and the limit ({limit}) permits, got {count}"
+            )));
+        }
+        Ok(Permits { limit, count })
+    }
+
+    /// How many permits may be held at once.
+    pub fn limit(self) -> u32 {
+        self.limit
+    }
+
+    /// How many permits this holder takes.
+    pub fn count(self) -> u32 {
+        self.count
+    }
+
+    /// Checks a deserialized value as [`new`](Permits::new) does.
+    pub(crate) fn validated(self) -> Result<Self> {
+        Self::new(self.limit, self.count)
+    }
+
+    /// The error for a store whose semaphore was set up with `stored` permits by its current
+    /// holders, when this holder asks for another limit. The stored limit binds while anybody
+    /// holds; a semaphore nobody holds takes the next holder's.
+    pub fn limit_mismatch(self, resource: &str, stored: u32) -> Error {
+        Error::invalid_argument(format!(
+            "the semaphore's holders use a limit of {stored}; this holder asks for a limit of {} \
+             (every holder must use one limit; it may change once nobody holds)",
+            self.limit
+        ))
+        .with_resource(resource)
+    }
+}
+
+/// What a store answers about a semaphore ([`Store::usage`](crate::Store::usage)).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Usage {
+    /// Permits held now, by every holder the store can see.
+    pub used: u32,
+    /// The limit its holders agreed on, where the store keeps one (`None` when nobody holds, or
+    /// the layout has no place for it).
+    pub limit: Option<u32>,
+    /// Who holds permits, with how many each ([`HolderInfo::permits`](crate::store::HolderInfo::permits)).
+    pub holders: Vec<crate::store::HolderInfo>,
+}
+
+impl Usage {
+    /// Permits free now for a holder that uses `limit` (never below zero).
+    pub fn free(&self, limit: u32) -> u32 {
+        self.limit.unwrap_or(limit).saturating_sub(self.used)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bounds_are_checked() {
+        assert!(Permits::new(0, 1).is_err());
+        assert!(Permits::new(3, 0).is_err());
+        assert!(Permits::new(3, 4).is_err());
+        assert!(Permits::new(MAX_PERMITS + 1, 1).is_err());
+        let p = Permits::new(3, 2).unwrap();
+        assert_eq!((p.limit(), p.count()), (3, 2));
+        let e = p.limit_mismatch("r", 4).to_string();
+        assert!(e.contains("limit of 4") && e.contains("limit of 3"), "{e}");
+    }
+}

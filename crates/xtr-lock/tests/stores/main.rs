@@ -29,3 +29,4 @@ mod session_lease;
 mod sql;
 mod sql_errors;
 mod sql_lost_answer;
+mod sql_semaphore;

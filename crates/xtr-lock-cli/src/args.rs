@@ -562,6 +562,19 @@ fn split_dsns(text: &str) -> Vec<String> {
     StoreSpec::parse_list(text).dsns().to_vec()
 }
 
+/// `--limit N [--permits K]`, checked as the library checks them.
+fn permits_arg(limit: Option<u32>, count: Option<u32>) -> Result<Option<Permits>> {
+    limit
+        .map(|n| Permits::new(n, count.unwrap_or(1)))
+        .transpose()
+        .map_err(|e| {
+            anyhow!(
+                "--limit/--permits: {}",
+                e.reason().unwrap_or("out of range")
+            )
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -593,17 +606,4 @@ mod tests {
             "a wait of none is not forever: refused"
         );
     }
-}
-
-/// `--limit N [--permits K]`, checked as the library checks them.
-fn permits_arg(limit: Option<u32>, count: Option<u32>) -> Result<Option<Permits>> {
-    limit
-        .map(|n| Permits::new(n, count.unwrap_or(1)))
-        .transpose()
-        .map_err(|e| {
-            anyhow!(
-                "--limit/--permits: {}",
-                e.reason().unwrap_or("out of range")
-            )
-        })
 }

@@ -8,8 +8,8 @@ use super::lock::LockGuard;
 use super::rt::Rt;
 use crate::error::{Error, Result};
 use crate::lock::lockable::{Release, Wait};
-use crate::permits::Usage;
 use crate::store::HolderInfo;
+use crate::store::Usage;
 
 /// A counting semaphore for code without an async runtime: the operations of
 /// [`crate::Semaphore`], blocking the calling thread. Clones are the same holder.

@@ -473,7 +473,7 @@ impl Store for InMemoryStore {
         Ok(self.holding(key.resource(), &key.token(KIND)))
     }
 
-    async fn usage(&self, key: &Key) -> Result<crate::Usage> {
+    async fn usage(&self, key: &Key) -> Result<crate::store::Usage> {
         Ok(self.usage_of(key))
     }
 

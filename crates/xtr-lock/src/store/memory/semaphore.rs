@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 use super::{InMemoryStore, KIND};
 use crate::error::{LostReason, Result};
 use crate::key::{Key, Mode};
-use crate::permits::{Permits, Usage};
+use crate::permits::Permits;
+use crate::store::Usage;
 use crate::store::{Acquired, Conflict, HolderInfo, Holding, Saved};
 
 /// One semaphore: the limit its holders use, and who holds how many permits.

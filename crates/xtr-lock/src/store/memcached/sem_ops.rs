@@ -38,6 +38,8 @@ pub(super) enum Admit {
     Full(Option<u64>),
     /// The holders use another limit (stored).
     Mismatch(u32),
+    /// The holder holds this many slots and asked for another count.
+    CountChanged(u32),
 }
 
 fn parse_limit(e: &Entry) -> io::Result<u32> {
@@ -89,6 +91,11 @@ pub(super) async fn admit_on(
         let mine: Vec<usize> = (0..keys.len())
             .filter(|&i| entries[i].as_ref().is_some_and(|e| e.value == token))
             .collect();
+        if !mine.is_empty() && mine.len() != p.count() as usize {
+            return Ok(Admit::CountChanged(
+                u32::try_from(mine.len()).unwrap_or(u32::MAX),
+            ));
+        }
         let need = (p.count() as usize).saturating_sub(mine.len());
         let left = entries.iter().flatten().filter_map(|e| e.ttl).min();
         // The free slots, from a random one on: contenders start apart.

@@ -5,12 +5,13 @@ use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use super::super::memory::count_changed;
 use super::sem_ops::{self, Admit, MAX_NAME};
 use super::{HolderState, KIND, MemcachedStore, Run};
 use crate::error::{Error, LostReason, Result};
 use crate::key::{Key, Mode};
-use crate::permits::{Permits, Usage};
-use crate::store::{Acquired, Conflict, HolderInfo, Holding, Saved, check_expiry};
+use crate::permits::Permits;
+use crate::store::{Acquired, Conflict, HolderInfo, Holding, Saved, Usage, check_expiry};
 
 impl MemcachedStore {
     /// The semaphore's name as its keys' stem: a valid key with room for `:sem:limit`.
@@ -77,6 +78,9 @@ impl MemcachedStore {
                     Some(s) if s > 0 => conflict.with_retry_after(Duration::from_secs(s)),
                     _ => conflict,
                 }))
+            }
+            Admit::CountChanged(held) => {
+                Err(count_changed(key.resource(), held, permits.count()).with_store(self))
             }
             Admit::Mismatch(stored) => Err(permits
                 .limit_mismatch(key.resource(), stored)

@@ -56,6 +56,8 @@ pub(crate) enum Admitted {
     Full { holders: Vec<Holder> },
     /// The holders use another limit (stored).
     Mismatch { stored: u32 },
+    /// The holder holds this many permits and asked for another count.
+    CountChanged { held: u32 },
 }
 
 /// What the admission rule decides for `token` among the live `holders`, under `stored`.
@@ -63,6 +65,8 @@ pub(crate) enum Admitted {
 pub(crate) enum Rule {
     /// Already holds: refresh.
     Resave,
+    /// Already holds this many permits, and asks for another count.
+    CountChanged(u32),
     /// Fits: insert, first storing the holder's limit when nobody holds.
     Take {
         set_limit: bool,
@@ -74,7 +78,10 @@ pub(crate) enum Rule {
 /// The limit rule and the count: the stored limit binds while anybody holds; once nobody holds
 /// the next holder's is stored.
 pub(crate) fn rule(stored: u32, holders: &[Holder], token: &str, p: Permits) -> Rule {
-    if holders.iter().any(|h| h.token == token) {
+    if let Some(h) = holders.iter().find(|h| h.token == token) {
+        if h.permits != p.count() {
+            return Rule::CountChanged(h.permits);
+        }
         return Rule::Resave;
     }
     let used: u64 = holders.iter().map(|h| u64::from(h.permits)).sum();
@@ -137,6 +144,10 @@ pub(crate) async fn admit(
             Rule::Mismatch => {
                 tx.commit().await?;
                 return Ok(Admitted::Mismatch { stored });
+            }
+            Rule::CountChanged(held) => {
+                tx.commit().await?;
+                return Ok(Admitted::CountChanged { held });
             }
             Rule::Full => {
                 tx.commit().await?;
@@ -306,5 +317,6 @@ mod tests {
         assert_eq!(rule(3, &[h("b", 2)], "a", p), Rule::Full);
         assert_eq!(rule(4, &[h("b", 1)], "a", p), Rule::Mismatch);
         assert_eq!(rule(3, &[h("a", 2), h("b", 1)], "a", p), Rule::Resave);
+        assert_eq!(rule(3, &[h("a", 1)], "a", p), Rule::CountChanged(1));
     }
 }

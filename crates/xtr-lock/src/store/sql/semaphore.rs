@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use super::super::memory::count_changed;
 use super::dialect::Flavor;
 use super::ops::Run;
 use super::sem_queries::{self, Admitted};
@@ -13,8 +14,8 @@ use super::{
 };
 use crate::error::{Error, LostReason, Result};
 use crate::key::{Key, Mode};
-use crate::permits::{Permits, Usage};
-use crate::store::{Conflict, HolderInfo, Holding, Saved};
+use crate::permits::Permits;
+use crate::store::{Conflict, HolderInfo, Holding, Saved, Usage};
 
 /// The lifetime a row of `secs` whole seconds certainly keeps (it may be taken 1 s early).
 fn kept(secs: i32) -> Duration {
@@ -93,6 +94,9 @@ impl SqlStore {
                 let left = holders.iter().map(|h| h.left_ms).min().unwrap_or(0).max(1);
                 let after = Duration::from_millis(u64::try_from(left).unwrap_or(1) + 5);
                 Ok(Saved::Conflict(Conflict::new().with_retry_after(after)))
+            }
+            Admitted::CountChanged { held } => {
+                Err(count_changed(key.resource(), held, permits.count()).with_store(self))
             }
             Admitted::Mismatch { stored } => Err(permits
                 .limit_mismatch(key.resource(), stored)

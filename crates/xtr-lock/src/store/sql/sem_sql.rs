@@ -124,14 +124,10 @@ impl SemSql {
             ),
             _ => format!("DELETE FROM {p} WHERE sem_id = ? AND token = ? AND expiration > {now}"),
         };
-        let limit_clause = if flavor == Flavor::MySql {
-            " LIMIT 100".to_owned()
-        } else {
-            String::new()
-        };
         let prune = if flavor == Flavor::MySql {
-            format!("DELETE FROM {p} WHERE expiration < {now} - 1{limit_clause}")
+            format!("DELETE FROM {p} WHERE expiration < {now} - 1 LIMIT 100")
         } else {
+            // The outer condition is checked again on a row changed meanwhile (refreshed).
             format!(
                 "DELETE FROM {p} WHERE (sem_id, token) IN (SELECT sem_id, token FROM {p} \
                  WHERE expiration < {now} - 1 LIMIT 100) AND expiration < {now} - 1"

@@ -14,6 +14,7 @@ mod etcd;
 mod etcd_faults;
 mod flock;
 mod flock_loss;
+mod flock_semaphore;
 mod getlock;
 mod memcached;
 mod pubsub;

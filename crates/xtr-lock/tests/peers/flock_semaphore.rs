@@ -26,8 +26,8 @@ struct Py {
 impl Py {
     fn start(dir: &Path, name: &str, maximum: u32, mode: &[&str]) -> Py {
         let python = xtr_lock_testkit::python::python_with_peers();
-        let script = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/peers/bounded_semaphore_peer.py");
+        let script =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/peers/bounded_semaphore_peer.py");
         let mut child = Command::new(python)
             .arg(script)
             .arg(dir)
@@ -145,7 +145,10 @@ async fn flock_semaphore_a_killed_python_holders_slot_comes_back_at_once() {
     });
     holder.kill();
     let (got, waiter) = waiting.await.unwrap();
-    assert!(got, "woken by the kernel closing the killed holder's slot file");
+    assert!(
+        got,
+        "woken by the kernel closing the killed holder's slot file"
+    );
     assert_eq!(waiter.usage().await.unwrap().used, 2);
     other.release();
     assert_eq!(other.line(), "released");
@@ -192,7 +195,10 @@ async fn flock_semaphore_mixed_contenders_never_exceed_the_limit() {
         tasks.push(tokio::spawn(async move {
             for round in 0..25 {
                 let s = sem(&f, "mixed", 3, count);
-                assert!(s.acquire_timeout(PATIENCE * 3).await.unwrap(), "{i}/{round}");
+                assert!(
+                    s.acquire_timeout(PATIENCE * 3).await.unwrap(),
+                    "{i}/{round}"
+                );
                 checker_add(&checker, count.into(), 3);
                 tokio::time::sleep(Duration::from_millis(2)).await;
                 checker_add(&checker, -i64::from(count), 3);

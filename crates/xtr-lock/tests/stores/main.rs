@@ -30,3 +30,4 @@ mod session_lease;
 mod sql;
 mod sql_errors;
 mod sql_lost_answer;
+mod sysv_semaphore;

@@ -209,16 +209,12 @@ impl FlockStore {
         if files.is_empty() {
             return Ok(Vec::new());
         }
-        let table = proc_locks::snapshot()
-            .await
-            .ok()
-            .flatten()
-            .ok_or_else(|| {
-                Error::storage("cannot read a consistent /proc/locks")
-                    .temporary()
-                    .with_resource(name)
-                    .with_store(self)
-            })?;
+        let table = proc_locks::snapshot().await.ok().flatten().ok_or_else(|| {
+            Error::storage("cannot read a consistent /proc/locks")
+                .temporary()
+                .with_resource(name)
+                .with_store(self)
+        })?;
         Ok(files
             .into_iter()
             .flat_map(|(dev, ino)| {
@@ -280,10 +276,7 @@ impl FlockStore {
     /// Wakes when a slot file of the semaphore is let go of (in this process, or closed by
     /// another).
     pub(super) fn sem_watch(&self, key: &Key) -> Watcher {
-        let mut changed = self
-            .inner
-            .hub
-            .subscribe(&semaphore_channel(key.resource()));
+        let mut changed = self.inner.hub.subscribe(&semaphore_channel(key.resource()));
         Watcher::best_effort(async move {
             changed.changed().await;
         })

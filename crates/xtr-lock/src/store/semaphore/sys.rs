@@ -212,5 +212,7 @@ pub(super) fn last_op_time(id: i32) -> io::Result<i64> {
     }
     // SAFETY: zeroed is a valid `semid_ds` (plain integers), and the kernel filled it.
     let ds = unsafe { ds.assume_init() };
+    // `time_t` is `i64` on 64-bit targets, narrower elsewhere.
+    #[allow(clippy::useless_conversion)]
     Ok(i64::from(ds.sem_otime))
 }

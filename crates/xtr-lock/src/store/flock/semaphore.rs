@@ -14,8 +14,10 @@ use super::{FlockStore, loss, proc_locks};
 use crate::error::{Error, LostReason, Result};
 use crate::key::{Key, Mode};
 use crate::mutex::lock;
-use crate::permits::{Permits, Usage};
-use crate::store::{Acquired, Conflict, HolderInfo, Holding, LossWatcher, Saved, Watcher};
+use crate::permits::Permits;
+use crate::store::{
+    Acquired, Conflict, HolderInfo, Holding, LossWatcher, Saved, Usage, Watcher,
+};
 
 /// What a semaphore's holder keeps on its key: the slot files it holds.
 #[derive(Default)]

@@ -16,8 +16,8 @@ use super::{CancelOnDrop, SemaphoreStore};
 use crate::error::{Error, LostReason, Result};
 use crate::key::{Key, Mode};
 use crate::mutex::lock;
-use crate::permits::{Permits, Usage};
-use crate::store::{Acquired, Conflict, Holding, Saved};
+use crate::permits::Permits;
+use crate::store::{Acquired, Conflict, Holding, Saved, Usage};
 
 const PERMITS: u16 = 0;
 const LIMIT: u16 = 1;

@@ -51,7 +51,10 @@ fn main() {
     );
     println!("| semaphore cycle (1 permit of {LIMIT}), p50 (worst round p99) | time |");
     println!("|---|---|");
-    println!("| flock store (portalocker's slot files) | {} |", cell(&flock));
+    println!(
+        "| flock store (portalocker's slot files) | {} |",
+        cell(&flock)
+    );
     println!(
         "| portalocker 4.4.2 NamedBoundedSemaphore (Python) | {} |",
         cell(&python)

@@ -56,6 +56,10 @@ const DEFAULT_POLL: Duration = Duration::from_millis(100);
 ///   by inotify close events on the directory (one thread per directory, never one per waiter),
 ///   with a 100 ms poll as a safety net.
 /// - [`holders`](Store::holders) reads `/proc/locks`: the pid and mode of each holder.
+/// - Counting semaphores in portalocker 4.4.2's `NamedBoundedSemaphore` layout, shared with it
+///   both ways: slot files `{name}.{number:02d}.lock` beside the lock files, a permit being an
+///   exclusive `flock` on one, and our clients' limit in `{name}.limit`; waiters are woken by
+///   any of the semaphore's slot files closing (see `docs/semaphores.md`).
 ///
 /// # Guarantees
 ///

@@ -15,9 +15,7 @@ use crate::error::{Error, LostReason, Result};
 use crate::key::{Key, Mode};
 use crate::mutex::lock;
 use crate::permits::Permits;
-use crate::store::{
-    Acquired, Conflict, HolderInfo, Holding, LossWatcher, Saved, Usage, Watcher,
-};
+use crate::store::{Acquired, Conflict, HolderInfo, Holding, LossWatcher, Saved, Usage, Watcher};
 
 /// What a semaphore's holder keeps on its key: the slot files it holds.
 #[derive(Default)]

@@ -46,6 +46,9 @@ pub fn semaphore_key(resource: &str) -> i32 {
 /// - Releasing removes the set (`IPC_RMID`), as Symfony does: processes waiting on it wake with
 ///   `EIDRM` and make a new one. Where the set belongs to another user who did not let us
 ///   remove it, the unit is given back instead, which wakes waiters the same way.
+/// - Counting semaphores are counted by the kernel: a set of two (permits free, limit) under
+///   [`counting_semaphore_key`], taken in one atomic `semop` with `SEM_UNDO`, so a dead
+///   holder's permits come back at once (see `docs/semaphores.md`).
 /// - Waits are the kernel's: a blocked `semtimedop` on a blocking thread of the runtime, woken
 ///   by the release. A dropped wait returns its thread within 50 ms, giving back a lock it got
 ///   meanwhile.

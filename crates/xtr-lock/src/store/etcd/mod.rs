@@ -20,6 +20,7 @@ mod conn;
 mod holder;
 mod lease;
 mod queue;
+mod semaphore;
 mod watch;
 
 use super::tasks::{self, Tasks};
@@ -130,6 +131,12 @@ impl EtcdStore {
         format!("{}{resource}/", self.core.config.prefix)
     }
 
+    /// Where the keys of `resource`'s semaphore live: `<prefix>xtr-semaphore/<resource>/`,
+    /// with `%` and `/` in the resource percent-encoded (outside every lock's directory).
+    pub fn semaphore_directory(&self, resource: &str) -> String {
+        String::from_utf8_lossy(&semaphore::dir(&self.core.config.prefix, resource)).into_owned()
+    }
+
     fn life(&self, key: &Key) -> Option<Life> {
         key.existing_handle::<Handle>(self.core.owner)?.task.life()
     }
@@ -174,6 +181,7 @@ impl EtcdStore {
                 self.core.clone(),
                 key.resource().to_owned(),
                 handle.confirmed.clone(),
+                key.permits(),
             )
         });
         self.ask(key, tx, |reply| Cmd::Save {
@@ -212,7 +220,7 @@ impl Store for EtcdStore {
             liveness: false,
             observes_loss: true,
             leased: true,
-            counting: false,
+            counting: true,
         }
     }
 
@@ -321,6 +329,54 @@ impl Store for EtcdStore {
             out.push(info);
         }
         Ok(out)
+    }
+
+    /// The semaphore's queue read once: the permits of the keys at its front that fit in the
+    /// limit are held (each holder with its lease and remaining ttl); the limit is the first
+    /// key's (every key has it: a holder of another limit is refused).
+    async fn usage(&self, key: &Key) -> Result<crate::Usage> {
+        let Some(permits) = key.permits() else {
+            return Err(self.unsupported(key, "usage of a lock's key"));
+        };
+        let dir = semaphore::dir(&self.core.config.prefix, key.resource());
+        let listed = self
+            .core
+            .get(&dir, GetOptions::new().with_prefix())
+            .await
+            .map_err(|e| e.with_resource(key.resource()))?;
+        let entries = queue::entries(
+            &dir,
+            listed
+                .kvs()
+                .iter()
+                .map(|kv| (kv.key(), kv.value(), kv.create_revision(), kv.lease())),
+        );
+        let stored = entries.iter().find_map(|e| e.permits).map(|p| p.limit());
+        let limit = stored.unwrap_or(permits.limit());
+        let held: Vec<&queue::Entry> = entries
+            .iter()
+            .zip(semaphore::holding(&entries, limit))
+            .filter_map(|(e, holds)| holds.then_some(e))
+            .collect();
+        let leases: Vec<i64> = held.iter().map(|e| e.lease).collect();
+        let left: Vec<Option<Duration>> = futures_util::stream::iter(leases)
+            .map(|lease| self.lease_left(lease))
+            .buffered(32)
+            .collect()
+            .await;
+        let mut usage = crate::Usage::default();
+        usage.limit = stored;
+        for (entry, remaining) in held.into_iter().zip(left) {
+            let count = semaphore::weight(entry, limit);
+            usage.used += count;
+            let backend = format!("lease {:x}, queued at revision {}", entry.lease, entry.rev);
+            usage.holders.push(
+                HolderInfo::new(Mode::Write, None, remaining)
+                    .with_backend(backend)
+                    .with_permits(count),
+            );
+        }
+        Ok(usage)
     }
 
     /// The cluster's revision now: every later acquisition's key gets a greater one.

@@ -43,6 +43,8 @@ pub(super) struct Entry {
     pub(super) rev: i64,
     pub(super) lease: i64,
     pub(super) kind: Kind,
+    /// The permits a semaphore's key records (`None` for a lock's key).
+    pub(super) permits: Option<crate::permits::Permits>,
 }
 
 /// The directory of `resource`: `<prefix><resource>/`.
@@ -88,6 +90,7 @@ pub(super) fn entries<'a>(
             rev,
             lease,
             kind: Kind::of(v),
+            permits: super::semaphore::parse(v),
         })
         .collect();
     out.sort_by_key(|e| e.rev);
@@ -102,6 +105,12 @@ pub(super) enum Place {
     Mine,
     /// The key waits for this one (the nearest key before it that blocks it) to go or change.
     After(Entry),
+    /// A semaphore's key waits until the keys before it (with the permits each takes) give
+    /// back `need` more permits.
+    Short {
+        ahead: Vec<(Vec<u8>, u32)>,
+        need: u32,
+    },
     /// A promotion that would wait forever: a writer queued before the holder's new writer key
     /// came after its read key, and waits for it.
     Deadlock,
@@ -110,9 +119,7 @@ pub(super) enum Place {
 /// The place of `me` in `queue`, ignoring the keys on the holder's `own` leases. `promoting`:
 /// the holder also reads, so every writer queued before `me` waits for the holder's read key.
 pub(super) fn place(queue: &[Entry], me: &Entry, own: &[i64], promoting: bool) -> Place {
-    let before = queue
-        .iter()
-        .filter(|e| e.rev < me.rev && !(e.lease != 0 && own.contains(&e.lease)));
+    let before = others_before(queue, me, own);
     let blocking: Vec<&Entry> = match me.kind {
         Kind::Writer => {
             let before: Vec<&Entry> = before.collect();
@@ -127,6 +134,18 @@ pub(super) fn place(queue: &[Entry], me: &Entry, own: &[i64], promoting: bool) -
         Some(e) => Place::After((*e).clone()),
         None => Place::Mine,
     }
+}
+
+/// The keys queued before `me` that are not on one of the holder's `own` leases (a key without
+/// a lease is nobody's own).
+pub(super) fn others_before<'a>(
+    queue: &'a [Entry],
+    me: &'a Entry,
+    own: &'a [i64],
+) -> impl Iterator<Item = &'a Entry> {
+    queue
+        .iter()
+        .filter(|e| e.rev < me.rev && !(e.lease != 0 && own.contains(&e.lease)))
 }
 
 /// Which entries hold now (the rest wait), for introspection: a writer holds when it is first,
@@ -155,6 +174,7 @@ mod tests {
             rev,
             lease,
             kind,
+            permits: None,
         }
     }
 

@@ -364,8 +364,10 @@ impl Store for EtcdStore {
             .buffered(32)
             .collect()
             .await;
-        let mut usage = crate::Usage::default();
-        usage.limit = stored;
+        let mut usage = crate::Usage {
+            limit: stored,
+            ..crate::Usage::default()
+        };
         for (entry, remaining) in held.into_iter().zip(left) {
             let count = semaphore::weight(entry, limit);
             usage.used += count;

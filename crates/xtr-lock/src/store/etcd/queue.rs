@@ -36,6 +36,18 @@ impl Kind {
     }
 }
 
+/// A semaphore holder's value (its layout is in `semaphore.rs`): `limit=<limit> permits=<count>`.
+pub(super) fn value(permits: crate::permits::Permits) -> Vec<u8> {
+    format!("limit={} permits={}", permits.limit(), permits.count()).into_bytes()
+}
+
+/// The permits a value records (`None` for a value no holder of ours wrote).
+pub(super) fn parse(value: &[u8]) -> Option<crate::permits::Permits> {
+    let text = std::str::from_utf8(value).ok()?;
+    let (limit, count) = text.strip_prefix("limit=")?.split_once(" permits=")?;
+    crate::permits::Permits::new(limit.parse().ok()?, count.parse().ok()?).ok()
+}
+
 /// One key in the queue.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Entry {
@@ -90,7 +102,7 @@ pub(super) fn entries<'a>(
             rev,
             lease,
             kind: Kind::of(v),
-            permits: super::semaphore::parse(v),
+            permits: parse(v),
         })
         .collect();
     out.sort_by_key(|e| e.rev);

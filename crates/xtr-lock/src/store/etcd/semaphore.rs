@@ -16,7 +16,7 @@
 use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
 use etcd_client::{KeyValue, TxnResponse};
 
-use super::queue::{Entry, Place, others_before};
+use super::queue::{Entry, Place, others_before, parse, value};
 use crate::error::Error;
 use crate::permits::Permits;
 
@@ -28,18 +28,6 @@ pub(super) const NAMESPACE: &str = "xtr-semaphore/";
 pub(super) fn dir(prefix: &str, resource: &str) -> Vec<u8> {
     let encoded = resource.replace('%', "%25").replace('/', "%2F");
     format!("{prefix}{NAMESPACE}{encoded}/").into_bytes()
-}
-
-/// A holder's value: `limit=<limit> permits=<count>`.
-pub(super) fn value(permits: Permits) -> Vec<u8> {
-    format!("limit={} permits={}", permits.limit(), permits.count()).into_bytes()
-}
-
-/// The permits a value records (`None` for a value no holder of ours wrote).
-pub(super) fn parse(value: &[u8]) -> Option<Permits> {
-    let text = std::str::from_utf8(value).ok()?;
-    let (limit, count) = text.strip_prefix("limit=")?.split_once(" permits=")?;
-    Permits::new(limit.parse().ok()?, count.parse().ok()?).ok()
 }
 
 /// The permits `entry` takes, counted for a holder whose limit is `limit`: a key that is not

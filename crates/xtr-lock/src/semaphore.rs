@@ -13,7 +13,8 @@ use crate::lock::Lock;
 use crate::lock::factory::{LockFactory, RunOptions};
 use crate::lock::guard::LockGuard;
 use crate::lock::lockable::{Lockable as _, Release, Wait};
-use crate::permits::{Permits, Usage};
+use crate::permits::Permits;
+use crate::store::Usage;
 use crate::store::{HolderInfo, Store};
 
 /// A counting semaphore on one resource: at most [`limit`](Semaphore::limit) permits are held at

@@ -16,7 +16,7 @@
 use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
 use etcd_client::{KeyValue, TxnResponse};
 
-use super::queue::{Entry, Place, others_before, parse, value};
+use super::queue::{Entry, Place, others_before, value};
 use crate::error::Error;
 use crate::permits::Permits;
 
@@ -143,7 +143,7 @@ pub(super) fn holding(queue: &[Entry], limit: u32) -> Vec<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::etcd::queue::Kind;
+    use crate::store::etcd::queue::{Kind, parse};
 
     fn e(rev: i64, lease: i64, limit: u32, count: u32) -> Entry {
         Entry {

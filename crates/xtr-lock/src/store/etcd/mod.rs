@@ -72,6 +72,12 @@ pub(crate) fn validate_dsn(dsn: &str) -> Result<()> {
 ///   del`), its lease revoked or expired, or no keep-alive answered by the end the last answered
 ///   one confirmed (its send time plus the ttl the cluster answered).
 ///
+/// - **Counting semaphores**: a holder's key is `<prefix>xtr-semaphore/<resource>/<lease hex>`
+///   (outside every lock's directory) with the value `limit=<limit> permits=<count>`; a key
+///   holds when the permits of the keys before it and its own fit in the limit (FIFO: a big
+///   waiter is not overtaken), and goes in only beside keys of the same limit. Waiters watch
+///   the deletes before them; tokens are the keys' create revisions (docs/semaphores.md).
+///
 /// Keys hold a lease and refuse to serialize.
 ///
 /// # Examples

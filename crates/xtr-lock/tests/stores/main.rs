@@ -12,6 +12,7 @@ mod combined;
 mod combined_faults;
 mod etcd;
 mod etcd_faults;
+mod etcd_semaphore;
 mod flock;
 mod flock_loss;
 mod flock_semaphore;

@@ -61,11 +61,13 @@ impl LockFactory {
     pub fn create_semaphore(&self, resource: impl Into<String>, limit: u32) -> Result<Semaphore> {
         let resource = resource.into();
         let permits = Permits::new(limit, 1).map_err(|e| e.with_resource(resource.clone()))?;
-        Ok(self.create_semaphore_from_key(Key::for_semaphore_with_clock(
-            resource,
-            permits,
-            self.clock().clone(),
-        )))
+        Ok(
+            self.create_semaphore_from_key(Key::for_semaphore_with_clock(
+                resource,
+                permits,
+                self.clock().clone(),
+            )),
+        )
     }
 
     /// A semaphore acting as `key`'s holder (a key with [`Permits`], for example one

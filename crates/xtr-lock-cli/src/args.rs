@@ -6,7 +6,7 @@ use std::ffi::OsString;
 use std::time::Duration;
 
 use anyhow::{Result, anyhow};
-use xtr_lock::{Mode, QuorumKind, StoreSpec, Wait};
+use xtr_lock::{Mode, Permits, QuorumKind, StoreSpec, Wait};
 
 use crate::cli::{Cli, Command, ConfigCommand, ConfigFileArgs, StoreArgs, WaitArgs};
 use crate::file::{self, Configured, Origin};
@@ -39,6 +39,8 @@ pub(crate) enum Settings {
         source: Source,
         resource: String,
         json: bool,
+        /// `--limit N`: the semaphore of that name.
+        permits: Option<Permits>,
     },
     /// `status --key KEY`: whether that key holds its lock.
     StatusOfKey {
@@ -168,7 +170,14 @@ impl Settings {
                 resource,
                 key,
                 json,
-            } => Settings::status(Source::of(&store)?, resource, key, json),
+                limit,
+            } => Settings::status(
+                Source::of(&store)?,
+                resource,
+                key,
+                json,
+                permits_arg(limit, None)?,
+            ),
             Command::Bench {
                 store,
                 clients,
@@ -231,6 +240,7 @@ impl Settings {
         resource: Option<String>,
         key: Option<String>,
         json: bool,
+        permits: Option<Permits>,
     ) -> Settings {
         match key {
             Some(key) => Settings::StatusOfKey { source, key, json },
@@ -239,6 +249,7 @@ impl Settings {
                     .resource(&resource.expect("clap requires a resource without --key")),
                 source,
                 json,
+                permits,
             },
         }
     }
@@ -381,6 +392,8 @@ pub(crate) struct Take {
     pub conflict_exit_code: u8,
     pub quiet: bool,
     pub verbose: bool,
+    /// `--limit N [--permits K]`: a semaphore's permits instead of the lock.
+    pub permits: Option<Permits>,
 }
 
 /// The lifetime of a lock on stores where locks expire, unless `--ttl` or the file says
@@ -414,6 +427,7 @@ impl Take {
             conflict_exit_code: args.conflict_exit_code,
             quiet: args.quiet,
             verbose: args.verbose,
+            permits: permits_arg(args.limit, args.permits)?,
         })
     }
 }
@@ -546,6 +560,19 @@ impl Source {
 /// Splits a comma-separated list of DSNs (see [`StoreSpec::parse_list`]).
 fn split_dsns(text: &str) -> Vec<String> {
     StoreSpec::parse_list(text).dsns().to_vec()
+}
+
+/// `--limit N [--permits K]`, checked as the library checks them.
+fn permits_arg(limit: Option<u32>, count: Option<u32>) -> Result<Option<Permits>> {
+    limit
+        .map(|n| Permits::new(n, count.unwrap_or(1)))
+        .transpose()
+        .map_err(|e| {
+            anyhow!(
+                "--limit/--permits: {}",
+                e.reason().unwrap_or("out of range")
+            )
+        })
 }
 
 #[cfg(test)]

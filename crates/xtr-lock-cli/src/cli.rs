@@ -18,6 +18,7 @@ and XTR_LOCK_USE for --config/--use):
                           what the command writes, so a write made after the lock was lost is refused
   XTR_LOCK_SCHEME         the store's kind: flock, redis, combined(...), ...
   XTR_LOCK_LOCATION       where the lock lives: the lock file, the key and its server, ...
+  XTR_LOCK_LIMIT          with --limit N: N (and XTR_LOCK_PERMITS: the permits taken)
 
 The ttl (5m unless --ttl or the configuration file says otherwise, as in the library): where
 locks expire (redis, sql, memcached), the lock lasts that long and `run` renews it every third
@@ -171,6 +172,18 @@ pub(crate) struct WaitArgs {
     #[arg(long, value_name = "DURATION")]
     pub ttl: Option<String>,
 
+    /// Take a permit of a counting semaphore of N instead of the lock: N at once
+    ///
+    /// At most N holders (commands) at once on RESOURCE, as `consul lock -n N`. Every holder
+    /// must use the same N while anybody holds (a different one is refused, naming both). On
+    /// stores that count (see docs/semaphores.md); others refuse, saying why.
+    #[arg(long, value_name = "N", conflicts_with = "shared")]
+    pub limit: Option<u32>,
+
+    /// With --limit: take K of the N permits at once (default 1).
+    #[arg(long, value_name = "K", requires = "limit", hide_short_help = true)]
+    pub permits: Option<u32>,
+
     /// Exit code when the lock is held by someone else.
     #[arg(
         short = 'E',
@@ -317,6 +330,10 @@ pub(crate) enum Command {
         /// Ask about the lock a key printed by `acquire` holds instead (`-`: read it from stdin).
         #[arg(long, value_name = "KEY", conflicts_with = "resource")]
         key: Option<String>,
+        /// Ask about the counting semaphore RESOURCE of N permits (as `run --limit N` takes):
+        /// permits used of the limit, and who holds how many.
+        #[arg(long, value_name = "N", conflicts_with = "key")]
+        limit: Option<u32>,
         /// Print JSON.
         #[arg(long)]
         json: bool,

@@ -43,7 +43,11 @@ pub(crate) fn holders(list: &[HolderInfo]) -> String {
                 (None, Some(id)) => format!("holder {id}"),
                 (None, None) => "someone".to_owned(),
             };
-            let mut what = vec![mode_name(h.mode).to_owned()];
+            let mut what = vec![match h.permits {
+                Some(1) => "1 permit".to_owned(),
+                Some(n) => format!("{n} permits"),
+                None => mode_name(h.mode).to_owned(),
+            }];
             if h.waiting {
                 what.push("waiting".to_owned());
             }

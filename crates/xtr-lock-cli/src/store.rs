@@ -1,11 +1,10 @@
 //! The store a [`Source`] names, opened (nothing connects yet): one store, or a quorum of them.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 use xtr_lock::store::Capabilities;
-use xtr_lock::{Fencing, Lock, LockFactory, Mode, QuorumKind, Store, StoreFactory, StoreSpec};
+use xtr_lock::{Fencing, Key, Lock, LockFactory, Mode, QuorumKind, Store, StoreFactory, StoreSpec};
 
 use crate::args::{Source, Take};
 use crate::file::Origin;
@@ -87,9 +86,18 @@ impl StoreConfig {
         LockFactory::from_arc(self.store.clone())
     }
 
-    /// A lock on `resource` (a new holder) with `ttl` (`None`: no expiry).
-    pub(crate) fn lock(&self, resource: &str, ttl: Option<Duration>) -> Lock {
-        self.factory().create_lock(resource).with_ttl(ttl)
+    /// A lock on `resource` (a new holder) with the take's ttl (`None`: no expiry), or, with
+    /// `--limit`, a holder of the semaphore's permits (a lock whose key carries them).
+    pub(crate) fn lock(&self, resource: &str, take: &Take) -> Lock {
+        match take.permits {
+            Some(permits) => self
+                .factory()
+                .create_semaphore_from_key(Key::for_semaphore(resource, permits))
+                .as_lock()
+                .clone()
+                .with_ttl(take.ttl),
+            None => self.factory().create_lock(resource).with_ttl(take.ttl),
+        }
     }
 
     /// Checks that the store can take the lock as the command line (or the configuration

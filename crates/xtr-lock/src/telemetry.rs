@@ -27,8 +27,9 @@ pub const METRICS: &[MetricInfo] = &[
         name: "xtr_lock_acquire_seconds",
         kind: "histogram",
         labels: &["mode", "outcome"],
-        help: "How long each acquire call took, in seconds, by outcome: acquired, conflict \
-               (refused without waiting), timeout, error or cancelled (the call was dropped).",
+        help: "How long each acquire call took, in seconds, by mode (write, read, or permits \
+               for a semaphore's) and outcome: acquired, conflict (refused without waiting), \
+               timeout, error or cancelled (the call was dropped).",
     },
     MetricInfo {
         name: "xtr_lock_waits_total",
@@ -140,12 +141,16 @@ pub(crate) struct AcquireTimer {
 
 impl AcquireTimer {
     #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-    pub(crate) fn start(store: &dyn Display, mode: Mode) -> AcquireTimer {
+    /// `permits`: a semaphore's holder, labelled `mode="permits"`.
+    pub(crate) fn start(store: &dyn Display, mode: Mode, permits: bool) -> AcquireTimer {
         AcquireTimer {
             #[cfg(feature = "metrics")]
             started: std::time::Instant::now(),
             #[cfg(feature = "metrics")]
-            labels: Some((kind(store), mode_name(mode))),
+            labels: Some((
+                kind(store),
+                if permits { "permits" } else { mode_name(mode) },
+            )),
         }
     }
 

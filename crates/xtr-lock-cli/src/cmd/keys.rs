@@ -29,7 +29,7 @@ pub(crate) async fn acquire(
             "stdout is closed: the key would reach nobody, so no lock was taken"
         ));
     }
-    let lock = store.lock(resource, take.ttl);
+    let lock = store.lock(resource, &take);
     let Some(waited) = super::take(&lock, &store, &take).await? else {
         if !take.quiet {
             eprintln!("{}", super::conflict_message(lock.resource(), &take));

@@ -6,6 +6,7 @@ pub(crate) mod config;
 pub(crate) mod fd;
 pub(crate) mod keys;
 pub(crate) mod migrate;
+mod permits;
 pub(crate) mod run;
 
 use std::io::IsTerminal as _;
@@ -62,9 +63,22 @@ pub(crate) async fn dispatch(settings: Settings) -> Result<Exit> {
             source,
             resource,
             json,
+            permits: None,
         } => {
             let store = StoreConfig::open(&source, true)?;
             closing(store, |store| keys::status(store, resource, json)).await
+        }
+        Settings::Status {
+            source,
+            resource,
+            json,
+            permits: Some(permits),
+        } => {
+            let store = StoreConfig::open(&source, true)?;
+            closing(store, |store| {
+                permits::status(store, resource, permits, json)
+            })
+            .await
         }
         Settings::StatusOfKey { source, key, json } => {
             keys::status_of_key(&source, Some(key), json).await

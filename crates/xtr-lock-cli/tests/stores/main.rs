@@ -1,6 +1,6 @@
 //! The `xtr-lock` command on each server store: session locks (advisory, `GET_LOCK`), etcd
 //! (with the `etcd` feature), the pub/sub store, the SQL table store, and Symfony's semaphore
-//! and Memcached stores.
+//! and Memcached stores; counting semaphores (`run --limit`).
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -10,5 +10,6 @@ mod advisory;
 mod etcd;
 mod handover;
 mod pubsub;
+mod semaphores;
 mod sql;
 mod symfony_stores;

@@ -250,8 +250,8 @@ impl fmt::Debug for Lock {
 /// release; dropped inside a tokio runtime it schedules it instead).
 #[must_use = "dropping the guard releases the lock at once"]
 pub struct LockGuard {
-    inner: Option<crate::LockGuard>,
-    rt: Arc<Rt>,
+    pub(super) inner: Option<crate::LockGuard>,
+    pub(super) rt: Arc<Rt>,
 }
 
 impl LockGuard {

@@ -34,6 +34,7 @@
 
 mod lock;
 mod rt;
+mod semaphore;
 
 use std::fmt;
 use std::sync::Arc;
@@ -41,6 +42,7 @@ use std::time::Duration;
 
 pub use lock::{KeepAlive, Lock, LockGuard};
 use rt::Rt;
+pub use semaphore::Semaphore;
 
 use crate::error::{Error, Result};
 use crate::lock::factory::RunOptions;
@@ -105,6 +107,19 @@ impl LockFactory {
             inner: self.inner.create_lock(resource),
             rt: self.rt.clone(),
         }
+    }
+
+    /// A semaphore of `limit` permits on `resource` with a new holder taking one, as
+    /// [`crate::LockFactory::create_semaphore`].
+    ///
+    /// # Errors
+    ///
+    /// As [`crate::LockFactory::create_semaphore`].
+    pub fn create_semaphore(&self, resource: impl Into<String>, limit: u32) -> Result<Semaphore> {
+        Ok(Semaphore {
+            inner: self.inner.create_semaphore(resource, limit)?,
+            rt: self.rt.clone(),
+        })
     }
 
     /// Runs `body` on this thread under the lock on `resource`, taken as `options` say,

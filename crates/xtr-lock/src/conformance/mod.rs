@@ -34,6 +34,7 @@ use crate::store::{Capabilities, Store};
 mod basic;
 mod expiring;
 mod loss;
+mod semaphore;
 mod shared;
 mod siblings;
 mod waiting;
@@ -41,6 +42,7 @@ mod waiting;
 pub use basic::*;
 pub use expiring::*;
 pub use loss::*;
+pub use semaphore::*;
 pub use shared::*;
 pub use siblings::*;
 pub use waiting::*;
@@ -326,6 +328,17 @@ macro_rules! conformance_tests {
             fencing_tokens_strictly_increase,
             // siblings: several tasks per lock, several locks, random calls dropped at random
             siblings_chaos_keeps_exclusion_and_leaves_nothing,
+            // counting semaphores
+            semaphore_admits_up_to_its_limit,
+            semaphore_weights_count,
+            semaphore_reacquire_takes_nothing_more,
+            semaphore_limit_mismatch_is_refused,
+            semaphore_and_lock_of_one_name_are_apart,
+            semaphore_waiter_gets_a_freed_permit,
+            semaphore_never_exceeds_its_limit_under_contention,
+            semaphore_expired_permits_come_back,
+            semaphore_keys_travel,
+            semaphore_scopes_and_guards_give_permits_back,
         );
     };
     (@each $make:expr; $($name:ident),* $(,)?) => {

@@ -17,7 +17,11 @@ use crate::store::{Capabilities, Watcher};
 
 impl Lock {
     pub(super) async fn acquire_mode(&self, asked: Mode, wait: Wait) -> Result<bool> {
-        let timer = crate::telemetry::AcquireTimer::start(self.store.as_ref(), asked);
+        let timer = crate::telemetry::AcquireTimer::start(
+            self.store.as_ref(),
+            asked,
+            self.key.permits().is_some(),
+        );
         let got = self.acquire_timed(asked, wait).await;
         timer.finish(match (&got, wait) {
             (Ok(true), _) => "acquired",

@@ -36,7 +36,7 @@ pub(crate) fn counting(store: &dyn Store, key: &Key) -> Result<()> {
     }
     if !store.capabilities().counting {
         return Err(Error::unsupported(format!(
-            "the store has no counting semaphores: {}",
+            "semaphores are not supported here: {}",
             store.why_not_counting()
         ))
         .with_resource(key.resource())

@@ -312,7 +312,7 @@ pub trait Store: Send + Sync + fmt::Debug + fmt::Display + 'static {
     /// Why the store has no counting semaphores (one clause, for the `Unsupported` error a
     /// [`Semaphore`](crate::Semaphore) on it gets), where [`Capabilities::counting`] is false.
     fn why_not_counting(&self) -> String {
-        "it has no counting semaphores".to_owned()
+        "the store has no counting semaphores".to_owned()
     }
 
     /// The fencing counter behind `resource`'s tokens: every later exclusive acquisition gets a

@@ -18,4 +18,5 @@ mod newcomer;
 mod observability;
 mod scope;
 mod scoped_reads;
+mod semaphore;
 mod siblings;

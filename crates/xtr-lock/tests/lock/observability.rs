@@ -43,6 +43,10 @@ async fn workload() {
     assert!(!short.is_acquired().await.unwrap());
     // A refresh of the lost lock fails and says so.
     assert!(short.refresh(None).await.is_err());
+    // A semaphore's permits: labelled apart from locks, held and released like them.
+    let permits = factory.create_semaphore("pool", 2).unwrap();
+    assert!(permits.try_acquire().await.unwrap());
+    let _ = permits.release().await.unwrap();
 }
 
 #[test]
@@ -74,6 +78,10 @@ fn metrics_count_what_happened_with_bounded_labels() {
         1
     );
     assert_eq!(
+        count("xtr_lock_acquire_seconds{mode=permits,outcome=acquired,store=in-memory}"),
+        1
+    );
+    assert_eq!(
         count("xtr_lock_acquire_seconds{mode=write,outcome=timeout,store=in-memory}"),
         1
     );
@@ -94,7 +102,7 @@ fn metrics_count_what_happened_with_bounded_labels() {
     // No label carries a resource name; every series names its store.
     assert!(
         seen.keys()
-            .all(|k| !k.contains("job") && !k.contains("short"))
+            .all(|k| !k.contains("job") && !k.contains("short") && !k.contains("pool"))
     );
     assert!(
         seen.keys().all(|k| k.contains("store=in-memory")),

@@ -327,6 +327,13 @@ impl<S: Store> Store for Scripted<S> {
     async fn fencing_counter(&self, resource: &str) -> Result<Option<u64>> {
         self.inner.fencing_counter(resource).await
     }
+    async fn usage(&self, key: &Key) -> Result<xtr_lock::Usage> {
+        self.call("usage", key.resource().to_owned(), self.inner.usage(key))
+            .await
+    }
+    fn why_not_counting(&self) -> String {
+        self.inner.why_not_counting()
+    }
     async fn watch_loss(&self, key: &Key) -> Result<Option<LossWatcher>> {
         if !self.capabilities().observes_loss {
             return Ok(None);

@@ -92,7 +92,7 @@ pub(crate) async fn run(store: StoreConfig, settings: RunSettings) -> Result<Exi
         nested: source.nested_environment(),
     };
     let mut signals = Signals::new()?;
-    let lock = args.store.lock(&args.resource, args.take.ttl);
+    let lock = args.store.lock(&args.resource, &args.take);
     let taken = tokio::select! {
         taken = super::take(&lock, &args.store, &args.take) => taken?,
         sig = signals.recv() => {
@@ -117,6 +117,8 @@ pub(crate) async fn run(store: StoreConfig, settings: RunSettings) -> Result<Exi
                 "resource": args.resource,
                 "mode": lock.held_mode().map(mode_name),
                 "fencing_token": lock.fencing_token(),
+                "limit": lock.key().permits().map(|p| p.limit()),
+                "permits": lock.key().permits().map(|p| p.count()),
                 "ttl_ms": lock.ttl().map(|t| t.as_millis()),
                 "waited_ms": took.as_secs_f64() * 1e3,
             }),
@@ -290,6 +292,14 @@ fn environment(args: &RunArgs, lock: &Lock) -> Vec<(&'static str, Option<OsStrin
         (
             "XTR_LOCK_LOCATION",
             args.store.store.location(&args.resource).map(Into::into),
+        ),
+        (
+            "XTR_LOCK_LIMIT",
+            lock.key().permits().map(|p| p.limit().to_string().into()),
+        ),
+        (
+            "XTR_LOCK_PERMITS",
+            lock.key().permits().map(|p| p.count().to_string().into()),
         ),
     ]);
     env

@@ -304,9 +304,8 @@ impl Store for CombinedStore {
     }
 
     fn why_not_counting(&self) -> String {
-        "a quorum cannot bound a count: each member counts the permits it granted, and a \
-         majority of members each below the limit does not keep the holders across all members \
-         below it"
+        "a quorum cannot bound a count (with limit 2 on three members, holders on members 1 and 2, \
+         2 and 3, 1 and 3 each have a majority while every member counts 2)"
             .to_owned()
     }
 

@@ -17,6 +17,8 @@ use crate::error::{LostReason, Result};
 use crate::key::{Key, Mode};
 use crate::mutex::lock;
 
+mod semaphore;
+
 /// The token kind in-memory stores use: one token per key for all of them.
 const KIND: &str = "memory";
 
@@ -79,6 +81,8 @@ struct State {
     /// One change channel per watched resource.
     watchers: Channels,
     last_fence: u64,
+    /// Counting semaphores, by name (apart from the locks).
+    semaphores: HashMap<String, semaphore::Sem>,
 }
 
 #[derive(Default)]
@@ -311,7 +315,7 @@ impl Store for InMemoryStore {
             liveness: true,
             observes_loss: true,
             leased: false,
-            counting: false,
+            counting: true,
         }
     }
 
@@ -321,6 +325,9 @@ impl Store for InMemoryStore {
     }
 
     async fn save(&self, key: &Key, ttl: Option<Duration>) -> Result<Saved> {
+        if let Some(permits) = key.permits() {
+            return self.save_permits(key, permits, ttl).await;
+        }
         let token = key.token(KIND);
         self.reduce(key, ttl);
         let result = {
@@ -397,7 +404,9 @@ impl Store for InMemoryStore {
     async fn put_off_expiration(&self, key: &Key, ttl: Duration) -> Result<Holding> {
         let token = key.token(KIND);
         self.reduce(key, Some(ttl));
-        let holding = {
+        let holding = if key.permits().is_some() {
+            self.put_off_permits(key, ttl)
+        } else {
             let (now, expires) = self.times(Some(ttl));
             let mut guard = self.state();
             let st = &mut *guard;
@@ -432,6 +441,9 @@ impl Store for InMemoryStore {
     }
 
     async fn delete(&self, key: &Key) -> Result<bool> {
+        if key.permits().is_some() {
+            return Ok(self.delete_permits(key));
+        }
         let token = key.token(KIND);
         let (now, _) = self.times(None);
         let mut st = self.state();
@@ -455,7 +467,14 @@ impl Store for InMemoryStore {
         if !key.has_token(KIND) {
             return Ok(Holding::NotHeld(LostReason::Removed));
         }
+        if key.permits().is_some() {
+            return Ok(self.permits_holding(key));
+        }
         Ok(self.holding(key.resource(), &key.token(KIND)))
+    }
+
+    async fn usage(&self, key: &Key) -> Result<crate::Usage> {
+        Ok(self.usage_of(key))
     }
 
     /// One counter for the whole store, so strictly increasing for every resource.
@@ -489,7 +508,7 @@ impl Store for InMemoryStore {
     }
 
     async fn watch(&self, key: &Key, _waiting_since: SystemTime) -> Result<Option<Watcher>> {
-        let mut rx = self.state().watchers.subscribe(key.resource());
+        let mut rx = self.state().watchers.subscribe(&semaphore::channel(key));
         Ok(Some(Watcher::new(async move {
             // An error means the store is gone: nothing will change any more, so wake up.
             let _ = rx.changed().await;
@@ -502,11 +521,16 @@ impl Store for InMemoryStore {
     async fn watch_loss(&self, key: &Key) -> Result<Option<LossWatcher>> {
         let token = key.token(KIND);
         let resource = key.resource().to_owned();
-        let mut rx = self.state().watchers.subscribe(&resource);
+        let mut rx = self.state().watchers.subscribe(&semaphore::channel(key));
         let store = self.clone();
+        let key = key.clone();
         Ok(Some(LossWatcher::new(async move {
             loop {
-                if let Holding::NotHeld(reason) = store.holding(&resource, &token) {
+                let holding = match key.permits() {
+                    Some(_) => store.permits_holding(&key),
+                    None => store.holding(&resource, &token),
+                };
+                if let Holding::NotHeld(reason) = holding {
                     return reason;
                 }
                 if rx.changed().await.is_err() {

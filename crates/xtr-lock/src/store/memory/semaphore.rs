@@ -1,0 +1,208 @@
+//! The in-memory store's counting semaphores: per name, the limit its holders use and each
+//! holder's permits, apart from the locks of the same name.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use super::{InMemoryStore, KIND};
+use crate::error::{LostReason, Result};
+use crate::key::{Key, Mode};
+use crate::permits::{Permits, Usage};
+use crate::store::{Acquired, Conflict, HolderInfo, Holding, Saved};
+
+/// One semaphore: the limit its holders use, and who holds how many permits.
+pub(super) struct Sem {
+    limit: u32,
+    holders: HashMap<String, Permit>,
+}
+
+struct Permit {
+    count: u32,
+    expires: Option<Instant>,
+    fence: u64,
+}
+
+fn alive(expires: Option<Instant>, now: Instant) -> bool {
+    expires.is_none_or(|e| e > now)
+}
+
+impl Sem {
+    /// Drops expired holders; returns whether any went.
+    fn prune(&mut self, now: Instant) -> bool {
+        let before = self.holders.len();
+        self.holders.retain(|_, p| alive(p.expires, now));
+        self.holders.len() != before
+    }
+
+    fn used(&self) -> u32 {
+        self.holders.values().map(|p| p.count).sum()
+    }
+
+    /// When the first holder's permits expire, if any do.
+    fn first_expiry(&self, now: Instant) -> Option<Duration> {
+        self.holders
+            .values()
+            .filter_map(|p| p.expires)
+            .min()
+            .map(|e| e.saturating_duration_since(now))
+    }
+
+    /// What `token` holds at `now`, or why not.
+    fn holding(&self, token: &str, now: Instant) -> Holding {
+        match self.holders.get(token) {
+            Some(p) if alive(p.expires, now) => Holding::Held(Mode::Write),
+            Some(_) => Holding::NotHeld(LostReason::Expired),
+            None => Holding::NotHeld(LostReason::Removed),
+        }
+    }
+}
+
+/// The change channel of a key's resource: a semaphore's is apart from the lock's of the same
+/// name (a lock named so would only share wake-ups, never state).
+pub(super) fn channel(key: &Key) -> Cow<'_, str> {
+    match key.permits() {
+        Some(_) => Cow::Owned(format!("semaphore\0{}", key.resource())),
+        None => Cow::Borrowed(key.resource()),
+    }
+}
+
+impl InMemoryStore {
+    pub(super) async fn save_permits(
+        &self,
+        key: &Key,
+        permits: Permits,
+        ttl: Option<Duration>,
+    ) -> Result<Saved> {
+        let token = key.token(KIND);
+        self.reduce(key, ttl);
+        let saved = {
+            let (now, expires) = self.times(ttl);
+            let mut guard = self.state();
+            let st = &mut *guard;
+            let sem = st
+                .semaphores
+                .entry(key.resource().to_owned())
+                .or_insert_with(|| Sem {
+                    limit: permits.limit(),
+                    holders: HashMap::new(),
+                });
+            let pruned = sem.prune(now);
+            if sem.holders.is_empty() {
+                sem.limit = permits.limit();
+            }
+            let outcome = if sem.limit != permits.limit() {
+                Err(permits.limit_mismatch(key.resource(), sem.limit))
+            } else if let Some(p) = sem.holders.get_mut(&token) {
+                p.expires = expires;
+                Ok(Saved::Acquired(Acquired::fenced(p.fence)))
+            } else if sem.used() + permits.count() <= sem.limit {
+                st.last_fence += 1;
+                let fence = st.last_fence;
+                let permit = Permit {
+                    count: permits.count(),
+                    expires,
+                    fence,
+                };
+                sem.holders.insert(token, permit);
+                Ok(Saved::Acquired(Acquired::fenced(fence)))
+            } else {
+                let conflict = Conflict::new();
+                Ok(Saved::Conflict(match sem.first_expiry(now) {
+                    Some(d) => conflict.with_retry_after(d),
+                    None => conflict,
+                }))
+            };
+            st.tidy_semaphore(key.resource());
+            if pruned {
+                st.notify(&channel(key));
+            }
+            outcome?
+        };
+        self.finish(key, saved).await
+    }
+
+    /// The caller has shortened the key's lifetime.
+    pub(super) fn put_off_permits(&self, key: &Key, ttl: Duration) -> Holding {
+        let token = key.token(KIND);
+        let (now, expires) = self.times(Some(ttl));
+        let mut st = self.state();
+        let Some(sem) = st.semaphores.get_mut(key.resource()) else {
+            return Holding::NotHeld(LostReason::Removed);
+        };
+        let holding = sem.holding(&token, now);
+        let pruned = sem.prune(now);
+        if let (Holding::Held(_), Some(p)) = (holding, sem.holders.get_mut(&token)) {
+            p.expires = expires;
+        }
+        st.tidy_semaphore(key.resource());
+        if pruned {
+            st.notify(&channel(key));
+        }
+        holding
+    }
+
+    pub(super) fn delete_permits(&self, key: &Key) -> bool {
+        let token = key.token(KIND);
+        let (now, _) = self.times(None);
+        let mut st = self.state();
+        let Some(sem) = st.semaphores.get_mut(key.resource()) else {
+            return false;
+        };
+        let pruned = sem.prune(now);
+        let removed = sem.holders.remove(&token).is_some();
+        st.tidy_semaphore(key.resource());
+        if removed || pruned {
+            st.notify(&channel(key));
+        }
+        removed
+    }
+
+    pub(super) fn permits_holding(&self, key: &Key) -> Holding {
+        if !key.has_token(KIND) {
+            return Holding::NotHeld(LostReason::Removed);
+        }
+        let (now, _) = self.times(None);
+        match self.state().semaphores.get(key.resource()) {
+            Some(sem) => sem.holding(&key.token(KIND), now),
+            None => Holding::NotHeld(LostReason::Removed),
+        }
+    }
+
+    pub(super) fn usage_of(&self, key: &Key) -> Usage {
+        let (now, _) = self.times(None);
+        let pid = Some(std::process::id());
+        let st = self.state();
+        let Some(sem) = st.semaphores.get(key.resource()) else {
+            return Usage::default();
+        };
+        let holders: Vec<HolderInfo> = sem
+            .holders
+            .iter()
+            .filter(|(_, p)| alive(p.expires, now))
+            .map(|(t, p)| {
+                let left = p.expires.map(|e| e.saturating_duration_since(now));
+                HolderInfo::new(Mode::Write, pid, left)
+                    .with_token(t)
+                    .with_permits(p.count)
+            })
+            .collect();
+        Usage {
+            used: holders.iter().filter_map(|h| h.permits).sum(),
+            limit: (!holders.is_empty()).then_some(sem.limit),
+            holders,
+        }
+    }
+}
+
+impl super::State {
+    fn tidy_semaphore(&mut self, resource: &str) {
+        if self
+            .semaphores
+            .get(resource)
+            .is_some_and(|s| s.holders.is_empty())
+        {
+            self.semaphores.remove(resource);
+        }
+    }
+}

@@ -65,6 +65,9 @@ const FENCE_KEY: &str = "fence";
 /// - `exists` / [`is_acquired`](crate::Lockable::is_acquired) is **read-only** (a `no-writes` script
 ///   on Redis ≥ 7), so it works on replicas and with read-only ACLs.
 /// - An expired reader cannot revive itself with a refresh; its entry is removed instead.
+/// - **Counting semaphores** in Symfony Semaphore 5.4's layout (`{r}:time`, `{r}:weight`),
+///   counted together with PHP holders, woken and served first come first served like locks
+///   (`docs/semaphores.md`).
 ///
 /// # Guarantees
 ///

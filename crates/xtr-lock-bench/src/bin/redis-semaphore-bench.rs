@@ -11,8 +11,10 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionManager;
-use xtr_lock::{LockFactory, Lockable as _, RedisStore, Semaphore};
-use xtr_lock_bench::{Summary, cell, handoffs_to_peer, lock_cycles, park, peer_script, php_summary};
+use xtr_lock::{LockFactory, RedisStore, Semaphore};
+use xtr_lock_bench::{
+    Summary, cell, handoffs_to_peer, lock_cycles, park, peer_script, php_summary,
+};
 use xtr_lock_testkit::redis::RedisServer;
 
 const ROUNDS: usize = 5;
@@ -32,14 +34,23 @@ fn main() {
         .build()
         .unwrap();
     let port = server.port().to_string();
-    let (mut ours, mut pings, mut php) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut ours, mut pings, mut php, mut locks) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let sem = semaphore(&store(&server), "bench:sem-cycle", 1);
-    let mut conn = rt.block_on(ConnectionManager::new(
-        redis::Client::open(server.url(0)).unwrap(),
-    ))
-    .unwrap();
+    let lock = LockFactory::new(store(&server))
+        .with_ttl(Some(TTL))
+        .create_lock("bench:lock-cycle");
+    let mut script_us = Vec::new();
+    let mut conn = rt
+        .block_on(ConnectionManager::new(
+            redis::Client::open(server.url(0)).unwrap(),
+        ))
+        .unwrap();
     for _ in 0..ROUNDS {
+        server.cli(&["CONFIG", "RESETSTAT"]);
         ours.push(rt.block_on(lock_cycles(sem.as_lock(), 100, CYCLES)));
+        script_us.push(evalsha_usec_per_call(&server));
+        locks.push(rt.block_on(lock_cycles(&lock, 100, CYCLES)));
         pings.push(rt.block_on(ping_pairs(&mut conn, CYCLES)));
         php.push(php_summary(
             "symfony_semaphore_bench.php",
@@ -52,23 +63,32 @@ fn main() {
             ],
         ));
     }
-    let (ours, pings, php) = (
+    let (ours, pings, php, locks) = (
         Summary::merge(&ours),
         Summary::merge(&pings),
         Summary::merge(&php),
+        Summary::merge(&locks),
     );
+    script_us.sort_by(f64::total_cmp);
+    let script_us = script_us[script_us.len() / 2];
     let handoff = rt.block_on(handoffs(&server));
     let php_handoff = rt.block_on(php_handoffs(&server));
     let per_waiter = rt.block_on(parked_commands(&server));
     let php_per_waiter = php_poll_commands(&server);
 
-    println!("| redis semaphore (limit {LIMIT}), p50 (p99) | xtr-lock | Symfony Semaphore 5.4 | floor: 2 × PING |");
+    println!(
+        "| redis semaphore (limit {LIMIT}), p50 (p99) | xtr-lock | Symfony Semaphore 5.4 | floor: 2 × PING |"
+    );
     println!("|---|---|---|---|");
     println!(
         "| acquire + release of one permit | {} | {} | {} |",
         cell(&ours),
         cell(&php),
         cell(&pings)
+    );
+    println!(
+        "| (our lock's acquire + release, same rounds) | {} | | |",
+        cell(&locks)
     );
     println!(
         "| hand-off to a parked waiter when a permit frees | {} (woken) | {} (polling) | |",
@@ -80,12 +100,14 @@ fn main() {
     );
     println!();
     println!(
-        "Ratios (p50): our cycle = {:.2}× two PINGs (target ≤ 1.5×), {:.2}× Symfony's cycle; our \
-         hand-off = {:.2}× our uncontended cycle (target ≤ 2×), Symfony's polling hand-off = \
+        "Ratios (p50): our cycle = {:.2}× two PINGs (target ≤ 1.5×), {:.2}× Symfony's cycle, \
+         {:.2}× our lock's; our scripts take {script_us:.1} µs of server time each (median of \
+         the rounds, INFO commandstats); our hand-off = {:.2}× our uncontended cycle (target ≤ 2×), Symfony's polling hand-off = \
          {:.0}× ours. Samples: {ROUNDS} interleaved rounds of {CYCLES} cycles (ours, PINGs) and \
          {PHP_CYCLES} (php); {HANDOFFS} and {PHP_HANDOFFS} hand-offs.",
         ratio(ours.p50, pings.p50),
         ratio(ours.p50, php.p50),
+        ratio(ours.p50, locks.p50),
         ratio(handoff.p50, ours.p50),
         ratio(php_handoff.p50, handoff.p50),
     );
@@ -93,6 +115,18 @@ fn main() {
 
 fn ratio(a: Duration, b: Duration) -> f64 {
     a.as_secs_f64() / b.as_secs_f64()
+}
+
+/// The server's own time per EVALSHA since the last `CONFIG RESETSTAT`, in µs.
+fn evalsha_usec_per_call(server: &RedisServer) -> f64 {
+    let stats = server.cli(&["INFO", "commandstats"]);
+    stats
+        .lines()
+        .find(|l| l.starts_with("cmdstat_evalsha:"))
+        .and_then(|l| l.split("usec_per_call=").nth(1))
+        .and_then(|v| v.split(',').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
 }
 
 fn store(server: &RedisServer) -> RedisStore {

@@ -26,11 +26,12 @@
 pub(super) const SEM_PRELUDE: &str = r#"
 -- A semaphore, pruned of ended leases (and of weights without a lease): `used` permits of
 -- the other live holders, `holders` how many, the caller's lease end (`mine`, ms), the
--- earliest other lease end (`first`, ms), and whether every other holder announces its
--- release (`told`).
+-- earliest other lease end (`first`, ms), the latest lease end of all (`last`, s), and
+-- whether every other holder announces its release (`told`). An empty time set costs one call.
 local function sem_read(tkey, wkey, token, now)
-  local r = {used = 0, holders = 0, mine = false, first = false, told = 1}
+  local r = {used = 0, holders = 0, mine = false, first = false, told = 1, last = 0}
   local times = redis.call('ZRANGE', tkey, 0, -1, 'WITHSCORES')
+  if #times == 0 then return r end
   local live, stale = {}, false
   for i = 1, #times, 2 do
     local ends = tonumber(times[i + 1]) * 1000
@@ -54,6 +55,7 @@ local function sem_read(tkey, wkey, token, now)
       if not announces(m) then r.told = 0 end
       if not r.first or ends < r.first then r.first = ends end
     end
+    if ends and ends / 1000 > r.last then r.last = math.floor(ends / 1000) end
   end
   if #gone > 0 then redis.call('ZREM', wkey, unpack(gone)) end
   return r
@@ -125,7 +127,8 @@ local function sem_wake(tkey, wkey, lkey, qkey, now)
 end
 "#;
 
-/// Takes the permits: prune, check the stored limit, serve earlier waiters first, admit if
+/// Takes the permits (nine calls on a free semaphore nobody waits for): prune, check the
+/// stored limit, serve earlier waiters first, admit if
 /// `used + count <= limit`. Replies `{1, fence, 0}` (fence 0: a re-save that keeps its
 /// token), `{0, ms until another lease ends or -1, 1 if the waiter was queued and every holder
 /// announces its release}`, or `{-2, stored limit, 0}` when the holders use another limit.
@@ -160,10 +163,14 @@ if not r.mine then
     redis.call('SET', fkey, string.format('%d', fence))
   end
 end
-redis.call('ZADD', tkey, math.ceil((now + dur) / 1000), token)
+local ends = math.ceil((now + dur) / 1000)
+redis.call('ZADD', tkey, ends, token)
 redis.call('ZADD', wkey, count, token)
-redis.call('SET', lkey, limit)
-sem_expire(tkey, wkey, lkey)
+-- The sets and the limit live 10 s past the latest lease (`last` is the others', whole).
+local at = math.max(ends, r.last) + 10
+redis.call('EXPIREAT', tkey, at)
+redis.call('EXPIREAT', wkey, at)
+redis.call('SET', lkey, limit, 'EX', math.max(at - math.floor(now / 1000), 1))
 if ARGV[4] ~= '' then redis.call('ZREM', qkey, ARGV[4]) end
 return {1, fence, 0}
 "#;
@@ -191,15 +198,15 @@ return 2
 "#;
 
 /// Release: token-scoped. Replies 0 (held nothing), 1 (released a live lease) or 2 (removed an
-/// ended one). Wakes the waiters that now fit.
+/// ended one). Wakes the waiters that now fit. Five calls where nobody waits.
 pub(super) const DELETE: &str = r#"
 local tkey, wkey, lkey, qkey = KEYS[1], KEYS[2], KEYS[3], KEYS[5]
 local token = ARGV[2]
 local ends = redis.call('ZSCORE', tkey, token)
 redis.call('ZREM', wkey, token)
 if not ends then return 0 end
+-- The keys keep their expiry: it covers the other holders' leases already.
 redis.call('ZREM', tkey, token)
-sem_expire(tkey, wkey, lkey)
 local now = now_ms()
 sem_wake(tkey, wkey, lkey, qkey, now)
 if tonumber(ends) * 1000 <= now then return 2 end
@@ -270,7 +277,7 @@ mod tests {
             );
         }
         let save = super::super::scripts::prelude_from(&prelude, SAVE);
-        for helper in ["sem_ahead", "sem_count", "now_us", "sem_expire"] {
+        for helper in ["sem_ahead", "sem_count", "now_us", "sem_read"] {
             assert!(
                 save.contains(&format!("local function {helper}(")),
                 "{helper}"

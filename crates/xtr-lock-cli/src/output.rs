@@ -142,6 +142,19 @@ pub(crate) fn short(d: Duration) -> String {
     humantime::format_duration(Duration::from_secs(d.as_secs())).to_string()
 }
 
+/// Who holds what `key` asks for, where the store can tell: a semaphore's holders (with their
+/// permits) for a semaphore's key, the lock's holders otherwise; `None` where the store cannot
+/// tell or the question failed.
+pub(crate) async fn who_holds(store: &dyn Store, key: &xtr_lock::Key) -> Option<Vec<HolderInfo>> {
+    if key.permits().is_some() {
+        return store.usage(key).await.ok().map(|u| u.holders);
+    }
+    if !store.capabilities().introspection {
+        return None;
+    }
+    store.holders(key.resource()).await.ok()
+}
+
 /// While alive, redraws `waiting for 'r' (3s); held by pid 1234 (write)` on stderr every 250 ms,
 /// if stderr is a terminal; clears it when dropped.
 pub(crate) struct StatusLine {
@@ -149,20 +162,20 @@ pub(crate) struct StatusLine {
 }
 
 impl StatusLine {
-    pub(crate) fn start(store: Arc<dyn Store>, resource: String, quiet: bool) -> StatusLine {
+    pub(crate) fn start(store: Arc<dyn Store>, key: xtr_lock::Key, quiet: bool) -> StatusLine {
         if quiet || !std::io::stderr().is_terminal() {
             return StatusLine { task: None };
         }
         let task = tokio::spawn(async move {
             let started = Instant::now();
-            let introspect = store.capabilities().introspection;
+            let resource = key.resource();
             loop {
                 tokio::time::sleep(Duration::from_millis(250)).await;
                 let mut line = format!(
                     "xtr-lock: waiting for {resource:?} ({})",
                     short(started.elapsed())
                 );
-                if introspect && let Ok(list) = store.holders(&resource).await {
+                if let Some(list) = who_holds(store.as_ref(), &key).await {
                     line.push_str(&held_by(&list));
                 }
                 let mut err = std::io::stderr().lock();

@@ -92,9 +92,7 @@ impl StoreConfig {
         match take.permits {
             Some(permits) => self
                 .factory()
-                .create_semaphore_from_key(Key::for_semaphore(resource, permits))
-                .as_lock()
-                .clone()
+                .create_lock_from_key(Key::for_semaphore(resource, permits))
                 .with_ttl(take.ttl),
             None => self.factory().create_lock(resource).with_ttl(take.ttl),
         }

@@ -135,7 +135,7 @@ pub use lock::guard::LockGuard;
 pub use lock::lockable::{Lockable, NoLock, Release, Wait};
 pub use lock::lost::{KeepAlive, LockLost};
 pub use lock::scope::LockableExt;
-pub use permits::{MAX_PERMITS, Permits, Usage};
+pub use permits::{MAX_PERMITS, Permits};
 pub use report::Report;
 pub use semaphore::Semaphore;
 pub use serial::settle;
@@ -151,7 +151,7 @@ pub use store::RedisPubSubStore;
 pub use store::RedisStore;
 #[cfg(all(feature = "semaphore", target_os = "linux"))]
 pub use store::SemaphoreStore;
-pub use store::{InMemoryStore, NullStore, Store};
+pub use store::{InMemoryStore, NullStore, Store, Usage};
 #[cfg(feature = "sql")]
 pub use store::{KeyMode, MySqlLockStore, PgAdvisoryStore, SqlStore};
 pub use store_factory::{Fencing, QuorumKind, StoreFactory, StoreKind, StoreSpec};

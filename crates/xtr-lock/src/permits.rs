@@ -12,10 +12,25 @@ use crate::error::{Error, Result};
 /// lock's key is: every rule of locks (ttl, renewal, loss, cancellation, fencing where the store
 /// has it) holds per holder, and its `count` permits are taken and given back together.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(try_from = "RawPermits")]
 pub struct Permits {
     limit: u32,
     count: u32,
+}
+
+/// The wire form, checked into [`Permits`] on the way in.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPermits {
+    limit: u32,
+    count: u32,
+}
+
+impl TryFrom<RawPermits> for Permits {
+    type Error = Error;
+    fn try_from(raw: RawPermits) -> Result<Self> {
+        Permits::new(raw.limit, raw.count)
+    }
 }
 
 /// The largest limit a semaphore may have. Stores that keep one slot per permit (flock's slot
@@ -53,11 +68,6 @@ impl Permits {
         self.count
     }
 
-    /// Checks a deserialized value as [`new`](Permits::new) does.
-    pub(crate) fn validated(self) -> Result<Self> {
-        Self::new(self.limit, self.count)
-    }
-
     /// The error for a store whose semaphore was set up with `stored` permits by its current
     /// holders, when this holder asks for another limit. The stored limit binds while anybody
     /// holds; a semaphore nobody holds takes the next holder's.
@@ -68,26 +78,6 @@ impl Permits {
             self.limit
         ))
         .with_resource(resource)
-    }
-}
-
-/// What a store answers about a semaphore ([`Store::usage`](crate::Store::usage)).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Usage {
-    /// Permits held now, by every holder the store can see.
-    pub used: u32,
-    /// The limit its holders agreed on, where the store keeps one (`None` when nobody holds, or
-    /// the layout has no place for it).
-    pub limit: Option<u32>,
-    /// Who holds permits, with how many each ([`HolderInfo::permits`](crate::store::HolderInfo::permits)).
-    pub holders: Vec<crate::store::HolderInfo>,
-}
-
-impl Usage {
-    /// Permits free now for a holder that uses `limit` (never below zero).
-    pub fn free(&self, limit: u32) -> u32 {
-        self.limit.unwrap_or(limit).saturating_sub(self.used)
     }
 }
 
@@ -105,5 +95,20 @@ mod tests {
         assert_eq!((p.limit(), p.count()), (3, 2));
         let e = p.limit_mismatch("r", 4).to_string();
         assert!(e.contains("limit of 4") && e.contains("limit of 3"), "{e}");
+    }
+
+    #[test]
+    fn deserializing_checks_the_bounds() {
+        let ok: Permits = serde_json::from_str(r#"{"limit":3,"count":2}"#).unwrap();
+        assert_eq!(ok, Permits::new(3, 2).unwrap());
+        for bad in [
+            r#"{"limit":0,"count":7}"#,
+            r#"{"limit":4294967295,"count":1}"#,
+        ] {
+            let e = serde_json::from_str::<Permits>(bad)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("limit"), "{e}");
+        }
     }
 }

@@ -13,7 +13,8 @@ use crate::lock::Lock;
 use crate::lock::factory::{LockFactory, RunOptions};
 use crate::lock::guard::LockGuard;
 use crate::lock::lockable::{Lockable as _, Release, Wait};
-use crate::permits::{Permits, Usage};
+use crate::permits::Permits;
+use crate::store::Usage;
 use crate::store::{HolderInfo, Store};
 
 /// A counting semaphore on one resource: at most [`limit`](Semaphore::limit) permits are held at
@@ -22,7 +23,18 @@ use crate::store::{HolderInfo, Store};
 /// [`permits`](Semaphore::permits) says more), all at once and given back together.
 ///
 /// Made by [`LockFactory::create_semaphore`]. Its methods are a lock's: waiting, cancellation,
-/// lifetimes and loss work as [`Lockable`](crate::Lockable) describes. Clones are one holder.
+/// lifetimes and loss work as [`Lockable`](crate::Lockable) describes.
+///
+/// # Holders
+///
+/// [`acquire`](Semaphore::acquire), [`try_acquire`](Semaphore::try_acquire),
+/// [`refresh`](Semaphore::refresh) and [`release`](Semaphore::release) act for this
+/// `Semaphore`'s own holder (clones share it: acquiring what it holds takes nothing more).
+/// [`lock`](Semaphore::lock), [`scoped`](Semaphore::scoped) and [`run`](Semaphore::run) take
+/// their permits with a **new holder each call**, so tasks that share one `Semaphore` (or
+/// clones of it) each take their own permits: at most `limit` of them run at once. (A task
+/// that already holds permits and calls `scoped` takes more: with a limit of 1 it waits for
+/// itself.)
 ///
 /// The limit is part of the semaphore: stores that keep it refuse a holder that asks for another
 /// limit while anybody holds, with an error naming both; once nobody holds, the next holder's
@@ -61,26 +73,30 @@ impl LockFactory {
     pub fn create_semaphore(&self, resource: impl Into<String>, limit: u32) -> Result<Semaphore> {
         let resource = resource.into();
         let permits = Permits::new(limit, 1).map_err(|e| e.with_resource(resource.clone()))?;
-        Ok(
-            self.create_semaphore_from_key(Key::for_semaphore_with_clock(
-                resource,
-                permits,
-                self.clock().clone(),
-            )),
-        )
+        self.create_semaphore_from_key(Key::for_semaphore_with_clock(
+            resource,
+            permits,
+            self.clock().clone(),
+        ))
     }
 
     /// A semaphore acting as `key`'s holder (a key with [`Permits`], for example one
     /// deserialized from another process), with the factory's ttl.
     ///
-    /// # Panics
+    /// # Errors
     ///
-    /// Never; a key without permits makes a semaphore whose acquisitions are refused as an
-    /// invalid argument.
-    pub fn create_semaphore_from_key(&self, key: Key) -> Semaphore {
-        Semaphore {
-            lock: self.create_lock_from_key(key),
+    /// [`InvalidArgument`](crate::ErrorKind::InvalidArgument) for a lock's key (one without
+    /// permits).
+    pub fn create_semaphore_from_key(&self, key: Key) -> Result<Semaphore> {
+        if key.permits().is_none() {
+            return Err(Error::invalid_argument(
+                "a semaphore needs a key with permits (Key::for_semaphore); this is a lock's key",
+            )
+            .with_resource(key.resource()));
         }
+        Ok(Semaphore {
+            lock: self.create_lock_from_key(key),
+        })
     }
 }
 
@@ -90,10 +106,22 @@ impl Semaphore {
     ///
     /// # Errors
     ///
-    /// [`InvalidArgument`](crate::ErrorKind::InvalidArgument) unless `1 <= count <= limit`.
+    /// [`InvalidArgument`](crate::ErrorKind::InvalidArgument) unless `1 <= count <= limit`,
+    /// or while this holder holds permits (they would be out of reach: release them first).
     pub fn permits(self, count: u32) -> Result<Semaphore> {
+        if self.lock.held_mode().is_some() {
+            return Err(Error::invalid_argument(
+                "this holder holds permits: release them before asking for another count",
+            )
+            .with_resource(self.resource()));
+        }
         let permits =
             Permits::new(self.limit(), count).map_err(|e| e.with_resource(self.resource()))?;
+        Ok(self.with_permits(permits))
+    }
+
+    /// A new holder of `permits` with this one's store, clock, ttl and renewal.
+    fn with_permits(&self, permits: Permits) -> Semaphore {
         let key = Key::for_semaphore_with_clock(
             self.resource().to_owned(),
             permits,
@@ -101,7 +129,12 @@ impl Semaphore {
         );
         let lock = Lock::new(key, self.lock.store().clone(), self.lock.ttl())
             .with_keep_alive(self.lock.renews());
-        Ok(Semaphore { lock })
+        Semaphore { lock }
+    }
+
+    /// A new holder of the same permits (what `lock`, `scoped` and `run` take them with).
+    fn fresh(&self) -> Semaphore {
+        self.with_permits(self.permits_of())
     }
 
     /// The same holder with another ttl, as [`Lock::with_ttl`].
@@ -121,8 +154,7 @@ impl Semaphore {
     }
 
     fn permits_of(&self) -> Permits {
-        // Only keys with permits reach a Semaphore through the public constructors; one made
-        // from a lock's key reports a limit and count of 1 and is refused on acquire.
+        // The constructors refuse a key without permits.
         self.key()
             .permits()
             .unwrap_or_else(|| Permits::new(1, 1).expect("1 of 1 is valid"))
@@ -269,6 +301,12 @@ impl Semaphore {
         self.lock.remaining_lifetime()
     }
 
+    /// Whether the permits' lifetime ran out (on this holder's clock, which is never later
+    /// than the store's).
+    pub fn is_expired(&self) -> bool {
+        self.lock.is_expired()
+    }
+
     /// Why the holder lost its permits, when it believed it held them and they went.
     pub fn lost_reason(&self) -> Option<crate::LostReason> {
         self.lock.lost_reason()
@@ -315,8 +353,9 @@ impl Semaphore {
         Ok(self.usage().await?.holders)
     }
 
-    /// Waits for the permits and returns a guard that renews them, reports their loss
-    /// ([`LockGuard::lost`]) and gives them back, as [`Lock::lock`].
+    /// Waits for the permits with a **new holder** and returns a guard that renews them,
+    /// reports their loss ([`LockGuard::lost`]) and gives them back, as [`Lock::lock`]
+    /// ([`LockGuard::lock`] is that holder).
     ///
     /// # Errors
     ///
@@ -326,11 +365,12 @@ impl Semaphore {
     ///
     /// Cancel-safe: dropped before completing, it leaves nothing held.
     pub async fn lock(&self) -> Result<LockGuard> {
-        self.lock.lock().await
+        self.fresh().lock.lock().await
     }
 
-    /// Waits for the permits, runs `body` while renewing them, and gives them back, as
-    /// [`Lock::scoped`]: a body whose permits are lost is stopped and the call returns `Lost`.
+    /// Waits for the permits with a **new holder**, runs `body` while renewing them, and gives
+    /// them back, as [`Lock::scoped`]: a body whose permits are lost is stopped and the call
+    /// returns `Lost`.
     ///
     /// # Errors
     ///
@@ -344,11 +384,12 @@ impl Semaphore {
         F: Future<Output = std::result::Result<T, E>>,
         E: From<Error>,
     {
-        self.lock.scoped(body).await
+        self.fresh().lock.scoped(body).await
     }
 
-    /// Takes the permits as `options` say (ttl, wait, renewal; `shared` is refused), runs
-    /// `body` while renewing them, and gives them back, as [`LockFactory::run`].
+    /// Takes the permits with a **new holder** as `options` say (ttl, wait, renewal; `shared`
+    /// is refused), runs `body` while renewing them, and gives them back, as
+    /// [`LockFactory::run`].
     ///
     /// # Errors
     ///
@@ -370,7 +411,7 @@ impl Semaphore {
 
     /// The first half of [`run`](Semaphore::run), shared with the blocking API.
     pub(crate) async fn guard_for_run(&self, options: RunOptions) -> Result<LockGuard> {
-        let mut lock = self.lock.clone();
+        let mut lock = self.fresh().lock;
         if let Some(ttl) = options.ttl {
             lock = lock.with_ttl(ttl);
         }

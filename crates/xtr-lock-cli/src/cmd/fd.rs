@@ -178,7 +178,11 @@ async fn wait_for(
             return Ok(None);
         }
         status_line.get_or_insert_with(|| {
-            StatusLine::start(store.store.clone(), resource.to_owned(), take.quiet)
+            StatusLine::start(
+                store.store.clone(),
+                xtr_lock::Key::new(resource),
+                take.quiet,
+            )
         });
         tokio::time::sleep(left.map_or(pause, |left| left.min(pause))).await;
         pause = (pause * 2).min(POLL);

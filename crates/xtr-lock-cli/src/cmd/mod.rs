@@ -167,8 +167,8 @@ pub(crate) async fn take(
     // its own): a wait costs no extra round trip otherwise.
     let json = output::json();
     let verbose_line = take.verbose && !std::io::stderr().is_terminal();
-    let holders = if (json || verbose_line) && store.store.capabilities().introspection {
-        store.store.holders(lock.resource()).await.ok()
+    let holders = if json || verbose_line {
+        output::who_holds(store.store.as_ref(), lock.key()).await
     } else {
         None
     };
@@ -182,11 +182,7 @@ pub(crate) async fn take(
         let by = holders.as_deref().map(output::held_by).unwrap_or_default();
         eprintln!("xtr-lock: waiting for {:?}{by}", lock.resource());
     }
-    let _status = StatusLine::start(
-        store.store.clone(),
-        lock.resource().to_owned(),
-        take.quiet || json,
-    );
+    let _status = StatusLine::start(store.store.clone(), lock.key().clone(), take.quiet || json);
     // The wait counts from the start, the first try included.
     let wait = match take.wait {
         Wait::AtMost(d) => Wait::AtMost(d.saturating_sub(started.elapsed())),
@@ -201,7 +197,13 @@ pub(crate) async fn take(
 /// `-v`'s line once the lock is taken, flock(1)'s words with what the lock is:
 /// `xtr-lock: getting lock "r" took 0.000123 seconds (write, fencing token 42)`.
 pub(crate) fn took_line(lock: &Lock, took: Duration) -> String {
-    let mode = lock.held_mode().map_or("held", mode_name);
+    let permits = lock
+        .key()
+        .permits()
+        .map(|p| format!("{} of {} permits", p.count(), p.limit()));
+    let mode = permits
+        .as_deref()
+        .unwrap_or_else(|| lock.held_mode().map_or("held", mode_name));
     let token = lock
         .fencing_token()
         .map_or_else(String::new, |t| format!(", fencing token {t}"));
@@ -216,13 +218,23 @@ pub(crate) fn took_line_of(resource: &str, took: Duration, what: &str) -> String
     )
 }
 
-/// The message for a lock on `resource` held by someone else.
+/// The message for a lock on `resource` held by someone else (or, with `--limit`, too few of
+/// the semaphore's permits free).
 pub(crate) fn conflict_message(resource: &str, take: &Take) -> String {
+    let held = match take.permits {
+        Some(p) if p.count() == 1 => format!("has no free permit (limit {})", p.limit()),
+        Some(p) => format!(
+            "has fewer than {} free permits (limit {})",
+            p.count(),
+            p.limit()
+        ),
+        None => "is held by someone else".to_owned(),
+    };
     match take.wait {
         Wait::AtMost(d) if !d.is_zero() => format!(
-            "xtr-lock: {resource:?} is still held by someone else after {}",
+            "xtr-lock: {resource:?} still {held} after {}",
             crate::output::short(d)
         ),
-        _ => format!("xtr-lock: {resource:?} is held by someone else"),
+        _ => format!("xtr-lock: {resource:?} {held}"),
     }
 }

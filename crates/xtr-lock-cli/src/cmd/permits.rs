@@ -18,7 +18,7 @@ pub(crate) async fn status(
 ) -> Result<Exit> {
     let semaphore = store
         .factory()
-        .create_semaphore_from_key(Key::for_semaphore(resource.as_str(), permits));
+        .create_semaphore_from_key(Key::for_semaphore(resource.as_str(), permits))?;
     let usage = semaphore.usage().await?;
     let limit = usage.limit.unwrap_or(permits.limit());
     let state = if usage.used > 0 { "held" } else { "free" };

@@ -122,6 +122,19 @@ impl LockFactory {
         })
     }
 
+    /// A semaphore acting as `key`'s holder (a key with permits, from another process), as
+    /// [`crate::LockFactory::create_semaphore_from_key`].
+    ///
+    /// # Errors
+    ///
+    /// As [`crate::LockFactory::create_semaphore_from_key`].
+    pub fn create_semaphore_from_key(&self, key: crate::Key) -> Result<Semaphore> {
+        Ok(Semaphore {
+            inner: self.inner.create_semaphore_from_key(key)?,
+            rt: self.rt.clone(),
+        })
+    }
+
     /// Runs `body` on this thread under the lock on `resource`, taken as `options` say,
     /// kept alive meanwhile and released on the way out, as [`Lock::scoped`] does.
     ///

@@ -8,8 +8,8 @@ use super::lock::LockGuard;
 use super::rt::Rt;
 use crate::error::{Error, Result};
 use crate::lock::lockable::{Release, Wait};
-use crate::permits::Usage;
 use crate::store::HolderInfo;
+use crate::store::Usage;
 
 /// A counting semaphore for code without an async runtime: the operations of
 /// [`crate::Semaphore`], blocking the calling thread. Clones are the same holder.
@@ -53,6 +53,23 @@ impl Semaphore {
     pub fn with_ttl(mut self, ttl: impl Into<Option<Duration>>) -> Self {
         self.inner = self.inner.with_ttl(ttl);
         self
+    }
+
+    /// Whether guards and scopes renew the permits, as [`crate::Lock::with_keep_alive`].
+    #[must_use]
+    pub fn with_keep_alive(mut self, renew: bool) -> Self {
+        self.inner = self.inner.with_keep_alive(renew);
+        self
+    }
+
+    /// The holder (its key travels with its permits).
+    pub fn key(&self) -> &crate::Key {
+        self.inner.key()
+    }
+
+    /// Why the holder lost its permits, when it believed it held them and they went.
+    pub fn lost_reason(&self) -> Option<crate::LostReason> {
+        self.inner.lost_reason()
     }
 
     /// The semaphore's name.
@@ -170,8 +187,8 @@ impl Semaphore {
         self.inner.fencing_token()
     }
 
-    /// Waits for the permits and returns a guard that renews them, reports their loss and
-    /// gives them back when dropped, as [`crate::Semaphore::lock`].
+    /// Waits for the permits with a new holder and returns a guard that renews them, reports
+    /// their loss and gives them back when dropped, as [`crate::Semaphore::lock`].
     ///
     /// # Errors
     ///
@@ -184,8 +201,32 @@ impl Semaphore {
         })
     }
 
-    /// Waits for the permits, runs `body` on this thread while they are renewed, and gives
-    /// them back on the way out, as [`crate::blocking::Lock::scoped`].
+    /// Takes the permits with a new holder as `options` say, runs `body` on this thread while
+    /// they are renewed, and gives them back, as [`crate::Semaphore::run`].
+    ///
+    /// # Errors
+    ///
+    /// A [`Conflict`](crate::ErrorKind::Conflict) when the permits did not come in time; as
+    /// [`scoped`](Self::scoped).
+    pub fn run<T, E, F>(&self, options: crate::RunOptions, body: F) -> std::result::Result<T, E>
+    where
+        F: FnOnce() -> std::result::Result<T, E>,
+        E: From<Error>,
+    {
+        let inner = self
+            .rt
+            .run(self.inner.guard_for_run(options))
+            .map_err(E::from)?
+            .map_err(E::from)?;
+        LockGuard {
+            inner: Some(inner),
+            rt: self.rt.clone(),
+        }
+        .run(body)
+    }
+
+    /// Waits for the permits with a new holder, runs `body` on this thread while they are
+    /// renewed, and gives them back on the way out, as [`crate::blocking::Lock::scoped`].
     ///
     /// # Errors
     ///

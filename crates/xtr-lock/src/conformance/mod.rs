@@ -339,6 +339,8 @@ macro_rules! conformance_tests {
             semaphore_expired_permits_come_back,
             semaphore_keys_travel,
             semaphore_scopes_and_guards_give_permits_back,
+            semaphore_loss_is_reported,
+            a_shared_semaphore_admits_its_limit_per_task,
         );
     };
     (@each $make:expr; $($name:ident),* $(,)?) => {

@@ -107,6 +107,7 @@ pub async fn semaphore_limit_mismatch_is_refused(h: Harness) -> Outcome {
     let r = h.resource("sem-mismatch");
     let (three, four) = (semaphore(&h, &r, 3, 1), semaphore(&h, &r, 4, 1));
     assert!(three.try_acquire().await.unwrap());
+    let keeps_limit = three.usage().await.unwrap().limit.is_some();
     match four.try_acquire().await {
         Err(e) => {
             assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
@@ -114,12 +115,14 @@ pub async fn semaphore_limit_mismatch_is_refused(h: Harness) -> Outcome {
             assert!(text.contains('3') && text.contains('4'), "{text}");
             assert!(!four.is_acquired().await.unwrap(), "nothing was stored");
         }
-        // A store whose layout has no place for the limit cannot check it.
+        // Only a store whose layout has no place for the limit (its usage says none) may
+        // admit: it cannot check.
         Ok(took) => {
             assert!(
-                h.caps().counting && took,
-                "a store that does not check limits admits"
+                !keeps_limit,
+                "the store keeps limit 3, yet admitted a limit of 4"
             );
+            assert!(took, "a store that does not check limits admits");
             let _ = four.release().await.unwrap();
         }
     }
@@ -201,9 +204,12 @@ pub async fn semaphore_never_exceeds_its_limit_under_contention(h: Harness) -> O
     let r = h.resource("sem-checker");
     let inside = Arc::new(AtomicU32::new(0));
     let peak = Arc::new(AtomicU32::new(0));
+    let counts: Vec<u32> = (0..8)
+        .map(|_| rand::rng().random_range(1..=LIMIT))
+        .collect();
+    eprintln!("semaphore checker on {r}: permits per contender {counts:?}, limit {LIMIT}");
     let mut tasks = Vec::new();
-    for _ in 0..8 {
-        let count = rand::rng().random_range(1..=LIMIT);
+    for count in counts {
         let s = semaphore(&h, &r, LIMIT, count);
         let (inside, peak, patience) = (inside.clone(), peak.clone(), h.patience * 3);
         tasks.push(tokio::spawn(async move {
@@ -220,7 +226,14 @@ pub async fn semaphore_never_exceeds_its_limit_under_contention(h: Harness) -> O
         }));
     }
     for t in tasks {
-        h.within("a contender's rounds", t).await.unwrap();
+        // Each round may wait its whole acquire timeout; the join waits longer than that.
+        match tokio::time::timeout(h.patience * 4, t).await {
+            Ok(joined) => joined.unwrap(),
+            Err(_) => panic!(
+                "a contender's rounds did not end within {:?}",
+                h.patience * 4
+            ),
+        }
     }
     assert!(peak.load(Ordering::SeqCst) <= LIMIT);
     assert_eq!(
@@ -240,10 +253,18 @@ pub async fn semaphore_expired_permits_come_back(h: Harness) -> Outcome {
     let old = semaphore(&h, &r, 1, 1).with_ttl(ttl);
     assert!(old.try_acquire().await.unwrap());
     let next = semaphore(&h, &r, 1, 1);
-    assert!(!next.try_acquire().await.unwrap());
+    let refused = !next.try_acquire().await.unwrap();
+    assert!(refused || old.is_expired(), "one permit, held");
     assert!(
         next.acquire_timeout(h.patience).await.unwrap(),
         "the expired permit is free"
+    );
+    let refreshed = old.refresh(None).await.unwrap_err();
+    assert_eq!(refreshed.kind(), ErrorKind::Lost, "{refreshed}");
+    assert_eq!(
+        next.usage().await.unwrap().used,
+        1,
+        "the refresh revived nothing"
     );
     assert_eq!(old.release().await.unwrap(), Release::Lost);
     assert!(
@@ -251,6 +272,22 @@ pub async fn semaphore_expired_permits_come_back(h: Harness) -> Outcome {
         "the old release took nothing"
     );
     let _ = next.release().await.unwrap();
+    // Expired permits count for nothing, even before anyone saves again, and the limit goes
+    // with the last holder.
+    let gone = semaphore(&h, &r, 2, 2).with_ttl(ttl);
+    assert!(gone.try_acquire().await.unwrap());
+    h.within("the expired permits stop counting", async {
+        while gone.usage().await.unwrap().used > 0 {
+            h.sleep(h.time(Duration::from_millis(50))).await;
+        }
+    })
+    .await;
+    let other_limit = semaphore(&h, &r, 5, 1);
+    assert!(
+        other_limit.try_acquire().await.unwrap(),
+        "nobody holds: any limit"
+    );
+    let _ = other_limit.release().await.unwrap();
     Outcome::Ran
 }
 
@@ -265,7 +302,7 @@ pub async fn semaphore_keys_travel(h: Harness) -> Outcome {
     let json = s.key().to_json().unwrap();
     let copy = Key::from_json_with_clock(&json, h.clock.clone()).unwrap();
     assert_eq!(copy.permits(), s.key().permits());
-    let there = h.factory().create_semaphore_from_key(copy);
+    let there = h.factory().create_semaphore_from_key(copy).unwrap();
     assert!(there.is_acquired().await.unwrap(), "the same holder");
     assert_eq!(there.count(), 2);
     assert_eq!(there.release().await.unwrap(), Release::Released);
@@ -299,5 +336,73 @@ pub async fn semaphore_scopes_and_guards_give_permits_back(h: Harness) -> Outcom
     assert_eq!(s.usage().await.unwrap().used, 1);
     assert_eq!(guard.unlock().await.unwrap(), Release::Released);
     assert_eq!(s.usage().await.unwrap().used, 0, "nothing left held");
+    Outcome::Ran
+}
+
+/// Permits removed behind their holder's back (a travelled copy of its key gives them back)
+/// are reported: at once to a guard on a store that observes loss, else by the next refresh.
+pub async fn semaphore_loss_is_reported(h: Harness) -> Outcome {
+    require!(counting(&h), "the store has no counting semaphores");
+    require!(h.caps().serializable_keys, "keys do not travel");
+    let r = h.resource("sem-loss");
+    let s = semaphore(&h, &r, 2, 1);
+    let guard = s.lock().await.unwrap();
+    let holder = guard.lock().key().clone();
+    let copy = Key::from_json_with_clock(&holder.to_json().unwrap(), h.clock.clone()).unwrap();
+    assert!(
+        h.store.delete(&copy).await.unwrap(),
+        "the copy gives the permit back"
+    );
+    if h.caps().observes_loss {
+        let lost = h.within("the guard hears of the loss", guard.lost()).await;
+        assert!(lost.to_string().contains(&r), "{lost}");
+    } else {
+        let refreshed = guard.lock().refresh(None).await.unwrap_err();
+        assert_eq!(refreshed.kind(), ErrorKind::Lost, "{refreshed}");
+    }
+    assert_eq!(guard.unlock().await.unwrap(), Release::Lost);
+    Outcome::Ran
+}
+
+/// Tasks sharing one `Semaphore` each take their own permits through `run`, `scoped` and
+/// `lock`: never more than the limit inside.
+pub async fn a_shared_semaphore_admits_its_limit_per_task(h: Harness) -> Outcome {
+    require!(counting(&h), "the store has no counting semaphores");
+    let r = h.resource("sem-shared");
+    let shared = semaphore(&h, &r, 2, 1);
+    let inside = Arc::new(AtomicU32::new(0));
+    let peak = Arc::new(AtomicU32::new(0));
+    let mut tasks = Vec::new();
+    for i in 0..6 {
+        let (s, inside, peak) = (shared.clone(), inside.clone(), peak.clone());
+        tasks.push(tokio::spawn(async move {
+            let body = async move {
+                let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                peak.fetch_max(now, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                inside.fetch_sub(1, Ordering::SeqCst);
+                Ok::<_, crate::Error>(())
+            };
+            match i % 3 {
+                0 => s.run(crate::RunOptions::new(), || body).await,
+                1 => s.scoped(body).await,
+                _ => {
+                    let guard = s.lock().await?;
+                    body.await?;
+                    guard.unlock().await.map(|_| ())
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        h.within("a task's turn", t).await.unwrap().unwrap();
+    }
+    let peak = peak.load(Ordering::SeqCst);
+    assert!(peak <= 2, "{peak} tasks inside with limit 2");
+    assert_eq!(
+        shared.usage().await.unwrap().used,
+        0,
+        "every permit came back"
+    );
     Outcome::Ran
 }

@@ -77,11 +77,8 @@ impl Key {
             validate_kind(kind)?;
             validate_token(token).map_err(|e| e.with_resource(wire.resource.clone()))?;
         }
-        let permits = wire
-            .permits
-            .map(crate::permits::Permits::validated)
-            .transpose()
-            .map_err(|e| e.with_resource(wire.resource.clone()))?;
+        // Checked on the way in (`Permits` deserializes through its constructor).
+        let permits = wire.permits;
         let deadline = wire
             .remaining_ms
             .map(|ms| super::later(clock.now(), Duration::from_millis(ms)));

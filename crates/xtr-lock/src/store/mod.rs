@@ -81,7 +81,7 @@ pub use flock::FlockStore;
 pub use memcached::MemcachedStore;
 pub use memory::InMemoryStore;
 pub use null::NullStore;
-pub use outcome::{Acquired, Conflict, HolderInfo, Holding, Saved};
+pub use outcome::{Acquired, Conflict, HolderInfo, Holding, Saved, Usage};
 #[cfg(feature = "redis")]
 pub use pubsub::RedisPubSubStore;
 #[cfg(feature = "redis")]
@@ -305,7 +305,7 @@ pub trait Store: Send + Sync + fmt::Debug + fmt::Display + 'static {
     /// # Errors
     ///
     /// `Unsupported` unless [`Capabilities::counting`].
-    async fn usage(&self, key: &Key) -> Result<crate::Usage> {
+    async fn usage(&self, key: &Key) -> Result<crate::store::Usage> {
         Err(self.unsupported(key, "counting semaphores"))
     }
 
@@ -462,7 +462,7 @@ macro_rules! forward_store {
             async fn fencing_counter(&self, resource: &str) -> Result<Option<u64>> {
                 (**self).fencing_counter(resource).await
             }
-            async fn usage(&self, key: &Key) -> Result<crate::Usage> {
+            async fn usage(&self, key: &Key) -> Result<crate::store::Usage> {
                 (**self).usage(key).await
             }
             fn why_not_counting(&self) -> String {

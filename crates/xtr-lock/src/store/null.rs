@@ -72,8 +72,8 @@ impl Store for NullStore {
     }
 
     /// Nobody holds anything.
-    async fn usage(&self, _key: &Key) -> Result<crate::Usage> {
-        Ok(crate::Usage::default())
+    async fn usage(&self, _key: &Key) -> Result<crate::store::Usage> {
+        Ok(crate::store::Usage::default())
     }
 
     async fn save_read(&self, _key: &Key, _ttl: Option<Duration>) -> Result<Saved> {

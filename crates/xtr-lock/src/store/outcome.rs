@@ -213,3 +213,23 @@ impl HolderInfo {
         self
     }
 }
+
+/// What a store answers about a semaphore ([`Store::usage`](crate::Store::usage)).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Usage {
+    /// Permits held now, by every holder the store can see.
+    pub used: u32,
+    /// The limit its holders agreed on, where the store keeps one (`None` when nobody holds, or
+    /// the layout has no place for it).
+    pub limit: Option<u32>,
+    /// Who holds permits, with how many each ([`HolderInfo::permits`](HolderInfo::permits)).
+    pub holders: Vec<HolderInfo>,
+}
+
+impl Usage {
+    /// Permits free now for a holder that uses `limit` (never below zero).
+    pub fn free(&self, limit: u32) -> u32 {
+        self.limit.unwrap_or(limit).saturating_sub(self.used)
+    }
+}

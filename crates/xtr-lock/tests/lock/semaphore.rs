@@ -34,8 +34,7 @@ async fn permits_have_no_shared_mode_and_a_locks_key_is_no_semaphore() {
     let e = s.as_lock().try_acquire_read().await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
     assert!(!s.is_acquired().await.unwrap(), "nothing was taken");
-    let wrong = f.create_semaphore_from_key(f.new_key("s"));
-    let e = wrong.usage().await.unwrap_err();
+    let e = f.create_semaphore_from_key(f.new_key("s")).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
 }
 
@@ -44,7 +43,8 @@ async fn permits_removed_behind_a_guards_back_are_reported_lost() {
     let f = factory();
     let s = f.create_semaphore("s", 2).unwrap().permits(2).unwrap();
     let guard = s.lock().await.unwrap();
-    let copy = Key::from_json(&s.key().to_json().unwrap()).unwrap();
+    // The guard's holder: `lock()` takes the permits with a new one.
+    let copy = Key::from_json(&guard.lock().key().to_json().unwrap()).unwrap();
     assert!(f.store().delete(&copy).await.unwrap());
     let lost = tokio::time::timeout(Duration::from_secs(10), guard.lost())
         .await
@@ -76,9 +76,50 @@ fn the_blocking_semaphore_counts_and_refuses_inside_a_runtime() {
     assert_eq!(c.usage().unwrap().used, 2);
     assert_eq!(a.release().unwrap(), Release::Released);
     assert_eq!(c.scoped(|| Ok::<_, xtr_lock::Error>(5)).unwrap(), 5);
+    let options = xtr_lock::RunOptions::new().wait(xtr_lock::Wait::Never);
+    assert_eq!(c.run(options, || Ok::<_, xtr_lock::Error>(6)).unwrap(), 6);
+    let travelled = Key::from_json(&b.key().to_json().unwrap()).unwrap();
+    let there = f.create_semaphore_from_key(travelled).unwrap();
+    assert!(there.is_acquired().unwrap());
+    assert_eq!(there.release().unwrap(), Release::Released);
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
     let e = rt.block_on(async { c.try_acquire() }).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
+}
+
+#[tokio::test]
+async fn a_travelled_key_whose_count_was_edited_is_refused_and_reads_are_refused_by_the_store() {
+    let f = factory();
+    let a = f.create_semaphore("e", 3).unwrap();
+    assert!(a.try_acquire().await.unwrap());
+    let edited = a
+        .key()
+        .to_json()
+        .unwrap()
+        .replace("\"count\":1", "\"count\":3");
+    let copy = f
+        .create_semaphore_from_key(Key::from_json(&edited).unwrap())
+        .unwrap();
+    let e = copy.try_acquire().await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+    assert!(
+        e.to_string().contains("holds 1 permits and asks for 3"),
+        "{e}"
+    );
+    assert_eq!(a.usage().await.unwrap().used, 1);
+    let e = f.store().save_read(a.key(), None).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+}
+
+#[tokio::test]
+async fn permits_cannot_change_count_while_held() {
+    let f = factory();
+    let s = f.create_semaphore("c", 3).unwrap();
+    assert!(s.try_acquire().await.unwrap());
+    let e = s.clone().permits(2).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+    let _ = s.release().await.unwrap();
+    assert_eq!(s.permits(2).unwrap().count(), 2);
 }

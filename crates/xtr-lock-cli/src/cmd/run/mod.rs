@@ -290,8 +290,12 @@ fn environment(args: &RunArgs, lock: &Lock) -> Vec<(&'static str, Option<OsStrin
         ),
         ("XTR_LOCK_SCHEME", Some(args.store.scheme.clone().into())),
         (
+            // A lock's place (its file, its key); a semaphore's slots are not one place.
             "XTR_LOCK_LOCATION",
-            args.store.store.location(&args.resource).map(Into::into),
+            match lock.key().permits() {
+                Some(_) => None,
+                None => args.store.store.location(&args.resource).map(Into::into),
+            },
         ),
         (
             "XTR_LOCK_LIMIT",

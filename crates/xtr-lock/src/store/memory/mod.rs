@@ -369,6 +369,12 @@ impl Store for InMemoryStore {
     }
 
     async fn save_read(&self, key: &Key, ttl: Option<Duration>) -> Result<Saved> {
+        if key.permits().is_some() {
+            return Err(crate::Error::invalid_argument(
+                "a semaphore's permits have no shared mode",
+            )
+            .with_resource(key.resource()));
+        }
         let token = key.token(KIND);
         self.reduce(key, ttl);
         let result = {
@@ -473,7 +479,7 @@ impl Store for InMemoryStore {
         Ok(self.holding(key.resource(), &key.token(KIND)))
     }
 
-    async fn usage(&self, key: &Key) -> Result<crate::Usage> {
+    async fn usage(&self, key: &Key) -> Result<crate::store::Usage> {
         Ok(self.usage_of(key))
     }
 

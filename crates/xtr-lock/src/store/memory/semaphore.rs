@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 use super::{InMemoryStore, KIND};
 use crate::error::{LostReason, Result};
 use crate::key::{Key, Mode};
-use crate::permits::{Permits, Usage};
+use crate::permits::Permits;
+use crate::store::Usage;
 use crate::store::{Acquired, Conflict, HolderInfo, Holding, Saved};
 
 /// One semaphore: the limit its holders use, and who holds how many permits.
@@ -35,8 +36,9 @@ impl Sem {
         self.holders.len() != before
     }
 
-    fn used(&self) -> u32 {
-        self.holders.values().map(|p| p.count).sum()
+    /// Permits held (in `u64`: a sum of `u32` counts cannot overflow it).
+    fn used(&self) -> u64 {
+        self.holders.values().map(|p| u64::from(p.count)).sum()
     }
 
     /// When the first holder's permits expire, if any do.
@@ -94,9 +96,13 @@ impl InMemoryStore {
             let outcome = if sem.limit != permits.limit() {
                 Err(permits.limit_mismatch(key.resource(), sem.limit))
             } else if let Some(p) = sem.holders.get_mut(&token) {
-                p.expires = expires;
-                Ok(Saved::Acquired(Acquired::fenced(p.fence)))
-            } else if sem.used() + permits.count() <= sem.limit {
+                if p.count == permits.count() {
+                    p.expires = expires;
+                    Ok(Saved::Acquired(Acquired::fenced(p.fence)))
+                } else {
+                    Err(count_changed(key.resource(), p.count, permits.count()))
+                }
+            } else if sem.used() + u64::from(permits.count()) <= u64::from(sem.limit) {
                 st.last_fence += 1;
                 let fence = st.last_fence;
                 let permit = Permit {
@@ -188,7 +194,13 @@ impl InMemoryStore {
             })
             .collect();
         Usage {
-            used: holders.iter().filter_map(|h| h.permits).sum(),
+            used: holders
+                .iter()
+                .filter_map(|h| h.permits)
+                .map(u64::from)
+                .sum::<u64>()
+                .try_into()
+                .unwrap_or(u32::MAX),
             limit: (!holders.is_empty()).then_some(sem.limit),
             holders,
         }
@@ -205,4 +217,13 @@ impl super::State {
             self.semaphores.remove(resource);
         }
     }
+}
+
+/// A holder that holds `held` permits asked again for `asked` (a key edited on its travels):
+/// refused, so that holders never believe they hold more than the store counts.
+pub(crate) fn count_changed(resource: &str, held: u32, asked: u32) -> crate::Error {
+    crate::Error::invalid_argument(format!(
+        "this holder holds {held} permits and asks for {asked}: a holder's count never changes"
+    ))
+    .with_resource(resource)
 }

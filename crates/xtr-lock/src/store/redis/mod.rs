@@ -488,7 +488,7 @@ impl Store for RedisStore {
     }
 
     /// Permits held, the stored limit and the holders, from Symfony's two sets.
-    async fn usage(&self, key: &Key) -> Result<crate::Usage> {
+    async fn usage(&self, key: &Key) -> Result<super::Usage> {
         self.semaphore_usage(key).await
     }
 

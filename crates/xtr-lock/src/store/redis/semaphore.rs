@@ -13,9 +13,9 @@ use super::conn::Call;
 use super::{FENCE_KEY, RedisStore};
 use crate::error::{Error, Result};
 use crate::key::{Key, Mode};
-use crate::permits::{Permits, Usage};
+use crate::permits::Permits;
 use crate::store::{
-    Acquired, Conflict, HolderInfo, Holding, LostReason, Saved, Watcher, check_expiry,
+    Acquired, Conflict, HolderInfo, Holding, LostReason, Saved, Usage, Watcher, check_expiry,
 };
 
 /// What a semaphore script's reply code means for the holder.
@@ -107,6 +107,13 @@ impl RedisStore {
                 Err(permits
                     .limit_mismatch(key.resource(), stored)
                     .with_store(self))
+            }
+            -3 => {
+                let held = u32::try_from(value).unwrap_or(u32::MAX);
+                Err(
+                    crate::store::memory::count_changed(key.resource(), held, permits.count())
+                        .with_store(self),
+                )
             }
             _ => Ok(Saved::Conflict(match u64::try_from(value) {
                 Ok(ms) if ms > 0 => Conflict::new().with_retry_after(Duration::from_millis(ms)),

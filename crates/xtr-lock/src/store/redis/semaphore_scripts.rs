@@ -48,7 +48,7 @@ local function sem_read(tkey, wkey, token, now)
     if not ends then
       gone[#gone + 1] = m
     elseif m == token then
-      r.mine = ends
+      r.mine, r.weight = ends, tonumber(weights[i + 1])
     else
       r.used = r.used + tonumber(weights[i + 1])
       r.holders = r.holders + 1
@@ -131,7 +131,8 @@ end
 /// stored limit, serve earlier waiters first, admit if
 /// `used + count <= limit`. Replies `{1, fence, 0}` (fence 0: a re-save that keeps its
 /// token), `{0, ms until another lease ends or -1, 1 if the waiter was queued and every holder
-/// announces its release}`, or `{-2, stored limit, 0}` when the holders use another limit.
+/// announces its release}`, `{-2, stored limit, 0}` when the holders use another limit, or
+/// `{-3, permits held, 0}` when the holder asks again for another count.
 pub(super) const SAVE: &str = r#"
 local tkey, wkey, lkey, fkey, qkey = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local token, dur = ARGV[2], tonumber(ARGV[3])
@@ -142,6 +143,8 @@ if r.holders > 0 or r.mine then
   local stored = tonumber(redis.call('GET', lkey))
   if stored and stored ~= limit then return {-2, stored, 0} end
 end
+-- A holder's count never changes (a key edited on its travels).
+if r.mine and r.weight ~= count then return {-3, r.weight, 0} end
 if not r.mine and count > sem_ahead(qkey, limit - r.used) then
   local hint = -1
   if r.first then hint = math.max(r.first - now, 1) end

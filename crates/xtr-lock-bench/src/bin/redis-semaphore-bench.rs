@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use redis::aio::ConnectionManager;
 use xtr_lock::{LockFactory, RedisStore, Semaphore};
 use xtr_lock_bench::{
-    Summary, cell, handoffs_to_peer, lock_cycles, park, peer_script, php_summary,
+    Summary, cell, handoffs_to_peer, lock_cycles, lock_handoffs, park, peer_script, php_summary,
 };
 use xtr_lock_testkit::redis::RedisServer;
 
@@ -72,6 +72,11 @@ fn main() {
     script_us.sort_by(f64::total_cmp);
     let script_us = script_us[script_us.len() / 2];
     let handoff = rt.block_on(handoffs(&server));
+    let lock_handoff = rt.block_on(lock_handoffs(
+        &LockFactory::new(store(&server)).with_ttl(Some(TTL)),
+        "bench:lock-handoff",
+        HANDOFFS,
+    ));
     let php_handoff = rt.block_on(php_handoffs(&server));
     let per_waiter = rt.block_on(parked_commands(&server));
     let php_per_waiter = php_poll_commands(&server);
@@ -94,6 +99,10 @@ fn main() {
         "| hand-off to a parked waiter when a permit frees | {} (woken) | {} (polling) | |",
         cell(&handoff),
         cell(&php_handoff)
+    );
+    println!(
+        "| (our lock's hand-off, same run) | {} | | |",
+        cell(&lock_handoff)
     );
     println!(
         "| commands per second per parked waiter | {per_waiter:.2} ({PARKED} waiters) | {php_per_waiter:.1} | |"

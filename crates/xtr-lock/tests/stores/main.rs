@@ -25,6 +25,7 @@ mod redis;
 mod redis_connections;
 mod redis_fencing;
 mod redis_hostile;
+mod redis_semaphore;
 mod redis_waking;
 mod semaphore;
 mod session_lease;

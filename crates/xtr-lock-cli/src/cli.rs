@@ -221,8 +221,9 @@ pub(crate) enum Command {
     #[command(
         after_help = crate::help::RUN_SHORT,
         after_long_help = format!(
-            "{RUN_HELP}\n\nStores that give fencing tokens: {}.\n\n{}\n\n{}",
+            "{RUN_HELP}\n\nStores that give fencing tokens: {}.\nStores with semaphores (--limit N): {}.\n\n{}\n\n{}",
             crate::help::fencing_names(),
+            crate::help::counting_names(),
             crate::help::RUN_EXAMPLES,
             crate::exit::TABLE
         ),

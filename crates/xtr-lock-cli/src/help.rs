@@ -144,6 +144,15 @@ pub(crate) fn fencing_names() -> String {
     names.join(", ")
 }
 
+/// The stores in this build with counting semaphores (`--limit N`).
+pub(crate) fn counting_names() -> String {
+    let names: Vec<&str> = StoreFactory::kinds()
+        .filter(|k| k.built && k.counting)
+        .map(|k| k.name)
+        .collect();
+    names.join(", ")
+}
+
 /// `run --help`'s examples.
 pub(crate) const RUN_EXAMPLES: &str = "\
 Examples:
@@ -152,6 +161,7 @@ Examples:
   xtr-lock run -w 30 -E 0 backup ./job        wait 30 s at most, then skip quietly
   xtr-lock run -s report -c 'echo reading'    readers together, writers alone
   xtr-lock run --store redis://cache:6379 --ttl 2m deploy -- sleep 5
+  xtr-lock run --limit 4 api ./export         at most 4 of these at once
   XTR_LOCK_STORE=redis://a:6379,redis://b:6379,redis://c:6379 xtr-lock run job ./job
   xtr-lock run -v --json job ./job 2>events.jsonl   what happened, as JSON lines on stderr";
 

@@ -236,17 +236,22 @@ mod mysql_getlock {
 }
 
 /// An etcd store on `cluster`, with a 5 s lease (what a holder that dies leaves behind), and a
-/// sabotage that deletes the resource's keys the way an operator would, with `etcdctl del`.
+/// sabotage that deletes the resource's keys the way an operator would, with `etcdctl del`
+/// (a semaphore's in its own directory).
 fn etcd_harness(cluster: xtr_lock_testkit::etcd::EtcdCluster) -> Harness {
     let store = xtr_lock::EtcdStore::from_dsn(&format!("{}?ttl=5", cluster.dsn(""))).unwrap();
     let cluster = Arc::new(cluster);
     let sabotage = cluster.clone();
+    let dirs = store.clone();
     Harness::new(Arc::new(store))
         .keep_alive(cluster)
         .with_sabotage(move |key| {
             let cluster = sabotage.clone();
+            let dir = match key.permits() {
+                Some(_) => dirs.semaphore_directory(key.resource()),
+                None => dirs.directory(key.resource()),
+            };
             Box::pin(async move {
-                let dir = format!("{}/", key.resource());
                 tokio::task::spawn_blocking(move || {
                     cluster.etcdctl_output(&["del", "--prefix", &dir]);
                 })

@@ -2,7 +2,8 @@
 //! same client library) and against `etcdctl lock`, on a throwaway single member and a
 //! 3-member cluster, side by side in interleaved rounds: uncontended acquire + release,
 //! hand-off, and a 100-waiter FIFO pass-through with the requests the cluster served per
-//! hand-off (from its own `grpc_server_handled_total`).
+//! hand-off (from its own `grpc_server_handled_total`); and a semaphore's cycle (one permit of
+//! limit 4, the three others held) in the same rounds.
 //!
 //! `cargo run --release -p xtr-lock-bench --bin etcd-bench` prints a Markdown table; run it
 //! under `taskset -c 0` too for the other placement (everything on one vCPU).
@@ -13,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use etcd_client::{Client, GetOptions};
-use xtr_lock::{EtcdStore, LockFactory, Lockable as _};
+use xtr_lock::{EtcdStore, LockFactory, Lockable as _, Semaphore};
 use xtr_lock_bench::{Summary, cell, handoffs_between, human};
 use xtr_lock_testkit::etcd::EtcdCluster;
 
@@ -65,6 +66,13 @@ fn main() {
         &b.put,
     );
     row(
+        "xtr-lock semaphore: acquire + release (limit 4, 3 held)",
+        &a.sem_cycle,
+        &b.sem_cycle,
+        &a.put,
+        &b.put,
+    );
+    row(
         "xtr-lock: hand-off (release → the waiter holds)",
         &a.handoff,
         &b.handoff,
@@ -104,6 +112,7 @@ struct Measured {
     put: Summary,
     get: Summary,
     cycle: Summary,
+    sem_cycle: Summary,
     handoff: Summary,
     passthrough: Summary,
     etcdctl: Summary,
@@ -125,6 +134,8 @@ async fn measure(cluster: &EtcdCluster) -> Measured {
     }
     let (mut put, mut get, mut cycle, mut handoff, mut pass, mut ctl) =
         (vec![], vec![], vec![], vec![], vec![], vec![]);
+    let (semaphore, others) = semaphores(&other).await;
+    let mut sem_cycle = Vec::new();
     let mut requests = Vec::new();
     for round in 0..ROUNDS {
         eprintln!("  round {}/{ROUNDS}", round + 1);
@@ -133,6 +144,10 @@ async fn measure(cluster: &EtcdCluster) -> Measured {
             assert!(lock.try_acquire().await.unwrap());
             let _ = lock.release().await.unwrap();
             cycle.push(t.elapsed());
+            let t = Instant::now();
+            assert!(semaphore.try_acquire().await.unwrap());
+            let _ = semaphore.release().await.unwrap();
+            sem_cycle.push(t.elapsed());
             let t = Instant::now();
             client.put("bench:floor", "x", None).await.unwrap();
             put.push(t.elapsed());
@@ -149,15 +164,35 @@ async fn measure(cluster: &EtcdCluster) -> Measured {
         requests.push(served);
         ctl.extend(etcdctl_cycles(cluster, ETCDCTL).await);
     }
+    for s in others {
+        let _ = s.release().await.unwrap();
+    }
     Measured {
         put: Summary::of(put),
         get: Summary::of(get),
         cycle: Summary::of(cycle),
+        sem_cycle: Summary::of(sem_cycle),
         handoff: Summary::of(handoff),
         passthrough: Summary::of(pass),
         etcdctl: Summary::of(ctl),
         requests_per_handoff: requests.iter().sum::<f64>() / requests.len() as f64,
     }
+}
+
+/// A semaphore of limit 4 with three permits held (on `factory`), and the holder to cycle.
+async fn semaphores(factory: &LockFactory) -> (Semaphore, Vec<Semaphore>) {
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let s = factory.create_semaphore("bench:semaphore", 4).unwrap();
+        assert!(s.try_acquire().await.unwrap());
+        held.push(s);
+    }
+    let s = factory.create_semaphore("bench:semaphore", 4).unwrap();
+    for _ in 0..20 {
+        assert!(s.try_acquire().await.unwrap());
+        let _ = s.release().await.unwrap();
+    }
+    (s, held)
 }
 
 /// 100 waiters queued behind a holder, each releasing as soon as it holds: the time per

@@ -167,7 +167,11 @@ pub(crate) async fn status_of_key(
             )?;
         } else if held {
             let mut line = format!("{:?}: held by this key", lock.resource());
-            if let Some(mode) = mode {
+            let permits = lock
+                .key()
+                .permits()
+                .map(|p| format!("{} of {} permits", p.count(), p.limit()));
+            if let Some(mode) = permits.as_deref().or(mode) {
                 line.push_str(&format!(" ({mode}"));
                 if let Some(token) = handed.fencing_token {
                     line.push_str(&format!(", fencing token {token}"));

@@ -50,6 +50,11 @@ pub(crate) async fn status(
         )?;
     } else if usage.used == 0 {
         print(&format!("{resource:?}: free (0/{limit} permits used)"))?;
+    } else if usage.holders.is_empty() {
+        print(&format!(
+            "{resource:?}: {}/{limit} permits used (the {} store cannot tell by whom)",
+            usage.used, store.scheme
+        ))?;
     } else {
         print(&format!(
             "{resource:?}: {}/{limit} permits used by {}",

@@ -387,6 +387,7 @@ mod tests {
             built,
             fencing: Fencing::PerResource,
             tables: true,
+            counting: true,
             secret_options: &[],
         }
     }

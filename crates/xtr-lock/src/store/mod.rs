@@ -87,7 +87,7 @@ pub use pubsub::RedisPubSubStore;
 #[cfg(feature = "redis")]
 pub use redis::RedisStore;
 #[cfg(all(feature = "semaphore", target_os = "linux"))]
-pub use semaphore::{SemaphoreStore, semaphore_key};
+pub use semaphore::{SemaphoreStore, counting_semaphore_key, semaphore_key};
 #[cfg(feature = "sql")]
 pub use sql::{SqlStore, key_id as sql_key_id};
 pub use watch::{LossWatcher, Watcher};

@@ -186,3 +186,17 @@ fn a_mistyped_scheme_gets_the_one_it_meant() {
         .to_string();
     assert_eq!(err, "unsupported connection \"nosuch:\"");
 }
+
+/// The table's `counting` (what help texts list for `--limit`) is what the stores say.
+#[tokio::test]
+async fn every_kind_says_whether_it_counts_as_its_stores_do() {
+    for kind in StoreFactory::kinds().filter(|k| k.built) {
+        let store = StoreFactory::create_store(kind.example).unwrap();
+        assert_eq!(
+            kind.counting,
+            store.capabilities().counting,
+            "{}: the table and the store disagree on semaphores",
+            kind.name
+        );
+    }
+}

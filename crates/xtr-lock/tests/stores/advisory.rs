@@ -466,3 +466,24 @@ async fn a_lock_taken_again_after_a_panicking_scope_stays_held() {
         );
     }
 }
+
+/// Neither session store counts: a semaphore on either is refused as unsupported, saying why,
+/// before anything is sent (the DSNs point at a port nobody listens on).
+#[tokio::test]
+async fn semaphores_are_refused_on_session_locks_saying_why() {
+    let stores: [Arc<dyn xtr_lock::Store>; 2] = [
+        Arc::new(PgAdvisoryStore::from_dsn("postgresql+advisory://u@127.0.0.1:1/db").unwrap()),
+        Arc::new(xtr_lock::MySqlLockStore::from_dsn("mysql+getlock://u@127.0.0.1:1/db").unwrap()),
+    ];
+    for store in stores {
+        assert!(!store.capabilities().counting);
+        let semaphore = LockFactory::from_arc(store)
+            .create_semaphore("sem-refused", 3)
+            .unwrap();
+        let err = semaphore.try_acquire().await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
+        assert!(err.to_string().contains("one holder and no count"), "{err}");
+        let err = semaphore.usage().await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
+    }
+}

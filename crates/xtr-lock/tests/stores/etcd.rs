@@ -15,16 +15,16 @@ use xtr_lock_testkit::etcd::EtcdCluster;
 
 const PATIENCE: Duration = Duration::from_secs(20);
 
-fn store(cluster: &EtcdCluster, options: &str) -> Arc<EtcdStore> {
+pub(super) fn store(cluster: &EtcdCluster, options: &str) -> Arc<EtcdStore> {
     Arc::new(EtcdStore::from_dsn(&format!("{}{options}", cluster.dsn(""))).unwrap())
 }
 
-fn resource(name: &str) -> String {
+pub(super) fn resource(name: &str) -> String {
     format!("{name}-{:08x}", rand::random::<u32>())
 }
 
 /// The keys under `dir`, as `etcdctl get --prefix --keys-only` lists them.
-fn keys(cluster: &EtcdCluster, dir: &str) -> Vec<String> {
+pub(super) fn keys(cluster: &EtcdCluster, dir: &str) -> Vec<String> {
     cluster
         .etcdctl_output(&["get", "--prefix", "--keys-only", dir])
         .lines()
@@ -34,7 +34,7 @@ fn keys(cluster: &EtcdCluster, dir: &str) -> Vec<String> {
 }
 
 /// Waits until `ok` holds, failing with `what` after the patience.
-async fn until(what: &str, mut ok: impl FnMut() -> bool) {
+pub(super) async fn until(what: &str, mut ok: impl FnMut() -> bool) {
     let deadline = Instant::now() + PATIENCE;
     while !ok() {
         assert!(Instant::now() < deadline, "{what}: not within {PATIENCE:?}");

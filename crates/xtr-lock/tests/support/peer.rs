@@ -37,6 +37,28 @@ impl Peer {
         Peer::spawn(cmd)
     }
 
+    /// Symfony Semaphore's RedisStore (php-symfony-semaphore, php-redis) on `127.0.0.1:port`
+    /// (`tests/peers/semaphore_peer.php`).
+    pub(crate) fn symfony_semaphore(port: u16) -> Peer {
+        let mut cmd = Command::new("php");
+        cmd.arg(script("semaphore_peer.php"))
+            .arg("127.0.0.1")
+            .arg(port.to_string());
+        Peer::spawn(cmd)
+    }
+
+    /// The command that runs `semaphore_peer.php`'s contention loop on `127.0.0.1:port` with
+    /// `args` (`RESOURCE LIMIT WEIGHT ROUNDS COUNTER`).
+    pub(crate) fn symfony_semaphore_cycle(port: u16, args: &[&str]) -> Command {
+        let mut cmd = Command::new("php");
+        cmd.arg(script("semaphore_peer.php"))
+            .arg("127.0.0.1")
+            .arg(port.to_string())
+            .arg("cycle")
+            .args(args);
+        cmd
+    }
+
     fn spawn(mut cmd: Command) -> Peer {
         let mut child = cmd
             .stdin(Stdio::piped())
@@ -67,6 +89,16 @@ impl Peer {
         }
         writeln!(self.stdin, "{cmd}").unwrap();
         self.stdin.flush().unwrap();
+    }
+
+    /// Sends `cmd` (a JSON object with `op` and more) and returns its result (panics on a peer
+    /// error).
+    pub(crate) fn call_json(&mut self, cmd: &Value) -> Value {
+        writeln!(self.stdin, "{cmd}").unwrap();
+        self.stdin.flush().unwrap();
+        let answer = self.read();
+        assert_eq!(answer["ok"], true, "peer {cmd}: {answer}");
+        answer["result"].clone()
     }
 
     /// Sends a command and returns its result (panics on a peer error).

@@ -117,6 +117,10 @@ impl MySqlLockStore {
 
 #[async_trait]
 impl Store for MySqlLockStore {
+    fn why_not_counting(&self) -> String {
+        super::WHY_NOT_COUNTING.to_owned()
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             excludes: true,

@@ -27,6 +27,13 @@ pub use getlock::MySqlLockStore;
 pub use keys::KeyMode;
 use shared::Core;
 
+/// Why neither session store counts (see docs/semaphores.md): a semaphore would be N keys
+/// tried in turn, which can only be waited for by polling, cannot keep a weighted holder from
+/// being overtaken, and has nowhere to keep the limit.
+pub(crate) const WHY_NOT_COUNTING: &str = "a session lock has one holder and no count: N keys \
+     tried in turn would wait by polling, let single holders starve a weighted one and keep \
+     no limit (use the sql store's semaphores on the same database)";
+
 /// Checks a session-lock DSN (advisory or `GET_LOCK`) without building anything.
 pub(crate) fn validate_dsn(dsn: &str) -> Result<()> {
     config::parse(dsn).map(|_| ())
@@ -152,6 +159,10 @@ impl PgAdvisoryStore {
 
 #[async_trait]
 impl Store for PgAdvisoryStore {
+    fn why_not_counting(&self) -> String {
+        WHY_NOT_COUNTING.to_owned()
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             excludes: true,

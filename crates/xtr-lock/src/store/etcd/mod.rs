@@ -20,6 +20,7 @@ mod conn;
 mod holder;
 mod lease;
 mod queue;
+mod semaphore;
 mod watch;
 
 use super::tasks::{self, Tasks};
@@ -70,6 +71,12 @@ pub(crate) fn validate_dsn(dsn: &str) -> Result<()> {
 /// - **Loss**, reported at once through the loss watcher: the holder's key deleted (`etcdctl
 ///   del`), its lease revoked or expired, or no keep-alive answered by the end the last answered
 ///   one confirmed (its send time plus the ttl the cluster answered).
+///
+/// - **Counting semaphores**: a holder's key is `<prefix>xtr-semaphore/<resource>/<lease hex>`
+///   (outside every lock's directory) with the value `limit=<limit> permits=<count>`; a key
+///   holds when the permits of the keys before it and its own fit in the limit (FIFO: a big
+///   waiter is not overtaken), and goes in only beside keys of the same limit. Waiters watch
+///   the deletes before them; tokens are the keys' create revisions (docs/semaphores.md).
 ///
 /// Keys hold a lease and refuse to serialize.
 ///
@@ -130,6 +137,12 @@ impl EtcdStore {
         format!("{}{resource}/", self.core.config.prefix)
     }
 
+    /// Where the keys of `resource`'s semaphore live: `<prefix>xtr-semaphore/<resource>/`,
+    /// with `%` and `/` in the resource percent-encoded (outside every lock's directory).
+    pub fn semaphore_directory(&self, resource: &str) -> String {
+        String::from_utf8_lossy(&semaphore::dir(&self.core.config.prefix, resource)).into_owned()
+    }
+
     fn life(&self, key: &Key) -> Option<Life> {
         key.existing_handle::<Handle>(self.core.owner)?.task.life()
     }
@@ -174,6 +187,7 @@ impl EtcdStore {
                 self.core.clone(),
                 key.resource().to_owned(),
                 handle.confirmed.clone(),
+                key.permits(),
             )
         });
         self.ask(key, tx, |reply| Cmd::Save {
@@ -212,7 +226,7 @@ impl Store for EtcdStore {
             liveness: false,
             observes_loss: true,
             leased: true,
-            counting: false,
+            counting: true,
         }
     }
 
@@ -321,6 +335,56 @@ impl Store for EtcdStore {
             out.push(info);
         }
         Ok(out)
+    }
+
+    /// The semaphore's queue read once: the permits of the keys at its front that fit in the
+    /// limit are held (each holder with its lease and remaining ttl); the limit is the first
+    /// key's (every key has it: a holder of another limit is refused).
+    async fn usage(&self, key: &Key) -> Result<crate::Usage> {
+        let Some(permits) = key.permits() else {
+            return Err(self.unsupported(key, "usage of a lock's key"));
+        };
+        let dir = semaphore::dir(&self.core.config.prefix, key.resource());
+        let listed = self
+            .core
+            .get(&dir, GetOptions::new().with_prefix())
+            .await
+            .map_err(|e| e.with_resource(key.resource()))?;
+        let entries = queue::entries(
+            &dir,
+            listed
+                .kvs()
+                .iter()
+                .map(|kv| (kv.key(), kv.value(), kv.create_revision(), kv.lease())),
+        );
+        let stored = entries.iter().find_map(|e| e.permits).map(|p| p.limit());
+        let limit = stored.unwrap_or(permits.limit());
+        let held: Vec<&queue::Entry> = entries
+            .iter()
+            .zip(semaphore::holding(&entries, limit))
+            .filter_map(|(e, holds)| holds.then_some(e))
+            .collect();
+        let leases: Vec<i64> = held.iter().map(|e| e.lease).collect();
+        let left: Vec<Option<Duration>> = futures_util::stream::iter(leases)
+            .map(|lease| self.lease_left(lease))
+            .buffered(32)
+            .collect()
+            .await;
+        let mut usage = crate::Usage {
+            limit: stored,
+            ..crate::Usage::default()
+        };
+        for (entry, remaining) in held.into_iter().zip(left) {
+            let count = semaphore::weight(entry, limit);
+            usage.used += count;
+            let backend = format!("lease {:x}, queued at revision {}", entry.lease, entry.rev);
+            usage.holders.push(
+                HolderInfo::new(Mode::Write, None, remaining)
+                    .with_backend(backend)
+                    .with_permits(count),
+            );
+        }
+        Ok(usage)
     }
 
     /// The cluster's revision now: every later acquisition's key gets a greater one.

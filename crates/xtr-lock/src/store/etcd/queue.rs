@@ -36,6 +36,18 @@ impl Kind {
     }
 }
 
+/// A semaphore holder's value (its layout is in `semaphore.rs`): `limit=<limit> permits=<count>`.
+pub(super) fn value(permits: crate::permits::Permits) -> Vec<u8> {
+    format!("limit={} permits={}", permits.limit(), permits.count()).into_bytes()
+}
+
+/// The permits a value records (`None` for a value no holder of ours wrote).
+pub(super) fn parse(value: &[u8]) -> Option<crate::permits::Permits> {
+    let text = std::str::from_utf8(value).ok()?;
+    let (limit, count) = text.strip_prefix("limit=")?.split_once(" permits=")?;
+    crate::permits::Permits::new(limit.parse().ok()?, count.parse().ok()?).ok()
+}
+
 /// One key in the queue.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Entry {
@@ -43,6 +55,8 @@ pub(super) struct Entry {
     pub(super) rev: i64,
     pub(super) lease: i64,
     pub(super) kind: Kind,
+    /// The permits a semaphore's key records (`None` for a lock's key).
+    pub(super) permits: Option<crate::permits::Permits>,
 }
 
 /// The directory of `resource`: `<prefix><resource>/`.
@@ -88,6 +102,7 @@ pub(super) fn entries<'a>(
             rev,
             lease,
             kind: Kind::of(v),
+            permits: parse(v),
         })
         .collect();
     out.sort_by_key(|e| e.rev);
@@ -102,6 +117,12 @@ pub(super) enum Place {
     Mine,
     /// The key waits for this one (the nearest key before it that blocks it) to go or change.
     After(Entry),
+    /// A semaphore's key waits until the keys before it (with the permits each takes) give
+    /// back `need` more permits.
+    Short {
+        ahead: Vec<(Vec<u8>, u32)>,
+        need: u32,
+    },
     /// A promotion that would wait forever: a writer queued before the holder's new writer key
     /// came after its read key, and waits for it.
     Deadlock,
@@ -110,9 +131,7 @@ pub(super) enum Place {
 /// The place of `me` in `queue`, ignoring the keys on the holder's `own` leases. `promoting`:
 /// the holder also reads, so every writer queued before `me` waits for the holder's read key.
 pub(super) fn place(queue: &[Entry], me: &Entry, own: &[i64], promoting: bool) -> Place {
-    let before = queue
-        .iter()
-        .filter(|e| e.rev < me.rev && !(e.lease != 0 && own.contains(&e.lease)));
+    let before = others_before(queue, me, own);
     let blocking: Vec<&Entry> = match me.kind {
         Kind::Writer => {
             let before: Vec<&Entry> = before.collect();
@@ -127,6 +146,18 @@ pub(super) fn place(queue: &[Entry], me: &Entry, own: &[i64], promoting: bool) -
         Some(e) => Place::After((*e).clone()),
         None => Place::Mine,
     }
+}
+
+/// The keys queued before `me` that are not on one of the holder's `own` leases (a key without
+/// a lease is nobody's own).
+pub(super) fn others_before<'a>(
+    queue: &'a [Entry],
+    me: &'a Entry,
+    own: &'a [i64],
+) -> impl Iterator<Item = &'a Entry> {
+    queue
+        .iter()
+        .filter(|e| e.rev < me.rev && !(e.lease != 0 && own.contains(&e.lease)))
 }
 
 /// Which entries hold now (the rest wait), for introspection: a writer holds when it is first,
@@ -155,6 +186,7 @@ mod tests {
             rev,
             lease,
             kind,
+            permits: None,
         }
     }
 

@@ -41,6 +41,57 @@ pub(super) async fn changed(core: &Core, key: &[u8], from: i64) -> Result<()> {
     }
 }
 
+/// Waits until the keys in `ahead` (each with the permits it takes) that are deleted at or
+/// after revision `from` have given back `need` permits: a semaphore's waiter watches every
+/// key before it (its directory, deletes only), and asks etcd nothing until they may fit.
+/// Also returns when etcd cancels the watch (compacted): the caller reads again either way.
+///
+/// # Cancel safety
+///
+/// Cancel-safe: dropping it closes the watch.
+pub(super) async fn freed(
+    core: &Core,
+    dir: &[u8],
+    ahead: &[(Vec<u8>, u32)],
+    need: u32,
+    from: i64,
+) -> Result<()> {
+    let client = core.client().await?;
+    let options = WatchOptions::new()
+        .with_start_revision(from)
+        .with_prefix()
+        .with_filters([WatchFilterType::NoPut]);
+    let mut stream = client
+        .watch_client()
+        .watch(dir.to_vec(), Some(options))
+        .await
+        .map_err(|e| core.fail(failure("watch", e)))?;
+    // Keys are only ever queued behind this waiter: the first delete of a name seen here is
+    // the delete of the key it waits for.
+    let mut left: Vec<&(Vec<u8>, u32)> = ahead.iter().collect();
+    let mut freed = 0u32;
+    loop {
+        let answer = match stream.message().await {
+            Ok(Some(answer)) => answer,
+            Ok(None) => {
+                return Err(core.fail(Error::storage("the watch stream ended").temporary()));
+            }
+            Err(e) => return Err(core.fail(failure("watch", e))),
+        };
+        if answer.canceled() {
+            return Ok(());
+        }
+        for kv in answer.events().iter().filter_map(|e| e.kv()) {
+            if let Some(i) = left.iter().position(|(k, _)| k.as_slice() == kv.key()) {
+                freed = freed.saturating_add(left.swap_remove(i).1);
+            }
+        }
+        if freed >= need {
+            return Ok(());
+        }
+    }
+}
+
 /// Watches `key` (created at `rev`) for its delete from `rev + 1` on, and sends `(key, rev)` on
 /// `lost` when it goes. Keeps watching across broken streams and leader changes; after a
 /// compaction it reads the key instead. Runs until aborted.

@@ -183,7 +183,7 @@ impl HeldFile {
 
     /// What the holder holds, checked against the file the name leads to now; a replaced file
     /// is let go of, and reported as replaced until the holder locks again.
-    fn holding(&mut self, dir: &Path) -> Result<Holding> {
+    pub(super) fn holding(&mut self, dir: &Path) -> Result<Holding> {
         let Some(mode) = self.mode else {
             return Ok(Holding::NotHeld(if self.replaced {
                 LostReason::Replaced
@@ -214,6 +214,22 @@ impl HeldFile {
         held && named
     }
 
+    /// Unlocks without closing or waking anyone: a semaphore's attempt giving back a slot it
+    /// held for a moment (no other of our clients could try it meanwhile), keeping the
+    /// descriptor for the next attempt, so no close event wakes the other waiters.
+    pub(super) fn unlock_quietly(&mut self) {
+        if self.mode.take().is_some()
+            && let Some((fd, _)) = &self.fd
+        {
+            let _ = rustix::fs::flock(fd, FlockOperation::NonBlockingUnlock);
+        }
+    }
+
+    /// Whether a lock is held (as this process last left it).
+    pub(super) fn is_locked(&self) -> bool {
+        self.mode.is_some()
+    }
+
     /// Unlocks (also covering descriptors a child inherited) and closes; wakes local waiters.
     /// Returns whether a lock was held.
     pub(super) fn close(&mut self) -> bool {
@@ -237,7 +253,7 @@ impl Drop for HeldFile {
     }
 }
 
-fn io_error(what: &str, path: &Path, errno: Errno) -> Error {
+pub(super) fn io_error(what: &str, path: &Path, errno: Errno) -> Error {
     Error::storage(format!("{what} lock file {}: {errno}", shown(path)))
         .with_source(std::io::Error::from(errno))
 }
@@ -251,7 +267,7 @@ fn operation(mode: Mode) -> FlockOperation {
 
 /// Opens (or creates, 0666 whatever the umask) the lock file, never following a symlink, falling
 /// back to read-only for a file another user created.
-fn open_lock_file(path: &Path) -> Result<OwnedFd> {
+pub(super) fn open_lock_file(path: &Path) -> Result<OwnedFd> {
     let common = OFlags::CLOEXEC | OFlags::NOFOLLOW;
     let fail = |errno: Errno| {
         Error::storage(format!("cannot open lock file {}: {errno}", shown(path)))

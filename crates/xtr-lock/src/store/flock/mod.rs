@@ -19,24 +19,17 @@ use crate::key::{Key, Mode};
 pub(crate) mod config;
 mod dir;
 mod file;
+mod limit;
+mod loss;
 mod name;
 mod proc_locks;
+mod semaphore;
 mod wake;
 
 use crate::mutex::lock;
 use dir::shown;
 use file::{Attempt, FileHandle, HeldFile, holding_of};
 use wake::Hub;
-
-/// How often a holder's lock file is checked for a replacement where inotify cannot tell.
-const LOSS_CHECK: Duration = Duration::from_secs(1);
-
-/// For how long a new loss watcher checks the file itself, every [`EARLY_CHECK`], before it
-/// asks inotify for name events. A process that exits while it has an inotify mark (or just
-/// removed one) waits for the kernel to retire it: measured at 5–10 ms more for
-/// `xtr-lock run -- true`, four times `flock(1)`. Short holds never make a mark this way.
-const EARLY: Duration = Duration::from_secs(1);
-const EARLY_CHECK: Duration = Duration::from_millis(100);
 
 /// The safety-net poll of a waiter, for releases no close event shows (an explicit `LOCK_UN`, a
 /// demotion by another process).
@@ -63,6 +56,10 @@ const DEFAULT_POLL: Duration = Duration::from_millis(100);
 ///   by inotify close events on the directory (one thread per directory, never one per waiter),
 ///   with a 100 ms poll as a safety net.
 /// - [`holders`](Store::holders) reads `/proc/locks`: the pid and mode of each holder.
+/// - Counting semaphores in portalocker 4.4.2's `NamedBoundedSemaphore` layout, shared with it
+///   both ways: slot files `{name}.{number:02d}.lock` beside the lock files, a permit being an
+///   exclusive `flock` on one, and our clients' limit in `{name}.limit`; waiters are woken by
+///   any of the semaphore's slot files closing (see `docs/semaphores.md`).
 ///
 /// # Guarantees
 ///
@@ -389,7 +386,7 @@ impl Store for FlockStore {
             liveness: true,
             observes_loss: true,
             leased: false,
-            counting: false,
+            counting: true,
         }
     }
 
@@ -409,6 +406,10 @@ impl Store for FlockStore {
     }
 
     async fn save(&self, key: &Key, _ttl: Option<Duration>) -> Result<Saved> {
+        if let Some(permits) = key.permits() {
+            let mut sweep = semaphore::Sweep::default();
+            return self.sem_attempt(key, permits, &mut sweep).await;
+        }
         self.attempt(key, Mode::Write, false)
     }
 
@@ -424,6 +425,9 @@ impl Store for FlockStore {
     /// Cancel-safe: dropped while waiting it holds nothing new and closes the descriptor it
     /// opened; a holder that held a read lock keeps it.
     async fn wait_and_save(&self, key: &Key, _ttl: Option<Duration>) -> Result<Saved> {
+        if let Some(permits) = key.permits() {
+            return self.sem_wait(key, permits).await;
+        }
         self.wait_save(key, Mode::Write).await
     }
 
@@ -440,13 +444,16 @@ impl Store for FlockStore {
     /// Checks that the holder still holds, on the file its name leads to (nothing expires
     /// here).
     async fn put_off_expiration(&self, key: &Key, _ttl: Duration) -> Result<Holding> {
-        self.verify(key)
+        self.exists(key).await
     }
 
     /// Unlocks and closes the holder's descriptor; the handle keeps only the file's name, for
     /// the next acquire. The file stays. A file unlinked or renamed over meanwhile was not held:
     /// `false`.
     async fn delete(&self, key: &Key) -> Result<bool> {
+        if key.permits().is_some() {
+            return Ok(self.sem_delete(key));
+        }
         let Some(handle) = key.existing_handle::<FileHandle>(self.inner.owner) else {
             return Ok(false);
         };
@@ -458,11 +465,17 @@ impl Store for FlockStore {
     /// a `flock` lock for as long as the descriptor is open, so there is nothing else to ask).
     /// A replaced file is let go of and reported as [`LostReason::Replaced`].
     async fn exists(&self, key: &Key) -> Result<Holding> {
+        if key.permits().is_some() {
+            return self.sem_verify(key);
+        }
         self.verify(key)
     }
 
     /// A best-effort watcher: releases in this process and closes by other processes.
     async fn watch(&self, key: &Key, _waiting_since: SystemTime) -> Result<Option<Watcher>> {
+        if key.permits().is_some() {
+            return Ok(Some(self.sem_watch(key)));
+        }
         let mut changed = self.inner.hub.subscribe(&self.file_name(key.resource()));
         Ok(Some(Watcher::best_effort(async move {
             changed.changed().await;
@@ -474,44 +487,16 @@ impl Store for FlockStore {
     /// then at each inotify name event on the directory (once a second where inotify cannot
     /// tell). The replaced file is let go of.
     async fn watch_loss(&self, key: &Key) -> Result<Option<LossWatcher>> {
-        let name = self.file_name(key.resource());
-        let hub = self.inner.hub.clone();
-        let check = if hub.observes_other_processes() {
-            None
-        } else {
-            Some(LOSS_CHECK)
-        };
+        if key.permits().is_some() {
+            return Ok(Some(self.sem_watch_loss(key)));
+        }
         // Weak: the watcher must not keep the holder's file open after the key goes.
         let handle = key.existing_handle::<FileHandle>(self.inner.owner);
         let handle = handle.as_ref().map(Arc::downgrade);
         let dir = self.inner.dir.clone();
-        Ok(Some(LossWatcher::new(async move {
-            let started = tokio::time::Instant::now();
-            while started.elapsed() < EARLY {
-                if let Some(reason) = lost_reason(handle.as_ref(), &dir) {
-                    return reason;
-                }
-                tokio::time::sleep(EARLY_CHECK).await;
-            }
-            // Subscribed before the check, so an event between the two is not missed.
-            let mut changed = hub.subscribe_name(&name);
-            loop {
-                if let Some(reason) = lost_reason(handle.as_ref(), &dir) {
-                    return reason;
-                }
-                match check {
-                    Some(every) => {
-                        tokio::select! {
-                            () = changed.changed() => {}
-                            () = tokio::time::sleep(every) => {}
-                        }
-                    }
-                    None => {
-                        changed.changed().await;
-                    }
-                }
-            }
-        })))
+        let name = self.file_name(key.resource());
+        let check = move || lost_reason(handle.as_ref(), &dir);
+        Ok(Some(loss::watcher(self.inner.hub.clone(), name, check)))
     }
 
     /// A duplicate of the holder's locked descriptor: a child that inherits it holds the lock
@@ -521,6 +506,9 @@ impl Store for FlockStore {
     ///
     /// A storage error when the descriptor cannot be duplicated.
     fn inheritable_descriptors(&self, key: &Key) -> Result<Option<Vec<OwnedFd>>> {
+        if key.permits().is_some() {
+            return self.sem_descriptors(key);
+        }
         let Some(handle) = key.existing_handle::<FileHandle>(self.inner.owner) else {
             return Ok(None);
         };
@@ -539,6 +527,15 @@ impl Store for FlockStore {
                 .with_source(std::io::Error::from(e))
         })?;
         Ok(Some(vec![dup]))
+    }
+
+    /// Permits held now: the slots `0..limit` locked (by us, portalocker or anyone), grouped by
+    /// process; the limit our clients stored, while any slot is held.
+    async fn usage(&self, key: &Key) -> Result<crate::Usage> {
+        match key.permits() {
+            Some(permits) => self.sem_usage(key, permits).await,
+            None => Ok(crate::Usage::default()),
+        }
     }
 
     /// The processes holding the file and their modes, from a consistent read of `/proc/locks`

@@ -48,6 +48,34 @@ pub(crate) fn file_name(prefix: &str, resource: &str, digest: Digest) -> String 
     format!("{prefix}{readable}.{digest}.lock")
 }
 
+/// The most a semaphore's name may take of a file name (255 bytes, less `.999.lock`).
+pub(crate) const MAX_SEMAPHORE_NAME: usize = 246;
+
+/// Slot `number` of semaphore `name`: portalocker's `{name}.{number:02d}.lock`.
+pub(crate) fn slot_name(name: &str, number: u32) -> String {
+    format!("{name}.{number:02}.lock")
+}
+
+/// The companion file holding the limit our clients use for semaphore `name`.
+pub(crate) fn limit_name(name: &str) -> String {
+    format!("{name}.limit")
+}
+
+/// The wake channel of semaphore `name`: one for all its slots. A `/` never starts a file
+/// name, so it never meets a lock file's channel.
+pub(crate) fn semaphore_channel(name: &str) -> String {
+    format!("/{name}")
+}
+
+/// The channel of the semaphore whose slot file is `file`, when it looks like one (`.NN.lock`
+/// or `.NNN.lock`: a lock file's digest has 7 or 43 characters).
+pub(crate) fn slot_channel(file: &str) -> Option<String> {
+    let stem = file.strip_suffix(".lock")?;
+    let (name, number) = stem.rsplit_once('.')?;
+    let digits = (2..=3).contains(&number.len()) && number.bytes().all(|b| b.is_ascii_digit());
+    digits.then(|| semaphore_channel(name))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -117,6 +145,17 @@ mod tests {
                 "{resource:?}"
             );
         }
+    }
+
+    #[test]
+    fn slot_files_are_portalockers_and_find_their_channel() {
+        assert_eq!(slot_name("exports", 0), "exports.00.lock");
+        assert_eq!(slot_name("exports", 123), "exports.123.lock");
+        assert_eq!(slot_channel("exports.07.lock").as_deref(), Some("/exports"));
+        assert_eq!(slot_channel("a.b.999.lock").as_deref(), Some("/a.b"));
+        assert_eq!(slot_channel("xtr.res1.DkBbmGn.lock"), None);
+        assert_eq!(slot_channel("exports.limit"), None);
+        assert_eq!(slot_channel("exports.1.lock"), None);
     }
 
     #[test]

@@ -28,6 +28,7 @@ use rustix::event::{PollFd, PollFlags, Timespec};
 use rustix::fs::inotify::{self, ReadFlags, WatchFlags};
 use tokio::sync::watch;
 
+use super::name::slot_channel;
 use crate::logging::TARGET;
 use crate::mutex::lock;
 use crate::store::channels::Channels;
@@ -41,9 +42,9 @@ pub(crate) struct Hub {
 
 #[derive(Default)]
 struct Files {
-    /// Per lock file: waiters for its release.
+    /// Per lock file, and per semaphore for all its slot files: waiters for a release.
     releases: Channels,
-    /// Per lock file: holders watching its name for a replacement.
+    /// Per lock file, and per semaphore: holders watching names for a replacement.
     names: Channels,
     /// The watch descriptor and its mask while the directory is watched.
     watching: Option<(i32, WatchFlags)>,
@@ -225,13 +226,21 @@ impl Hub {
         files.names.retain_listened();
     }
 
-    /// Wakes the waiters of `name`.
+    /// Wakes the waiters of `name` (and of its semaphore, for a slot file).
     pub(crate) fn notify(&self, name: &str) {
-        self.files().releases.notify(name);
+        let mut files = self.files();
+        files.releases.notify(name);
+        if let Some(channel) = slot_channel(name) {
+            files.releases.notify(&channel);
+        }
     }
 
     fn name_changed(&self, name: &str) {
-        self.files().names.notify(name);
+        let mut files = self.files();
+        files.names.notify(name);
+        if let Some(channel) = slot_channel(name) {
+            files.names.notify(&channel);
+        }
     }
 
     /// Wakes everyone (the kernel dropped events, or the directory went).

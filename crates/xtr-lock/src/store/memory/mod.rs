@@ -18,6 +18,7 @@ use crate::key::{Key, Mode};
 use crate::mutex::lock;
 
 mod semaphore;
+pub(crate) use semaphore::count_changed;
 
 pub(crate) use semaphore::count_changed;
 

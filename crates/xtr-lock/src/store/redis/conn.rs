@@ -239,7 +239,30 @@ impl RedisStore {
         keys: Keys,
         ticket: Option<(&str, u64)>,
     ) -> Result<T> {
-        let read_only = keys == Keys::ReadOnly;
+        let call = Call {
+            keys: self.script_keys(key, keys),
+            read_only: keys == Keys::ReadOnly,
+            ticket,
+            extra: Vec::new(),
+        };
+        self.eval_call(script, key, ttl, call).await
+    }
+
+    /// Runs `script` for `key` with the keys and extra arguments `call` gives (ARGV as for
+    /// [`eval`](Self::eval), then `call.extra`).
+    pub(super) async fn eval_call<T: redis::FromRedisValue + Send + 'static>(
+        &self,
+        script: &redis::Script,
+        key: &Key,
+        ttl: Option<Duration>,
+        call: Call<'_>,
+    ) -> Result<T> {
+        let Call {
+            keys: keys_of,
+            read_only,
+            ticket,
+            extra,
+        } = call;
         let mut conn = self
             .conn()
             .await
@@ -253,14 +276,14 @@ impl RedisStore {
                 .await
                 .map_err(|e| e.with_resource(key.resource()))?
         };
-        let keys_of = self.script_keys(key, keys);
-        let args = [
+        let mut args = vec![
             client_time(client_clock),
             key.token(KIND),
             ttl.map_or(0, duration_ms).to_string(),
             ticket.map_or_else(String::new, |(text, _)| text.to_owned()),
             ticket.map_or_else(String::new, |(_, since_us)| since_us.to_string()),
         ];
+        args.extend(extra);
         let script = script.clone();
         let run = move |mut conn: ConnectionManager| {
             let (script, keys_of, args) = (script.clone(), keys_of.clone(), args.clone());
@@ -298,7 +321,7 @@ impl RedisStore {
     }
 
     /// The keys a script for `key` takes: the lock key, then what `keys` asks for.
-    fn script_keys(&self, key: &Key, keys: Keys) -> Vec<Vec<u8>> {
+    pub(super) fn script_keys(&self, key: &Key, keys: Keys) -> Vec<Vec<u8>> {
         let mut keys_of: Vec<Vec<u8>> = vec![self.key_for(key.resource()).into()];
         match keys {
             Keys::Save => {
@@ -343,6 +366,15 @@ fn timed_out() -> redis::RedisError {
         "no answer within the response timeout",
     )
     .into()
+}
+
+/// A script call's keys and arguments beyond the common ones (see [`RedisStore::eval_call`]).
+pub(super) struct Call<'a> {
+    pub(super) keys: Vec<Vec<u8>>,
+    /// The script only reads (it runs without the clock probe, and is dropped at the timeout).
+    pub(super) read_only: bool,
+    pub(super) ticket: Option<(&'a str, u64)>,
+    pub(super) extra: Vec<String>,
 }
 
 /// The keys a script takes after the lock key.

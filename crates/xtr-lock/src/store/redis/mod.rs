@@ -20,6 +20,8 @@ mod config;
 mod conn;
 mod notify;
 mod scripts;
+mod semaphore;
+mod semaphore_scripts;
 
 /// Checks a Redis DSN without building anything.
 pub(crate) fn validate_dsn(dsn: &str) -> Result<()> {
@@ -28,10 +30,11 @@ pub(crate) fn validate_dsn(dsn: &str) -> Result<()> {
 use crate::mutex::lock;
 pub(crate) use config::{RedisConfig, ignore_pool_options, read as read_config};
 use conn::ConnectFailure;
-use conn::Keys;
+use conn::{Call, Keys};
 pub(crate) use conn::{NOT_REDIS, speaks_another_protocol};
 use notify::Notifier;
 use scripts::Scripts;
+use semaphore_scripts::SemScripts;
 
 /// The token kind of Redis stores: one token per key for every Redis store (a quorum over
 /// several servers sees one holder).
@@ -62,6 +65,9 @@ const FENCE_KEY: &str = "fence";
 /// - `exists` / [`is_acquired`](crate::Lockable::is_acquired) is **read-only** (a `no-writes` script
 ///   on Redis ≥ 7), so it works on replicas and with read-only ACLs.
 /// - An expired reader cannot revive itself with a refresh; its entry is removed instead.
+/// - **Counting semaphores** in Symfony Semaphore 5.4's layout (`{r}:time`, `{r}:weight`),
+///   counted together with PHP holders, woken and served first come first served like locks
+///   (`docs/semaphores.md`).
 ///
 /// # Guarantees
 ///
@@ -118,6 +124,7 @@ struct Inner {
         Option<futures_util::future::Shared<crate::clock::BoxFuture<'static, ()>>>,
     >,
     scripts: Scripts,
+    sem: SemScripts,
     /// `Some(true)`: the client's clock (the server refused); `Some(false)`: the server's.
     client_clock: std::sync::Mutex<Option<bool>>,
     /// The last failed connection attempt.
@@ -184,6 +191,7 @@ impl RedisStore {
                 conn: std::sync::Mutex::new(None),
                 connecting: std::sync::Mutex::new(None),
                 scripts: Scripts::new(),
+                sem: SemScripts::new(),
                 client_clock: std::sync::Mutex::new(None),
                 failed: std::sync::Mutex::new(None),
                 legacy_exists: AtomicBool::new(false),
@@ -309,6 +317,29 @@ impl RedisStore {
     }
 }
 
+impl RedisStore {
+    /// Runs a read-only script (`no-writes`), or its body without the flag on servers that do
+    /// not know script flags (Redis < 7; remembered).
+    async fn read_only_script(
+        &self,
+        script: &redis::Script,
+        legacy: &redis::Script,
+        key: &Key,
+        call: impl Fn() -> Call<'static>,
+    ) -> Result<i64> {
+        if !self.inner.legacy_exists.load(Ordering::Relaxed) {
+            match self.eval_call::<i64>(script, key, None, call()).await {
+                Ok(code) => return Ok(code),
+                Err(e) if e.to_string().contains("shebang") || e.to_string().contains("flag") => {
+                    self.inner.legacy_exists.store(true, Ordering::Relaxed);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        self.eval_call(legacy, key, None, call()).await
+    }
+}
+
 /// What a holding code of the scripts means.
 fn holding(code: i64) -> Holding {
     match code {
@@ -362,7 +393,7 @@ impl Store for RedisStore {
             liveness: false,
             observes_loss: false,
             leased: false,
-            counting: false,
+            counting: true,
         }
     }
 
@@ -391,16 +422,25 @@ impl Store for RedisStore {
     /// One round trip: prune, admit (new writer on an empty set, re-save, or the sole reader's
     /// promotion), write now + ttl, advance the fence for a new writer.
     async fn save(&self, key: &Key, ttl: Option<Duration>) -> Result<Saved> {
+        if let Some(permits) = key.permits() {
+            return self.semaphore_save(key, permits, ttl).await;
+        }
         self.save_mode(key, ttl, Mode::Write).await
     }
 
     /// One round trip: prune, join readers or demote the caller's write lock.
     async fn save_read(&self, key: &Key, ttl: Option<Duration>) -> Result<Saved> {
+        if key.permits().is_some() {
+            return Err(semaphore::no_shared_permits(self, key));
+        }
         self.save_mode(key, ttl, Mode::Read).await
     }
 
     /// One round trip; refuses (and removes) an entry whose lease already ended.
     async fn put_off_expiration(&self, key: &Key, ttl: Duration) -> Result<Holding> {
+        if key.permits().is_some() {
+            return self.semaphore_put_off(key, ttl).await;
+        }
         key.reduce_lifetime(ttl);
         let code: i64 = self
             .eval(
@@ -420,6 +460,9 @@ impl Store for RedisStore {
 
     /// One round trip; `true` only if a live lease was removed (an ended one counts as lost).
     async fn delete(&self, key: &Key) -> Result<bool> {
+        if key.permits().is_some() {
+            return self.semaphore_delete(key).await;
+        }
         let removed: i64 = self
             .eval(&self.inner.scripts.delete, key, None, Keys::Queue, None)
             .await?;
@@ -429,29 +472,24 @@ impl Store for RedisStore {
     /// Read-only: the token's score is later than the server's now; the write marker beside
     /// it makes it a writer.
     async fn exists(&self, key: &Key) -> Result<Holding> {
-        if !self.inner.legacy_exists.load(Ordering::Relaxed) {
-            match self
-                .eval::<i64>(&self.inner.scripts.exists, key, None, Keys::ReadOnly, None)
-                .await
-            {
-                Ok(code) => return Ok(holding(code)),
-                // Redis < 7 does not know script flags: use the same script without them.
-                Err(e) if e.to_string().contains("shebang") || e.to_string().contains("flag") => {
-                    self.inner.legacy_exists.store(true, Ordering::Relaxed);
-                }
-                Err(e) => return Err(e),
-            }
+        if key.permits().is_some() {
+            return self.semaphore_exists(key).await;
         }
-        let code: i64 = self
-            .eval(
-                &self.inner.scripts.exists_legacy,
-                key,
-                None,
-                Keys::ReadOnly,
-                None,
-            )
+        let scripts = &self.inner.scripts;
+        let code = self
+            .read_only_script(&scripts.exists, &scripts.exists_legacy, key, || Call {
+                keys: self.script_keys(key, Keys::ReadOnly),
+                read_only: true,
+                ticket: None,
+                extra: Vec::new(),
+            })
             .await?;
         Ok(holding(code))
+    }
+
+    /// Permits held, the stored limit and the holders, from Symfony's two sets.
+    async fn usage(&self, key: &Key) -> Result<super::Usage> {
+        self.semaphore_usage(key).await
     }
 
     /// Registers the holder as a waiter: its next refused save queues it on the server (in the
@@ -461,6 +499,9 @@ impl Store for RedisStore {
     /// announces its release (this library's holders); beside a Python or PHP holder the lock
     /// polls.
     async fn watch(&self, key: &Key, waiting_since: SystemTime) -> Result<Option<Watcher>> {
+        if key.permits().is_some() {
+            return self.semaphore_watch(key, waiting_since).await;
+        }
         let lock_key = self.key_for(key.resource());
         Ok(self
             .inner

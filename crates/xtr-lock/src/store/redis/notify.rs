@@ -160,6 +160,22 @@ impl Notifier {
     /// The ticket a save of `key`'s holder on `lock_key` sends: `Some` while it waits here and
     /// the wake channel is subscribed.
     pub(super) fn ticket(&self, lock_key: &str, key: &Key, mode: Mode) -> Option<Ticket> {
+        let tag = match mode {
+            Mode::Write => 'w',
+            Mode::Read => 'r',
+        };
+        self.ticket_tagged(lock_key, key, tag, "")
+    }
+
+    /// A ticket that starts with `tag` (`w`, `r`; `s` for a semaphore's waiter) and ends with
+    /// `suffix` (a semaphore waiter's `.<permits>`).
+    pub(super) fn ticket_tagged(
+        &self,
+        lock_key: &str,
+        key: &Key,
+        tag: char,
+        suffix: &str,
+    ) -> Option<Ticket> {
         let st = self.state();
         // The common case, nobody of this store waiting, costs a lock and no allocation.
         if !st.subscribed || st.by_holder.is_empty() {
@@ -167,11 +183,7 @@ impl Notifier {
         }
         let token = key.token(super::KIND);
         let waiter = st.by_holder.get(&(lock_key.to_owned(), token))?.clone();
-        let mode = match mode {
-            Mode::Write => 'w',
-            Mode::Read => 'r',
-        };
-        let text = format!("{mode}{}{}{}", waiter.token, self.id, waiter.seq);
+        let text = format!("{tag}{}{}{}{suffix}", waiter.token, self.id, waiter.seq);
         *lock(&waiter.queued) = Some(text.clone());
         let since_us = waiter.since_us.load(Ordering::Relaxed);
         Some(Ticket {
@@ -339,20 +351,31 @@ fn micros(t: SystemTime) -> u64 {
         .map_or(1, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }
 
-/// A wake: `<store id><waiter number> <lock key>`. Wakes that waiter, or passes the wake on
-/// when it is gone.
+/// A wake: `<store id><waiter number> <lock key>` (a semaphore waiter's: `<store id><waiter
+/// number>.<permits> <time key>`). Wakes that waiter, or passes a lock's wake on when its
+/// waiter is gone.
 fn on_wake(state: &Arc<Mutex<State>>, store: &Weak<Inner>, payload: &str) {
     let Some((who, lock_key)) = payload.split_once(' ') else {
         return;
     };
-    let seq = who.get(22..).and_then(|n| n.parse::<u64>().ok());
+    let (number, semaphore) = match who.get(22..).map(|n| n.split_once('.')) {
+        Some(Some((number, _))) => (Some(number), true),
+        Some(None) => (who.get(22..), false),
+        None => (None, false),
+    };
+    let seq = number.and_then(|n| n.parse::<u64>().ok());
     let waiter = seq.and_then(|seq| lock(state).by_seq.get(&seq).cloned());
     match waiter {
         Some(waiter) if waiter.lock_key == lock_key => {
-            // The release took the ticket out of the queue.
-            *lock(&waiter.queued) = None;
+            // A lock's release took the ticket out of the queue; a semaphore waiter keeps it
+            // (and its permits) until it gets in or leaves.
+            if !semaphore {
+                *lock(&waiter.queued) = None;
+            }
             waiter.wake.notify_one();
         }
+        // A semaphore waiter that left took its ticket out and woke who fits then.
+        _ if semaphore => {}
         _ => pass_on(store, lock_key),
     }
 }
@@ -420,6 +443,10 @@ impl Drop for WatchGuard {
             return; // its wake will be passed on
         };
         let store = RedisStore { inner };
+        if ticket.starts_with('s') {
+            store.semaphore_leave(&self.waiter.lock_key, ticket);
+            return;
+        }
         let queue = store.queue_key_of(&self.waiter.lock_key);
         runtime.spawn(async move {
             let Ok(mut conn) = store.conn().await else {

@@ -30,7 +30,7 @@
 //! holder holds it now (taken over).
 
 /// Shared helpers, prepended to each script.
-const PRELUDE: &str = r#"
+pub(super) const PRELUDE: &str = r#"
 -- The clock in microseconds: the server's TIME, read once per script, or the client's.
 local clock_us
 local function now_us()
@@ -371,10 +371,15 @@ impl Scripts {
 /// order. Every script runs its prelude on every call (each `local function` is a closure made
 /// anew), so a script carries only what it uses.
 fn prelude_for(body: &str) -> String {
+    prelude_from(PRELUDE, body)
+}
+
+/// The helpers of `prelude` that `body` calls (see [`prelude_for`]).
+pub(super) fn prelude_from(prelude: &str, body: &str) -> String {
     // A helper is a comment followed by its code; its names are the functions it defines.
     let mut chunks: Vec<String> = Vec::new();
     let mut current = String::new();
-    for line in PRELUDE.lines().filter(|l| !l.is_empty()) {
+    for line in prelude.lines().filter(|l| !l.is_empty()) {
         let starts_helper = line.starts_with("-- ")
             && !current.is_empty()
             && !current

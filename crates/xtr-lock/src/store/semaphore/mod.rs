@@ -15,7 +15,10 @@ use crate::key::{Key, Mode};
 use crate::mutex::lock;
 use crate::store::LostReason;
 
+mod counting;
 mod sys;
+
+pub use counting::counting_semaphore_key;
 
 /// How long a blocking thread waits in the kernel before it checks whether its wait was
 /// dropped. A release wakes it at once; this only bounds how long a dropped wait keeps a thread.
@@ -43,6 +46,9 @@ pub fn semaphore_key(resource: &str) -> i32 {
 /// - Releasing removes the set (`IPC_RMID`), as Symfony does: processes waiting on it wake with
 ///   `EIDRM` and make a new one. Where the set belongs to another user who did not let us
 ///   remove it, the unit is given back instead, which wakes waiters the same way.
+/// - Counting semaphores are counted by the kernel: a set of two (permits free, limit) under
+///   [`counting_semaphore_key`], taken in one atomic `semop` with `SEM_UNDO`, so a dead
+///   holder's permits come back at once (see `docs/semaphores.md`).
 /// - Waits are the kernel's: a blocked `semtimedop` on a blocking thread of the runtime, woken
 ///   by the release. A dropped wait returns its thread within 50 ms, giving back a lock it got
 ///   meanwhile.
@@ -356,7 +362,7 @@ impl Store for SemaphoreStore {
             liveness: true,
             observes_loss: false,
             leased: false,
-            counting: false,
+            counting: true,
         }
     }
 
@@ -376,6 +382,9 @@ impl Store for SemaphoreStore {
     /// Takes the lock if it is free, without waiting; a holder that already holds keeps it.
     /// The ttl is ignored (semaphores do not expire).
     async fn save(&self, key: &Key, _ttl: Option<Duration>) -> Result<Saved> {
+        if let Some(permits) = key.permits() {
+            return self.sem_take(key, permits, false).await;
+        }
         self.take(key, false).await
     }
 
@@ -387,17 +396,23 @@ impl Store for SemaphoreStore {
     /// Cancel-safe: dropped while waiting, its thread stops within 50 ms and gives back a lock
     /// it took meanwhile; nothing stays held or counted in.
     async fn wait_and_save(&self, key: &Key, _ttl: Option<Duration>) -> Result<Saved> {
+        if let Some(permits) = key.permits() {
+            return self.sem_take(key, permits, true).await;
+        }
         self.take(key, true).await
     }
 
     /// Checks that the holder's set is still there with its lock taken (nothing expires).
     async fn put_off_expiration(&self, key: &Key, _ttl: Duration) -> Result<Holding> {
-        self.check(key)
+        self.exists(key).await
     }
 
     /// Removes the holder's set (waiters wake and make a new one). `false` when it held nothing
     /// or its set was already gone.
     async fn delete(&self, key: &Key) -> Result<bool> {
+        if key.permits().is_some() {
+            return Ok(self.sem_delete(key));
+        }
         let Some(handle) = key.existing_handle::<Handle>(self.owner) else {
             return Ok(false);
         };
@@ -409,7 +424,19 @@ impl Store for SemaphoreStore {
 
     /// The holder's set, checked against the key's current set.
     async fn exists(&self, key: &Key) -> Result<Holding> {
+        if key.permits().is_some() {
+            return self.sem_check(key);
+        }
         self.check(key)
+    }
+
+    /// A counting semaphore's permits in use and its limit (no holders: the kernel does not
+    /// say who holds a semaphore's units).
+    async fn usage(&self, key: &Key) -> Result<crate::Usage> {
+        if key.permits().is_none() {
+            return Ok(crate::Usage::default());
+        }
+        self.sem_usage(key)
     }
 
     /// The holder of `resource`'s semaphore, with its process (the last process that changed

@@ -18,8 +18,8 @@ use std::time::Duration;
 const LOCK: u16 = 0;
 const USAGE: u16 = 1;
 const GUARD: u16 = 2;
-const UNDO: i16 = libc::SEM_UNDO as i16;
-const NOWAIT: i16 = libc::IPC_NOWAIT as i16;
+pub(super) const UNDO: i16 = libc::SEM_UNDO as i16;
+pub(super) const NOWAIT: i16 = libc::IPC_NOWAIT as i16;
 
 // glibc has `semtimedop`, the libc crate does not declare it for every target.
 unsafe extern "C" {
@@ -31,7 +31,7 @@ unsafe extern "C" {
     ) -> libc::c_int;
 }
 
-fn op(num: u16, change: i16, flags: i16) -> libc::sembuf {
+pub(super) fn op(num: u16, change: i16, flags: i16) -> libc::sembuf {
     libc::sembuf {
         sem_num: num,
         sem_op: change,
@@ -41,7 +41,7 @@ fn op(num: u16, change: i16, flags: i16) -> libc::sembuf {
 
 /// `semtimedop` on `ops`, waiting at most `wait` (`None`: no wait at all, the ops carry
 /// `IPC_NOWAIT`). `Ok(false)` when it would block or the wait ran out; `EINTR` retried.
-fn apply(id: i32, ops: &mut [libc::sembuf], wait: Option<Duration>) -> io::Result<bool> {
+pub(super) fn apply(id: i32, ops: &mut [libc::sembuf], wait: Option<Duration>) -> io::Result<bool> {
     let timeout = wait.map(|w| libc::timespec {
         tv_sec: libc::time_t::try_from(w.as_secs()).unwrap_or(libc::time_t::MAX),
         // Under 10^9: fits every target's c_long.
@@ -157,7 +157,7 @@ pub(super) fn existing(key: i32) -> io::Result<Option<i32>> {
 }
 
 /// `semctl(id, num, cmd)` for a query that takes no fourth argument (GETVAL, GETPID).
-fn query(id: i32, num: u16, cmd: libc::c_int) -> io::Result<i32> {
+pub(super) fn query(id: i32, num: u16, cmd: libc::c_int) -> io::Result<i32> {
     // SAFETY: GETVAL and GETPID take no fourth argument; plain integers.
     let answer = unsafe { libc::semctl(id, num.into(), cmd) };
     if answer < 0 {
@@ -184,4 +184,35 @@ pub(super) fn is_removed(err: &io::Error) -> bool {
 /// Whether `err` is a refusal to remove a set someone else owns.
 pub(super) fn is_not_permitted(err: &io::Error) -> bool {
     err.raw_os_error() == Some(libc::EPERM)
+}
+
+/// Makes a new set of `nsems` semaphores (all 0) for `key`, mode 0666: `Ok(None)` when `key`
+/// has one already.
+pub(super) fn create_exclusive(key: i32, nsems: i32) -> io::Result<Option<i32>> {
+    // SAFETY: semget takes plain integers.
+    let id = unsafe { libc::semget(key, nsems, 0o666 | libc::IPC_CREAT | libc::IPC_EXCL) };
+    if id >= 0 {
+        return Ok(Some(id));
+    }
+    let err = io::Error::last_os_error();
+    match err.raw_os_error() {
+        Some(libc::EEXIST) => Ok(None),
+        _ => Err(err),
+    }
+}
+
+/// The last `semop` time of set `id` (0: no `semop` yet, its creator has not set it up).
+pub(super) fn last_op_time(id: i32) -> io::Result<i64> {
+    let mut ds = std::mem::MaybeUninit::<libc::semid_ds>::zeroed();
+    // SAFETY: IPC_STAT's fourth argument is `union semun`, whose `buf` member is a pointer to
+    // a `semid_ds`; a pointer is passed the same way through the varargs. `ds` is a live,
+    // zeroed local the kernel fills during the call.
+    if unsafe { libc::semctl(id, 0, libc::IPC_STAT, ds.as_mut_ptr()) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: zeroed is a valid `semid_ds` (plain integers), and the kernel filled it.
+    let ds = unsafe { ds.assume_init() };
+    // `time_t` is `i64` on 64-bit targets, narrower elsewhere.
+    #[allow(clippy::useless_conversion)]
+    Ok(i64::from(ds.sem_otime))
 }

@@ -13,6 +13,7 @@ use crate::error::{Error, LostReason, Result};
 use crate::key::Mode;
 use crate::store::etcd::conn::lease_not_found;
 use crate::store::etcd::queue::{self, Entry};
+use crate::store::etcd::semaphore;
 
 /// The first and the longest pause between tries of the stale keys' deletes.
 pub(super) const RETRY_FIRST: Duration = Duration::from_millis(100);
@@ -89,20 +90,32 @@ impl Actor {
             let kind = kind_of(mode);
             let taken = self.held.as_ref().map(|m| m.entry.key.clone());
             let key = queue::name(&self.dir, lease, kind, taken.as_deref());
-            let txn = Txn::new().and_then([
-                TxnOp::put(
-                    key.clone(),
-                    kind.value(),
-                    Some(PutOptions::new().with_lease(lease)),
-                ),
-                TxnOp::get(self.dir.clone(), Some(list_options())),
-            ]);
+            let txn = match self.permits {
+                // A semaphore's key goes in only beside keys of the same limit.
+                Some(permits) => {
+                    semaphore::put(&self.dir, key.clone(), permits, lease, list_options())
+                }
+                None => Txn::new().and_then([
+                    TxnOp::put(
+                        key.clone(),
+                        kind.value(),
+                        Some(PutOptions::new().with_lease(lease)),
+                    ),
+                    TxnOp::get(self.dir.clone(), Some(list_options())),
+                ]),
+            };
             match self.core.txn(txn).await {
                 Ok(r) => {
-                    // A stale key of that name is this one again, adopted.
-                    self.stale.retain(|s| s.key != key);
                     let revision = r.header().map_or(0, |h| h.revision());
                     let queue = listed(&self.dir, &r.op_responses());
+                    if let Some(permits) = self.permits
+                        && !semaphore::landed(&r)
+                    {
+                        return Err(semaphore::refused(&queue, permits, &self.resource)
+                            .with_store(&*self.core.shown));
+                    }
+                    // A stale key of that name is this one again, adopted.
+                    self.stale.retain(|s| s.key != key);
                     let Some(me) = queue.iter().find(|e| e.key == key).cloned() else {
                         return Err(self.error(Error::storage(
                             "the queue key vanished as it was put (its lease ended)",

@@ -17,15 +17,17 @@ use tokio::sync::{mpsc, oneshot, watch};
 use super::clock::BootInstant;
 use super::conn::Core;
 use super::lease::{Lease, State, lease_gone};
-use super::queue::{self, Entry, Kind, Place};
+use super::queue::{self, Entry, Kind};
+use crate::permits::Permits;
 use crate::store::tasks::Task;
 
+mod enqueue;
 mod keys;
 mod ops;
 use crate::error::{Error, LostReason, Result};
 use crate::key::Mode;
 use crate::mutex::lock;
-use crate::store::{Acquired, Conflict, Holding, Saved};
+use crate::store::{Acquired, Holding, Saved};
 use keys::Stale;
 
 pub(super) enum Cmd {
@@ -82,14 +84,24 @@ pub(super) fn lease_remaining(confirmed: &Confirmed) -> Option<Duration> {
     Some(super::clock::left(until, BootInstant::now()))
 }
 
-/// Starts the task of one holder of `resource`.
-pub(super) fn start(core: Arc<Core>, resource: String, confirmed: Confirmed) -> Task<Cmd, Life> {
+/// Starts the task of one holder of `resource`: a lock's, or a semaphore's holder of
+/// `permits` (its keys in the semaphore's directory).
+pub(super) fn start(
+    core: Arc<Core>,
+    resource: String,
+    confirmed: Confirmed,
+    permits: Option<Permits>,
+) -> Task<Cmd, Life> {
     let (tx, rx) = mpsc::unbounded_channel();
     let (life_tx, life) = watch::channel(Life::default());
     let (lost_tx, lost_rx) = mpsc::unbounded_channel();
-    let dir = queue::dir(&core.config.prefix, &resource);
+    let dir = match permits {
+        Some(_) => super::semaphore::dir(&core.config.prefix, &resource),
+        None => queue::dir(&core.config.prefix, &resource),
+    };
     let actor = Actor {
         confirmed,
+        permits,
         core,
         resource,
         dir,
@@ -129,6 +141,8 @@ impl Drop for Mine {
 
 struct Actor {
     confirmed: Confirmed,
+    /// A semaphore's holder: the permits it takes (`None` for a lock's holder).
+    permits: Option<Permits>,
     core: Arc<Core>,
     resource: String,
     dir: Vec<u8>,
@@ -459,115 +473,6 @@ impl Actor {
             Err(e) => Some(Err(self.error(e))),
         }
     }
-
-    /// Puts a key of `mode` in the queue (a promotion's writer key beside the read key) and
-    /// waits until it is first, or gives up at once when `wait` is false. `None`: the caller left
-    /// and nothing is to be answered. A key that does not hold is deleted again (with its lease
-    /// when nothing else is held on it: between commands).
-    async fn enqueue(
-        &mut self,
-        mode: Mode,
-        wait: bool,
-        ttl: Duration,
-        reply: &mut oneshot::Sender<Result<Saved>>,
-    ) -> Option<Result<Saved>> {
-        let promoting = self.holds() == Some(Mode::Read);
-        let kept = promoting.then_some(Mode::Read);
-        let (mut me, mut read) = match self.put(mode, ttl).await {
-            Ok(v) => v,
-            Err(e) => return Some(Err(e)),
-        };
-        loop {
-            let own = self.own_leases();
-            let waited = match queue::place(&read.queue, &me, &own, promoting) {
-                Place::Mine => {
-                    if reply.is_closed() {
-                        // Nobody will receive the grant: give it back.
-                        self.drop_key(&me).await;
-                        return None;
-                    }
-                    match self.unconfirmed(&me, promoting, reply).await {
-                        None => return Some(self.granted(me, read.revision).await),
-                        Some(waited) => waited,
-                    }
-                }
-                Place::Deadlock => {
-                    self.drop_key(&me).await;
-                    return Some(if wait {
-                        Err(self.error(Error::conflict(&self.resource).with_reason(
-                            "deadlock: a writer queued before this promotion waits for this \
-                             holder's read lock; the promotion gave way and the read lock is kept",
-                        )))
-                    } else {
-                        Ok(Conflict::new().with_kept(kept).into())
-                    });
-                }
-                Place::After(_) if !wait => {
-                    self.drop_key(&me).await;
-                    return Some(Ok(Conflict::new().with_kept(kept).into()));
-                }
-                Place::After(before) => self.wait_for(&me, &before, read.revision, reply).await,
-            };
-            match waited {
-                Waited::Again(next) => read = next,
-                Waited::Requeue => match self.requeue(mode, ttl, reply).await {
-                    Some((again, next)) => (me, read) = (again, next),
-                    None => return None,
-                },
-                Waited::Left => {
-                    self.drop_key(&me).await;
-                    return None;
-                }
-                Waited::Lost => {
-                    self.drop_key(&me).await;
-                    return Some(Ok(Conflict::new().into()));
-                }
-                Waited::Failed(e) => {
-                    self.drop_key(&me).await;
-                    return Some(Err(e));
-                }
-            }
-        }
-    }
-
-    /// The new key holds (seen at revision `seen_at`): it replaces a read key it promoted, and
-    /// its delete is watched.
-    async fn granted(&mut self, me: Entry, seen_at: i64) -> Result<Saved> {
-        if let Some(old) = self.held.take() {
-            // The promotion holds: the read key goes (its loss watch first). Until its delete
-            // lands, it is this holder's own and blocks only others.
-            let entry = old.entry.clone();
-            drop(old);
-            self.delete_or_keep(&entry).await;
-        }
-        let watch = super::watch::loss(
-            self.core.clone(),
-            me.key.clone(),
-            me.rev,
-            self.lost_tx.clone(),
-        );
-        let at = token(seen_at.max(me.rev));
-        self.held = Some(Mine {
-            entry: me,
-            token: at,
-            watch: Some(watch),
-        });
-        self.lost = None;
-        Ok(Acquired::fenced(at).into())
-    }
-}
-
-/// How a wait for the predecessor ended.
-enum Waited {
-    /// It changed (or may have): here is the queue read again.
-    Again(Read),
-    /// The waiting key went with its lease (or may have): queue again.
-    Requeue,
-    /// The caller gave up.
-    Left,
-    /// The read key of a promotion went: nothing is held any more.
-    Lost,
-    Failed(Error),
 }
 
 /// Every key under the directory with its value, in create-revision order.
@@ -577,13 +482,9 @@ fn list_options() -> GetOptions {
         .with_sort(SortTarget::Create, SortOrder::Ascend)
 }
 
-/// The queue from the answers of a transaction (its range reads).
+/// The queue from the answers of a transaction (its range reads, nested ones included).
 fn listed(dir: &[u8], answers: &[TxnOpResponse]) -> Vec<Entry> {
-    let kvs = answers.iter().flat_map(|a| match a {
-        TxnOpResponse::Get(g) => g.kvs().to_vec(),
-        _ => Vec::new(),
-    });
-    let kvs: Vec<_> = kvs.collect();
+    let kvs = super::semaphore::read_kvs(answers);
     queue::entries(
         dir,
         kvs.iter()

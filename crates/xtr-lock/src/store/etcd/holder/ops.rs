@@ -5,12 +5,24 @@ use std::time::Duration;
 use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
 use tokio::sync::oneshot;
 
-use super::{Actor, Cmd, Read, Waited, list_options, listed};
+use super::enqueue::Waited;
+use super::{Actor, Cmd, Read, list_options, listed};
 use crate::error::{Error, LostReason, Result};
 use crate::key::Mode;
+use crate::store::etcd::conn::Core;
 use crate::store::etcd::lease::lease_gone;
-use crate::store::etcd::queue::Entry;
+use crate::store::etcd::queue::{Entry, Place};
+use crate::store::etcd::watch;
 use crate::store::{Conflict, Holding, Saved};
+
+/// Until what `waits` waits for may have changed, from revision `from` on.
+async fn turn(core: &Core, dir: &[u8], waits: &Place, from: i64) -> Result<()> {
+    match waits {
+        Place::After(before) => watch::changed(core, &before.key, from).await,
+        Place::Short { ahead, need } => watch::freed(core, dir, ahead, *need, from).await,
+        Place::Mine | Place::Deadlock => Ok(()),
+    }
+}
 
 impl Actor {
     /// A command that came in while a wait is pending: answered now, except another wait,
@@ -42,12 +54,14 @@ impl Actor {
         }
     }
 
-    /// Waits until `before` (the key `me` waits for) changes, then reads the queue again. Keeps
-    /// its place through broken streams and leader changes, for as long as the lease lives.
+    /// Waits until what `me` waits for (`waits`: the key before it, or the keys before a
+    /// semaphore's key giving back enough permits) may have changed, then reads the queue
+    /// again. Keeps its place through broken streams and leader changes, for as long as the
+    /// lease lives.
     pub(super) async fn wait_for(
         &mut self,
         me: &Entry,
-        before: &Entry,
+        waits: &Place,
         revision: i64,
         reply: &mut oneshot::Sender<Result<Saved>>,
     ) -> Waited {
@@ -55,7 +69,7 @@ impl Actor {
         let mut retry = super::keys::RETRY_FIRST;
         loop {
             let lease = self.lease.as_ref().map(|l| l.state.clone());
-            let core = self.core.clone();
+            let (core, dir) = (self.core.clone(), self.dir.clone());
             // A promotion holds a read lock on the lease: it is lost once the lease is not
             // confirmed. A plain wait holds nothing: it waits on while the lease may live (the
             // cluster paused or cut off), and queues again if it does not.
@@ -70,7 +84,7 @@ impl Actor {
                 // lock's reconcile must find the wait's key already gone).
                 biased;
                 () = reply.closed() => return Waited::Left,
-                r = super::super::watch::changed(&core, &before.key, revision + 1) => r,
+                r = turn(&core, &dir, waits, revision + 1) => r,
                 () = lease_gone(lease, !promoting) => {
                     if !promoting {
                         return Waited::Requeue;
@@ -148,20 +162,22 @@ impl Actor {
 
     /// The waiting key (not a promotion's) went with its lease, or may have: the lease is given
     /// up and the wait queues again at the back, with a new one, trying again (until the caller
-    /// leaves) while the cluster does not answer. `None`: the caller left.
+    /// leaves) while the cluster does not answer. `None`: the caller left; an error: a
+    /// semaphore's holders now use another limit.
     pub(super) async fn requeue(
         &mut self,
         mode: Mode,
         ttl: Duration,
         reply: &mut oneshot::Sender<Result<Saved>>,
-    ) -> Option<(Entry, Read)> {
+    ) -> Option<Result<(Entry, Read)>> {
         tracing::info!(target: crate::logging::TARGET, resource = %self.resource,
             store = %self.core.shown, "the waiting key's lease ended; queueing again");
         self.abandon_lease();
         let mut pause = Duration::from_millis(50);
         loop {
             match self.put(mode, ttl).await {
-                Ok(v) => return Some(v),
+                Ok(v) => return Some(Ok(v)),
+                Err(e) if e.kind() == crate::ErrorKind::InvalidArgument => return Some(Err(e)),
                 Err(e) => {
                     tracing::debug!(target: crate::logging::TARGET, resource = %self.resource,
                         error = %e, "cannot queue again yet; trying again");

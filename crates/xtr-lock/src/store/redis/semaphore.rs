@@ -1,0 +1,264 @@
+//! Counting semaphores on [`RedisStore`], in Symfony Semaphore 5.4's layout, so PHP holders
+//! and ours count together (see `semaphore_scripts.rs` and `docs/semaphores.md`).
+//!
+//! A semaphore `r` is apart from the lock `r`: its keys are `<prefix>{r}:time` and
+//! `<prefix>{r}:weight` (Symfony's), our stored limit and its wait queue at keys no resource
+//! can name (`<prefix>` `0xFF` `xtr-lock:limit:{r}`, `… queue:{r}:time`). Waiters are woken
+//! through the lock's wake channel and queue machinery (`notify.rs`), with tickets that carry
+//! the permits they wait for.
+
+use std::time::{Duration, SystemTime};
+
+use super::conn::Call;
+use super::{FENCE_KEY, RedisStore};
+use crate::error::{Error, Result};
+use crate::key::{Key, Mode};
+use crate::permits::Permits;
+use crate::store::{
+    Acquired, Conflict, HolderInfo, Holding, LostReason, Saved, Usage, Watcher, check_expiry,
+};
+
+/// What a semaphore script's reply code means for the holder.
+fn holding(code: i64) -> Holding {
+    match code {
+        2 => Holding::Held(Mode::Write),
+        -1 => Holding::NotHeld(LostReason::Expired),
+        _ => Holding::NotHeld(LostReason::Removed),
+    }
+}
+
+impl RedisStore {
+    /// Symfony's time set of the semaphore `resource`: `<prefix>{<resource>}:time`. Also the
+    /// name the wake machinery knows the semaphore by.
+    pub fn semaphore_key(&self, resource: &str) -> String {
+        format!("{}{{{resource}}}:time", self.prefix())
+    }
+
+    /// The semaphore whose time set is `time_key`, if it is one.
+    pub(super) fn semaphore_of(&self, time_key: &str) -> Option<String> {
+        let tagged = time_key.strip_prefix(self.prefix())?;
+        let inner = tagged.strip_prefix('{')?.strip_suffix("}:time")?;
+        Some(inner.to_owned())
+    }
+
+    /// The keys every semaphore script takes (see `semaphore_scripts.rs`).
+    fn semaphore_keys(&self, resource: &str) -> Vec<Vec<u8>> {
+        let time = self.semaphore_key(resource);
+        let queue = self.queue_key_of(&time);
+        vec![
+            time.into_bytes(),
+            format!("{}{{{resource}}}:weight", self.prefix()).into_bytes(),
+            self.internal_key(&format!("limit:{{{resource}}}")),
+            self.internal_key(FENCE_KEY),
+            queue,
+        ]
+    }
+
+    fn call<'a>(&self, key: &Key, read_only: bool, ticket: Option<(&'a str, u64)>) -> Call<'a> {
+        let (limit, count) = key.permits().map_or((String::new(), String::new()), |p| {
+            (p.limit().to_string(), p.count().to_string())
+        });
+        Call {
+            keys: self.semaphore_keys(key.resource()),
+            read_only,
+            ticket,
+            extra: vec![limit, count],
+        }
+    }
+
+    /// One round trip: prune, check the limit, leave earlier waiters their permits, admit.
+    pub(super) async fn semaphore_save(
+        &self,
+        key: &Key,
+        permits: Permits,
+        ttl: Option<Duration>,
+    ) -> Result<Saved> {
+        let ttl = self.ttl(key, ttl)?;
+        key.reduce_lifetime(ttl);
+        let time_key = self.semaphore_key(key.resource());
+        let suffix = format!(".{}", permits.count());
+        let ticket = self
+            .inner
+            .notifier
+            .ticket_tagged(&time_key, key, 's', &suffix);
+        let call = self.call(
+            key,
+            false,
+            ticket.as_ref().map(|t| (t.text.as_str(), t.since_us)),
+        );
+        let (granted, value, announced): (i64, i64, i64) = self
+            .eval_call(&self.inner.sem.save, key, Some(ttl), call)
+            .await?;
+        if let Some(ticket) = &ticket {
+            self.inner
+                .notifier
+                .answered(ticket, granted == 1, announced == 1);
+        }
+        match granted {
+            1 => {
+                check_expiry(self, key).await?;
+                Ok(Saved::Acquired(match u64::try_from(value) {
+                    Ok(fence) if fence > 0 => Acquired::fenced(fence),
+                    _ => Acquired::new(),
+                }))
+            }
+            -2 => {
+                let stored = u32::try_from(value).unwrap_or(u32::MAX);
+                Err(permits
+                    .limit_mismatch(key.resource(), stored)
+                    .with_store(self))
+            }
+            -3 => {
+                let held = u32::try_from(value).unwrap_or(u32::MAX);
+                Err(
+                    crate::store::memory::count_changed(key.resource(), held, permits.count())
+                        .with_store(self),
+                )
+            }
+            _ => Ok(Saved::Conflict(match u64::try_from(value) {
+                Ok(ms) if ms > 0 => Conflict::new().with_retry_after(Duration::from_millis(ms)),
+                _ => Conflict::new(),
+            })),
+        }
+    }
+
+    /// One round trip; an ended lease is removed, never revived.
+    pub(super) async fn semaphore_put_off(&self, key: &Key, ttl: Duration) -> Result<Holding> {
+        key.reduce_lifetime(ttl);
+        let call = self.call(key, false, None);
+        let code: i64 = self
+            .eval_call(&self.inner.sem.put_off, key, Some(ttl), call)
+            .await?;
+        let held = holding(code);
+        if held.is_held() {
+            check_expiry(self, key).await?;
+        }
+        Ok(held)
+    }
+
+    /// One round trip; `true` only if a live lease was removed. Wakes the waiters that fit.
+    pub(super) async fn semaphore_delete(&self, key: &Key) -> Result<bool> {
+        let call = self.call(key, false, None);
+        let removed: i64 = self
+            .eval_call(&self.inner.sem.delete, key, None, call)
+            .await?;
+        Ok(removed == 1)
+    }
+
+    /// Read-only (a `no-writes` script on Redis ≥ 7, the same body without the flag before).
+    pub(super) async fn semaphore_exists(&self, key: &Key) -> Result<Holding> {
+        let code: i64 = self
+            .read_only_script(
+                &self.inner.sem.exists,
+                &self.inner.sem.exists_legacy,
+                key,
+                || self.call(key, true, None),
+            )
+            .await?;
+        Ok(holding(code))
+    }
+
+    /// Registers the holder as a waiter on the semaphore: its next refused save queues it.
+    pub(super) async fn semaphore_watch(
+        &self,
+        key: &Key,
+        waiting_since: SystemTime,
+    ) -> Result<Option<Watcher>> {
+        let time_key = self.semaphore_key(key.resource());
+        Ok(self
+            .inner
+            .notifier
+            .watch(self, time_key, key, waiting_since)
+            .await)
+    }
+
+    /// A waiter's ticket leaves the queue of the semaphore at `time_key`, waking who now fits
+    /// (in the background; from a dropped watcher).
+    pub(super) fn semaphore_leave(&self, time_key: &str, ticket: String) {
+        let Some(resource) = self.semaphore_of(time_key) else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let store = self.clone();
+        runtime.spawn(async move {
+            let key = Key::new(resource);
+            let mut call = store.call(&key, false, Some((ticket.as_str(), 0)));
+            call.extra = vec![String::new(), String::new()];
+            let left: Result<i64> = store
+                .eval_call(&store.inner.sem.leave, &key, None, call)
+                .await;
+            if let Err(err) = left {
+                tracing::debug!(target: crate::logging::TARGET, resource = key.resource(),
+                    error = %err, "cannot take a semaphore waiter out of the queue; its ticket \
+                    goes when its process is gone or the queue expires");
+            }
+        });
+    }
+
+    /// The permits held, the stored limit (while anybody holds) and the holders, from both
+    /// sets and the server's clock, in one pipeline.
+    pub(super) async fn semaphore_usage(&self, key: &Key) -> Result<Usage> {
+        let resource = key.resource();
+        let mut conn = self.conn().await.map_err(|e| e.with_resource(resource))?;
+        let keys = self.semaphore_keys(resource);
+        type Reply = (
+            Vec<(String, f64)>,
+            Vec<(String, f64)>,
+            Option<u32>,
+            (u64, u64),
+        );
+        let (times, weights, limit, time): Reply = self
+            .read(
+                redis::pipe()
+                    .cmd("ZRANGE")
+                    .arg(&keys[0])
+                    .arg(0)
+                    .arg(-1)
+                    .arg("WITHSCORES")
+                    .cmd("ZRANGE")
+                    .arg(&keys[1])
+                    .arg(0)
+                    .arg(-1)
+                    .arg("WITHSCORES")
+                    .cmd("GET")
+                    .arg(&keys[2])
+                    .cmd("TIME")
+                    .query_async(&mut conn),
+            )
+            .await
+            .map_err(|e| self.redis_error(e, Some(resource)))?;
+        let now_ms = (time.0 * 1000 + time.1 / 1000) as f64;
+        let mut usage = Usage::default();
+        for (token, weight) in weights {
+            let Some((_, ends)) = times.iter().find(|(t, _)| *t == token) else {
+                continue;
+            };
+            let ends_ms = ends * 1000.0;
+            if ends_ms <= now_ms {
+                continue;
+            }
+            // Weights are whole permits (Symfony's too); anything else counts as its floor.
+            let permits = weight.max(0.0) as u32;
+            usage.used = usage.used.saturating_add(permits);
+            let left = Duration::from_millis((ends_ms - now_ms) as u64);
+            usage.holders.push(
+                HolderInfo::new(Mode::Write, None, Some(left))
+                    .with_token(&token)
+                    .with_permits(permits),
+            );
+        }
+        if !usage.holders.is_empty() {
+            usage.limit = limit;
+        }
+        Ok(usage)
+    }
+}
+
+/// Refuses a semaphore key where only locks go (`save_read`).
+pub(super) fn no_shared_permits(store: &RedisStore, key: &Key) -> Error {
+    Error::invalid_argument("a semaphore's permits are taken with save, never as a read lock")
+        .with_resource(key.resource())
+        .with_store(store)
+}

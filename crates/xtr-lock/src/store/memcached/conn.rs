@@ -146,6 +146,29 @@ impl Conn {
     pub(super) async fn get(&mut self, key: &str) -> io::Result<Option<Entry>> {
         self.send(format!("mg {key} v c t").as_bytes(), None)
             .await?;
+        self.entry().await
+    }
+
+    /// `mg <key> v c t` for each key, pipelined (in batches of 100, one round trip each): the
+    /// entries in the keys' order.
+    pub(super) async fn get_many(&mut self, keys: &[String]) -> io::Result<Vec<Option<Entry>>> {
+        let mut out = Vec::with_capacity(keys.len());
+        for batch in keys.chunks(100) {
+            for key in batch {
+                self.io
+                    .write_all(format!("mg {key} v c t\r\n").as_bytes())
+                    .await?;
+            }
+            self.io.flush().await?;
+            for _ in batch {
+                out.push(self.entry().await?);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The reply to one `mg … v c t`.
+    async fn entry(&mut self) -> io::Result<Option<Entry>> {
         let line = self.line().await?;
         if line == "EN" {
             return Ok(None);

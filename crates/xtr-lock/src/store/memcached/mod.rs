@@ -23,6 +23,8 @@ use crate::store::held::{Claim, Held};
 mod config;
 mod conn;
 mod ops;
+mod sem_ops;
+mod semaphore;
 
 use crate::mutex::lock;
 use conn::{Conn, Pool};
@@ -329,9 +331,9 @@ impl MemcachedStore {
         lock(&self.inner.wakers).notify(resource);
     }
 
-    async fn acquire(&self, key: &Key, ttl: Option<Duration>) -> Result<Saved> {
+    /// The whole seconds of an acquisition's entries: at least 2 (they may end 1 s early).
+    fn lifetime_secs(&self, key: &Key, ttl: Option<Duration>) -> Result<u64> {
         let secs = self.seconds(key, ttl)?;
-        let name = self.name(key.resource())?;
         if secs < 2 {
             return Err(Error::invalid_argument(format!(
                 "a lock in Memcached needs a ttl of at least 2 s, not {:?}: entries keep whole \
@@ -341,6 +343,12 @@ impl MemcachedStore {
             .with_resource(key.resource())
             .with_store(self));
         }
+        Ok(secs)
+    }
+
+    async fn acquire(&self, key: &Key, ttl: Option<Duration>) -> Result<Saved> {
+        let secs = self.lifetime_secs(key, ttl)?;
+        let name = self.name(key.resource())?;
         // The entry may end up to 1 s early: the local deadline is one second less, set
         // before the round trip.
         key.reduce_lifetime(Duration::from_secs(secs - 1));
@@ -425,7 +433,7 @@ impl Store for MemcachedStore {
             liveness: false,
             observes_loss: false,
             leased: false,
-            counting: false,
+            counting: true,
         }
     }
 
@@ -441,11 +449,17 @@ impl Store for MemcachedStore {
 
     /// An add, or for the holder that already holds, a read and a CAS replace.
     async fn save(&self, key: &Key, ttl: Option<Duration>) -> Result<Saved> {
+        if let Some(permits) = key.permits() {
+            return self.sem_save(key, permits, ttl).await;
+        }
         self.acquire(key, ttl).await
     }
 
     /// A read and a CAS replace with the new expiry; an entry that is gone is not re-created.
     async fn put_off_expiration(&self, key: &Key, ttl: Duration) -> Result<Holding> {
+        if let Some(permits) = key.permits() {
+            return self.sem_put_off(key, permits, ttl).await;
+        }
         if !key.has_token(KIND) {
             return Ok(Holding::NotHeld(LostReason::Removed));
         }
@@ -487,6 +501,9 @@ impl Store for MemcachedStore {
     /// A read and a delete conditional on the CAS read: `true` only if the holder's own entry
     /// was deleted. An entry that changed hands in between is never touched.
     async fn delete(&self, key: &Key) -> Result<bool> {
+        if let Some(permits) = key.permits() {
+            return self.sem_delete(key, permits).await;
+        }
         if !key.has_token(KIND) || !Self::is_valid_name(key.resource()) {
             return Ok(false);
         }
@@ -520,7 +537,11 @@ impl Store for MemcachedStore {
     /// this process). Releases by other processes, PHP's included, are seen by polling: the
     /// watcher says it covers a release only when the last refusal came from a holder here.
     async fn watch(&self, key: &Key, _waiting_since: SystemTime) -> Result<Option<Watcher>> {
-        let mut rx = lock(&self.inner.wakers).subscribe(key.resource());
+        let wake = match key.permits() {
+            Some(_) => Self::sem_wake(key.resource()),
+            None => key.resource().to_owned(),
+        };
+        let mut rx = lock(&self.inner.wakers).subscribe(&wake);
         let here = key.handle::<HolderState>(self.inner.owner).here.clone();
         Ok(Some(Watcher::with_coverage(
             async move {
@@ -534,6 +555,9 @@ impl Store for MemcachedStore {
 
     /// One read: the entry holds the holder's token.
     async fn exists(&self, key: &Key) -> Result<Holding> {
+        if let Some(permits) = key.permits() {
+            return self.sem_exists(key, permits).await;
+        }
         if !key.has_token(KIND) || !Self::is_valid_name(key.resource()) {
             return Ok(Holding::NotHeld(LostReason::Removed));
         }
@@ -577,6 +601,12 @@ impl Store for MemcachedStore {
             })
             .into_iter()
             .collect())
+    }
+
+    /// The stored limit and the slots held (one read of the limit, one pipelined read of the
+    /// slots).
+    async fn usage(&self, key: &Key) -> Result<crate::Usage> {
+        self.sem_usage(key).await
     }
 
     /// Closes the idle connections; the next request opens a new one.

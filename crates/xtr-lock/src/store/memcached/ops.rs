@@ -94,7 +94,7 @@ pub(super) enum Found {
     Missing,
 }
 
-fn unexpected(what: &str, got: Stored) -> io::Error {
+pub(super) fn unexpected(what: &str, got: Stored) -> io::Error {
     io::Error::new(
         io::ErrorKind::InvalidData,
         format!("unexpected answer to {what}: {got:?}"),

@@ -24,12 +24,16 @@ mod notify;
 mod pool;
 mod queries;
 mod schema;
+mod sem_queries;
+mod sem_sql;
+mod semaphore;
 
 use crate::mutex::lock;
 use dialect::{Flavor, Sql};
 use notify::Wakers;
 use pool::Pools;
 use queries::Pool;
+use sem_sql::SemSql;
 
 /// The token kind of SQL stores: Symfony's format (base64 of 32 bytes, 44 characters).
 const KIND: &str = "sql";
@@ -120,11 +124,15 @@ struct Inner {
     table: String,
     flavor: Flavor,
     sql: Sql,
+    /// The semaphores' statements (`<table>_sem`, `<table>_perm`).
+    sem: SemSql,
     pools: Pools,
     create_table: bool,
     statement_timeout: Duration,
     /// The table was found (or made) as it should be.
     schema: tokio::sync::OnceCell<()>,
+    /// The semaphores' tables were found (or made) as they should be.
+    sem_schema: tokio::sync::OnceCell<()>,
     wakers: Arc<Wakers>,
     /// PostgreSQL's notification channel of this table.
     channel: String,
@@ -249,10 +257,12 @@ impl SqlStore {
                 table: table.to_owned(),
                 flavor,
                 sql: Sql::new(flavor, table),
+                sem: SemSql::new(flavor, table),
                 pools,
                 create_table,
                 statement_timeout,
                 schema: tokio::sync::OnceCell::new(),
+                sem_schema: tokio::sync::OnceCell::new(),
                 wakers: Arc::default(),
                 channel,
                 listener: Mutex::new(None),
@@ -277,6 +287,7 @@ impl SqlStore {
         inner.sweep_every = old.sweep_every;
         f(inner);
         inner.sql = Sql::new(inner.flavor, &inner.table);
+        inner.sem = SemSql::new(inner.flavor, &inner.table);
         inner.channel = format!("xtr_lock_{}", &key_id(&inner.table)[..16]);
         store
     }
@@ -309,9 +320,11 @@ impl SqlStore {
     }
 
     /// The DDL [`create_table`](SqlStore::create_table) runs on this database: the lock table
-    /// with Symfony's column types, then the fencing table. For migrations kept elsewhere.
+    /// with Symfony's column types, the fencing table, then the semaphores' two tables
+    /// (`<table>_sem`, `<table>_perm`). For migrations kept elsewhere.
     pub fn ddl(&self) -> Vec<String> {
-        self.inner.sql.create.to_vec()
+        let (locks, sems) = (&self.inner.sql.create, &self.inner.sem.create);
+        locks.iter().chain(sems).cloned().collect()
     }
 
     /// The lock table's name.
@@ -319,9 +332,9 @@ impl SqlStore {
         &self.inner.table
     }
 
-    /// Makes the lock table (Symfony's column types on this database) and the fencing table if
-    /// they are missing, then checks their columns; what `xtr-lock migrate` runs. Whether
-    /// anything was made.
+    /// Makes the lock table (Symfony's column types on this database), the fencing table and
+    /// the semaphores' tables if they are missing, then checks their columns; what `xtr-lock
+    /// migrate` runs. Whether anything was made.
     ///
     /// # Errors
     ///
@@ -340,7 +353,11 @@ impl SqlStore {
             .await
             .map_err(|e| e.with_store(self))?;
         let _ = self.inner.schema.set(());
-        Ok(made)
+        let sems = schema::ensure_semaphores(&self.inner, &mut conn, true)
+            .await
+            .map_err(|e| e.with_store(self))?;
+        let _ = self.inner.sem_schema.set(());
+        Ok(made || sems)
     }
 
     async fn pool(&self) -> Result<Pool> {
@@ -419,7 +436,7 @@ impl Store for SqlStore {
             liveness: false,
             observes_loss: false,
             leased: false,
-            counting: false,
+            counting: true,
         }
     }
 
@@ -441,6 +458,9 @@ impl Store for SqlStore {
     /// One statement (two on MySQL for a new acquisition): insert, re-save our own row, or
     /// take over an expired one; draws the fencing token of a new acquisition.
     async fn save(&self, key: &Key, ttl: Option<Duration>) -> Result<Saved> {
+        if let Some(permits) = key.permits() {
+            return self.sem_save(key, permits, ttl).await;
+        }
         self.save_write(key, ttl).await
     }
 
@@ -453,16 +473,25 @@ impl Store for SqlStore {
     /// row. A ttl under 2 s cannot be kept (whole seconds, up to 1 s early): the lock is taken
     /// back and the expiry reported.
     async fn put_off_expiration(&self, key: &Key, ttl: Duration) -> Result<Holding> {
+        if key.permits().is_some() {
+            return self.sem_put_off(key, ttl).await;
+        }
         self.put_off(key, ttl).await
     }
 
     /// One statement (PostgreSQL also notifies in it); `true` only if our live row went.
     async fn delete(&self, key: &Key) -> Result<bool> {
+        if key.permits().is_some() {
+            return self.sem_remove(key).await;
+        }
         self.remove(key).await
     }
 
     /// Reads our row: held, expired, taken over or gone.
     async fn exists(&self, key: &Key) -> Result<Holding> {
+        if key.permits().is_some() {
+            return self.sem_check(key).await;
+        }
         self.check(key).await
     }
 
@@ -472,6 +501,11 @@ impl Store for SqlStore {
     /// polls.
     async fn watch(&self, key: &Key, _waiting_since: SystemTime) -> Result<Option<Watcher>> {
         Ok(Some(self.watcher(key).await))
+    }
+
+    /// The semaphore's live holder rows and its stored limit, in one statement.
+    async fn usage(&self, key: &Key) -> Result<crate::Usage> {
+        self.sem_usage(key).await
     }
 
     /// The live row's holder: its remaining lifetime and token digest.
@@ -505,6 +539,17 @@ fn holding(row: Option<&queries::Row>, token: &str) -> Holding {
         Some(r) if r.token == token && r.live => Holding::Held(Mode::Write),
         Some(r) if r.token == token => Holding::NotHeld(LostReason::Expired),
         Some(_) => Holding::NotHeld(LostReason::TakenOver),
+    }
+}
+
+/// The name a resource's waiters are woken by: the `key_id` of a lock's, `s:` and the
+/// `key_id` for a semaphore's (a lock and a semaphore of one name are unrelated).
+fn wake_id(key: &Key) -> String {
+    let id = key_id(key.resource());
+    if key.permits().is_some() {
+        format!("s:{id}")
+    } else {
+        id
     }
 }
 

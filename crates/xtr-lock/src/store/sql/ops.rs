@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use super::{
     HolderState, Inner, KIND, SqlStore, acquired, announces, check_expiry, holding, key_id, lock,
-    notify, queries, refused, schema, whole_seconds,
+    notify, queries, refused, schema, wake_id, whole_seconds,
 };
 use tokio::sync::watch;
 
@@ -32,18 +32,37 @@ pub(super) struct Run {
     abandon: bool,
     /// Cleared as soon as a connection is had for it (a statement may be sent from then on).
     unsent: Option<Arc<AtomicBool>>,
+    /// A semaphore's operation: the semaphores' tables are checked (or made) first.
+    semaphores: bool,
 }
 
 impl Run {
-    fn plain(inner: &Inner) -> Run {
+    pub(super) fn plain(inner: &Inner) -> Run {
         Run {
             limit: inner.statement_timeout,
             abandon: true,
             unsent: None,
+            semaphores: false,
         }
     }
 
-    fn release(inner: &Inner) -> Run {
+    /// Marked as a save's: `unsent` is cleared once a connection is had for it.
+    pub(super) fn unsent(self, unsent: Arc<AtomicBool>) -> Run {
+        Run {
+            unsent: Some(unsent),
+            ..self
+        }
+    }
+
+    /// For a semaphore's operation.
+    pub(super) fn semaphores(self) -> Run {
+        Run {
+            semaphores: true,
+            ..self
+        }
+    }
+
+    pub(super) fn release(inner: &Inner) -> Run {
         Run {
             abandon: false,
             ..Run::plain(inner)
@@ -51,7 +70,7 @@ impl Run {
     }
 
     /// Bounded by what is left of `key`'s lifetime too (at least a moment).
-    fn keeping(inner: &Inner, key: &Key) -> Run {
+    pub(super) fn keeping(inner: &Inner, key: &Key) -> Run {
         let left = key
             .remaining_lifetime()
             .map_or(inner.statement_timeout, |l| l.max(MIN_LIMIT));
@@ -130,7 +149,7 @@ impl SqlStore {
     /// with an I/O error, and the operation runs once more on a fresh connection. Every
     /// operation may run twice: a re-save of our own row, a refresh, a delete and a read are
     /// idempotent, and a second fencing draw only makes the token larger.
-    async fn run<T, F>(&self, resource: &str, how: Run, op: F) -> Result<T>
+    pub(super) async fn run<T, F>(&self, resource: &str, how: Run, op: F) -> Result<T>
     where
         T: Send + 'static,
         F: for<'c> Fn(&'c mut Conn, &'c Inner) -> BoxFuture<'c, Db<T>> + Send + Sync + 'static,
@@ -141,6 +160,7 @@ impl SqlStore {
             limit,
             abandon,
             unsent,
+            semaphores,
         } = how;
         // Dropped when `within` returns: a remainder still waiting for a connection then stops.
         let (within_bound, mut bound) = watch::channel(());
@@ -156,6 +176,19 @@ impl SqlStore {
                     schema::ensure(i, c, i.create_table).await.map(|_| ())
                 })
                 .await;
+            let checked = match checked {
+                Ok(_) if semaphores => {
+                    let c = &mut taken.conn;
+                    i.sem_schema
+                        .get_or_try_init(|| async move {
+                            schema::ensure_semaphores(i, c, i.create_table)
+                                .await
+                                .map(|_| ())
+                        })
+                        .await
+                }
+                checked => checked,
+            };
             if let Err(e) = checked {
                 taken.answered = true;
                 return Err(e);
@@ -338,7 +371,7 @@ impl SqlStore {
 
     /// Forgets `token` as this store's holder of `id` (released, lost or taken over), so the
     /// map of holders keeps only the live ones.
-    fn forget(&self, id: &str, token: &str) {
+    pub(super) fn forget(&self, id: &str, token: &str) {
         self.inner.held.forget(id, token);
     }
 
@@ -356,7 +389,7 @@ impl SqlStore {
     }
 
     pub(super) async fn watcher(&self, key: &Key) -> Watcher {
-        let id = key_id(key.resource());
+        let id = wake_id(key);
         let mut rx = self.inner.wakers.subscribe(&id);
         if self.inner.flavor == Flavor::Postgres {
             self.ensure_listener().await;
@@ -431,7 +464,7 @@ impl SqlStore {
     }
 
     /// Sweeps expired rows in the background, at most once per sweep interval.
-    fn maybe_sweep(&self) {
+    pub(super) fn maybe_sweep(&self) {
         let now = Instant::now();
         {
             let mut swept = lock(&self.inner.swept);
@@ -451,8 +484,16 @@ impl SqlStore {
                 let mut taken = take(&pool, false, &mut bound, &inner).await?;
                 let rows = queries::execute(&mut taken.conn, &inner.sql.prune).await;
                 let counters = queries::execute(&mut taken.conn, &inner.sql.prune_fence).await;
-                taken.answered = rows.is_ok() && counters.is_ok();
-                Ok::<_, Error>((rows, counters))
+                // The semaphores' expired holders, once a semaphore was used here.
+                let permits = if inner.sem_schema.initialized() {
+                    queries::execute(&mut taken.conn, &inner.sem.prune)
+                        .await
+                        .map(Some)
+                } else {
+                    Ok(None)
+                };
+                taken.answered = rows.is_ok() && counters.is_ok() && permits.is_ok();
+                Ok::<_, Error>((rows, counters, permits))
             };
             let swept = tokio::time::timeout(limit * 2, sweep).await;
             tracing::debug!(target: crate::logging::TARGET, table = %inner.table,

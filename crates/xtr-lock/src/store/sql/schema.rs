@@ -5,45 +5,100 @@ use super::Inner;
 use super::dialect::Flavor;
 use super::errors::map_error;
 use super::queries::{self, Conn};
+use super::sem_sql::{perm_table, sem_table};
 use crate::error::{Error, Result};
+
+/// A table's columns: name, kind, least length.
+type Wanted = &'static [(&'static str, Kind, Option<i64>)];
+
+const LOCKS: Wanted = &[
+    ("key_id", Kind::Text, Some(64)),
+    ("key_token", Kind::Text, Some(44)),
+    ("key_expiration", Kind::Number, None),
+];
+const FENCE: Wanted = &[("key_id", Kind::Text, Some(64)), ("n", Kind::Number, None)];
+const SEMAPHORES: Wanted = &[
+    ("sem_id", Kind::Text, Some(64)),
+    ("sem_limit", Kind::Number, None),
+    ("n", Kind::Number, None),
+];
+const PERMITS: Wanted = &[
+    ("sem_id", Kind::Text, Some(64)),
+    ("token", Kind::Text, Some(44)),
+    ("permits", Kind::Number, None),
+    ("expiration", Kind::Number, None),
+];
 
 /// Checks the lock table and the fencing table, making them first when `create` allows; whether
 /// anything was made.
 pub(super) async fn ensure(inner: &Inner, conn: &mut Conn, create: bool) -> Result<bool> {
     let table = &inner.table;
-    let fence = format!("{table}_fence");
+    let tables = [
+        (table.clone(), &inner.sql.create[0], LOCKS, "the lock table"),
+        (
+            format!("{table}_fence"),
+            &inner.sql.create[1],
+            FENCE,
+            "the fencing table of this library",
+        ),
+    ];
+    ensure_tables(inner, conn, create, &tables).await
+}
+
+/// Checks the semaphores' tables (`<table>_sem`, `<table>_perm`), making them first when
+/// `create` allows; whether anything was made. Checked on a store's first semaphore operation,
+/// so a database used only for locks needs none of them.
+pub(super) async fn ensure_semaphores(
+    inner: &Inner,
+    conn: &mut Conn,
+    create: bool,
+) -> Result<bool> {
+    let table = &inner.table;
+    let tables = [
+        (
+            sem_table(table),
+            &inner.sem.create[0],
+            SEMAPHORES,
+            "the semaphores' table of this library",
+        ),
+        (
+            perm_table(table),
+            &inner.sem.create[1],
+            PERMITS,
+            "the semaphore holders' table of this library",
+        ),
+    ];
+    ensure_tables(inner, conn, create, &tables).await
+}
+
+async fn ensure_tables(
+    inner: &Inner,
+    conn: &mut Conn,
+    create: bool,
+    tables: &[(String, &String, Wanted, &str)],
+) -> Result<bool> {
     let map = |e| map_error(e, inner);
     let mut made = false;
-    for (i, name) in [table.as_str(), fence.as_str()].into_iter().enumerate() {
+    for (name, ddl, wanted, what) in tables {
         let mut columns = queries::columns(conn, &inner.sql, name)
             .await
             .map_err(map)?;
         if columns.is_empty() {
             if !create {
-                return Err(missing(name, i == 1));
+                return Err(missing(name, what));
             }
-            queries::execute(conn, &inner.sql.create[i])
-                .await
-                .map_err(map)?;
+            queries::execute(conn, ddl).await.map_err(map)?;
             made = true;
             columns = queries::columns(conn, &inner.sql, name)
                 .await
                 .map_err(map)?;
         }
-        let wanted: &[(&str, Kind, Option<i64>)] = if i == 0 {
-            &[
-                ("key_id", Kind::Text, Some(64)),
-                ("key_token", Kind::Text, Some(44)),
-                ("key_expiration", Kind::Number, None),
-            ]
-        } else {
-            &[("key_id", Kind::Text, Some(64)), ("n", Kind::Number, None)]
-        };
-        for (column, kind, length) in wanted {
+        for (column, kind, length) in *wanted {
             let Some((_, ty, len)) = columns.iter().find(|(n, _, _)| n == column) else {
+                let all: Vec<&str> = wanted.iter().map(|w| w.0).collect();
                 return Err(Error::storage(format!(
-                    "table {name} has no column {column}: it is not a lock table of this \
-                     layout (key_id, key_token, key_expiration)"
+                    "table {name} has no column {column}: it is not {what} of this layout ({})",
+                    all.join(", ")
                 )));
             };
             if !kind.accepts(ty, inner.flavor) {
@@ -65,12 +120,7 @@ pub(super) async fn ensure(inner: &Inner, conn: &mut Conn, create: bool) -> Resu
     Ok(made)
 }
 
-fn missing(name: &str, fence: bool) -> Error {
-    let what = if fence {
-        "the fencing table of this library"
-    } else {
-        "the lock table"
-    };
+fn missing(name: &str, what: &str) -> Error {
     Error::storage(format!(
         "{what} {name} does not exist: make it with `xtr-lock migrate --store <DSN>` (or add \
          ?create_table=true to the DSN)"

@@ -68,6 +68,17 @@ impl Permits {
         self.count
     }
 
+    /// The error for a holder that holds `held` permits and asks again for this count (a key
+    /// edited on its travels): refused, so that no holder believes it holds more than the
+    /// store counts.
+    pub fn count_changed(self, resource: &str, held: u32) -> Error {
+        Error::invalid_argument(format!(
+            "this holder holds {held} permits and asks for {}: a holder's count never changes",
+            self.count
+        ))
+        .with_resource(resource)
+    }
+
     /// The error for a store whose semaphore was set up with `stored` permits by its current
     /// holders, when this holder asks for another limit. The stored limit binds while anybody
     /// holds; a semaphore nobody holds takes the next holder's.

@@ -31,7 +31,8 @@ pub(crate) async fn migrate(source: &Source, print: bool) -> Result<Exit> {
             continue;
         }
         let made = store.create_table().await?;
-        let what = format!("{} and {}_fence in {store}", store.table(), store.table());
+        let t = store.table();
+        let what = format!("{t}, {t}_fence, {t}_sem and {t}_perm in {store}");
         if made {
             crate::output::print(&format!("made {what}"))?;
         } else {

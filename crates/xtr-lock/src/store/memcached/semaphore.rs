@@ -5,7 +5,6 @@ use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use super::super::memory::count_changed;
 use super::sem_ops::{self, Admit, MAX_NAME};
 use super::{HolderState, KIND, MemcachedStore, Run};
 use crate::error::{Error, LostReason, Result};
@@ -80,7 +79,7 @@ impl MemcachedStore {
                 }))
             }
             Admit::CountChanged(held) => {
-                Err(count_changed(key.resource(), held, permits.count()).with_store(self))
+                Err(permits.count_changed(key.resource(), held).with_store(self))
             }
             Admit::Mismatch(stored) => Err(permits
                 .limit_mismatch(key.resource(), stored)

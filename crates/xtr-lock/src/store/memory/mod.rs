@@ -18,7 +18,6 @@ use crate::key::{Key, Mode};
 use crate::mutex::lock;
 
 mod semaphore;
-pub(crate) use semaphore::count_changed;
 
 /// The token kind in-memory stores use: one token per key for all of them.
 const KIND: &str = "memory";

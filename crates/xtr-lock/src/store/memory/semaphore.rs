@@ -100,7 +100,7 @@ impl InMemoryStore {
                     p.expires = expires;
                     Ok(Saved::Acquired(Acquired::fenced(p.fence)))
                 } else {
-                    Err(count_changed(key.resource(), p.count, permits.count()))
+                    Err(permits.count_changed(key.resource(), p.count))
                 }
             } else if sem.used() + u64::from(permits.count()) <= u64::from(sem.limit) {
                 st.last_fence += 1;
@@ -217,13 +217,4 @@ impl super::State {
             self.semaphores.remove(resource);
         }
     }
-}
-
-/// A holder that holds `held` permits asked again for `asked` (a key edited on its travels):
-/// refused, so that holders never believe they hold more than the store counts.
-pub(crate) fn count_changed(resource: &str, held: u32, asked: u32) -> crate::Error {
-    crate::Error::invalid_argument(format!(
-        "this holder holds {held} permits and asks for {asked}: a holder's count never changes"
-    ))
-    .with_resource(resource)
 }

@@ -110,10 +110,7 @@ impl RedisStore {
             }
             -3 => {
                 let held = u32::try_from(value).unwrap_or(u32::MAX);
-                Err(
-                    crate::store::memory::count_changed(key.resource(), held, permits.count())
-                        .with_store(self),
-                )
+                Err(permits.count_changed(key.resource(), held).with_store(self))
             }
             _ => Ok(Saved::Conflict(match u64::try_from(value) {
                 Ok(ms) if ms > 0 => Conflict::new().with_retry_after(Duration::from_millis(ms)),

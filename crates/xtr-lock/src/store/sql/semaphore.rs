@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use super::super::memory::count_changed;
 use super::dialect::Flavor;
 use super::ops::Run;
 use super::sem_queries::{self, Admitted};
@@ -96,7 +95,7 @@ impl SqlStore {
                 Ok(Saved::Conflict(Conflict::new().with_retry_after(after)))
             }
             Admitted::CountChanged { held } => {
-                Err(count_changed(key.resource(), held, permits.count()).with_store(self))
+                Err(permits.count_changed(key.resource(), held).with_store(self))
             }
             Admitted::Mismatch { stored } => Err(permits
                 .limit_mismatch(key.resource(), stored)

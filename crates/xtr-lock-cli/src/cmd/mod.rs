@@ -221,20 +221,24 @@ pub(crate) fn took_line_of(resource: &str, took: Duration, what: &str) -> String
 /// The message for a lock on `resource` held by someone else (or, with `--limit`, too few of
 /// the semaphore's permits free).
 pub(crate) fn conflict_message(resource: &str, take: &Take) -> String {
-    let held = match take.permits {
-        Some(p) if p.count() == 1 => format!("has no free permit (limit {})", p.limit()),
-        Some(p) => format!(
-            "has fewer than {} free permits (limit {})",
-            p.count(),
-            p.limit()
+    let (now, still) = match take.permits {
+        Some(p) => {
+            let what = match p.count() {
+                1 => format!("no free permit (limit {})", p.limit()),
+                n => format!("fewer than {n} free permits (limit {})", p.limit()),
+            };
+            (format!("has {what}"), format!("still has {what}"))
+        }
+        None => (
+            "is held by someone else".to_owned(),
+            "is still held by someone else".to_owned(),
         ),
-        None => "is held by someone else".to_owned(),
     };
     match take.wait {
         Wait::AtMost(d) if !d.is_zero() => format!(
-            "xtr-lock: {resource:?} still {held} after {}",
+            "xtr-lock: {resource:?} {still} after {}",
             crate::output::short(d)
         ),
-        _ => format!("xtr-lock: {resource:?} {held}"),
+        _ => format!("xtr-lock: {resource:?} {now}"),
     }
 }

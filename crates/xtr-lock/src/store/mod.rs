@@ -398,6 +398,18 @@ pub trait Store: Send + Sync + fmt::Debug + fmt::Display + 'static {
     }
 }
 
+/// Refuses a read save of a semaphore's key: permits have no shared mode (the
+/// [`Lock`](crate::Lock) never asks; a store used directly may be asked).
+pub(crate) fn refuse_shared_permits(key: &Key) -> Result<()> {
+    match key.permits() {
+        Some(_) => Err(
+            Error::invalid_argument("a semaphore's permits have no shared mode")
+                .with_resource(key.resource()),
+        ),
+        None => Ok(()),
+    }
+}
+
 /// After a store confirmed a save or put-off: if the key's lifetime ran out meanwhile, take back
 /// what was stored (errors ignored) and report the expiry.
 ///

@@ -114,3 +114,30 @@ async fn a_paused_server_leaves_nothing_wrongly_held() {
     assert_eq!(a.release().await.unwrap(), Release::Released);
     assert_eq!(b.release().await.unwrap(), Release::Released);
 }
+
+/// A take that stopped halfway (an error after some of its adds, on a connection since lost)
+/// leaves the holder's token on fewer slots than it asks for: its next attempt gives them
+/// back and takes its permits, instead of failing as if its count had changed and leaving
+/// them held by nobody until their ttl.
+#[tokio::test]
+async fn a_take_left_halfway_is_given_back_and_taken_whole() {
+    let server = MemcachedServer::start();
+    let f = factory(&server.url());
+    let r = unique("halfway");
+    let b = sem(&f, &r, 3, 2);
+    let token = b.key().token("memcached");
+    let set = format!("ms {r}:sem:2 {} T30\r\n{token}", token.len());
+    assert!(
+        server.command(&set).unwrap().starts_with("HD"),
+        "the stray slot is set"
+    );
+    assert!(b.try_acquire().await.unwrap(), "two of three free");
+    assert_eq!(
+        b.usage().await.unwrap().used,
+        2,
+        "{:?}",
+        slots(&server, &r, 3)
+    );
+    assert_eq!(b.release().await.unwrap(), Release::Released);
+    assert_eq!(slots(&server, &r, 3), [None, None, None]);
+}

@@ -237,6 +237,7 @@ impl Store for EtcdStore {
     }
 
     async fn save_read(&self, key: &Key, ttl: Option<Duration>) -> Result<Saved> {
+        super::refuse_shared_permits(key)?;
         self.save_mode(key, Mode::Read, false, ttl).await
     }
 
@@ -255,6 +256,7 @@ impl Store for EtcdStore {
     ///
     /// As [`wait_and_save`](Store::wait_and_save).
     async fn wait_and_save_read(&self, key: &Key, ttl: Option<Duration>) -> Result<Saved> {
+        super::refuse_shared_permits(key)?;
         self.save_mode(key, Mode::Read, true, ttl).await
     }
 

@@ -414,6 +414,7 @@ impl Store for FlockStore {
     }
 
     async fn save_read(&self, key: &Key, _ttl: Option<Duration>) -> Result<Saved> {
+        super::refuse_shared_permits(key)?;
         self.attempt(key, Mode::Read, false)
     }
 
@@ -438,6 +439,7 @@ impl Store for FlockStore {
     /// Cancel-safe: dropped while waiting it holds nothing new and closes the descriptor it
     /// opened.
     async fn wait_and_save_read(&self, key: &Key, _ttl: Option<Duration>) -> Result<Saved> {
+        super::refuse_shared_permits(key)?;
         self.wait_save(key, Mode::Read).await
     }
 

@@ -91,10 +91,17 @@ pub(super) async fn admit_on(
         let mine: Vec<usize> = (0..keys.len())
             .filter(|&i| entries[i].as_ref().is_some_and(|e| e.value == token))
             .collect();
-        if !mine.is_empty() && mine.len() != p.count() as usize {
+        if mine.len() > p.count() as usize {
             return Ok(Admit::CountChanged(
                 u32::try_from(mine.len()).unwrap_or(u32::MAX),
             ));
+        }
+        if !mine.is_empty() && mine.len() < p.count() as usize {
+            // Our own take that did not finish (an error after some adds, on a connection
+            // since lost) or a slot evicted: give them back and start over, rather than leave
+            // them held by nobody until their ttl.
+            give_back(c, &keys, &mine, token).await?;
+            continue;
         }
         let need = (p.count() as usize).saturating_sub(mine.len());
         let left = entries.iter().flatten().filter_map(|e| e.ttl).min();

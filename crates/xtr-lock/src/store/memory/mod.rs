@@ -369,12 +369,7 @@ impl Store for InMemoryStore {
     }
 
     async fn save_read(&self, key: &Key, ttl: Option<Duration>) -> Result<Saved> {
-        if key.permits().is_some() {
-            return Err(crate::Error::invalid_argument(
-                "a semaphore's permits have no shared mode",
-            )
-            .with_resource(key.resource()));
-        }
+        super::refuse_shared_permits(key)?;
         let token = key.token(KIND);
         self.reduce(key, ttl);
         let result = {

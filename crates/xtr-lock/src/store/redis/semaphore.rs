@@ -181,15 +181,27 @@ impl RedisStore {
         let store = self.clone();
         runtime.spawn(async move {
             let key = Key::new(resource);
-            let mut call = store.call(&key, false, Some((ticket.as_str(), 0)));
-            call.extra = vec![String::new(), String::new()];
-            let left: Result<i64> = store
-                .eval_call(&store.inner.sem.leave, &key, None, call)
-                .await;
-            if let Err(err) = left {
-                tracing::debug!(target: crate::logging::TARGET, resource = key.resource(),
-                    error = %err, "cannot take a semaphore waiter out of the queue; its ticket \
-                    goes when its process is gone or the queue expires");
+            // A ticket left behind keeps its permits from the waiters after it for as long as
+            // this process listens: try again a few times before giving up.
+            let mut pause = std::time::Duration::from_millis(100);
+            for attempt in 1..=5 {
+                let mut call = store.call(&key, false, Some((ticket.as_str(), 0)));
+                call.extra = vec![String::new(), String::new()];
+                let left: Result<i64> = store
+                    .eval_call(&store.inner.sem.leave, &key, None, call)
+                    .await;
+                match left {
+                    Ok(_) => return,
+                    Err(err) if attempt == 5 => {
+                        tracing::warn!(target: crate::logging::TARGET, resource = key.resource(),
+                            error = %err, "cannot take a semaphore waiter out of the queue; its \
+                            ticket goes when this process is gone or the queue expires");
+                    }
+                    Err(_) => {
+                        tokio::time::sleep(pause).await;
+                        pause *= 2;
+                    }
+                }
             }
         });
     }

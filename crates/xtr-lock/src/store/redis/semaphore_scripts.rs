@@ -148,6 +148,9 @@ if r.mine and r.weight ~= count then return {-3, r.weight, 0} end
 if not r.mine and count > sem_ahead(qkey, limit - r.used) then
   local hint = -1
   if r.first then hint = math.max(r.first - now, 1) end
+  -- Permits are free but kept for earlier waiters: look again within a second, in case one of
+  -- them was woken and its process died before it came (nothing else would wake us then).
+  if limit - r.used >= count and (hint < 0 or hint > 1000) then hint = 1000 end
   local told = 0
   if ARGV[4] ~= '' then
     redis.call('ZADD', qkey, 'NX', ARGV[5], ARGV[4])

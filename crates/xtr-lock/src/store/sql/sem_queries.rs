@@ -154,12 +154,20 @@ pub(crate) async fn admit(
                 return Ok(Admitted::Full { holders });
             }
             Rule::Resave => {
-                sqlx::query(AssertSqlSafe(sql.refresh.as_str()))
+                let extended = sqlx::query(AssertSqlSafe(sql.refresh.as_str()))
                     .bind(ttl)
                     .bind(id)
                     .bind(token)
                     .execute(&mut *tx)
-                    .await?;
+                    .await?
+                    .rows_affected();
+                if extended != 1 {
+                    // The row ended between the listing and the refresh (each statement reads
+                    // the database's clock): it is not held, and is not revived; the next
+                    // attempt purges it and admits afresh.
+                    tx.commit().await?;
+                    return Ok(Admitted::Full { holders });
+                }
                 !known
             }
             Rule::Take { set_limit } => {

@@ -346,11 +346,15 @@ impl MemcachedStore {
         Ok(secs)
     }
 
-    async fn acquire(&self, key: &Key, ttl: Option<Duration>) -> Result<Saved> {
+    /// What an add (a lock's or a semaphore's) is sent with: its lifetime in whole seconds,
+    /// the holder's state, its token, and how to run the request. The entry may end up to 1 s
+    /// early: the key's local deadline is set one second less first, before the round trip.
+    fn before_add(
+        &self,
+        key: &Key,
+        ttl: Option<Duration>,
+    ) -> Result<(u64, Arc<HolderState>, String, Run)> {
         let secs = self.lifetime_secs(key, ttl)?;
-        let name = self.name(key.resource())?;
-        // The entry may end up to 1 s early: the local deadline is one second less, set
-        // before the round trip.
         key.reduce_lifetime(Duration::from_secs(secs - 1));
         if key.is_expired() {
             return Err(Error::expired(key.resource()).with_store(self));
@@ -366,6 +370,12 @@ impl MemcachedStore {
             unsent: Some(state.unsent.clone()),
             ..self.keeping(key)
         };
+        Ok((secs, state, token, how))
+    }
+
+    async fn acquire(&self, key: &Key, ttl: Option<Duration>) -> Result<Saved> {
+        let name = self.name(key.resource())?;
+        let (secs, state, token, how) = self.before_add(key, ttl)?;
         let attempt = self
             .run(key.resource(), how, move |mut c| {
                 let (name, token) = (name.clone(), token.clone());

@@ -40,21 +40,8 @@ impl MemcachedStore {
         permits: Permits,
         ttl: Option<Duration>,
     ) -> Result<Saved> {
-        let secs = self.lifetime_secs(key, ttl)?;
         let name = self.sem_name(key.resource())?;
-        key.reduce_lifetime(Duration::from_secs(secs - 1));
-        if key.is_expired() {
-            return Err(Error::expired(key.resource()).with_store(self));
-        }
-        let state = key.handle::<HolderState>(self.inner.owner);
-        if !key.has_token(KIND) {
-            state.unsent.store(true, Ordering::Release);
-        }
-        let token = key.token(KIND);
-        let how = Run {
-            unsent: Some(state.unsent.clone()),
-            ..self.keeping(key)
-        };
+        let (secs, state, token, how) = self.before_add(key, ttl)?;
         let admitted = self
             .run(key.resource(), how, move |mut c| {
                 let (name, token) = (name.clone(), token.clone());

@@ -100,6 +100,53 @@ fn limit_of(n: i64) -> u32 {
     u32::try_from(n.max(0)).unwrap_or(u32::MAX)
 }
 
+/// Inside `$tx`: makes the semaphore's row if missing and locks it, deletes its expired
+/// holders, and reads its stored limit, fencing counter and live holders.
+macro_rules! locked_state {
+    ($tx:expr, $sql:expr, $id:expr, $p:expr) => {{
+        sqlx::query(AssertSqlSafe($sql.ensure.as_str()))
+            .bind($id)
+            .bind(i64::from($p.limit()))
+            .execute(&mut *$tx)
+            .await?;
+        let (stored, n): (i64, i64) = sqlx::query_as(AssertSqlSafe($sql.lock.as_str()))
+            .bind($id)
+            .fetch_one(&mut *$tx)
+            .await?;
+        sqlx::query(AssertSqlSafe($sql.purge.as_str()))
+            .bind($id)
+            .execute(&mut *$tx)
+            .await?;
+        let rows: Vec<(String, i64, Option<i64>)> =
+            sqlx::query_as(AssertSqlSafe($sql.list.as_str()))
+                .bind($id)
+                .fetch_all(&mut *$tx)
+                .await?;
+        let holders: Vec<Holder> = rows.into_iter().map(holder).collect();
+        (limit_of(stored), n, holders)
+    }};
+}
+
+/// Inside `$tx`: adds the holder's row (storing its limit first where the rule says so).
+macro_rules! take {
+    ($tx:expr, $sql:expr, ($id:expr, $token:expr), $p:expr, $ttl:expr, $set_limit:expr) => {{
+        if $set_limit {
+            sqlx::query(AssertSqlSafe($sql.set_limit.as_str()))
+                .bind(i64::from($p.limit()))
+                .bind($id)
+                .execute(&mut *$tx)
+                .await?;
+        }
+        sqlx::query(AssertSqlSafe($sql.insert.as_str()))
+            .bind($id)
+            .bind($token)
+            .bind(i64::from($p.count()))
+            .bind($ttl)
+            .execute(&mut *$tx)
+            .await?;
+    }};
+}
+
 /// Admits `token` for `p` and `ttl` whole seconds, in one transaction that holds the
 /// semaphore's row: the expired holders go, the live ones are counted, and the holder is added
 /// if it fits. `known` says the holder's row was certainly live as the statement went out (a
@@ -120,39 +167,12 @@ pub(crate) async fn admit(
         } else {
             sqlx::Connection::begin(c).await?
         };
-        sqlx::query(AssertSqlSafe(sql.ensure.as_str()))
-            .bind(id)
-            .bind(i64::from(p.limit()))
-            .execute(&mut *tx)
-            .await?;
-        let (stored, n): (i64, i64) = sqlx::query_as(AssertSqlSafe(sql.lock.as_str()))
-            .bind(id)
-            .fetch_one(&mut *tx)
-            .await?;
-        sqlx::query(AssertSqlSafe(sql.purge.as_str()))
-            .bind(id)
-            .execute(&mut *tx)
-            .await?;
-        let rows: Vec<(String, i64, Option<i64>)> =
-            sqlx::query_as(AssertSqlSafe(sql.list.as_str()))
-                .bind(id)
-                .fetch_all(&mut *tx)
-                .await?;
-        let holders: Vec<Holder> = rows.into_iter().map(holder).collect();
-        let stored = limit_of(stored);
-        let draw = match rule(stored, &holders, token, p) {
-            Rule::Mismatch => {
-                tx.commit().await?;
-                return Ok(Admitted::Mismatch { stored });
-            }
-            Rule::CountChanged(held) => {
-                tx.commit().await?;
-                return Ok(Admitted::CountChanged { held });
-            }
-            Rule::Full => {
-                tx.commit().await?;
-                return Ok(Admitted::Full { holders });
-            }
+        let (stored, n, holders) = locked_state!(tx, sql, id, p);
+        // Whether the holder draws a fencing token, or why it is refused.
+        let drawn: Result<bool, Admitted> = match rule(stored, &holders, token, p) {
+            Rule::Mismatch => Err(Admitted::Mismatch { stored }),
+            Rule::CountChanged(held) => Err(Admitted::CountChanged { held }),
+            Rule::Full => Err(Admitted::Full { holders }),
             Rule::Resave => {
                 let extended = sqlx::query(AssertSqlSafe(sql.refresh.as_str()))
                     .bind(ttl)
@@ -161,31 +181,25 @@ pub(crate) async fn admit(
                     .execute(&mut *tx)
                     .await?
                     .rows_affected();
-                if extended != 1 {
-                    // The row ended between the listing and the refresh (each statement reads
-                    // the database's clock): it is not held, and is not revived; the next
-                    // attempt purges it and admits afresh.
-                    tx.commit().await?;
-                    return Ok(Admitted::Full { holders });
+                // A row that ended between the listing and the refresh (each statement reads
+                // the database's clock) is not held and not revived: the next attempt purges
+                // it and admits afresh.
+                if extended == 1 {
+                    Ok(!known)
+                } else {
+                    Err(Admitted::Full { holders })
                 }
-                !known
             }
             Rule::Take { set_limit } => {
-                if set_limit {
-                    sqlx::query(AssertSqlSafe(sql.set_limit.as_str()))
-                        .bind(i64::from(p.limit()))
-                        .bind(id)
-                        .execute(&mut *tx)
-                        .await?;
-                }
-                sqlx::query(AssertSqlSafe(sql.insert.as_str()))
-                    .bind(id)
-                    .bind(token)
-                    .bind(i64::from(p.count()))
-                    .bind(ttl)
-                    .execute(&mut *tx)
-                    .await?;
-                true
+                take!(tx, sql, (id, token), p, ttl, set_limit);
+                Ok(true)
+            }
+        };
+        let draw = match drawn {
+            Ok(draw) => draw,
+            Err(refused) => {
+                tx.commit().await?;
+                return Ok(refused);
             }
         };
         let fence = if draw {

@@ -33,6 +33,7 @@ use crate::store::{Capabilities, Store};
 
 mod basic;
 mod expiring;
+mod listing;
 mod loss;
 mod semaphore;
 mod shared;
@@ -41,6 +42,7 @@ mod waiting;
 
 pub use basic::*;
 pub use expiring::*;
+pub use listing::*;
 pub use loss::*;
 pub use semaphore::*;
 pub use shared::*;
@@ -341,6 +343,11 @@ macro_rules! conformance_tests {
             semaphore_scopes_and_guards_give_permits_back,
             semaphore_loss_is_reported,
             a_shared_semaphore_admits_its_limit_per_task,
+            // metadata, listing, observers
+            holders_carry_metadata,
+            metadata_is_size_checked,
+            list_lists_exactly_what_is_held,
+            observers_wake_on_acquire_and_release,
         );
     };
     (@each $make:expr; $($name:ident),* $(,)?) => {

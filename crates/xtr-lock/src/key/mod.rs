@@ -84,6 +84,8 @@ struct KeyState {
     /// Per store instance: the handle it keeps for this holder, dropped with the key.
     handles: HashMap<HandleOwner, Arc<dyn Any + Send + Sync>>,
     unserializable: bool,
+    /// The holder's metadata, stored beside its lock by the next save.
+    meta: Option<Arc<[u8]>>,
 }
 
 impl KeyState {
@@ -151,6 +153,40 @@ impl Key {
     /// The permits this holder takes, for a semaphore's key; `None` for a lock's.
     pub fn permits(&self) -> Option<Permits> {
         self.inner.permits
+    }
+
+    /// The holder's metadata ([`set_meta`](Key::set_meta)), if any.
+    pub fn meta(&self) -> Option<Arc<[u8]>> {
+        self.state().meta.clone()
+    }
+
+    /// Sets the small value stores keep beside this holder's lock (who it is: a host, a
+    /// process, a job; an election candidate's proposal), shown by
+    /// [`Store::holders`](crate::Store::holders) and [`Store::list`](crate::Store::list) on
+    /// stores with [`Capabilities::metadata`](crate::store::Capabilities::metadata). It is
+    /// stored by the next save (a re-save of a held lock replaces it); it travels with the
+    /// serialized key. Never put credentials in it: anyone who can list the store reads it.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidArgument`](crate::ErrorKind::InvalidArgument) above
+    /// [`MAX_META`](crate::MAX_META) bytes.
+    pub fn set_meta(&self, meta: Option<Vec<u8>>) -> crate::Result<()> {
+        if let Some(m) = &meta {
+            crate::meta::check_meta(m).map_err(|e| e.with_resource(self.resource()))?;
+        }
+        self.state().meta = meta.map(Arc::from);
+        Ok(())
+    }
+
+    /// The same holder carrying `meta` (see [`set_meta`](Key::set_meta)).
+    ///
+    /// # Errors
+    ///
+    /// As [`set_meta`](Key::set_meta).
+    pub fn with_meta(self, meta: impl Into<Vec<u8>>) -> crate::Result<Self> {
+        self.set_meta(Some(meta.into()))?;
+        Ok(self)
     }
 
     /// The clock the lifetime runs on.

@@ -63,6 +63,10 @@ impl Key {
             permits: self.permits(),
             remaining_ms,
             tokens: st.tokens.iter().cloned().collect(),
+            meta: st
+                .meta
+                .as_ref()
+                .map(|m| base64::engine::general_purpose::STANDARD.encode(m)),
         })
     }
 
@@ -82,9 +86,22 @@ impl Key {
         let deadline = wire
             .remaining_ms
             .map(|ms| super::later(clock.now(), Duration::from_millis(ms)));
+        let meta = match wire.meta {
+            Some(m) => {
+                let bytes = base64::engine::general_purpose::STANDARD
+                    .decode(m)
+                    .map_err(|_| {
+                        Error::invalid_argument("malformed serialized key: meta is not base64")
+                    })?;
+                crate::meta::check_meta(&bytes)?;
+                Some(Arc::from(bytes))
+            }
+            None => None,
+        };
         let state = KeyState {
             deadline,
             tokens: wire.tokens.into_iter().collect(),
+            meta,
             ..KeyState::default()
         };
         Ok(Self::from_parts(wire.resource, permits, clock, state))
@@ -105,6 +122,9 @@ struct WireKey {
     remaining_ms: Option<u64>,
     #[serde(default)]
     tokens: BTreeMap<String, String>,
+    /// The holder's metadata, base64 (absent without).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    meta: Option<String>,
 }
 
 /// The last 8 of a token's 32 bytes when this library made it: `xtr-wake`. A token ending in

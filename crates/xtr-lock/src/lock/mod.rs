@@ -129,6 +129,20 @@ impl Lock {
         self
     }
 
+    /// The same lock whose holder carries `meta` (who it is: a host, a job), kept beside the
+    /// lock on stores with [`Capabilities::metadata`](crate::store::Capabilities::metadata)
+    /// and shown by [`Store::holders`] and [`Store::list`]; see
+    /// [`Key::set_meta`](crate::Key::set_meta).
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidArgument`](crate::ErrorKind::InvalidArgument) above
+    /// [`MAX_META`](crate::MAX_META) bytes.
+    pub fn with_meta(self, meta: impl Into<Vec<u8>>) -> crate::Result<Self> {
+        self.key.set_meta(Some(meta.into()))?;
+        Ok(self)
+    }
+
     /// Whether an expiring lock is renewed while a guard or scope holds it.
     pub fn renews(&self) -> bool {
         self.keep_alive

@@ -81,7 +81,8 @@ pub use flock::FlockStore;
 pub use memcached::MemcachedStore;
 pub use memory::InMemoryStore;
 pub use null::NullStore;
-pub use outcome::{Acquired, Conflict, HolderInfo, Holding, Saved, Usage};
+pub use crate::meta::HolderRecord;
+pub use outcome::{Acquired, Conflict, HolderInfo, Holding, Listing, Saved, Usage};
 #[cfg(feature = "redis")]
 pub use pubsub::RedisPubSubStore;
 #[cfg(feature = "redis")]
@@ -144,6 +145,13 @@ pub struct Capabilities {
     /// [`Semaphore`](crate::Semaphore) on the store is refused as unsupported, saying
     /// [why](Store::why_not_counting).
     pub counting: bool,
+    /// Holders' metadata ([`Key::set_meta`]) and acquisition time are kept beside their locks
+    /// and shown by [`Store::holders`] and [`Store::list`] (peers' holders show what the store
+    /// can tell: token, expiry).
+    pub metadata: bool,
+    /// [`Store::list`] enumerates what is held. Without it, it answers `Unsupported`, saying
+    /// [why](Store::why_not_listing).
+    pub lists: bool,
 }
 
 /// Where locks live. Object-safe: locks hold an `Arc<dyn Store>`.
@@ -307,6 +315,42 @@ pub trait Store: Send + Sync + fmt::Debug + fmt::Display + 'static {
     /// `Unsupported` unless [`Capabilities::counting`].
     async fn usage(&self, key: &Key) -> Result<crate::store::Usage> {
         Err(self.unsupported(key, "counting semaphores"))
+    }
+
+    /// Every resource whose name starts with `prefix` that somebody holds (locks and counting
+    /// semaphores, each with its holders as [`holders`](Store::holders) tells, waiters where the
+    /// store keeps a queue), in any order. Read-only; peers' locks are listed where the layout
+    /// lets the store recognise them.
+    ///
+    /// # Errors
+    ///
+    /// `Unsupported` unless [`Capabilities::lists`], saying [why](Store::why_not_listing).
+    async fn list(&self, prefix: &str) -> Result<Vec<crate::store::Listing>> {
+        let _ = prefix;
+        Err(Error::unsupported(format!(
+            "cannot list locks: {}",
+            self.why_not_listing()
+        ))
+        .with_store(self))
+    }
+
+    /// Why the store cannot [`list`](Store::list) its locks (one clause), where
+    /// [`Capabilities::lists`] is false.
+    fn why_not_listing(&self) -> String {
+        "the store cannot enumerate its locks".to_owned()
+    }
+
+    /// A notification of the next change of who holds `resource` (an acquisition or a
+    /// release), for observers that hold nothing and wait for nothing (an election's
+    /// [`observe`](crate::Election::observe)): it registers no waiter and takes no place in a
+    /// queue. `Ok(None)` (the default) when the store cannot tell, and the observer polls.
+    ///
+    /// # Errors
+    ///
+    /// A storage error when registering failed.
+    async fn watch_changes(&self, resource: &str) -> Result<Option<Watcher>> {
+        let _ = resource;
+        Ok(None)
     }
 
     /// Why the store has no counting semaphores (one clause, for the `Unsupported` error a
@@ -479,6 +523,15 @@ macro_rules! forward_store {
             }
             fn why_not_counting(&self) -> String {
                 (**self).why_not_counting()
+            }
+            async fn list(&self, prefix: &str) -> Result<Vec<crate::store::Listing>> {
+                (**self).list(prefix).await
+            }
+            fn why_not_listing(&self) -> String {
+                (**self).why_not_listing()
+            }
+            async fn watch_changes(&self, resource: &str) -> Result<Option<Watcher>> {
+                (**self).watch_changes(resource).await
             }
             async fn close(&self) -> Result<()> {
                 (**self).close().await

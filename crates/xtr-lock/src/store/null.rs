@@ -64,6 +64,8 @@ impl Store for NullStore {
             observes_loss: false,
             leased: false,
             counting: true,
+            metadata: false,
+            lists: false,
         }
     }
 

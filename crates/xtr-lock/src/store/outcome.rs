@@ -1,7 +1,7 @@
 //! What stores answer: outcomes are values ("held by someone else" is not an error), failures
 //! are [`Error`](crate::Error)s.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use crate::error::LostReason;
 use crate::key::Mode;
@@ -173,6 +173,13 @@ pub struct HolderInfo {
     pub waiting: bool,
     /// How many permits it holds, for a semaphore's holder ([`Store::usage`](crate::Store::usage)).
     pub permits: Option<u32>,
+    /// The metadata it carries ([`Key::set_meta`](crate::Key::set_meta)), where the store keeps
+    /// it ([`Capabilities::metadata`](crate::store::Capabilities::metadata)).
+    pub meta: Option<Vec<u8>>,
+    /// When it acquired, where the store keeps it (the metadata's record).
+    pub acquired_at: Option<SystemTime>,
+    /// The fencing token of its acquisition, where the store fences and keeps it.
+    pub fencing_token: Option<u64>,
 }
 
 impl HolderInfo {
@@ -186,7 +193,34 @@ impl HolderInfo {
             backend: None,
             waiting: false,
             permits: None,
+            meta: None,
+            acquired_at: None,
+            fencing_token: None,
         }
+    }
+
+    /// What the store's [`HolderRecord`](crate::store::HolderRecord) of this holder says: its
+    /// metadata, when it acquired, its fencing token (each kept where the record has none of
+    /// its own).
+    pub fn with_record(mut self, record: Option<crate::meta::HolderRecord>) -> Self {
+        if let Some(r) = record {
+            self.meta = r.meta.or(self.meta);
+            self.acquired_at = Some(r.acquired_at);
+            self.fencing_token = r.fencing_token.or(self.fencing_token);
+        }
+        self
+    }
+
+    /// Its fencing token (sets [`fencing_token`](HolderInfo::fencing_token)).
+    pub fn with_fencing_token(mut self, token: u64) -> Self {
+        self.fencing_token = Some(token);
+        self
+    }
+
+    /// How long it has held at `now`, where the store keeps when it acquired.
+    pub fn held_for(&self, now: SystemTime) -> Option<Duration> {
+        self.acquired_at
+            .map(|at| now.duration_since(at).unwrap_or_default())
     }
 
     /// A semaphore's holder of `permits` permits (sets [`permits`](HolderInfo::permits)).
@@ -231,5 +265,44 @@ impl Usage {
     /// Permits free now for a holder that uses `limit` (never below zero).
     pub fn free(&self, limit: u32) -> u32 {
         self.limit.unwrap_or(limit).saturating_sub(self.used)
+    }
+}
+
+/// One resource somebody holds, as [`Store::list`](crate::Store::list) found it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Listing {
+    /// The resource (the name locks and semaphores are created with).
+    pub resource: String,
+    /// `Some(limit)` for a counting semaphore (the limit its holders use, `0` where the store
+    /// keeps none), `None` for a lock.
+    pub semaphore: Option<u32>,
+    /// Who holds it, and who waits where the store keeps a queue
+    /// ([`HolderInfo::waiting`]), each as [`Store::holders`](crate::Store::holders) tells.
+    pub holders: Vec<HolderInfo>,
+}
+
+impl Listing {
+    /// A lock on `resource` held by `holders`.
+    pub fn lock(resource: impl Into<String>, holders: Vec<HolderInfo>) -> Self {
+        Listing {
+            resource: resource.into(),
+            semaphore: None,
+            holders,
+        }
+    }
+
+    /// A counting semaphore `resource` of `limit` (`0`: unknown) held by `holders`.
+    pub fn semaphore(resource: impl Into<String>, limit: u32, holders: Vec<HolderInfo>) -> Self {
+        Listing {
+            resource: resource.into(),
+            semaphore: Some(limit),
+            holders,
+        }
+    }
+
+    /// Whether anybody holds it (waiters aside).
+    pub fn is_held(&self) -> bool {
+        self.holders.iter().any(|h| !h.waiting)
     }
 }

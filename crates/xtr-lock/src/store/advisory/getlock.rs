@@ -136,6 +136,8 @@ impl Store for MySqlLockStore {
             observes_loss: true,
             leased: true,
             counting: false,
+            metadata: false,
+            lists: false,
         }
     }
 

@@ -178,6 +178,8 @@ impl Store for PgAdvisoryStore {
             observes_loss: true,
             leased: true,
             counting: false,
+            metadata: false,
+            lists: false,
         }
     }
 

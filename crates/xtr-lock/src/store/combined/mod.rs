@@ -330,6 +330,8 @@ impl Store for CombinedStore {
             observes_loss: caps.iter().all(|c| c.observes_loss),
             leased: caps.iter().any(|c| c.leased),
             counting: false,
+            metadata: false,
+            lists: false,
         }
     }
 

@@ -227,6 +227,8 @@ impl Store for EtcdStore {
             observes_loss: true,
             leased: true,
             counting: true,
+            metadata: false,
+            lists: false,
         }
     }
 

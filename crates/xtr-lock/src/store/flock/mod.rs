@@ -387,6 +387,8 @@ impl Store for FlockStore {
             observes_loss: true,
             leased: false,
             counting: true,
+            metadata: false,
+            lists: false,
         }
     }
 

@@ -444,6 +444,8 @@ impl Store for MemcachedStore {
             observes_loss: false,
             leased: false,
             counting: true,
+            metadata: false,
+            lists: false,
         }
     }
 

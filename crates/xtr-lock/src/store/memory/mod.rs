@@ -9,8 +9,8 @@ use async_trait::async_trait;
 
 use super::channels::Channels;
 use super::{
-    Acquired, Capabilities, Conflict, HolderInfo, Holding, LossWatcher, Saved, Store, Watcher,
-    check_expiry,
+    Acquired, Capabilities, Conflict, HolderInfo, HolderRecord, Holding, Listing, LossWatcher,
+    Saved, Store, Watcher, check_expiry,
 };
 use crate::clock::Clock;
 use crate::error::{LostReason, Result};
@@ -90,6 +90,8 @@ struct Entry {
     writer: Option<Writer>,
     /// Reader token → expiry.
     readers: HashMap<String, Option<Instant>>,
+    /// Holder token → its metadata record, for every token above.
+    records: HashMap<String, HolderRecord>,
 }
 
 struct Writer {
@@ -116,7 +118,55 @@ impl Entry {
         }
         let before = self.readers.len();
         self.readers.retain(|_, e| e.is_none_or(|e| e > now));
-        changed || self.readers.len() != before
+        let changed = changed || self.readers.len() != before;
+        if changed {
+            self.forget_gone();
+        }
+        changed
+    }
+
+    /// Drops the records of tokens that hold nothing any more.
+    fn forget_gone(&mut self) {
+        let writer = self.writer.as_ref().map(|w| w.token.clone());
+        let readers = &self.readers;
+        self.records
+            .retain(|t, _| writer.as_deref() == Some(t.as_str()) || readers.contains_key(t));
+    }
+
+    /// Records `key`'s acquisition (a new one), or its new metadata (a re-save).
+    fn record(&mut self, token: &str, key: &Key, fence: Option<u64>) {
+        match self.records.get_mut(token) {
+            Some(r) => r.meta = key.meta().map(|m| m.to_vec()),
+            None => {
+                let record = HolderRecord::now(key).with_fencing_token(fence);
+                self.records.insert(token.to_owned(), record);
+            }
+        }
+    }
+
+    /// Who holds at `now`, with their records.
+    fn holders(&self, now: Instant) -> Vec<HolderInfo> {
+        let pid = Some(std::process::id());
+        let left = |e: Option<Instant>| e.map(|e| e.saturating_duration_since(now));
+        let alive = |e: Option<Instant>| e.is_none_or(|e| e > now);
+        let info = |mode, token: &str, expires| {
+            HolderInfo::new(mode, pid, left(expires))
+                .with_token(token)
+                .with_record(self.records.get(token).cloned())
+        };
+        let mut out: Vec<HolderInfo> = self
+            .writer
+            .iter()
+            .filter(|w| alive(w.expires))
+            .map(|w| info(Mode::Write, &w.token, w.expires))
+            .collect();
+        out.extend(
+            self.readers
+                .iter()
+                .filter(|(_, e)| alive(**e))
+                .map(|(t, e)| info(Mode::Read, t, *e)),
+        );
+        out
     }
 
     /// The mode `token` holds in at `now` (expired entries hold nothing).
@@ -276,6 +326,11 @@ impl State {
     }
 }
 
+/// The channel of acquisitions on `resource` (releases notify the resource's own).
+fn changes(resource: &str) -> String {
+    format!("acquired\0{resource}")
+}
+
 impl Default for InMemoryStore {
     fn default() -> Self {
         Self::new()
@@ -316,6 +371,8 @@ impl Store for InMemoryStore {
             observes_loss: true,
             leased: false,
             counting: true,
+            metadata: true,
+            lists: true,
         }
     }
 
@@ -347,18 +404,24 @@ impl Store for InMemoryStore {
                 }
                 None => {
                     entry.readers.remove(&token);
+                    // A promotion is a new (exclusive) acquisition.
+                    entry.records.remove(&token);
                     st.last_fence += 1;
                     let fence = st.last_fence;
                     entry.writer = Some(Writer {
-                        token,
+                        token: token.clone(),
                         fence,
                         expires,
                     });
                     Saved::Acquired(Acquired::fenced(fence))
                 }
             };
-            if outcome.is_conflict() {
-                st.tidy(key.resource());
+            match outcome {
+                Saved::Acquired(a) => {
+                    entry.record(&token, key, a.fencing_token);
+                    st.notify(&changes(key.resource()));
+                }
+                Saved::Conflict(_) => st.tidy(key.resource()),
             }
             if pruned {
                 st.notify(key.resource());
@@ -385,13 +448,17 @@ impl Store for InMemoryStore {
                         entry.writer = None;
                         demoted = true;
                     }
-                    entry.readers.insert(token, expires);
+                    entry.readers.insert(token.clone(), expires);
                     // Readers share the latest writer's token: every later writer's exceeds it.
                     Saved::Acquired(Acquired::fenced(st.last_fence))
                 }
             };
-            if outcome.is_conflict() {
-                st.tidy(key.resource());
+            match outcome {
+                Saved::Acquired(a) => {
+                    entry.record(&token, key, a.fencing_token);
+                    st.notify(&changes(key.resource()));
+                }
+                Saved::Conflict(_) => st.tidy(key.resource()),
             }
             if pruned || demoted {
                 // Readers waiting behind the writer may come in now.
@@ -457,6 +524,7 @@ impl Store for InMemoryStore {
             entry.writer = None;
             removed = true;
         }
+        entry.records.remove(&token);
         st.tidy(key.resource());
         if removed || pruned {
             st.notify(key.resource());
@@ -485,27 +553,45 @@ impl Store for InMemoryStore {
 
     async fn holders(&self, resource: &str) -> Result<Vec<HolderInfo>> {
         let (now, _) = self.times(None);
-        let pid = Some(std::process::id());
-        let left = |e: Option<Instant>| e.map(|e| e.saturating_duration_since(now));
         let st = self.state();
-        let Some(entry) = st.resources.get(resource) else {
-            return Ok(Vec::new());
-        };
-        let alive = |e: Option<Instant>| e.is_none_or(|e| e > now);
-        let mut out: Vec<HolderInfo> = entry
-            .writer
+        Ok(st
+            .resources
+            .get(resource)
+            .map(|entry| entry.holders(now))
+            .unwrap_or_default())
+    }
+
+    /// Every lock and semaphore with a live holder whose name starts with `prefix`.
+    async fn list(&self, prefix: &str) -> Result<Vec<Listing>> {
+        let (now, _) = self.times(None);
+        let st = self.state();
+        let mut out: Vec<Listing> = st
+            .resources
             .iter()
-            .filter(|w| alive(w.expires))
-            .map(|w| HolderInfo::new(Mode::Write, pid, left(w.expires)).with_token(&w.token))
+            .filter(|(name, _)| name.starts_with(prefix))
+            .map(|(name, entry)| Listing::lock(name.clone(), entry.holders(now)))
+            .filter(Listing::is_held)
             .collect();
-        out.extend(
-            entry
-                .readers
-                .iter()
-                .filter(|(_, e)| alive(**e))
-                .map(|(t, e)| HolderInfo::new(Mode::Read, pid, left(*e)).with_token(t)),
-        );
+        out.extend(semaphore::listed(&st.semaphores, prefix, now));
         Ok(out)
+    }
+
+    /// Wakes on the next acquisition or release of `resource`'s lock.
+    async fn watch_changes(&self, resource: &str) -> Result<Option<Watcher>> {
+        let (mut released, mut acquired) = {
+            let mut st = self.state();
+            (
+                st.watchers.subscribe(resource),
+                st.watchers.subscribe(&changes(resource)),
+            )
+        };
+        Ok(Some(Watcher::new(async move {
+            // An error means the store is gone: nothing will change any more, so wake up.
+            tokio::select! {
+                _ = released.changed() => {}
+                _ = acquired.changed() => {}
+            }
+        })))
     }
 
     async fn watch(&self, key: &Key, _waiting_since: SystemTime) -> Result<Option<Watcher>> {

@@ -10,7 +10,7 @@ use crate::error::{LostReason, Result};
 use crate::key::{Key, Mode};
 use crate::permits::Permits;
 use crate::store::Usage;
-use crate::store::{Acquired, Conflict, HolderInfo, Holding, Saved};
+use crate::store::{Acquired, Conflict, HolderInfo, HolderRecord, Holding, Listing, Saved};
 
 /// One semaphore: the limit its holders use, and who holds how many permits.
 pub(super) struct Sem {
@@ -22,6 +22,7 @@ struct Permit {
     count: u32,
     expires: Option<Instant>,
     fence: u64,
+    record: HolderRecord,
 }
 
 fn alive(expires: Option<Instant>, now: Instant) -> bool {
@@ -48,6 +49,22 @@ impl Sem {
             .filter_map(|p| p.expires)
             .min()
             .map(|e| e.saturating_duration_since(now))
+    }
+
+    /// Who holds permits at `now`, with how many each.
+    fn holders(&self, now: Instant) -> Vec<HolderInfo> {
+        let pid = Some(std::process::id());
+        self.holders
+            .iter()
+            .filter(|(_, p)| alive(p.expires, now))
+            .map(|(t, p)| {
+                let left = p.expires.map(|e| e.saturating_duration_since(now));
+                HolderInfo::new(Mode::Write, pid, left)
+                    .with_token(t)
+                    .with_permits(p.count)
+                    .with_record(Some(p.record.clone()))
+            })
+            .collect()
     }
 
     /// What `token` holds at `now`, or why not.
@@ -98,6 +115,7 @@ impl InMemoryStore {
             } else if let Some(p) = sem.holders.get_mut(&token) {
                 if p.count == permits.count() {
                     p.expires = expires;
+                    p.record.meta = key.meta().map(|m| m.to_vec());
                     Ok(Saved::Acquired(Acquired::fenced(p.fence)))
                 } else {
                     Err(permits.count_changed(key.resource(), p.count))
@@ -109,6 +127,7 @@ impl InMemoryStore {
                     count: permits.count(),
                     expires,
                     fence,
+                    record: HolderRecord::now(key).with_fencing_token(Some(fence)),
                 };
                 sem.holders.insert(token, permit);
                 Ok(Saved::Acquired(Acquired::fenced(fence)))
@@ -177,22 +196,11 @@ impl InMemoryStore {
 
     pub(super) fn usage_of(&self, key: &Key) -> Usage {
         let (now, _) = self.times(None);
-        let pid = Some(std::process::id());
         let st = self.state();
         let Some(sem) = st.semaphores.get(key.resource()) else {
             return Usage::default();
         };
-        let holders: Vec<HolderInfo> = sem
-            .holders
-            .iter()
-            .filter(|(_, p)| alive(p.expires, now))
-            .map(|(t, p)| {
-                let left = p.expires.map(|e| e.saturating_duration_since(now));
-                HolderInfo::new(Mode::Write, pid, left)
-                    .with_token(t)
-                    .with_permits(p.count)
-            })
-            .collect();
+        let holders = sem.holders(now);
         Usage {
             used: holders
                 .iter()
@@ -205,6 +213,19 @@ impl InMemoryStore {
             holders,
         }
     }
+}
+
+/// The semaphores among `semaphores` whose names start with `prefix` and that somebody holds.
+pub(super) fn listed<'a>(
+    semaphores: &'a HashMap<String, Sem>,
+    prefix: &'a str,
+    now: Instant,
+) -> impl Iterator<Item = Listing> + 'a {
+    semaphores
+        .iter()
+        .filter(move |(name, _)| name.starts_with(prefix))
+        .map(move |(name, sem)| Listing::semaphore(name.clone(), sem.limit, sem.holders(now)))
+        .filter(Listing::is_held)
 }
 
 impl super::State {

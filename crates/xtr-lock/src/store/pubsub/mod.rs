@@ -271,6 +271,8 @@ impl Store for RedisPubSubStore {
             observes_loss: true,
             leased: true,
             counting: false,
+            metadata: false,
+            lists: false,
         }
     }
 

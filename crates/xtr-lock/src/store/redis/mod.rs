@@ -394,6 +394,8 @@ impl Store for RedisStore {
             observes_loss: false,
             leased: false,
             counting: true,
+            metadata: false,
+            lists: false,
         }
     }
 

@@ -363,6 +363,8 @@ impl Store for SemaphoreStore {
             observes_loss: false,
             leased: false,
             counting: true,
+            metadata: false,
+            lists: false,
         }
     }
 

@@ -437,6 +437,8 @@ impl Store for SqlStore {
             observes_loss: false,
             leased: false,
             counting: true,
+            metadata: false,
+            lists: false,
         }
     }
 

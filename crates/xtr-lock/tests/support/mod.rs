@@ -334,6 +334,19 @@ impl<S: Store> Store for Scripted<S> {
     fn why_not_counting(&self) -> String {
         self.inner.why_not_counting()
     }
+    async fn list(&self, prefix: &str) -> Result<Vec<xtr_lock::store::Listing>> {
+        self.call("list", String::new(), self.inner.list(prefix))
+            .await
+    }
+    fn why_not_listing(&self) -> String {
+        self.inner.why_not_listing()
+    }
+    async fn watch_changes(&self, resource: &str) -> Result<Option<Watcher>> {
+        if !self.capabilities().notifies {
+            return Ok(None);
+        }
+        self.inner.watch_changes(resource).await
+    }
     async fn watch_loss(&self, key: &Key) -> Result<Option<LossWatcher>> {
         if !self.capabilities().observes_loss {
             return Ok(None);

@@ -93,6 +93,7 @@
 pub mod blocking;
 mod clock;
 pub mod config;
+mod election;
 // Only the keyword stores in a build without a store that reads a URL.
 #[cfg_attr(
     not(any(
@@ -127,16 +128,17 @@ mod telemetry;
 pub mod conformance;
 
 pub use clock::{BoxFuture, Clock, ManualClock, MonotonicClock};
+pub use election::{Election, Leader, Leadership, Observer};
 pub use error::{BoxError, Error, ErrorKind, LostReason, Result};
 pub use key::{HandleOwner, Key, Mode, validate_token};
 pub use limits::MAX_DURATION;
-pub use meta::MAX_META;
 pub use lock::Lock;
 pub use lock::factory::{DEFAULT_TTL, LockFactory, RunOptions};
 pub use lock::guard::LockGuard;
 pub use lock::lockable::{Lockable, NoLock, Release, Wait};
 pub use lock::lost::{KeepAlive, LockLost};
 pub use lock::scope::LockableExt;
+pub use meta::MAX_META;
 pub use permits::{MAX_PERMITS, Permits};
 pub use report::Report;
 pub use semaphore::Semaphore;

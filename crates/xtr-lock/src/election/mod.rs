@@ -3,6 +3,7 @@
 //! metadata, its term the acquisition's fencing token.
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, SystemTime};
 
@@ -64,7 +65,7 @@ pub struct Election {
 struct Inner {
     factory: LockFactory,
     name: String,
-    recampaign: bool,
+    recampaign: AtomicBool,
     leading: watch::Sender<bool>,
     /// One campaign or resignation of this candidate at a time.
     turn: tokio::sync::Mutex<()>,
@@ -188,7 +189,7 @@ impl LockFactory {
             inner: Arc::new(Inner {
                 factory: self.clone(),
                 name: name.into(),
-                recampaign: false,
+                recampaign: AtomicBool::new(false),
                 leading: watch::channel(false).0,
                 turn: tokio::sync::Mutex::new(()),
                 state: Mutex::new(State::default()),
@@ -204,17 +205,16 @@ impl Election {
     }
 
     /// Campaigns again at once, with the same value, after leadership is lost (not after a
-    /// resignation). Set it before the first campaign (it applies to this candidate only).
+    /// resignation). Applies to this candidate (and its clones), from its next loss on.
     #[must_use]
     pub fn with_recampaign(self, on: bool) -> Self {
-        let mut inner = match Arc::try_unwrap(self.inner) {
-            Ok(inner) => inner,
-            Err(shared) => return Election { inner: shared },
-        };
-        inner.recampaign = on;
-        Election {
-            inner: Arc::new(inner),
-        }
+        self.set_recampaign(on);
+        self
+    }
+
+    /// Like [`with_recampaign`](Election::with_recampaign), on a shared candidate.
+    pub fn set_recampaign(&self, on: bool) {
+        self.inner.recampaign.store(on, Ordering::Relaxed);
     }
 
     /// Waits until this candidate leads, with `value` as its metadata (at most
@@ -379,7 +379,7 @@ impl Inner {
         this.leading.send_replace(false);
         tracing::warn!(target: crate::logging::TARGET, election = %name, reason = %lost.reason,
             "leadership lost");
-        if !this.recampaign {
+        if !this.recampaign.load(Ordering::Relaxed) {
             return;
         }
         drop(this);
@@ -434,7 +434,7 @@ impl fmt::Debug for Election {
         f.debug_struct("Election")
             .field("name", &self.inner.name)
             .field("leading", &*self.inner.leading.borrow())
-            .field("recampaign", &self.inner.recampaign)
+            .field("recampaign", &self.inner.recampaign.load(Ordering::Relaxed))
             .finish()
     }
 }

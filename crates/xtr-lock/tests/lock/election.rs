@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt as _;
-use xtr_lock::{ErrorKind, InMemoryStore, Key, LockFactory, Lockable as _, Release, Store as _};
+use xtr_lock::{ErrorKind, InMemoryStore, Key, LockFactory, Release, Store as _};
 
 fn factory() -> LockFactory {
     LockFactory::new(InMemoryStore::new())

@@ -103,3 +103,33 @@ async fn metadata_travels_with_the_key_and_is_checked_on_the_way_in() {
     let err = Key::from_json(r#"{"v":1,"resource":"r","meta":"!"}"#).unwrap_err();
     assert!(err.to_string().contains("meta"), "{err}");
 }
+
+#[test]
+fn the_blocking_election_waits_for_changes_and_lets_go_when_dropped() {
+    let f = xtr_lock::blocking::LockFactory::from_dsn("in-memory").unwrap();
+    let (a, b) = (f.create_election("e5"), f.create_election("e5"));
+    assert_eq!(
+        b.wait_change(None, Duration::from_millis(20)).unwrap(),
+        None,
+        "nobody leads, and nothing changed"
+    );
+    let leading = a.campaign("a").unwrap();
+    assert!(a.is_leader() && a.leadership().is_some());
+    let now = b.wait_change(None, Duration::from_secs(10)).unwrap();
+    let leader = now.expect("a change").expect("a leader");
+    assert_eq!(
+        (leader.value_lossy(), leader.term),
+        ("a".to_owned(), leading.term())
+    );
+    drop(a);
+    let gone = b
+        .wait_change(Some(&leader), Duration::from_secs(10))
+        .unwrap();
+    assert_eq!(gone, Some(None), "the dropped leader let go");
+    assert!(
+        b.campaign_timeout("b", Duration::from_secs(10))
+            .unwrap()
+            .is_some()
+    );
+    let _ = b.resign().unwrap();
+}

@@ -133,3 +133,27 @@ fn the_blocking_election_waits_for_changes_and_lets_go_when_dropped() {
     );
     let _ = b.resign().unwrap();
 }
+
+#[tokio::test]
+async fn a_resignation_ends_a_waiting_campaign_of_the_same_candidate() {
+    let f = factory();
+    let (leader, standby) = (f.create_election("e6"), f.create_election("e6"));
+    let _ = leader.campaign("leader").await.unwrap();
+    let waiting = standby.clone();
+    let campaign = tokio::spawn(async move { waiting.campaign("standby").await });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(standby.resign().await.unwrap(), Release::NotHeld);
+    let err = tokio::time::timeout(Duration::from_secs(10), campaign)
+        .await
+        .expect("the waiting campaign gives up")
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Conflict, "{err}");
+    assert!(err.to_string().contains("resigned"), "{err}");
+    let _ = leader.resign().await.unwrap();
+    xtr_lock::settle(Duration::from_secs(5)).await;
+    assert!(
+        standby.leader().await.unwrap().is_none(),
+        "the given-up campaign holds nothing"
+    );
+}

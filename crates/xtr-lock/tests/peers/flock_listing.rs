@@ -115,7 +115,10 @@ async fn flock_1_still_excludes_us_both_ways_while_our_records_exist() {
     assert!(!lock.try_acquire_read().await.unwrap());
     let holders = store.holders("shared-file").await.unwrap();
     assert_eq!(holders.len(), 1, "{holders:?}");
-    assert_eq!((holders[0].pid, holders[0].meta.as_ref()), (Some(holder.id()), None));
+    assert_eq!(
+        (holders[0].pid, holders[0].meta.as_ref()),
+        (Some(holder.id()), None)
+    );
     drop(holder);
     assert!(lock.try_acquire().await.unwrap());
     assert_eq!(records(tmp.path()).len(), 2);
@@ -182,7 +185,10 @@ async fn a_killed_holders_record_is_not_shown() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert!(store.list("").await.unwrap().is_empty(), "nobody holds");
-    assert!(records(tmp.path()).is_empty(), "the stale record was pruned");
+    assert!(
+        records(tmp.path()).is_empty(),
+        "the stale record was pruned"
+    );
 
     // Its record, put back as it was, is not taken for a new holder's.
     std::fs::write(

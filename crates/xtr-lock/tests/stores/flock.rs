@@ -325,8 +325,14 @@ async fn odd_resource_names_get_safe_file_names_inside_the_directory() {
         store.path_for("reports:nightly").file_name().unwrap(),
         "xtr.reports-nightly.4JXv6FB.lock"
     );
-    let entries = fs::read_dir(tmp.path()).unwrap().count();
+    // Besides the lock files: the holders' records' directory, empty once they let go.
+    let entries = fs::read_dir(tmp.path())
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().file_name() != ".xtr-holders")
+        .count();
     assert_eq!(entries, names.len(), "one file per resource, nothing else");
+    let records = fs::read_dir(tmp.path().join(".xtr-holders")).unwrap();
+    assert_eq!(records.count(), 0, "no record outlives its lock");
 }
 
 #[tokio::test]

@@ -16,13 +16,17 @@ use super::flock::FlockHolder;
 
 const PATIENCE: Duration = Duration::from_secs(10);
 
+/// The live record files in the records' directory (a free one, kept for reuse, starts with
+/// `-`).
 fn records(dir: &Path) -> Vec<String> {
-    match std::fs::read_dir(dir.join(".xtr-holders")) {
-        Ok(entries) => entries
-            .map(|e| e.unwrap().file_name().into_string().unwrap())
-            .collect(),
-        Err(_) => Vec::new(),
-    }
+    let Ok(entries) = std::fs::read_dir(dir.join(".xtr-holders")) else {
+        return Vec::new();
+    };
+    entries
+        .map(|e| e.unwrap().path())
+        .filter(|p| !std::fs::read(p).unwrap().starts_with(b"-"))
+        .map(|p| p.file_name().unwrap().to_str().unwrap().to_owned())
+        .collect()
 }
 
 fn flock_n(mode: &str, file: &Path) -> bool {
@@ -184,18 +188,16 @@ async fn a_killed_holders_record_is_not_shown() {
         assert!(Instant::now() < deadline, "the kernel never let go");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    let side = tmp.path().join(".xtr-holders");
+    let content = std::fs::read(side.join(&stale[0])).unwrap();
     assert!(store.list("").await.unwrap().is_empty(), "nobody holds");
     assert!(
-        records(tmp.path()).is_empty(),
-        "the stale record was pruned"
+        !side.join(&stale[0]).exists(),
+        "the dead process's record was pruned"
     );
 
     // Its record, put back as it was, is not taken for a new holder's.
-    std::fs::write(
-        tmp.path().join(".xtr-holders").join(&stale[0]),
-        "{\"v\":1,\"at_ms\":1,\"meta\":\"c3RhbGU=\"}\nkilled",
-    )
-    .unwrap();
+    std::fs::write(side.join(&stale[0]), content).unwrap();
     let key = Key::new("killed");
     let lock = LockFactory::new(store.clone()).create_lock_from_key(key);
     assert!(lock.try_acquire().await.unwrap());
@@ -204,5 +206,6 @@ async fn a_killed_holders_record_is_not_shown() {
     let h = &listed[0].holders;
     assert_eq!((h.len(), h[0].pid), (1, Some(std::process::id())), "{h:?}");
     assert_eq!(h[0].meta, None, "not the killed holder's: {h:?}");
+    assert!(!side.join(&stale[0]).exists(), "pruned again");
     let _ = lock.release().await.unwrap();
 }

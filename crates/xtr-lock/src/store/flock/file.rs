@@ -236,7 +236,7 @@ impl HeldFile {
     /// descriptor for the next attempt, so no close event wakes the other waiters.
     pub(super) fn unlock_quietly(&mut self) {
         if let Some(record) = self.record.take() {
-            self.hub.records().remove(&record.name);
+            self.hub.records().release(record);
         }
         if self.mode.take().is_some()
             && let Some((fd, _)) = &self.fd
@@ -255,7 +255,7 @@ impl HeldFile {
     pub(super) fn close(&mut self) -> bool {
         // Before the lock goes, so a record never outlives it.
         if let Some(record) = self.record.take() {
-            self.hub.records().remove(&record.name);
+            self.hub.records().release(record);
         }
         let held = self.mode.take().is_some();
         if let Some((fd, _)) = self.fd.take() {

@@ -9,9 +9,10 @@ use super::dir::shown;
 use super::limit::LimitFile;
 use super::name::{self, Digest, semaphore_channel};
 use super::proc_locks::{self, FlockEntry};
-use super::records::{Found, Owner, Sidecar};
+use super::records::{Found, Owner};
 use crate::error::{Error, Result};
 use crate::key::Mode;
+use crate::meta::HolderRecord;
 use crate::store::{HolderInfo, Listing, Watcher};
 
 /// What one lock directory entry is, by its name.
@@ -61,24 +62,19 @@ impl FlockStore {
                 );
             }
         };
-        let side = self.inner.hub.records();
-        let mut found = side.scan();
         let table = self.lock_table(resource).await?;
         let dev = meta.dev();
         let (major, minor) = (rustix::fs::major(dev), rustix::fs::minor(dev));
         let entries = proc_locks::granted(&table, major, minor, meta.ino());
-        let (holders, _) = with_records(side, &mut found, meta.ino(), &entries);
-        let pids: Vec<_> = entries.iter().filter_map(|e| e.pid).collect();
-        let ino = meta.ino();
-        prune(side, found, |o| o.ino != ino || pids.contains(&o.pid));
+        let pids = entries.iter().filter_map(|e| e.pid).collect();
+        let mut found = self.inner.hub.records().read(&pids, false);
+        let (holders, _) = with_records(&mut found, meta.ino(), &entries);
         Ok(holders)
     }
 
     /// Every held lock file of this store's prefix and every held semaphore in the directory
     /// whose resource starts with `prefix` (see [`list`](crate::Store::list)).
     pub(super) async fn list_files(&self, prefix: &str) -> Result<Vec<Listing>> {
-        let side = self.inner.hub.records();
-        let mut found = side.scan();
         let dir = &self.inner.dir;
         let fail = |what: &str, e: std::io::Error| {
             Error::storage(format!("cannot {what} lock directory {}: {e}", shown(dir)))
@@ -95,6 +91,9 @@ impl FlockStore {
         }
         let table = self.lock_table(prefix).await?;
         let held = proc_locks::by_inode(&table, rustix::fs::major(dev), rustix::fs::minor(dev));
+        let pids = held.values().flatten().filter_map(|e| e.pid).collect();
+        // The files of processes that are gone (killed holders') are removed on the way.
+        let mut found = self.inner.hub.records().read(&pids, true);
         let mut out = Vec::new();
         let mut slots: BTreeMap<String, Vec<(u64, FlockEntry)>> = BTreeMap::new();
         for (file, ino) in files {
@@ -111,7 +110,7 @@ impl FlockStore {
                         .extend(writer.map(|e| (ino, *e)));
                 }
                 Some(Kind::Lock { readable, resource }) => {
-                    let (holders, recorded) = with_records(side, &mut found, ino, entries);
+                    let (holders, recorded) = with_records(&mut found, ino, entries);
                     let named = |r: &String| {
                         [Digest::Short, Digest::Long]
                             .iter()
@@ -134,13 +133,9 @@ impl FlockStore {
                 Ok(f) => f.read().ok().flatten().unwrap_or(0),
                 Err(_) => 0,
             };
-            let holders = slot_holders(side, &mut found, &held_slots);
+            let holders = slot_holders(&mut found, &held_slots);
             out.push(Listing::semaphore(sem, limit, holders));
         }
-        prune(side, found, |o| {
-            held.get(&o.ino)
-                .is_some_and(|es| es.iter().any(|e| e.pid == Some(o.pid)))
-        });
         Ok(out)
     }
 
@@ -187,7 +182,6 @@ impl FlockStore {
 /// matches (by process; a process holding the file twice has two), and the resource a record
 /// names.
 fn with_records(
-    side: &Sidecar,
     found: &mut Found,
     ino: u64,
     entries: &[FlockEntry],
@@ -199,7 +193,6 @@ fn with_records(
             let record = e
                 .pid
                 .and_then(|pid| found.take(Owner { ino, pid }))
-                .and_then(|name| side.read(&name))
                 .map(|(record, r)| {
                     resource.get_or_insert(r);
                     record
@@ -212,13 +205,8 @@ fn with_records(
 
 /// A semaphore's holders, one per process with the permits (slots) it holds, each with the
 /// first record of that process on one of its slots.
-pub(super) fn slot_holders(
-    side: &Sidecar,
-    found: &mut Found,
-    held: &[(u64, FlockEntry)],
-) -> Vec<HolderInfo> {
-    let mut by_pid: BTreeMap<Option<u32>, (u32, Option<crate::meta::HolderRecord>)> =
-        BTreeMap::new();
+pub(super) fn slot_holders(found: &mut Found, held: &[(u64, FlockEntry)]) -> Vec<HolderInfo> {
+    let mut by_pid: BTreeMap<Option<u32>, (u32, Option<HolderRecord>)> = BTreeMap::new();
     for (ino, entry) in held {
         let slot = by_pid.entry(entry.pid).or_default();
         slot.0 += 1;
@@ -226,7 +214,6 @@ pub(super) fn slot_holders(
             slot.1 = entry
                 .pid
                 .and_then(|pid| found.take(Owner { ino: *ino, pid }))
-                .and_then(|name| side.read(&name))
                 .map(|(record, _)| record);
         }
     }
@@ -238,12 +225,4 @@ pub(super) fn slot_holders(
                 .with_record(record)
         })
         .collect()
-}
-
-/// Removes the records left unmatched whose owner `held` says holds nothing (killed holders';
-/// best effort: another user's may not be ours to remove).
-pub(super) fn prune(side: &Sidecar, found: Found, held: impl Fn(Owner) -> bool) {
-    for name in found.stale(held) {
-        side.remove(&name);
-    }
 }

@@ -246,15 +246,14 @@ impl FlockStore {
             .and_then(|f| f.read())
             .map_err(|e| self.in_context(key, e))?;
         let upto = stored.unwrap_or(0).max(permits.limit());
-        let side = self.inner.hub.records();
-        // Records read before the lock table, as `holders` does.
-        let mut found = side.scan();
         let held = self.held_slots(name, upto).await?;
+        let pids = held.iter().filter_map(|(_, e)| e.pid).collect();
+        let mut found = self.inner.hub.records().read(&pids, false);
         let used = u32::try_from(held.len()).unwrap_or(u32::MAX);
         Ok(Usage {
             used,
             limit: stored.filter(|_| used > 0),
-            holders: slot_holders(side, &mut found, &held),
+            holders: slot_holders(&mut found, &held),
         })
     }
 

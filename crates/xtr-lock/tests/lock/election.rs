@@ -236,7 +236,7 @@ async fn a_candidate_told_of_its_loss_no_longer_shows_it() {
         assert!(store.delete(&e.leading_key().unwrap()).await.unwrap());
         let _ = first.lost().await;
         assert!(
-            !e.leadership().is_some_and(|l| l.lost_now().is_some()),
+            e.leadership().is_none_or(|l| l.lost_now().is_none()),
             "round {i}: the lost leadership is still current"
         );
         let _ = e.resign().await;

@@ -114,7 +114,7 @@ impl HolderRecord {
         };
         Some(HolderRecord {
             meta,
-            acquired_at: UNIX_EPOCH + Duration::from_millis(wire.at_ms),
+            acquired_at: UNIX_EPOCH.checked_add(Duration::from_millis(wire.at_ms))?,
             fencing_token: wire.fence,
         })
     }

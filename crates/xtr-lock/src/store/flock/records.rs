@@ -268,10 +268,11 @@ impl Sidecar {
                         .or_default()
                         .push((record, resource));
                 }
-            } else if prune && !alive(pid) {
-                if let Some(dir) = self.dir(false) {
-                    let _ = rustix::fs::unlinkat(dir, name, rustix::fs::AtFlags::empty());
-                }
+            } else if prune
+                && !alive(pid)
+                && let Some(dir) = self.dir(false)
+            {
+                let _ = rustix::fs::unlinkat(dir, name, rustix::fs::AtFlags::empty());
             }
         }
         found

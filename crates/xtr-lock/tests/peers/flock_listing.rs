@@ -4,15 +4,15 @@
 
 #![cfg(target_os = "linux")]
 
-use std::io::{BufRead as _, BufReader};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use xtr_lock::store::Listing;
 use xtr_lock::{FlockStore, Key, LockFactory, Lockable as _, Store};
 
 use super::flock::FlockHolder;
+use crate::support::holder_process;
 
 const PATIENCE: Duration = Duration::from_secs(10);
 
@@ -158,21 +158,10 @@ async fn flock_record_holder_process() {
 async fn a_killed_holders_record_is_not_shown() {
     let tmp = tempfile::tempdir().unwrap();
     let store = FlockStore::in_dir(tmp.path()).unwrap();
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "flock_listing::flock_record_holder_process",
-            "--exact",
-            "--ignored",
-            "--nocapture",
-        ])
-        .env("XTR_FLOCK_RECORD_DIR", tmp.path())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    assert!(
-        lines.any(|l| l.is_ok_and(|l| l == "held")),
-        "the holder process never held"
+    let mut child = holder_process::start(
+        "flock_listing::flock_record_holder_process",
+        "XTR_FLOCK_RECORD_DIR",
+        tmp.path(),
     );
     let holders = store.holders("killed").await.unwrap();
     assert_eq!(holders.len(), 1, "{holders:?}");

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use xtr_lock::{LockFactory, Lockable as _, MemcachedStore, Release, Store as _};
 use xtr_lock_testkit::memcached::MemcachedServer;
 
+use super::memcached::php_is_refused;
 use crate::support::symfony_sql::Holder;
 
 const PATIENCE: Duration = Duration::from_secs(10);
@@ -54,15 +55,7 @@ async fn a_record_follows_its_lock_and_symfony_neither_reads_nor_minds_it() {
     assert!(holders[0].acquired_at.is_some());
 
     // Symfony is refused while we hold, as before.
-    let mut busy = Holder::start_on(
-        &server.url(),
-        resource,
-        "write",
-        0.0,
-        &["--try", "--ttl=30"],
-    );
-    busy.until("BUSY").await;
-    assert_eq!(busy.exit_code().await, 1);
+    php_is_refused(&server, resource).await;
     assert_eq!(lock.release().await.unwrap(), Release::Released);
     until_value(&server, record, |v| v.is_none()).await;
 

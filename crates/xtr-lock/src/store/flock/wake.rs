@@ -284,12 +284,14 @@ impl Hub {
         files.changes.notify_all();
     }
 
-    /// The kernel dropped the watch (the directory went away).
-    fn forget_watch(&self, wd: i32) {
+    /// The kernel dropped watch `wd`: whether it was the current one (the directory went away).
+    fn forget_watch(&self, wd: i32) -> bool {
         let mut files = self.files();
-        if files.watching.is_some_and(|(w, _)| w == wd) {
+        let current = files.watching.is_some_and(|(w, _)| w == wd);
+        if current {
             files.watching = None;
         }
+        current
     }
 }
 
@@ -356,8 +358,11 @@ fn dispatch(hub: &Hub, event: &inotify::Event<'_>) {
         hub.notify_all();
     }
     if flags.contains(ReadFlags::IGNORED) {
-        hub.forget_watch(event.wd());
-        hub.notify_all();
+        // Only the current watch's end matters (the directory went): the end of one removed
+        // on purpose, or of the check made at start, would wake observers with nothing changed.
+        if hub.forget_watch(event.wd()) {
+            hub.notify_all();
+        }
         return;
     }
     let Some(name) = event.file_name().and_then(|n| n.to_str().ok()) else {

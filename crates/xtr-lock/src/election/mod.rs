@@ -275,6 +275,11 @@ impl Election {
     /// # Errors
     ///
     /// A store failure of the release (the lock then expires or goes with its session).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: the candidate stops leading at once, and a dropped release still releases
+    /// (on the holder's executor, to its end).
     pub async fn resign(&self) -> Result<Release> {
         let lock = {
             let mut st = locked(&self.inner.state);
@@ -313,6 +318,10 @@ impl Election {
     /// # Errors
     ///
     /// A store failure; `Unsupported` on stores that cannot tell who holds a lock.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it only reads.
     pub async fn leader(&self) -> Result<Option<Leader>> {
         observe::leader_of(self.inner.factory.store().as_ref(), self.name()).await
     }

@@ -173,7 +173,7 @@ impl Key {
     /// [`MAX_META`](crate::MAX_META) bytes.
     pub fn set_meta(&self, meta: Option<Vec<u8>>) -> crate::Result<()> {
         if let Some(m) = &meta {
-            crate::meta::check_meta(m).map_err(|e| e.with_resource(self.resource()))?;
+            crate::limits::check_meta(m).map_err(|e| e.with_resource(self.resource()))?;
         }
         self.state().meta = meta.map(Arc::from);
         Ok(())

@@ -26,18 +26,3 @@ pub(crate) fn positive_seconds(value: &str, max: Duration) -> Option<Duration> {
 /// The largest holder metadata, in bytes. Stores keep it beside every lock, and `list` shows
 /// it for every holder: it names a holder, it is not a payload.
 pub const MAX_META: usize = 1024;
-
-/// Checks a holder's metadata: at most [`MAX_META`] bytes.
-///
-/// # Errors
-///
-/// [`InvalidArgument`](crate::ErrorKind::InvalidArgument) naming the size and the cap.
-pub(crate) fn check_meta(meta: &[u8]) -> crate::error::Result<()> {
-    if meta.len() > MAX_META {
-        return Err(crate::error::Error::invalid_argument(format!(
-            "holder metadata is {} bytes, at most {MAX_META} are kept",
-            meta.len()
-        )));
-    }
-    Ok(())
-}

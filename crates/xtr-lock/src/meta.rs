@@ -7,8 +7,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 
+#[cfg(test)]
+use crate::key::check_meta;
 pub use crate::limits::MAX_META;
-pub(crate) use crate::limits::check_meta;
 
 /// What a store keeps about one holder beside its lock: its metadata, when it acquired, and the
 /// fencing token of that acquisition where the store fences.

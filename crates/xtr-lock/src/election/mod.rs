@@ -226,7 +226,7 @@ impl Election {
     /// Cancel-safe: dropped while waiting, the candidate holds nothing and takes no place.
     pub async fn campaign(&self, value: impl Into<Vec<u8>>) -> Result<Leadership> {
         let value = value.into();
-        crate::meta::check_meta(&value).map_err(|e| e.with_resource(self.name()))?;
+        crate::key::check_meta(&value).map_err(|e| e.with_resource(self.name()))?;
         if !self.inner.factory.store().capabilities().excludes {
             return Err(Error::unsupported(
                 "an election needs a store that excludes: here every candidate would lead",

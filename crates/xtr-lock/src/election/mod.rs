@@ -226,7 +226,7 @@ impl Election {
     /// Cancel-safe: dropped while waiting, the candidate holds nothing and takes no place.
     pub async fn campaign(&self, value: impl Into<Vec<u8>>) -> Result<Leadership> {
         let value = value.into();
-        crate::meta::check_meta(&value).map_err(|e| e.with_resource(self.name()))?;
+        crate::key::check_meta(&value).map_err(|e| e.with_resource(self.name()))?;
         if !self.inner.factory.store().capabilities().excludes {
             return Err(Error::unsupported(
                 "an election needs a store that excludes: here every candidate would lead",
@@ -275,6 +275,11 @@ impl Election {
     /// # Errors
     ///
     /// A store failure of the release (the lock then expires or goes with its session).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: the candidate stops leading at once, and a dropped release still releases
+    /// (on the holder's executor, to its end).
     pub async fn resign(&self) -> Result<Release> {
         let lock = {
             let mut st = locked(&self.inner.state);
@@ -313,6 +318,10 @@ impl Election {
     /// # Errors
     ///
     /// A store failure; `Unsupported` on stores that cannot tell who holds a lock.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it only reads.
     pub async fn leader(&self) -> Result<Option<Leader>> {
         observe::leader_of(self.inner.factory.store().as_ref(), self.name()).await
     }

@@ -276,6 +276,15 @@ impl Store for RedisPubSubStore {
         }
     }
 
+    /// `PUBSUB CHANNELS` can name channels with subscribers, but every one at once (no cursor)
+    /// and an application's alike, and only pinging a channel tells a lock from a stranger's
+    /// channel: no bounded, harmless listing. Metadata has no place either: the protocol writes
+    /// no key, and portalocker reads the connection names.
+    fn why_not_listing(&self) -> String {
+        "pub/sub locks are subscriptions, which Redis enumerates only all at once with          everybody's channels (PUBSUB CHANNELS), never by lock"
+            .to_owned()
+    }
+
     /// One attempt, as portalocker's `fail_when_locked` with no timeout: subscribe, count,
     /// probe, decide, confirm. A probe left inconclusive (somebody came or went, or stayed
     /// silent and was reaped) is a refusal.

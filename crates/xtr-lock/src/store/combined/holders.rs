@@ -10,6 +10,9 @@ use crate::key::Mode;
 use crate::logging::TARGET;
 use crate::store::{HolderInfo, Listing};
 
+/// A semaphore's limit (`None` for a lock) and each member's holders of one resource.
+type Members = (Option<u32>, Vec<Vec<HolderInfo>>);
+
 impl CombinedStore {
     /// The holders that members enough to meet the strategy report, told apart by
     /// [`HolderInfo::id`] (stores of one kind agree on it), else by pid; a holder is in write
@@ -145,9 +148,8 @@ impl CombinedStore {
             .with_store(self)
             .temporary());
         }
-        // Per (resource, semaphore limit or None): each member's holders.
-        let mut by_resource: BTreeMap<(String, bool), (Option<u32>, Vec<Vec<HolderInfo>>)> =
-            BTreeMap::new();
+        // Per (resource, whether a semaphore): its limit and each member's holders.
+        let mut by_resource: BTreeMap<(String, bool), Members> = BTreeMap::new();
         for listing in answers.into_iter().flatten().flatten() {
             let entry = by_resource
                 .entry((listing.resource, listing.semaphore.is_some()))

@@ -131,7 +131,8 @@ pub async fn list_lists_exactly_what_is_held(h: Harness) -> Outcome {
     // themselves.
     let odd = "l*?[x]%_\\";
     let stem = h.resource(if h.can_name(odd) { odd } else { "list" });
-    let prefix = format!("{stem}/");
+    // `:`, not `/`: a flock semaphore's name is part of its slot files' names.
+    let prefix = format!("{stem}:");
     let name = |n: &str| format!("{prefix}{n}");
     let a = h
         .lock(&name("a"), h.ttl)

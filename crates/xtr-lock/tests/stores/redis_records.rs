@@ -190,3 +190,51 @@ async fn a_quorum_lists_and_shows_metadata() {
     let _ = lone.release().await.unwrap();
     assert!(q.store.list("q/").await.unwrap().is_empty());
 }
+
+/// The holder process of the next test: this test binary run again with `XTR_REDIS_HOLD` set to
+/// a DSN, holding `killed` with metadata and renewing it, until killed.
+#[tokio::test]
+#[ignore = "the holder process of a_killed_holders_record_ends_with_its_lease"]
+async fn redis_records_holder_process() {
+    let dsn = std::env::var("XTR_REDIS_HOLD").expect("run by the test that kills it");
+    let store = RedisStore::from_dsn(&dsn).unwrap();
+    let l = with_meta(lock(&store, "killed", Duration::from_millis(900)), b"child");
+    assert!(l.try_acquire().await.unwrap());
+    println!("held");
+    loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        l.refresh(None).await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_killed_holders_record_ends_with_its_lease() {
+    let server = RedisServer::start();
+    let store = store(&server);
+    let mut child = crate::support::holder_process::start(
+        "redis_records::redis_records_holder_process",
+        "XTR_REDIS_HOLD",
+        server.url(0),
+    );
+    let holders = store.holders("killed").await.unwrap();
+    assert_eq!(
+        holders[0].meta.as_deref(),
+        Some(&b"child"[..]),
+        "{holders:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert_eq!(
+        records(&server, &store).await.len(),
+        1,
+        "renewed with its lock"
+    );
+    child.kill().unwrap(); // SIGKILL: no release, no renewal
+    child.wait().unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        records(&server, &store).await.is_empty(),
+        "gone with the lease"
+    );
+    assert!(store.holders("killed").await.unwrap().is_empty());
+    assert!(store.list("").await.unwrap().is_empty());
+}

@@ -13,5 +13,6 @@ mod flock_semaphore;
 mod pubsub;
 mod pubsub_faults;
 mod redis;
+mod redis_records;
 mod redis_semaphore;
 mod sql;

@@ -27,6 +27,7 @@ mod redis;
 mod redis_connections;
 mod redis_fencing;
 mod redis_hostile;
+mod redis_records;
 mod redis_semaphore;
 mod redis_waking;
 mod sem_common;

@@ -264,3 +264,20 @@ async fn an_unreachable_server_is_reported_with_its_cause() {
         "{text}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holders_carry_the_writers_fencing_token() {
+    let server = RedisServer::start();
+    let url = server.url(0).replacen("redis://", "redis+pubsub://", 1);
+    let store = RedisPubSubStore::from_dsn(&url).unwrap();
+    let lock = LockFactory::new(store.clone()).create_lock("fenced");
+    assert!(lock.try_acquire().await.unwrap());
+    let holders = store.holders("fenced").await.unwrap();
+    assert_eq!(holders.len(), 1, "{holders:?}");
+    assert_eq!(
+        holders[0].fencing_token,
+        lock.fencing_token(),
+        "{holders:?}"
+    );
+    let _ = lock.release().await.unwrap();
+}

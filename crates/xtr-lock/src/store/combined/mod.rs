@@ -330,8 +330,9 @@ impl Store for CombinedStore {
             observes_loss: caps.iter().all(|c| c.observes_loss),
             leased: caps.iter().any(|c| c.leased),
             counting: false,
-            metadata: false,
-            lists: false,
+            // The key (and its metadata) goes to every member as it is.
+            metadata: caps.iter().all(|c| c.metadata),
+            lists: caps.iter().all(|c| c.lists),
         }
     }
 
@@ -377,8 +378,7 @@ impl Store for CombinedStore {
     /// member slow to register (paused, reconnecting) goes on registering inside the watcher
     /// and never delays the attempt.
     async fn watch(&self, key: &Key, waiting_since: SystemTime) -> Result<Option<Watcher>> {
-        let n = self.stores.len();
-        let mut registering: FuturesUnordered<BoxFuture<'static, Option<Watcher>>> = self
+        let registering = self
             .stores
             .iter()
             .map(|s| {
@@ -387,67 +387,23 @@ impl Store for CombinedStore {
                     as BoxFuture<'static, _>
             })
             .collect();
-        let mut watchers: FuturesUnordered<Watcher> = FuturesUnordered::new();
-        let coverages: Arc<std::sync::Mutex<Vec<Coverage>>> = Arc::default();
-        let covered = |w: &Watcher| {
-            lock(&coverages).push(w.coverage());
-        };
-        let mut refused = 0;
-        while !self.strategy.is_met(watchers.len(), n) {
-            match registering.next().await {
-                Some(Some(w)) => {
-                    covered(&w);
-                    watchers.push(w);
-                }
-                Some(None) => refused += 1,
-                None => break,
-            }
-            if !self.strategy.is_met(n - refused, n) {
-                return Ok(None); // a quorum's releases could never be seen
-            }
-        }
-        let strategy = self.strategy.clone();
-        let late = coverages.clone();
-        let fired = async move {
-            let mut fired = 0;
-            // Set at the first member's report: the others' come within a round trip of it
-            // when a holder released, but may never come when members queued waiters in
-            // different orders (a waiter admitted by one member and rolled back there left
-            // that member's queue): a waiter woken by some members tries after a grace.
-            let mut deadline: Option<tokio::time::Instant> = None;
-            loop {
-                let expired = async move {
-                    match deadline {
-                        Some(at) => tokio::time::sleep_until(at).await,
-                        None => std::future::pending().await,
-                    }
-                };
-                tokio::select! {
-                    Some(registered) = registering.next() => {
-                        if let Some(w) = registered {
-                            lock(&late).push(w.coverage());
-                            watchers.push(w);
-                        }
-                    }
-                    Some(()) = watchers.next() => {
-                        fired += 1;
-                        if strategy.is_met(fired, n) {
-                            return;
-                        }
-                        deadline.get_or_insert_with(|| {
-                            tokio::time::Instant::now() + PARTIAL_WAKE_GRACE
-                        });
-                    }
-                    () = expired => return,
-                    else => std::future::pending::<()>().await,
-                }
-            }
-        };
-        let strategy = self.strategy.clone();
-        Ok(Some(Watcher::with_coverage(fired, move || {
-            let seen = lock(&coverages);
-            strategy.is_met(seen.iter().filter(|c| c()).count(), n)
-        })))
+        Ok(self.quorum_watcher(registering).await)
+    }
+
+    /// As [`watch`](CombinedStore::watch) does for waiters: each member's observer, combined;
+    /// wakes when members enough to meet the strategy saw a change (or a grace after the
+    /// first), `None` when too few members can notify observers (they poll).
+    async fn watch_changes(&self, resource: &str) -> Result<Option<Watcher>> {
+        let registering = self
+            .stores
+            .iter()
+            .map(|s| {
+                let (s, r) = (s.clone(), resource.to_owned());
+                Box::pin(async move { s.watch_changes(&r).await.ok().flatten() })
+                    as BoxFuture<'static, _>
+            })
+            .collect();
+        Ok(self.quorum_watcher(registering).await)
     }
 
     /// Completes when the members that still hold can no longer meet the strategy, counting
@@ -483,6 +439,30 @@ impl Store for CombinedStore {
     /// A temporary storage error when too few members could answer to speak for the quorum.
     async fn holders(&self, resource: &str) -> Result<Vec<HolderInfo>> {
         self.quorum_holders(resource).await
+    }
+
+    /// Every member's listing, merged per resource: held when held on members enough to meet
+    /// the strategy (see `holders.rs`).
+    async fn list(&self, prefix: &str) -> Result<Vec<crate::store::Listing>> {
+        if !self.capabilities().lists {
+            return Err(Error::unsupported(format!(
+                "cannot list locks: {}",
+                self.why_not_listing()
+            ))
+            .with_store(self));
+        }
+        self.quorum_list(prefix).await
+    }
+
+    /// The first member that cannot list says why.
+    fn why_not_listing(&self) -> String {
+        self.stores
+            .iter()
+            .find(|s| !s.capabilities().lists)
+            .map_or_else(
+                || "the members cannot enumerate their locks".to_owned(),
+                |s| format!("a member cannot: {}", s.why_not_listing()),
+            )
     }
 
     /// Waits for the member requests still finishing in the background, then closes every
@@ -530,5 +510,78 @@ impl Store for CombinedStore {
             .strategy
             .is_met(members, self.stores.len())
             .then_some(all))
+    }
+}
+
+impl CombinedStore {
+    /// The members' watchers (as they register) combined into one: registered once members
+    /// enough to meet the strategy registered (`None` when too few can), completing when
+    /// members enough fired, or a grace after the first did.
+    async fn quorum_watcher(
+        &self,
+        mut registering: FuturesUnordered<BoxFuture<'static, Option<Watcher>>>,
+    ) -> Option<Watcher> {
+        let n = self.stores.len();
+        let mut watchers: FuturesUnordered<Watcher> = FuturesUnordered::new();
+        let coverages: Arc<std::sync::Mutex<Vec<Coverage>>> = Arc::default();
+        let covered = |w: &Watcher| {
+            lock(&coverages).push(w.coverage());
+        };
+        let mut refused = 0;
+        while !self.strategy.is_met(watchers.len(), n) {
+            match registering.next().await {
+                Some(Some(w)) => {
+                    covered(&w);
+                    watchers.push(w);
+                }
+                Some(None) => refused += 1,
+                None => break,
+            }
+            if !self.strategy.is_met(n - refused, n) {
+                return None; // a quorum's releases could never be seen
+            }
+        }
+        let strategy = self.strategy.clone();
+        let late = coverages.clone();
+        let fired = async move {
+            let mut fired = 0;
+            // Set at the first member's report: the others' come within a round trip of it
+            // when a holder released, but may never come when members queued waiters in
+            // different orders (a waiter admitted by one member and rolled back there left
+            // that member's queue): a waiter woken by some members tries after a grace.
+            let mut deadline: Option<tokio::time::Instant> = None;
+            loop {
+                let expired = async move {
+                    match deadline {
+                        Some(at) => tokio::time::sleep_until(at).await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    Some(registered) = registering.next() => {
+                        if let Some(w) = registered {
+                            lock(&late).push(w.coverage());
+                            watchers.push(w);
+                        }
+                    }
+                    Some(()) = watchers.next() => {
+                        fired += 1;
+                        if strategy.is_met(fired, n) {
+                            return;
+                        }
+                        deadline.get_or_insert_with(|| {
+                            tokio::time::Instant::now() + PARTIAL_WAKE_GRACE
+                        });
+                    }
+                    () = expired => return,
+                    else => std::future::pending::<()>().await,
+                }
+            }
+        };
+        let strategy = self.strategy.clone();
+        Some(Watcher::with_coverage(fired, move || {
+            let seen = lock(&coverages);
+            strategy.is_met(seen.iter().filter(|c| c()).count(), n)
+        }))
     }
 }

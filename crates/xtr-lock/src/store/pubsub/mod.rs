@@ -75,7 +75,8 @@ pub(crate) fn validate_dsn(dsn: &str) -> Result<()> {
 ///   confirmed; a refused or cancelled promotion still reads. Demotion is one local change of
 ///   the advertised mode.
 /// - **Introspection**: [`holders`](Store::holders) pings the channel without subscribing to it
-///   and never reaps: each holder's mode and its 32-hex id.
+///   and never reaps: each holder's mode, its 32-hex id and the fencing counter as it stands
+///   (the writer's token, or the readers').
 ///
 /// # Guarantees and limits
 ///
@@ -276,6 +277,15 @@ impl Store for RedisPubSubStore {
         }
     }
 
+    /// `PUBSUB CHANNELS` can name channels with subscribers, but every one at once (no cursor)
+    /// and an application's alike, and only pinging a channel tells a lock from a stranger's
+    /// channel: no bounded, harmless listing. Metadata has no place either: the protocol writes
+    /// no key, and portalocker reads the connection names.
+    fn why_not_listing(&self) -> String {
+        "pub/sub locks are subscriptions, which Redis enumerates only all at once with          everybody's channels (PUBSUB CHANNELS), never by lock"
+            .to_owned()
+    }
+
     /// One attempt, as portalocker's `fail_when_locked` with no timeout: subscribe, count,
     /// probe, decide, confirm. A probe left inconclusive (somebody came or went, or stayed
     /// silent and was reaped) is a refusal.
@@ -357,7 +367,8 @@ impl Store for RedisPubSubStore {
     }
 
     /// Pings the channel without subscribing to it, until every subscriber answered (up to
-    /// twice `unavailable_timeout`); never reaps.
+    /// twice `unavailable_timeout`); never reaps. Then `GET <channel>-fence` where anybody
+    /// holds.
     async fn holders(&self, resource: &str) -> Result<Vec<HolderInfo>> {
         let channel = self.channel(resource)?;
         let records = probe::read_only(
@@ -368,7 +379,7 @@ impl Store for RedisPubSubStore {
         )
         .await
         .map_err(|e| e.with_resource(resource).with_store(self))?;
-        Ok(records
+        let mut holders: Vec<HolderInfo> = records
             .into_iter()
             .filter_map(|r| {
                 let mode = match r.mode {
@@ -380,7 +391,19 @@ impl Store for RedisPubSubStore {
                 info.id = Some(r.holder_id);
                 Some(info)
             })
-            .collect())
+            .collect();
+        // The holders' fencing token is the counter as it stands: a writer draws it after its
+        // confirmation, while it alone holds (readers read it and share it), so the last draw
+        // is the current writer's (until the moment between a new writer's confirmation and
+        // its draw, when the previous token shows).
+        if !holders.is_empty()
+            && let Some(token) = self.fencing_counter(resource).await?.filter(|t| *t > 0)
+        {
+            for holder in &mut holders {
+                holder.fencing_token = Some(token);
+            }
+        }
+        Ok(holders)
     }
 
     /// `GET <channel>-fence`.

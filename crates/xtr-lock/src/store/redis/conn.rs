@@ -243,7 +243,10 @@ impl RedisStore {
             keys: self.script_keys(key, keys),
             read_only: keys == Keys::ReadOnly,
             ticket,
-            extra: Vec::new(),
+            extra: match keys {
+                Keys::Save => vec![meta_arg(key)],
+                _ => Vec::new(),
+            },
         };
         self.eval_call(script, key, ttl, call).await
     }
@@ -323,16 +326,34 @@ impl RedisStore {
     /// The keys a script for `key` takes: the lock key, then what `keys` asks for.
     pub(super) fn script_keys(&self, key: &Key, keys: Keys) -> Vec<Vec<u8>> {
         let mut keys_of: Vec<Vec<u8>> = vec![self.key_for(key.resource()).into()];
+        let record = || self.record_key(key.resource(), &key.token(KIND));
         match keys {
             Keys::Save => {
                 keys_of.push(self.internal_key(FENCE_KEY));
                 keys_of.push(self.queue_key(key.resource()));
+                keys_of.push(record());
             }
-            Keys::Queue => keys_of.push(self.queue_key(key.resource())),
-            Keys::Lock | Keys::ReadOnly => {}
+            Keys::Queue => {
+                keys_of.push(self.queue_key(key.resource()));
+                keys_of.push(record());
+            }
+            Keys::Lock => keys_of.push(record()),
+            Keys::ReadOnly => {}
         }
         keys_of
     }
+}
+
+/// A save's metadata argument: `""` for none, else `m` and the bytes in standard base64 (which
+/// the script puts into the record's JSON as it is: base64 needs no escaping).
+pub(super) fn meta_arg(key: &Key) -> String {
+    use base64::Engine as _;
+    key.meta().map_or_else(String::new, |m| {
+        format!(
+            "m{}",
+            base64::engine::general_purpose::STANDARD.encode(&m[..])
+        )
+    })
 }
 
 /// The client's Unix time in seconds for a script, when it must be given the client's clock;
@@ -380,13 +401,14 @@ pub(super) struct Call<'a> {
 /// The keys a script takes after the lock key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Keys {
-    /// None, and the script writes.
+    /// The holder's record, and the script writes (refresh).
     Lock,
     /// None, and the script only reads (it runs without the clock probe).
     ReadOnly,
-    /// The resource's wait queue (delete, wake).
+    /// The resource's wait queue and the holder's record (delete, wake).
     Queue,
-    /// The fencing counter and the wait queue (the saves).
+    /// The fencing counter, the wait queue and the holder's record (the saves; the metadata
+    /// goes with them as `ARGV[6]`).
     Save,
 }
 

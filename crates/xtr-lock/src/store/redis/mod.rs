@@ -10,14 +10,15 @@ use async_trait::async_trait;
 use redis::aio::ConnectionManager;
 
 use super::{
-    Acquired, Capabilities, Conflict, HolderInfo, Holding, LostReason, Saved, Store, Watcher,
-    check_expiry,
+    Acquired, Capabilities, Conflict, HolderInfo, Holding, Listing, LostReason, Saved, Store,
+    Watcher, check_expiry,
 };
 use crate::error::{Error, Result};
-use crate::key::{Key, Mode, WRITE_MARKER};
+use crate::key::{Key, Mode};
 
 mod config;
 mod conn;
+mod listing;
 mod notify;
 mod scripts;
 mod semaphore;
@@ -250,6 +251,13 @@ impl RedisStore {
         key
     }
 
+    /// The record of the holder with `token` of the lock (or semaphore time set) at prefix +
+    /// `name`: `rec:<name>:<token>` in the internal namespace (tokens have a fixed length, so
+    /// two holders never share one).
+    fn record_key(&self, name: &str, token: &str) -> Vec<u8> {
+        self.internal_key(&format!("rec:{name}:{token}"))
+    }
+
     /// The wait queue of `resource` (see `docs/waking.md`).
     fn queue_key(&self, resource: &str) -> Vec<u8> {
         self.internal_key(&format!("queue:{resource}"))
@@ -394,8 +402,8 @@ impl Store for RedisStore {
             observes_loss: false,
             leased: false,
             counting: true,
-            metadata: false,
-            lists: false,
+            metadata: true,
+            lists: true,
         }
     }
 
@@ -556,29 +564,21 @@ impl Store for RedisStore {
                 .with_store(self));
             }
         }
-        let (members, time): (Vec<(String, f64)>, (u64, u64)) = self
-            .read(
-                redis::pipe()
-                    .cmd("ZRANGE")
-                    .arg(&key)
-                    .arg(0)
-                    .arg(-1)
-                    .arg("WITHSCORES")
-                    .cmd("TIME")
-                    .query_async(&mut conn),
-            )
-            .await
-            .map_err(|e| self.redis_error(e, Some(resource)))?;
-        let now_ms = time.0 * 1000 + time.1 / 1000;
-        let writing = members.iter().any(|(m, _)| m == WRITE_MARKER);
-        Ok(members
-            .into_iter()
-            .filter(|(m, s)| m != WRITE_MARKER && *s > now_ms as f64)
-            .map(|(token, s)| {
-                let left = Duration::from_millis((s as u64).saturating_sub(now_ms));
-                let mode = if writing { Mode::Write } else { Mode::Read };
-                HolderInfo::new(mode, None, Some(left)).with_token(&token)
-            })
-            .collect())
+        self.zset_holders(&mut conn, resource).await
+    }
+
+    /// `SCAN` (`MATCH` on the prefix, glob characters escaped; `COUNT` bounded) over the store's
+    /// keys: every sorted set that is a lock (members are tokens and the write marker only:
+    /// ours, Python's and Symfony's alike) and every Symfony-layout semaphore, each with its
+    /// live holders and our holders' records; never our internal keys, never a key whose
+    /// holders' leases all ended. A round trip or two per key listed.
+    async fn list(&self, prefix: &str) -> Result<Vec<Listing>> {
+        self.list_held(prefix).await
+    }
+
+    /// Polls who holds `resource` (every 100 ms, a read of the set) and wakes when that
+    /// changed: a best-effort watcher that registers no waiter (see `listing.rs`).
+    async fn watch_changes(&self, resource: &str) -> Result<Option<Watcher>> {
+        self.observe(resource).await
     }
 }

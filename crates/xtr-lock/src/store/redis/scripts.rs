@@ -5,7 +5,14 @@
 //! Unix time in seconds, or `""` to read the server's `TIME`; `ARGV[2]` the holder's token;
 //! `ARGV[3]` a duration in ms; `ARGV[4]` the waiter's ticket (`""`: the caller does not wait);
 //! `ARGV[5]` when its wait began (µs, the waiter's clock). The saves take `KEYS[2]`, the fencing
-//! counter, and `KEYS[3]`, the resource's wait queue; delete and wake take `KEYS[2]`, the queue.
+//! counter, `KEYS[3]`, the resource's wait queue, and `KEYS[4]`, the holder's record, with
+//! `ARGV[6]` its metadata (`""`: none; else `m` and the base64 of the bytes); delete and wake take
+//! `KEYS[2]`, the queue, and `KEYS[3]`, the record; refresh takes `KEYS[2]`, the record.
+//!
+//! The holder's record (`HolderRecord`'s JSON: metadata, when it acquired on the script's
+//! clock, the fencing token) is a string at a key no resource can name, one per holder, written
+//! by the save that admits it and expiring at its lease's end (refreshed with it, deleted with
+//! it), so a record never outlives its holder's entry; peers never see it.
 //!
 //! The wait queue (a sorted set no peer reads, at a key no resource can name) holds tickets:
 //! the mode (`w` or `r`), the holder's token (44 characters) and the waiting store's wake
@@ -160,6 +167,25 @@ end
 local function dequeue()
   if ARGV[4] ~= '' then redis.call('ZREM', KEYS[3], ARGV[4]) end
 end
+-- Writes an admitted holder's record at `rkey`, expiring with its lease at `ends` (ms): its
+-- metadata (`meta`: "" or `m` and base64), when it acquired and its fencing token. A holder that already held
+-- (`mine`: a re-save, a promotion, a demotion) keeps its acquisition time, and its token where
+-- this save gives none (0: a writer's re-save).
+local function put_record(rkey, mine, fence, ends, meta)
+  local at = now_ms()
+  if mine then
+    local old = redis.call('GET', rkey)
+    if old then
+      at = tonumber(string.match(old, '"at_ms":(%d+)')) or at
+      if fence == 0 then fence = tonumber(string.match(old, '"fence":(%d+)')) or 0 end
+    end
+  end
+  local rec = '{"v":1,"at_ms":' .. string.format('%d', at)
+  if meta ~= '' then rec = rec .. ',"meta":"' .. string.sub(meta, 2) .. '"' end
+  if fence > 0 then rec = rec .. ',"fence":' .. string.format('%d', fence) end
+  redis.call('SET', rkey, rec .. '}')
+  redis.call('PEXPIREAT', rkey, ends)
+end
 "#;
 
 /// Write lock: re-save by the writer, promotion of the sole reader, or a new writer on an empty
@@ -206,6 +232,7 @@ local score = now + dur
 redis.call('ZADD', key, score, token, score, '__write__')
 -- Admitted: the set is exactly {token, marker}, so the key lives as long as this score.
 redis.call('PEXPIREAT', key, score)
+put_record(KEYS[4], mine, fence, score, ARGV[6])
 dequeue()
 return {1, fence, 0, 0}
 "#;
@@ -227,8 +254,9 @@ if err then return err end
 -- A missing counter is seeded from the clock (stored once admitted).
 local seed = fence == 0
 if seed then fence = now_us() end
-local function admitted()
+local function admitted(mine)
   if seed then redis.call('SET', fence_key, string.format('%d', fence)) end
+  put_record(KEYS[4], mine, fence, now + dur, ARGV[6])
   dequeue()
   return {1, fence, 0, 0}
 end
@@ -236,7 +264,7 @@ if count == 0 then
   -- A free lock: the new entry is the only one, so the key lives exactly as long.
   redis.call('ZADD', key, now + dur, token)
   redis.call('PEXPIREAT', key, now + dur)
-  return admitted()
+  return admitted(false)
 end
 local r = scan(key, token, now)
 if not r then return {-1, 0, 0, 0} end
@@ -244,7 +272,7 @@ local mine, writing = r.mine, r.writing
 if (not mine) and writing then return refused(r, now, 0) end
 redis.call('ZADD', key, now + dur, token)
 expire_at_max(key)
-local result = admitted()
+local result = admitted(mine)
 -- A demotion lets waiting readers in.
 if writing then
   redis.call('ZREM', key, '__write__')
@@ -253,26 +281,32 @@ end
 return result
 "#;
 
-/// Refresh: only a live member is extended; an expired one is removed, never revived (the
-/// Python peer's refresh revives a reader whose entry another reader kept alive). Replies the
-/// holding code (2, 1: extended; 0, -1, -2: not held).
+/// Refresh: only a live member is extended, with its record; an expired one is removed with
+/// its record, never revived (the Python peer's refresh revives a reader whose entry another
+/// reader kept alive). Replies the holding code (2, 1: extended; 0, -1, -2: not held).
 const PUT_OFF: &str = r#"
 local key = KEYS[1]
 local token, dur = ARGV[2], tonumber(ARGV[3])
 local mine, stop = zcall(-2, 'ZSCORE', key, token)
 if stop then return stop end
 local now = now_ms()
-if not mine then return absent_code(key, now) end
+if not mine then
+  redis.call('DEL', KEYS[2])
+  return absent_code(key, now)
+end
 local writing = redis.call('ZSCORE', key, '__write__')
 if tonumber(mine) <= now then
   redis.call('ZREM', key, token)
   if writing then redis.call('ZREM', key, '__write__') end
+  redis.call('DEL', KEYS[2])
   expire_at_max(key)
   return -1
 end
 local score = now + dur
 redis.call('ZADD', key, score, token)
 if writing then redis.call('ZADD', key, score, '__write__') end
+-- The record lives as long as the entry (a peer's refresh never touches it).
+redis.call('PEXPIREAT', KEYS[2], score)
 expire_at_max(key)
 if writing then return 2 end
 return 1
@@ -290,6 +324,8 @@ local key = KEYS[1]
 local token = ARGV[2]
 local score, stop = zcall(0, 'ZSCORE', key, token)
 if stop then return stop end
+-- The record goes with the entry (or alone, if the entry went first).
+redis.call('DEL', KEYS[3])
 if not score then return 0 end
 local removed = redis.call('ZREM', key, token, '__write__')
 if removed == 2 and ARGV[1] == '' then

@@ -41,17 +41,25 @@ impl RedisStore {
         Some(inner.to_owned())
     }
 
-    /// The keys every semaphore script takes (see `semaphore_scripts.rs`).
-    fn semaphore_keys(&self, resource: &str) -> Vec<Vec<u8>> {
+    /// The keys every semaphore script takes (see `semaphore_scripts.rs`), `token`'s record
+    /// last.
+    fn semaphore_keys(&self, resource: &str, token: &str) -> Vec<Vec<u8>> {
         let time = self.semaphore_key(resource);
         let queue = self.queue_key_of(&time);
+        let record = self.semaphore_record_key(resource, token);
         vec![
             time.into_bytes(),
             format!("{}{{{resource}}}:weight", self.prefix()).into_bytes(),
             self.internal_key(&format!("limit:{{{resource}}}")),
             self.internal_key(FENCE_KEY),
             queue,
+            record,
         ]
+    }
+
+    /// The record of the permits `token` holds on the semaphore `resource`.
+    pub(super) fn semaphore_record_key(&self, resource: &str, token: &str) -> Vec<u8> {
+        self.record_key(&format!("{{{resource}}}:time"), token)
     }
 
     fn call<'a>(&self, key: &Key, read_only: bool, ticket: Option<(&'a str, u64)>) -> Call<'a> {
@@ -59,10 +67,10 @@ impl RedisStore {
             (p.limit().to_string(), p.count().to_string())
         });
         Call {
-            keys: self.semaphore_keys(key.resource()),
+            keys: self.semaphore_keys(key.resource(), &key.token(super::KIND)),
             read_only,
             ticket,
-            extra: vec![limit, count],
+            extra: vec![limit, count, super::conn::meta_arg(key)],
         }
     }
 
@@ -209,9 +217,14 @@ impl RedisStore {
     /// The permits held, the stored limit (while anybody holds) and the holders, from both
     /// sets and the server's clock, in one pipeline.
     pub(super) async fn semaphore_usage(&self, key: &Key) -> Result<Usage> {
-        let resource = key.resource();
+        self.semaphore_usage_of(key.resource()).await
+    }
+
+    /// [`semaphore_usage`](Self::semaphore_usage) of the semaphore `resource`, with the
+    /// holders' records.
+    pub(super) async fn semaphore_usage_of(&self, resource: &str) -> Result<Usage> {
         let mut conn = self.conn().await.map_err(|e| e.with_resource(resource))?;
-        let keys = self.semaphore_keys(resource);
+        let keys = self.semaphore_keys(resource, "");
         type Reply = (
             Vec<(String, f64)>,
             Vec<(String, f64)>,
@@ -240,8 +253,9 @@ impl RedisStore {
             .map_err(|e| self.redis_error(e, Some(resource)))?;
         let now_ms = (time.0 * 1000 + time.1 / 1000) as f64;
         let mut usage = Usage::default();
-        for (token, weight) in weights {
-            let Some((_, ends)) = times.iter().find(|(t, _)| *t == token) else {
+        let mut live = Vec::new();
+        for (token, weight) in &weights {
+            let Some((_, ends)) = times.iter().find(|(t, _)| t == token) else {
                 continue;
             };
             let ends_ms = ends * 1000.0;
@@ -252,10 +266,19 @@ impl RedisStore {
             let permits = weight.max(0.0) as u32;
             usage.used = usage.used.saturating_add(permits);
             let left = Duration::from_millis((ends_ms - now_ms) as u64);
+            live.push((token.as_str(), left, permits));
+        }
+        let tokens: Vec<&str> = live.iter().map(|(t, _, _)| *t).collect();
+        let records = self
+            .records(&mut conn, &format!("{{{resource}}}:time"), &tokens)
+            .await
+            .map_err(|e| self.redis_error(e, Some(resource)))?;
+        for ((token, left, permits), record) in live.into_iter().zip(records) {
             usage.holders.push(
                 HolderInfo::new(Mode::Write, None, Some(left))
-                    .with_token(&token)
-                    .with_permits(permits),
+                    .with_token(token)
+                    .with_permits(permits)
+                    .with_record(record),
             );
         }
         if !usage.holders.is_empty() {

@@ -6,9 +6,10 @@
 //!
 //! Keys, for every script: `KEYS[1]` the time set, `KEYS[2]` the weight set, `KEYS[3]` our
 //! stored limit (a string; Symfony neither reads nor writes it), `KEYS[4]` the fencing counter
-//! (the store's, shared with locks), `KEYS[5]` the wait queue. Arguments: those of the lock
-//! scripts (`ARGV[1]` clock, `ARGV[2]` token, `ARGV[3]` ms, `ARGV[4]` ticket, `ARGV[5]` when
-//! its wait began), then `ARGV[6]` the holder's limit and `ARGV[7]` its permits.
+//! (the store's, shared with locks), `KEYS[5]` the wait queue, `KEYS[6]` the holder's record
+//! (as a lock holder's, see `scripts.rs`). Arguments: those of the lock scripts (`ARGV[1]`
+//! clock, `ARGV[2]` token, `ARGV[3]` ms, `ARGV[4]` ticket, `ARGV[5]` when its wait began), then
+//! `ARGV[6]` the holder's limit, `ARGV[7]` its permits and `ARGV[8]` its metadata.
 //!
 //! Scores are whole seconds, rounded up: Symfony's save and refresh `EXPIREAT` the highest
 //! score + 10, which fails on a fractional score (after its writes). Rounding up makes our
@@ -177,11 +178,13 @@ local at = math.max(ends, r.last) + 10
 redis.call('EXPIREAT', tkey, at)
 redis.call('EXPIREAT', wkey, at)
 redis.call('SET', lkey, limit, 'EX', math.max(at - math.floor(now / 1000), 1))
+put_record(KEYS[6], r.mine, fence, ends * 1000, ARGV[8])
 if ARGV[4] ~= '' then redis.call('ZREM', qkey, ARGV[4]) end
 return {1, fence, 0}
 "#;
 
-/// Refresh: a live lease is extended; an ended one is removed, never revived. Replies 2
+/// Refresh: a live lease is extended with its record; an ended one is removed with it, never
+/// revived. Replies 2
 /// (extended), 0 (nothing stored) or -1 (its lease had ended).
 pub(super) const PUT_OFF: &str = r#"
 local tkey, wkey, lkey = KEYS[1], KEYS[2], KEYS[3]
@@ -189,16 +192,20 @@ local token, dur = ARGV[2], tonumber(ARGV[3])
 local ends = redis.call('ZSCORE', tkey, token)
 if not ends then
   redis.call('ZREM', wkey, token)
+  redis.call('DEL', KEYS[6])
   return 0
 end
 local now = now_ms()
 if tonumber(ends) * 1000 <= now then
   redis.call('ZREM', tkey, token)
   redis.call('ZREM', wkey, token)
+  redis.call('DEL', KEYS[6])
   sem_expire(tkey, wkey, lkey)
   return -1
 end
-redis.call('ZADD', tkey, math.ceil((now + dur) / 1000), token)
+local until_s = math.ceil((now + dur) / 1000)
+redis.call('ZADD', tkey, until_s, token)
+redis.call('PEXPIREAT', KEYS[6], until_s * 1000)
 sem_expire(tkey, wkey, lkey)
 return 2
 "#;
@@ -210,6 +217,7 @@ local tkey, wkey, lkey, qkey = KEYS[1], KEYS[2], KEYS[3], KEYS[5]
 local token = ARGV[2]
 local ends = redis.call('ZSCORE', tkey, token)
 redis.call('ZREM', wkey, token)
+redis.call('DEL', KEYS[6])
 if not ends then return 0 end
 -- The keys keep their expiry: it covers the other holders' leases already.
 redis.call('ZREM', tkey, token)

@@ -1,0 +1,347 @@
+//! What a [`RedisStore`] tells about its locks beyond one holder's: the holders of a resource
+//! with their records, every lock and semaphore under a prefix (`SCAN`), and observers woken
+//! on changes.
+//!
+//! Records (`HolderRecord`'s JSON) are strings at `<prefix>` `0xFF` `xtr-lock:rec:<name>:<token>`,
+//! one per holder of ours, written by the save that admits it and expiring with its lease
+//! (`scripts.rs`). They are read only for tokens that are live members of the lock's set, so a
+//! record is never shown for a holder that no longer holds. Peers' holders have none and show
+//! what the set tells (token digest, mode, lease left).
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+
+use super::RedisStore;
+use crate::error::Result;
+use crate::key::{Mode, WRITE_MARKER};
+use crate::store::{HolderInfo, HolderRecord, Listing, Watcher};
+
+/// Keys asked of the server per `SCAN` call: bounded work per request.
+const SCAN_COUNT: usize = 500;
+
+/// How often an observer looks at the lock (the peers poll as often).
+const OBSERVE_POLL: Duration = Duration::from_millis(100);
+
+/// An observer's watcher completes after this long even if nothing changed, so it re-reads
+/// (spurious completions are allowed; a long wait never rests on one stale snapshot).
+const OBSERVE_AT_MOST: Duration = Duration::from_secs(30);
+
+/// A lock's sorted set as read: its members with their scores, and the server's time in ms.
+struct LockSet {
+    members: Vec<(String, f64)>,
+    now_ms: u64,
+}
+
+impl LockSet {
+    /// Whether every member is a holder's token or the write marker (else the key is not a
+    /// lock: an application's sorted set at a resource's name).
+    fn is_lock(&self) -> bool {
+        self.members
+            .iter()
+            .all(|(m, _)| m == WRITE_MARKER || looks_like_token(m))
+    }
+
+    /// The live holders' tokens, remaining leases and mode.
+    fn live(&self) -> Vec<(&str, Duration, Mode)> {
+        let writing = self.members.iter().any(|(m, _)| m == WRITE_MARKER);
+        let mode = if writing { Mode::Write } else { Mode::Read };
+        let now = self.now_ms as f64;
+        self.members
+            .iter()
+            .filter(|(m, s)| m != WRITE_MARKER && *s > now)
+            .map(|(m, s)| {
+                let left = Duration::from_millis((*s as u64).saturating_sub(self.now_ms));
+                (m.as_str(), left, mode)
+            })
+            .collect()
+    }
+}
+
+/// A token as the peers and this library make them: 32 random bytes in base64 (44 characters).
+fn looks_like_token(m: &str) -> bool {
+    m.len() == 44
+        && m.ends_with('=')
+        && m[..43]
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'+' || b == b'/')
+}
+
+/// Escapes the glob characters of Redis's `MATCH` (`*?[]\`) so that `text` matches itself.
+pub(super) fn glob_escape(text: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(text.len() + 4);
+    for &b in text {
+        if matches!(b, b'*' | b'?' | b'[' | b']' | b'\\') {
+            out.push(b'\\');
+        }
+        out.push(b);
+    }
+    out
+}
+
+/// What a key under the store's prefix is, by its name (after the prefix).
+#[derive(Debug, PartialEq, Eq)]
+enum Named {
+    Lock(String),
+    /// Symfony's time set `{r}:time` of the semaphore `r`.
+    Semaphore(String),
+    /// Not listed: our internal keys, Symfony's weight sets, names that are not UTF-8.
+    Other,
+}
+
+fn classify(rest: &[u8]) -> Named {
+    if rest.contains(&0xFF) {
+        return Named::Other;
+    }
+    let Ok(name) = std::str::from_utf8(rest) else {
+        return Named::Other;
+    };
+    if let Some(inner) = name.strip_prefix('{') {
+        if let Some(r) = inner.strip_suffix("}:time") {
+            return Named::Semaphore(r.to_owned());
+        }
+        if inner.ends_with("}:weight") {
+            return Named::Other;
+        }
+    }
+    Named::Lock(name.to_owned())
+}
+
+impl RedisStore {
+    /// The records of the holders with `tokens` of the lock (or semaphore time set) at prefix +
+    /// `name`, in their order (`None`: no record, a peer's holder).
+    pub(super) async fn records(
+        &self,
+        conn: &mut ConnectionManager,
+        name: &str,
+        tokens: &[&str],
+    ) -> redis::RedisResult<Vec<Option<HolderRecord>>> {
+        if tokens.is_empty() {
+            return Ok(Vec::new());
+        }
+        let keys: Vec<Vec<u8>> = tokens.iter().map(|t| self.record_key(name, t)).collect();
+        let values: Vec<Option<Vec<u8>>> = self
+            .read(redis::cmd("MGET").arg(keys).query_async(conn))
+            .await?;
+        Ok(values
+            .into_iter()
+            .map(|v| v.and_then(|v| HolderRecord::decode(&v)))
+            .collect())
+    }
+
+    /// The lock set of `resource` and the server's time, in one round trip.
+    async fn lock_set(&self, conn: &mut ConnectionManager, resource: &str) -> Result<LockSet> {
+        let (members, time): (Vec<(String, f64)>, (u64, u64)) = self
+            .read(
+                redis::pipe()
+                    .cmd("ZRANGE")
+                    .arg(self.key_for(resource))
+                    .arg(0)
+                    .arg(-1)
+                    .arg("WITHSCORES")
+                    .cmd("TIME")
+                    .query_async(conn),
+            )
+            .await
+            .map_err(|e| self.redis_error(e, Some(resource)))?;
+        Ok(LockSet {
+            members,
+            now_ms: time.0 * 1000 + time.1 / 1000,
+        })
+    }
+
+    /// The live holders of the sorted set at `resource`'s key, with their records.
+    pub(super) async fn zset_holders(
+        &self,
+        conn: &mut ConnectionManager,
+        resource: &str,
+    ) -> Result<Vec<HolderInfo>> {
+        let set = self.lock_set(conn, resource).await?;
+        self.holders_of(conn, resource, &set).await
+    }
+
+    async fn holders_of(
+        &self,
+        conn: &mut ConnectionManager,
+        resource: &str,
+        set: &LockSet,
+    ) -> Result<Vec<HolderInfo>> {
+        let live = set.live();
+        let tokens: Vec<&str> = live.iter().map(|(t, _, _)| *t).collect();
+        let mut records = self
+            .records(conn, resource, &tokens)
+            .await
+            .map_err(|e| self.redis_error(e, Some(resource)))?
+            .into_iter();
+        Ok(live
+            .into_iter()
+            .map(|(token, left, mode)| {
+                HolderInfo::new(mode, None, Some(left))
+                    .with_token(token)
+                    .with_record(records.next().flatten())
+            })
+            .collect())
+    }
+
+    /// Every key of the store whose name (after the store's prefix) starts with `prefix`, and
+    /// every semaphore time set whose semaphore's does, without duplicates.
+    async fn scan_names(&self, conn: &mut ConnectionManager, prefix: &str) -> Result<Vec<Named>> {
+        let store = glob_escape(self.prefix().as_bytes());
+        let mut patterns = vec![[&store[..], &glob_escape(prefix.as_bytes()), b"*"].concat()];
+        if !prefix.is_empty() {
+            patterns.push([&store[..], b"\\{", &glob_escape(prefix.as_bytes()), b"*"].concat());
+        }
+        let mut keys = BTreeSet::new();
+        for pattern in patterns {
+            let mut cursor: u64 = 0;
+            loop {
+                let (next, batch): (u64, Vec<Vec<u8>>) = self
+                    .read(
+                        redis::cmd("SCAN")
+                            .arg(cursor)
+                            .arg("MATCH")
+                            .arg(&pattern)
+                            .arg("COUNT")
+                            .arg(SCAN_COUNT)
+                            .query_async(conn),
+                    )
+                    .await
+                    .map_err(|e| self.redis_error(e, None))?;
+                keys.extend(batch);
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
+            }
+        }
+        let skip = self.prefix().len();
+        Ok(keys
+            .into_iter()
+            .map(|k| classify(k.get(skip..).unwrap_or_default()))
+            .filter(|n| match n {
+                Named::Lock(r) | Named::Semaphore(r) => r.starts_with(prefix),
+                Named::Other => false,
+            })
+            .collect())
+    }
+
+    /// The keys of `names` that are sorted sets (one pipeline): locks and semaphores only,
+    /// never an application's string or hash that happens to be under the prefix.
+    async fn sorted_sets(
+        &self,
+        conn: &mut ConnectionManager,
+        names: Vec<Named>,
+    ) -> Result<Vec<Named>> {
+        if names.is_empty() {
+            return Ok(names);
+        }
+        let mut pipe = redis::pipe();
+        for n in &names {
+            match n {
+                Named::Lock(r) => pipe.cmd("TYPE").arg(self.key_for(r)),
+                Named::Semaphore(r) => pipe.cmd("TYPE").arg(self.semaphore_key(r)),
+                Named::Other => pipe.cmd("TYPE").arg(""),
+            };
+        }
+        let kinds: Vec<String> = self
+            .read(pipe.query_async(conn))
+            .await
+            .map_err(|e| self.redis_error(e, None))?;
+        Ok(names
+            .into_iter()
+            .zip(kinds)
+            .filter(|(_, kind)| kind == "zset")
+            .map(|(n, _)| n)
+            .collect())
+    }
+
+    /// `Store::list`: every lock and semaphore under `prefix` that somebody holds.
+    pub(super) async fn list_held(&self, prefix: &str) -> Result<Vec<Listing>> {
+        let mut conn = self.conn().await?;
+        let names = self.scan_names(&mut conn, prefix).await?;
+        let mut out = Vec::new();
+        for named in self.sorted_sets(&mut conn, names).await? {
+            let listing = match named {
+                Named::Lock(resource) => {
+                    let set = self.lock_set(&mut conn, &resource).await?;
+                    if !set.is_lock() {
+                        continue;
+                    }
+                    let holders = self.holders_of(&mut conn, &resource, &set).await?;
+                    Listing::lock(resource, holders)
+                }
+                Named::Semaphore(resource) => {
+                    let usage = self.semaphore_usage_of(&resource).await?;
+                    Listing::semaphore(resource, usage.limit.unwrap_or(0), usage.holders)
+                }
+                Named::Other => continue,
+            };
+            if listing.is_held() {
+                out.push(listing);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Who holds `resource` now, as tokens and modes (what an observer compares).
+    async fn who_holds(&self, resource: &str) -> Result<Vec<(String, bool)>> {
+        let mut conn = self.conn().await.map_err(|e| e.with_resource(resource))?;
+        let set = self.lock_set(&mut conn, resource).await?;
+        let mut who: Vec<(String, bool)> = set
+            .live()
+            .into_iter()
+            .map(|(t, _, m)| (t.to_owned(), m == Mode::Write))
+            .collect();
+        who.sort();
+        Ok(who)
+    }
+
+    /// `Store::watch_changes`: a watcher that looks at who holds `resource` every
+    /// [`OBSERVE_POLL`] and completes when that changed (an acquisition, a release, an
+    /// expiry), after [`OBSERVE_AT_MOST`], or at an error. It registers nothing on the server
+    /// and takes no place in the wait queue: releases publish only to queued waiters, and an
+    /// observer must not be one.
+    pub(super) async fn observe(&self, resource: &str) -> Result<Option<Watcher>> {
+        let seen = self.who_holds(resource).await?;
+        let store = self.clone();
+        let resource = resource.to_owned();
+        Ok(Some(Watcher::best_effort(async move {
+            let started = tokio::time::Instant::now();
+            while started.elapsed() < OBSERVE_AT_MOST {
+                tokio::time::sleep(OBSERVE_POLL).await;
+                match store.who_holds(&resource).await {
+                    Ok(now) if now == seen => {}
+                    _ => return,
+                }
+            }
+        })))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn glob_characters_match_themselves() {
+        assert_eq!(glob_escape(br"a*?[x]\b"), br"a\*\?\[x\]\\b".to_vec());
+        assert_eq!(glob_escape(b"plain:%_"), b"plain:%_".to_vec());
+    }
+
+    #[test]
+    fn keys_are_named_by_their_layout() {
+        assert_eq!(classify(b"job:1"), Named::Lock("job:1".into()));
+        assert_eq!(classify(b"{s}:time"), Named::Semaphore("s".into()));
+        assert_eq!(classify(b"{s}:weight"), Named::Other);
+        assert_eq!(classify(b"\xffxtr-lock:fence"), Named::Other);
+        assert_eq!(classify(b"\xfe\xfd"), Named::Other);
+    }
+
+    #[test]
+    fn tokens_are_recognised() {
+        let token = format!("{}=", "A".repeat(43));
+        assert!(looks_like_token(&token));
+        assert!(!looks_like_token("player-1"));
+    }
+}

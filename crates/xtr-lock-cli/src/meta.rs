@@ -90,38 +90,71 @@ fn host() -> Option<String> {
 
 /// The command's words, space-separated, each that could carry a credential redacted.
 fn command_line(words: &[OsString]) -> String {
-    words
+    let joined: Vec<String> = words
         .iter()
-        .map(|w| redact_word(&w.to_string_lossy()))
-        .collect::<Vec<_>>()
-        .join(" ")
+        .map(|w| w.to_string_lossy().into_owned())
+        .collect();
+    redact_text(&joined.join(" "))
 }
 
 /// Option names whose values are secrets: `--password=…`, `PGPASSWORD=…`, `token=…`.
 const SECRET_NAMES: &[&str] = &["password", "passwd", "pwd", "secret", "token", "auth"];
 
-/// `word` with what could be a credential replaced: a URL's password (and secret query
-/// options) as [`StoreFactory::redact`] shows DSNs, wherever the URL starts in the word
+/// `text` (a command line: a `sh -c` script is one word of many) with each whitespace-separated
+/// token that could carry a credential redacted ([`redact_token`]), and the token after an
+/// option named like a secret's (`--password hunter2`).
+pub(crate) fn redact_text(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    let mut secret_next = false;
+    while !rest.is_empty() {
+        let end = rest.find(char::is_whitespace).unwrap_or(rest.len());
+        let token = &rest[..end];
+        match secret_next && !token.is_empty() {
+            true => out.push_str("***"),
+            false => out.push_str(&redact_token(token)),
+        }
+        if !token.is_empty() {
+            secret_next = token.starts_with('-') && !token.contains('=') && secret_name(token);
+        }
+        let next = rest[end..]
+            .find(|c: char| !c.is_whitespace())
+            .map_or(rest.len(), |i| end + i);
+        out.push_str(&rest[end..next]);
+        rest = &rest[next..];
+    }
+    out
+}
+
+/// Whether an option or variable name looks like a secret's (`--db-password`, `PGPASSWORD`).
+fn secret_name(name: &str) -> bool {
+    let lower = name
+        .trim_start_matches(['-', '"', '\''])
+        .to_ascii_lowercase();
+    SECRET_NAMES.iter().any(|s| lower.contains(s))
+}
+
+/// `token` with what could be a credential replaced: a URL's password (and secret query
+/// options) as [`StoreFactory::redact`] shows DSNs, wherever the URL starts in the token
 /// (`--url=postgres://u:pw@h/db`); the value of `NAME=value` when NAME looks like a secret's.
-pub(crate) fn redact_word(word: &str) -> String {
-    if let Some(at) = word.find("://") {
+fn redact_token(token: &str) -> String {
+    if let Some(at) = token.find("://") {
         // The URL starts where its scheme does: after the last character no scheme has.
-        let start = word[..at]
+        let start = token[..at]
             .rfind(|c: char| !(c.is_ascii_alphanumeric() || "+-.".contains(c)))
             .map_or(0, |i| i + 1);
-        let url = &word[start..];
+        let url = &token[start..];
         if url.contains('@') || url.contains('?') {
-            return format!("{}{}", &word[..start], StoreFactory::redact(url));
+            return format!("{}{}", &token[..start], StoreFactory::redact(url));
         }
-        return word.to_owned();
+        return token.to_owned();
     }
-    if let Some((name, value)) = word.split_once('=') {
-        let lower = name.trim_start_matches('-').to_ascii_lowercase();
-        if !value.is_empty() && SECRET_NAMES.iter().any(|s| lower.contains(s)) {
+    if let Some((name, value)) = token.split_once('=') {
+        if !value.is_empty() && secret_name(name) {
             return format!("{name}=***");
         }
     }
-    word.to_owned()
+    token.to_owned()
 }
 
 /// A holder's metadata for JSON output: the JSON it is, else its text (invalid UTF-8 replaced).
@@ -153,9 +186,11 @@ mod tests {
 
     #[test]
     fn credentials_in_words_are_redacted() {
+        let redact_word = redact_text;
+        assert_eq!(redact_word("postgres://u:pw@h/db"), "postgres://u:***@h/db");
         assert_eq!(
-            redact_word("postgres://u:pw@h/db"),
-            "postgres://u:***@h/db".to_owned()
+            redact_word("exec  x postgres://u:pw@h/db --password hunter2 -v"),
+            "exec  x postgres://u:***@h/db --password *** -v"
         );
         let r = redact_word("--url=redis://:secret@h:6379/0");
         assert!(

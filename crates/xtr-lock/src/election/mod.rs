@@ -3,6 +3,7 @@
 //! metadata, its term the acquisition's fencing token.
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, SystemTime};
 
@@ -64,18 +65,18 @@ pub struct Election {
 struct Inner {
     factory: LockFactory,
     name: String,
-    recampaign: bool,
+    recampaign: AtomicBool,
     leading: watch::Sender<bool>,
-    /// One campaign or resignation of this candidate at a time.
+    /// Bumped (under the state's mutex) by every campaign and resignation: a campaign or
+    /// re-campaign started before one installs nothing, and a waiting one gives up.
+    epoch: watch::Sender<u64>,
+    /// One campaign of this candidate at a time (a resignation does not wait for it).
     turn: tokio::sync::Mutex<()>,
     state: Mutex<State>,
 }
 
 #[derive(Default)]
 struct State {
-    /// Bumped by every campaign and resignation: a re-campaign started before either installs
-    /// nothing.
-    epoch: u64,
     lock: Option<Lock>,
     keep: Option<KeepAlive>,
     leadership: Option<Leadership>,
@@ -188,8 +189,9 @@ impl LockFactory {
             inner: Arc::new(Inner {
                 factory: self.clone(),
                 name: name.into(),
-                recampaign: false,
+                recampaign: AtomicBool::new(false),
                 leading: watch::channel(false).0,
+                epoch: watch::channel(0).0,
                 turn: tokio::sync::Mutex::new(()),
                 state: Mutex::new(State::default()),
             }),
@@ -204,17 +206,16 @@ impl Election {
     }
 
     /// Campaigns again at once, with the same value, after leadership is lost (not after a
-    /// resignation). Set it before the first campaign (it applies to this candidate only).
+    /// resignation). Applies to this candidate (and its clones), from its next loss on.
     #[must_use]
     pub fn with_recampaign(self, on: bool) -> Self {
-        let mut inner = match Arc::try_unwrap(self.inner) {
-            Ok(inner) => inner,
-            Err(shared) => return Election { inner: shared },
-        };
-        inner.recampaign = on;
-        Election {
-            inner: Arc::new(inner),
-        }
+        self.set_recampaign(on);
+        self
+    }
+
+    /// Like [`with_recampaign`](Election::with_recampaign), on a shared candidate.
+    pub fn set_recampaign(&self, on: bool) {
+        self.inner.recampaign.store(on, Ordering::Relaxed);
     }
 
     /// Waits until this candidate leads, with `value` as its metadata (at most
@@ -233,7 +234,7 @@ impl Election {
         let value = value.into();
         crate::meta::check_meta(&value).map_err(|e| e.with_resource(self.name()))?;
         let _turn = self.inner.turn.lock().await;
-        let epoch = {
+        let (epoch, mut bumped) = {
             let mut st = locked(&self.inner.state);
             if let (Some(lock), Some(leadership)) = (&st.lock, &st.leadership) {
                 if lock.key().meta().as_deref() == Some(&value[..]) {
@@ -248,19 +249,26 @@ impl Election {
             if let Some(task) = st.monitor.take() {
                 task.abort();
             }
-            st.epoch += 1;
-            st.epoch
+            (self.inner.bump(), self.inner.epoch.subscribe())
         };
         let lock = self
             .inner
             .factory
             .create_lock(self.name())
             .with_meta(value)?;
-        lock.acquire().await?;
+        tokio::select! {
+            acquired = lock.acquire() => acquired?,
+            // Dropping the acquire leaves nothing held (the lock's cancel safety).
+            _ = bumped.changed() => {
+                return Err(Error::conflict(self.name())
+                    .with_reason("the candidate resigned while this campaign waited"));
+            }
+        }
         Inner::install(&self.inner, lock, epoch)
     }
 
-    /// Stops leading (or campaigning again): releases the election's lock. What the release
+    /// Stops leading (or campaigning, or campaigning again): releases the election's lock; a
+    /// campaign of this candidate that waits gives up (with a conflict error). What the release
     /// found ([`Release::NotHeld`] when it did not lead, [`Release::Lost`] when the lock had
     /// been lost meanwhile).
     ///
@@ -268,10 +276,9 @@ impl Election {
     ///
     /// A store failure of the release (the lock then expires or goes with its session).
     pub async fn resign(&self) -> Result<Release> {
-        let _turn = self.inner.turn.lock().await;
         let lock = {
             let mut st = locked(&self.inner.state);
-            st.epoch += 1;
+            self.inner.bump();
             if let Some(task) = st.monitor.take() {
                 task.abort();
             }
@@ -322,6 +329,12 @@ impl Election {
 }
 
 impl Inner {
+    /// A new epoch (call with the state's mutex held): what was under way gives up.
+    fn bump(&self) -> u64 {
+        self.epoch.send_modify(|e| *e += 1);
+        *self.epoch.borrow()
+    }
+
     /// Makes `lock`, just acquired by the campaign of `epoch`, this candidate's leadership,
     /// unless a resignation or another campaign came since (then it lets it go).
     fn install(this: &Arc<Inner>, lock: Lock, epoch: u64) -> Result<Leadership> {
@@ -339,7 +352,7 @@ impl Inner {
             lost: lost_rx,
         };
         let mut st = locked(&this.state);
-        if st.epoch != epoch {
+        if *this.epoch.borrow() != epoch {
             lock.release_in_background();
             return Err(Error::conflict(this.name.clone())
                 .with_reason("a resignation or another campaign of this candidate came first"));
@@ -365,7 +378,7 @@ impl Inner {
         let Some(this) = weak.upgrade() else { return };
         let (value, factory, name) = {
             let mut st = locked(&this.state);
-            if st.epoch != epoch {
+            if *this.epoch.borrow() != epoch {
                 return;
             }
             st.keep = None;
@@ -379,7 +392,7 @@ impl Inner {
         this.leading.send_replace(false);
         tracing::warn!(target: crate::logging::TARGET, election = %name, reason = %lost.reason,
             "leadership lost");
-        if !this.recampaign {
+        if !this.recampaign.load(Ordering::Relaxed) {
             return;
         }
         drop(this);
@@ -434,7 +447,7 @@ impl fmt::Debug for Election {
         f.debug_struct("Election")
             .field("name", &self.inner.name)
             .field("leading", &*self.inner.leading.borrow())
-            .field("recampaign", &self.inner.recampaign)
+            .field("recampaign", &self.inner.recampaign.load(Ordering::Relaxed))
             .finish()
     }
 }

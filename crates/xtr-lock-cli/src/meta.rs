@@ -149,10 +149,11 @@ fn redact_token(token: &str) -> String {
         }
         return token.to_owned();
     }
-    if let Some((name, value)) = token.split_once('=') {
-        if !value.is_empty() && secret_name(name) {
-            return format!("{name}=***");
-        }
+    if let Some((name, value)) = token.split_once('=')
+        && !value.is_empty()
+        && secret_name(name)
+    {
+        return format!("{name}=***");
     }
     token.to_owned()
 }

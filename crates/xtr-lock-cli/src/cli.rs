@@ -273,9 +273,10 @@ pub(crate) enum Command {
         /// stopped and backoff.
         #[arg(long)]
         json: bool,
-        /// A hot standby: wait for the lock, run COMMAND while holding it, then release and
-        /// wait again, until SIGINT/SIGTERM
+        /// A hot standby: run COMMAND each time the lock is won, until SIGTERM
         ///
+        /// Waits for the lock, runs COMMAND while holding it, then releases and waits again,
+        /// until SIGINT/SIGTERM.
         /// Each time the command ends or the lock is lost, the lock is released and taken again
         /// (another standby on the same resource may take it first). A command that fails
         /// within 30s of its start waits 1s, 2s, 4s ... up to 60s before the next campaign (a
@@ -284,7 +285,7 @@ pub(crate) enum Command {
         #[arg(long, conflicts_with_all = ["nonblock", "wait", "shared", "limit"])]
         standby: bool,
         /// With --standby: stop after N restarts (N+1 runs), exiting with the last run's status.
-        #[arg(long, value_name = "N", requires = "standby")]
+        #[arg(long, value_name = "N", requires = "standby", hide_short_help = true)]
         max_restarts: Option<u32>,
         /// The resource to lock (any string).
         resource: String,
@@ -315,7 +316,8 @@ pub(crate) enum Command {
         /// The resource to lock.
         resource: String,
     },
-    /// Print the lock file of RESOURCE on the flock store, for a shell to open and lock:
+    /// Print the lock file of RESOURCE on the flock store, for a shell to open and lock.
+    ///
     /// exec 9>"$(xtr-lock path RESOURCE)"; xtr-lock acquire --fd 9 -n RESOURCE (or flock -n 9).
     Path {
         #[command(flatten)]
@@ -362,10 +364,10 @@ pub(crate) enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// List what is held on a store: each resource, its holders with their metadata, how
-    /// long they held it and have left, fencing tokens, waiters.
+    /// List what is held: resources, holders and their metadata, time held and left.
     ///
-    /// One line per resource (with a header on a terminal); --json: one JSON array. Nothing
+    /// Each resource, its mode, its holders with their metadata, how long they held it and
+    /// have left, fencing tokens, waiters. One line per resource (with a header on a terminal); --json: one JSON array. Nothing
     /// held: nothing printed (--json: []), exit 0. A store that cannot enumerate its locks
     /// (memcached, a quorum, ...) is an error saying why (exit 2).
     List {
@@ -378,10 +380,10 @@ pub(crate) enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Show who leads election NAME (the holder of the lock NAME, as `run --standby NAME`
-    /// takes it): its value (metadata), term (fencing token) and since when.
+    /// Show who leads election NAME (the holder of lock NAME), or watch every change.
     ///
-    /// Exit status: 0 someone leads, 1 nobody leads, 2 error (a store that cannot tell who
+    /// The leader is the holder of the lock NAME, as `run --standby NAME` and the library's
+    /// Election take it: its value (metadata), term (fencing token) and since when. Exit status: 0 someone leads, 1 nobody leads, 2 error (a store that cannot tell who
     /// holds a lock). --watch: one line (or JSON object) per change, the current leader first,
     /// until SIGINT/SIGTERM (then exit 0).
     Leader {

@@ -293,8 +293,9 @@ fn status_lines(store: &StoreConfig, seen: &Seen<'_>) -> Result<()> {
     Ok(())
 }
 
-/// `  pid 1234 on host-a: ./job.sh (since 2026-…Z, held 3m 20s, fencing token 42)`: what the
-/// store keeps of a holder beyond its mode, or `None` where it keeps nothing more.
+/// `  pid 1234 on host-a: ./job.sh (since 2026-…Z, held 3m 20s, fencing token 42)` and its
+/// metadata whole on a line below: what the store keeps of a holder beyond its mode, or `None`
+/// where it keeps nothing more.
 fn holder_detail(h: &HolderInfo) -> Option<String> {
     if h.meta.is_none() && h.acquired_at.is_none() && h.fencing_token.is_none() {
         return None;
@@ -314,11 +315,11 @@ fn holder_detail(h: &HolderInfo) -> Option<String> {
         what.push(format!("fencing token {token}"));
     }
     let mut line = format!("  {}", super::list::label(h));
-    if let Some(meta) = &h.meta {
-        line.push_str(&format!("; meta {}", crate::meta::text(meta)));
-    }
     if !what.is_empty() {
         line.push_str(&format!(" ({})", what.join(", ")));
+    }
+    if let Some(meta) = &h.meta {
+        line.push_str(&format!("\n    meta: {}", crate::meta::text(meta)));
     }
     Some(line)
 }

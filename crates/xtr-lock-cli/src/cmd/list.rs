@@ -24,6 +24,9 @@ pub(crate) async fn list(store: StoreConfig, prefix: String, json_out: bool) -> 
         return Ok(Exit::Ok);
     }
     let rows: Vec<[String; 7]> = listings.iter().map(row).collect();
+    if rows.is_empty() {
+        return Ok(Exit::Ok); // nothing held: nothing printed, not even the header
+    }
     if std::io::stdout().is_terminal() {
         let header = [
             "RESOURCE", "MODE", "HOLDERS", "HELD FOR", "LEFT", "TOKEN", "WAITERS",

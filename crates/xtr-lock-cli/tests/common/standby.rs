@@ -48,8 +48,11 @@ pub(crate) fn stop(mut child: Child) -> String {
 pub(crate) fn turns_never_overlap(store: &str, extra: &[&str], turns: usize, fences: bool) {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().display();
+    // A command stopped by the test's SIGTERM removes its marker (the trap); turns after the
+    // test began stopping are not counted (a standby not yet told may take one).
     let script = format!(
-        "( set -C; : > {dir}/marker ) 2>/dev/null || echo \"$XTR_LOCK_ID\" >> {dir}/overlaps; \
+        "[ -e {dir}/stopping ] && exit 0; trap 'rm -f {dir}/marker; exit 143' TERM INT; \
+         ( set -C; : > {dir}/marker ) 2>/dev/null || echo \"$XTR_LOCK_ID\" >> {dir}/overlaps; \
          echo \"$XTR_LOCK_ID ${{XTR_LOCK_FENCING_TOKEN:-}}\" >> {dir}/turns; sleep 0.05; \
          rm -f {dir}/marker"
     );
@@ -68,6 +71,10 @@ pub(crate) fn turns_never_overlap(store: &str, extra: &[&str], turns: usize, fen
         std::thread::sleep(Duration::from_millis(50));
     }
     let took = started.elapsed();
+    std::fs::write(tmp.path().join("stopping"), "").unwrap();
+    for s in &standbys {
+        kill(s.id() as i32, Signal::TERM);
+    }
     for s in standbys {
         stop(s);
     }

@@ -9,6 +9,8 @@ use anyhow::{Result, anyhow};
 use xtr_lock::{Mode, Permits, QuorumKind, StoreSpec, Wait};
 
 use crate::cli::{Cli, Command, ConfigCommand, ConfigFileArgs, StoreArgs, WaitArgs};
+pub(crate) use crate::durations::duration;
+use crate::durations::{ttl_arg, wait_arg};
 use crate::file::{self, Configured, Origin};
 
 /// What the command line asks for, every argument checked and converted once (ripgrep's
@@ -48,6 +50,19 @@ pub(crate) enum Settings {
         key: String,
         json: bool,
     },
+    /// `list [PREFIX]`: what is held (the prefix with the entry's in front).
+    List {
+        source: Source,
+        prefix: String,
+        json: bool,
+    },
+    /// `leader NAME`: who leads, once or every change (`watch`).
+    Leader {
+        source: Source,
+        name: String,
+        watch: bool,
+        json: bool,
+    },
     /// `bench`: what the store costs.
     Bench(BenchSettings),
     /// `migrate`: the SQL stores' tables made, or their SQL printed.
@@ -76,6 +91,8 @@ pub(crate) struct RunSettings {
     /// on the same entry adds the prefix again).
     pub named: String,
     pub command: Vec<OsString>,
+    /// `--standby [--max-restarts N]`: run again after each end, `N` restarts at most.
+    pub standby: Option<Option<u32>>,
 }
 
 /// `bench`'s settings.
@@ -128,6 +145,8 @@ impl Settings {
                 unlock,
                 no_fork,
                 json,
+                standby,
+                max_restarts,
                 resource,
                 command,
             } => {
@@ -135,7 +154,12 @@ impl Settings {
                 refuse_flock_only(unlock, no_fork)?;
                 let command = command_line(shell, command, &resource)?;
                 let source = Source::of(&store)?;
-                let take = Take::from_args(&wait, &source)?;
+                let mut take = Take::from_args(&wait, &source)?;
+                take.meta = Some(crate::meta::holder_meta(&wait.meta, Some(&command))?);
+                if standby {
+                    // A standby waits for its turn however long, whatever the file says.
+                    take.wait = Wait::Forever;
+                }
                 let kill_after = duration("--kill-after", &kill_after)?;
                 Settings::Run(RunSettings {
                     resource: source.resource(&resource),
@@ -145,6 +169,7 @@ impl Settings {
                     kill_after,
                     close,
                     command,
+                    standby: standby.then_some(max_restarts),
                 })
             }
             Command::Acquire {
@@ -178,6 +203,32 @@ impl Settings {
                 json,
                 permits_arg(limit, None)?,
             ),
+            Command::List {
+                store,
+                prefix,
+                json,
+            } => {
+                let source = Source::of(&store)?;
+                Settings::List {
+                    prefix: source.resource(prefix.as_deref().unwrap_or("")),
+                    source,
+                    json,
+                }
+            }
+            Command::Leader {
+                store,
+                name,
+                watch,
+                json,
+            } => {
+                let source = Source::of(&store)?;
+                Settings::Leader {
+                    name: source.resource(&name),
+                    source,
+                    watch,
+                    json,
+                }
+            }
             Command::Bench {
                 store,
                 clients,
@@ -225,7 +276,8 @@ impl Settings {
         resource: &str,
     ) -> Result<Settings> {
         let source = Source::of(store)?;
-        let take = Take::from_args(wait, &source)?;
+        let mut take = Take::from_args(wait, &source)?;
+        take.meta = Some(crate::meta::holder_meta(&wait.meta, None)?);
         Ok(Settings::Acquire {
             resource: source.resource(resource),
             source,
@@ -323,60 +375,6 @@ fn command_line(
     }
 }
 
-/// Parses a duration naming the flag on error: seconds as flock(1) takes them (`30`, `0.5`), or
-/// humantime (`30s`, `2m`, `1h30m`, `500ms`); at most [`MAX_DURATION`](xtr_lock::MAX_DURATION)
-/// (3650 days).
-pub(crate) fn duration(flag: &str, text: &str) -> Result<Duration> {
-    let too_long = || anyhow!("{flag} {text:?} is too long: the longest accepted is 3650days");
-    if let Ok(seconds) = text.trim().parse::<f64>() {
-        if !seconds.is_finite() || seconds < 0.0 {
-            return Err(anyhow!(
-                "{flag} {text:?} is not a duration: seconds must be a number of at least 0"
-            ));
-        }
-        let d = Duration::try_from_secs_f64(seconds).map_err(|_| too_long())?;
-        return if d > xtr_lock::MAX_DURATION {
-            Err(too_long())
-        } else {
-            Ok(d)
-        };
-    }
-    let d = humantime::parse_duration(text).map_err(|e| {
-        anyhow!(
-            "{flag} {text:?} is not a duration ({e}); write seconds (30, 0.5) or a duration \
-             like 30s, 2m, 1h30m or 500ms"
-        )
-    })?;
-    if d > xtr_lock::MAX_DURATION {
-        return Err(too_long());
-    }
-    Ok(d)
-}
-
-/// `--ttl`: a duration, or `none` (no expiry), as in configuration files; zero is refused
-/// (a file's `0` means none, which the command line spells out).
-fn ttl_arg(text: &str) -> Result<Option<Duration>> {
-    if text.trim() == "none" {
-        return Ok(None);
-    }
-    let ttl = duration("--ttl", text).map_err(|e| anyhow!("{e}; or none (no expiry)"))?;
-    if ttl.is_zero() {
-        return Err(anyhow!(
-            "--ttl must be more than zero (--ttl none: no expiry)"
-        ));
-    }
-    Ok(Some(ttl))
-}
-
-/// `-w`: a duration (zero: try once), or `forever`, as in configuration files.
-fn wait_arg(text: &str) -> Result<Wait> {
-    if text.trim() == "forever" {
-        return Ok(Wait::Forever);
-    }
-    let wait = duration("--wait", text).map_err(|e| anyhow!("{e}; or forever"))?;
-    Ok(Wait::AtMost(wait))
-}
-
 /// How to take a lock.
 #[derive(Debug, Clone)]
 pub(crate) struct Take {
@@ -394,6 +392,8 @@ pub(crate) struct Take {
     pub verbose: bool,
     /// `--limit N [--permits K]`: a semaphore's permits instead of the lock.
     pub permits: Option<Permits>,
+    /// The holder's metadata (`crate::meta`), checked against the cap.
+    pub meta: Option<Vec<u8>>,
 }
 
 /// The lifetime of a lock on stores where locks expire, unless `--ttl` or the file says
@@ -428,6 +428,7 @@ impl Take {
             quiet: args.quiet,
             verbose: args.verbose,
             permits: permits_arg(args.limit, args.permits)?,
+            meta: None,
         })
     }
 }
@@ -573,37 +574,4 @@ fn permits_arg(limit: Option<u32>, count: Option<u32>) -> Result<Option<Permits>
                 e.reason().unwrap_or("out of range")
             )
         })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations_take_flock_seconds_and_units() {
-        assert_eq!(duration("-w", "30").unwrap(), Duration::from_secs(30));
-        assert_eq!(duration("-w", "0.5").unwrap(), Duration::from_millis(500));
-        assert_eq!(duration("-w", "0").unwrap(), Duration::ZERO);
-        assert_eq!(duration("-w", "2m").unwrap(), Duration::from_secs(120));
-        let err = duration("-w", "-1").unwrap_err().to_string();
-        assert!(err.contains("at least 0"), "{err}");
-        let err = duration("--ttl", "1e300").unwrap_err().to_string();
-        assert!(err.contains("too long"), "{err}");
-        let err = duration("-w", "soon").unwrap_err().to_string();
-        assert!(err.starts_with("-w \"soon\" is not a duration"), "{err}");
-    }
-
-    #[test]
-    fn none_and_forever_mean_what_they_mean_in_files() {
-        assert_eq!(ttl_arg("none").unwrap(), None);
-        assert_eq!(ttl_arg("90").unwrap(), Some(Duration::from_secs(90)));
-        let err = ttl_arg("0").unwrap_err().to_string();
-        assert!(err.contains("--ttl none"), "{err}");
-        assert_eq!(wait_arg("forever").unwrap(), Wait::Forever);
-        assert_eq!(wait_arg("0").unwrap(), Wait::AtMost(Duration::ZERO));
-        assert!(
-            wait_arg("none").is_err(),
-            "a wait of none is not forever: refused"
-        );
-    }
 }

@@ -184,6 +184,15 @@ pub(crate) struct WaitArgs {
     #[arg(long, value_name = "K", requires = "limit", hide_short_help = true)]
     pub permits: Option<u32>,
 
+    /// Add KEY=VALUE to the holder's metadata (repeatable; KEY= drops a default key)
+    ///
+    /// The lock carries a JSON object that `status`, `list` and `leader` show: host, pid
+    /// (xtr-lock's), cmd (run's command, URL passwords redacted, shortened to fit), id
+    /// ($XTR_LOCK_ID). --meta adds keys or overrides these (values are strings); `--meta cmd=`
+    /// leaves the command out. The whole object is at most 1024 bytes.
+    #[arg(long, value_name = "KEY=VALUE", hide_short_help = true)]
+    pub meta: Vec<String>,
+
     /// Exit code when the lock is held by someone else.
     #[arg(
         short = 'E',
@@ -259,10 +268,25 @@ pub(crate) enum Command {
         no_fork: bool,
         /// Report what happens as JSON lines on stderr
         ///
-        /// Events instead of sentences: waiting, acquired (with the ttl), conflict, lost,
-        /// released, warning, error, exit.
+        /// Events instead of sentences: waiting, acquired (with the ttl and the metadata),
+        /// conflict, lost, released, warning, error, exit; with --standby also leading,
+        /// stopped and backoff.
         #[arg(long)]
         json: bool,
+        /// A hot standby: run COMMAND each time the lock is won, until SIGTERM
+        ///
+        /// Waits for the lock, runs COMMAND while holding it, then releases and waits again,
+        /// until SIGINT/SIGTERM.
+        /// Each time the command ends or the lock is lost, the lock is released and taken again
+        /// (another standby on the same resource may take it first). A command that fails
+        /// within 30s of its start waits 1s, 2s, 4s ... up to 60s before the next campaign (a
+        /// run of 30s or more, or a success, starts the back-off over). Always waits forever
+        /// and takes the exclusive lock: -n, -w, -s and --limit are refused.
+        #[arg(long, conflicts_with_all = ["nonblock", "wait", "shared", "limit"])]
+        standby: bool,
+        /// With --standby: stop after N restarts (N+1 runs), exiting with the last run's status.
+        #[arg(long, value_name = "N", requires = "standby", hide_short_help = true)]
+        max_restarts: Option<u32>,
         /// The resource to lock (any string).
         resource: String,
         /// The command and its arguments (or -c 'shell command').
@@ -292,7 +316,8 @@ pub(crate) enum Command {
         /// The resource to lock.
         resource: String,
     },
-    /// Print the lock file of RESOURCE on the flock store, for a shell to open and lock:
+    /// Print the lock file of RESOURCE on the flock store, for a shell to open and lock.
+    ///
     /// exec 9>"$(xtr-lock path RESOURCE)"; xtr-lock acquire --fd 9 -n RESOURCE (or flock -n 9).
     Path {
         #[command(flatten)]
@@ -336,6 +361,40 @@ pub(crate) enum Command {
         #[arg(long, value_name = "N", conflicts_with = "key")]
         limit: Option<u32>,
         /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List what is held: resources, holders and their metadata, time held and left.
+    ///
+    /// Each resource, its mode, its holders with their metadata, how long they held it and
+    /// have left, fencing tokens, waiters. One line per resource (with a header on a terminal); --json: one JSON array. Nothing
+    /// held: nothing printed (--json: []), exit 0. A store that cannot enumerate its locks
+    /// (memcached, a quorum, ...) is an error saying why (exit 2).
+    List {
+        #[command(flatten)]
+        store: StoreArgs,
+        /// Only resources whose name starts with PREFIX (after the configuration entry's
+        /// prefix).
+        prefix: Option<String>,
+        /// Print JSON (one array).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show who leads election NAME (the holder of lock NAME), or watch every change.
+    ///
+    /// The leader is the holder of the lock NAME, as `run --standby NAME` and the library's
+    /// Election take it: its value (metadata), term (fencing token) and since when. Exit status: 0 someone leads, 1 nobody leads, 2 error (a store that cannot tell who
+    /// holds a lock). --watch: one line (or JSON object) per change, the current leader first,
+    /// until SIGINT/SIGTERM (then exit 0).
+    Leader {
+        #[command(flatten)]
+        store: StoreArgs,
+        /// The election (a resource name).
+        name: String,
+        /// Print every change of leader until interrupted.
+        #[arg(long)]
+        watch: bool,
+        /// Print JSON (one object per line).
         #[arg(long)]
         json: bool,
     },

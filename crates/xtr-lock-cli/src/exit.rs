@@ -7,7 +7,7 @@ pub(crate) enum Exit {
     Ok,
     /// The lock is held by someone else (`-n`, or `-w` ran out); `-E` changes the number.
     Conflict(u8),
-    /// `status`: nobody holds the resource.
+    /// `status`: nobody holds the resource; `leader`: nobody leads.
     Free,
     /// Bad usage or configuration, or the store failed: the message says what and how to fix.
     Error,
@@ -89,6 +89,7 @@ Exit codes:
   3        the lock was lost while the command ran (it was terminated), or a handed-in key's
            lock is no longer held
   status:  0 held, 1 free, 2 error or the store cannot tell; with --key 0 held by it, 3 not
+  leader:  0 someone leads, 1 nobody leads, 2 error or the store cannot tell
   69       config check --ping: a configured store could not be reached
   126/127  the command cannot be executed / was not found
   N        otherwise run exits with the command's own status; 128+N if it was killed by signal N";

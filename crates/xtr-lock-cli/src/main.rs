@@ -6,11 +6,13 @@
 mod args;
 mod cli;
 mod cmd;
+mod durations;
 mod exit;
 mod file;
 mod handoff;
 mod help;
 mod lease;
+mod meta;
 mod output;
 mod procs;
 mod sentinel;

@@ -89,13 +89,18 @@ impl StoreConfig {
     /// A lock on `resource` (a new holder) with the take's ttl (`None`: no expiry), or, with
     /// `--limit`, a holder of the semaphore's permits (a lock whose key carries them).
     pub(crate) fn lock(&self, resource: &str, take: &Take) -> Lock {
-        match take.permits {
+        let lock = match take.permits {
             Some(permits) => self
                 .factory()
                 .create_lock_from_key(Key::for_semaphore(resource, permits))
                 .with_ttl(take.ttl),
             None => self.factory().create_lock(resource).with_ttl(take.ttl),
+        };
+        // Checked against the cap when it was made (`crate::meta`): nothing to refuse here.
+        if let Err(err) = lock.key().set_meta(take.meta.clone()) {
+            crate::output::warning(&crate::output::causes(&err));
         }
+        lock
     }
 
     /// Checks that the store can take the lock as the command line (or the configuration

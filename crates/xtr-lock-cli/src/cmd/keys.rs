@@ -239,20 +239,9 @@ struct Seen<'a> {
 
 /// `status --json`: one object.
 fn status_json(store: &StoreConfig, seen: &Seen<'_>) -> Result<()> {
-    let list: Option<Vec<_>> = seen.holders.map(|hs| {
-        hs.iter()
-            .map(|h| {
-                json!({
-                    "mode": mode_name(h.mode),
-                    "pid": h.pid,
-                    "id": h.id,
-                    "remaining_ms": h.remaining.map(|d| d.as_millis() as u64),
-                    "waiting": h.waiting,
-                    "backend": h.backend,
-                })
-            })
-            .collect()
-    });
+    let list: Option<Vec<_>> = seen
+        .holders
+        .map(|hs| hs.iter().map(super::list::holder_json).collect());
     print(
         &json!({
             "resource": seen.resource,
@@ -284,6 +273,11 @@ fn status_lines(store: &StoreConfig, seen: &Seen<'_>) -> Result<()> {
                     "{resource:?}: held by {}",
                     crate::output::holders(&holding)
                 ))?;
+                for h in &holding {
+                    if let Some(line) = holder_detail(h) {
+                        print(&line)?;
+                    }
+                }
             }
             if !waiting.is_empty() {
                 print(&format!("queue: {}", crate::output::holders(&waiting)))?;
@@ -297,6 +291,37 @@ fn status_lines(store: &StoreConfig, seen: &Seen<'_>) -> Result<()> {
         print(&fencing_line(store.fencing, counter))?;
     }
     Ok(())
+}
+
+/// `  pid 1234 on host-a: ./job.sh (since 2026-…Z, held 3m 20s, fencing token 42)` and its
+/// metadata whole on a line below: what the store keeps of a holder beyond its mode, or `None`
+/// where it keeps nothing more.
+fn holder_detail(h: &HolderInfo) -> Option<String> {
+    if h.meta.is_none() && h.acquired_at.is_none() && h.fencing_token.is_none() {
+        return None;
+    }
+    let mut what = Vec::new();
+    if let (Some(at), Some(held)) = (h.acquired_at, super::list::held_for(h)) {
+        what.push(format!(
+            "since {}, held {}",
+            humantime::format_rfc3339_seconds(at),
+            crate::output::short(held)
+        ));
+    }
+    if let Some(left) = h.remaining {
+        what.push(format!("{} left", crate::output::short(left)));
+    }
+    if let Some(token) = h.fencing_token {
+        what.push(format!("fencing token {token}"));
+    }
+    let mut line = format!("  {}", super::list::label(h));
+    if !what.is_empty() {
+        line.push_str(&format!(" ({})", what.join(", ")));
+    }
+    if let Some(meta) = &h.meta {
+        line.push_str(&format!("\n    meta: {}", crate::meta::text(meta)));
+    }
+    Some(line)
 }
 
 /// What the fencing counter of a store of kind `scheme` counts.

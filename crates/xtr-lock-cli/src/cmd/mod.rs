@@ -5,6 +5,8 @@ pub(crate) mod bench;
 pub(crate) mod config;
 pub(crate) mod fd;
 pub(crate) mod keys;
+mod leader;
+pub(crate) mod list;
 pub(crate) mod migrate;
 mod permits;
 pub(crate) mod run;
@@ -82,6 +84,23 @@ pub(crate) async fn dispatch(settings: Settings) -> Result<Exit> {
         }
         Settings::StatusOfKey { source, key, json } => {
             keys::status_of_key(&source, Some(key), json).await
+        }
+        Settings::List {
+            source,
+            prefix,
+            json,
+        } => {
+            let store = StoreConfig::open(&source, true)?;
+            closing(store, |store| list::list(store, prefix, json)).await
+        }
+        Settings::Leader {
+            source,
+            name,
+            watch,
+            json,
+        } => {
+            let store = StoreConfig::open(&source, true)?;
+            closing(store, |store| leader::leader(store, name, watch, json)).await
         }
         Settings::Bench(settings) => {
             // Measuring a store that locks nothing between processes is a fair question.

@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 
 use assert_cmd::cargo::CommandCargoExt as _;
 
+pub(crate) mod standby;
+
 pub(crate) fn xtr() -> assert_cmd::Command {
     assert_cmd::Command::cargo_bin("xtr-lock").unwrap()
 }

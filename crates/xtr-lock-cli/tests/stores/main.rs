@@ -12,4 +12,5 @@ mod handover;
 mod pubsub;
 mod semaphores;
 mod sql;
+mod standby;
 mod symfony_stores;

@@ -20,6 +20,7 @@ use crate::procs;
 use crate::store::StoreConfig;
 
 mod child;
+mod standby;
 mod terminal;
 
 use child::{Child, Event, Tie};
@@ -38,6 +39,8 @@ struct RunArgs {
     command: Vec<OsString>,
     /// What names the store for a nested `xtr-lock` (see [`crate::args::Source::nested_environment`]).
     nested: Vec<(&'static str, Option<OsString>)>,
+    /// `--standby`: turns follow each other, each says when it leads.
+    standby: bool,
 }
 
 /// SIGINT, SIGTERM and SIGHUP, caught from the start: while waiting they end the wait cleanly,
@@ -46,6 +49,8 @@ struct Signals {
     int: tokio::signal::unix::Signal,
     term: tokio::signal::unix::Signal,
     hup: tokio::signal::unix::Signal,
+    /// The first SIGINT or SIGTERM received: a standby stops after the turn it ends.
+    stop: Option<Signal>,
 }
 
 impl Signals {
@@ -54,15 +59,18 @@ impl Signals {
             int: signal(SignalKind::interrupt())?,
             term: signal(SignalKind::terminate())?,
             hup: signal(SignalKind::hangup())?,
+            stop: None,
         })
     }
 
     async fn recv(&mut self) -> Signal {
-        tokio::select! {
+        let sig = tokio::select! {
             _ = self.int.recv() => Signal::INT,
             _ = self.term.recv() => Signal::TERM,
-            _ = self.hup.recv() => Signal::HUP,
-        }
+            _ = self.hup.recv() => return Signal::HUP,
+        };
+        self.stop.get_or_insert(sig);
+        sig
     }
 }
 
@@ -80,6 +88,7 @@ pub(crate) async fn run(store: StoreConfig, settings: RunSettings) -> Result<Exi
         resource,
         named,
         command,
+        standby,
     } = settings;
     let args = RunArgs {
         store,
@@ -90,8 +99,30 @@ pub(crate) async fn run(store: StoreConfig, settings: RunSettings) -> Result<Exi
         named,
         command,
         nested: source.nested_environment(),
+        standby: standby.is_some(),
     };
     let mut signals = Signals::new()?;
+    match standby {
+        None => Ok(turn(&args, &mut signals).await?.exit),
+        Some(max_restarts) => standby::run(&args, &mut signals, max_restarts).await,
+    }
+}
+
+/// What one turn of `run` came to: its exit, and how long the command ran (`None`: it never
+/// started, the lock not taken).
+struct Turn {
+    exit: Exit,
+    ran: Option<Duration>,
+}
+
+impl Turn {
+    fn not_run(exit: Exit) -> Result<Turn> {
+        Ok(Turn { exit, ran: None })
+    }
+}
+
+/// One turn: take the lock, run the command while it is held, release.
+async fn turn(args: &RunArgs, signals: &mut Signals) -> Result<Turn> {
     let lock = args.store.lock(&args.resource, &args.take);
     let taken = tokio::select! {
         taken = super::take(&lock, &args.store, &args.take) => taken?,
@@ -99,7 +130,7 @@ pub(crate) async fn run(store: StoreConfig, settings: RunSettings) -> Result<Exi
             // Interrupted while waiting: whatever the dropped wait stored is taken back (the
             // release runs after that clean-up, within the exit's bound), and nothing runs.
             let _ = crate::exit::bounded(lock.release()).await;
-            return Ok(killed_by(sig));
+            return Turn::not_run(killed_by(sig));
         }
     };
     let Some(took) = taken else {
@@ -108,7 +139,7 @@ pub(crate) async fn run(store: StoreConfig, settings: RunSettings) -> Result<Exi
         } else if !args.take.quiet {
             eprintln!("{}", super::conflict_message(lock.resource(), &args.take));
         }
-        return Ok(Exit::Conflict(args.take.conflict_exit_code));
+        return Turn::not_run(Exit::Conflict(args.take.conflict_exit_code));
     };
     if output::json() {
         output::event(
@@ -121,13 +152,22 @@ pub(crate) async fn run(store: StoreConfig, settings: RunSettings) -> Result<Exi
                 "permits": lock.key().permits().map(|p| p.count()),
                 "ttl_ms": lock.ttl().map(|t| t.as_millis()),
                 "waited_ms": took.as_secs_f64() * 1e3,
+                "meta": lock.key().meta().map(|m| crate::meta::value(&m)),
             }),
         );
-    } else if args.take.verbose {
+    }
+    if args.standby {
+        standby::leading(args, &lock);
+    } else if args.take.verbose && !output::json() {
         eprintln!("{}", super::took_line(&lock, took));
     }
-    let outcome = supervise(&args, &lock, &mut signals).await;
-    release(&args, &lock, outcome).await
+    let started = Instant::now();
+    let outcome = supervise(args, &lock, signals).await;
+    let ran = started.elapsed();
+    Ok(Turn {
+        exit: release(args, &lock, outcome).await?,
+        ran: Some(ran),
+    })
 }
 
 /// Releases the lock whatever happened to the command: a lost lock is exit 3 however it is

@@ -1,0 +1,121 @@
+//! `run --standby` on flock and Redis: turns that never overlap (terms increasing where the
+//! store fences), fail-over after the leader's xtr-lock is SIGKILLed, `--max-restarts` with
+//! the back-off, and `leader --watch` seeing each change in order.
+
+use std::io::BufRead as _;
+use std::time::{Duration, Instant};
+
+use xtr_lock_testkit::redis::RedisServer;
+
+use crate::common::standby::{failover, turns_never_overlap};
+use crate::common::{flock_dsn, spawn, wait_exit, xtr};
+
+#[test]
+fn flock_standbys_take_turns_without_overlap() {
+    let dir = tempfile::tempdir().unwrap();
+    turns_never_overlap(&flock_dsn(dir.path()), &[], 30, false);
+}
+
+#[test]
+fn redis_standbys_take_turns_with_increasing_terms() {
+    let server = RedisServer::start();
+    turns_never_overlap(&server.url(0), &["--ttl", "5s"], 30, true);
+}
+
+#[test]
+fn flock_fails_over_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let took = failover(&flock_dsn(dir.path()), &[]);
+    assert!(took < Duration::from_secs(10), "{took:?}");
+}
+
+#[test]
+fn redis_fails_over_within_the_ttl() {
+    let server = RedisServer::start();
+    let took = failover(&server.url(0), &["--ttl", "2s"]);
+    assert!(took < Duration::from_secs(20), "{took:?}");
+}
+
+#[test]
+fn max_restarts_stops_a_failing_command_after_its_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let runs = dir.path().join("runs");
+    let script = format!("echo run >> {}; exit 3", runs.display());
+    let started = Instant::now();
+    let out = xtr()
+        .args(["run", "--standby", "--max-restarts", "2", "-v"])
+        .args([
+            "--store",
+            &flock_dsn(dir.path()),
+            "crashy",
+            "--",
+            "sh",
+            "-c",
+        ])
+        .arg(&script)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    let count = std::fs::read_to_string(&runs).unwrap().lines().count();
+    assert_eq!(count, 3, "{stderr}");
+    // Two quick failures: a back-off of 1s, then 2s.
+    assert!(started.elapsed() >= Duration::from_secs(3), "{stderr}");
+    assert_eq!(
+        stderr.matches("xtr-lock: leading \"crashy\"").count(),
+        3,
+        "{stderr}"
+    );
+    assert!(stderr.contains("stopped leading \"crashy\": the command exited with status 3"));
+    assert!(stderr.contains("campaigning again in 2s"), "{stderr}");
+}
+
+#[test]
+fn standby_refuses_nonblock_and_wait() {
+    for flag in [&["-n"][..], &["-w", "3"]] {
+        let out = xtr()
+            .args(["run", "--standby"])
+            .args(flag)
+            .args(["r", "--", "true"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("cannot be used with"), "{err}");
+    }
+}
+
+#[test]
+fn leader_watch_prints_each_change_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = flock_dsn(dir.path());
+    let mut watch = spawn(&["leader", "--watch", "--json", "--store", &store, "elected"]);
+    let stdout = watch.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let _ = tx.send(line.unwrap_or_default());
+        }
+    });
+    let next = || rx.recv_timeout(Duration::from_secs(10)).expect("a line");
+    let leader = |line: &str| -> serde_json::Value {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        assert_eq!(v["name"], "elected", "{line}");
+        v["leader"].clone()
+    };
+    assert!(leader(&next()).is_null(), "nobody leads at first");
+    let mut pids = Vec::new();
+    for _ in 0..3 {
+        let mut run = spawn(&["run", "--store", &store, "elected", "--", "sleep", "1.5"]);
+        let led = leader(&next());
+        assert_eq!(led["pid"], run.id(), "{led}");
+        pids.push(run.id());
+        wait_exit(&mut run, "run did not end");
+        assert!(leader(&next()).is_null(), "nobody leads after {pids:?}");
+    }
+    crate::common::kill(watch.id() as i32, rustix::process::Signal::TERM);
+    assert_eq!(
+        wait_exit(&mut watch, "leader --watch ignores SIGTERM").code(),
+        Some(0)
+    );
+}

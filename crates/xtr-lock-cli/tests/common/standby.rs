@@ -1,0 +1,156 @@
+//! `run --standby` scenarios any store runs: turns that never overlap, and how long a standby
+//! takes to lead after the leader's xtr-lock is SIGKILLed.
+
+use std::os::unix::process::CommandExt as _;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rustix::process::Signal;
+
+use super::{bin, kill, wait_exit};
+
+/// A standby `xtr-lock run --standby` on `store` with `$XTR_LOCK_ID` = `id`, in a process group
+/// of its own (so that the test can kill it as a crashed service is killed), its stderr piped.
+pub(crate) fn start(store: &str, resource: &str, id: &str, extra: &[&str], script: &str) -> Child {
+    let mut cmd = Command::new(bin());
+    cmd.args(["run", "--standby", "--store", store, "--kill-after", "1s"])
+        .args(extra)
+        .args([resource, "--", "sh", "-c", script])
+        .env("XTR_LOCK_ID", id)
+        .env_remove("XTR_LOCK_STORE")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    cmd.spawn().unwrap()
+}
+
+/// Stops a standby (SIGTERM: it stops its command, releases and exits); its stderr.
+pub(crate) fn stop(mut child: Child) -> String {
+    kill(child.id() as i32, Signal::TERM);
+    let status = wait_exit(&mut child, "a standby did not stop on SIGTERM");
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        use std::io::Read as _;
+        let _ = e.read_to_string(&mut err);
+    }
+    assert!(
+        status.code().is_some() || status.success(),
+        "{status:?}: {err}"
+    );
+    err
+}
+
+/// Three standbys on one resource, each command creating a marker file exclusively (O_EXCL, by
+/// `set -C`), recording its turn and removing the marker after a short while: `turns` turns,
+/// never two markers at once; with `fences`, each turn's fencing token (its term) larger than
+/// the one before.
+pub(crate) fn turns_never_overlap(store: &str, extra: &[&str], turns: usize, fences: bool) {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().display();
+    // A command stopped by the test's SIGTERM removes its marker (the trap); turns after the
+    // test began stopping are not counted (a standby not yet told may take one).
+    let script = format!(
+        "[ -e {dir}/stopping ] && exit 0; trap 'rm -f {dir}/marker; exit 143' TERM INT; \
+         ( set -C; : > {dir}/marker ) 2>/dev/null || echo \"$XTR_LOCK_ID\" >> {dir}/overlaps; \
+         echo \"$XTR_LOCK_ID ${{XTR_LOCK_FENCING_TOKEN:-}}\" >> {dir}/turns; sleep 0.05; \
+         rm -f {dir}/marker"
+    );
+    let resource = format!("standby-turns-{}", std::process::id());
+    let standbys: Vec<Child> = ["a", "b", "c"]
+        .iter()
+        .map(|id| start(store, &resource, id, extra, &script))
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let started = Instant::now();
+    while lines(&tmp.path().join("turns")).len() < turns {
+        assert!(
+            Instant::now() < deadline,
+            "fewer than {turns} turns in 120s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let took = started.elapsed();
+    std::fs::write(tmp.path().join("stopping"), "").unwrap();
+    for s in &standbys {
+        kill(s.id() as i32, Signal::TERM);
+    }
+    for s in standbys {
+        stop(s);
+    }
+    let overlaps = lines(&tmp.path().join("overlaps"));
+    assert!(overlaps.is_empty(), "two markers at once: {overlaps:?}");
+    let seen = lines(&tmp.path().join("turns"));
+    let leaders: std::collections::BTreeSet<&str> =
+        seen.iter().filter_map(|l| l.split(' ').next()).collect();
+    let changes = seen
+        .windows(2)
+        .filter(|w| w[0].split(' ').next() != w[1].split(' ').next())
+        .count();
+    println!(
+        "{store}: {} turns in {took:?}, {changes} changes of leader among {leaders:?}",
+        seen.len()
+    );
+    if fences {
+        let terms: Vec<u64> = seen
+            .iter()
+            .map(|l| l.split(' ').nth(1).unwrap_or("").parse().expect("a term"))
+            .collect();
+        assert!(
+            terms.windows(2).all(|w| w[0] < w[1]),
+            "terms not strictly increasing: {terms:?}"
+        );
+    }
+}
+
+/// Two standbys; the leader's xtr-lock (its process group) SIGKILLed once the other waits: how
+/// long until the other's command runs. Printed, for the closing note's fail-over times.
+pub(crate) fn failover(store: &str, extra: &[&str]) -> Duration {
+    let tmp = tempfile::tempdir().unwrap();
+    let leader = tmp.path().join("leader");
+    let script = format!(
+        "echo \"$XTR_LOCK_ID\" > {0}.tmp && mv {0}.tmp {0}; exec sleep 60",
+        leader.display()
+    );
+    let resource = format!("standby-failover-{}", std::process::id());
+    let a = start(store, &resource, "a", extra, &script);
+    wait_for(&leader, "a");
+    let mut json = extra.to_vec();
+    json.push("--json");
+    let mut b = start(store, &resource, "b", &json, &script);
+    let (first, rest) = super::stderr_after_first_line(&mut b);
+    assert!(first.contains("\"waiting\""), "b does not wait: {first}");
+    let killed = Instant::now();
+    let group = -(a.id() as i32);
+    let _ = rustix::process::kill_process_group(
+        rustix::process::Pid::from_raw(-group).unwrap(),
+        Signal::KILL,
+    );
+    wait_for(&leader, "b");
+    let took = killed.elapsed();
+    println!("fail-over on {store} {extra:?}: {} ms", took.as_millis());
+    let mut a = a;
+    let _ = a.wait();
+    kill(b.id() as i32, Signal::TERM);
+    let status = wait_exit(&mut b, "b did not stop on SIGTERM");
+    let err = rest.join().unwrap();
+    assert!(err.contains("\"leading\""), "{status:?} {err}");
+    took
+}
+
+/// Waits (up to 60 s) until the file `path` says `who`.
+fn wait_for(path: &Path, who: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while std::fs::read_to_string(path).unwrap_or_default().trim() != who {
+        assert!(Instant::now() < deadline, "{who} never led");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn lines(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}

@@ -94,6 +94,10 @@ fn record_of<'a>(entry: &Entry, records: &'a Records) -> Option<&'a Stored> {
 
 /// One queue entry as shown: `holds` or waits; `remaining` is filled in later.
 fn info(mode: Mode, entry: &Entry, holds: bool, stored: Option<&Stored>) -> HolderInfo {
+    // A holder of ours whose record is still a waiter's has not seen its grant (its
+    // predecessor just went): shown waiting until the read that grants it writes its record,
+    // so its token is known the moment it is shown holding.
+    let holds = holds && !stored.is_some_and(|s| record::pending(&s.record));
     let mut info = HolderInfo::new(mode, None, None).with_record(stored.map(|s| s.record.clone()));
     if holds {
         let token = stored
@@ -279,6 +283,21 @@ mod tests {
         assert!(b.waiting && b.fencing_token.is_none() && b.acquired_at.is_none());
         assert!(c.waiting && c.meta.is_none());
         assert_eq!(shown[1].1, 0xb);
+        // First in the queue, but its holder has not seen the grant yet: still waiting.
+        let kvs = [
+            kv("job/c", b"P3", 13, 13, 0xc),
+            kv(
+                "xtr-meta/job/c",
+                &rec(None, Some(record::PENDING)),
+                13,
+                13,
+                0xc,
+            ),
+        ];
+        let pending = super::records("", &kvs);
+        let c = &lock_holders(b"job/", &kvs, &pending)[0].0;
+        assert!(c.waiting && c.fencing_token.is_none(), "{c:?}");
+        assert_eq!(c.meta.as_deref(), Some(&b"P3"[..]));
     }
 
     #[test]

@@ -15,7 +15,7 @@
 //!   is the record's mod revision. A re-save that changes the metadata writes the token it
 //!   keeps into the record.
 
-use etcd_client::{PutOptions, TxnOp};
+use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
 
 use crate::error::{Error, Result};
 use crate::meta::HolderRecord;
@@ -46,6 +46,66 @@ pub(super) fn put(prefix: &str, queue_key: &[u8], record: &HolderRecord, lease: 
         record.encode(),
         Some(PutOptions::new().with_lease(lease)),
     )
+}
+
+/// The fencing token a waiter's record says: it is queued, and its holder has not yet seen a
+/// grant (revisions start at 1, so no grant's token is 0).
+pub(super) const PENDING: u64 = 0;
+
+/// Whether `stored` is a waiter's (its holder has not seen a grant yet).
+pub(super) fn pending(record: &HolderRecord) -> bool {
+    record.fencing_token == Some(PENDING)
+}
+
+/// A nested transaction that puts `granted` (the record of a grant, without a token: its
+/// revision is the token) when the queue of `dir` certainly grants the key of `kind` created
+/// at `rev` (`None`: the key is put by the same transaction; compares are evaluated before
+/// anything is written), else `pending` (a waiter's record) if given. Certainly: nothing is
+/// older in the directory (empty, or every create revision at least `rev`), or, for a reader,
+/// every key there is a reader. Where the rule grants but these do not say so (readers behind
+/// older readers, a promotion, a holder's own stale key, a deeper resource's key), the holder
+/// writes its record after the grant.
+pub(super) fn put_if_granted(
+    dir: &[u8],
+    kind: super::queue::Kind,
+    rev: Option<i64>,
+    granted: TxnOp,
+    pending: Option<TxnOp>,
+) -> TxnOp {
+    let first = match rev {
+        None => Compare::create_revision(dir.to_vec(), CompareOp::Equal, 0).with_prefix(),
+        Some(rev) => {
+            Compare::create_revision(dir.to_vec(), CompareOp::Greater, rev - 1).with_prefix()
+        }
+    };
+    let otherwise: Vec<TxnOp> = pending.into_iter().collect();
+    let otherwise = match kind {
+        super::queue::Kind::Writer => otherwise,
+        super::queue::Kind::Reader => vec![TxnOp::txn(
+            Txn::new()
+                .when([
+                    Compare::value(dir.to_vec(), CompareOp::Equal, super::queue::READER)
+                        .with_prefix(),
+                ])
+                .and_then([granted.clone()])
+                .or_else(otherwise),
+        )],
+    };
+    TxnOp::txn(
+        Txn::new()
+            .when([first])
+            .and_then([granted])
+            .or_else(otherwise),
+    )
+}
+
+/// Whether the transaction answered by `answers` put a grant's record through
+/// [`put_if_granted`] (one of its nested transactions took its `then` branch).
+pub(super) fn granted_in(answers: &[TxnOpResponse]) -> bool {
+    answers.iter().any(|a| match a {
+        TxnOpResponse::Txn(t) => t.succeeded() || granted_in(&t.op_responses()),
+        _ => false,
+    })
 }
 
 /// Deletes the record of `queue_key`.

@@ -54,6 +54,11 @@ impl Actor {
                             } else {
                                 read.revision
                             };
+                            if self.permits.is_none() && !read.recorded {
+                                let token = super::token(seen.max(me.rev));
+                                let record = read.record.clone().with_fencing_token(Some(token));
+                                self.record_grant(&me, &record).await;
+                            }
                             return Some(self.granted(me, seen, read.record.clone()).await);
                         }
                         Some(waited) => waited,

@@ -97,9 +97,11 @@ impl Actor {
             let kind = kind_of(mode);
             let taken = self.held.as_ref().map(|m| m.entry.key.clone());
             let key = queue::name(&self.dir, lease, kind, taken.as_deref());
-            // The record goes in with the key, on its lease.
+            // The record goes in with the key, on its lease: a grant's when the queue
+            // certainly grants it at once, else a waiter's.
             let record = self.new_record();
-            let put_record = record::put(&self.core.config.prefix, &key, &record, lease);
+            let prefix = &self.core.config.prefix;
+            let put_record = record::put(prefix, &key, &record, lease);
             let txn = match self.permits {
                 // A semaphore's key goes in only beside keys of the same limit.
                 Some(permits) => semaphore::put(
@@ -115,8 +117,19 @@ impl Actor {
                         self.value(kind),
                         Some(PutOptions::new().with_lease(lease)),
                     ),
-                    put_record,
                     TxnOp::get(self.dir.clone(), Some(list_options())),
+                    record::put_if_granted(
+                        &self.dir,
+                        kind,
+                        None,
+                        put_record,
+                        Some(record::put(
+                            prefix,
+                            &key,
+                            &record.clone().with_fencing_token(Some(record::PENDING)),
+                            lease,
+                        )),
+                    ),
                 ]),
             };
             match self.core.txn(txn).await {
@@ -141,6 +154,7 @@ impl Actor {
                         Read {
                             queue,
                             revision,
+                            recorded: record::granted_in(&r.op_responses()),
                             record,
                         },
                     ));

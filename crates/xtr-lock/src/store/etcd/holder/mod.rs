@@ -184,8 +184,10 @@ struct Read {
     /// The revision the read saw: a watch from the next one misses nothing. It is also the
     /// revision of the record put with the read.
     revision: i64,
-    /// The record put with the read (the holder's, should this read grant).
+    /// The record of a grant, as this read put it (if `recorded`) or as it is to be written.
     record: HolderRecord,
+    /// Whether the read put `record` (it certainly granted: `record::put_if_granted`).
+    recorded: bool,
 }
 
 fn mode_of(kind: Kind) -> Mode {

@@ -264,21 +264,29 @@ impl Actor {
     }
 
     /// The queue again, if `me` is still in it (the check the recipe lacked: a key that
-    /// vanished while its holder waited is never taken for a place in the queue). The key's
-    /// record is put again with the read: should the read grant, the record's revision is the
-    /// grant's token and its time the grant's.
+    /// vanished while its holder waited is never taken for a place in the queue). When the
+    /// queue certainly grants the key, the read also puts the grant's record: its revision is
+    /// the grant's token, its time the grant's (a read that does not grant writes nothing).
     async fn reread(&self, me: &Entry) -> Result<Option<Read>> {
         let record = self.new_record();
+        let put = record::put(&self.core.config.prefix, &me.key, &record, me.lease);
+        let mut then = vec![TxnOp::get(self.dir.clone(), Some(list_options()))];
+        if self.permits.is_none() {
+            then.push(record::put_if_granted(
+                &self.dir,
+                me.kind,
+                Some(me.rev),
+                put,
+                None,
+            ));
+        }
         let txn = Txn::new()
             .when([Compare::create_revision(
                 me.key.clone(),
                 CompareOp::Equal,
                 me.rev,
             )])
-            .and_then([
-                record::put(&self.core.config.prefix, &me.key, &record, me.lease),
-                TxnOp::get(self.dir.clone(), Some(list_options())),
-            ]);
+            .and_then(then);
         let r = self.core.txn(txn).await?;
         if !r.succeeded() {
             return Ok(None);
@@ -286,6 +294,7 @@ impl Actor {
         Ok(Some(Read {
             revision: r.header().map_or(0, |h| h.revision()),
             queue: listed(&self.dir, &r.op_responses()),
+            recorded: record::granted_in(&r.op_responses()),
             record,
         }))
     }

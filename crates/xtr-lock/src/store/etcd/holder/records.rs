@@ -8,7 +8,7 @@ use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 use super::{Actor, Meta};
 use crate::error::{LostReason, Result};
 use crate::meta::HolderRecord;
-use crate::store::etcd::queue::{self, Kind};
+use crate::store::etcd::queue::{self, Entry, Kind};
 use crate::store::etcd::record;
 use crate::store::{Acquired, Saved};
 
@@ -18,10 +18,31 @@ impl Actor {
         self.meta.as_ref().map(|m| m.to_vec())
     }
 
-    /// The record of the save under way, acquiring now (put with each read of its queue: the
-    /// read that grants leaves the grant's time).
+    /// The record of the save under way, acquiring now (put by the read that grants).
     pub(super) fn new_record(&self) -> HolderRecord {
         HolderRecord::new(self.meta_vec(), SystemTime::now())
+    }
+
+    /// Writes the record of a grant that the granting read did not (see
+    /// `record::put_if_granted`), with its token, if the key is still there. Best effort: the
+    /// lock is held either way; a record left pending shows the holder as waiting.
+    pub(super) async fn record_grant(&self, me: &Entry, record: &HolderRecord) {
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                me.key.clone(),
+                CompareOp::Equal,
+                me.rev,
+            )])
+            .and_then([record::put(
+                &self.core.config.prefix,
+                &me.key,
+                record,
+                me.lease,
+            )]);
+        if let Err(e) = self.core.txn(txn).await {
+            tracing::debug!(target: crate::logging::TARGET, resource = %self.resource,
+                error = %e, "cannot record a grant; holders() shows the holder waiting");
+        }
     }
 
     /// The value of a key of `kind` for the save under way: a reader's is `read`, a writer's

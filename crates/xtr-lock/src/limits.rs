@@ -22,3 +22,7 @@ pub(crate) fn positive_seconds(value: &str, max: Duration) -> Option<Duration> {
         _ => None,
     }
 }
+
+/// The largest holder metadata, in bytes. Stores keep it beside every lock, and `list` shows
+/// it for every holder: it names a holder, it is not a payload.
+pub const MAX_META: usize = 1024;

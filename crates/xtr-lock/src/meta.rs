@@ -7,26 +7,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
-
-/// The largest holder metadata, in bytes. Stores keep it beside every lock, and `list` shows
-/// it for every holder: it names a holder, it is not a payload.
-pub const MAX_META: usize = 1024;
-
-/// Checks a holder's metadata: at most [`MAX_META`] bytes.
-///
-/// # Errors
-///
-/// [`InvalidArgument`](crate::ErrorKind::InvalidArgument) naming the size and the cap.
-pub(crate) fn check_meta(meta: &[u8]) -> Result<()> {
-    if meta.len() > MAX_META {
-        return Err(Error::invalid_argument(format!(
-            "holder metadata is {} bytes, at most {MAX_META} are kept",
-            meta.len()
-        )));
-    }
-    Ok(())
-}
+#[cfg(test)]
+use crate::key::check_meta;
+pub use crate::limits::MAX_META;
 
 /// What a store keeps about one holder beside its lock: its metadata, when it acquired, and the
 /// fencing token of that acquisition where the store fences.
@@ -114,7 +97,7 @@ impl HolderRecord {
         };
         Some(HolderRecord {
             meta,
-            acquired_at: UNIX_EPOCH + Duration::from_millis(wire.at_ms),
+            acquired_at: UNIX_EPOCH.checked_add(Duration::from_millis(wire.at_ms))?,
             fencing_token: wire.fence,
         })
     }

@@ -43,8 +43,25 @@ pub async fn holders_carry_metadata(h: Harness) -> Outcome {
     if h.caps().fencing {
         assert_eq!(live[0].fencing_token, lock.fencing_token(), "{holders:?}");
     }
+    // A re-save replaces the metadata and keeps the acquisition time; a renewal keeps both.
+    let first_at = live[0].acquired_at;
+    lock.key().set_meta(Some(b"host=b".to_vec())).unwrap();
+    assert!(h.store.save(lock.key(), h.ttl).await.unwrap().is_acquired());
+    if let Some(ttl) = h.ttl {
+        lock.refresh(Some(ttl)).await.unwrap();
+    }
+    let holders = h.store.holders(&r).await.unwrap();
+    let live = holding(&holders);
+    assert_eq!(live[0].meta.as_deref(), Some(&b"host=b"[..]), "{holders:?}");
+    assert_eq!(live[0].acquired_at, first_at, "{holders:?}");
     assert!(lock.release().await.unwrap().was_held());
     assert!(holding(&h.store.holders(&r).await.unwrap()).is_empty());
+    // The record went with the lock: the next holder carries none.
+    let bare = h.lock(&r, h.ttl);
+    assert!(bare.try_acquire().await.unwrap());
+    let holders = h.store.holders(&r).await.unwrap();
+    assert_eq!(holding(&holders)[0].meta, None, "{holders:?}");
+    let _ = bare.release().await.unwrap();
 
     if h.caps().shared {
         let (a, b) = (h.lock(&r, h.ttl), h.lock(&r, h.ttl));
@@ -114,7 +131,8 @@ pub async fn list_lists_exactly_what_is_held(h: Harness) -> Outcome {
     // themselves.
     let odd = "l*?[x]%_\\";
     let stem = h.resource(if h.can_name(odd) { odd } else { "list" });
-    let prefix = format!("{stem}/");
+    // `:`, not `/`: a flock semaphore's name is part of its slot files' names.
+    let prefix = format!("{stem}:");
     let name = |n: &str| format!("{prefix}{n}");
     let a = h
         .lock(&name("a"), h.ttl)
@@ -157,7 +175,7 @@ pub async fn list_lists_exactly_what_is_held(h: Harness) -> Outcome {
     assert_eq!(listed[&name("b")].holders[0].mode, b_mode);
     if sem.is_some() {
         let ls = &listed[&name("s")];
-        assert!(ls.semaphore.is_some(), "{ls:?}");
+        assert!(matches!(ls.semaphore, Some(3 | 0)), "{ls:?}");
         assert_eq!(ls.holders[0].permits, Some(1), "{ls:?}");
     }
 
@@ -171,6 +189,15 @@ pub async fn list_lists_exactly_what_is_held(h: Harness) -> Outcome {
         let _ = s.release().await.unwrap();
     }
     assert!(h.store.list(&prefix).await.unwrap().is_empty());
+    if h.caps().expiring {
+        // An expired holder nobody pruned yet is not listed.
+        let ttl = h.time(Duration::from_millis(300));
+        let lapsing = h.lock(&name("lapsing"), Some(ttl)).with_keep_alive(false);
+        assert!(lapsing.try_acquire().await.unwrap());
+        h.sleep(ttl + h.time(Duration::from_millis(200))).await;
+        let listed = h.store.list(&prefix).await.unwrap();
+        assert!(listed.is_empty(), "an expired lock is listed: {listed:#?}");
+    }
     Outcome::Ran
 }
 
@@ -192,6 +219,12 @@ pub async fn observers_wake_on_acquire_and_release(h: Harness) -> Outcome {
     let Some(w) = h.store.watch_changes(&r).await.unwrap() else {
         return Outcome::NotApplicable("the store cannot notify observers (they poll)");
     };
+    let mut w = w;
+    let idle = tokio::time::timeout(Duration::from_millis(200), &mut w).await;
+    assert!(
+        idle.is_err(),
+        "an observer woken with nothing changed would spin"
+    );
     let lock = h.lock(&r, h.ttl);
     assert!(
         lock.try_acquire().await.unwrap(),

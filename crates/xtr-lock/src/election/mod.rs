@@ -3,21 +3,23 @@
 //! metadata, its term the acquisition's fencing token.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
 
 use tokio::sync::watch;
 
 use crate::error::{Error, Result};
-use crate::lock::Lock;
 use crate::lock::factory::LockFactory;
 use crate::lock::lockable::{Lockable as _, Release};
-use crate::lock::lost::{KeepAlive, LockLost};
+use crate::lock::lost::LockLost;
 use crate::mutex::lock as locked;
 use crate::store::HolderInfo;
 
+mod candidate;
 mod observe;
+
+use candidate::Inner;
 
 pub use observe::Observer;
 
@@ -62,28 +64,6 @@ pub struct Election {
     inner: Arc<Inner>,
 }
 
-struct Inner {
-    factory: LockFactory,
-    name: String,
-    recampaign: AtomicBool,
-    leading: watch::Sender<bool>,
-    /// Bumped (under the state's mutex) by every campaign and resignation: a campaign or
-    /// re-campaign started before one installs nothing, and a waiting one gives up.
-    epoch: watch::Sender<u64>,
-    /// One campaign of this candidate at a time (a resignation does not wait for it).
-    turn: tokio::sync::Mutex<()>,
-    state: Mutex<State>,
-}
-
-#[derive(Default)]
-struct State {
-    lock: Option<Lock>,
-    keep: Option<KeepAlive>,
-    leadership: Option<Leadership>,
-    /// The task that watches the leadership for loss (and campaigns again after one).
-    monitor: Option<tokio::task::AbortHandle>,
-}
-
 /// This candidate's leadership, from [`Election::campaign`].
 #[derive(Clone)]
 pub struct Leadership {
@@ -103,7 +83,8 @@ impl Leadership {
         self.since
     }
 
-    /// Completes when this leadership is lost, with why; pending forever after a resignation.
+    /// Completes when this leadership is lost, with why; pending forever after a resignation
+    /// or once the candidate is dropped (see [`ended`](Leadership::ended)).
     ///
     /// # Cancel safety
     ///
@@ -117,6 +98,27 @@ impl Leadership {
                 }
                 if rx.changed().await.is_err() {
                     std::future::pending::<()>().await;
+                }
+            }
+        }
+    }
+
+    /// Completes when this leadership ends, whatever ended it: `Some(loss)` for a loss (as
+    /// [`lost`](Leadership::lost)), `None` for a resignation or the candidate dropped. For
+    /// work that must stop with the leadership, wherever it is ended from.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: a later call reports the same end.
+    pub fn ended(&self) -> impl Future<Output = Option<LockLost>> + Send + 'static {
+        let mut rx = self.lost.clone();
+        async move {
+            loop {
+                if let Some(lost) = rx.borrow_and_update().clone() {
+                    return Some(lost);
+                }
+                if rx.changed().await.is_err() {
+                    return rx.borrow().clone();
                 }
             }
         }
@@ -186,15 +188,7 @@ impl LockFactory {
     /// it).
     pub fn create_election(&self, name: impl Into<String>) -> Election {
         Election {
-            inner: Arc::new(Inner {
-                factory: self.clone(),
-                name: name.into(),
-                recampaign: AtomicBool::new(false),
-                leading: watch::channel(false).0,
-                epoch: watch::channel(0).0,
-                turn: tokio::sync::Mutex::new(()),
-                state: Mutex::new(State::default()),
-            }),
+            inner: Arc::new(Inner::new(self.clone(), name.into())),
         }
     }
 }
@@ -232,10 +226,25 @@ impl Election {
     /// Cancel-safe: dropped while waiting, the candidate holds nothing and takes no place.
     pub async fn campaign(&self, value: impl Into<Vec<u8>>) -> Result<Leadership> {
         let value = value.into();
-        crate::meta::check_meta(&value).map_err(|e| e.with_resource(self.name()))?;
+        crate::key::check_meta(&value).map_err(|e| e.with_resource(self.name()))?;
+        if !self.inner.factory.store().capabilities().excludes {
+            return Err(Error::unsupported(
+                "an election needs a store that excludes: here every candidate would lead",
+            )
+            .with_resource(self.name())
+            .with_store(self.inner.factory.store()));
+        }
+        let resigned = self.inner.resigned.subscribe();
         let _turn = self.inner.turn.lock().await;
+        let given_up = || {
+            Error::conflict(self.name())
+                .with_reason("the candidate resigned while this campaign waited")
+        };
         let (epoch, mut bumped) = {
             let mut st = locked(&self.inner.state);
+            if resigned.has_changed().unwrap_or(true) {
+                return Err(given_up());
+            }
             if let (Some(lock), Some(leadership)) = (&st.lock, &st.leadership) {
                 if lock.key().meta().as_deref() == Some(&value[..]) {
                     return Ok(leadership.clone());
@@ -246,23 +255,14 @@ impl Election {
                 .with_resource(self.name()));
             }
             // A re-campaign under way gives way to this one.
-            if let Some(task) = st.monitor.take() {
-                task.abort();
-            }
+            let _ = st.end(&self.inner.leading);
             (self.inner.bump(), self.inner.epoch.subscribe())
         };
-        let lock = self
-            .inner
-            .factory
-            .create_lock(self.name())
-            .with_meta(value)?;
+        let lock = self.inner.new_lock(value)?;
         tokio::select! {
             acquired = lock.acquire() => acquired?,
             // Dropping the acquire leaves nothing held (the lock's cancel safety).
-            _ = bumped.changed() => {
-                return Err(Error::conflict(self.name())
-                    .with_reason("the candidate resigned while this campaign waited"));
-            }
+            _ = bumped.changed() => return Err(given_up()),
         }
         Inner::install(&self.inner, lock, epoch)
     }
@@ -275,18 +275,18 @@ impl Election {
     /// # Errors
     ///
     /// A store failure of the release (the lock then expires or goes with its session).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: the candidate stops leading at once, and a dropped release still releases
+    /// (on the holder's executor, to its end).
     pub async fn resign(&self) -> Result<Release> {
         let lock = {
             let mut st = locked(&self.inner.state);
             self.inner.bump();
-            if let Some(task) = st.monitor.take() {
-                task.abort();
-            }
-            st.keep = None;
-            st.leadership = None;
-            st.lock.take()
+            self.inner.resigned.send_modify(|r| *r += 1);
+            st.end(&self.inner.leading)
         };
-        self.inner.leading.send_replace(false);
         match lock {
             Some(lock) => lock.release().await,
             None => Ok(Release::NotHeld),
@@ -318,6 +318,10 @@ impl Election {
     /// # Errors
     ///
     /// A store failure; `Unsupported` on stores that cannot tell who holds a lock.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it only reads.
     pub async fn leader(&self) -> Result<Option<Leader>> {
         observe::leader_of(self.inner.factory.store().as_ref(), self.name()).await
     }
@@ -325,120 +329,6 @@ impl Election {
     /// Every change of leader from now on, starting with the current one (see [`Observer`]).
     pub fn observe(&self) -> Observer {
         Observer::new(self.inner.factory.store().clone(), self.name().to_owned())
-    }
-}
-
-impl Inner {
-    /// A new epoch (call with the state's mutex held): what was under way gives up.
-    fn bump(&self) -> u64 {
-        self.epoch.send_modify(|e| *e += 1);
-        *self.epoch.borrow()
-    }
-
-    /// Makes `lock`, just acquired by the campaign of `epoch`, this candidate's leadership,
-    /// unless a resignation or another campaign came since (then it lets it go).
-    fn install(this: &Arc<Inner>, lock: Lock, epoch: u64) -> Result<Leadership> {
-        let keep = match lock.keep_alive() {
-            Ok(keep) => keep,
-            Err(err) => {
-                lock.release_in_background();
-                return Err(err);
-            }
-        };
-        let (lost_tx, lost_rx) = watch::channel(None);
-        let leadership = Leadership {
-            term: lock.fencing_token(),
-            since: SystemTime::now(),
-            lost: lost_rx,
-        };
-        let mut st = locked(&this.state);
-        if *this.epoch.borrow() != epoch {
-            lock.release_in_background();
-            return Err(Error::conflict(this.name.clone())
-                .with_reason("a resignation or another campaign of this candidate came first"));
-        }
-        let watch_loss = keep.lost();
-        let weak = Arc::downgrade(this);
-        let monitor = tokio::spawn(async move {
-            let lost = watch_loss.await;
-            lost_tx.send_replace(Some(lost.clone()));
-            Inner::after_loss(weak, epoch, lost).await;
-        });
-        st.lock = Some(lock);
-        st.keep = Some(keep);
-        st.leadership = Some(leadership.clone());
-        st.monitor = Some(monitor.abort_handle());
-        drop(st);
-        this.leading.send_replace(true);
-        Ok(leadership)
-    }
-
-    /// After the leadership of `epoch` was lost: stop leading, and campaign again if asked.
-    async fn after_loss(weak: Weak<Inner>, epoch: u64, lost: LockLost) {
-        let Some(this) = weak.upgrade() else { return };
-        let (value, factory, name) = {
-            let mut st = locked(&this.state);
-            if *this.epoch.borrow() != epoch {
-                return;
-            }
-            st.keep = None;
-            st.leadership = None;
-            let value = st.lock.take().and_then(|l| {
-                l.release_in_background();
-                l.key().meta()
-            });
-            (value, this.factory.clone(), this.name.clone())
-        };
-        this.leading.send_replace(false);
-        tracing::warn!(target: crate::logging::TARGET, election = %name, reason = %lost.reason,
-            "leadership lost");
-        if !this.recampaign.load(Ordering::Relaxed) {
-            return;
-        }
-        drop(this);
-        let value = value.map(|v| v.to_vec()).unwrap_or_default();
-        let mut backoff = Duration::from_millis(100);
-        loop {
-            let lock = match factory.create_lock(&name).with_meta(value.clone()) {
-                Ok(lock) => lock,
-                Err(_) => return,
-            };
-            match lock.acquire().await {
-                Ok(()) => {
-                    let Some(this) = weak.upgrade() else {
-                        lock.release_in_background();
-                        return;
-                    };
-                    // The monitor of the new leadership takes over; this task ends.
-                    let _ = Inner::install(&this, lock, epoch);
-                    return;
-                }
-                Err(err) => {
-                    tracing::warn!(target: crate::logging::TARGET, election = %name,
-                        error = %err, "campaigning again failed; retrying");
-                    if weak.strong_count() == 0 {
-                        return;
-                    }
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(10));
-                }
-            }
-        }
-    }
-}
-
-impl Drop for Inner {
-    fn drop(&mut self) {
-        let st = match self.state.get_mut() {
-            Ok(st) => st,
-            Err(poisoned) => poisoned.into_inner(),
-        };
-        if let Some(task) = st.monitor.take() {
-            task.abort();
-        }
-        if let Some(lock) = st.lock.take() {
-            lock.release_in_background();
-        }
     }
 }
 

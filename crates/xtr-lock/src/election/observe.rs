@@ -41,7 +41,13 @@ pub struct Observer {
     poll: Duration,
     /// The last answer: `None` before the first.
     last: Option<Option<Leader>>,
+    /// Failed calls in a row: the next call first waits (so a failing store is not hammered
+    /// by a caller that logs and goes on).
+    failures: u32,
 }
+
+/// The shortest wait between two looks (a lease reported as just ending must not spin).
+const FLOOR: Duration = Duration::from_millis(50);
 
 impl Observer {
     pub(super) fn new(store: Arc<dyn Store>, name: String) -> Self {
@@ -50,13 +56,14 @@ impl Observer {
             name,
             poll: DEFAULT_POLL,
             last: None,
+            failures: 0,
         }
     }
 
-    /// Looks every `poll` where the store cannot notify (at least 10 ms).
+    /// Looks every `poll` where the store cannot notify (at least 50 ms).
     #[must_use]
     pub fn with_poll(mut self, poll: Duration) -> Self {
-        self.poll = poll.max(Duration::from_millis(10));
+        self.poll = poll.max(FLOOR);
         self
     }
 
@@ -66,13 +73,30 @@ impl Observer {
     ///
     /// # Errors
     ///
-    /// A store failure (the next call tries again); `Unsupported` on stores that cannot tell
-    /// who holds a lock.
+    /// A store failure (the next call tries again, after a pause that doubles with each failure
+    /// in a row, up to 10 s); `Unsupported` on stores that cannot tell who holds a lock.
     ///
     /// # Cancel safety
     ///
     /// Cancel-safe: a dropped call loses nothing (the next one compares with the last answer).
     pub async fn next(&mut self) -> Result<Option<Leader>> {
+        if self.failures > 0 {
+            let backoff = self.poll * 2u32.saturating_pow(self.failures.min(6) - 1);
+            tokio::time::sleep(backoff.min(Duration::from_secs(10))).await;
+        }
+        match self.changed().await {
+            Ok(now) => {
+                self.failures = 0;
+                Ok(now)
+            }
+            Err(err) => {
+                self.failures = self.failures.saturating_add(1);
+                Err(err)
+            }
+        }
+    }
+
+    async fn changed(&mut self) -> Result<Option<Leader>> {
         loop {
             // Registered before looking, so a change right after the look wakes it.
             let watcher = self.store.watch_changes(&self.name).await?;
@@ -92,7 +116,7 @@ impl Observer {
             let expiry = now
                 .as_ref()
                 .and_then(|l| l.remaining)
-                .map(|d| d + Duration::from_millis(5));
+                .map(|d| (d + Duration::from_millis(5)).max(FLOOR));
             match watcher {
                 Some(w) if w.sees_every_release() => match expiry {
                     Some(d) => {

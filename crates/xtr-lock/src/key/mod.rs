@@ -173,7 +173,7 @@ impl Key {
     /// [`MAX_META`](crate::MAX_META) bytes.
     pub fn set_meta(&self, meta: Option<Vec<u8>>) -> crate::Result<()> {
         if let Some(m) = &meta {
-            crate::meta::check_meta(m).map_err(|e| e.with_resource(self.resource()))?;
+            check_meta(m).map_err(|e| e.with_resource(self.resource()))?;
         }
         self.state().meta = meta.map(Arc::from);
         Ok(())
@@ -396,6 +396,22 @@ pub(crate) fn token_id(token: &str) -> String {
 pub(crate) fn later(now: std::time::Instant, d: Duration) -> std::time::Instant {
     now.checked_add(d.min(crate::limits::MAX_DURATION))
         .unwrap_or(now)
+}
+
+/// Checks a holder's metadata: at most [`MAX_META`](crate::MAX_META) bytes.
+///
+/// # Errors
+///
+/// [`InvalidArgument`](crate::ErrorKind::InvalidArgument) naming the size and the cap.
+pub(crate) fn check_meta(meta: &[u8]) -> crate::Result<()> {
+    if meta.len() > crate::limits::MAX_META {
+        return Err(crate::Error::invalid_argument(format!(
+            "holder metadata is {} bytes, at most {} are kept",
+            meta.len(),
+            crate::limits::MAX_META
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -93,7 +93,7 @@ impl Key {
                     .map_err(|_| {
                         Error::invalid_argument("malformed serialized key: meta is not base64")
                     })?;
-                crate::meta::check_meta(&bytes)?;
+                super::check_meta(&bytes)?;
                 Some(Arc::from(bytes))
             }
             None => None,

@@ -157,3 +157,107 @@ async fn a_resignation_ends_a_waiting_campaign_of_the_same_candidate() {
         "the given-up campaign holds nothing"
     );
 }
+
+/// Review finding: dropping the last clone left `is_leader` true and the leadership's end
+/// unreported.
+#[tokio::test]
+async fn dropping_a_leader_ends_its_leadership_for_every_watcher() {
+    let f = factory();
+    let (a, b) = (f.create_election("d1"), f.create_election("d1"));
+    let leading = a.campaign("a").await.unwrap();
+    let rx = a.is_leader();
+    drop(a);
+    let _ = tokio::time::timeout(Duration::from_secs(10), b.campaign("b"))
+        .await
+        .expect("b leads")
+        .unwrap();
+    assert!(
+        !*rx.borrow(),
+        "the dropped candidate's is_leader turned false"
+    );
+    let ended = tokio::time::timeout(Duration::from_secs(10), leading.ended()).await;
+    assert!(
+        ended.expect("the end is reported").is_none(),
+        "an end, not a loss"
+    );
+}
+
+/// Review finding: a campaign queued behind another campaign of the same candidate led after
+/// `resign()` had returned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resignation_ends_campaigns_queued_behind_another() {
+    let f = factory();
+    let (a, other) = (f.create_election("d2"), f.create_election("d2"));
+    let _ = other.campaign("o").await.unwrap();
+    let (a1, a2) = (a.clone(), a.clone());
+    let t1 = tokio::spawn(async move { a1.campaign("a").await });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let t2 = tokio::spawn(async move { a2.campaign("a").await });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(a.resign().await.unwrap(), Release::NotHeld);
+    assert!(t1.await.unwrap().is_err(), "the waiting campaign gave up");
+    let _ = other.resign().await.unwrap();
+    assert!(t2.await.unwrap().is_err(), "so did the queued one");
+    assert!(!*a.is_leader().borrow() && a.leader().await.unwrap().is_none());
+}
+
+/// Review finding: on a store that locks nothing every candidate led; an observer on a store
+/// that fails at once answered errors in a hot loop.
+#[tokio::test]
+async fn no_election_without_exclusion_and_failing_observers_back_off() {
+    use futures_util::StreamExt as _;
+    let f = LockFactory::new(xtr_lock::NullStore::new());
+    let e = f.create_election("d3");
+    let err = e.campaign("a").await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
+    let mut stream = Box::pin(e.observe().into_stream());
+    let start = std::time::Instant::now();
+    let mut errors = 0;
+    while start.elapsed() < Duration::from_millis(300) {
+        assert!(stream.next().await.unwrap().is_err());
+        errors += 1;
+    }
+    assert!(
+        errors <= 3,
+        "{errors} errors in 300 ms: the observer does not back off"
+    );
+}
+
+/// Review finding: right after `lost()` the candidate still showed the lost leadership.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_candidate_told_of_its_loss_no_longer_shows_it() {
+    let store = InMemoryStore::new();
+    let f = LockFactory::new(store.clone());
+    for i in 0..100 {
+        let e = f
+            .create_election(format!("d4-{i}"))
+            .with_recampaign(i % 2 == 0);
+        let first = e.campaign("a").await.unwrap();
+        assert!(store.delete(&e.leading_key().unwrap()).await.unwrap());
+        let _ = first.lost().await;
+        assert!(
+            e.leadership().is_none_or(|l| l.lost_now().is_none()),
+            "round {i}: the lost leadership is still current"
+        );
+        let _ = e.resign().await;
+    }
+}
+
+/// Review finding: `is_leader` could stay true after a campaign and a resignation raced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn is_leader_agrees_with_the_leadership_after_races() {
+    let f = factory();
+    for i in 0..1000 {
+        let e = f.create_election(format!("d5-{i}"));
+        let (e2, e3) = (e.clone(), e.clone());
+        let c = tokio::spawn(async move { e2.campaign("a").await.is_ok() });
+        let r = tokio::spawn(async move { e3.resign().await.unwrap() });
+        let _ = (c.await.unwrap(), r.await.unwrap());
+        assert_eq!(
+            *e.is_leader().borrow(),
+            e.leadership().is_some(),
+            "round {i}"
+        );
+        let _ = e.resign().await;
+    }
+}

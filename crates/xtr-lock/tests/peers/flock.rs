@@ -58,7 +58,7 @@ async fn flock_1_sees_our_modes() {
 
 /// `flock -o -x FILE sleep 60` in its own process group: the flock process holds the lock (-o:
 /// its child does not inherit the descriptor).
-struct FlockHolder(Child);
+pub(super) struct FlockHolder(Child);
 
 impl FlockHolder {
     fn spawn(file: &Path, mode: &str) -> FlockHolder {
@@ -77,7 +77,7 @@ impl FlockHolder {
 
     /// flock(1) holding `resource`'s file of `store` in `mode` (`-x`, `-s`), once the kernel
     /// lists it.
-    async fn holding(store: &FlockStore, resource: &str, mode: &str) -> FlockHolder {
+    pub(super) async fn holding(store: &FlockStore, resource: &str, mode: &str) -> FlockHolder {
         let file = store.path_for(resource);
         fs::File::create(&file).unwrap();
         let child = FlockHolder::spawn(&file, mode);
@@ -85,7 +85,7 @@ impl FlockHolder {
         child
     }
 
-    fn id(&self) -> u32 {
+    pub(super) fn id(&self) -> u32 {
         self.0.id()
     }
 

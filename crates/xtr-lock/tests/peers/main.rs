@@ -8,6 +8,7 @@ mod support;
 
 mod advisory;
 mod flock;
+mod flock_listing;
 mod flock_semaphore;
 mod pubsub;
 mod pubsub_faults;

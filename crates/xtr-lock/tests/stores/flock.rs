@@ -325,8 +325,17 @@ async fn odd_resource_names_get_safe_file_names_inside_the_directory() {
         store.path_for("reports:nightly").file_name().unwrap(),
         "xtr.reports-nightly.4JXv6FB.lock"
     );
-    let entries = fs::read_dir(tmp.path()).unwrap().count();
+    // Besides the lock files: the holders' records' directory, empty once they let go.
+    let entries = fs::read_dir(tmp.path())
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().file_name() != ".xtr-holders")
+        .count();
     assert_eq!(entries, names.len(), "one file per resource, nothing else");
+    // Record files are kept for reuse, marked free (`-`) before their lock goes.
+    for record in fs::read_dir(tmp.path().join(".xtr-holders")).unwrap() {
+        let text = fs::read(record.unwrap().path()).unwrap();
+        assert!(text.starts_with(b"-"), "no record outlives its lock");
+    }
 }
 
 #[tokio::test]

@@ -19,6 +19,7 @@ mod flock_loss;
 mod flock_semaphore;
 mod getlock;
 mod memcached;
+mod memcached_records;
 mod memcached_semaphore;
 mod pubsub;
 mod pubsub_liveness;

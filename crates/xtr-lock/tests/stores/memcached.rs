@@ -11,6 +11,14 @@ use xtr_lock_testkit::memcached::MemcachedServer;
 
 use crate::support::symfony_sql::Holder;
 
+/// A Symfony `MemcachedStore` trying `resource` once is refused (the lock is held).
+pub(super) async fn php_is_refused(server: &MemcachedServer, resource: &str) {
+    let args = ["--try", "--ttl=30"];
+    let mut busy = Holder::start_on(&server.url(), resource, "write", 0.0, &args);
+    busy.until("BUSY").await;
+    assert_eq!(busy.exit_code().await, 1);
+}
+
 fn rust(server: &MemcachedServer) -> LockFactory {
     LockFactory::new(MemcachedStore::from_dsn(&server.url()).unwrap())
         .with_ttl(Some(Duration::from_secs(30)))
@@ -54,15 +62,7 @@ async fn a_rust_holder_excludes_php_and_a_php_waiter_gets_it_after_the_rust_rele
     let resource = "invoice:rust-holds";
     let lock = rust(&server).create_lock(resource);
     assert!(lock.try_acquire().await.unwrap());
-    let mut busy = Holder::start_on(
-        &server.url(),
-        resource,
-        "write",
-        0.0,
-        &["--try", "--ttl=30"],
-    );
-    busy.until("BUSY").await;
-    assert_eq!(busy.exit_code().await, 1);
+    php_is_refused(&server, resource).await;
     // Symfony's MemcachedStore has no blocking wait: the holder script polls every 100 ms.
     let mut waiter = Holder::start_on(
         &server.url(),

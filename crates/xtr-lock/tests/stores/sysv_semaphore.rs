@@ -2,7 +2,6 @@
 //! holder process's permits back at once (`SEM_UNDO`), the stored limit, waking, dropped waits,
 //! `ipcrm`. Every test uses its own names and removes its set at the end.
 
-use std::io::{BufRead as _, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -10,7 +9,7 @@ use rand::Rng as _;
 use xtr_lock::store::counting_semaphore_key;
 use xtr_lock::{ErrorKind, LockFactory, Lockable as _, Release, Semaphore, SemaphoreStore};
 
-use crate::support::root;
+use crate::support::{holder_process, root};
 
 /// A semaphore name no other test (or earlier run) uses; its set is removed when dropped.
 struct Name(String);
@@ -157,21 +156,10 @@ async fn sysv_counting_holder_process() {
 #[tokio::test]
 async fn sysv_counting_a_killed_holder_process_gives_its_permits_back_at_once() {
     let name = Name::new("kill");
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "sysv_semaphore::sysv_counting_holder_process",
-            "--exact",
-            "--ignored",
-            "--nocapture",
-        ])
-        .env("XTR_SYSV_HOLD", &name.0)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    assert!(
-        lines.any(|l| l.is_ok_and(|l| l == "held")),
-        "the holder process never held"
+    let mut child = holder_process::start(
+        "sysv_semaphore::sysv_counting_holder_process",
+        "XTR_SYSV_HOLD",
+        &name.0,
     );
     let mine = sem(&name, 2, 1);
     assert!(!mine.try_acquire().await.unwrap(), "it holds both");

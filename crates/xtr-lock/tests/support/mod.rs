@@ -8,6 +8,7 @@
 
 #![allow(dead_code)]
 
+pub(crate) mod holder_process;
 pub(crate) mod on_redis;
 pub(crate) mod peer;
 pub(crate) mod portalocker;

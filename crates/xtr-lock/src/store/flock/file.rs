@@ -9,9 +9,11 @@ use rustix::fs::{FlockOperation, Mode as FileMode, OFlags};
 use rustix::io::Errno;
 
 use super::dir::shown;
+use super::records::Written;
 use super::wake::Hub;
 use crate::error::{Error, LostReason, Result};
-use crate::key::Mode;
+use crate::key::{Key, Mode};
+use crate::meta::HolderRecord;
 use crate::mutex::lock;
 use crate::store::Holding;
 
@@ -55,6 +57,8 @@ pub(super) struct HeldFile {
     pub(super) mode: Option<Mode>,
     /// The file held was found replaced (and let go of); said until the holder locks again.
     replaced: bool,
+    /// The holder's record ([`records`](super::records)), while it holds.
+    record: Option<Written>,
     hub: Arc<Hub>,
 }
 
@@ -68,8 +72,21 @@ impl HeldFile {
             fd: None,
             mode: None,
             replaced: false,
+            record: None,
             hub,
         }
+    }
+
+    /// Writes (or, on a re-save, rewrites) the holder's record once it holds: best effort, a
+    /// holder whose record cannot be written holds all the same.
+    pub(super) fn keep_record(&mut self, key: &Key) {
+        let Some((_, Some(id))) = &self.fd else {
+            return;
+        };
+        let ino = id.ino;
+        let old = self.record.take();
+        let record = |at| HolderRecord::new(key.meta().map(|m| m.to_vec()), at);
+        self.record = self.hub.records().write(old, ino, record, key.resource());
     }
 
     /// The open descriptor, if any.
@@ -218,6 +235,9 @@ impl HeldFile {
     /// held for a moment (no other of our clients could try it meanwhile), keeping the
     /// descriptor for the next attempt, so no close event wakes the other waiters.
     pub(super) fn unlock_quietly(&mut self) {
+        if let Some(record) = self.record.take() {
+            self.hub.records().release(record);
+        }
         if self.mode.take().is_some()
             && let Some((fd, _)) = &self.fd
         {
@@ -233,6 +253,10 @@ impl HeldFile {
     /// Unlocks (also covering descriptors a child inherited) and closes; wakes local waiters.
     /// Returns whether a lock was held.
     pub(super) fn close(&mut self) -> bool {
+        // Before the lock goes, so a record never outlives it.
+        if let Some(record) = self.record.take() {
+            self.hub.records().release(record);
+        }
         let held = self.mode.take().is_some();
         if let Some((fd, _)) = self.fd.take() {
             if held {

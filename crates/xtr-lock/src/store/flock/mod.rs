@@ -20,14 +20,15 @@ pub(crate) mod config;
 mod dir;
 mod file;
 mod limit;
+mod listing;
 mod loss;
 mod name;
 mod proc_locks;
+mod records;
 mod semaphore;
 mod wake;
 
 use crate::mutex::lock;
-use dir::shown;
 use file::{Attempt, FileHandle, HeldFile, holding_of};
 use wake::Hub;
 
@@ -253,8 +254,17 @@ impl FlockStore {
         let attempt = {
             let mut slot = self.held(&handle, key);
             let held = slot.as_mut().expect("made by held()");
-            held.try_lock(&self.inner.dir, mode, keep_fd)
-                .map_err(|e| e.with_resource(key.resource()).with_store(self))?
+            let before = held.mode;
+            let attempt = held
+                .try_lock(&self.inner.dir, mode, keep_fd)
+                .map_err(|e| e.with_resource(key.resource()).with_store(self))?;
+            if matches!(attempt, Attempt::Locked) {
+                held.keep_record(key);
+                if before != Some(mode) {
+                    self.inner.hub.acquired(&held.name);
+                }
+            }
+            attempt
         };
         Ok(match attempt {
             Attempt::Locked => {
@@ -387,8 +397,8 @@ impl Store for FlockStore {
             observes_loss: true,
             leased: false,
             counting: true,
-            metadata: false,
-            lists: false,
+            metadata: true,
+            lists: true,
         }
     }
 
@@ -543,47 +553,25 @@ impl Store for FlockStore {
     }
 
     /// The processes holding the file and their modes, from a consistent read of `/proc/locks`
-    /// (a temporary error when the kernel's lock table changed during every read).
+    /// (a temporary error when the kernel's lock table changed during every read), with the
+    /// metadata and acquisition time of ours (their records).
     async fn holders(&self, resource: &str) -> Result<Vec<HolderInfo>> {
-        let path = self.path_for(resource);
-        let meta = match std::fs::symlink_metadata(&path) {
-            Ok(meta) => meta,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => {
-                return Err(
-                    Error::storage(format!("cannot stat lock file {}: {e}", shown(&path)))
-                        .with_resource(resource)
-                        .with_store(self)
-                        .with_source(e),
-                );
-            }
-        };
-        let locks = proc_locks::snapshot()
-            .await
-            .map_err(|e| {
-                Error::storage(format!("cannot read /proc/locks: {e}"))
-                    .with_resource(resource)
-                    .with_store(self)
-                    .with_source(e)
-            })?
-            .ok_or_else(|| {
-                Error::storage("the kernel's lock table (/proc/locks) changed during every read")
-                    .temporary()
-                    .with_resource(resource)
-                    .with_store(self)
-            })?;
-        use std::os::unix::fs::MetadataExt as _;
-        let dev = meta.dev();
-        let entries = proc_locks::granted(
-            &locks,
-            rustix::fs::major(dev),
-            rustix::fs::minor(dev),
-            meta.ino(),
-        );
-        Ok(entries
-            .into_iter()
-            .map(|e| HolderInfo::new(e.mode, e.pid, None))
-            .collect())
+        self.holders_of(resource).await
+    }
+
+    /// The held lock files of this store's prefix and the held semaphores, from the directory
+    /// and `/proc/locks`: `flock(1)`'s and the peers' holders too, with pids. A lock file whose
+    /// name does not tell its resource (a name longer than 50 characters, or with characters
+    /// outside `[A-Za-z0-9._-]`) is listed under its resource while one of our holders (its
+    /// record) names it, else under its file name.
+    async fn list(&self, prefix: &str) -> Result<Vec<super::Listing>> {
+        self.list_files(prefix).await
+    }
+
+    /// Wakes on acquisitions in this process and on releases by anyone (closes seen through
+    /// inotify); another process's acquisition is not seen, so observers also poll.
+    async fn watch_changes(&self, resource: &str) -> Result<Option<Watcher>> {
+        Ok(Some(self.changes_of(resource)))
     }
 }
 

@@ -25,6 +25,22 @@ pub(crate) enum Digest {
 /// - digest: standard base64 of SHA-256 of the whole resource, `/` → `_`, its first 7
 ///   characters ([`Digest::Short`]) or all 43 without the padding ([`Digest::Long`]).
 pub(crate) fn file_name(prefix: &str, resource: &str, digest: Digest) -> String {
+    let mut readable = folded(resource);
+    // ASCII only, so characters are bytes.
+    readable.truncate(READABLE_CHARS);
+    let sum = Sha256::digest(resource.as_bytes());
+    let encoded = base64::engine::general_purpose::STANDARD.encode(sum);
+    let chars = match digest {
+        Digest::Short => 7,
+        Digest::Long => 43,
+    };
+    let digest = encoded[..chars].replace('/', "_");
+    format!("{prefix}{readable}.{digest}.lock")
+}
+
+/// The readable part of a name: every maximal run of code points outside `[A-Za-z0-9._-]`
+/// becomes one `-` (the whole of it: the caller cuts).
+pub(crate) fn folded(resource: &str) -> String {
     let mut readable = String::with_capacity(resource.len().min(64));
     let mut in_run = false;
     for c in resource.chars() {
@@ -36,16 +52,16 @@ pub(crate) fn file_name(prefix: &str, resource: &str, digest: Digest) -> String 
             in_run = true;
         }
     }
-    // ASCII only, so characters are bytes.
-    readable.truncate(READABLE_CHARS);
-    let sum = Sha256::digest(resource.as_bytes());
-    let encoded = base64::engine::general_purpose::STANDARD.encode(sum);
-    let chars = match digest {
-        Digest::Short => 7,
-        Digest::Long => 43,
-    };
-    let digest = encoded[..chars].replace('/', "_");
-    format!("{prefix}{readable}.{digest}.lock")
+    readable
+}
+
+/// Whether a lock file whose readable part is `readable` may be the file of a resource
+/// starting with `prefix` (the readable part of a resource starts with its prefix's, cut where
+/// file names cut it).
+pub(crate) fn may_start_with(readable: &str, prefix: &str) -> bool {
+    let mut want = folded(prefix);
+    want.truncate(READABLE_CHARS);
+    readable.starts_with(&want)
 }
 
 /// The most a semaphore's name may take of a file name (255 bytes, less `.999.lock`).

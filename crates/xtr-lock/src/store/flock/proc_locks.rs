@@ -6,6 +6,7 @@
 //! of locks changing nearby make that happen on most reads). [`snapshot`] reads until two
 //! whole reads in a row agree, which only an unchanged table gives.
 
+use std::collections::HashMap;
 use std::io::Read as _;
 
 use crate::key::Mode;
@@ -58,37 +59,45 @@ pub(crate) struct FlockEntry {
 /// The granted (not waiting) `FLOCK` entries of `text` (the contents of `/proc/locks`) for the
 /// file on device `major:minor` with inode `ino`.
 pub(crate) fn granted(text: &str, major: u32, minor: u32, ino: u64) -> Vec<FlockEntry> {
-    let mut out = Vec::new();
-    for line in text.lines() {
-        let mut fields = line.split_whitespace();
-        let _ordinal = fields.next();
-        let mut kind = fields.next();
-        if kind == Some("->") {
-            continue; // a waiter blocked in flock(2), not a holder
-        }
-        if kind.take() != Some("FLOCK") {
-            continue;
-        }
-        let _advisory = fields.next();
-        let mode = match fields.next() {
-            Some("WRITE") => Mode::Write,
-            Some("READ") => Mode::Read,
-            _ => continue,
-        };
-        let pid = fields.next().and_then(|p| p.parse::<u32>().ok());
-        let Some(id) = fields.next() else { continue };
-        let mut parts = id.split(':');
-        let (Some(maj), Some(min), Some(inode)) = (parts.next(), parts.next(), parts.next()) else {
-            continue;
-        };
-        let same = u32::from_str_radix(maj, 16).ok() == Some(major)
-            && u32::from_str_radix(min, 16).ok() == Some(minor)
-            && inode.parse::<u64>().ok() == Some(ino);
-        if same {
-            out.push(FlockEntry { pid, mode });
+    text.lines()
+        .filter_map(parse_line)
+        .filter(|(dev, i, _)| *dev == (major, minor) && *i == ino)
+        .map(|(_, _, e)| e)
+        .collect()
+}
+
+/// The granted `FLOCK` entries of `text` on device `major:minor`, by inode: one read of the
+/// table for a whole directory.
+pub(crate) fn by_inode(text: &str, major: u32, minor: u32) -> HashMap<u64, Vec<FlockEntry>> {
+    let mut out: HashMap<u64, Vec<FlockEntry>> = HashMap::new();
+    for (dev, ino, entry) in text.lines().filter_map(parse_line) {
+        if dev == (major, minor) {
+            out.entry(ino).or_default().push(entry);
         }
     }
     out
+}
+
+/// One line of the table: a granted `FLOCK` lock's device, inode and entry.
+fn parse_line(line: &str) -> Option<((u32, u32), u64, FlockEntry)> {
+    let mut fields = line.split_whitespace();
+    let _ordinal = fields.next();
+    // `->` marks a waiter blocked in flock(2), not a holder.
+    if fields.next()? != "FLOCK" {
+        return None;
+    }
+    let _advisory = fields.next();
+    let mode = match fields.next()? {
+        "WRITE" => Mode::Write,
+        "READ" => Mode::Read,
+        _ => return None,
+    };
+    let pid = fields.next().and_then(|p| p.parse::<u32>().ok());
+    let mut parts = fields.next()?.split(':');
+    let major = u32::from_str_radix(parts.next()?, 16).ok()?;
+    let minor = u32::from_str_radix(parts.next()?, 16).ok()?;
+    let ino = parts.next()?.parse::<u64>().ok()?;
+    Some(((major, minor), ino, FlockEntry { pid, mode }))
 }
 
 #[cfg(test)]
@@ -121,5 +130,9 @@ mod tests {
             ]
         );
         assert!(granted("garbage\n\n1:\n", 0xfe, 0, 1234).is_empty());
+        let all = by_inode(text, 0xfe, 0);
+        assert_eq!(all[&1234], got);
+        assert_eq!(all[&1235].len(), 1);
+        assert_eq!(all.len(), 2, "{all:?}");
     }
 }

@@ -3,19 +3,20 @@
 //! directory, a permit being an exclusive `flock` on one of them, plus our clients' limit in
 //! `{name}.limit` ([`LimitFile`]). See `docs/semaphores.md`.
 
-use std::collections::BTreeMap;
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex, Weak};
 
 use super::file::HeldFile;
 use super::limit::LimitFile;
+use super::listing::slot_holders;
 use super::name::{MAX_SEMAPHORE_NAME, semaphore_channel, slot_name};
+use super::proc_locks::FlockEntry;
 use super::{FlockStore, loss, proc_locks};
 use crate::error::{Error, LostReason, Result};
 use crate::key::{Key, Mode};
 use crate::mutex::lock;
 use crate::permits::Permits;
-use crate::store::{Acquired, Conflict, HolderInfo, Holding, LossWatcher, Saved, Usage, Watcher};
+use crate::store::{Acquired, Conflict, Holding, LossWatcher, Saved, Usage, Watcher};
 
 /// What a semaphore's holder keeps on its key: the slot files it holds.
 #[derive(Default)]
@@ -96,6 +97,10 @@ impl FlockStore {
         {
             let mut slots = lock(&handle);
             if !slots.files.is_empty() && slots.holding(&self.inner.dir)?.is_held() {
+                // A re-save replaces the metadata, keeping when it acquired.
+                if let Some(first) = slots.files.first_mut() {
+                    first.keep_record(key);
+                }
                 return Ok(Saved::Acquired(Acquired::new()));
             }
         }
@@ -122,14 +127,19 @@ impl FlockStore {
         if !taken {
             return Ok(Saved::Conflict(Conflict::new()));
         }
-        let held = std::mem::take(&mut sweep.0)
+        let mut held: Vec<HeldFile> = std::mem::take(&mut sweep.0)
             .into_iter()
             .filter(HeldFile::is_locked)
             .collect();
+        // One record per holder, on its first slot.
+        if let Some(first) = held.first_mut() {
+            first.keep_record(key);
+        }
         *lock(&handle) = Slots {
             files: held,
             replaced: false,
         };
+        self.inner.hub.acquired(&semaphore_channel(name));
         key.mark_unserializable();
         Ok(Saved::Acquired(Acquired::new()))
     }
@@ -191,7 +201,7 @@ impl FlockStore {
 
     /// The slots among `0..upto` that someone holds, with who (a consistent read of
     /// `/proc/locks`).
-    async fn held_slots(&self, name: &str, upto: u32) -> Result<Vec<proc_locks::FlockEntry>> {
+    async fn held_slots(&self, name: &str, upto: u32) -> Result<Vec<(u64, FlockEntry)>> {
         use std::os::unix::fs::MetadataExt as _;
         let mut files = Vec::new();
         for number in 0..upto {
@@ -223,6 +233,7 @@ impl FlockStore {
                     .into_iter()
                     .filter(|e| e.mode == Mode::Write)
                     .take(1)
+                    .map(move |e| (ino, e))
             })
             .collect())
     }
@@ -236,18 +247,13 @@ impl FlockStore {
             .map_err(|e| self.in_context(key, e))?;
         let upto = stored.unwrap_or(0).max(permits.limit());
         let held = self.held_slots(name, upto).await?;
-        let mut by_pid: BTreeMap<Option<u32>, u32> = BTreeMap::new();
-        for entry in &held {
-            *by_pid.entry(entry.pid).or_default() += 1;
-        }
+        let pids = held.iter().filter_map(|(_, e)| e.pid).collect();
+        let mut found = self.inner.hub.records().read(&pids, false);
         let used = u32::try_from(held.len()).unwrap_or(u32::MAX);
         Ok(Usage {
             used,
             limit: stored.filter(|_| used > 0),
-            holders: by_pid
-                .into_iter()
-                .map(|(pid, n)| HolderInfo::new(Mode::Write, pid, None).with_permits(n))
-                .collect(),
+            holders: slot_holders(&mut found, &held),
         })
     }
 

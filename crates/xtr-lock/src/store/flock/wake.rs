@@ -29,6 +29,7 @@ use rustix::fs::inotify::{self, ReadFlags, WatchFlags};
 use tokio::sync::watch;
 
 use super::name::slot_channel;
+use super::records::Sidecar;
 use crate::logging::TARGET;
 use crate::mutex::lock;
 use crate::store::channels::Channels;
@@ -36,6 +37,8 @@ use crate::store::channels::Channels;
 pub(crate) struct Hub {
     dir: PathBuf,
     files: Mutex<Files>,
+    /// The holders' records, beside the lock files.
+    records: Sidecar,
     /// The inotify instance, when this system has one for us.
     inotify: Option<Arc<OwnedFd>>,
 }
@@ -46,6 +49,9 @@ struct Files {
     releases: Channels,
     /// Per lock file, and per semaphore: holders watching names for a replacement.
     names: Channels,
+    /// Per lock file, and per semaphore: observers of acquisitions and releases (an
+    /// acquisition wakes them, not the waiters, whom it would only send back to wait).
+    changes: Channels,
     /// The watch descriptor and its mask while the directory is watched.
     watching: Option<(i32, WatchFlags)>,
     /// Live subscriptions to releases and to names.
@@ -118,6 +124,7 @@ impl Hub {
         let hub = Arc::new(Hub {
             dir: dir.to_path_buf(),
             files: Mutex::new(Files::default()),
+            records: Sidecar::new(dir),
             inotify: inotify.clone(),
         });
         if let Some(fd) = inotify {
@@ -151,10 +158,28 @@ impl Hub {
         lock(&self.files)
     }
 
+    /// The holders' records of this directory.
+    pub(crate) fn records(&self) -> &Sidecar {
+        &self.records
+    }
+
     /// Wakes on the next release of `name` (registered now).
     pub(crate) fn subscribe(self: &Arc<Self>, name: &str) -> Subscription {
+        self.subscribe_releases(name, false)
+    }
+
+    /// Wakes on the next acquisition in this process or release of `name`, for an observer
+    /// (registered now; it is no waiter).
+    pub(crate) fn subscribe_changes(self: &Arc<Self>, name: &str) -> Subscription {
+        self.subscribe_releases(name, true)
+    }
+
+    fn subscribe_releases(self: &Arc<Self>, name: &str, observer: bool) -> Subscription {
         let mut files = self.files();
-        let rx = files.releases.subscribe(name);
+        let rx = match observer {
+            true => files.changes.subscribe(name),
+            false => files.releases.subscribe(name),
+        };
         files.release_listeners += 1;
         self.need(&mut files, CLOSES);
         Subscription {
@@ -224,15 +249,23 @@ impl Hub {
         let mut files = self.files();
         files.releases.retain_listened();
         files.names.retain_listened();
+        files.changes.retain_listened();
     }
 
     /// Wakes the waiters of `name` (and of its semaphore, for a slot file).
     pub(crate) fn notify(&self, name: &str) {
         let mut files = self.files();
         files.releases.notify(name);
+        files.changes.notify(name);
         if let Some(channel) = slot_channel(name) {
             files.releases.notify(&channel);
+            files.changes.notify(&channel);
         }
+    }
+
+    /// Wakes the observers of `name` (a lock file or a semaphore's channel): taken here.
+    pub(crate) fn acquired(&self, name: &str) {
+        self.files().changes.notify(name);
     }
 
     fn name_changed(&self, name: &str) {
@@ -248,14 +281,17 @@ impl Hub {
         let files = self.files();
         files.releases.notify_all();
         files.names.notify_all();
+        files.changes.notify_all();
     }
 
-    /// The kernel dropped the watch (the directory went away).
-    fn forget_watch(&self, wd: i32) {
+    /// The kernel dropped watch `wd`: whether it was the current one (the directory went away).
+    fn forget_watch(&self, wd: i32) -> bool {
         let mut files = self.files();
-        if files.watching.is_some_and(|(w, _)| w == wd) {
+        let current = files.watching.is_some_and(|(w, _)| w == wd);
+        if current {
             files.watching = None;
         }
+        current
     }
 }
 
@@ -322,8 +358,11 @@ fn dispatch(hub: &Hub, event: &inotify::Event<'_>) {
         hub.notify_all();
     }
     if flags.contains(ReadFlags::IGNORED) {
-        hub.forget_watch(event.wd());
-        hub.notify_all();
+        // Only the current watch's end matters (the directory went): the end of one removed
+        // on purpose, or of the check made at start, would wake observers with nothing changed.
+        if hub.forget_watch(event.wd()) {
+            hub.notify_all();
+        }
         return;
     }
     let Some(name) = event.file_name().and_then(|n| n.to_str().ok()) else {

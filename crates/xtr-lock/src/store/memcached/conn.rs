@@ -1,6 +1,7 @@
 //! The few commands of Memcached's meta protocol the store needs, over a small pool of
 //! connections. A request that fails, times out or is dropped mid-flight takes its connection
-//! with it, so a connection back in the pool never has a reply left unread.
+//! with it, so a connection back in the pool never has a reply left unread but those of quiet
+//! commands, which it counts and reads before the next reply.
 
 use std::io;
 use std::pin::Pin;
@@ -28,6 +29,9 @@ impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
 /// One connection.
 pub(super) struct Conn {
     io: tokio::io::BufStream<Pin<Box<dyn Io>>>,
+    /// Batches of quiet commands sent without waiting ([`Conn::send_quiet`]), each ended by
+    /// an `mn` whose `MN` is still to be read.
+    pending: usize,
 }
 
 /// A lock entry as `mg` returns it.
@@ -81,6 +85,7 @@ impl Conn {
         };
         Ok(Conn {
             io: tokio::io::BufStream::new(io),
+            pending: 0,
         })
     }
 
@@ -94,7 +99,42 @@ impl Conn {
         self.io.flush().await
     }
 
+    /// Sends quiet meta commands (`commands`, whole lines) and an `mn`, without waiting: a
+    /// write, no round trip. What they answer (nothing when they succeed, being quiet; an error
+    /// line otherwise) is read and dropped before the next reply on this connection, up to the
+    /// `MN`. For what is best effort: the holders' records.
+    pub(super) async fn send_quiet(&mut self, commands: &[u8]) -> io::Result<()> {
+        self.io.write_all(commands).await?;
+        self.io.write_all(b"mn\r\n").await?;
+        self.io.flush().await?;
+        self.pending += 1;
+        Ok(())
+    }
+
     async fn line(&mut self) -> io::Result<String> {
+        while self.pending > 0 {
+            if self.raw_line().await? == b"MN" {
+                self.pending -= 1;
+            }
+        }
+        let buf = self.raw_line().await?;
+        let line = String::from_utf8(buf).map_err(|_| protocol("a reply line is not text"))?;
+        if line == "ERROR" {
+            return Err(protocol(
+                "the server does not know the meta protocol (memcached 1.6 or later is needed)",
+            ));
+        }
+        if let Some(msg) = line
+            .strip_prefix("CLIENT_ERROR ")
+            .or_else(|| line.strip_prefix("SERVER_ERROR "))
+        {
+            return Err(io::Error::other(format!("the server answered: {msg}")));
+        }
+        Ok(line)
+    }
+
+    /// One reply line, without its `\r\n`.
+    async fn raw_line(&mut self) -> io::Result<Vec<u8>> {
         let mut buf = Vec::new();
         let n = (&mut self.io)
             .take(MAX_LINE as u64)
@@ -110,19 +150,7 @@ impl Conn {
             return Err(protocol("a reply line too long or cut short"));
         }
         buf.truncate(buf.len() - 2);
-        let line = String::from_utf8(buf).map_err(|_| protocol("a reply line is not text"))?;
-        if line == "ERROR" {
-            return Err(protocol(
-                "the server does not know the meta protocol (memcached 1.6 or later is needed)",
-            ));
-        }
-        if let Some(msg) = line
-            .strip_prefix("CLIENT_ERROR ")
-            .or_else(|| line.strip_prefix("SERVER_ERROR "))
-        {
-            return Err(io::Error::other(format!("the server answered: {msg}")));
-        }
-        Ok(line)
+        Ok(buf)
     }
 
     /// The server's version (`version`).

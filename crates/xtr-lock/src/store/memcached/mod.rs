@@ -23,6 +23,7 @@ use crate::store::held::{Claim, Held};
 mod config;
 mod conn;
 mod ops;
+mod records;
 mod sem_ops;
 mod semaphore;
 
@@ -120,6 +121,8 @@ struct HolderState {
     unsent: Arc<AtomicBool>,
     /// Its entry among the store's holders, gone with the key.
     claim: std::sync::Mutex<Option<Claim>>,
+    /// When it acquired, while it holds (its record keeps it across re-saves).
+    acquired_at: std::sync::Mutex<Option<SystemTime>>,
 }
 
 /// How one request runs.
@@ -376,11 +379,16 @@ impl MemcachedStore {
     async fn acquire(&self, key: &Key, ttl: Option<Duration>) -> Result<Saved> {
         let name = self.name(key.resource())?;
         let (secs, state, token, how) = self.before_add(key, ttl)?;
+        let rec_key = records::lock_record(&name);
+        let record = self.record_to_set(key, &state, &rec_key, &token, secs);
         let attempt = self
             .run(key.resource(), how, move |mut c| {
-                let (name, token) = (name.clone(), token.clone());
+                let (name, token, record) = (name.clone(), token.clone(), record.clone());
                 async move {
                     let r = acquire_on(&mut c, &name, token.as_bytes(), secs).await;
+                    if matches!(r, Ok(Attempt::Acquired)) {
+                        records::queue(&mut c, &record).await;
+                    }
                     (c, r)
                 }
             })
@@ -398,6 +406,7 @@ impl MemcachedStore {
                 // release is found by polling.
                 // Refused: whatever this holder held here is gone.
                 self.inner.held.forget(key.resource(), &key.token(KIND));
+                *lock(&state.acquired_at) = None;
                 let here = self
                     .inner
                     .held
@@ -444,7 +453,7 @@ impl Store for MemcachedStore {
             observes_loss: false,
             leased: false,
             counting: true,
-            metadata: false,
+            metadata: true,
             lists: false,
         }
     }
@@ -485,11 +494,15 @@ impl Store for MemcachedStore {
         let name = self.name(key.resource())?;
         key.reduce_lifetime(Duration::from_secs(secs.saturating_sub(1)));
         let token = key.token(KIND);
+        let touch = records::touch(&records::lock_record(&name), secs);
         let found = self
             .run(key.resource(), self.keeping(key), move |mut c| {
-                let (name, token) = (name.clone(), token.clone());
+                let (name, token, touch) = (name.clone(), token.clone(), touch.clone());
                 async move {
                     let r = put_off_on(&mut c, &name, token.as_bytes(), secs).await;
+                    if matches!(r, Ok(Found::Ours)) {
+                        records::queue(&mut c, &touch).await;
+                    }
                     (c, r)
                 }
             })
@@ -501,6 +514,7 @@ impl Store for MemcachedStore {
             }
             lost => {
                 self.forget(key.resource(), &key.token(KIND));
+                *lock(&key.handle::<HolderState>(self.inner.owner).acquired_at) = None;
                 Ok(Holding::NotHeld(match lost {
                     Found::Other => LostReason::TakenOver,
                     _ if was_expired => LostReason::Expired,
@@ -521,6 +535,7 @@ impl Store for MemcachedStore {
         }
         let (name, token) = (key.resource().to_owned(), key.token(KIND));
         let state = key.handle::<HolderState>(self.inner.owner);
+        *lock(&state.acquired_at) = None;
         if state.unsent.load(Ordering::Acquire) {
             // Nothing of this holder ever reached the server.
             self.forget(&name, &token);
@@ -536,6 +551,10 @@ impl Store for MemcachedStore {
                 let (name, token) = (name.clone(), token.clone());
                 async move {
                     let r = delete_on(&mut c, &name, token.as_bytes()).await;
+                    if matches!(r, Ok(true)) {
+                        let record = records::delete(&records::lock_record(&name));
+                        records::queue(&mut c, &record).await;
+                    }
                     (c, r)
                 }
             })
@@ -590,29 +609,14 @@ impl Store for MemcachedStore {
         })
     }
 
-    /// The entry's holder (by its token's digest) and the seconds its entry has left.
+    /// The entry's holder (by its token's digest), the seconds its entry has left, and its
+    /// record (read with the entry, pipelined: one round trip).
     async fn holders(&self, resource: &str) -> Result<Vec<HolderInfo>> {
-        let name = self.name(resource)?;
-        let entry = self
-            .run(resource, self.plain(), move |mut c| {
-                let name = name.clone();
-                async move {
-                    let r = c.get(&name).await;
-                    (c, r)
-                }
-            })
-            .await?;
-        Ok(entry
-            .map(|e| {
-                let left = e.ttl.map(Duration::from_secs);
-                let info = HolderInfo::new(Mode::Write, None, left);
-                match std::str::from_utf8(&e.value) {
-                    Ok(token) => info.with_token(token),
-                    Err(_) => info,
-                }
-            })
-            .into_iter()
-            .collect())
+        self.holders_of(resource).await
+    }
+
+    fn why_not_listing(&self) -> String {
+        "Memcached cannot enumerate its keys".to_owned()
     }
 
     /// The stored limit and the slots held (one read of the limit, one pipelined read of the

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use super::records;
 use super::sem_ops::{self, Admit, MAX_NAME};
 use super::{HolderState, KIND, MemcachedStore, Run};
 use crate::error::{Error, LostReason, Result};
@@ -42,11 +43,16 @@ impl MemcachedStore {
     ) -> Result<Saved> {
         let name = self.sem_name(key.resource())?;
         let (secs, state, token, how) = self.before_add(key, ttl)?;
+        let rec_key = records::sem_record(&name, token.as_bytes());
+        let record = self.record_to_set(key, &state, &rec_key, &token, secs);
         let admitted = self
             .run(key.resource(), how, move |mut c| {
-                let (name, token) = (name.clone(), token.clone());
+                let (name, token, record) = (name.clone(), token.clone(), record.clone());
                 async move {
                     let r = sem_ops::admit_on(&mut c, &name, token.as_bytes(), permits, secs).await;
+                    if matches!(r, Ok(Admit::Taken)) {
+                        records::queue(&mut c, &record).await;
+                    }
                     (c, r)
                 }
             })
@@ -59,6 +65,7 @@ impl MemcachedStore {
             Admit::Full(left) => {
                 // Releases here wake the waiters; anyone else's are found by polling.
                 state.here.store(false, Ordering::Release);
+                *crate::mutex::lock(&state.acquired_at) = None;
                 let conflict = Conflict::new();
                 Ok(Saved::Conflict(match left {
                     Some(s) if s > 0 => conflict.with_retry_after(Duration::from_secs(s)),
@@ -93,12 +100,16 @@ impl MemcachedStore {
         let name = self.sem_name(key.resource())?;
         key.reduce_lifetime(Duration::from_secs(secs.saturating_sub(1)));
         let token = key.token(KIND);
+        let touch = records::touch(&records::sem_record(&name, token.as_bytes()), secs);
         let held = self
             .run(key.resource(), self.keeping(key), move |mut c| {
-                let (name, token) = (name.clone(), token.clone());
+                let (name, token, touch) = (name.clone(), token.clone(), touch.clone());
                 async move {
                     let r = sem_ops::put_off_sem_on(&mut c, &name, permits, token.as_bytes(), secs)
                         .await;
+                    if matches!(r, Ok(true)) {
+                        records::queue(&mut c, &touch).await;
+                    }
                     (c, r)
                 }
             })
@@ -107,6 +118,7 @@ impl MemcachedStore {
             check_expiry(self, key).await?;
             return Ok(Holding::Held(Mode::Write));
         }
+        *crate::mutex::lock(&key.handle::<HolderState>(self.inner.owner).acquired_at) = None;
         Ok(Holding::NotHeld(if was_expired {
             LostReason::Expired
         } else {
@@ -121,11 +133,9 @@ impl MemcachedStore {
         }
         let (name, token) = (key.resource().to_owned(), key.token(KIND));
         let wake = Self::sem_wake(&name);
-        if key
-            .handle::<HolderState>(self.inner.owner)
-            .unsent
-            .load(Ordering::Acquire)
-        {
+        let state = key.handle::<HolderState>(self.inner.owner);
+        *crate::mutex::lock(&state.acquired_at) = None;
+        if state.unsent.load(Ordering::Acquire) {
             return Ok(false);
         }
         let release = Run {
@@ -139,6 +149,10 @@ impl MemcachedStore {
                     let r =
                         sem_ops::delete_sem_on(&mut c, &name, permits.limit(), token.as_bytes())
                             .await;
+                    if r.is_ok() {
+                        let record = records::sem_record(&name, token.as_bytes());
+                        records::queue(&mut c, &records::delete(&record)).await;
+                    }
                     (c, r)
                 }
             })
@@ -191,11 +205,17 @@ impl MemcachedStore {
             slot.1 = slot.1.max(e.ttl);
         }
         let used = by.values().map(|v| v.0).sum();
+        let mut found = self
+            .sem_records(key.resource(), by.keys())
+            .await?
+            .into_iter();
         let holders = by
             .into_iter()
             .map(|(token, (n, left))| {
+                let record = found.next().flatten();
                 let info = HolderInfo::new(Mode::Write, None, left.map(Duration::from_secs))
-                    .with_permits(n);
+                    .with_permits(n)
+                    .with_record(records::read(record.as_ref(), &token));
                 match std::str::from_utf8(&token) {
                     Ok(t) => info.with_token(t),
                     Err(_) => info,

@@ -441,6 +441,12 @@ impl Store for SemaphoreStore {
         self.sem_usage(key)
     }
 
+    fn why_not_listing(&self) -> String {
+        "SysV semaphore sets are keyed by a hash of the name, so names cannot be enumerated \
+         (nor metadata kept)"
+            .to_owned()
+    }
+
     /// The holder of `resource`'s semaphore, with its process (the last process that changed
     /// the lock semaphore, which is the holder while it is held).
     async fn holders(&self, resource: &str) -> Result<Vec<HolderInfo>> {

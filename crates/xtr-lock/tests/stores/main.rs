@@ -11,6 +11,7 @@ mod bounded_calls;
 mod combined;
 mod combined_faults;
 mod etcd;
+mod etcd_elect;
 mod etcd_faults;
 mod etcd_semaphore;
 mod flock;

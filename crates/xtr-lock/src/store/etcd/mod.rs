@@ -7,10 +7,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::GetOptions;
-use futures_util::StreamExt as _;
 use tokio::sync::{mpsc, oneshot};
 
-use super::{Capabilities, HolderInfo, Holding, LossWatcher, Saved, Store};
+use super::{Capabilities, HolderInfo, Holding, Listing, LossWatcher, Saved, Store, Watcher};
 use crate::error::{Error, LostReason, Result};
 use crate::key::{Key, Mode};
 
@@ -18,8 +17,11 @@ mod clock;
 mod config;
 mod conn;
 mod holder;
+mod introspect;
 mod lease;
+mod listing;
 mod queue;
+mod record;
 mod semaphore;
 mod watch;
 
@@ -180,6 +182,15 @@ impl EtcdStore {
                     .with_store(&*self.core.shown)
             })?;
         }
+        if key.permits().is_none() {
+            record::refuse_reserved(key.resource()).map_err(|e| e.with_store(&*self.core.shown))?;
+            if mode == Mode::Write {
+                record::writer_value(key.meta().as_deref()).map_err(|e| {
+                    e.with_resource(key.resource())
+                        .with_store(&*self.core.shown)
+                })?;
+            }
+        }
         key.mark_unserializable();
         let handle = key.handle::<Handle>(self.core.owner);
         let tx = handle.task.sender(|| {
@@ -194,6 +205,7 @@ impl EtcdStore {
             mode,
             wait,
             ttl,
+            meta: key.meta(),
             reply,
         })
         .await
@@ -227,8 +239,8 @@ impl Store for EtcdStore {
             observes_loss: true,
             leased: true,
             counting: true,
-            metadata: false,
-            lists: false,
+            metadata: true,
+            lists: true,
         }
     }
 
@@ -293,102 +305,41 @@ impl Store for EtcdStore {
 
     /// The whole queue in order: holders first, then waiters ([`HolderInfo::waiting`]), each
     /// with its lease and the revision it queued at (`backend`: `lease 694d7a3b2c1f0a12, queued
-    /// at revision 42`, with the key's name when it is not in this library's layout) and the
-    /// lease's remaining ttl.
+    /// at revision 42`, with the key's name when it is not in this library's layout), the
+    /// lease's remaining ttl, and what its record says (metadata, when it acquired, its token;
+    /// a writer's metadata is its key's value, a peer's too). One transaction reads the queue
+    /// and the records.
     async fn holders(&self, resource: &str) -> Result<Vec<HolderInfo>> {
-        let dir = queue::dir(&self.core.config.prefix, resource);
-        let listed = self
-            .core
-            .get(&dir, GetOptions::new().with_prefix())
-            .await
-            .map_err(|e| e.with_resource(resource))?;
-        let entries = queue::entries(
-            &dir,
-            listed
-                .kvs()
-                .iter()
-                .map(|kv| (kv.key(), kv.value(), kv.create_revision(), kv.lease())),
-        );
-        let holding = queue::holding(&entries);
-        // Each lease's time left, 32 questions at a time.
-        let leases: Vec<i64> = entries.iter().map(|e| e.lease).collect();
-        let left: Vec<Option<Duration>> = futures_util::stream::iter(leases)
-            .map(|lease| self.lease_left(lease))
-            .buffered(32)
-            .collect()
-            .await;
-        let mut out = Vec::with_capacity(entries.len());
-        for ((entry, holds), remaining) in entries.iter().zip(holding).zip(left) {
-            let name = &entry.key[dir.len()..];
-            let ours = name.starts_with(b"r-")
-                || name.starts_with(b"w-")
-                || name == format!("{:x}", entry.lease).as_bytes();
-            let mode = match entry.kind {
-                queue::Kind::Reader => Mode::Read,
-                queue::Kind::Writer => Mode::Write,
-            };
-            let mut backend = format!("lease {:x}", entry.lease);
-            if !ours || entry.lease == 0 {
-                backend.push_str(&format!(", key {}", String::from_utf8_lossy(name)));
-            }
-            backend.push_str(&format!(", queued at revision {}", entry.rev));
-            let mut info = HolderInfo::new(mode, None, remaining).with_backend(backend);
-            if !holds {
-                info = info.queued();
-            }
-            out.push(info);
-        }
-        Ok(out)
+        self.lock_holders(resource).await
     }
 
-    /// The semaphore's queue read once: the permits of the keys at its front that fit in the
-    /// limit are held (each holder with its lease and remaining ttl); the limit is the first
-    /// key's (every key has it: a holder of another limit is refused).
+    /// The semaphore's queue read once (with its records): the permits of the keys at its
+    /// front that fit in the limit are held (each holder with its lease and remaining ttl);
+    /// the limit is the first key's (every key has it: a holder of another limit is refused).
     async fn usage(&self, key: &Key) -> Result<crate::Usage> {
         let Some(permits) = key.permits() else {
             return Err(self.unsupported(key, "usage of a lock's key"));
         };
-        let dir = semaphore::dir(&self.core.config.prefix, key.resource());
-        let listed = self
-            .core
-            .get(&dir, GetOptions::new().with_prefix())
+        self.semaphore_usage(key.resource(), permits.limit()).await
+    }
+
+    /// Every lock (ours and `etcdctl lock`/`elect`'s) and semaphore whose name starts with
+    /// `prefix` and that somebody holds, waiters included ([`HolderInfo::waiting`]): the keys
+    /// under `<prefix>` (and the semaphores' and records' namespaces) read in pages at one
+    /// revision.
+    async fn list(&self, prefix: &str) -> Result<Vec<Listing>> {
+        self.list_held(prefix).await
+    }
+
+    /// An etcd watch on the resource's directory, registered before this returns: wakes on
+    /// the next put or delete of a key in it (an acquisition, a release, a waiter queueing or
+    /// leaving, a value rewritten as by Go's `Proclaim`). Registers nothing in the queue.
+    async fn watch_changes(&self, resource: &str) -> Result<Option<Watcher>> {
+        let dir = queue::dir(&self.core.config.prefix, resource);
+        let watcher = watch::changes(&self.core, dir)
             .await
-            .map_err(|e| e.with_resource(key.resource()))?;
-        let entries = queue::entries(
-            &dir,
-            listed
-                .kvs()
-                .iter()
-                .map(|kv| (kv.key(), kv.value(), kv.create_revision(), kv.lease())),
-        );
-        let stored = entries.iter().find_map(|e| e.permits).map(|p| p.limit());
-        let limit = stored.unwrap_or(permits.limit());
-        let held: Vec<&queue::Entry> = entries
-            .iter()
-            .zip(semaphore::holding(&entries, limit))
-            .filter_map(|(e, holds)| holds.then_some(e))
-            .collect();
-        let leases: Vec<i64> = held.iter().map(|e| e.lease).collect();
-        let left: Vec<Option<Duration>> = futures_util::stream::iter(leases)
-            .map(|lease| self.lease_left(lease))
-            .buffered(32)
-            .collect()
-            .await;
-        let mut usage = crate::Usage {
-            limit: stored,
-            ..crate::Usage::default()
-        };
-        for (entry, remaining) in held.into_iter().zip(left) {
-            let count = semaphore::weight(entry, limit);
-            usage.used += count;
-            let backend = format!("lease {:x}, queued at revision {}", entry.lease, entry.rev);
-            usage.holders.push(
-                HolderInfo::new(Mode::Write, None, remaining)
-                    .with_backend(backend)
-                    .with_permits(count),
-            );
-        }
-        Ok(usage)
+            .map_err(|e| e.with_resource(resource))?;
+        Ok(Some(watcher))
     }
 
     /// The cluster's revision now: every later acquisition's key gets a greater one.
@@ -429,23 +380,6 @@ impl Store for EtcdStore {
             self.directory(resource),
             format!("{}{resource}", self.core.config.prefix)
         ))
-    }
-}
-
-impl EtcdStore {
-    /// What is left of `lease` (`None` when it is gone, or for a key without one).
-    async fn lease_left(&self, lease: i64) -> Option<Duration> {
-        if lease == 0 {
-            return None;
-        }
-        let ttl = self
-            .core
-            .call("lease time-to-live", |mut c| async move {
-                c.lease_time_to_live(lease, None).await
-            })
-            .await
-            .ok()?;
-        u64::try_from(ttl.ttl()).ok().map(Duration::from_secs)
     }
 }
 

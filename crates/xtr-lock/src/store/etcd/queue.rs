@@ -9,7 +9,8 @@
 //! - A holder's own keys never block it: every key on one of its leases is its own (it may
 //!   have two during a promotion, and a key whose delete has not landed yet).
 
-/// The value that makes a key a reader. A writer's value is empty, as `etcdctl lock` leaves it.
+/// The value that makes a key a reader. A writer's value is its holder's metadata: empty, as
+/// `etcdctl lock` leaves it, without.
 pub(super) const READER: &[u8] = b"read";
 
 /// A key's kind.
@@ -25,13 +26,6 @@ impl Kind {
             Kind::Reader
         } else {
             Kind::Writer
-        }
-    }
-
-    pub(super) fn value(self) -> &'static [u8] {
-        match self {
-            Kind::Reader => READER,
-            Kind::Writer => b"",
         }
     }
 }

@@ -30,6 +30,28 @@ pub(super) fn dir(prefix: &str, resource: &str) -> Vec<u8> {
     format!("{prefix}{NAMESPACE}{encoded}/").into_bytes()
 }
 
+/// The resource a semaphore's directory name encodes (as [`dir`] wrote it).
+pub(super) fn decode(encoded: &str) -> String {
+    let mut out = String::with_capacity(encoded.len());
+    let mut rest = encoded;
+    while let Some(at) = rest.find('%') {
+        out.push_str(&rest[..at]);
+        let code = rest.get(at..at + 3);
+        match code {
+            Some("%2F") => out.push('/'),
+            Some("%25") => out.push('%'),
+            _ => {
+                out.push('%');
+                rest = &rest[at + 1..];
+                continue;
+            }
+        }
+        rest = &rest[at + 3..];
+    }
+    out.push_str(rest);
+    out
+}
+
 /// The permits `entry` takes, counted for a holder whose limit is `limit`: a key that is not
 /// a holder of ours takes them all (it is never granted past).
 pub(super) fn weight(entry: &Entry, limit: u32) -> u32 {
@@ -39,8 +61,14 @@ pub(super) fn weight(entry: &Entry, limit: u32) -> u32 {
 /// One transaction: puts `key` (on `lease`, valued for `permits`) and reads the queue when the
 /// directory is empty or every key in it has the same limit; else only reads it. The limit
 /// is compared as the value's prefix: every value of limit `L` sorts strictly between
-/// `limit=L ` and `limit=L!`.
-pub(super) fn put(dir: &[u8], key: Vec<u8>, permits: Permits, lease: i64, list: GetOptions) -> Txn {
+/// `limit=L ` and `limit=L!`. `then`: how the queue is read, and the key's record, put with it.
+pub(super) fn put(
+    dir: &[u8],
+    key: Vec<u8>,
+    permits: Permits,
+    lease: i64,
+    (list, record): (GetOptions, TxnOp),
+) -> Txn {
     let put = TxnOp::put(
         key,
         value(permits),
@@ -54,12 +82,12 @@ pub(super) fn put(dir: &[u8], key: Vec<u8>, permits: Permits, lease: i64, list: 
                 .with_prefix(),
             Compare::value(dir.to_vec(), CompareOp::Less, format!("limit={limit}!")).with_prefix(),
         ])
-        .and_then([put.clone(), get.clone()])
+        .and_then([put.clone(), record.clone(), get.clone()])
         .or_else([get.clone()]);
     // A range compare on no key compares a key of create revision 0: true on an empty directory.
     Txn::new()
         .when([Compare::create_revision(dir.to_vec(), CompareOp::Equal, 0).with_prefix()])
-        .and_then([put, get])
+        .and_then([put, record, get])
         .or_else([TxnOp::txn(agreed)])
 }
 
@@ -163,6 +191,11 @@ mod tests {
     fn layout() {
         assert_eq!(dir("app/", "exports"), b"app/xtr-semaphore/exports/");
         assert_eq!(dir("", "a/b%c"), b"xtr-semaphore/a%2Fb%25c/");
+        for r in ["a/b%c", "a%2F", "%", "x%25/%2f", "plain"] {
+            let d = String::from_utf8(dir("", r)).unwrap();
+            let enc = d.trim_start_matches("xtr-semaphore/").trim_end_matches('/');
+            assert_eq!(decode(enc), r);
+        }
         assert_eq!(value(p(3, 2)), b"limit=3 permits=2");
         assert_eq!(parse(b"limit=3 permits=2"), Some(p(3, 2)));
         for bad in [

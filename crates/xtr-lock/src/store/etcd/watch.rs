@@ -10,6 +10,7 @@ use tokio::sync::mpsc;
 
 use super::conn::{Core, failure};
 use crate::error::{Error, Result};
+use crate::store::Watcher;
 
 /// Waits until `key` changes (deleted, or its value rewritten) at or after revision `from`.
 /// Also returns when etcd cancels the watch (the revision was compacted): the caller reads
@@ -39,6 +40,58 @@ pub(super) async fn changed(core: &Core, key: &[u8], from: i64) -> Result<()> {
             Err(e) => return Err(core.fail(failure("watch", e))),
         }
     }
+}
+
+/// An observer's watch on a lock's directory `dir`: registered (etcd answered that it is
+/// created) before this returns, so every change after it is seen; the watcher completes on
+/// the first put or delete of a key directly in `dir` (an acquisition, a release, a waiter
+/// queueing or leaving, a value rewritten), or when the watch breaks or is cancelled (the
+/// observer reads again either way). It puts nothing: it takes no place in the queue.
+///
+/// # Cancel safety
+///
+/// Cancel-safe: dropping it (or the watcher) closes the watch.
+pub(super) async fn changes(core: &Core, dir: Vec<u8>) -> Result<Watcher> {
+    let client = core.client().await?;
+    let options = WatchOptions::new().with_prefix();
+    let created = async {
+        let mut stream = client
+            .watch_client()
+            .watch(dir.clone(), Some(options))
+            .await
+            .map_err(|e| failure("watch", e))?;
+        match stream.message().await.map_err(|e| failure("watch", e))? {
+            Some(answer) if answer.created() && !answer.canceled() => Ok(stream),
+            _ => Err(Error::storage("etcd did not create the watch").temporary()),
+        }
+    };
+    let mut stream = tokio::time::timeout(core.config.request_timeout, created)
+        .await
+        .map_err(|_| {
+            Error::storage("etcd did not create the watch within the request timeout").temporary()
+        })?
+        .map_err(|e| core.fail(e))?;
+    Ok(Watcher::new(async move {
+        loop {
+            match stream.message().await {
+                Ok(Some(answer)) if !answer.canceled() => {
+                    let direct = |key: &[u8]| {
+                        key.strip_prefix(dir.as_slice())
+                            .is_some_and(|rest| !rest.is_empty() && !rest.contains(&b'/'))
+                    };
+                    if answer
+                        .events()
+                        .iter()
+                        .filter_map(|e| e.kv())
+                        .any(|kv| direct(kv.key()))
+                    {
+                        return;
+                    }
+                }
+                _ => return,
+            }
+        }
+    }))
 }
 
 /// Waits until the keys in `ahead` (each with the permits it takes) that are deleted at or

@@ -8,6 +8,7 @@ use tokio::sync::oneshot;
 use super::{Actor, Mine, Read, token};
 use crate::error::{Error, Result};
 use crate::key::Mode;
+use crate::meta::HolderRecord;
 use crate::store::etcd::queue::{self, Entry, Place};
 use crate::store::etcd::semaphore;
 use crate::store::{Acquired, Conflict, Saved};
@@ -53,7 +54,12 @@ impl Actor {
                             } else {
                                 read.revision
                             };
-                            return Some(self.granted(me, seen).await);
+                            if self.permits.is_none() && !read.recorded {
+                                let token = super::token(seen.max(me.rev));
+                                let record = read.record.clone().with_fencing_token(Some(token));
+                                self.record_grant(&me, &record).await;
+                            }
+                            return Some(self.granted(me, seen, read.record.clone()).await);
                         }
                         Some(waited) => waited,
                     }
@@ -98,9 +104,9 @@ impl Actor {
         }
     }
 
-    /// The new key holds (seen at revision `seen_at`): it replaces a read key it promoted, and
-    /// its delete is watched.
-    async fn granted(&mut self, me: Entry, seen_at: i64) -> Result<Saved> {
+    /// The new key holds (seen at revision `seen_at`, by the read that put `record`): it
+    /// replaces a read key it promoted, and its delete is watched.
+    async fn granted(&mut self, me: Entry, seen_at: i64, record: HolderRecord) -> Result<Saved> {
         if let Some(old) = self.held.take() {
             // The promotion holds: the read key goes (its loss watch first). Until its delete
             // lands, it is this holder's own and blocks only others.
@@ -118,6 +124,7 @@ impl Actor {
         self.held = Some(Mine {
             entry: me,
             token: at,
+            record,
             watch: Some(watch),
         });
         self.lost = None;

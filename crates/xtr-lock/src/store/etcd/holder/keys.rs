@@ -13,6 +13,7 @@ use crate::error::{Error, LostReason, Result};
 use crate::key::Mode;
 use crate::store::etcd::conn::lease_not_found;
 use crate::store::etcd::queue::{self, Entry};
+use crate::store::etcd::record;
 use crate::store::etcd::semaphore;
 
 /// The first and the longest pause between tries of the stale keys' deletes.
@@ -29,14 +30,16 @@ pub(super) struct Stale {
 }
 
 impl Stale {
-    fn delete(&self) -> Txn {
+    /// Deletes the key, if it is still this one, and its record.
+    fn delete(&self, prefix: &str) -> Txn {
         let when = match self.rev {
             Some(rev) => Compare::create_revision(self.key.clone(), CompareOp::Equal, rev),
             None => Compare::lease(self.key.clone(), CompareOp::Equal, self.lease),
         };
-        Txn::new()
-            .when([when])
-            .and_then([TxnOp::delete(self.key.clone(), None)])
+        Txn::new().when([when]).and_then([
+            TxnOp::delete(self.key.clone(), None),
+            record::delete(prefix, &self.key),
+        ])
     }
 }
 
@@ -57,7 +60,7 @@ impl Actor {
             rev: Some(entry.rev),
             lease: entry.lease,
         };
-        if let Err(e) = self.core.txn(stale.delete()).await {
+        if let Err(e) = self.core.txn(stale.delete(&self.core.config.prefix)).await {
             tracing::debug!(target: crate::logging::TARGET, resource = %self.resource,
                 error = %e, "cannot delete a queue key of this holder's; trying again later");
             self.stale.push(stale);
@@ -68,7 +71,11 @@ impl Actor {
     pub(super) async fn sweep(&mut self) {
         let mut left = Vec::new();
         for stale in std::mem::take(&mut self.stale) {
-            if let Err(e) = self.core.txn_once(stale.delete()).await {
+            if let Err(e) = self
+                .core
+                .txn_once(stale.delete(&self.core.config.prefix))
+                .await
+            {
                 tracing::debug!(target: crate::logging::TARGET, resource = %self.resource,
                     error = %e, "cannot delete a stale queue key yet");
                 left.push(stale);
@@ -90,18 +97,39 @@ impl Actor {
             let kind = kind_of(mode);
             let taken = self.held.as_ref().map(|m| m.entry.key.clone());
             let key = queue::name(&self.dir, lease, kind, taken.as_deref());
+            // The record goes in with the key, on its lease: a grant's when the queue
+            // certainly grants it at once, else a waiter's.
+            let record = self.new_record();
+            let prefix = &self.core.config.prefix;
+            let put_record = record::put(prefix, &key, &record, lease);
             let txn = match self.permits {
                 // A semaphore's key goes in only beside keys of the same limit.
-                Some(permits) => {
-                    semaphore::put(&self.dir, key.clone(), permits, lease, list_options())
-                }
+                Some(permits) => semaphore::put(
+                    &self.dir,
+                    key.clone(),
+                    permits,
+                    lease,
+                    (list_options(), put_record),
+                ),
                 None => Txn::new().and_then([
                     TxnOp::put(
                         key.clone(),
-                        kind.value(),
+                        self.value(kind),
                         Some(PutOptions::new().with_lease(lease)),
                     ),
                     TxnOp::get(self.dir.clone(), Some(list_options())),
+                    record::put_if_granted(
+                        &self.dir,
+                        kind,
+                        None,
+                        put_record,
+                        Some(record::put(
+                            prefix,
+                            &key,
+                            &record.clone().with_fencing_token(Some(record::PENDING)),
+                            lease,
+                        )),
+                    ),
                 ]),
             };
             match self.core.txn(txn).await {
@@ -121,7 +149,15 @@ impl Actor {
                             "the queue key vanished as it was put (its lease ended)",
                         )));
                     };
-                    return Ok((me, Read { queue, revision }));
+                    return Ok((
+                        me,
+                        Read {
+                            queue,
+                            revision,
+                            recorded: record::granted_in(&r.op_responses()),
+                            record,
+                        },
+                    ));
                 }
                 Err(e) if again && lease_not_found(&e) => {
                     again = false;
@@ -138,7 +174,12 @@ impl Actor {
                             rev: None,
                             lease,
                         };
-                        if self.core.txn(stale.delete()).await.is_err() {
+                        if self
+                            .core
+                            .txn(stale.delete(&self.core.config.prefix))
+                            .await
+                            .is_err()
+                        {
                             self.stale.push(stale);
                         }
                     }

@@ -18,12 +18,15 @@ use super::clock::BootInstant;
 use super::conn::Core;
 use super::lease::{Lease, State, lease_gone};
 use super::queue::{self, Entry, Kind};
+use super::record;
+use crate::meta::HolderRecord;
 use crate::permits::Permits;
 use crate::store::tasks::Task;
 
 mod enqueue;
 mod keys;
 mod ops;
+mod records;
 use crate::error::{Error, LostReason, Result};
 use crate::key::Mode;
 use crate::mutex::lock;
@@ -35,6 +38,8 @@ pub(super) enum Cmd {
         mode: Mode,
         wait: bool,
         ttl: Option<Duration>,
+        /// The holder's metadata, recorded with this acquisition.
+        meta: Option<Meta>,
         reply: oneshot::Sender<Result<Saved>>,
     },
     Check {
@@ -45,6 +50,9 @@ pub(super) enum Cmd {
         reply: oneshot::Sender<Result<bool>>,
     },
 }
+
+/// A holder's metadata, as its key carries it.
+pub(super) type Meta = Arc<[u8]>;
 
 /// What the holder holds, for loss watchers and introspection.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -116,6 +124,7 @@ pub(super) fn start(
         lost_rx,
         abandoned: Vec::new(),
         stale: Vec::new(),
+        meta: None,
     };
     tokio::spawn(actor.run());
     Task { tx, life }
@@ -128,6 +137,8 @@ struct Mine {
     /// exports it (`ETCD_LOCK_REV`). Every later holder's is greater: it sees this key gone,
     /// which is a later revision.
     token: u64,
+    /// What its record says: the metadata and when it acquired (a re-save keeps that).
+    record: HolderRecord,
     watch: Option<tokio::task::AbortHandle>,
 }
 
@@ -162,13 +173,21 @@ struct Actor {
     /// Keys of this holder's whose delete has not landed yet, on a lease that still holds
     /// something (tried again until they go).
     stale: Vec<Stale>,
+    /// The metadata of the save under way, recorded by every transaction that puts or reads
+    /// its key.
+    meta: Option<Meta>,
 }
 
 /// The answer of the transaction that puts a key and reads the queue.
 struct Read {
     queue: Vec<Entry>,
-    /// The revision the read saw: a watch from the next one misses nothing.
+    /// The revision the read saw: a watch from the next one misses nothing. It is also the
+    /// revision of the record put with the read.
     revision: i64,
+    /// The record of a grant, as this read put it (if `recorded`) or as it is to be written.
+    record: HolderRecord,
+    /// Whether the read put `record` (it certainly granted: `record::put_if_granted`).
+    recorded: bool,
 }
 
 fn mode_of(kind: Kind) -> Mode {
@@ -227,9 +246,11 @@ impl Actor {
                 mode,
                 wait,
                 ttl,
+                meta,
                 reply,
             } => {
                 if !reply.is_closed() {
+                    self.meta = meta;
                     self.save(mode, wait, ttl, reply).await;
                 }
             }
@@ -400,7 +421,7 @@ impl Actor {
         let ttl = ttl.unwrap_or(self.core.config.ttl);
         let mut answer = match (mode, self.holds()) {
             (Mode::Write, Some(Mode::Write)) | (Mode::Read, Some(Mode::Read)) => {
-                self.confirm().await
+                self.confirm(self.meta.clone()).await
             }
             (Mode::Read, Some(Mode::Write)) => self.demote().await,
             _ => None,
@@ -423,9 +444,14 @@ impl Actor {
         }
     }
 
-    /// A re-save in the mode held: still held, with the same token? `None` when the hold is
-    /// gone, to be taken afresh.
-    pub(super) async fn confirm(&mut self) -> Option<Result<Saved>> {
+    /// A re-save in the mode held, carrying `meta`: still held, with the same token? `None`
+    /// when the hold is gone, to be taken afresh. New metadata replaces the record's (and a
+    /// writer's value) in place, keeping when it acquired.
+    pub(super) async fn confirm(&mut self, meta: Option<Meta>) -> Option<Result<Saved>> {
+        let recorded = self.held.as_ref().map(|m| m.record.meta.as_deref());
+        if recorded.is_some_and(|r| r != meta.as_deref()) {
+            return self.remeta(meta).await;
+        }
         match self.check(false).await {
             Ok(Holding::Held(_)) => {
                 let token = self.held.as_ref().map_or(0, |m| m.token);
@@ -444,24 +470,33 @@ impl Actor {
                 self.error(Error::lost(&self.resource, LostReason::Expired))
             ));
         };
-        let entry = self.held.as_ref().map(|m| m.entry.clone())?;
+        let (entry, acquired_at) = self
+            .held
+            .as_ref()
+            .map(|m| (m.entry.clone(), m.record.acquired_at))?;
+        // The demotion's revision is its token: the record put with it carries none.
+        let record = HolderRecord::new(self.meta_vec(), acquired_at);
         let txn = Txn::new()
             .when([Compare::create_revision(
                 entry.key.clone(),
                 CompareOp::Equal,
                 entry.rev,
             )])
-            .and_then([TxnOp::put(
-                entry.key.clone(),
-                Kind::Reader.value(),
-                Some(PutOptions::new().with_lease(lease)),
-            )]);
+            .and_then([
+                TxnOp::put(
+                    entry.key.clone(),
+                    queue::READER,
+                    Some(PutOptions::new().with_lease(lease)),
+                ),
+                record::put(&self.core.config.prefix, &entry.key, &record, lease),
+            ]);
         match self.core.txn(txn).await {
             Ok(r) if r.succeeded() => {
                 let at = token(r.header().map_or(entry.rev, |h| h.revision()));
                 if let Some(m) = self.held.as_mut() {
                     m.entry.kind = Kind::Reader;
                     m.token = at;
+                    m.record = record;
                 }
                 Some(Ok(Acquired::fenced(at).into()))
             }

@@ -12,6 +12,7 @@ use crate::key::Mode;
 use crate::store::etcd::conn::Core;
 use crate::store::etcd::lease::lease_gone;
 use crate::store::etcd::queue::{Entry, Place};
+use crate::store::etcd::record;
 use crate::store::etcd::watch;
 use crate::store::{Conflict, Holding, Saved};
 
@@ -34,11 +35,12 @@ impl Actor {
             Cmd::Save {
                 mode,
                 wait: false,
+                meta,
                 reply,
                 ..
             } => {
                 let answer = if self.holds() == Some(mode) {
-                    self.confirm().await
+                    self.confirm(meta).await
                 } else {
                     None
                 };
@@ -262,15 +264,29 @@ impl Actor {
     }
 
     /// The queue again, if `me` is still in it (the check the recipe lacked: a key that
-    /// vanished while its holder waited is never taken for a place in the queue).
+    /// vanished while its holder waited is never taken for a place in the queue). When the
+    /// queue certainly grants the key, the read also puts the grant's record: its revision is
+    /// the grant's token, its time the grant's (a read that does not grant writes nothing).
     async fn reread(&self, me: &Entry) -> Result<Option<Read>> {
+        let record = self.new_record();
+        let put = record::put(&self.core.config.prefix, &me.key, &record, me.lease);
+        let mut then = vec![TxnOp::get(self.dir.clone(), Some(list_options()))];
+        if self.permits.is_none() {
+            then.push(record::put_if_granted(
+                &self.dir,
+                me.kind,
+                Some(me.rev),
+                put,
+                None,
+            ));
+        }
         let txn = Txn::new()
             .when([Compare::create_revision(
                 me.key.clone(),
                 CompareOp::Equal,
                 me.rev,
             )])
-            .and_then([TxnOp::get(self.dir.clone(), Some(list_options()))]);
+            .and_then(then);
         let r = self.core.txn(txn).await?;
         if !r.succeeded() {
             return Ok(None);
@@ -278,6 +294,8 @@ impl Actor {
         Ok(Some(Read {
             revision: r.header().map_or(0, |h| h.revision()),
             queue: listed(&self.dir, &r.op_responses()),
+            recorded: record::granted_in(&r.op_responses()),
+            record,
         }))
     }
 
@@ -331,7 +349,10 @@ impl Actor {
                 CompareOp::Equal,
                 held.rev,
             )])
-            .and_then([TxnOp::delete(held.key.clone(), None)]);
+            .and_then([
+                TxnOp::delete(held.key.clone(), None),
+                record::delete(&self.core.config.prefix, &held.key),
+            ]);
         // The watch goes first, so this delete is not taken for a loss.
         if let Some(m) = self.held.as_mut()
             && let Some(w) = m.watch.take()

@@ -78,7 +78,10 @@ impl HolderRecord {
 
     /// The acquisition time in milliseconds since the Unix epoch (0 before it).
     pub fn acquired_at_ms(&self) -> u64 {
-        let since = self.acquired_at.duration_since(UNIX_EPOCH).unwrap_or_default();
+        let since = self
+            .acquired_at
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
         u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
     }
 
@@ -135,7 +138,10 @@ mod tests {
         assert_eq!(HolderRecord::decode(bare.encode().as_bytes()), Some(bare));
         assert_eq!(HolderRecord::decode(b""), None);
         assert_eq!(HolderRecord::decode(b"read"), None);
-        assert_eq!(HolderRecord::decode(br#"{"v":1,"at_ms":1,"meta":"!!"}"#), None);
+        assert_eq!(
+            HolderRecord::decode(br#"{"v":1,"at_ms":1,"meta":"!!"}"#),
+            None
+        );
         let later = br#"{"v":2,"at_ms":5,"new":true}"#;
         assert_eq!(
             HolderRecord::decode(later).map(|r| r.acquired_at_ms()),

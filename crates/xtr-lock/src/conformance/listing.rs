@@ -54,7 +54,10 @@ pub async fn holders_carry_metadata(h: Harness) -> Outcome {
         let holders = h.store.holders(&r).await.unwrap();
         let metas: Vec<_> = holding(&holders).iter().map(|h| h.meta.clone()).collect();
         assert!(metas.contains(&Some(b"reader a".to_vec())), "{holders:?}");
-        assert!(metas.contains(&None), "a holder without metadata: {holders:?}");
+        assert!(
+            metas.contains(&None),
+            "a holder without metadata: {holders:?}"
+        );
         for l in [a, b] {
             let _ = l.release().await.unwrap();
         }
@@ -77,10 +80,16 @@ pub async fn holders_carry_metadata(h: Harness) -> Outcome {
 pub async fn metadata_is_size_checked(h: Harness) -> Outcome {
     let r = h.resource("meta-size");
     let lock = h.lock(&r, h.ttl);
-    let err = lock.key().set_meta(Some(vec![b'x'; MAX_META + 1])).unwrap_err();
+    let err = lock
+        .key()
+        .set_meta(Some(vec![b'x'; MAX_META + 1]))
+        .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
     assert!(err.to_string().contains("1025 bytes"), "{err}");
-    require!(h.caps().metadata && h.caps().excludes, "the store keeps no holder metadata");
+    require!(
+        h.caps().metadata && h.caps().excludes,
+        "the store keeps no holder metadata"
+    );
     let big: Vec<u8> = (0..MAX_META).map(|i| (i % 251) as u8).collect();
     lock.key().set_meta(Some(big.clone())).unwrap();
     assert!(lock.try_acquire().await.unwrap());
@@ -107,11 +116,18 @@ pub async fn list_lists_exactly_what_is_held(h: Harness) -> Outcome {
     let stem = h.resource(if h.can_name(odd) { odd } else { "list" });
     let prefix = format!("{stem}/");
     let name = |n: &str| format!("{prefix}{n}");
-    let a = h.lock(&name("a"), h.ttl).with_meta(b"job a".to_vec()).unwrap();
+    let a = h
+        .lock(&name("a"), h.ttl)
+        .with_meta(b"job a".to_vec())
+        .unwrap();
     let b = h.lock(&name("b"), h.ttl);
     let outside = h.lock(&format!("{stem}-outside"), h.ttl);
     assert!(a.try_acquire().await.unwrap());
-    let b_mode = if h.caps().shared { Mode::Read } else { Mode::Write };
+    let b_mode = if h.caps().shared {
+        Mode::Read
+    } else {
+        Mode::Write
+    };
     assert!(b.acquire_with(b_mode, crate::Wait::Never).await.unwrap());
     assert!(outside.try_acquire().await.unwrap());
     let released = h.lock(&name("gone"), h.ttl);
@@ -177,7 +193,10 @@ pub async fn observers_wake_on_acquire_and_release(h: Harness) -> Outcome {
         return Outcome::NotApplicable("the store cannot notify observers (they poll)");
     };
     let lock = h.lock(&r, h.ttl);
-    assert!(lock.try_acquire().await.unwrap(), "an observer is not a waiter");
+    assert!(
+        lock.try_acquire().await.unwrap(),
+        "an observer is not a waiter"
+    );
     h.within("an observer woken by the acquisition", w).await;
     let w = h.store.watch_changes(&r).await.unwrap().unwrap();
     let _ = lock.release().await.unwrap();

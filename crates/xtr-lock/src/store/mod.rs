@@ -70,6 +70,7 @@ pub(crate) mod redis;
 #[cfg(feature = "sql")]
 pub(crate) mod sql;
 
+pub use crate::meta::HolderRecord;
 #[cfg(feature = "sql")]
 pub use advisory::{KeyMode, MySqlLockStore, PgAdvisoryStore};
 pub use combined::{CombinedStore, ConsensusStrategy, Strategy, UnanimousStrategy};
@@ -81,7 +82,6 @@ pub use flock::FlockStore;
 pub use memcached::MemcachedStore;
 pub use memory::InMemoryStore;
 pub use null::NullStore;
-pub use crate::meta::HolderRecord;
 pub use outcome::{Acquired, Conflict, HolderInfo, Holding, Listing, Saved, Usage};
 #[cfg(feature = "redis")]
 pub use pubsub::RedisPubSubStore;
@@ -327,11 +327,10 @@ pub trait Store: Send + Sync + fmt::Debug + fmt::Display + 'static {
     /// `Unsupported` unless [`Capabilities::lists`], saying [why](Store::why_not_listing).
     async fn list(&self, prefix: &str) -> Result<Vec<crate::store::Listing>> {
         let _ = prefix;
-        Err(Error::unsupported(format!(
-            "cannot list locks: {}",
-            self.why_not_listing()
-        ))
-        .with_store(self))
+        Err(
+            Error::unsupported(format!("cannot list locks: {}", self.why_not_listing()))
+                .with_store(self),
+        )
     }
 
     /// Why the store cannot [`list`](Store::list) its locks (one clause), where

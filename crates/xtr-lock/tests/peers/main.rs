@@ -14,3 +14,4 @@ mod pubsub_faults;
 mod redis;
 mod redis_semaphore;
 mod sql;
+mod sql_listing;

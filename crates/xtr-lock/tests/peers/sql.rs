@@ -176,7 +176,7 @@ async fn mixed_contention_never_overlaps(db: Db) {
 }
 
 /// A table Symfony made (lazily, on its first insert) is used as it is: the migration adds only
-/// the fencing table.
+/// our own tables (the fencing table, the holders' records).
 async fn a_table_symfony_made_is_used_as_it_is(db: Db) {
     let r = unique("symfony-table");
     let mut php = Holder::start(&db, &r, 0.1, &["--ttl=30"]);

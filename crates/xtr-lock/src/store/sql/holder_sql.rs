@@ -234,7 +234,10 @@ mod tests {
             assert!(sql.prune.contains("lock_keys_holder"), "{}", sql.prune);
         }
         let my = HolderSql::new(Flavor::MySql, "t").prune;
-        assert!(my.starts_with("DELETE FROM t_holder WHERE t_holder.key_id"), "{my}");
+        assert!(
+            my.starts_with("DELETE FROM t_holder WHERE t_holder.key_id"),
+            "{my}"
+        );
         let pg = HolderSql::new(Flavor::Postgres, "t");
         assert!(pg.upsert.contains("WHEN $5 = 1"), "{}", pg.upsert);
     }

@@ -2,14 +2,13 @@
 //! MySQL/MariaDB and SQLite, shared with PHP processes on Symfony's `PdoStore`.
 
 use std::fmt;
-use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use async_trait::async_trait;
 use sha2::{Digest as _, Sha256};
 
-use super::held::{Claim, Held};
+use super::held::Held;
 use super::{
     Acquired, Capabilities, Conflict, HandleOwner, HolderInfo, Holding, LostReason, Saved, Store,
     Watcher, check_expiry,
@@ -30,6 +29,7 @@ mod schema;
 mod sem_queries;
 mod sem_sql;
 mod semaphore;
+mod state;
 
 use crate::mutex::lock;
 use dialect::{Flavor, Sql};
@@ -38,6 +38,7 @@ use notify::Wakers;
 use pool::Pools;
 use queries::Pool;
 use sem_sql::SemSql;
+use state::HolderState;
 
 /// The token kind of SQL stores: Symfony's format (base64 of 32 bytes, 44 characters).
 const KIND: &str = "sql";
@@ -156,47 +157,6 @@ impl Drop for Inner {
         if let Some(task) = lock(&self.listener).take() {
             task.abort();
         }
-    }
-}
-
-/// What the store keeps on a holder's key: what its last refusal found.
-#[derive(Default)]
-struct HolderState {
-    /// The holder met at the last refusal announces its release to this store's waiters.
-    announced: Arc<AtomicBool>,
-    /// ... through PostgreSQL's notifications (so only while the listener is up).
-    via_listener: Arc<AtomicBool>,
-    /// The holder's token was made by a save here that never had a connection to send it
-    /// on (the server unreachable, the caller gone): its release has nothing to delete.
-    unsent: Arc<AtomicBool>,
-    /// Its entry among the store's holders, gone with the key.
-    claim: Mutex<Option<Claim>>,
-    /// The metadata of the record last written for it (`None`: none written yet).
-    written: Mutex<Option<Option<Arc<[u8]>>>>,
-    /// Until when its row is certainly unexpired: the send time of the last save or renewal
-    /// the database confirmed, plus the ttl less the 1 s the row may be taken early.
-    live_until: Mutex<Option<std::time::Instant>>,
-}
-
-impl HolderState {
-    /// Records that the row lasts at least until `until`.
-    fn confirm(&self, until: std::time::Instant) {
-        *lock(&self.live_until) = Some(until);
-    }
-
-    /// Whether a re-save must write the record again: none written yet, or another metadata.
-    fn written(&self, meta: &Option<Arc<[u8]>>) -> bool {
-        lock(&self.written).as_ref() != Some(meta)
-    }
-
-    /// Records that the record with `meta` was written.
-    fn wrote(&self, meta: Option<Arc<[u8]>>) {
-        *lock(&self.written) = Some(meta);
-    }
-
-    /// Whether the row was certainly unexpired at `at`, so that nobody else can have taken it.
-    fn live_at(&self, at: std::time::Instant) -> bool {
-        lock(&self.live_until).is_some_and(|until| at < until)
     }
 }
 

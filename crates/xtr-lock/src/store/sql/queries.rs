@@ -452,7 +452,13 @@ pub(crate) async fn holders(
     sql: &Sql,
     id: &str,
 ) -> Db<Vec<(String, i64, Option<HolderRecord>)>> {
-    type Found = (String, Option<i64>, Option<String>, Option<i64>, Option<i64>);
+    type Found = (
+        String,
+        Option<i64>,
+        Option<String>,
+        Option<i64>,
+        Option<i64>,
+    );
     let q = AssertSqlSafe(sql.holders.as_str());
     let rows: Vec<Found> = match conn {
         Conn::Postgres(p) => sqlx::query_as(q).bind(id).fetch_all(&mut **p).await?,

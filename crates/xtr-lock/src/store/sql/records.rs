@@ -92,10 +92,17 @@ pub(crate) struct PermitRow {
 }
 
 /// The live lock holders named by our records whose names match `pattern`.
-pub(crate) async fn list_locks(conn: &mut Conn, sql: &HolderSql, pattern: &str) -> Db<Vec<LockRow>> {
+pub(crate) async fn list_locks(
+    conn: &mut Conn,
+    sql: &HolderSql,
+    pattern: &str,
+) -> Db<Vec<LockRow>> {
     type Found = (String, String, Option<i64>, String, i64, Option<i64>);
     let q = AssertSqlSafe(sql.list_locks.as_str());
-    let rows: Vec<Found> = on_conn!(conn, |c| sqlx::query_as(q).bind(pattern).fetch_all(c).await?);
+    let rows: Vec<Found> = on_conn!(conn, |c| sqlx::query_as(q)
+        .bind(pattern)
+        .fetch_all(c)
+        .await?);
     Ok(rows
         .into_iter()
         .map(|(resource, token, left, record, at, n)| LockRow {
@@ -134,16 +141,21 @@ pub(crate) async fn list_permits(
 ) -> Db<Vec<PermitRow>> {
     type Found = (String, String, i64, Option<i64>, String, i64, i64);
     let q = AssertSqlSafe(sql.list_permits.as_str());
-    let rows: Vec<Found> = on_conn!(conn, |c| sqlx::query_as(q).bind(pattern).fetch_all(c).await?);
+    let rows: Vec<Found> = on_conn!(conn, |c| sqlx::query_as(q)
+        .bind(pattern)
+        .fetch_all(c)
+        .await?);
     Ok(rows
         .into_iter()
-        .map(|(resource, token, permits, left, record, at, limit)| PermitRow {
-            resource,
-            token,
-            permits: u32::try_from(permits.max(0)).unwrap_or(u32::MAX),
-            left_ms: left.unwrap_or(0).max(0),
-            record: record_of(Some(record), Some(at), None),
-            limit: u32::try_from(limit.max(0)).unwrap_or(u32::MAX),
-        })
+        .map(
+            |(resource, token, permits, left, record, at, limit)| PermitRow {
+                resource,
+                token,
+                permits: u32::try_from(permits.max(0)).unwrap_or(u32::MAX),
+                left_ms: left.unwrap_or(0).max(0),
+                record: record_of(Some(record), Some(at), None),
+                limit: u32::try_from(limit.max(0)).unwrap_or(u32::MAX),
+            },
+        )
         .collect())
 }

@@ -5,8 +5,8 @@ use sqlx::AssertSqlSafe;
 
 use super::queries::{Conn, on_conn};
 use super::records::{Rec, record_of, upsert_record};
-use crate::meta::HolderRecord;
 use super::sem_sql::SemSql;
+use crate::meta::HolderRecord;
 use crate::permits::Permits;
 
 type Db<T> = Result<T, sqlx::Error>;
@@ -279,7 +279,11 @@ pub(crate) async fn delete(
             .rows_affected();
         if went == 0 {
             // An expired row of ours, if any, goes too.
-            sqlx::query(any).bind(id).bind(token).execute(&mut *c).await?;
+            sqlx::query(any)
+                .bind(id)
+                .bind(token)
+                .execute(&mut *c)
+                .await?;
         }
         if sqlite {
             // MySQL deleted the record with the row; SQLite is in-process, a second

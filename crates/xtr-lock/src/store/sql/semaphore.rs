@@ -9,12 +9,12 @@ use super::dialect::Flavor;
 use super::ops::Run;
 use super::records::Rec;
 use super::sem_queries::{self, Admitted};
-use crate::meta::HolderRecord;
 use super::{
     HolderState, KIND, SqlStore, acquired, announces, check_expiry, key_id, wake_id, whole_seconds,
 };
 use crate::error::{Error, LostReason, Result};
 use crate::key::{Key, Mode};
+use crate::meta::HolderRecord;
 use crate::permits::Permits;
 use crate::store::{Conflict, HolderInfo, Holding, Saved, Usage};
 
@@ -76,9 +76,15 @@ impl SqlStore {
                     let sent = Instant::now();
                     let known = !rerun && state.live_at(sent);
                     let ids = (id.as_str(), token.as_str());
-                    let admitted =
-                        sem_queries::admit(conn, (&inner.sem, &rec), ids, permits, i64::from(secs), known)
-                            .await?;
+                    let admitted = sem_queries::admit(
+                        conn,
+                        (&inner.sem, &rec),
+                        ids,
+                        permits,
+                        i64::from(secs),
+                        known,
+                    )
+                    .await?;
                     Ok((admitted, sent))
                 })
             })

@@ -93,6 +93,7 @@
 pub mod blocking;
 mod clock;
 pub mod config;
+mod election;
 // Only the keyword stores in a build without a store that reads a URL.
 #[cfg_attr(
     not(any(
@@ -127,6 +128,7 @@ mod telemetry;
 pub mod conformance;
 
 pub use clock::{BoxFuture, Clock, ManualClock, MonotonicClock};
+pub use election::{Election, Leader, Leadership, Observer};
 pub use error::{BoxError, Error, ErrorKind, LostReason, Result};
 pub use key::{HandleOwner, Key, Mode, validate_token};
 pub use limits::MAX_DURATION;

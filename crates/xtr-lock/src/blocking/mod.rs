@@ -32,6 +32,7 @@
 //! # Ok(()) }
 //! ```
 
+mod election;
 mod lock;
 mod rt;
 mod semaphore;
@@ -40,6 +41,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use election::Election;
 pub use lock::{KeepAlive, Lock, LockGuard};
 use rt::Rt;
 pub use semaphore::Semaphore;
@@ -105,6 +107,14 @@ impl LockFactory {
     pub fn create_lock(&self, resource: impl Into<String>) -> Lock {
         Lock {
             inner: self.inner.create_lock(resource),
+            rt: self.rt.clone(),
+        }
+    }
+
+    /// A candidate in the election `name`, as [`crate::LockFactory::create_election`].
+    pub fn create_election(&self, name: impl Into<String>) -> Election {
+        Election {
+            inner: Some(self.inner.create_election(name)),
             rt: self.rt.clone(),
         }
     }

@@ -388,6 +388,7 @@ mod tests {
             fencing: Fencing::PerResource,
             tables: true,
             counting: true,
+            lists: true,
             secret_options: &[],
         }
     }

@@ -32,6 +32,7 @@ use crate::lock::factory::LockFactory;
 use crate::store::{Capabilities, Store};
 
 mod basic;
+mod election;
 mod expiring;
 mod listing;
 mod loss;
@@ -41,6 +42,7 @@ mod siblings;
 mod waiting;
 
 pub use basic::*;
+pub use election::*;
 pub use expiring::*;
 pub use listing::*;
 pub use loss::*;
@@ -348,6 +350,12 @@ macro_rules! conformance_tests {
             metadata_is_size_checked,
             list_lists_exactly_what_is_held,
             observers_wake_on_acquire_and_release,
+            // elections
+            election_one_leader_at_a_time,
+            election_observers_see_every_change_in_order,
+            election_loss_is_reported_and_recampaign_leads_again,
+            dropped_campaign_holds_nothing,
+            election_never_has_two_leaders,
         );
     };
     (@each $make:expr; $($name:ident),* $(,)?) => {

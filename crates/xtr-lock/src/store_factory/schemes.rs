@@ -45,6 +45,8 @@ pub struct StoreKind {
     pub tables: bool,
     /// Whether it has counting semaphores (its stores' `Capabilities::counting`).
     pub counting: bool,
+    /// Whether it can list what is held (its stores' `Capabilities::lists`).
+    pub lists: bool,
     /// Options whose values are secrets (besides the password), lower-case.
     pub secret_options: &'static [&'static str],
 }
@@ -76,12 +78,13 @@ const SQL_SECRETS: &[&str] = &["password", "sslkey", "ssl-key"];
 type Build = fn(&str) -> Result<Arc<dyn Store>>;
 type Check = fn(&str) -> Result<()>;
 
-/// One row: `schemes, keywords, name, example, summary, cfg, fencing, tables, counting, secret
-/// options, build, check`. The build and check functions exist only where `cfg` holds (the store is in
+/// One row: `schemes, keywords, name, example, summary, cfg, fencing, tables, counting, lists,
+/// secret options, build, check`. The build and check functions exist only where `cfg` holds (the store is in
 /// this build).
 macro_rules! row {
     ($schemes:expr, $keywords:expr, $name:literal, $example:literal, $summary:literal,
-     $cfg:meta, $fencing:ident, $tables:literal, $counting:literal, $secrets:expr,
+     $cfg:meta, $fencing:ident, $tables:literal, $counting:literal, $lists:literal,
+     $secrets:expr,
      |$d:ident| $build:expr,
      $check:expr) => {{
         #[cfg($cfg)]
@@ -101,6 +104,7 @@ macro_rules! row {
                 fencing: Fencing::$fencing,
                 tables: $tables,
                 counting: $counting,
+                lists: $lists,
                 secret_options: $secrets,
             },
             build,
@@ -126,47 +130,47 @@ pub(crate) fn table() -> &'static [Scheme] {
     TABLE.get_or_init(|| vec![
         row!(&["flock"], &["flock"], "flock", "flock:///var/lock/app",
             "lock files, shared with flock(1); `flock`: the default",
-            all(feature = "flock", target_os = "linux"), None, false, true, &[],
+            all(feature = "flock", target_os = "linux"), None, false, true, true, &[],
             |d| s::FlockStore::from_dsn(d)?, s::flock::config::validate_dsn),
         row!(REDIS, &[], "redis", "redis://host:6379/0",
             "Redis or Valkey keys with a ttl, shared with Python xtr-lock",
-            feature = "redis", PerStore, false, true, &[],
+            feature = "redis", PerStore, false, true, true, &[],
             |d| s::RedisStore::from_dsn(d)?, s::redis::validate_dsn),
         row!(PUBSUB, &[], "pubsub", "redis+pubsub://host:6379",
             "a live Redis connection, shared with portalocker",
-            feature = "redis", PerResource, false, false, &[],
+            feature = "redis", PerResource, false, false, false, &[],
             |d| s::RedisPubSubStore::from_dsn(d)?, s::pubsub::validate_dsn),
         row!(SQL, &[], "sql", "postgres://user@host/db",
             "a lock table, shared with Symfony's PdoStore (`migrate`)",
-            feature = "sql", PerResource, true, true, SQL_SECRETS,
+            feature = "sql", PerResource, true, true, true, SQL_SECRETS,
             |d| s::SqlStore::from_dsn(d)?, s::sql::validate_dsn),
         row!(ADVISORY, &[], "pg-advisory", "postgresql+advisory://user@host/db",
             "PostgreSQL advisory locks, held by a session",
-            feature = "sql", None, false, false, SQL_SECRETS,
+            feature = "sql", None, false, false, true, SQL_SECRETS,
             |d| s::PgAdvisoryStore::from_dsn(d)?, s::advisory::validate_dsn),
         row!(GETLOCK, &[], "mysql-getlock", "mysql+getlock://user@host/db",
             "MySQL/MariaDB GET_LOCK, held by a session",
-            feature = "sql", None, false, false, SQL_SECRETS,
+            feature = "sql", None, false, false, false, SQL_SECRETS,
             |d| s::MySqlLockStore::from_dsn(d)?, s::advisory::validate_dsn),
         row!(&["etcd", "etcds"], &[], "etcd", "etcd://host:2379",
             "etcd's lock recipe on a lease, shared with etcdctl lock",
-            feature = "etcd", PerStore, false, true, &[],
+            feature = "etcd", PerStore, false, true, true, &[],
             |d| s::EtcdStore::from_dsn(d)?, s::etcd::validate_dsn),
         row!(&["memcached"], &[], "memcached", "memcached://host:11211",
             "Memcached entries with a ttl, shared with Symfony Lock",
-            feature = "memcached", None, false, true, &[],
+            feature = "memcached", None, false, true, false, &[],
             |d| s::MemcachedStore::from_dsn(d)?, s::memcached::validate_dsn),
         row!(&[], &["semaphore"], "semaphore", "semaphore",
             "SysV semaphores, shared with PHP's sysvsem (Linux)",
-            all(feature = "semaphore", target_os = "linux"), None, false, true, &[],
+            all(feature = "semaphore", target_os = "linux"), None, false, true, false, &[],
             |_d| s::SemaphoreStore::new(), |_| Ok(())),
         row!(&[], &["in-memory"], "memory", "in-memory",
             "locks in this process only (for tests)",
-            all(), PerStore, false, true, &[],
+            all(), PerStore, false, true, true, &[],
             |_d| s::InMemoryStore::new(), |_| Ok(())),
         row!(&[], &["null"], "null", "null",
             "locks nothing: every lock is granted (for tests)",
-            all(), None, false, true, &[],
+            all(), None, false, true, false, &[],
             |_d| s::NullStore::new(), |_| Ok(())),
     ])
 }

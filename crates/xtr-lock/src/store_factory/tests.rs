@@ -187,7 +187,8 @@ fn a_mistyped_scheme_gets_the_one_it_meant() {
     assert_eq!(err, "unsupported connection \"nosuch:\"");
 }
 
-/// The table's `counting` (what help texts list for `--limit`) is what the stores say.
+/// The table's `counting` (what help texts list for `--limit`) and `lists` (for `list`) are what
+/// the stores say.
 #[tokio::test]
 async fn every_kind_says_whether_it_counts_as_its_stores_do() {
     for kind in StoreFactory::kinds().filter(|k| k.built) {
@@ -196,6 +197,12 @@ async fn every_kind_says_whether_it_counts_as_its_stores_do() {
             kind.counting,
             store.capabilities().counting,
             "{}: the table and the store disagree on semaphores",
+            kind.name
+        );
+        assert_eq!(
+            kind.lists,
+            store.capabilities().lists,
+            "{}: the table and the store disagree on listing",
             kind.name
         );
     }

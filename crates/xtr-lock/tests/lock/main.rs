@@ -10,6 +10,7 @@ mod acquire;
 mod blocking;
 mod cancel;
 mod config;
+mod election;
 mod late_requests;
 mod liveness;
 mod lock;

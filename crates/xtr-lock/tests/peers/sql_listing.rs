@@ -8,7 +8,7 @@ use std::time::Duration;
 use xtr_lock::store::HolderInfo;
 use xtr_lock::{LockFactory, Lockable as _, Mode, Store as _};
 
-use crate::support::symfony_sql::{Db, Holder};
+use crate::support::symfony_sql::{Db, Holder, on_both};
 
 fn unique(name: &str) -> String {
     let mut b = [0u8; 4];
@@ -171,29 +171,6 @@ async fn a_resave_replaces_the_metadata_and_keeps_the_time(db: Db) {
     assert_eq!(second[0].acquired_at, first[0].acquired_at);
     assert_eq!(second[0].fencing_token, first[0].fencing_token);
     let _ = lock.release().await.unwrap();
-}
-
-macro_rules! on_both {
-    ($($name:ident),* $(,)?) => {
-        mod postgres {
-            use super::*;
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(Db::postgres()).await;
-                }
-            )*
-        }
-        mod mariadb {
-            use super::*;
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(Db::mariadb()).await;
-                }
-            )*
-        }
-    };
 }
 
 on_both!(

@@ -50,7 +50,7 @@ impl Sql {
     pub(crate) fn new(flavor: Flavor, table: &str) -> Sql {
         let t = table;
         let f = format!("{table}_fence");
-        let h = super::holder_sql::holder_table(table);
+        let h = holder_table(table);
         match flavor {
             Flavor::Postgres => postgres(t, &f, &h),
             Flavor::MySql => mysql(t, &f, &h),
@@ -304,4 +304,25 @@ fn sqlite(t: &str, f: &str, h: &str) -> Sql {
         ],
         columns: "SELECT name, type, NULL FROM pragma_table_info(?1)".to_owned(),
     }
+}
+
+/// The records' table, beside `table`.
+pub(crate) fn holder_table(table: &str) -> String {
+    format!("{table}_holder")
+}
+
+/// PostgreSQL's parameters are numbered: `?` becomes `$1`, `$2`, … in `text` (a `$n` written
+/// as such is left as it is).
+pub(crate) fn numbered(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 8);
+    let mut i = 0;
+    for c in text.chars() {
+        if c == '?' {
+            i += 1;
+            out.push_str(&format!("${i}"));
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }

@@ -8,8 +8,8 @@
 //! Texts bind their parameters in the order they appear (written with `?`; PostgreSQL's are
 //! numbered, as the semaphores' are).
 
-use super::dialect::Flavor;
-use super::sem_sql::{numbered, perm_table, sem_table};
+use super::dialect::{Flavor, numbered};
+use super::sem_sql::{perm_table, sem_table};
 
 /// The statements of the holders' records beside one lock table, on one database.
 #[derive(Debug)]
@@ -35,11 +35,6 @@ pub(crate) struct HolderSql {
     pub(crate) prune_permits: String,
     /// The DDL of the records' table.
     pub(crate) create: String,
-}
-
-/// The records' table, beside `table`.
-pub(crate) fn holder_table(table: &str) -> String {
-    format!("{table}_holder")
 }
 
 /// The escape character of `LIKE` patterns: a plain one, the same in every dialect's strings.
@@ -105,7 +100,11 @@ fn dialect(flavor: Flavor) -> Dialect {
 
 impl HolderSql {
     pub(crate) fn new(flavor: Flavor, table: &str) -> HolderSql {
-        let (t, h, f) = (table, holder_table(table), format!("{table}_fence"));
+        let (t, h, f) = (
+            table,
+            super::dialect::holder_table(table),
+            format!("{table}_fence"),
+        );
         let (p, s) = (perm_table(table), sem_table(table));
         let Dialect {
             now,

@@ -9,14 +9,18 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::dialect::Flavor;
+use super::holder_sql::HolderSql;
 use super::holder_sql::prefix_pattern;
 use super::ops::Run;
-use super::records::{self, LockRow, PermitRow};
+use super::queries::{Conn, on_conn};
+use super::records::record_of;
 use super::sem_sql::perm_table;
 use super::{SqlStore, changes_id, key_id, queries};
 use crate::error::Result;
 use crate::key::Mode;
+use crate::meta::HolderRecord;
 use crate::store::{HolderInfo, Listing, Watcher};
+use sqlx::AssertSqlSafe;
 
 /// The name a row without a record of ours is listed under, when the prefix does not name it.
 const UNNAMED: &str = "sha256:";
@@ -36,14 +40,14 @@ impl SqlStore {
             self.run(prefix, Run::plain(&self.inner), move |conn, inner| {
                 let (pattern, id) = (pattern.clone(), id.clone());
                 Box::pin(async move {
-                    let locks = records::list_locks(conn, &inner.rec, &pattern).await?;
-                    let unnamed = records::list_unnamed(conn, &inner.rec, all, &id).await?;
+                    let locks = list_locks(conn, &inner.rec, &pattern).await?;
+                    let unnamed = list_unnamed(conn, &inner.rec, all, &id).await?;
                     let sems = inner.sem_schema.initialized()
                         || !queries::columns(conn, &inner.sql, &perm_table(&inner.table))
                             .await?
                             .is_empty();
                     let permits = match sems {
-                        true => records::list_permits(conn, &inner.rec, &pattern).await?,
+                        true => list_permits(conn, &inner.rec, &pattern).await?,
                         false => Vec::new(),
                     };
                     Ok((locks, unnamed, permits))
@@ -110,4 +114,93 @@ fn semaphore_listings(permits: Vec<PermitRow>) -> Vec<Listing> {
         .into_iter()
         .map(|(name, (limit, holders))| Listing::semaphore(name, limit, holders))
         .collect()
+}
+
+type Db<T> = std::result::Result<T, sqlx::Error>;
+
+/// A live lock holder under the prefix, as `list` found it.
+pub(crate) struct LockRow {
+    pub(crate) resource: String,
+    pub(crate) token: String,
+    pub(crate) left_ms: i64,
+    pub(crate) record: Option<HolderRecord>,
+}
+
+/// A live semaphore holder under the prefix.
+pub(crate) struct PermitRow {
+    pub(crate) resource: String,
+    pub(crate) token: String,
+    pub(crate) permits: u32,
+    pub(crate) left_ms: i64,
+    pub(crate) record: Option<HolderRecord>,
+    pub(crate) limit: u32,
+}
+
+/// The live lock holders named by our records whose names match `pattern`.
+pub(crate) async fn list_locks(
+    conn: &mut Conn,
+    sql: &HolderSql,
+    pattern: &str,
+) -> Db<Vec<LockRow>> {
+    type Found = (String, String, Option<i64>, String, i64, Option<i64>);
+    let q = AssertSqlSafe(sql.list_locks.as_str());
+    let rows: Vec<Found> = on_conn!(conn, |c| sqlx::query_as(q)
+        .bind(pattern)
+        .fetch_all(c)
+        .await?);
+    Ok(rows
+        .into_iter()
+        .map(|(resource, token, left, record, at, n)| LockRow {
+            resource,
+            token,
+            left_ms: left.unwrap_or(0).max(0),
+            record: record_of(Some(record), Some(at), n),
+        })
+        .collect())
+}
+
+/// The live lock rows without a record of ours (every one when `all`, else only `id`'s):
+/// `key_id`, token, milliseconds left.
+pub(crate) async fn list_unnamed(
+    conn: &mut Conn,
+    sql: &HolderSql,
+    all: bool,
+    id: &str,
+) -> Db<Vec<(String, String, i64)>> {
+    let q = AssertSqlSafe(sql.list_unnamed.as_str());
+    let all = i64::from(all);
+    let rows: Vec<(String, String, Option<i64>)> = on_conn!(conn, |c| {
+        sqlx::query_as(q).bind(all).bind(id).fetch_all(c).await?
+    });
+    Ok(rows
+        .into_iter()
+        .map(|(k, t, left)| (k, t, left.unwrap_or(0).max(0)))
+        .collect())
+}
+
+/// The live semaphore holders named by our records whose names match `pattern`.
+pub(crate) async fn list_permits(
+    conn: &mut Conn,
+    sql: &HolderSql,
+    pattern: &str,
+) -> Db<Vec<PermitRow>> {
+    type Found = (String, String, i64, Option<i64>, String, i64, i64);
+    let q = AssertSqlSafe(sql.list_permits.as_str());
+    let rows: Vec<Found> = on_conn!(conn, |c| sqlx::query_as(q)
+        .bind(pattern)
+        .fetch_all(c)
+        .await?);
+    Ok(rows
+        .into_iter()
+        .map(
+            |(resource, token, permits, left, record, at, limit)| PermitRow {
+                resource,
+                token,
+                permits: u32::try_from(permits.max(0)).unwrap_or(u32::MAX),
+                left_ms: left.unwrap_or(0).max(0),
+                record: record_of(Some(record), Some(at), None),
+                limit: u32::try_from(limit.max(0)).unwrap_or(u32::MAX),
+            },
+        )
+        .collect())
 }

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use super::records::Rec;
+use super::records::{Rec, stored_name};
 use super::{
     HolderState, Inner, KIND, SqlStore, acquired, announces, changes_id, check_expiry, holding,
     key_id, lock, notify, queries, refused, schema, wake_id, whole_seconds,
@@ -238,7 +238,7 @@ impl SqlStore {
         let meta = key.meta();
         // MySQL writes a re-saved holder's record only when its metadata changed.
         let resave = state.written(&meta);
-        let record = Arc::new((key.resource().to_owned(), HolderRecord::now(key)));
+        let record = Arc::new((stored_name(key.resource()), HolderRecord::now(key)));
         let (saved, sent) = {
             let (id, token, state) = (id.clone(), token.clone(), state.clone());
             let tried = Arc::new(AtomicBool::new(false));

@@ -7,7 +7,7 @@ use sqlx::pool::PoolConnection;
 use sqlx::{AssertSqlSafe, MySql, MySqlPool, PgPool, Postgres, Sqlite, SqlitePool};
 
 use super::dialect::{Flavor, Sql};
-use super::records::{Rec, record_of};
+use super::records::{Rec, record_of, upsert_record};
 use crate::meta::HolderRecord;
 
 /// Runs `$body` with `$c` the driver's own connection, on each of the three pools.
@@ -188,6 +188,11 @@ fn row((token, live, left_ms): (String, bool, Option<i64>)) -> Row {
     }
 }
 
+/// Writes `rec`'s record of (`id`, `token`); `new` resets its acquisition time.
+async fn upsert(conn: &mut Conn, rec: &Rec<'_>, ids: (&str, &str), new: bool) -> Db<()> {
+    on_conn!(conn, |c| upsert_record!(rec, c, ids, new, None))
+}
+
 /// Acquires `id` for `token` for `ttl` whole seconds, writing the holder's record `rec` with it
 /// (in the statement on PostgreSQL, in the transaction on SQLite, after it on MySQL).
 pub(crate) async fn save(
@@ -231,14 +236,14 @@ pub(crate) async fn save(
                 // again only when it changed.
                 1 => {
                     if rec.resave {
-                        rec.upsert(conn, (id, token), false).await?;
+                        upsert(conn, rec, (id, token), false).await?;
                     }
                     Ok(Saved::Acquired { fence: None })
                 }
                 // A new row, or an expired one taken over.
                 0 | 2 => {
                     let fence = draw(conn, sql, id).await?;
-                    rec.upsert(conn, (id, token), true).await?;
+                    upsert(conn, rec, (id, token), true).await?;
                     Ok(Saved::Acquired { fence: Some(fence) })
                 }
                 _ => Ok(Saved::Conflict {
@@ -295,7 +300,7 @@ async fn save_sqlite(
     } else {
         None
     };
-    super::records::upsert_record!(rec, &mut *tx, (id, token), new, None)?;
+    upsert_record!(rec, &mut *tx, (id, token), new, None)?;
     tx.commit().await?;
     Ok(Saved::Acquired { fence: fence(n) })
 }

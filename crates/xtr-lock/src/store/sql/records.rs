@@ -3,13 +3,8 @@
 
 use std::time::{Duration, UNIX_EPOCH};
 
-use sqlx::AssertSqlSafe;
-
 use super::holder_sql::HolderSql;
-use super::queries::{Conn, on_conn};
 use crate::meta::HolderRecord;
-
-type Db<T> = Result<T, sqlx::Error>;
 
 /// A holder's record as an acquiring statement writes it.
 pub(crate) struct Rec<'a> {
@@ -26,11 +21,6 @@ impl Rec<'_> {
     /// The record as stored.
     pub(crate) fn text(&self) -> String {
         self.record.encode()
-    }
-
-    /// Writes the record of (`id`, `token`); `new` resets its acquisition time.
-    pub(crate) async fn upsert(&self, conn: &mut Conn, ids: (&str, &str), new: bool) -> Db<()> {
-        on_conn!(conn, |c| upsert_record!(self, c, ids, new, None))
     }
 }
 
@@ -73,89 +63,8 @@ pub(crate) fn record_of(
     Some(r)
 }
 
-/// A live lock holder under the prefix, as `list` found it.
-pub(crate) struct LockRow {
-    pub(crate) resource: String,
-    pub(crate) token: String,
-    pub(crate) left_ms: i64,
-    pub(crate) record: Option<HolderRecord>,
-}
-
-/// A live semaphore holder under the prefix.
-pub(crate) struct PermitRow {
-    pub(crate) resource: String,
-    pub(crate) token: String,
-    pub(crate) permits: u32,
-    pub(crate) left_ms: i64,
-    pub(crate) record: Option<HolderRecord>,
-    pub(crate) limit: u32,
-}
-
-/// The live lock holders named by our records whose names match `pattern`.
-pub(crate) async fn list_locks(
-    conn: &mut Conn,
-    sql: &HolderSql,
-    pattern: &str,
-) -> Db<Vec<LockRow>> {
-    type Found = (String, String, Option<i64>, String, i64, Option<i64>);
-    let q = AssertSqlSafe(sql.list_locks.as_str());
-    let rows: Vec<Found> = on_conn!(conn, |c| sqlx::query_as(q)
-        .bind(pattern)
-        .fetch_all(c)
-        .await?);
-    Ok(rows
-        .into_iter()
-        .map(|(resource, token, left, record, at, n)| LockRow {
-            resource,
-            token,
-            left_ms: left.unwrap_or(0).max(0),
-            record: record_of(Some(record), Some(at), n),
-        })
-        .collect())
-}
-
-/// The live lock rows without a record of ours (every one when `all`, else only `id`'s):
-/// `key_id`, token, milliseconds left.
-pub(crate) async fn list_unnamed(
-    conn: &mut Conn,
-    sql: &HolderSql,
-    all: bool,
-    id: &str,
-) -> Db<Vec<(String, String, i64)>> {
-    let q = AssertSqlSafe(sql.list_unnamed.as_str());
-    let all = i64::from(all);
-    let rows: Vec<(String, String, Option<i64>)> = on_conn!(conn, |c| {
-        sqlx::query_as(q).bind(all).bind(id).fetch_all(c).await?
-    });
-    Ok(rows
-        .into_iter()
-        .map(|(k, t, left)| (k, t, left.unwrap_or(0).max(0)))
-        .collect())
-}
-
-/// The live semaphore holders named by our records whose names match `pattern`.
-pub(crate) async fn list_permits(
-    conn: &mut Conn,
-    sql: &HolderSql,
-    pattern: &str,
-) -> Db<Vec<PermitRow>> {
-    type Found = (String, String, i64, Option<i64>, String, i64, i64);
-    let q = AssertSqlSafe(sql.list_permits.as_str());
-    let rows: Vec<Found> = on_conn!(conn, |c| sqlx::query_as(q)
-        .bind(pattern)
-        .fetch_all(c)
-        .await?);
-    Ok(rows
-        .into_iter()
-        .map(
-            |(resource, token, permits, left, record, at, limit)| PermitRow {
-                resource,
-                token,
-                permits: u32::try_from(permits.max(0)).unwrap_or(u32::MAX),
-                left_ms: left.unwrap_or(0).max(0),
-                record: record_of(Some(record), Some(at), None),
-                limit: u32::try_from(limit.max(0)).unwrap_or(u32::MAX),
-            },
-        )
-        .collect())
+/// A resource's name as its record keeps it: PostgreSQL's text cannot hold a NUL, so a NUL is
+/// kept (and listed) as U+FFFD on every database.
+pub(crate) fn stored_name(resource: &str) -> String {
+    resource.replace('\0', "\u{FFFD}")
 }

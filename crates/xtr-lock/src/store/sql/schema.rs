@@ -3,8 +3,8 @@
 
 use super::Inner;
 use super::dialect::Flavor;
+use super::dialect::holder_table;
 use super::errors::map_error;
-use super::holder_sql::holder_table;
 use super::queries::{self, Conn};
 use super::sem_sql::{perm_table, sem_table};
 use crate::error::{Error, Result};

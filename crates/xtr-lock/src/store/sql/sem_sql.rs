@@ -10,8 +10,7 @@
 //! Each text binds its parameters in the order they appear (written with `?`; PostgreSQL's are
 //! numbered here), so one call binds them the same way on every database.
 
-use super::dialect::Flavor;
-use super::holder_sql::holder_table;
+use super::dialect::{Flavor, holder_table, numbered};
 
 /// The statements of one semaphore layout on one database.
 #[derive(Debug)]
@@ -215,22 +214,6 @@ impl SemSql {
             create: self.create,
         }
     }
-}
-
-/// PostgreSQL's parameters are numbered: `?` becomes `$1`, `$2`, … in `text` (a `$n` written
-/// as such is left as it is).
-pub(crate) fn numbered(text: &str) -> String {
-    let mut out = String::with_capacity(text.len() + 8);
-    let mut i = 0;
-    for c in text.chars() {
-        if c == '?' {
-            i += 1;
-            out.push_str(&format!("${i}"));
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }
 
 fn create(flavor: Flavor, s: &str, p: &str) -> [String; 2] {

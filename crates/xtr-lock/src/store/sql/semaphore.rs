@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use super::dialect::Flavor;
 use super::ops::Run;
-use super::records::Rec;
+use super::records::{Rec, stored_name};
 use super::sem_queries::{self, Admitted};
 use super::{
     HolderState, KIND, SqlStore, acquired, announces, check_expiry, key_id, wake_id, whole_seconds,
@@ -56,7 +56,7 @@ impl SqlStore {
         let how = Run::keeping(&self.inner, key)
             .unsent(state.unsent.clone())
             .semaphores();
-        let record = Arc::new((key.resource().to_owned(), HolderRecord::now(key)));
+        let record = Arc::new((stored_name(key.resource()), HolderRecord::now(key)));
         let (admitted, sent) = {
             let state = state.clone();
             let tried = Arc::new(AtomicBool::new(false));

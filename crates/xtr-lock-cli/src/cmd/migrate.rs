@@ -6,7 +6,7 @@ use xtr_lock::{SqlStore, StoreFactory};
 use crate::args::Source;
 use crate::exit::Exit;
 
-/// Makes the lock and fencing tables of every SQL store the source names (or prints their SQL).
+/// Makes the lock, fencing, holder-record and semaphore tables of every SQL store the source names (or prints their SQL).
 pub(crate) async fn migrate(source: &Source, print: bool) -> Result<Exit> {
     let spec = source.spec();
     let sql: Vec<&String> = spec
@@ -32,7 +32,7 @@ pub(crate) async fn migrate(source: &Source, print: bool) -> Result<Exit> {
         }
         let made = store.create_table().await?;
         let t = store.table();
-        let what = format!("{t}, {t}_fence, {t}_sem and {t}_perm in {store}");
+        let what = format!("{t}, {t}_fence, {t}_holder, {t}_sem and {t}_perm in {store}");
         if made {
             crate::output::print(&format!("made {what}"))?;
         } else {

@@ -146,7 +146,7 @@ pub(crate) fn table() -> &'static [Scheme] {
             |d| s::SqlStore::from_dsn(d)?, s::sql::validate_dsn),
         row!(ADVISORY, &[], "pg-advisory", "postgresql+advisory://user@host/db",
             "PostgreSQL advisory locks, held by a session",
-            feature = "sql", None, false, false, true, SQL_SECRETS,
+            feature = "sql", None, false, false, false, SQL_SECRETS,
             |d| s::PgAdvisoryStore::from_dsn(d)?, s::advisory::validate_dsn),
         row!(GETLOCK, &[], "mysql-getlock", "mysql+getlock://user@host/db",
             "MySQL/MariaDB GET_LOCK, held by a session",

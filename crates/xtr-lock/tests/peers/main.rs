@@ -16,3 +16,4 @@ mod redis;
 mod redis_records;
 mod redis_semaphore;
 mod sql;
+mod sql_listing;

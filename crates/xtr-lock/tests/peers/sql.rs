@@ -8,7 +8,7 @@ use std::time::Duration;
 use xtr_lock::store::{Holding, LostReason};
 use xtr_lock::{Key, LockFactory, Lockable as _, Release, Store as _};
 
-use crate::support::symfony_sql::{Db, Holder};
+use crate::support::symfony_sql::{Db, Holder, on_both};
 
 fn unique(name: &str) -> String {
     let mut b = [0u8; 4];
@@ -176,7 +176,7 @@ async fn mixed_contention_never_overlaps(db: Db) {
 }
 
 /// A table Symfony made (lazily, on its first insert) is used as it is: the migration adds only
-/// the fencing table.
+/// our own tables (the fencing table, the holders' records).
 async fn a_table_symfony_made_is_used_as_it_is(db: Db) {
     let r = unique("symfony-table");
     let mut php = Holder::start(&db, &r, 0.1, &["--ttl=30"]);
@@ -203,29 +203,6 @@ async fn a_table_symfony_made_is_used_as_it_is(db: Db) {
     assert!(lock.try_acquire().await.unwrap());
     assert!(lock.fencing_token().is_some());
     let _ = lock.release().await.unwrap();
-}
-
-macro_rules! on_both {
-    ($($name:ident),* $(,)?) => {
-        mod postgres {
-            use super::*;
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(Db::postgres()).await;
-                }
-            )*
-        }
-        mod mariadb {
-            use super::*;
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(Db::mariadb()).await;
-                }
-            )*
-        }
-    };
 }
 
 on_both!(

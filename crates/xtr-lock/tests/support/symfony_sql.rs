@@ -304,3 +304,31 @@ impl Drop for Holder {
         let _ = self.child.wait();
     }
 }
+
+/// A test per database (PostgreSQL and MariaDB) for each scenario named: `mod postgres` and
+/// `mod mariadb`, each calling `super::<name>(Db::…)`.
+#[allow(unused_macros)]
+macro_rules! on_both {
+    ($($name:ident),* $(,)?) => {
+        mod postgres {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(Db::postgres()).await;
+                }
+            )*
+        }
+        mod mariadb {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(Db::mariadb()).await;
+                }
+            )*
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use on_both;

@@ -121,6 +121,15 @@ impl Store for MySqlLockStore {
         super::WHY_NOT_COUNTING.to_owned()
     }
 
+    /// Named locks are kept only in the server's memory, under hashed names, and a session
+    /// holding one has nowhere to put metadata.
+    fn why_not_listing(&self) -> String {
+        "MySQL/MariaDB enumerate GET_LOCK locks only through performance_schema (off by \
+         default on MariaDB) or the metadata_lock_info plugin, and the lock names are hashes \
+         of the resources"
+            .to_owned()
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             excludes: true,

@@ -163,6 +163,14 @@ impl Store for PgAdvisoryStore {
         WHY_NOT_COUNTING.to_owned()
     }
 
+    /// `pg_locks` shows the held keys, but a key is a hash of its resource and the store keeps
+    /// no table of names (nor of metadata) beside the session's lock.
+    fn why_not_listing(&self) -> String {
+        "advisory locks are numbers (hashes of the resources) in pg_locks, and the store keeps \
+         no table of their names"
+            .to_owned()
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             excludes: true,

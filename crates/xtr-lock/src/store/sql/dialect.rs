@@ -50,19 +50,30 @@ impl Sql {
     pub(crate) fn new(flavor: Flavor, table: &str) -> Sql {
         let t = table;
         let f = format!("{table}_fence");
+        let h = holder_table(table);
         match flavor {
-            Flavor::Postgres => postgres(t, &f),
-            Flavor::MySql => mysql(t, &f),
-            Flavor::Sqlite => sqlite(t, &f),
+            Flavor::Postgres => postgres(t, &f, &h),
+            Flavor::MySql => mysql(t, &f, &h),
+            Flavor::Sqlite => sqlite(t, &f, &h),
         }
     }
+}
+
+/// The joins that bring a lock row's holder record and fencing counter (aliases `x`, `g`).
+fn with_record(h: &str, f: &str) -> String {
+    format!(
+        "LEFT JOIN {h} x ON x.key_id = l.key_id AND x.token = l.key_token \
+         LEFT JOIN {f} g ON g.key_id = l.key_id"
+    )
 }
 
 const PG_NOW: &str = "CAST(EXTRACT(epoch FROM statement_timestamp()) AS INT)";
 /// The statement's clock in microseconds: the seed of a new fencing counter.
 const PG_MICROS: &str = "CAST(EXTRACT(epoch FROM statement_timestamp()) * 1000000 AS BIGINT)";
+/// The statement's clock in milliseconds: a holder's acquisition time.
+const PG_MILLIS: &str = "CAST(EXTRACT(epoch FROM statement_timestamp()) * 1000 AS BIGINT)";
 
-fn postgres(t: &str, f: &str) -> Sql {
+fn postgres(t: &str, f: &str, h: &str) -> Sql {
     let now = PG_NOW;
     Sql {
         // `old` is the row as the statement found it. A holder's statements run one after the
@@ -83,7 +94,13 @@ fn postgres(t: &str, f: &str) -> Sql {
                     RETURNING 1), \
              d AS (INSERT INTO {f} AS g (key_id, n) SELECT $1, {PG_MICROS} FROM up \
                    WHERE NOT EXISTS (SELECT 1 FROM old WHERE old.key_token = $2) \
-                   ON CONFLICT (key_id) DO UPDATE SET n = g.n + 1 RETURNING g.n) \
+                   ON CONFLICT (key_id) DO UPDATE SET n = g.n + 1 RETURNING g.n), \
+             r AS (INSERT INTO {h} AS x (key_id, token, resource, record, at_ms) \
+                   SELECT $1, $2, $4, $5, {PG_MILLIS} FROM up \
+                   ON CONFLICT (key_id, token) DO UPDATE SET resource = EXCLUDED.resource, \
+                   record = EXCLUDED.record, at_ms = CASE WHEN EXISTS \
+                   (SELECT 1 FROM old WHERE old.key_token = $2) THEN x.at_ms \
+                   ELSE EXCLUDED.at_ms END) \
              SELECT EXISTS (SELECT 1 FROM up), (SELECT n FROM d), \
                     (SELECT key_token FROM old), \
                     (SELECT CAST((old.key_expiration - 0.5 - c.f) * 1000 AS BIGINT) FROM old, c)"
@@ -101,17 +118,21 @@ fn postgres(t: &str, f: &str) -> Sql {
             "UPDATE {t} SET key_expiration = {now} + $3 \
              WHERE key_id = $1 AND key_token = $2 AND key_expiration > {now}"
         ),
-        // The notification goes out at commit, and only when a row was deleted.
+        // The notification goes out at commit, and only when a row was deleted. The holder's
+        // record goes in the same statement.
         delete: format!(
             "WITH d AS (DELETE FROM {t} WHERE key_id = $1 AND key_token = $2 \
-                        RETURNING key_id, key_expiration) \
+                        RETURNING key_id, key_expiration), \
+             r AS (DELETE FROM {h} WHERE key_id = $1 AND token = $2) \
              SELECT COALESCE(d.key_expiration > {now}, false), pg_notify($3, d.key_id) FROM d"
         ),
         delete_any: String::new(),
         holders: format!(
-            "SELECT key_token, \
-             CAST((key_expiration - 0.5 - EXTRACT(epoch FROM statement_timestamp())) * 1000 \
-             AS BIGINT) FROM {t} WHERE key_id = $1 AND key_expiration > {now}"
+            "SELECT l.key_token, \
+             CAST((l.key_expiration - 0.5 - EXTRACT(epoch FROM statement_timestamp())) * 1000 \
+             AS BIGINT), x.record, x.at_ms, g.n FROM {t} l {} \
+             WHERE l.key_id = $1 AND l.key_expiration > {now}",
+            with_record(h, f)
         ),
         fence: format!("SELECT n FROM {f} WHERE key_id = $1"),
         // The outer condition is checked again on a row changed meanwhile (taken over).
@@ -145,7 +166,7 @@ fn postgres(t: &str, f: &str) -> Sql {
 const MY_NOW: &str = "UNIX_TIMESTAMP()";
 const MY_MICROS: &str = "CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS UNSIGNED)";
 
-fn mysql(t: &str, f: &str) -> Sql {
+fn mysql(t: &str, f: &str, h: &str) -> Sql {
     let now = MY_NOW;
     Sql {
         // MySQL has no conditional ON CONFLICT: one IF() per column, the token first. The
@@ -182,13 +203,22 @@ fn mysql(t: &str, f: &str) -> Sql {
             "UPDATE {t} SET key_expiration = {now} + ? \
              WHERE key_id = ? AND key_token = ? AND key_expiration > {now}"
         ),
+        // The holder's record goes in the same statement (the count is of both tables' rows).
         delete: format!(
-            "DELETE FROM {t} WHERE key_id = ? AND key_token = ? AND key_expiration > {now}"
+            "DELETE l, x FROM {t} l LEFT JOIN {h} x ON x.key_id = l.key_id \
+             AND x.token = l.key_token \
+             WHERE l.key_id = ? AND l.key_token = ? AND l.key_expiration > {now}"
         ),
-        delete_any: format!("DELETE FROM {t} WHERE key_id = ? AND key_token = ?"),
+        delete_any: format!(
+            "DELETE l, x FROM {t} l LEFT JOIN {h} x ON x.key_id = l.key_id \
+             AND x.token = l.key_token WHERE l.key_id = ? AND l.key_token = ?"
+        ),
         holders: format!(
-            "SELECT key_token, CAST((key_expiration - UNIX_TIMESTAMP(NOW(6))) * 1000 AS SIGNED) \
-             FROM {t} WHERE key_id = ? AND key_expiration > {now}"
+            "SELECT l.key_token, \
+             CAST((l.key_expiration - UNIX_TIMESTAMP(NOW(6))) * 1000 AS SIGNED), \
+             x.record, x.at_ms, CAST(g.n AS SIGNED) FROM {t} l {} \
+             WHERE l.key_id = ? AND l.key_expiration > {now}",
+            with_record(h, f)
         ),
         fence: format!("SELECT CAST(n AS SIGNED) FROM {f} WHERE key_id = ?"),
         prune: format!("DELETE FROM {t} WHERE key_expiration < {now} - 1 LIMIT 100"),
@@ -217,7 +247,7 @@ fn mysql(t: &str, f: &str) -> Sql {
 const LITE_NOW: &str = "CAST(strftime('%s','now') AS INTEGER)";
 const LITE_SECONDS: &str = "((julianday('now') - 2440587.5) * 86400.0)";
 
-fn sqlite(t: &str, f: &str) -> Sql {
+fn sqlite(t: &str, f: &str, h: &str) -> Sql {
     let now = LITE_NOW;
     Sql {
         save: format!(
@@ -246,8 +276,10 @@ fn sqlite(t: &str, f: &str) -> Sql {
         ),
         delete_any: String::new(),
         holders: format!(
-            "SELECT key_token, CAST((key_expiration - {LITE_SECONDS}) * 1000 AS INTEGER) \
-             FROM {t} WHERE key_id = ?1 AND key_expiration > {now}"
+            "SELECT l.key_token, CAST((l.key_expiration - {LITE_SECONDS}) * 1000 AS INTEGER), \
+             x.record, x.at_ms, g.n FROM {t} l {} \
+             WHERE l.key_id = ?1 AND l.key_expiration > {now}",
+            with_record(h, f)
         ),
         fence: format!("SELECT n FROM {f} WHERE key_id = ?1"),
         prune: format!(
@@ -272,4 +304,25 @@ fn sqlite(t: &str, f: &str) -> Sql {
         ],
         columns: "SELECT name, type, NULL FROM pragma_table_info(?1)".to_owned(),
     }
+}
+
+/// The records' table, beside `table`.
+pub(crate) fn holder_table(table: &str) -> String {
+    format!("{table}_holder")
+}
+
+/// PostgreSQL's parameters are numbered: `?` becomes `$1`, `$2`, … in `text` (a `$n` written
+/// as such is left as it is).
+pub(crate) fn numbered(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 8);
+    let mut i = 0;
+    for c in text.chars() {
+        if c == '?' {
+            i += 1;
+            out.push_str(&format!("${i}"));
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }

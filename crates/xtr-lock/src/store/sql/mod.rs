@@ -2,14 +2,13 @@
 //! MySQL/MariaDB and SQLite, shared with PHP processes on Symfony's `PdoStore`.
 
 use std::fmt;
-use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use async_trait::async_trait;
 use sha2::{Digest as _, Sha256};
 
-use super::held::{Claim, Held};
+use super::held::Held;
 use super::{
     Acquired, Capabilities, Conflict, HandleOwner, HolderInfo, Holding, LostReason, Saved, Store,
     Watcher, check_expiry,
@@ -20,20 +19,26 @@ use crate::key::{ANNOUNCING_SUFFIX, Key, Mode};
 pub(crate) mod config;
 mod dialect;
 pub(crate) mod errors;
+mod holder_sql;
+mod listing;
 mod notify;
 mod pool;
 mod queries;
+mod records;
 mod schema;
 mod sem_queries;
 mod sem_sql;
 mod semaphore;
+mod state;
 
 use crate::mutex::lock;
 use dialect::{Flavor, Sql};
+use holder_sql::HolderSql;
 use notify::Wakers;
 use pool::Pools;
 use queries::Pool;
 use sem_sql::SemSql;
+use state::HolderState;
 
 /// The token kind of SQL stores: Symfony's format (base64 of 32 bytes, 44 characters).
 const KIND: &str = "sql";
@@ -126,6 +131,8 @@ struct Inner {
     sql: Sql,
     /// The semaphores' statements (`<table>_sem`, `<table>_perm`).
     sem: SemSql,
+    /// The holders' records' statements (`<table>_holder`).
+    rec: HolderSql,
     pools: Pools,
     create_table: bool,
     statement_timeout: Duration,
@@ -150,35 +157,6 @@ impl Drop for Inner {
         if let Some(task) = lock(&self.listener).take() {
             task.abort();
         }
-    }
-}
-
-/// What the store keeps on a holder's key: what its last refusal found.
-#[derive(Default)]
-struct HolderState {
-    /// The holder met at the last refusal announces its release to this store's waiters.
-    announced: Arc<AtomicBool>,
-    /// ... through PostgreSQL's notifications (so only while the listener is up).
-    via_listener: Arc<AtomicBool>,
-    /// The holder's token was made by a save here that never had a connection to send it
-    /// on (the server unreachable, the caller gone): its release has nothing to delete.
-    unsent: Arc<AtomicBool>,
-    /// Its entry among the store's holders, gone with the key.
-    claim: Mutex<Option<Claim>>,
-    /// Until when its row is certainly unexpired: the send time of the last save or renewal
-    /// the database confirmed, plus the ttl less the 1 s the row may be taken early.
-    live_until: Mutex<Option<std::time::Instant>>,
-}
-
-impl HolderState {
-    /// Records that the row lasts at least until `until`.
-    fn confirm(&self, until: std::time::Instant) {
-        *lock(&self.live_until) = Some(until);
-    }
-
-    /// Whether the row was certainly unexpired at `at`, so that nobody else can have taken it.
-    fn live_at(&self, at: std::time::Instant) -> bool {
-        lock(&self.live_until).is_some_and(|until| at < until)
     }
 }
 
@@ -258,6 +236,7 @@ impl SqlStore {
                 flavor,
                 sql: Sql::new(flavor, table),
                 sem: SemSql::new(flavor, table),
+                rec: HolderSql::new(flavor, table),
                 pools,
                 create_table,
                 statement_timeout,
@@ -288,6 +267,7 @@ impl SqlStore {
         f(inner);
         inner.sql = Sql::new(inner.flavor, &inner.table);
         inner.sem = SemSql::new(inner.flavor, &inner.table);
+        inner.rec = HolderSql::new(inner.flavor, &inner.table);
         inner.channel = format!("xtr_lock_{}", &key_id(&inner.table)[..16]);
         store
     }
@@ -320,11 +300,13 @@ impl SqlStore {
     }
 
     /// The DDL [`create_table`](SqlStore::create_table) runs on this database: the lock table
-    /// with Symfony's column types, the fencing table, then the semaphores' two tables
-    /// (`<table>_sem`, `<table>_perm`). For migrations kept elsewhere.
+    /// with Symfony's column types, the fencing table, the holders' records
+    /// (`<table>_holder`), then the semaphores' two tables (`<table>_sem`, `<table>_perm`).
+    /// For migrations kept elsewhere.
     pub fn ddl(&self) -> Vec<String> {
         let (locks, sems) = (&self.inner.sql.create, &self.inner.sem.create);
-        locks.iter().chain(sems).cloned().collect()
+        let records = std::iter::once(&self.inner.rec.create);
+        locks.iter().chain(records).chain(sems).cloned().collect()
     }
 
     /// The lock table's name.
@@ -437,8 +419,8 @@ impl Store for SqlStore {
             observes_loss: false,
             leased: false,
             counting: true,
-            metadata: false,
-            lists: false,
+            metadata: true,
+            lists: true,
         }
     }
 
@@ -515,6 +497,18 @@ impl Store for SqlStore {
         self.who(resource).await
     }
 
+    /// The named holders under `prefix` (our records), and Symfony's rows where they can be
+    /// named (see `listing`).
+    async fn list(&self, prefix: &str) -> Result<Vec<crate::store::Listing>> {
+        self.listing(prefix).await
+    }
+
+    /// Woken by this store's acquisitions and releases, and on PostgreSQL by every release of
+    /// this library's holders; best effort, the observer polls for the rest.
+    async fn watch_changes(&self, resource: &str) -> Result<Option<Watcher>> {
+        Ok(Some(self.observer(resource).await))
+    }
+
     /// The resource's counter in `<table>_fence` (0 before its first acquisition).
     async fn fencing_counter(&self, resource: &str) -> Result<Option<u64>> {
         self.counter(resource).await.map(Some)
@@ -553,6 +547,11 @@ fn wake_id(key: &Key) -> String {
     } else {
         id
     }
+}
+
+/// The name an observer of `id` is woken by on an acquisition by this store's holders.
+fn changes_id(id: &str) -> String {
+    format!("c:{id}")
 }
 
 /// Whether a holder token is one of this library's (its releases announce themselves).

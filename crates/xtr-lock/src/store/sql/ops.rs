@@ -4,10 +4,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use super::records::{Rec, stored_name};
 use super::{
-    HolderState, Inner, KIND, SqlStore, acquired, announces, check_expiry, holding, key_id, lock,
-    notify, queries, refused, schema, wake_id, whole_seconds,
+    HolderState, Inner, KIND, SqlStore, acquired, announces, changes_id, check_expiry, holding,
+    key_id, lock, notify, queries, refused, schema, wake_id, whole_seconds,
 };
+use crate::meta::HolderRecord;
 use tokio::sync::watch;
 
 use crate::clock::BoxFuture;
@@ -233,19 +235,31 @@ impl SqlStore {
             unsent: Some(state.unsent.clone()),
             ..Run::keeping(&self.inner, key)
         };
+        let meta = key.meta();
+        // MySQL writes a re-saved holder's record only when its metadata changed.
+        let resave = state.written(&meta);
+        let record = Arc::new((stored_name(key.resource()), HolderRecord::now(key)));
         let (saved, sent) = {
             let (id, token, state) = (id.clone(), token.clone(), state.clone());
             let tried = Arc::new(AtomicBool::new(false));
             self.run(key.resource(), how, move |conn, inner| {
                 let (id, token, state) = (id.clone(), token.clone(), state.clone());
+                let record = record.clone();
                 let rerun = tried.swap(true, Ordering::AcqRel);
                 Box::pin(async move {
+                    let rec = Rec {
+                        sql: &inner.rec,
+                        resource: &record.0,
+                        record: &record.1,
+                        resave,
+                    };
                     // Whether this holder's row was certainly unexpired as the statement goes
                     // out: then finding our row means a re-save, and nobody can have drawn a
                     // token since ours.
                     let sent = Instant::now();
                     let live = inner.held.held_by(&id, |t| t == token) && state.live_at(sent);
-                    match queries::save(conn, &inner.sql, &id, &token, secs).await? {
+                    let ids = (id.as_str(), token.as_str());
+                    match queries::save(conn, &inner.sql, ids, secs, &rec).await? {
                         // Our row, and we cannot tell whether we just wrote it: an earlier run
                         // of this statement landed and its answer was lost with its connection
                         // (this is the rerun after a broken one), or a save given up on at its
@@ -265,7 +279,9 @@ impl SqlStore {
         match saved {
             queries::Saved::Acquired { fence } => {
                 state.confirm(sent + Duration::from_secs(u64::try_from(secs - 1).unwrap_or(0)));
+                state.wrote(meta);
                 self.inner.held.hold(&state.claim, &id, &token);
+                self.inner.wakers.notify(&changes_id(&id));
                 self.maybe_sweep();
                 check_expiry(self, key).await?;
                 Ok(acquired(fence))
@@ -358,7 +374,8 @@ impl SqlStore {
                 move |conn, inner| {
                     let (id, token) = (id.clone(), token.clone());
                     Box::pin(async move {
-                        queries::delete(conn, &inner.sql, &id, &token, &inner.channel).await
+                        let sql = (&inner.sql, inner.rec.delete.as_str());
+                        queries::delete(conn, sql, &id, &token, &inner.channel).await
                     })
                 },
             )
@@ -412,7 +429,7 @@ impl SqlStore {
 
     /// Starts the PostgreSQL listener unless it runs; the first time, waits (briefly) until it
     /// listens, so the first waiters need not poll.
-    async fn ensure_listener(&self) {
+    pub(super) async fn ensure_listener(&self) {
         let started = {
             let mut task = lock(&self.inner.listener);
             if task.as_ref().is_some_and(|t| !t.is_finished()) {
@@ -447,9 +464,11 @@ impl SqlStore {
             .await?;
         Ok(rows
             .into_iter()
-            .map(|(token, left)| {
+            .map(|(token, left, record)| {
                 let left = Duration::from_millis(u64::try_from(left).unwrap_or(0));
-                HolderInfo::new(Mode::Write, None, Some(left)).with_token(&token)
+                HolderInfo::new(Mode::Write, None, Some(left))
+                    .with_token(&token)
+                    .with_record(record)
             })
             .collect())
     }
@@ -484,16 +503,19 @@ impl SqlStore {
                 let mut taken = take(&pool, false, &mut bound, &inner).await?;
                 let rows = queries::execute(&mut taken.conn, &inner.sql.prune).await;
                 let counters = queries::execute(&mut taken.conn, &inner.sql.prune_fence).await;
+                // Records of holders whose rows went (released elsewhere, taken over, swept).
+                let records = queries::execute(&mut taken.conn, &inner.rec.prune).await;
                 // The semaphores' expired holders, once a semaphore was used here.
                 let permits = if inner.sem_schema.initialized() {
-                    queries::execute(&mut taken.conn, &inner.sem.prune)
-                        .await
-                        .map(Some)
+                    let rows = queries::execute(&mut taken.conn, &inner.sem.prune).await;
+                    let recs = queries::execute(&mut taken.conn, &inner.rec.prune_permits).await;
+                    rows.and_then(|r| recs.map(|s| Some((r, s))))
                 } else {
                     Ok(None)
                 };
-                taken.answered = rows.is_ok() && counters.is_ok() && permits.is_ok();
-                Ok::<_, Error>((rows, counters, permits))
+                taken.answered =
+                    rows.is_ok() && counters.is_ok() && records.is_ok() && permits.is_ok();
+                Ok::<_, Error>((rows, counters, records, permits))
             };
             let swept = tokio::time::timeout(limit * 2, sweep).await;
             tracing::debug!(target: crate::logging::TARGET, table = %inner.table,

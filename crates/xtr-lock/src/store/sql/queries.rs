@@ -7,6 +7,29 @@ use sqlx::pool::PoolConnection;
 use sqlx::{AssertSqlSafe, MySql, MySqlPool, PgPool, Postgres, Sqlite, SqlitePool};
 
 use super::dialect::{Flavor, Sql};
+use super::records::{Rec, record_of, upsert_record};
+use crate::meta::HolderRecord;
+
+/// Runs `$body` with `$c` the driver's own connection, on each of the three pools.
+macro_rules! on_conn {
+    ($conn:expr, |$c:ident| $body:expr) => {
+        match $conn {
+            Conn::Postgres(p) => {
+                let $c = &mut **p;
+                $body
+            }
+            Conn::MySql(p) => {
+                let $c = &mut **p;
+                $body
+            }
+            Conn::Sqlite(p) => {
+                let $c = &mut **p;
+                $body
+            }
+        }
+    };
+}
+pub(crate) use on_conn;
 
 /// One of the three pools.
 #[derive(Debug, Clone)]
@@ -165,8 +188,20 @@ fn row((token, live, left_ms): (String, bool, Option<i64>)) -> Row {
     }
 }
 
-/// Acquires `id` for `token` for `ttl` whole seconds.
-pub(crate) async fn save(conn: &mut Conn, sql: &Sql, id: &str, token: &str, ttl: i32) -> Db<Saved> {
+/// Writes `rec`'s record of (`id`, `token`); `new` resets its acquisition time.
+async fn upsert(conn: &mut Conn, rec: &Rec<'_>, ids: (&str, &str), new: bool) -> Db<()> {
+    on_conn!(conn, |c| upsert_record!(rec, c, ids, new, None))
+}
+
+/// Acquires `id` for `token` for `ttl` whole seconds, writing the holder's record `rec` with it
+/// (in the statement on PostgreSQL, in the transaction on SQLite, after it on MySQL).
+pub(crate) async fn save(
+    conn: &mut Conn,
+    sql: &Sql,
+    (id, token): (&str, &str),
+    ttl: i32,
+    rec: &Rec<'_>,
+) -> Db<Saved> {
     match conn {
         Conn::Postgres(p) => {
             let (got, n, holder, left): (bool, Option<i64>, Option<String>, Option<i64>) =
@@ -174,6 +209,8 @@ pub(crate) async fn save(conn: &mut Conn, sql: &Sql, id: &str, token: &str, ttl:
                     .bind(id)
                     .bind(token)
                     .bind(ttl)
+                    .bind(rec.resource)
+                    .bind(rec.text())
                     .fetch_one(&mut **p)
                     .await?;
             if got {
@@ -195,18 +232,26 @@ pub(crate) async fn save(conn: &mut Conn, sql: &Sql, id: &str, token: &str, ttl:
                 .execute(&mut **p)
                 .await?;
             match done.last_insert_id() {
-                // Our own row (a re-save, the same second's included).
-                1 => Ok(Saved::Acquired { fence: None }),
+                // Our own row (a re-save, the same second's included): its record is written
+                // again only when it changed.
+                1 => {
+                    if rec.resave {
+                        upsert(conn, rec, (id, token), false).await?;
+                    }
+                    Ok(Saved::Acquired { fence: None })
+                }
                 // A new row, or an expired one taken over.
-                0 | 2 => Ok(Saved::Acquired {
-                    fence: Some(draw(conn, sql, id).await?),
-                }),
+                0 | 2 => {
+                    let fence = draw(conn, sql, id).await?;
+                    upsert(conn, rec, (id, token), true).await?;
+                    Ok(Saved::Acquired { fence: Some(fence) })
+                }
                 _ => Ok(Saved::Conflict {
                     holder: read(conn, sql, id).await?,
                 }),
             }
         }
-        Conn::Sqlite(p) => save_sqlite(p, sql, id, token, ttl).await,
+        Conn::Sqlite(p) => save_sqlite(p, sql, (id, token), ttl, rec).await,
     }
 }
 
@@ -214,9 +259,9 @@ pub(crate) async fn save(conn: &mut Conn, sql: &Sql, id: &str, token: &str, ttl:
 async fn save_sqlite(
     p: &mut PoolConnection<Sqlite>,
     sql: &Sql,
-    id: &str,
-    token: &str,
+    (id, token): (&str, &str),
     ttl: i32,
+    rec: &Rec<'_>,
 ) -> Db<Saved> {
     // The write transaction holds the database's write lock from its first statement,
     // so the row read here is the row the upsert meets.
@@ -255,6 +300,7 @@ async fn save_sqlite(
     } else {
         None
     };
+    upsert_record!(rec, &mut *tx, (id, token), new, None)?;
     tx.commit().await?;
     Ok(Saved::Acquired { fence: fence(n) })
 }
@@ -355,7 +401,7 @@ pub(crate) async fn refresh(
 /// Deletes our row; whether it was live. PostgreSQL notifies `channel` when a row went.
 pub(crate) async fn delete(
     conn: &mut Conn,
-    sql: &Sql,
+    (sql, rec_delete): (&Sql, &str),
     id: &str,
     token: &str,
     channel: &str,
@@ -387,26 +433,46 @@ pub(crate) async fn delete(
                 false
             }
         }
-        Conn::Sqlite(p) => sqlx::query_scalar::<_, bool>(q)
-            .bind(id)
-            .bind(token)
-            .fetch_optional(&mut **p)
-            .await?
-            .unwrap_or(false),
+        Conn::Sqlite(p) => {
+            let live = sqlx::query_scalar::<_, bool>(q)
+                .bind(id)
+                .bind(token)
+                .fetch_optional(&mut **p)
+                .await?
+                .unwrap_or(false);
+            // In-process: a second statement costs no round trip.
+            sqlx::query(AssertSqlSafe(rec_delete))
+                .bind(id)
+                .bind(token)
+                .execute(&mut **p)
+                .await?;
+            live
+        }
     })
 }
 
-/// The live holder of `id` (token, milliseconds left).
-pub(crate) async fn holders(conn: &mut Conn, sql: &Sql, id: &str) -> Db<Vec<(String, i64)>> {
+/// The live holder of `id`: token, milliseconds left, its record where it is ours.
+pub(crate) async fn holders(
+    conn: &mut Conn,
+    sql: &Sql,
+    id: &str,
+) -> Db<Vec<(String, i64, Option<HolderRecord>)>> {
+    type Found = (
+        String,
+        Option<i64>,
+        Option<String>,
+        Option<i64>,
+        Option<i64>,
+    );
     let q = AssertSqlSafe(sql.holders.as_str());
-    let rows: Vec<(String, Option<i64>)> = match conn {
+    let rows: Vec<Found> = match conn {
         Conn::Postgres(p) => sqlx::query_as(q).bind(id).fetch_all(&mut **p).await?,
         Conn::MySql(p) => sqlx::query_as(q).bind(id).fetch_all(&mut **p).await?,
         Conn::Sqlite(p) => sqlx::query_as(q).bind(id).fetch_all(&mut **p).await?,
     };
     Ok(rows
         .into_iter()
-        .map(|(t, left)| (t, left.unwrap_or(0).max(0)))
+        .map(|(t, left, record, at, n)| (t, left.unwrap_or(0).max(0), record_of(record, at, n)))
         .collect())
 }
 

@@ -3,6 +3,7 @@
 
 use super::Inner;
 use super::dialect::Flavor;
+use super::dialect::holder_table;
 use super::errors::map_error;
 use super::queries::{self, Conn};
 use super::sem_sql::{perm_table, sem_table};
@@ -17,6 +18,13 @@ const LOCKS: Wanted = &[
     ("key_expiration", Kind::Number, None),
 ];
 const FENCE: Wanted = &[("key_id", Kind::Text, Some(64)), ("n", Kind::Number, None)];
+const RECORDS: Wanted = &[
+    ("key_id", Kind::Text, Some(66)),
+    ("token", Kind::Text, Some(44)),
+    ("resource", Kind::Text, None),
+    ("record", Kind::Text, None),
+    ("at_ms", Kind::Number, None),
+];
 const SEMAPHORES: Wanted = &[
     ("sem_id", Kind::Text, Some(64)),
     ("sem_limit", Kind::Number, None),
@@ -29,7 +37,7 @@ const PERMITS: Wanted = &[
     ("expiration", Kind::Number, None),
 ];
 
-/// Checks the lock table and the fencing table, making them first when `create` allows; whether
+/// Checks the lock table, the fencing table and the holders' records, making them first when `create` allows; whether
 /// anything was made.
 pub(super) async fn ensure(inner: &Inner, conn: &mut Conn, create: bool) -> Result<bool> {
     let table = &inner.table;
@@ -40,6 +48,12 @@ pub(super) async fn ensure(inner: &Inner, conn: &mut Conn, create: bool) -> Resu
             &inner.sql.create[1],
             FENCE,
             "the fencing table of this library",
+        ),
+        (
+            holder_table(table),
+            &inner.rec.create,
+            RECORDS,
+            "the holders' records of this library",
         ),
     ];
     ensure_tables(inner, conn, create, &tables).await

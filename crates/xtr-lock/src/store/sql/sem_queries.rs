@@ -3,31 +3,13 @@
 
 use sqlx::AssertSqlSafe;
 
-use super::queries::Conn;
+use super::queries::{Conn, on_conn};
+use super::records::{Rec, record_of, upsert_record};
 use super::sem_sql::SemSql;
+use crate::meta::HolderRecord;
 use crate::permits::Permits;
 
 type Db<T> = Result<T, sqlx::Error>;
-
-/// Runs `$body` with `$c` the driver's own connection, on each of the three pools.
-macro_rules! on_conn {
-    ($conn:expr, |$c:ident| $body:expr) => {
-        match $conn {
-            Conn::Postgres(p) => {
-                let $c = &mut **p;
-                $body
-            }
-            Conn::MySql(p) => {
-                let $c = &mut **p;
-                $body
-            }
-            Conn::Sqlite(p) => {
-                let $c = &mut **p;
-                $body
-            }
-        }
-    };
-}
 
 /// A live holder as a statement found it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -153,13 +135,14 @@ macro_rules! take {
 /// re-save then draws no new fencing token).
 pub(crate) async fn admit(
     conn: &mut Conn,
-    sql: &SemSql,
+    (sql, rec): (&SemSql, &Rec<'_>),
     ids: (&str, &str),
     p: Permits,
     ttl: i64,
     known: bool,
 ) -> Db<Admitted> {
     let (id, token) = ids;
+    let rec_id = format!("s:{id}");
     let sqlite = matches!(conn, Conn::Sqlite(_));
     on_conn!(conn, |c| {
         let mut tx = if sqlite {
@@ -212,6 +195,9 @@ pub(crate) async fn admit(
         } else {
             None
         };
+        // The holder's record, in the same transaction (one more statement: the admission
+        // runs several already). A re-save keeps its acquisition time.
+        upsert_record!(rec, &mut *tx, (&rec_id, token), draw, fence)?;
         tx.commit().await?;
         Ok(Admitted::Taken { fence })
     })
@@ -263,7 +249,7 @@ pub(crate) async fn refresh(
 /// row went.
 pub(crate) async fn delete(
     conn: &mut Conn,
-    sql: &SemSql,
+    (sql, rec_delete): (&SemSql, &str),
     ids: (&str, &str),
     channel: &str,
     payload: &str,
@@ -279,6 +265,7 @@ pub(crate) async fn delete(
             .await?;
         return Ok(live == Some(1));
     }
+    let sqlite = matches!(conn, Conn::Sqlite(_));
     let (live, any) = (
         AssertSqlSafe(sql.delete.as_str()),
         AssertSqlSafe(sql.delete_any.as_str()),
@@ -292,25 +279,37 @@ pub(crate) async fn delete(
             .rows_affected();
         if went == 0 {
             // An expired row of ours, if any, goes too.
-            sqlx::query(any).bind(id).bind(token).execute(c).await?;
+            sqlx::query(any)
+                .bind(id)
+                .bind(token)
+                .execute(&mut *c)
+                .await?;
+        }
+        if sqlite {
+            // MySQL deleted the record with the row; SQLite is in-process, a second
+            // statement costs no round trip.
+            let rec_id = format!("s:{id}");
+            let q = AssertSqlSafe(rec_delete);
+            sqlx::query(q).bind(rec_id).bind(token).execute(c).await?;
         }
         Ok(went > 0)
     })
 }
 
-/// The live holders and the limit they use (`None` when nobody holds).
+/// The live holders (each with its record where it has one) and the limit they use (`None`
+/// when nobody holds).
 pub(crate) async fn usage(
     conn: &mut Conn,
     sql: &SemSql,
     id: &str,
-) -> Db<(Vec<Holder>, Option<u32>)> {
+) -> Db<(Vec<(Holder, Option<HolderRecord>)>, Option<u32>)> {
+    type Found = (String, i64, Option<i64>, i64, Option<String>, Option<i64>);
     let text = AssertSqlSafe(sql.usage.as_str());
-    let rows: Vec<(String, i64, Option<i64>, i64)> =
-        on_conn!(conn, |c| sqlx::query_as(text).bind(id).fetch_all(c).await?);
+    let rows: Vec<Found> = on_conn!(conn, |c| sqlx::query_as(text).bind(id).fetch_all(c).await?);
     let limit = rows.first().map(|r| limit_of(r.3));
     let holders = rows
         .into_iter()
-        .map(|(t, n, left, _)| holder((t, n, left)))
+        .map(|(t, n, left, _, record, at)| (holder((t, n, left)), record_of(record, at, None)))
         .collect();
     Ok((holders, limit))
 }

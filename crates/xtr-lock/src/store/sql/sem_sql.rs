@@ -10,7 +10,7 @@
 //! Each text binds its parameters in the order they appear (written with `?`; PostgreSQL's are
 //! numbered here), so one call binds them the same way on every database.
 
-use super::dialect::Flavor;
+use super::dialect::{Flavor, holder_table, numbered};
 
 /// The statements of one semaphore layout on one database.
 #[derive(Debug)]
@@ -115,14 +115,37 @@ impl SemSql {
                  ON CONFLICT (sem_id) DO NOTHING"
             ),
         };
+        let rec = holder_table(table);
+        let sem_key = match flavor {
+            Flavor::MySql => "CONCAT('s:', h.sem_id)",
+            _ => "'s:' || h.sem_id",
+        };
+        // The holder's record goes in the same statement (SQLite's in a second one, in-process).
         let delete = match flavor {
-            // The notification goes out at commit, and only when a row went.
+            // The notification goes out at commit, and only when a row went. Written numbered:
+            // the record's delete reuses the first two parameters.
             Flavor::Postgres => format!(
-                "WITH d AS (DELETE FROM {p} WHERE sem_id = ? AND token = ? RETURNING expiration) \
+                "WITH d AS (DELETE FROM {p} WHERE sem_id = $1 AND token = $2 RETURNING expiration), \
+                 r AS (DELETE FROM {rec} WHERE key_id = 's:' || $1 AND token = $2) \
                  SELECT CAST(CASE WHEN d.expiration > {now} THEN 1 ELSE 0 END AS BIGINT), \
-                 pg_notify(?, ?) FROM d"
+                 pg_notify($3, $4) FROM d"
             ),
-            _ => format!("DELETE FROM {p} WHERE sem_id = ? AND token = ? AND expiration > {now}"),
+            Flavor::MySql => format!(
+                "DELETE p, x FROM {p} p LEFT JOIN {rec} x \
+                 ON x.key_id = CONCAT('s:', p.sem_id) AND x.token = p.token \
+                 WHERE p.sem_id = ? AND p.token = ? AND p.expiration > {now}"
+            ),
+            Flavor::Sqlite => {
+                format!("DELETE FROM {p} WHERE sem_id = ? AND token = ? AND expiration > {now}")
+            }
+        };
+        let delete_any = match flavor {
+            Flavor::MySql => format!(
+                "DELETE p, x FROM {p} p LEFT JOIN {rec} x \
+                 ON x.key_id = CONCAT('s:', p.sem_id) AND x.token = p.token \
+                 WHERE p.sem_id = ? AND p.token = ?"
+            ),
+            _ => format!("DELETE FROM {p} WHERE sem_id = ? AND token = ?"),
         };
         let prune = if flavor == Flavor::MySql {
             format!("DELETE FROM {p} WHERE expiration < {now} - 1 LIMIT 100")
@@ -154,10 +177,11 @@ impl SemSql {
                  FROM {p} WHERE sem_id = ? AND token = ?"
             ),
             delete,
-            delete_any: format!("DELETE FROM {p} WHERE sem_id = ? AND token = ?"),
+            delete_any,
             usage: format!(
                 "SELECT h.token, h.permits, CAST((h.expiration - {fine}) * 1000 AS {int}), \
-                 s.sem_limit FROM {p} h JOIN {s} s ON s.sem_id = h.sem_id \
+                 s.sem_limit, x.record, x.at_ms FROM {p} h JOIN {s} s ON s.sem_id = h.sem_id \
+                 LEFT JOIN {rec} x ON x.key_id = {sem_key} AND x.token = h.token \
                  WHERE h.sem_id = ? AND h.expiration > {now}"
             ),
             prune,
@@ -172,19 +196,7 @@ impl SemSql {
 
     /// PostgreSQL's parameters are numbered: `?` becomes `$1`, `$2`, … in each text.
     fn numbered(self) -> SemSql {
-        let n = |text: String| {
-            let mut out = String::with_capacity(text.len() + 8);
-            let mut i = 0;
-            for c in text.chars() {
-                if c == '?' {
-                    i += 1;
-                    out.push_str(&format!("${i}"));
-                } else {
-                    out.push(c);
-                }
-            }
-            out
-        };
+        let n = |text: String| numbered(&text);
         SemSql {
             ensure: n(self.ensure),
             lock: n(self.lock),

@@ -7,12 +7,14 @@ use std::time::{Duration, Instant};
 
 use super::dialect::Flavor;
 use super::ops::Run;
+use super::records::{Rec, stored_name};
 use super::sem_queries::{self, Admitted};
 use super::{
     HolderState, KIND, SqlStore, acquired, announces, check_expiry, key_id, wake_id, whole_seconds,
 };
 use crate::error::{Error, LostReason, Result};
 use crate::key::{Key, Mode};
+use crate::meta::HolderRecord;
 use crate::permits::Permits;
 use crate::store::{Conflict, HolderInfo, Holding, Saved, Usage};
 
@@ -54,21 +56,35 @@ impl SqlStore {
         let how = Run::keeping(&self.inner, key)
             .unsent(state.unsent.clone())
             .semaphores();
+        let record = Arc::new((stored_name(key.resource()), HolderRecord::now(key)));
         let (admitted, sent) = {
             let state = state.clone();
             let tried = Arc::new(AtomicBool::new(false));
             self.run(key.resource(), how, move |conn, inner| {
                 let (id, token, state) = (id.clone(), token.clone(), state.clone());
+                let record = record.clone();
                 let rerun = tried.swap(true, Ordering::AcqRel);
                 Box::pin(async move {
+                    let rec = Rec {
+                        sql: &inner.rec,
+                        resource: &record.0,
+                        record: &record.1,
+                        resave: true,
+                    };
                     // Our row certainly live as the statement goes out (and this is no rerun
                     // after a lost answer): finding it is a re-save, with no new fencing token.
                     let sent = Instant::now();
                     let known = !rerun && state.live_at(sent);
                     let ids = (id.as_str(), token.as_str());
-                    let admitted =
-                        sem_queries::admit(conn, &inner.sem, ids, permits, i64::from(secs), known)
-                            .await?;
+                    let admitted = sem_queries::admit(
+                        conn,
+                        (&inner.sem, &rec),
+                        ids,
+                        permits,
+                        i64::from(secs),
+                        known,
+                    )
+                    .await?;
                     Ok((admitted, sent))
                 })
             })
@@ -180,7 +196,8 @@ impl SqlStore {
                 let (id, token, wake) = (id.clone(), token.clone(), wake.clone());
                 Box::pin(async move {
                     let ids = (id.as_str(), token.as_str());
-                    sem_queries::delete(conn, &inner.sem, ids, &inner.channel, &wake).await
+                    let sql = (&inner.sem, inner.rec.delete.as_str());
+                    sem_queries::delete(conn, sql, ids, &inner.channel, &wake).await
                 })
             })
             .await?
@@ -199,14 +216,15 @@ impl SqlStore {
                 Box::pin(async move { sem_queries::usage(conn, &inner.sem, &id).await })
             })
             .await?;
-        let used = holders.iter().map(|h| h.permits).sum();
+        let used = holders.iter().map(|(h, _)| h.permits).sum();
         let holders = holders
             .into_iter()
-            .map(|h| {
+            .map(|(h, record)| {
                 let left = Duration::from_millis(u64::try_from(h.left_ms).unwrap_or(0));
                 HolderInfo::new(Mode::Write, None, Some(left))
                     .with_token(&h.token)
                     .with_permits(h.permits)
+                    .with_record(record)
             })
             .collect();
         Ok(Usage {

@@ -421,7 +421,7 @@ pub(crate) enum Command {
     /// Make the SQL table store's tables (postgres://, mysql://, mariadb://, sqlite://).
     ///
     /// The lock table with Symfony Lock's column types, shared with PHP's PdoStore, and this
-    /// library's fencing, holder-record (<table>_holder: who holds, since when, with what
+    /// library's fencing, holder-record (TABLE_holder: who holds, since when, with what
     /// metadata) and semaphore tables. Tables already there are checked and kept as they are.
     Migrate {
         #[command(flatten)]

@@ -42,16 +42,13 @@ pub(super) async fn until(what: &str, mut ok: impl FnMut() -> bool) {
     }
 }
 
-/// `etcdctl lock NAME -- sh -c 'echo $ETCD_LOCK_REV; sleep S'`: prints the revision once it holds.
-fn etcdctl_lock(
-    cluster: &EtcdCluster,
-    name: &str,
-    hold_secs: u32,
-) -> (Child, std::sync::mpsc::Receiver<u64>) {
-    let mut child = cluster
-        .etcdctl()
-        .args(["lock", name, "--", "sh", "-c"])
-        .arg(format!("echo rev=$ETCD_LOCK_REV; sleep {hold_secs}"))
+/// Starts `cmd` (an `etcdctl` command) and sends what `pick` takes from each line of its
+/// output on a channel.
+pub(super) fn spawn_lines<T: Send + 'static>(
+    cmd: &mut std::process::Command,
+    pick: impl Fn(String) -> Option<T> + Send + 'static,
+) -> (Child, std::sync::mpsc::Receiver<T>) {
+    let mut child = cmd
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -60,12 +57,26 @@ fn etcdctl_lock(
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(out).lines().map_while(Result::ok) {
-            if let Some(rev) = line.strip_prefix("rev=") {
-                let _ = tx.send(rev.trim().parse().unwrap());
+            if let Some(v) = pick(line) {
+                let _ = tx.send(v);
             }
         }
     });
     (child, rx)
+}
+
+/// `etcdctl lock NAME -- sh -c 'echo $ETCD_LOCK_REV; sleep S'`: prints the revision once it holds.
+fn etcdctl_lock(
+    cluster: &EtcdCluster,
+    name: &str,
+    hold_secs: u32,
+) -> (Child, std::sync::mpsc::Receiver<u64>) {
+    let mut cmd = cluster.etcdctl();
+    cmd.args(["lock", name, "--", "sh", "-c"])
+        .arg(format!("echo rev=$ETCD_LOCK_REV; sleep {hold_secs}"));
+    spawn_lines(&mut cmd, |line| {
+        line.strip_prefix("rev=").map(|rev| rev.trim().parse().unwrap())
+    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -3,36 +3,22 @@
 //! waits while `etcdctl elect -l` prints our value; `etcdctl elect` leads and ours waits, sees
 //! its proposal, and leads once it resigns. Records never sit where a peer looks.
 
-use std::io::{BufRead as _, BufReader};
-use std::process::{Child, Stdio};
+use std::process::Child;
 use std::sync::mpsc::Receiver;
 use std::time::Duration;
 
 use xtr_lock::{LockFactory, Lockable as _, Store as _};
 use xtr_lock_testkit::etcd::EtcdCluster;
 
-use super::etcd::{keys, resource, store};
+use super::etcd::{keys, resource, spawn_lines, store};
 
 const PATIENCE: Duration = Duration::from_secs(20);
 
 /// `etcdctl elect [args]`, its output lines on a channel.
 fn etcdctl_elect(cluster: &EtcdCluster, args: &[&str]) -> (Child, Receiver<String>) {
-    let mut child = cluster
-        .etcdctl()
-        .arg("elect")
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("etcdctl (apt-get install etcd-client)");
-    let out = child.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(out).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    (child, rx)
+    let mut cmd = cluster.etcdctl();
+    cmd.arg("elect").args(args);
+    spawn_lines(&mut cmd, Some)
 }
 
 /// Waits (off the runtime) until `rx` gives the line `want`.

@@ -134,3 +134,17 @@ async fn a_semaphore_holders_record_follows_its_permits() {
     let usage = s.usage().await.unwrap();
     assert!(usage.holders.is_empty(), "{usage:?}");
 }
+
+/// Review finding: a lock named like another lock's record key would overwrite that record, and
+/// the other lock's release would delete it: such names are refused before anything is stored.
+#[tokio::test]
+async fn names_of_record_keys_are_refused() {
+    let server = xtr_lock_testkit::memcached::MemcachedServer::start();
+    let store = xtr_lock::MemcachedStore::from_dsn(&server.url()).unwrap();
+    let factory = xtr_lock::LockFactory::new(store).with_ttl(std::time::Duration::from_secs(30));
+    for name in ["job#xtr-holder", "xtr-holder#abc", "s:sem:holder:t"] {
+        let err = factory.create_lock(name).try_acquire().await.unwrap_err();
+        assert_eq!(err.kind(), xtr_lock::ErrorKind::InvalidArgument, "{name}: {err}");
+        assert!(err.to_string().contains("holder records"), "{err}");
+    }
+}

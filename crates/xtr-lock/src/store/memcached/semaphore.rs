@@ -16,7 +16,10 @@ use crate::store::{Acquired, Conflict, HolderInfo, Holding, Saved, Usage, check_
 impl MemcachedStore {
     /// The semaphore's name as its keys' stem: a valid key with room for `:sem:limit`.
     fn sem_name(&self, resource: &str) -> Result<String> {
-        if Self::is_valid_name(resource) && resource.len() <= MAX_NAME {
+        if Self::is_valid_name(resource)
+            && resource.len() <= MAX_NAME
+            && !super::records::is_reserved(resource)
+        {
             return Ok(resource.to_owned());
         }
         Err(Error::invalid_argument(format!(

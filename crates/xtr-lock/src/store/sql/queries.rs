@@ -236,14 +236,14 @@ pub(crate) async fn save(
                 // again only when it changed.
                 1 => {
                     if rec.resave {
-                        upsert(conn, rec, (id, token), false).await?;
+                        upsert_after(conn, rec, (id, token), false).await;
                     }
                     Ok(Saved::Acquired { fence: None })
                 }
                 // A new row, or an expired one taken over.
                 0 | 2 => {
                     let fence = draw(conn, sql, id).await?;
-                    upsert(conn, rec, (id, token), true).await?;
+                    upsert_after(conn, rec, (id, token), true).await;
                     Ok(Saved::Acquired { fence: Some(fence) })
                 }
                 _ => Ok(Saved::Conflict {
@@ -252,6 +252,16 @@ pub(crate) async fn save(
             }
         }
         Conn::Sqlite(p) => save_sqlite(p, sql, (id, token), ttl, rec).await,
+    }
+}
+
+/// MySQL's record, written after the lock row committed: best effort, since failing the save
+/// now would leave the row held by a caller told it failed (the holder then shows without
+/// metadata).
+async fn upsert_after(conn: &mut Conn, rec: &Rec<'_>, holder: (&str, &str), fresh: bool) {
+    if let Err(err) = upsert(conn, rec, holder, fresh).await {
+        tracing::warn!(target: crate::logging::TARGET, error = %err,
+            "could not write the holder's record; it shows without metadata");
     }
 }
 

@@ -98,7 +98,21 @@ fn command_line(words: &[OsString]) -> String {
 }
 
 /// Option names whose values are secrets: `--password=…`, `PGPASSWORD=…`, `token=…`.
-const SECRET_NAMES: &[&str] = &["password", "passwd", "pwd", "secret", "token", "auth"];
+const SECRET_NAMES: &[&str] = &[
+    "pass",
+    "pwd",
+    "secret",
+    "token",
+    "auth",
+    "key",
+    "credential",
+    "cookie",
+    "bearer",
+];
+
+/// Short options whose next word (or the rest of the word: `-psecret`) is a password in common
+/// tools (`mysql -p`, `redis-cli -a`, `sshpass -p`, `curl -u user:pass`).
+const SECRET_SHORT: &[&str] = &["-p", "-a", "-u"];
 
 /// `text` (a command line: a `sh -c` script is one word of many) with each whitespace-separated
 /// token that could carry a credential redacted ([`redact_token`]), and the token after an
@@ -115,7 +129,7 @@ pub(crate) fn redact_text(text: &str) -> String {
             false => out.push_str(&redact_token(token)),
         }
         if !token.is_empty() {
-            secret_next = token.starts_with('-') && !token.contains('=') && secret_name(token);
+            secret_next = announces_secret(token);
         }
         let next = rest[end..]
             .find(|c: char| !c.is_whitespace())
@@ -124,6 +138,18 @@ pub(crate) fn redact_text(text: &str) -> String {
         rest = &rest[next..];
     }
     out
+}
+
+/// Whether the word after `token` is a secret: after an option named like one
+/// (`--password`), a short option of [`SECRET_SHORT`], a header name like one
+/// (`Authorization:`), or an authentication scheme (`Bearer`).
+fn announces_secret(token: &str) -> bool {
+    let bare = token.trim_matches(['"', '\'']);
+    (bare.starts_with('-')
+        && !bare.contains('=')
+        && (secret_name(bare) || SECRET_SHORT.contains(&bare)))
+        || (bare.ends_with(':') && secret_name(bare))
+        || ["bearer", "basic", "token"].contains(&bare.to_ascii_lowercase().as_str())
 }
 
 /// Whether an option or variable name looks like a secret's (`--db-password`, `PGPASSWORD`).
@@ -149,13 +175,39 @@ fn redact_token(token: &str) -> String {
         }
         return token.to_owned();
     }
-    if let Some((name, value)) = token.split_once('=')
-        && !value.is_empty()
-        && secret_name(name)
+    if let Some(short) = SECRET_SHORT.iter().find(|s| token.starts_with(**s))
+        && token.len() > 2
+        && !token.starts_with("--")
     {
-        return format!("{name}=***");
+        // `-psecret`: the value is the rest of the word.
+        return format!("{short}***");
     }
-    token.to_owned()
+    if token.contains(';') {
+        // `Server=h;User Id=u;Password=pw`: each pair on its own.
+        let parts: Vec<String> = token.split(';').map(redact_pair).collect();
+        return parts.join(";");
+    }
+    redact_userinfo(&redact_pair(token))
+}
+
+/// `NAME=value` with the value redacted when NAME looks like a secret's.
+fn redact_pair(pair: &str) -> String {
+    match pair.split_once('=') {
+        Some((name, value)) if !value.is_empty() && secret_name(name) => format!("{name}=***"),
+        _ => pair.to_owned(),
+    }
+}
+
+/// `user:pass@host` (no scheme: `scp`, `curl -u`'s form in a URL-less word) with the password
+/// redacted: a `:` before the first `@`.
+fn redact_userinfo(token: &str) -> String {
+    match token.split_once('@') {
+        Some((user, host)) if user.contains(':') && !host.is_empty() => {
+            let name = user.split(':').next().unwrap_or_default();
+            format!("{name}:***@{host}")
+        }
+        _ => token.to_owned(),
+    }
 }
 
 /// A holder's metadata for JSON output: the JSON it is, else its text (invalid UTF-8 replaced).
@@ -207,6 +259,31 @@ mod tests {
             "https://example.com/a"
         );
         assert_eq!(redact_word("sleep"), "sleep");
+    }
+
+    /// Review finding: the forms common tools take passwords in were stored in clear.
+    #[test]
+    fn common_tools_password_forms_are_redacted() {
+        for (line, secret) in [
+            ("mysql -psecret db", "secret"),
+            ("mysql -p secret db", "secret"),
+            ("redis-cli -a pw123 ping", "pw123"),
+            ("sshpass -p pw123 ssh h", "pw123"),
+            ("curl -u user:pass https://h", "pass"),
+            ("scp u:pw123@h:f .", "pw123"),
+            ("app Server=h;User Id=u;Password=pw123", "pw123"),
+            ("curl -H 'Authorization: Bearer tok123' h", "tok123"),
+            ("API_KEY=k123 ./job", "k123"),
+            ("./job --pass x123", "x123"),
+        ] {
+            let r = redact_text(line);
+            assert!(!r.contains(secret), "{line} -> {r}");
+        }
+        assert_eq!(
+            redact_text("git clone git@github.com:o/r"),
+            "git clone git@github.com:o/r"
+        );
+        assert_eq!(redact_text("sleep 30"), "sleep 30");
     }
 
     #[test]

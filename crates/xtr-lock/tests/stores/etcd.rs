@@ -75,7 +75,8 @@ fn etcdctl_lock(
     cmd.args(["lock", name, "--", "sh", "-c"])
         .arg(format!("echo rev=$ETCD_LOCK_REV; sleep {hold_secs}"));
     spawn_lines(&mut cmd, |line| {
-        line.strip_prefix("rev=").map(|rev| rev.trim().parse().unwrap())
+        line.strip_prefix("rev=")
+            .map(|rev| rev.trim().parse().unwrap())
     })
 }
 

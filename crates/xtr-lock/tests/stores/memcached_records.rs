@@ -144,7 +144,11 @@ async fn names_of_record_keys_are_refused() {
     let factory = xtr_lock::LockFactory::new(store).with_ttl(std::time::Duration::from_secs(30));
     for name in ["job#xtr-holder", "xtr-holder#abc", "s:sem:holder:t"] {
         let err = factory.create_lock(name).try_acquire().await.unwrap_err();
-        assert_eq!(err.kind(), xtr_lock::ErrorKind::InvalidArgument, "{name}: {err}");
+        assert_eq!(
+            err.kind(),
+            xtr_lock::ErrorKind::InvalidArgument,
+            "{name}: {err}"
+        );
         assert!(err.to_string().contains("holder records"), "{err}");
     }
 }

@@ -39,7 +39,9 @@ fn fit(key: String) -> String {
 /// Whether `name` is one of our record keys' names (a lock of that name would overwrite, and
 /// be deleted with, another lock's record).
 pub(super) fn is_reserved(name: &str) -> bool {
-    name.ends_with("#xtr-holder") || name.starts_with("xtr-holder#") || name.contains(":sem:holder:")
+    name.ends_with("#xtr-holder")
+        || name.starts_with("xtr-holder#")
+        || name.contains(":sem:holder:")
 }
 
 /// The record key of lock `name`.

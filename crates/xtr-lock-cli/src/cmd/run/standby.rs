@@ -50,7 +50,7 @@ pub(super) async fn run(
             );
         } else if args.take.verbose {
             eprintln!(
-                "xtr-lock: the command failed after {}; campaigning again in {}",
+                "xtr-lock: the command ended after {}; campaigning again in {}",
                 short(ran),
                 short(backoff)
             );
@@ -62,13 +62,15 @@ pub(super) async fn run(
     }
 }
 
-/// The wait before the next campaign: none after a success, a lost lock (somebody else leads
-/// now) or a run of [`QUICK`] or more; after a quick failure 1s, then twice the last, at most
-/// [`LONGEST`].
+/// The wait before the next campaign: none after a lost lock (somebody else leads now) or a
+/// run of [`QUICK`] or more; after a quick success [`FIRST`] (a command that ends at once must
+/// not spin either); after a quick failure 1s, then twice the last, at most [`LONGEST`].
 fn next_backoff(last: Duration, exit: Exit, ran: Duration) -> Duration {
-    let failed = !matches!(exit, Exit::Ok | Exit::Command(0) | Exit::Lost);
-    if !failed || ran >= QUICK {
+    if matches!(exit, Exit::Lost) || ran >= QUICK {
         return Duration::ZERO;
+    }
+    if matches!(exit, Exit::Ok | Exit::Command(0)) {
+        return FIRST;
     }
     match last.is_zero() {
         true => FIRST,
@@ -119,7 +121,12 @@ mod tests {
         assert_eq!(next_backoff(s(32), Exit::Command(1), s(1)), s(60));
         assert_eq!(next_backoff(s(60), Exit::Command(1), s(1)), s(60));
         assert_eq!(next_backoff(s(8), Exit::Command(1), s(31)), s(0));
-        assert_eq!(next_backoff(s(8), Exit::Command(0), s(1)), s(0));
+        assert_eq!(
+            next_backoff(s(8), Exit::Command(0), s(1)),
+            s(1),
+            "no spin on success"
+        );
+        assert_eq!(next_backoff(s(8), Exit::Command(0), s(31)), s(0));
         assert_eq!(next_backoff(s(8), Exit::Lost, s(1)), s(0));
         assert_eq!(next_backoff(s(0), Exit::CannotRun(127), s(0)), s(1));
     }

@@ -66,6 +66,19 @@ impl EtcdCluster {
     }
 
     fn start_with(n: usize, tls: bool) -> EtcdCluster {
+        // A port found free can be taken by another test's connection before etcd binds it:
+        // then the cluster is started again on other ports (twice at most).
+        for attempt in 1.. {
+            match std::panic::catch_unwind(|| Self::try_start(n, tls)) {
+                Ok(cluster) => return cluster,
+                Err(panic) if attempt < 3 && crate::process::lost_a_port(&panic) => {}
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+        }
+        unreachable!("the loop returns or panics")
+    }
+
+    fn try_start(n: usize, tls: bool) -> EtcdCluster {
         assert!(n >= 1, "a cluster has at least one member");
         let dir = tempfile::Builder::new()
             .prefix("xtr-testkit-etcd-")

@@ -69,3 +69,14 @@ pub(crate) fn stop(pid: Pid) -> rustix::io::Result<()> {
         std::thread::sleep(Duration::from_millis(1));
     }
 }
+
+/// Whether a panic of a server's start says that a port found free was taken meanwhile (the
+/// start can then be tried again on other ports).
+pub(crate) fn lost_a_port(panic: &(dyn std::any::Any + Send)) -> bool {
+    let text = panic
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| panic.downcast_ref::<&str>().copied())
+        .unwrap_or_default();
+    text.contains("address already in use") || text.contains("Address already in use")
+}

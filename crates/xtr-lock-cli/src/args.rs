@@ -136,42 +136,7 @@ impl Settings {
     /// before anything can fail, so that its errors are events too; `-v` as the wait is read.
     pub(crate) fn from_args(cli: Cli) -> Result<Settings> {
         Ok(match cli.command {
-            Command::Run {
-                store,
-                wait,
-                kill_after,
-                shell,
-                close,
-                unlock,
-                no_fork,
-                json,
-                standby,
-                max_restarts,
-                resource,
-                command,
-            } => {
-                crate::output::set_json(json);
-                refuse_flock_only(unlock, no_fork)?;
-                let command = command_line(shell, command, &resource)?;
-                let source = Source::of(&store)?;
-                let mut take = Take::from_args(&wait, &source)?;
-                take.meta = Some(crate::meta::holder_meta(&wait.meta, Some(&command))?);
-                if standby {
-                    // A standby waits for its turn however long, whatever the file says.
-                    take.wait = Wait::Forever;
-                }
-                let kill_after = duration("--kill-after", &kill_after)?;
-                Settings::Run(RunSettings {
-                    resource: source.resource(&resource),
-                    named: resource,
-                    source,
-                    take,
-                    kill_after,
-                    close,
-                    command,
-                    standby: standby.then_some(max_restarts),
-                })
-            }
+            run @ Command::Run { .. } => Settings::run(run)?,
             Command::Acquire {
                 store,
                 wait,
@@ -207,28 +172,13 @@ impl Settings {
                 store,
                 prefix,
                 json,
-            } => {
-                let source = Source::of(&store)?;
-                Settings::List {
-                    prefix: source.resource(prefix.as_deref().unwrap_or("")),
-                    source,
-                    json,
-                }
-            }
+            } => Settings::list(&store, prefix, json)?,
             Command::Leader {
                 store,
                 name,
                 watch,
                 json,
-            } => {
-                let source = Source::of(&store)?;
-                Settings::Leader {
-                    name: source.resource(&name),
-                    source,
-                    watch,
-                    json,
-                }
-            }
+            } => Settings::leader(&store, &name, watch, json)?,
             Command::Bench {
                 store,
                 clients,
@@ -245,6 +195,69 @@ impl Settings {
             },
             Command::Config { command } => Settings::config(command)?,
             Command::Completions { shell } => Settings::Completions(shell),
+        })
+    }
+
+    /// `run`: the command, the take (with the holder's metadata), the standby's turns.
+    fn run(command: Command) -> Result<Settings> {
+        let Command::Run {
+            store,
+            wait,
+            kill_after,
+            shell,
+            close,
+            unlock,
+            no_fork,
+            json,
+            standby,
+            max_restarts,
+            resource,
+            command,
+        } = command
+        else {
+            unreachable!("called for run only")
+        };
+        crate::output::set_json(json);
+        refuse_flock_only(unlock, no_fork)?;
+        let command = command_line(shell, command, &resource)?;
+        let source = Source::of(&store)?;
+        let mut take = Take::from_args(&wait, &source)?;
+        take.meta = Some(crate::meta::holder_meta(&wait.meta, Some(&command))?);
+        if standby {
+            // A standby waits for its turn however long, whatever the file says.
+            take.wait = Wait::Forever;
+        }
+        let kill_after = duration("--kill-after", &kill_after)?;
+        Ok(Settings::Run(RunSettings {
+            resource: source.resource(&resource),
+            named: resource,
+            source,
+            take,
+            kill_after,
+            close,
+            command,
+            standby: standby.then_some(max_restarts),
+        }))
+    }
+
+    /// `list [PREFIX]`: the prefix as the store names resources (the entry's prefix first).
+    fn list(store: &StoreArgs, prefix: Option<String>, json: bool) -> Result<Settings> {
+        let source = Source::of(store)?;
+        Ok(Settings::List {
+            prefix: source.resource(prefix.as_deref().unwrap_or("")),
+            source,
+            json,
+        })
+    }
+
+    /// `leader NAME`.
+    fn leader(store: &StoreArgs, name: &str, watch: bool, json: bool) -> Result<Settings> {
+        let source = Source::of(store)?;
+        Ok(Settings::Leader {
+            name: source.resource(name),
+            source,
+            watch,
+            json,
         })
     }
 

@@ -61,6 +61,31 @@ pub(crate) async fn dispatch(settings: Settings) -> Result<Exit> {
         }
         Settings::Release { source, key } => keys::release(&source, key).await,
         Settings::Refresh { source, ttl, key } => keys::refresh(&source, ttl, key).await,
+        looking @ (Settings::Status { .. }
+        | Settings::StatusOfKey { .. }
+        | Settings::List { .. }
+        | Settings::Leader { .. }) => look(looking).await,
+        Settings::Bench(settings) => {
+            // Measuring a store that locks nothing between processes is a fair question.
+            let store = StoreConfig::open(&settings.source, true)?;
+            closing(store, |store| bench::bench(store, settings)).await
+        }
+        Settings::Migrate { source, print } => migrate::migrate(&source, print).await,
+        Settings::ConfigCheck { file, ping } => config::check(&file, ping).await,
+        Settings::ConfigShow { file } => config::show(&file),
+        Settings::Completions(shell) => {
+            // Written whole, so a reader that stops early (`| head`) ends it quietly.
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "xtr-lock", &mut script);
+            crate::output::print_bytes(&script)?;
+            Ok(Exit::Ok)
+        }
+    }
+}
+
+/// The commands that only look: `status`, `list`, `leader`.
+async fn look(settings: Settings) -> Result<Exit> {
+    match settings {
         Settings::Status {
             source,
             resource,
@@ -102,21 +127,7 @@ pub(crate) async fn dispatch(settings: Settings) -> Result<Exit> {
             let store = StoreConfig::open(&source, true)?;
             closing(store, |store| leader::leader(store, name, watch, json)).await
         }
-        Settings::Bench(settings) => {
-            // Measuring a store that locks nothing between processes is a fair question.
-            let store = StoreConfig::open(&settings.source, true)?;
-            closing(store, |store| bench::bench(store, settings)).await
-        }
-        Settings::Migrate { source, print } => migrate::migrate(&source, print).await,
-        Settings::ConfigCheck { file, ping } => config::check(&file, ping).await,
-        Settings::ConfigShow { file } => config::show(&file),
-        Settings::Completions(shell) => {
-            // Written whole, so a reader that stops early (`| head`) ends it quietly.
-            let mut script = Vec::new();
-            clap_complete::generate(shell, &mut Cli::command(), "xtr-lock", &mut script);
-            crate::output::print_bytes(&script)?;
-            Ok(Exit::Ok)
-        }
+        _ => unreachable!("only the commands that look"),
     }
 }
 

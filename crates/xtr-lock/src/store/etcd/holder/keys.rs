@@ -11,6 +11,7 @@ use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 use super::{Actor, Read, kind_of, list_options, listed};
 use crate::error::{Error, LostReason, Result};
 use crate::key::Mode;
+use crate::store::HolderRecord;
 use crate::store::etcd::conn::lease_not_found;
 use crate::store::etcd::queue::{self, Entry};
 use crate::store::etcd::record;
@@ -100,38 +101,7 @@ impl Actor {
             // The record goes in with the key, on its lease: a grant's when the queue
             // certainly grants it at once, else a waiter's.
             let record = self.new_record();
-            let prefix = &self.core.config.prefix;
-            let put_record = record::put(prefix, &key, &record, lease);
-            let txn = match self.permits {
-                // A semaphore's key goes in only beside keys of the same limit.
-                Some(permits) => semaphore::put(
-                    &self.dir,
-                    key.clone(),
-                    permits,
-                    lease,
-                    (list_options(), put_record),
-                ),
-                None => Txn::new().and_then([
-                    TxnOp::put(
-                        key.clone(),
-                        self.value(kind),
-                        Some(PutOptions::new().with_lease(lease)),
-                    ),
-                    TxnOp::get(self.dir.clone(), Some(list_options())),
-                    record::put_if_granted(
-                        &self.dir,
-                        kind,
-                        None,
-                        put_record,
-                        Some(record::put(
-                            prefix,
-                            &key,
-                            &record.clone().with_fencing_token(Some(record::PENDING)),
-                            lease,
-                        )),
-                    ),
-                ]),
-            };
+            let txn = self.put_txn(&key, kind, lease, &record);
             match self.core.txn(txn).await {
                 Ok(r) => {
                     let revision = r.header().map_or(0, |h| h.revision());
@@ -165,27 +135,68 @@ impl Actor {
                     self.lose(LostReason::Expired);
                 }
                 Err(e) => {
-                    // Unanswered: the put may have happened. The key is this holder's (its
-                    // name is never the held key's). Beside a held key it is taken back (or
-                    // kept as stale); else it goes with the lease.
-                    if self.held.is_some() {
-                        let stale = Stale {
-                            key,
-                            rev: None,
-                            lease,
-                        };
-                        if self
-                            .core
-                            .txn(stale.delete(&self.core.config.prefix))
-                            .await
-                            .is_err()
-                        {
-                            self.stale.push(stale);
-                        }
-                    }
+                    self.unanswered_put(key, lease).await;
                     return Err(self.error(e));
                 }
             }
+        }
+    }
+
+    /// The transaction that puts this holder's key and its record and reads the queue.
+    fn put_txn(&self, key: &[u8], kind: queue::Kind, lease: i64, record: &HolderRecord) -> Txn {
+        let prefix = &self.core.config.prefix;
+        let put_record = record::put(prefix, key, record, lease);
+        match self.permits {
+            // A semaphore's key goes in only beside keys of the same limit.
+            Some(permits) => semaphore::put(
+                &self.dir,
+                key.to_vec(),
+                permits,
+                lease,
+                (list_options(), put_record),
+            ),
+            None => Txn::new().and_then([
+                TxnOp::put(
+                    key.to_vec(),
+                    self.value(kind),
+                    Some(PutOptions::new().with_lease(lease)),
+                ),
+                TxnOp::get(self.dir.clone(), Some(list_options())),
+                record::put_if_granted(
+                    &self.dir,
+                    kind,
+                    None,
+                    put_record,
+                    Some(record::put(
+                        prefix,
+                        key,
+                        &record.clone().with_fencing_token(Some(record::PENDING)),
+                        lease,
+                    )),
+                ),
+            ]),
+        }
+    }
+
+    /// After a put nobody answered: it may have happened. The key is this holder's (its name
+    /// is never the held key's). Beside a held key it is taken back (or kept as stale); else
+    /// it goes with the lease.
+    async fn unanswered_put(&mut self, key: Vec<u8>, lease: i64) {
+        if self.held.is_none() {
+            return;
+        }
+        let stale = Stale {
+            key,
+            rev: None,
+            lease,
+        };
+        if self
+            .core
+            .txn(stale.delete(&self.core.config.prefix))
+            .await
+            .is_err()
+        {
+            self.stale.push(stale);
         }
     }
 }

@@ -287,21 +287,29 @@ impl SqlStore {
                 Ok(acquired(fence))
             }
             queries::Saved::Conflict { holder } => {
-                // Refused: whatever this holder held here is gone.
-                self.forget(&id, &token);
-                let here = holder
-                    .as_ref()
-                    .is_some_and(|h| self.inner.held.held_by(&id, |t| t == h.token));
-                let via_listener = !here
-                    && self.inner.flavor == Flavor::Postgres
-                    && holder.as_ref().is_some_and(|h| announces(&h.token));
-                state
-                    .announced
-                    .store(here || via_listener, Ordering::Release);
-                state.via_listener.store(via_listener, Ordering::Release);
-                Ok(refused(holder.as_ref()))
+                Ok(self.refused_save(&state, (&id, &token), holder.as_ref()))
             }
         }
+    }
+
+    /// A save refused because `holder` holds: whatever this holder held here is gone, and its
+    /// wait learns whether the release it waits for will be announced.
+    fn refused_save(
+        &self,
+        state: &HolderState,
+        (id, token): (&str, &str),
+        holder: Option<&queries::Row>,
+    ) -> Saved {
+        self.forget(id, token);
+        let here = holder.is_some_and(|h| self.inner.held.held_by(id, |t| t == h.token));
+        let via_listener = !here
+            && self.inner.flavor == Flavor::Postgres
+            && holder.is_some_and(|h| announces(&h.token));
+        state
+            .announced
+            .store(here || via_listener, Ordering::Release);
+        state.via_listener.store(via_listener, Ordering::Release);
+        refused(holder)
     }
 
     pub(super) async fn put_off(&self, key: &Key, ttl: Duration) -> Result<Holding> {

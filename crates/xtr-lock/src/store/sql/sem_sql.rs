@@ -94,6 +94,40 @@ fn clock(flavor: Flavor) -> Clock {
     }
 }
 
+/// A holder's release (answering whether it held, and notifying on PostgreSQL) and the
+/// unconditional delete, each taking the holder's record with it: in the same statement
+/// (SQLite's in a second one, in-process).
+fn deletes(flavor: Flavor, p: &str, rec: &str, now: &str) -> (String, String) {
+    // The holder's record goes in the same statement (SQLite's in a second one, in-process).
+    let delete = match flavor {
+        // The notification goes out at commit, and only when a row went. Written numbered:
+        // the record's delete reuses the first two parameters.
+        Flavor::Postgres => format!(
+            "WITH d AS (DELETE FROM {p} WHERE sem_id = $1 AND token = $2 RETURNING expiration), \
+             r AS (DELETE FROM {rec} WHERE key_id = 's:' || $1 AND token = $2) \
+             SELECT CAST(CASE WHEN d.expiration > {now} THEN 1 ELSE 0 END AS BIGINT), \
+             pg_notify($3, $4) FROM d"
+        ),
+        Flavor::MySql => format!(
+            "DELETE p, x FROM {p} p LEFT JOIN {rec} x \
+             ON x.key_id = CONCAT('s:', p.sem_id) AND x.token = p.token \
+             WHERE p.sem_id = ? AND p.token = ? AND p.expiration > {now}"
+        ),
+        Flavor::Sqlite => {
+            format!("DELETE FROM {p} WHERE sem_id = ? AND token = ? AND expiration > {now}")
+        }
+    };
+    let delete_any = match flavor {
+        Flavor::MySql => format!(
+            "DELETE p, x FROM {p} p LEFT JOIN {rec} x \
+             ON x.key_id = CONCAT('s:', p.sem_id) AND x.token = p.token \
+             WHERE p.sem_id = ? AND p.token = ?"
+        ),
+        _ => format!("DELETE FROM {p} WHERE sem_id = ? AND token = ?"),
+    };
+    (delete, delete_any)
+}
+
 impl SemSql {
     pub(crate) fn new(flavor: Flavor, table: &str) -> SemSql {
         let (s, p) = (sem_table(table), perm_table(table));
@@ -120,33 +154,7 @@ impl SemSql {
             Flavor::MySql => "CONCAT('s:', h.sem_id)",
             _ => "'s:' || h.sem_id",
         };
-        // The holder's record goes in the same statement (SQLite's in a second one, in-process).
-        let delete = match flavor {
-            // The notification goes out at commit, and only when a row went. Written numbered:
-            // the record's delete reuses the first two parameters.
-            Flavor::Postgres => format!(
-                "WITH d AS (DELETE FROM {p} WHERE sem_id = $1 AND token = $2 RETURNING expiration), \
-                 r AS (DELETE FROM {rec} WHERE key_id = 's:' || $1 AND token = $2) \
-                 SELECT CAST(CASE WHEN d.expiration > {now} THEN 1 ELSE 0 END AS BIGINT), \
-                 pg_notify($3, $4) FROM d"
-            ),
-            Flavor::MySql => format!(
-                "DELETE p, x FROM {p} p LEFT JOIN {rec} x \
-                 ON x.key_id = CONCAT('s:', p.sem_id) AND x.token = p.token \
-                 WHERE p.sem_id = ? AND p.token = ? AND p.expiration > {now}"
-            ),
-            Flavor::Sqlite => {
-                format!("DELETE FROM {p} WHERE sem_id = ? AND token = ? AND expiration > {now}")
-            }
-        };
-        let delete_any = match flavor {
-            Flavor::MySql => format!(
-                "DELETE p, x FROM {p} p LEFT JOIN {rec} x \
-                 ON x.key_id = CONCAT('s:', p.sem_id) AND x.token = p.token \
-                 WHERE p.sem_id = ? AND p.token = ?"
-            ),
-            _ => format!("DELETE FROM {p} WHERE sem_id = ? AND token = ?"),
-        };
+        let (delete, delete_any) = deletes(flavor, &p, &rec, now);
         let prune = if flavor == Flavor::MySql {
             format!("DELETE FROM {p} WHERE expiration < {now} - 1 LIMIT 100")
         } else {

@@ -541,7 +541,7 @@ fn status_speaks_for_the_quorum(dsns: &[String]) {
         .success()
         .stdout(
             predicate::str::is_match(
-                r#"^"held": held by holder [0-9a-f]{12} \(write, \d+s left\)\nlock: key "held" in redis://127.0.0.1:\d+/0; key "held" in "#,
+                r#"^"held": held by holder [0-9a-f]{12} \(write, \d+s left\)\n(?:  .*\n)*lock: key "held" in redis://127.0.0.1:\d+/0; key "held" in "#,
             )
             .unwrap(),
         );

@@ -51,7 +51,8 @@ fn no_password_reaches_the_metadata() {
     let tmp = tempfile::tempdir().unwrap();
     let pidfile = tmp.path().join("pid");
     let script = format!(
-        "echo $$ > {}; exec sleep 60 postgres://u:pw@h/db --password=hunter2",
+        // The secrets are the script's arguments: `sleep` itself must keep running.
+        "echo $$ > {}; exec sleep 60",
         pidfile.display()
     );
     let mut run = crate::common::spawn(&[
@@ -66,6 +67,9 @@ fn no_password_reaches_the_metadata() {
         "sh",
         "-c",
         &script,
+        "sh",
+        "postgres://u:pw@h/db",
+        "--password=hunter2",
     ]);
     let (first, rest) = crate::common::stderr_after_first_line(&mut run);
     let acquired: serde_json::Value = serde_json::from_str(&first).unwrap();

@@ -260,13 +260,7 @@ async fn supervise(args: &RunArgs, lock: &Lock, signals: &mut Signals) -> Result
                 Event::Exited(_) if child.stopped_for_lease() => {
                     return Ok(stopped_for_lease(args, lock, &mut monitor).await);
                 }
-                Event::Exited(exit) => {
-                    if args.standby {
-                        // The next turn must not start beside what the command left running.
-                        stop_leftovers(&child, args.kill_after).await;
-                    }
-                    return Ok(exit);
-                }
+                Event::Exited(exit) => return Ok(exit),
                 Event::Stopped => {
                     if let Some(terminal) = &terminal {
                         terminal.relay_stop();
@@ -413,23 +407,6 @@ impl LeaseView {
 /// A loss and the error that showed it, with its causes (a refresh that kept failing).
 fn loss_line(lost: &xtr_lock::LockLost) -> String {
     causes(&xtr_lock::Error::from(lost.clone()))
-}
-
-/// Stops what is left of the command's process group once the command exited (its children
-/// in the background): SIGTERM, then SIGKILL after `grace`.
-async fn stop_leftovers(child: &Child, grace: Duration) {
-    if !child.group_alive() {
-        return;
-    }
-    let deadline = Instant::now() + grace;
-    child.signal_group(Signal::TERM);
-    child.signal_group(Signal::CONT);
-    while child.group_alive() && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    if child.group_alive() {
-        child.signal_group(Signal::KILL);
-    }
 }
 
 /// Stops the command's process group: SIGTERM, then SIGKILL for whatever of it is still there

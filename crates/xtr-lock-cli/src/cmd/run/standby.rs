@@ -18,6 +18,9 @@ const QUICK: Duration = Duration::from_secs(30);
 /// The first back-off, doubled after each quick failure up to [`LONGEST`].
 const FIRST: Duration = Duration::from_secs(1);
 const LONGEST: Duration = Duration::from_secs(60);
+/// The pause after a quick success: enough that a command that ends at once does not spin,
+/// short enough that standbys taking turns are not slowed.
+const QUICK_SUCCESS: Duration = Duration::from_millis(100);
 
 /// Turns until stopped: the last turn's exit (the command's status, or 128+N when a signal
 /// ended the wait for the lock).
@@ -63,14 +66,14 @@ pub(super) async fn run(
 }
 
 /// The wait before the next campaign: none after a lost lock (somebody else leads now) or a
-/// run of [`QUICK`] or more; after a quick success [`FIRST`] (a command that ends at once must
-/// not spin either); after a quick failure 1s, then twice the last, at most [`LONGEST`].
+/// run of [`QUICK`] or more; after a quick success [`QUICK_SUCCESS`] (a command that ends at
+/// once must not spin either); after a quick failure 1s, then twice the last, at most [`LONGEST`].
 fn next_backoff(last: Duration, exit: Exit, ran: Duration) -> Duration {
     if matches!(exit, Exit::Lost) || ran >= QUICK {
         return Duration::ZERO;
     }
     if matches!(exit, Exit::Ok | Exit::Command(0)) {
-        return FIRST;
+        return QUICK_SUCCESS;
     }
     match last.is_zero() {
         true => FIRST,

@@ -73,38 +73,44 @@ const PG_MICROS: &str = "CAST(EXTRACT(epoch FROM statement_timestamp()) * 100000
 /// The statement's clock in milliseconds: a holder's acquisition time.
 const PG_MILLIS: &str = "CAST(EXTRACT(epoch FROM statement_timestamp()) * 1000 AS BIGINT)";
 
+/// PostgreSQL's save: the lock row, the fencing draw and the holder's record in one statement.
+/// `old` is the row as the statement found it. A holder's statements run one after the
+/// other, so our token in `old` means the row was ours: then only our own row is
+/// updated (a re-save, no new fencing token), never a row someone took over meanwhile.
+/// Otherwise the upsert is an insert or the takeover of an expired row, and draws.
+/// Rows become takeable half a second early (the clock rounds), hence the `- 0.5`.
+fn postgres_save(t: &str, f: &str, h: &str) -> String {
+    let now = PG_NOW;
+    format!(
+        "WITH c AS (SELECT {now} AS s, EXTRACT(epoch FROM statement_timestamp()) AS f), \
+         old AS (SELECT key_token, key_expiration FROM {t} WHERE key_id = $1), \
+         up AS (INSERT INTO {t} AS l (key_id, key_token, key_expiration) \
+                SELECT $1, $2, c.s + $3 FROM c \
+                ON CONFLICT (key_id) DO UPDATE \
+                SET key_token = EXCLUDED.key_token, key_expiration = EXCLUDED.key_expiration \
+                WHERE l.key_token = EXCLUDED.key_token \
+                   OR (l.key_expiration <= (SELECT s FROM c) \
+                       AND NOT EXISTS (SELECT 1 FROM old WHERE old.key_token = $2)) \
+                RETURNING 1), \
+         d AS (INSERT INTO {f} AS g (key_id, n) SELECT $1, {PG_MICROS} FROM up \
+               WHERE NOT EXISTS (SELECT 1 FROM old WHERE old.key_token = $2) \
+               ON CONFLICT (key_id) DO UPDATE SET n = g.n + 1 RETURNING g.n), \
+         r AS (INSERT INTO {h} AS x (key_id, token, resource, record, at_ms) \
+               SELECT $1, $2, $4, $5, {PG_MILLIS} FROM up \
+               ON CONFLICT (key_id, token) DO UPDATE SET resource = EXCLUDED.resource, \
+               record = EXCLUDED.record, at_ms = CASE WHEN EXISTS \
+               (SELECT 1 FROM old WHERE old.key_token = $2) THEN x.at_ms \
+               ELSE EXCLUDED.at_ms END) \
+         SELECT EXISTS (SELECT 1 FROM up), (SELECT n FROM d), \
+                (SELECT key_token FROM old), \
+                (SELECT CAST((old.key_expiration - 0.5 - c.f) * 1000 AS BIGINT) FROM old, c)"
+    )
+}
+
 fn postgres(t: &str, f: &str, h: &str) -> Sql {
     let now = PG_NOW;
     Sql {
-        // `old` is the row as the statement found it. A holder's statements run one after the
-        // other, so our token in `old` means the row was ours: then only our own row is
-        // updated (a re-save, no new fencing token), never a row someone took over meanwhile.
-        // Otherwise the upsert is an insert or the takeover of an expired row, and draws.
-        // Rows become takeable half a second early (the clock rounds), hence the `- 0.5`.
-        save: format!(
-            "WITH c AS (SELECT {now} AS s, EXTRACT(epoch FROM statement_timestamp()) AS f), \
-             old AS (SELECT key_token, key_expiration FROM {t} WHERE key_id = $1), \
-             up AS (INSERT INTO {t} AS l (key_id, key_token, key_expiration) \
-                    SELECT $1, $2, c.s + $3 FROM c \
-                    ON CONFLICT (key_id) DO UPDATE \
-                    SET key_token = EXCLUDED.key_token, key_expiration = EXCLUDED.key_expiration \
-                    WHERE l.key_token = EXCLUDED.key_token \
-                       OR (l.key_expiration <= (SELECT s FROM c) \
-                           AND NOT EXISTS (SELECT 1 FROM old WHERE old.key_token = $2)) \
-                    RETURNING 1), \
-             d AS (INSERT INTO {f} AS g (key_id, n) SELECT $1, {PG_MICROS} FROM up \
-                   WHERE NOT EXISTS (SELECT 1 FROM old WHERE old.key_token = $2) \
-                   ON CONFLICT (key_id) DO UPDATE SET n = g.n + 1 RETURNING g.n), \
-             r AS (INSERT INTO {h} AS x (key_id, token, resource, record, at_ms) \
-                   SELECT $1, $2, $4, $5, {PG_MILLIS} FROM up \
-                   ON CONFLICT (key_id, token) DO UPDATE SET resource = EXCLUDED.resource, \
-                   record = EXCLUDED.record, at_ms = CASE WHEN EXISTS \
-                   (SELECT 1 FROM old WHERE old.key_token = $2) THEN x.at_ms \
-                   ELSE EXCLUDED.at_ms END) \
-             SELECT EXISTS (SELECT 1 FROM up), (SELECT n FROM d), \
-                    (SELECT key_token FROM old), \
-                    (SELECT CAST((old.key_expiration - 0.5 - c.f) * 1000 AS BIGINT) FROM old, c)"
-        ),
+        save: postgres_save(t, f, h),
         draw: format!(
             "INSERT INTO {f} AS g (key_id, n) VALUES ($1, {PG_MICROS}) \
              ON CONFLICT (key_id) DO UPDATE SET n = g.n + 1 RETURNING g.n"

@@ -114,20 +114,7 @@ impl HolderSql {
             sem_key,
             under,
         } = dialect(flavor);
-        let upsert = match flavor {
-            Flavor::MySql => format!(
-                "INSERT INTO {h} (key_id, token, resource, record, at_ms) \
-                 VALUES (?, ?, ?, ?, {millis}) ON DUPLICATE KEY UPDATE \
-                 resource = VALUES(resource), record = VALUES(record), \
-                 at_ms = IF(? = 1, VALUES(at_ms), at_ms)"
-            ),
-            _ => format!(
-                "INSERT INTO {h} AS x (key_id, token, resource, record, at_ms) \
-                 VALUES (?, ?, ?, ?, {millis}) ON CONFLICT (key_id, token) DO UPDATE \
-                 SET resource = EXCLUDED.resource, record = EXCLUDED.record, \
-                 at_ms = CASE WHEN ? = 1 THEN EXCLUDED.at_ms ELSE x.at_ms END"
-            ),
-        };
+        let upsert = upsert(flavor, &h, millis);
         let left = |col: &str| format!("CAST(({col} - {fine}) * 1000 AS {int})");
         let (lock_left, perm_left) = (left("l.key_expiration"), left("p.expiration"));
         let sql = HolderSql {
@@ -169,17 +156,42 @@ impl HolderSql {
             create: create(flavor, &h),
         };
         if flavor == Flavor::Postgres {
-            HolderSql {
-                upsert: numbered(&sql.upsert),
-                delete: numbered(&sql.delete),
-                list_locks: numbered(&sql.list_locks),
-                list_unnamed: numbered(&sql.list_unnamed),
-                list_permits: numbered(&sql.list_permits),
-                ..sql
-            }
+            sql.numbered()
         } else {
             sql
         }
+    }
+
+    /// PostgreSQL's parameters are numbered: `?` becomes `$1`, `$2`, … in each text that has
+    /// parameters.
+    fn numbered(self) -> HolderSql {
+        HolderSql {
+            upsert: numbered(&self.upsert),
+            delete: numbered(&self.delete),
+            list_locks: numbered(&self.list_locks),
+            list_unnamed: numbered(&self.list_unnamed),
+            list_permits: numbered(&self.list_permits),
+            ..self
+        }
+    }
+}
+
+/// A holder's record written or rewritten (its acquisition time kept unless the last
+/// parameter is 1: a new acquisition).
+fn upsert(flavor: Flavor, h: &str, millis: &str) -> String {
+    match flavor {
+        Flavor::MySql => format!(
+            "INSERT INTO {h} (key_id, token, resource, record, at_ms) \
+             VALUES (?, ?, ?, ?, {millis}) ON DUPLICATE KEY UPDATE \
+             resource = VALUES(resource), record = VALUES(record), \
+             at_ms = IF(? = 1, VALUES(at_ms), at_ms)"
+        ),
+        _ => format!(
+            "INSERT INTO {h} AS x (key_id, token, resource, record, at_ms) \
+             VALUES (?, ?, ?, ?, {millis}) ON CONFLICT (key_id, token) DO UPDATE \
+             SET resource = EXCLUDED.resource, record = EXCLUDED.record, \
+             at_ms = CASE WHEN ? = 1 THEN EXCLUDED.at_ms ELSE x.at_ms END"
+        ),
     }
 }
 

@@ -216,11 +216,11 @@ impl SqlStore {
         done.map_err(|e| e.with_resource(resource).with_store(self))
     }
 
-    pub(super) async fn save_write(&self, key: &Key, ttl: Option<Duration>) -> Result<Saved> {
-        let secs = self.ttl_seconds(key, ttl)?;
-        // The row may be taken up to 1 s early (whole seconds): the local deadline is the ttl
-        // less that, set before the round trip.
-        key.reduce_lifetime(Duration::from_secs(u64::try_from(secs - 1).unwrap_or(1)));
+    /// What every save does before its statement: the key's lifetime shortened to `kept`
+    /// before the round trip (refused if that ends it), and the holder's state, marked unsent
+    /// while its token was never sent.
+    pub(super) fn begin_save(&self, key: &Key, kept: Duration) -> Result<Arc<HolderState>> {
+        key.reduce_lifetime(kept);
         if key.is_expired() {
             return Err(Error::expired(key.resource()).with_store(self));
         }
@@ -230,6 +230,17 @@ impl SqlStore {
             // this holder has nothing to delete.
             state.unsent.store(true, Ordering::Release);
         }
+        Ok(state)
+    }
+
+    pub(super) async fn save_write(&self, key: &Key, ttl: Option<Duration>) -> Result<Saved> {
+        let secs = self.ttl_seconds(key, ttl)?;
+        // The row may be taken up to 1 s early (whole seconds): the local deadline is the ttl
+        // less that, set before the round trip.
+        let state = self.begin_save(
+            key,
+            Duration::from_secs(u64::try_from(secs - 1).unwrap_or(1)),
+        )?;
         let (id, token) = (key_id(key.resource()), key.token(KIND));
         let how = Run {
             unsent: Some(state.unsent.clone()),

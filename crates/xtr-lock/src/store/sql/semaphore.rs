@@ -12,7 +12,7 @@ use super::sem_queries::{self, Admitted};
 use super::{
     HolderState, KIND, SqlStore, acquired, announces, check_expiry, key_id, wake_id, whole_seconds,
 };
-use crate::error::{Error, LostReason, Result};
+use crate::error::{LostReason, Result};
 use crate::key::{Key, Mode};
 use crate::meta::HolderRecord;
 use crate::permits::Permits;
@@ -42,16 +42,7 @@ impl SqlStore {
         ttl: Option<Duration>,
     ) -> Result<Saved> {
         let secs = self.ttl_seconds(key, ttl)?;
-        key.reduce_lifetime(kept(secs).max(Duration::from_secs(1)));
-        if key.is_expired() {
-            return Err(Error::expired(key.resource()).with_store(self));
-        }
-        let state = key.handle::<HolderState>(self.inner.owner);
-        if !key.has_token(KIND) {
-            // A token made now was never sent: until a statement may carry it, a release of
-            // this holder has nothing to delete.
-            state.unsent.store(true, Ordering::Release);
-        }
+        let state = self.begin_save(key, kept(secs).max(Duration::from_secs(1)))?;
         let (id, token) = (key_id(key.resource()), key.token(KIND));
         let how = Run::keeping(&self.inner, key)
             .unsent(state.unsent.clone())
@@ -97,19 +88,7 @@ impl SqlStore {
                 check_expiry(self, key).await?;
                 Ok(acquired(fence))
             }
-            Admitted::Full { holders } => {
-                // Every holder met announces its release through PostgreSQL's notifications:
-                // the waiter need not poll while the listener is up.
-                let via_listener = self.inner.flavor == Flavor::Postgres
-                    && !holders.is_empty()
-                    && holders.iter().all(|h| announces(&h.token));
-                state.announced.store(via_listener, Ordering::Release);
-                state.via_listener.store(via_listener, Ordering::Release);
-                // Until the first holder's row can be taken.
-                let left = holders.iter().map(|h| h.left_ms).min().unwrap_or(0).max(1);
-                let after = Duration::from_millis(u64::try_from(left).unwrap_or(1) + 5);
-                Ok(Saved::Conflict(Conflict::new().with_retry_after(after)))
-            }
+            Admitted::Full { holders } => Ok(self.full(&state, &holders)),
             Admitted::CountChanged { held } => {
                 Err(permits.count_changed(key.resource(), held).with_store(self))
             }
@@ -117,6 +96,20 @@ impl SqlStore {
                 .limit_mismatch(key.resource(), stored)
                 .with_store(self)),
         }
+    }
+
+    /// Refused, every permit taken by `holders`: retry when the first holder's row can be
+    /// taken, and wait without polling while every holder announces its release through
+    /// PostgreSQL's notifications.
+    fn full(&self, state: &HolderState, holders: &[sem_queries::Holder]) -> Saved {
+        let via_listener = self.inner.flavor == Flavor::Postgres
+            && !holders.is_empty()
+            && holders.iter().all(|h| announces(&h.token));
+        state.announced.store(via_listener, Ordering::Release);
+        state.via_listener.store(via_listener, Ordering::Release);
+        let left = holders.iter().map(|h| h.left_ms).min().unwrap_or(0).max(1);
+        let after = Duration::from_millis(u64::try_from(left).unwrap_or(1) + 5);
+        Saved::Conflict(Conflict::new().with_retry_after(after))
     }
 
     /// One statement that extends our own live row; never inserts, never revives an expired

@@ -45,22 +45,7 @@ impl Actor {
                         return None;
                     }
                     match self.unconfirmed(&me, promoting, reply).await {
-                        None => {
-                            // A semaphore's token is its key's create revision: unique per
-                            // holder (several may be granted at one revision), and increasing
-                            // in grant order, as the holders are always the queue's front.
-                            let seen = if self.permits.is_some() {
-                                me.rev
-                            } else {
-                                read.revision
-                            };
-                            if self.permits.is_none() && !read.recorded {
-                                let token = super::token(seen.max(me.rev));
-                                let record = read.record.clone().with_fencing_token(Some(token));
-                                self.record_grant(&me, &record).await;
-                            }
-                            return Some(self.granted(me, seen, read.record.clone()).await);
-                        }
+                        None => return Some(self.take_grant(me, &read).await),
                         Some(waited) => waited,
                     }
                 }
@@ -102,6 +87,24 @@ impl Actor {
                 }
             }
         }
+    }
+
+    /// The key is first in the queue as `read` found it: it holds. A semaphore's token is its
+    /// key's create revision (unique per holder, several may be granted at one revision, and
+    /// increasing in grant order, as the holders are always the queue's front); a lock's is
+    /// the read's revision, recorded now where the read could not record the grant itself.
+    async fn take_grant(&mut self, me: Entry, read: &Read) -> Result<Saved> {
+        let seen = if self.permits.is_some() {
+            me.rev
+        } else {
+            read.revision
+        };
+        if self.permits.is_none() && !read.recorded {
+            let token = super::token(seen.max(me.rev));
+            let record = read.record.clone().with_fencing_token(Some(token));
+            self.record_grant(&me, &record).await;
+        }
+        self.granted(me, seen, read.record.clone()).await
     }
 
     /// The new key holds (seen at revision `seen_at`, by the read that put `record`): it

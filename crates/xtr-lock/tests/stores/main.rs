@@ -35,6 +35,7 @@ mod sem_common;
 mod semaphore;
 mod session_lease;
 mod sql;
+mod sql_deadlock;
 mod sql_errors;
 mod sql_lost_answer;
 mod sql_semaphore;

@@ -126,7 +126,7 @@ mod tests {
         assert_eq!(next_backoff(s(8), Exit::Command(1), s(31)), s(0));
         assert_eq!(
             next_backoff(s(8), Exit::Command(0), s(1)),
-            s(1),
+            QUICK_SUCCESS,
             "no spin on success"
         );
         assert_eq!(next_backoff(s(8), Exit::Command(0), s(31)), s(0));

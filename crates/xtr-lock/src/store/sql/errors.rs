@@ -10,6 +10,19 @@ pub(super) fn broken(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Io(_) | sqlx::Error::Protocol(_))
 }
 
+/// Whether the database rolled the whole transaction back to break a deadlock or a
+/// serialization conflict: nothing of it happened, and it may simply go again.
+pub(super) fn rolled_back(e: &sqlx::Error) -> bool {
+    let sqlx::Error::Database(d) = e else {
+        return false;
+    };
+    if let Some(my) = d.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+        return my.number() == 1213; // ER_LOCK_DEADLOCK
+    }
+    d.code()
+        .is_some_and(|c| matches!(c.as_ref(), "40001" | "40P01"))
+}
+
 /// SQLSTATEs of PostgreSQL (and SQLite's codes) of failures that may pass: serialization
 /// failures, deadlocks, lock timeouts, cancelled statements, a server shutting down, starting
 /// or full (too many connections), a busy or locked SQLite database.

@@ -18,7 +18,7 @@ use crate::key::{Key, Mode};
 use crate::store::{HolderInfo, Holding, Saved, Watcher};
 
 use super::dialect::Flavor;
-use super::errors::{broken, map_error};
+use super::errors::{broken, map_error, rolled_back};
 use super::queries::{Conn, Pool};
 
 type Db<T> = std::result::Result<T, sqlx::Error>;
@@ -81,6 +81,17 @@ impl Run {
             ..Run::plain(inner)
         }
     }
+}
+
+/// How often a transaction the database rolled back (a deadlock, a serialization failure) goes
+/// again before its failure is the caller's, all within the operation's bound.
+const ROLLBACK_RETRIES: u32 = 8;
+
+/// The pause before the `n`th retry of a rolled-back transaction: a few milliseconds, growing,
+/// jittered so that the two transactions of a deadlock do not meet again in step.
+fn rollback_pause(n: u32) -> Duration {
+    let most = Duration::from_millis(2u64 << n.min(5));
+    most.mul_f64(0.5 + rand::random::<f64>() / 2.0)
 }
 
 /// The shortest bound of a save or renewal whose lifetime is nearly over.
@@ -196,6 +207,14 @@ impl SqlStore {
                 return Err(e);
             }
             let mut done = op(&mut taken.conn, &inner).await;
+            let mut rollbacks = 0;
+            while done.as_ref().is_err_and(rolled_back) && rollbacks < ROLLBACK_RETRIES {
+                // The database undid the whole transaction to break a deadlock (or a
+                // serialization conflict): nothing of it happened, and it goes again.
+                rollbacks += 1;
+                tokio::time::sleep(rollback_pause(rollbacks)).await;
+                done = op(&mut taken.conn, &inner).await;
+            }
             if done.as_ref().is_err_and(broken) {
                 drop(taken);
                 taken = take(&pool, abandon, &mut bound, &inner).await?;

@@ -85,6 +85,15 @@ pub enum LostReason {
     Unreachable,
     /// The connection or session that held the lock closed.
     Disconnected,
+    /// Someone asked every holder to give it up ([`Lock::revoke`](crate::Lock::revoke), `xtr-lock
+    /// revoke`, `run --on-conflict replace`); the holder's work is stopped and the lock
+    /// released.
+    Revoked,
+    /// Held as long as it may be ([`Lock::with_max_hold`](crate::Lock::with_max_hold),
+    /// [`with_max_renewals`](crate::Lock::with_max_renewals)): not renewed further; the
+    /// holder's work is stopped and the lock released. Not a loss to anyone else: the lock was
+    /// still held when its holder was told.
+    HeldTooLong,
 }
 
 impl LostReason {
@@ -97,6 +106,8 @@ impl LostReason {
             LostReason::Replaced => "its lock file was removed or replaced",
             LostReason::Unreachable => "the store could not be reached before its lifetime ran out",
             LostReason::Disconnected => "the connection that held it closed",
+            LostReason::Revoked => "it was revoked: someone asked its holders to give it up",
+            LostReason::HeldTooLong => "it was held for as long as it may be (its maximum hold)",
         }
     }
 }

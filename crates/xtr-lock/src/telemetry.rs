@@ -119,6 +119,8 @@ fn reason_label(reason: LostReason) -> &'static str {
         LostReason::Replaced => "replaced",
         LostReason::Unreachable => "unreachable",
         LostReason::Disconnected => "disconnected",
+        LostReason::Revoked => "revoked",
+        LostReason::HeldTooLong => "held_too_long",
     }
 }
 

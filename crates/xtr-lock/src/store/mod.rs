@@ -257,6 +257,29 @@ pub trait Store: Send + Sync + fmt::Debug + fmt::Display + 'static {
     /// A storage error when the store failed.
     async fn delete(&self, key: &Key) -> Result<bool>;
 
+    /// Lets what `key` holds end `after` from now, on the store's own clock and without this
+    /// process: a release that keeps others out a while longer (a minimum hold). The stored
+    /// lifetime becomes `after` (never less: a store that counts whole seconds, or ends a
+    /// lock early, rounds up) and the holder's handle is let go as by
+    /// [`delete`](Store::delete), leaving the stored lock to run out. Answers what the holder
+    /// held, as [`put_off_expiration`](Store::put_off_expiration) does.
+    ///
+    /// `Ok(None)` (the default where locks do not expire, or stand on a lease the holder's
+    /// process keeps) when the store cannot: the [`Lock`](crate::Lock) then keeps holding until
+    /// `after` has passed and releases as usual. The default for other expiring stores is
+    /// `put_off_expiration(key, after)`.
+    ///
+    /// # Errors
+    ///
+    /// A storage error when the store failed (the lock is then released by the caller).
+    async fn release_after(&self, key: &Key, after: Duration) -> Result<Option<Holding>> {
+        let caps = self.capabilities();
+        if !caps.expiring || caps.leased {
+            return Ok(None);
+        }
+        self.put_off_expiration(key, after).await.map(Some)
+    }
+
     /// Whether `key` holds its resource, in which mode, or why not; changes nothing.
     ///
     /// # Errors
@@ -501,6 +524,9 @@ macro_rules! forward_store {
             }
             async fn delete(&self, key: &Key) -> Result<bool> {
                 (**self).delete(key).await
+            }
+            async fn release_after(&self, key: &Key, after: Duration) -> Result<Option<Holding>> {
+                (**self).release_after(key, after).await
             }
             async fn exists(&self, key: &Key) -> Result<Holding> {
                 (**self).exists(key).await

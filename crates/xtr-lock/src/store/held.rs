@@ -8,6 +8,16 @@
 use crate::mutex::lock;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+/// The lifetime, in whole seconds, that keeps a lock of a store that counts whole seconds and
+/// may end it up to 1 s early (its clock quantised: SQL's table, Memcached) for at least
+/// `after` from now: rounded up, plus the second it may end early (at least 2, as a renewal
+/// of those stores needs).
+pub(crate) fn release_secs(after: Duration) -> u64 {
+    let whole = after.as_secs() + u64::from(after.subsec_nanos() > 0);
+    whole.saturating_add(1).max(2)
+}
 
 /// One resource's entry: its holder's token, and how many keys claim it (clones share a claim;
 /// a key deserialized in this process holds the same token with a claim of its own).
@@ -194,5 +204,20 @@ mod tests {
         held.hold(&slot, "r", "t");
         drop(held);
         drop(slot);
+    }
+}
+
+#[cfg(test)]
+mod release_tests {
+    use super::release_secs;
+    use std::time::Duration;
+
+    #[test]
+    fn a_release_later_rounds_up_and_covers_the_early_second() {
+        assert_eq!(release_secs(Duration::from_secs(2)), 3);
+        assert_eq!(release_secs(Duration::from_millis(1500)), 3);
+        assert_eq!(release_secs(Duration::from_millis(1)), 2);
+        assert_eq!(release_secs(Duration::ZERO), 2);
+        assert_eq!(release_secs(Duration::MAX), u64::MAX);
     }
 }

@@ -24,6 +24,7 @@ mod holders;
 mod inflight;
 mod lease;
 mod ops;
+mod release;
 mod strategy;
 mod tally;
 
@@ -360,6 +361,12 @@ impl Store for CombinedStore {
     /// to them; [`close`](CombinedStore::close) waits for them.
     async fn delete(&self, key: &Key) -> Result<bool> {
         self.delete_quorum(key).await
+    }
+
+    /// Asks every member at once to let the lock run out, and waits for their answers: done
+    /// where members enough to meet the strategy did (the others are released as usual).
+    async fn release_after(&self, key: &Key, after: Duration) -> Result<Option<Holding>> {
+        self.release_later(key, after).await
     }
 
     /// Asks the members at once and answers as soon as the outcome is decided; a failing member

@@ -446,7 +446,7 @@ impl CombinedStore {
 
     /// The mode a holder holds in when `writes` of the members that agreed it holds say it
     /// writes: write only when they alone meet the strategy.
-    fn mode_of(&self, writes: usize) -> Mode {
+    pub(super) fn mode_of(&self, writes: usize) -> Mode {
         if self.strategy.is_met(writes, self.stores.len()) {
             Mode::Write
         } else {

@@ -290,6 +290,21 @@ impl Store for EtcdStore {
         }
     }
 
+    /// Moves the holder's key (and its record) onto a lease of its own of `after` rounded up
+    /// to whole seconds (etcd's minimum ttl if that is more), which nobody keeps alive, in one
+    /// transaction that compares the key's create revision: the lock ends on the cluster's
+    /// clock when that lease does. The holder's own lease is revoked, as after a release.
+    /// Not held when the key is no longer the holder's.
+    async fn release_after(&self, key: &Key, after: Duration) -> Result<Option<Holding>> {
+        match self.existing_sender(key) {
+            Some(tx) => self
+                .ask(key, tx, |reply| Cmd::ReleaseAfter { after, reply })
+                .await
+                .map(Some),
+            None => Ok(Some(Holding::NotHeld(LostReason::Removed))),
+        }
+    }
+
     /// Reads the holder's key (one linearizable read).
     async fn exists(&self, key: &Key) -> Result<Holding> {
         self.check(key, false).await

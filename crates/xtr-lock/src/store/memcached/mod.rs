@@ -24,6 +24,7 @@ mod config;
 mod conn;
 mod ops;
 mod records;
+mod release;
 mod sem_ops;
 mod semaphore;
 
@@ -529,6 +530,12 @@ impl Store for MemcachedStore {
                 }))
             }
         }
+    }
+
+    /// A read and a CAS replace with an exptime that outlasts `after` (whole seconds, rounded
+    /// up, plus the one Memcached may end an entry early), the record touched alike.
+    async fn release_after(&self, key: &Key, after: Duration) -> Result<Option<Holding>> {
+        self.release_later(key, after).await
     }
 
     /// A read and a delete conditional on the CAS read: `true` only if the holder's own entry

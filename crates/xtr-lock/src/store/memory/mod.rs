@@ -508,6 +508,17 @@ impl Store for InMemoryStore {
         Ok(holding)
     }
 
+    /// With a clock, the entry ends `after` from now on it, and the waiters read it again
+    /// (their last refusal said when the longer lifetime ended); without one, nothing expires.
+    async fn release_after(&self, key: &Key, after: Duration) -> Result<Option<Holding>> {
+        if self.inner.clock.is_none() {
+            return Ok(None);
+        }
+        let held = self.put_off_expiration(key, after).await?;
+        self.state().notify(&semaphore::channel(key));
+        Ok(Some(held))
+    }
+
     async fn delete(&self, key: &Key) -> Result<bool> {
         if key.permits().is_some() {
             return Ok(self.delete_permits(key));

@@ -468,6 +468,21 @@ impl Store for RedisStore {
         Ok(held)
     }
 
+    /// One round trip: the holder's entry (a reader's or a writer's, and its record) now ends
+    /// `after` from the server's now (shortened or lengthened, in ms rounded up), and every
+    /// queued waiter is woken to learn when. Nothing of the holder is kept in this process.
+    /// A semaphore's holder's lease is put off (whole seconds, rounded up).
+    async fn release_after(&self, key: &Key, after: Duration) -> Result<Option<Holding>> {
+        if key.permits().is_some() {
+            return self.semaphore_put_off(key, after).await.map(Some);
+        }
+        let scripts = &self.inner.scripts;
+        let code: i64 = self
+            .eval(&scripts.release_after, key, Some(after), Keys::Queue, None)
+            .await?;
+        Ok(Some(holding(code)))
+    }
+
     /// One round trip; `true` only if a live lease was removed (an ended one counts as lost).
     async fn delete(&self, key: &Key) -> Result<bool> {
         if key.permits().is_some() {

@@ -147,6 +147,34 @@ local function wake_next(key, qkey, now)
     if string.sub(first, 1, 1) == 'r' then return wake_next(key, qkey, now) end
   end
 end
+-- Extends `token`'s live entry in `key` (and its record at `rkey`) to now + `dur` ms: the
+-- holding code; an expired entry is removed with its record, never revived. Nil and what to
+-- answer instead for a key that is not a sorted set.
+local function extend(key, rkey, token, dur)
+  local mine, stop = zcall(-2, 'ZSCORE', key, token)
+  if stop then return nil, stop end
+  local now = now_ms()
+  if not mine then
+    redis.call('DEL', rkey)
+    return absent_code(key, now)
+  end
+  local writing = redis.call('ZSCORE', key, '__write__')
+  if tonumber(mine) <= now then
+    redis.call('ZREM', key, token)
+    if writing then redis.call('ZREM', key, '__write__') end
+    redis.call('DEL', rkey)
+    expire_at_max(key)
+    return -1
+  end
+  local score = now + dur
+  redis.call('ZADD', key, score, token)
+  if writing then redis.call('ZADD', key, score, '__write__') end
+  -- The record lives as long as the entry (a peer's refresh never touches it).
+  redis.call('PEXPIREAT', rkey, score)
+  expire_at_max(key)
+  if writing then return 2 end
+  return 1
+end
 -- A refusal, from what `scan` read: when to try again (ms until another holder's lease ends,
 -- or -1), whether the holder keeps its read lock, and whether every current holder will
 -- announce its release to the waiter (who then need not poll). A waiter's ticket is queued
@@ -285,31 +313,26 @@ return result
 /// its record, never revived (the Python peer's refresh revives a reader whose entry another
 /// reader kept alive). Replies the holding code (2, 1: extended; 0, -1, -2: not held).
 const PUT_OFF: &str = r#"
-local key = KEYS[1]
-local token, dur = ARGV[2], tonumber(ARGV[3])
-local mine, stop = zcall(-2, 'ZSCORE', key, token)
+local code, stop = extend(KEYS[1], KEYS[2], ARGV[2], tonumber(ARGV[3]))
 if stop then return stop end
-local now = now_ms()
-if not mine then
-  redis.call('DEL', KEYS[2])
-  return absent_code(key, now)
+return code
+"#;
+
+/// A release that leaves the holder's entry to run out: the refresh to now + `ARGV[3]` ms
+/// (shortening it), with the queue (`KEYS[2]`) and the record (`KEYS[3]`) as a release takes
+/// them. Every waiter is woken, so it learns when the entry now ends (its last refusal said
+/// when the longer lease did): out of the queue, as a release takes it; its next refused save
+/// queues it again in its place (the score is when its wait began). Replies the holding code.
+const RELEASE_AFTER: &str = r#"
+local code, stop = extend(KEYS[1], KEYS[3], ARGV[2], tonumber(ARGV[3]))
+if stop then return stop end
+if code > 0 then
+  for _, t in ipairs(redis.call('ZRANGE', KEYS[2], 0, 63)) do
+    redis.call('ZREM', KEYS[2], t)
+    wake(t, KEYS[1])
+  end
 end
-local writing = redis.call('ZSCORE', key, '__write__')
-if tonumber(mine) <= now then
-  redis.call('ZREM', key, token)
-  if writing then redis.call('ZREM', key, '__write__') end
-  redis.call('DEL', KEYS[2])
-  expire_at_max(key)
-  return -1
-end
-local score = now + dur
-redis.call('ZADD', key, score, token)
-if writing then redis.call('ZADD', key, score, '__write__') end
--- The record lives as long as the entry (a peer's refresh never touches it).
-redis.call('PEXPIREAT', KEYS[2], score)
-expire_at_max(key)
-if writing then return 2 end
-return 1
+return code
 "#;
 
 /// Release: token-scoped. Replies 0 (held nothing), 1 (released a live lock) or 2 (removed an
@@ -377,6 +400,7 @@ pub(super) struct Scripts {
     pub(super) save: redis::Script,
     pub(super) save_read: redis::Script,
     pub(super) put_off: redis::Script,
+    pub(super) release_after: redis::Script,
     pub(super) delete: redis::Script,
     pub(super) wake: redis::Script,
     pub(super) exists: redis::Script,
@@ -391,6 +415,7 @@ impl Scripts {
             save: with(SAVE),
             save_read: with(SAVE_READ),
             put_off: with(PUT_OFF),
+            release_after: with(RELEASE_AFTER),
             delete: with(DELETE),
             wake: with(WAKE),
             exists: redis::Script::new(&format!(
@@ -496,7 +521,22 @@ mod tests {
         assert!(!delete.contains("local function scan("));
         assert!(prelude_for(EXISTS_BODY).contains("local function absent_code("));
         // Every helper a body calls is defined before the body.
-        for body in [SAVE, SAVE_READ, PUT_OFF, DELETE, WAKE, EXISTS_BODY] {
+        let release_after = prelude_for(RELEASE_AFTER);
+        for helper in ["extend", "zcall", "absent_code", "expire_at_max", "wake"] {
+            assert!(
+                release_after.contains(&format!("local function {helper}(")),
+                "release_after lacks {helper}"
+            );
+        }
+        for body in [
+            SAVE,
+            SAVE_READ,
+            PUT_OFF,
+            RELEASE_AFTER,
+            DELETE,
+            WAKE,
+            EXISTS_BODY,
+        ] {
             let script = format!("{}{body}", prelude_for(body));
             for name in [
                 "now_ms",
@@ -511,6 +551,7 @@ mod tests {
                 "last_fence",
                 "announces",
                 "wake",
+                "extend",
             ] {
                 if body.contains(&format!("{name}(")) {
                     assert!(

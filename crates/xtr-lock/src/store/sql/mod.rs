@@ -25,6 +25,7 @@ mod notify;
 mod pool;
 mod queries;
 mod records;
+mod release;
 mod schema;
 mod sem_queries;
 mod sem_sql;
@@ -461,6 +462,12 @@ impl Store for SqlStore {
             return self.sem_put_off(key, ttl).await;
         }
         self.put_off(key, ttl).await
+    }
+
+    /// One statement that sets our live row's expiration to outlast `after` (whole seconds,
+    /// rounded up, plus the second a row may be taken early); PostgreSQL's waiters are told.
+    async fn release_after(&self, key: &Key, after: Duration) -> Result<Option<Holding>> {
+        self.release_later(key, after).await.map(Some)
     }
 
     /// One statement (PostgreSQL also notifies in it); `true` only if our live row went.

@@ -408,6 +408,19 @@ pub(crate) async fn refresh(
     Ok(false)
 }
 
+/// Tells PostgreSQL's listeners that `id`'s row changed (waiters read it again); nothing on
+/// the other databases, which have no listeners.
+pub(crate) async fn announce(conn: &mut Conn, channel: &str, id: &str) -> Db<()> {
+    if let Conn::Postgres(p) = conn {
+        sqlx::query("SELECT pg_notify($1, $2)")
+            .bind(channel)
+            .bind(id)
+            .execute(&mut **p)
+            .await?;
+    }
+    Ok(())
+}
+
 /// Deletes our row; whether it was live. PostgreSQL notifies `channel` when a row went.
 pub(crate) async fn delete(
     conn: &mut Conn,

@@ -27,6 +27,7 @@ mod enqueue;
 mod keys;
 mod ops;
 mod records;
+mod release;
 use crate::error::{Error, LostReason, Result};
 use crate::key::Mode;
 use crate::mutex::lock;
@@ -48,6 +49,11 @@ pub(super) enum Cmd {
     },
     Release {
         reply: oneshot::Sender<Result<bool>>,
+    },
+    /// A release that leaves the key to run out `after` from now.
+    ReleaseAfter {
+        after: Duration,
+        reply: oneshot::Sender<Result<Holding>>,
     },
 }
 
@@ -261,6 +267,11 @@ impl Actor {
                 self.revoke_idle_lease();
                 let _ = reply.send(answer);
             }
+            Cmd::ReleaseAfter { after, reply } => {
+                let answer = self.release_after(after).await;
+                self.revoke_idle_lease();
+                let _ = reply.send(answer);
+            }
             other => self.check_or_release(other).await,
         }
     }
@@ -274,6 +285,10 @@ impl Actor {
             }
             Cmd::Release { reply } => {
                 let answer = self.release().await;
+                let _ = reply.send(answer);
+            }
+            Cmd::ReleaseAfter { after, reply } => {
+                let answer = self.release_after(after).await;
                 let _ = reply.send(answer);
             }
             Cmd::Save { .. } => {}

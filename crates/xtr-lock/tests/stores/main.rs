@@ -31,6 +31,7 @@ mod redis_hostile;
 mod redis_records;
 mod redis_semaphore;
 mod redis_waking;
+mod release_after;
 mod sem_common;
 mod semaphore;
 mod session_lease;

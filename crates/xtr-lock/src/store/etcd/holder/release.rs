@@ -13,7 +13,9 @@ use crate::store::etcd::record;
 /// The ttl of the lease a released key runs out on: `after` in whole seconds, rounded up (at
 /// least 1; etcd may grant more, its minimum ttl, which only keeps others out longer).
 fn ttl_secs(after: Duration) -> i64 {
-    let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
+    let secs = after
+        .as_secs()
+        .saturating_add(u64::from(after.subsec_nanos() > 0));
     i64::try_from(secs.max(1)).unwrap_or(i64::MAX)
 }
 
@@ -94,5 +96,6 @@ mod tests {
         assert_eq!(ttl_secs(Duration::from_secs(2)), 2);
         assert_eq!(ttl_secs(Duration::from_millis(2001)), 3);
         assert_eq!(ttl_secs(Duration::ZERO), 1);
+        assert_eq!(ttl_secs(Duration::MAX), i64::MAX);
     }
 }

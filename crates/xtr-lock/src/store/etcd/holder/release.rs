@@ -4,11 +4,19 @@
 use std::time::Duration;
 
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+use tokio::time::Instant;
 
-use super::Actor;
+use super::{Actor, Mine, kind_of};
 use crate::error::{LostReason, Result};
-use crate::store::Holding;
+use crate::key::Mode;
 use crate::store::etcd::record;
+use crate::store::{Acquired, Holding, Saved};
+
+/// A key left to run out on a lease of its own, and when that lease ends (at the earliest).
+pub(super) struct Parked {
+    mine: Mine,
+    ends: Instant,
+}
 
 /// The ttl of the lease a released key runs out on: `after` in whole seconds, rounded up (at
 /// least 1; etcd may grant more, its minimum ttl, which only keeps others out longer).
@@ -23,6 +31,23 @@ fn ttl_secs(after: Duration) -> i64 {
 fn onto(key: Vec<u8>, lease: i64) -> TxnOp {
     let options = PutOptions::new().with_lease(lease).with_ignore_value();
     TxnOp::put(key, Vec::<u8>::new(), Some(options))
+}
+
+/// Moves `key` (created at `rev`) and its record, if it has one, onto `lease`, if the key is
+/// still there.
+fn move_onto(prefix: &str, key: &[u8], rev: i64, lease: i64) -> Txn {
+    let rec = record::key(prefix, key);
+    let record_there = Compare::create_revision(rec.clone(), CompareOp::Greater, 0);
+    Txn::new()
+        .when([Compare::create_revision(
+            key.to_vec(),
+            CompareOp::Equal,
+            rev,
+        )])
+        .and_then([
+            onto(key.to_vec(), lease),
+            TxnOp::txn(Txn::new().when([record_there]).and_then([onto(rec, lease)])),
+        ])
 }
 
 impl Actor {
@@ -46,23 +71,20 @@ impl Actor {
             .await
             .map_err(|e| self.error(e))?;
         let lease = granted.id();
-        let rec = record::key(&self.core.config.prefix, &held.key);
-        let record_there = Compare::create_revision(rec.clone(), CompareOp::Greater, 0);
-        let txn = Txn::new()
-            .when([Compare::create_revision(
-                held.key.clone(),
-                CompareOp::Equal,
-                held.rev,
-            )])
-            .and_then([
-                onto(held.key.clone(), lease),
-                TxnOp::txn(Txn::new().when([record_there]).and_then([onto(rec, lease)])),
-            ]);
+        let txn = move_onto(&self.core.config.prefix, &held.key, held.rev, lease);
         let ttl = Duration::from_secs(secs.unsigned_abs());
         match self.core.txn(txn).await {
             Ok(r) if r.succeeded() => {
-                // Dropped with its watch: the key is no longer this holder's to lose.
-                self.held = None;
+                // Its watch goes: the key is no longer this holder's to lose. Kept until its
+                // lease ends, for the holder to take back.
+                if let Some(mut mine) = self.held.take() {
+                    if let Some(w) = mine.watch.take() {
+                        w.abort();
+                    }
+                    mine.entry.lease = lease;
+                    let ends = Instant::now() + ttl;
+                    self.parked = Some(Parked { mine, ends });
+                }
                 self.ended += 1;
                 self.lost = None;
                 self.publish();
@@ -82,6 +104,47 @@ impl Actor {
             // The key may have moved or not: the caller releases it (by its create revision),
             // and the new lease, if it holds nothing, ends by itself soon.
             Err(e) => Err(self.error(e)),
+        }
+    }
+
+    /// A save in the mode of the key this holder left to run out, while it may still stand:
+    /// the key moves back onto the holder's lease (kept alive again) and holds as before, with
+    /// its token, and the lease it ran out on is revoked. `None`: there is no such key (any
+    /// more), to be taken afresh.
+    pub(super) async fn unpark(&mut self, mode: Mode, ttl: Duration) -> Option<Result<Saved>> {
+        let parked = self.parked.take()?;
+        if parked.mine.entry.kind != kind_of(mode) || Instant::now() >= parked.ends {
+            return None;
+        }
+        let lease = match self.lease(ttl).await {
+            Ok(id) => id,
+            Err(e) => return Some(Err(e)),
+        };
+        let Parked { mut mine, ends } = parked;
+        let entry = mine.entry.clone();
+        let txn = move_onto(&self.core.config.prefix, &entry.key, entry.rev, lease);
+        match self.core.txn(txn).await {
+            Ok(r) if r.succeeded() => {
+                self.core
+                    .revoke(entry.lease, ends.saturating_duration_since(Instant::now()));
+                mine.entry.lease = lease;
+                mine.watch = Some(crate::store::etcd::watch::loss(
+                    self.core.clone(),
+                    entry.key,
+                    entry.rev,
+                    self.lost_tx.clone(),
+                ));
+                let token = mine.token;
+                self.held = Some(mine);
+                self.lost = None;
+                Some(Ok(Acquired::fenced(token).into()))
+            }
+            // It ran out meanwhile.
+            Ok(_) => None,
+            Err(e) => {
+                self.parked = Some(Parked { mine, ends });
+                Some(Err(self.error(e)))
+            }
         }
     }
 }

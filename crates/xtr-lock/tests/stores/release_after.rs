@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use xtr_lock::store::{CombinedStore, ConsensusStrategy, Holding};
 use xtr_lock::{
     EtcdStore, InMemoryStore, Key, LockFactory, Lockable as _, MemcachedStore, Mode,
-    MonotonicClock, RedisStore, SqlStore, Store,
+    MonotonicClock, Permits, RedisStore, SqlStore, Store,
 };
 use xtr_lock_testkit::etcd::EtcdCluster;
 use xtr_lock_testkit::memcached::MemcachedServer;
@@ -34,8 +34,13 @@ async fn takes(store: &dyn Store, key: &Key) -> bool {
 /// after and at 1.5 s, and takes it by `AFTER + slack` (polling every 100 ms); the first
 /// holder then holds nothing.
 async fn runs_out(store: &dyn Store, mode: Mode, slack: Duration) {
+    runs_out_with(store, mode, slack, |r| Key::new(r)).await;
+}
+
+/// As [`runs_out`], for the keys `new_key` makes (a semaphore holder's: one permit of one).
+async fn runs_out_with(store: &dyn Store, mode: Mode, slack: Duration, new_key: fn(&str) -> Key) {
     let r = resource("runs-out");
-    let first = Key::new(&r);
+    let first = new_key(&r);
     let saved = match mode {
         Mode::Write => store.save(&first, TTL).await,
         Mode::Read => store.save_read(&first, TTL).await,
@@ -44,7 +49,7 @@ async fn runs_out(store: &dyn Store, mode: Mode, slack: Duration) {
     let called = Instant::now();
     let held = store.release_after(&first, AFTER).await.unwrap();
     assert_eq!(held, Some(Holding::Held(mode)), "{store}");
-    let second = Key::new(&r);
+    let second = new_key(&r);
     assert!(!takes(store, &second).await, "{store}: taken right after");
     tokio::time::sleep_until((called + Duration::from_millis(1500)).into()).await;
     assert!(!takes(store, &second).await, "{store}: taken at 1.5 s");
@@ -314,4 +319,44 @@ async fn an_in_memory_store_with_a_clock_runs_out_and_one_without_cannot() {
     assert!(takes(&store, &key).await);
     assert_eq!(store.release_after(&key, AFTER).await.unwrap(), None);
     assert!(store.exists(&key).await.unwrap().is_held(), "still held");
+}
+
+// ---- semaphores: a holder's permits run out alike ------------------------------------------------
+
+fn one_permit(r: &str) -> Key {
+    Key::for_semaphore(r, Permits::new(1, 1).unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_semaphore_holders_permits_run_out_no_sooner_than_asked() {
+    let redis = RedisServer::start();
+    let memcached = MemcachedServer::start();
+    let cluster = EtcdCluster::single();
+    let dir = tempfile::tempdir().unwrap();
+    let sqlite =
+        SqlStore::from_dsn(&format!("sqlite://{}/locks.db", dir.path().display())).unwrap();
+    sqlite.create_table().await.unwrap();
+    let whole_seconds = SQL_SLACK;
+    let stores: Vec<(Box<dyn Store>, Duration)> = vec![
+        (
+            Box::new(RedisStore::from_dsn(&redis.url(0)).unwrap()),
+            whole_seconds,
+        ),
+        (
+            Box::new(MemcachedStore::from_dsn(&memcached.url()).unwrap()),
+            whole_seconds,
+        ),
+        (Box::new(sqlite), whole_seconds),
+        (
+            Box::new(EtcdStore::from_dsn(&cluster.dsn("")).unwrap()),
+            Duration::from_millis(1500),
+        ),
+        (
+            Box::new(InMemoryStore::expiring(Arc::new(MonotonicClock))),
+            Duration::from_millis(400),
+        ),
+    ];
+    for (store, slack) in stores {
+        runs_out_with(store.as_ref(), Mode::Write, slack, one_permit).await;
+    }
 }

@@ -114,6 +114,17 @@ async fn the_holder_takes_it_back(store: &dyn Store) -> (Option<u64>, Option<u64
     (saved.fencing_token, again.fencing_token)
 }
 
+/// A release by the holder after it left its lock to run out ends it at once.
+async fn a_release_ends_it_at_once(store: &dyn Store) {
+    let r = resource("ended");
+    let first = Key::new(&r);
+    assert!(takes(store, &first).await);
+    let held = store.release_after(&first, AFTER).await.unwrap();
+    assert_eq!(held, Some(Holding::Held(Mode::Write)), "{store}");
+    assert!(store.delete(&first).await.unwrap(), "{store}");
+    assert!(takes(store, &Key::new(&r)).await, "{store}");
+}
+
 /// A key whose lock is gone (deleted by a copy of it, as another process would) is told so,
 /// and the lock is free.
 async fn a_lost_lock_is_not_held(store: &dyn Store) {
@@ -141,6 +152,7 @@ async fn redis_writers_and_readers_run_out_on_the_server() {
     runs_out(&store, Mode::Read, slack).await;
     a_lost_lock_is_not_held(&store).await;
     let (first, again) = the_holder_takes_it_back(&store).await;
+    a_release_ends_it_at_once(&store).await;
     assert!(first.is_some());
     assert_eq!(again, None, "a writer's re-save keeps its token");
 }
@@ -168,6 +180,7 @@ async fn on_sql(store: impl Fn() -> SqlStore) {
     runs_out(one.as_ref(), Mode::Write, SQL_SLACK).await;
     a_lost_lock_is_not_held(one.as_ref()).await;
     the_holder_takes_it_back(one.as_ref()).await;
+    a_release_ends_it_at_once(one.as_ref()).await;
     a_waiter_gets_it(one.clone(), one, SQL_SLACK).await;
     a_waiter_gets_it(Arc::new(store()), Arc::new(store()), SQL_SLACK).await;
 }
@@ -200,6 +213,7 @@ async fn memcached_entries_run_out_no_sooner_than_asked() {
     runs_out(&store, Mode::Write, SQL_SLACK).await;
     a_lost_lock_is_not_held(&store).await;
     the_holder_takes_it_back(&store).await;
+    a_release_ends_it_at_once(&store).await;
     let store = Arc::new(store);
     a_waiter_gets_it(store.clone(), store, SQL_SLACK).await;
 }
@@ -213,6 +227,7 @@ async fn etcd_keys_run_out_on_a_lease_nobody_keeps_alive() {
     runs_out(&store, Mode::Write, Duration::from_millis(1500)).await;
     runs_out(&store, Mode::Read, Duration::from_millis(1500)).await;
     let (first, again) = the_holder_takes_it_back(&store).await;
+    a_release_ends_it_at_once(&store).await;
     assert_eq!(first, again, "the same token");
 
     // The key stays, on another lease, until that lease ends on the cluster; the holder's own
@@ -267,6 +282,7 @@ async fn a_redis_quorum_runs_out_on_its_members() {
     let q = quorum("");
     runs_out(q.store.as_ref(), Mode::Write, Duration::from_millis(500)).await;
     the_holder_takes_it_back(q.store.as_ref()).await;
+    a_release_ends_it_at_once(q.store.as_ref()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -311,6 +327,7 @@ async fn an_in_memory_store_with_a_clock_runs_out_and_one_without_cannot() {
     runs_out(&store, Mode::Read, Duration::from_millis(400)).await;
     a_lost_lock_is_not_held(&store).await;
     the_holder_takes_it_back(&store).await;
+    a_release_ends_it_at_once(&store).await;
     let store = Arc::new(store);
     a_waiter_gets_it(store.clone(), store, Duration::from_millis(400)).await;
 

@@ -337,11 +337,12 @@ impl Actor {
         }
     }
 
-    /// Deletes the holder's key: true when it was still there (a live lock released).
+    /// Deletes the holder's key: true when it was still there (a live lock released). A key it
+    /// left to run out goes too.
     pub(super) async fn release(&mut self) -> Result<bool> {
         self.catch_up();
         let Some(held) = self.held.as_ref().map(|m| m.entry.clone()) else {
-            return Ok(false);
+            return Ok(self.drop_parked().await);
         };
         let txn = Txn::new()
             .when([Compare::create_revision(

@@ -71,8 +71,10 @@ impl Actor {
             .await
             .map_err(|e| self.error(e))?;
         let lease = granted.id();
+        // etcd may grant more than asked (its minimum ttl).
+        let granted_secs = u64::try_from(granted.ttl()).unwrap_or(0);
+        let ttl = Duration::from_secs(granted_secs.max(secs.unsigned_abs()));
         let txn = move_onto(&self.core.config.prefix, &held.key, held.rev, lease);
-        let ttl = Duration::from_secs(secs.unsigned_abs());
         match self.core.txn(txn).await {
             Ok(r) if r.succeeded() => {
                 // Its watch goes: the key is no longer this holder's to lose. Kept until its
@@ -107,13 +109,30 @@ impl Actor {
         }
     }
 
+    /// A release of a holder that holds nothing but the key it left to run out: that key goes
+    /// now, with its lease (as a release by the same token does on the other stores). Whether
+    /// it was still live, as far as this holder knows.
+    pub(super) async fn drop_parked(&mut self) -> bool {
+        let Some(Parked { mine, ends }) = self.parked.take() else {
+            return false;
+        };
+        let left = ends.saturating_duration_since(Instant::now());
+        self.core.revoke_now(mine.entry.lease, left).await;
+        !left.is_zero()
+    }
+
     /// A save in the mode of the key this holder left to run out, while it may still stand:
     /// the key moves back onto the holder's lease (kept alive again) and holds as before, with
     /// its token, and the lease it ran out on is revoked. `None`: there is no such key (any
     /// more), to be taken afresh.
     pub(super) async fn unpark(&mut self, mode: Mode, ttl: Duration) -> Option<Result<Saved>> {
+        let parked = self.parked.as_ref()?;
+        if parked.mine.entry.kind != kind_of(mode) {
+            // It stays until its lease ends, or a release takes it.
+            return None;
+        }
         let parked = self.parked.take()?;
-        if parked.mine.entry.kind != kind_of(mode) || Instant::now() >= parked.ends {
+        if Instant::now() >= parked.ends {
             return None;
         }
         let lease = match self.lease(ttl).await {

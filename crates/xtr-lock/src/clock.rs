@@ -12,6 +12,12 @@ use std::time::{Duration, Instant};
 use crate::mutex::lock;
 use tokio::sync::watch;
 
+/// The whole seconds of `d`, rounded up (saturating): what a store that counts whole seconds
+/// must keep so as never to keep less.
+pub(crate) fn seconds_up(d: Duration) -> u64 {
+    d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0))
+}
+
 /// A boxed `Send` future, as returned by object-safe traits of this crate.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 

@@ -15,10 +15,7 @@ use std::time::Duration;
 /// `after` from now: rounded up, plus the second it may end early (at least 2, as a renewal
 /// of those stores needs).
 pub(crate) fn release_secs(after: Duration) -> u64 {
-    let whole = after
-        .as_secs()
-        .saturating_add(u64::from(after.subsec_nanos() > 0));
-    whole.saturating_add(1).max(2)
+    crate::clock::seconds_up(after).saturating_add(1).max(2)
 }
 
 /// One resource's entry: its holder's token, and how many keys claim it (clones share a claim;

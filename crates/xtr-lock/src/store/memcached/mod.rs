@@ -198,7 +198,7 @@ impl MemcachedStore {
             .with_resource(key.resource())
             .with_store(self));
         };
-        let secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
+        let secs = crate::clock::seconds_up(ttl);
         if secs > MAX_TTL_SECS {
             return Err(Error::invalid_argument(format!(
                 "a ttl of {ttl:?} is over Memcached's 30 days (it would read it as a Unix \

@@ -21,10 +21,7 @@ pub(super) struct Parked {
 /// The ttl of the lease a released key runs out on: `after` in whole seconds, rounded up (at
 /// least 1; etcd may grant more, its minimum ttl, which only keeps others out longer).
 fn ttl_secs(after: Duration) -> i64 {
-    let secs = after
-        .as_secs()
-        .saturating_add(u64::from(after.subsec_nanos() > 0));
-    i64::try_from(secs.max(1)).unwrap_or(i64::MAX)
+    i64::try_from(crate::clock::seconds_up(after).max(1)).unwrap_or(i64::MAX)
 }
 
 /// Puts `key` on `lease`, keeping its value (and its create revision: its place in the queue).
@@ -63,6 +60,8 @@ impl Actor {
         };
         let mode = super::mode_of(held.kind);
         let secs = ttl_secs(after);
+        // The lease lasts at least its ttl from when it was asked for.
+        let asked = Instant::now();
         let granted = self
             .core
             .call("lease grant", |mut c| async move {
@@ -84,7 +83,7 @@ impl Actor {
                         w.abort();
                     }
                     mine.entry.lease = lease;
-                    let ends = Instant::now() + ttl;
+                    let ends = asked + ttl;
                     self.parked = Some(Parked { mine, ends });
                 }
                 self.ended += 1;

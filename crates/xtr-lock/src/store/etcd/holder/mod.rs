@@ -131,7 +131,6 @@ pub(super) fn start(
         abandoned: Vec::new(),
         stale: Vec::new(),
         meta: None,
-        parked: None,
     };
     tokio::spawn(actor.run());
     Task { tx, life }
@@ -183,9 +182,6 @@ struct Actor {
     /// The metadata of the save under way, recorded by every transaction that puts or reads
     /// its key.
     meta: Option<Meta>,
-    /// The key this holder left to run out (`release_after`), until its lease ends: the
-    /// holder's next save in its mode takes it back.
-    parked: Option<release::Parked>,
 }
 
 /// The answer of the transaction that puts a key and reads the queue.
@@ -443,7 +439,6 @@ impl Actor {
                 self.confirm(self.meta.clone()).await
             }
             (Mode::Read, Some(Mode::Write)) => self.demote().await,
-            (_, None) => self.unpark(mode, ttl).await,
             _ => None,
         };
         if answer.is_none() {

@@ -337,12 +337,11 @@ impl Actor {
         }
     }
 
-    /// Deletes the holder's key: true when it was still there (a live lock released). A key it
-    /// left to run out goes too.
+    /// Deletes the holder's key: true when it was still there (a live lock released).
     pub(super) async fn release(&mut self) -> Result<bool> {
         self.catch_up();
         let Some(held) = self.held.as_ref().map(|m| m.entry.clone()) else {
-            return Ok(self.drop_parked().await);
+            return Ok(false);
         };
         let txn = Txn::new()
             .when([Compare::create_revision(

@@ -4,19 +4,11 @@
 use std::time::Duration;
 
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
-use tokio::time::Instant;
 
-use super::{Actor, Mine, kind_of};
+use super::Actor;
 use crate::error::{LostReason, Result};
-use crate::key::Mode;
+use crate::store::Holding;
 use crate::store::etcd::record;
-use crate::store::{Acquired, Holding, Saved};
-
-/// A key left to run out on a lease of its own, and when that lease ends (at the earliest).
-pub(super) struct Parked {
-    mine: Mine,
-    ends: Instant,
-}
 
 /// The ttl of the lease a released key runs out on: `after` in whole seconds, rounded up (at
 /// least 1; etcd may grant more, its minimum ttl, which only keeps others out longer).
@@ -60,8 +52,6 @@ impl Actor {
         };
         let mode = super::mode_of(held.kind);
         let secs = ttl_secs(after);
-        // The lease lasts at least its ttl from when it was asked for.
-        let asked = Instant::now();
         let granted = self
             .core
             .call("lease grant", |mut c| async move {
@@ -76,16 +66,9 @@ impl Actor {
         let txn = move_onto(&self.core.config.prefix, &held.key, held.rev, lease);
         match self.core.txn(txn).await {
             Ok(r) if r.succeeded() => {
-                // Its watch goes: the key is no longer this holder's to lose. Kept until its
-                // lease ends, for the holder to take back.
-                if let Some(mut mine) = self.held.take() {
-                    if let Some(w) = mine.watch.take() {
-                        w.abort();
-                    }
-                    mine.entry.lease = lease;
-                    let ends = asked + ttl;
-                    self.parked = Some(Parked { mine, ends });
-                }
+                // Dropped with its watch: the key is no longer this holder's (it is a new
+                // holder now: nothing of it finds that key again).
+                self.held = None;
                 self.ended += 1;
                 self.lost = None;
                 self.publish();
@@ -105,64 +88,6 @@ impl Actor {
             // The key may have moved or not: the caller releases it (by its create revision),
             // and the new lease, if it holds nothing, ends by itself soon.
             Err(e) => Err(self.error(e)),
-        }
-    }
-
-    /// A release of a holder that holds nothing but the key it left to run out: that key goes
-    /// now, with its lease (as a release by the same token does on the other stores). Whether
-    /// it was still live, as far as this holder knows.
-    pub(super) async fn drop_parked(&mut self) -> bool {
-        let Some(Parked { mine, ends }) = self.parked.take() else {
-            return false;
-        };
-        let left = ends.saturating_duration_since(Instant::now());
-        self.core.revoke_now(mine.entry.lease, left).await;
-        !left.is_zero()
-    }
-
-    /// A save in the mode of the key this holder left to run out, while it may still stand:
-    /// the key moves back onto the holder's lease (kept alive again) and holds as before, with
-    /// its token, and the lease it ran out on is revoked. `None`: there is no such key (any
-    /// more), to be taken afresh.
-    pub(super) async fn unpark(&mut self, mode: Mode, ttl: Duration) -> Option<Result<Saved>> {
-        let parked = self.parked.as_ref()?;
-        if parked.mine.entry.kind != kind_of(mode) {
-            // It stays until its lease ends, or a release takes it.
-            return None;
-        }
-        let parked = self.parked.take()?;
-        if Instant::now() >= parked.ends {
-            return None;
-        }
-        let lease = match self.lease(ttl).await {
-            Ok(id) => id,
-            Err(e) => return Some(Err(e)),
-        };
-        let Parked { mut mine, ends } = parked;
-        let entry = mine.entry.clone();
-        let txn = move_onto(&self.core.config.prefix, &entry.key, entry.rev, lease);
-        match self.core.txn(txn).await {
-            Ok(r) if r.succeeded() => {
-                self.core
-                    .revoke(entry.lease, ends.saturating_duration_since(Instant::now()));
-                mine.entry.lease = lease;
-                mine.watch = Some(crate::store::etcd::watch::loss(
-                    self.core.clone(),
-                    entry.key,
-                    entry.rev,
-                    self.lost_tx.clone(),
-                ));
-                let token = mine.token;
-                self.held = Some(mine);
-                self.lost = None;
-                Some(Ok(Acquired::fenced(token).into()))
-            }
-            // It ran out meanwhile.
-            Ok(_) => None,
-            Err(e) => {
-                self.parked = Some(Parked { mine, ends });
-                Some(Err(self.error(e)))
-            }
         }
     }
 }

@@ -8,11 +8,12 @@ use std::time::{Duration, Instant};
 
 use xtr_lock::store::{CombinedStore, ConsensusStrategy, Holding};
 use xtr_lock::{
-    EtcdStore, InMemoryStore, Key, LockFactory, Lockable as _, MemcachedStore, Mode,
-    MonotonicClock, Permits, RedisStore, SqlStore, Store,
+    EtcdStore, FlockStore, InMemoryStore, Key, LockFactory, Lockable as _, MemcachedStore, Mode,
+    MonotonicClock, Permits, PgAdvisoryStore, RedisPubSubStore, RedisStore, SqlStore, Store,
 };
 use xtr_lock_testkit::etcd::EtcdCluster;
 use xtr_lock_testkit::memcached::MemcachedServer;
+use xtr_lock_testkit::postgres::PostgresServer;
 use xtr_lock_testkit::redis::RedisServer;
 
 use crate::support::on_redis::quorum;
@@ -335,4 +336,40 @@ async fn a_semaphore_holders_permits_run_out_no_sooner_than_asked() {
     for (store, slack) in stores {
         runs_out_with(store.as_ref(), Mode::Write, slack, one_permit).await;
     }
+}
+
+// ---- the stores whose locks die with their holder ------------------------------------------------
+
+/// A store that cannot leave its lock to run out says so, and the holder keeps holding.
+async fn cannot(store: &dyn Store) {
+    let caps = store.capabilities();
+    assert!(!caps.expiring || caps.leased, "{store}");
+    let key = Key::new(resource("cannot"));
+    assert!(takes(store, &key).await, "{store}");
+    assert_eq!(
+        store.release_after(&key, AFTER).await.unwrap(),
+        None,
+        "{store}"
+    );
+    assert!(
+        store.exists(&key).await.unwrap().is_held(),
+        "{store}: still held"
+    );
+    assert!(store.delete(&key).await.unwrap(), "{store}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flock_pubsub_and_advisory_locks_cannot_and_keep_holding() {
+    let dir = tempfile::tempdir().unwrap();
+    cannot(&FlockStore::in_dir(dir.path()).unwrap()).await;
+    let redis = RedisServer::start();
+    let dsn = format!("redis+pubsub://127.0.0.1:{}", redis.port());
+    cannot(&RedisPubSubStore::from_dsn(&dsn).unwrap()).await;
+    let pg = PostgresServer::start();
+    let url = pg.url();
+    let dsn = format!(
+        "postgresql+advisory{}",
+        url.strip_prefix("postgres").unwrap()
+    );
+    cannot(&PgAdvisoryStore::from_dsn(&dsn).unwrap()).await;
 }

@@ -4,9 +4,9 @@
 //! `"{resource}#xtr-revoke"` (shared where the store has shared locks, so that revokers do not
 //! wait for each other) until the resource's holders have let go, or its wait ends. The monitor
 //! of every holder of this library (guards, scopes, [`keep_alive`](crate::Lockable::keep_alive),
-//! `xtr-lock run`) looks for a notice on its resource: at once where the store tells of changes
-//! natively (flock, etcd, in-memory), otherwise at each renewal (or each check, once a second,
-//! where locks do not expire); a notice found is a loss with
+//! `xtr-lock run`) looks for a notice on its resource: at each renewal where locks expire, else
+//! once a second, and at once where the store tells of the change (etcd's watch, the in-memory
+//! store, flock's file events where the notice's file is new); a notice found is a loss with
 //! [`LostReason::Revoked`](crate::LostReason::Revoked). Holders of other libraries (Python,
 //! PHP) do not look: they cannot be asked, and a revocation then waits for them in vain.
 //!
@@ -142,7 +142,8 @@ impl Lock {
             if left.is_zero() {
                 return Ok(false);
             }
-            let pause = clock.sleep(left.min(POLL_HOLDERS * 10));
+            // Not every release is seen where the store tells: look again soon all the same.
+            let pause = clock.sleep(left.min(POLL_HOLDERS * 2));
             match changed {
                 Some(changed) => {
                     tokio::select! {
@@ -209,7 +210,9 @@ pub(super) fn watch(lock: &Lock, generation: u64) -> Option<AbortOnDrop> {
                 Some(changed) => {
                     tokio::select! {
                         () = changed => {}
-                        () = clock.sleep(period * 10) => {}
+                        // Not every change is seen (flock's acquisitions by other processes
+                        // make no file event): look each period all the same.
+                        () = clock.sleep(period) => {}
                     }
                 }
                 None => clock.sleep(period).await,

@@ -5,6 +5,7 @@
 
 mod args;
 mod cli;
+mod command_line;
 mod cmd;
 mod durations;
 mod exit;
@@ -14,6 +15,7 @@ mod help;
 mod lease;
 mod meta;
 mod output;
+mod policy;
 mod procs;
 mod sentinel;
 mod stdio;

@@ -9,6 +9,7 @@ mod leader;
 pub(crate) mod list;
 pub(crate) mod migrate;
 mod permits;
+mod revoke;
 pub(crate) mod run;
 
 use std::io::IsTerminal as _;
@@ -54,6 +55,15 @@ pub(crate) async fn dispatch(settings: Settings) -> Result<Exit> {
                 keys::acquire(store, &source, take, &resource)
             })
             .await
+        }
+        Settings::Revoke {
+            source,
+            resource,
+            wait,
+            json,
+        } => {
+            let store = StoreConfig::open(&source, json)?;
+            closing(store, |store| revoke::revoke(store, resource, wait, json)).await
         }
         Settings::Path { source, resource } => {
             let store = StoreConfig::open(&source, true)?;

@@ -41,6 +41,8 @@ struct RunArgs {
     nested: Vec<(&'static str, Option<OsString>)>,
     /// `--standby`: turns follow each other, each says when it leads.
     standby: bool,
+    /// `--min-hold`, `--max-hold`.
+    holds: crate::policy::Holds,
 }
 
 /// SIGINT, SIGTERM and SIGHUP, caught from the start: while waiting they end the wait cleanly,
@@ -89,6 +91,7 @@ pub(crate) async fn run(store: StoreConfig, settings: RunSettings) -> Result<Exi
         named,
         command,
         standby,
+        holds,
     } = settings;
     let args = RunArgs {
         store,
@@ -100,6 +103,7 @@ pub(crate) async fn run(store: StoreConfig, settings: RunSettings) -> Result<Exi
         command,
         nested: source.nested_environment(),
         standby: standby.is_some(),
+        holds,
     };
     let mut signals = Signals::new()?;
     match standby {

@@ -1,0 +1,136 @@
+//! Jobs on many machines, on the command line: what to do when the lock is held
+//! (`--on-conflict skip|wait|queue-one|replace`, with `-n` and `-w`), and how long a run holds
+//! the lock at least and at most (`--min-hold`, `--max-hold`), checked once with errors that
+//! name the flags at fault.
+
+use std::time::Duration;
+
+use anyhow::{Result, anyhow};
+
+use crate::durations::duration;
+
+/// `--on-conflict`: what `run` and `acquire` do when someone else holds the lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum OnConflict {
+    /// Try once; held: the conflict exit (1, or -E). `-n` says the same.
+    Skip,
+    /// Wait for the lock (forever, or as long as -w says): the default.
+    Wait,
+    /// Wait only if nobody else is already waiting for this resource (at most one run
+    /// buffered behind the current one), else the conflict exit.
+    QueueOne,
+    /// Ask the current holders to give the lock up (`xtr-lock revoke`), then take it when they
+    /// do (within -w).
+    Replace,
+}
+
+impl OnConflict {
+    /// The name the command line and the `--json` events use.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            OnConflict::Skip => "skip",
+            OnConflict::Wait => "wait",
+            OnConflict::QueueOne => "queue-one",
+            OnConflict::Replace => "replace",
+        }
+    }
+
+    /// `--on-conflict` with `-n` and `-w`: `-n` is `skip`, neither is `wait`; `-n` with another
+    /// policy, or `-w` with `skip`, contradict each other and are refused in one line.
+    pub(crate) fn from_flags(
+        asked: Option<OnConflict>,
+        nonblock: bool,
+        wait: Option<&str>,
+    ) -> Result<OnConflict> {
+        match (asked, nonblock, wait) {
+            (None, true, _) => Ok(OnConflict::Skip),
+            (None, false, _) => Ok(OnConflict::Wait),
+            (Some(OnConflict::Skip), true, _) => Ok(OnConflict::Skip),
+            (Some(p), true, _) => Err(anyhow!(
+                "-n/--nonblock is --on-conflict skip, which contradicts --on-conflict {}: \
+                 give one of them",
+                p.name()
+            )),
+            (Some(OnConflict::Skip), false, Some(w)) => Err(anyhow!(
+                "--on-conflict skip tries once, and -w {w} waits: give one of them"
+            )),
+            (Some(p), false, _) => Ok(p),
+        }
+    }
+
+    /// Whether the lock is taken with the library's policy call (queue-one, replace) rather
+    /// than a plain try or wait.
+    pub(crate) fn needs_policy(self) -> bool {
+        matches!(self, OnConflict::QueueOne | OnConflict::Replace)
+    }
+}
+
+/// `--min-hold` and `--max-hold`: how long a run holds the lock at least (even if its command
+/// ends sooner) and at most (its command stopped then, exit 4).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Holds {
+    pub min: Option<Duration>,
+    pub max: Option<Duration>,
+}
+
+impl Holds {
+    /// Parses both; zero is refused (leave the flag out for none).
+    pub(crate) fn from_flags(min: Option<&str>, max: Option<&str>) -> Result<Holds> {
+        let parse = |flag: &str, text: Option<&str>| -> Result<Option<Duration>> {
+            let Some(text) = text else { return Ok(None) };
+            let d = duration(flag, text)?;
+            if d.is_zero() {
+                return Err(anyhow!(
+                    "{flag} must be more than zero (leave it out for no {})",
+                    if flag == "--min-hold" {
+                        "minimum"
+                    } else {
+                        "maximum"
+                    }
+                ));
+            }
+            Ok(Some(d))
+        };
+        Ok(Holds {
+            min: parse("--min-hold", min)?,
+            max: parse("--max-hold", max)?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nonblock_is_skip_and_contradictions_are_refused() {
+        use OnConflict::*;
+        assert_eq!(OnConflict::from_flags(None, true, None).unwrap(), Skip);
+        assert_eq!(OnConflict::from_flags(None, false, Some("3")).unwrap(), Wait);
+        assert_eq!(OnConflict::from_flags(Some(Skip), true, None).unwrap(), Skip);
+        assert_eq!(
+            OnConflict::from_flags(Some(Replace), false, Some("30")).unwrap(),
+            Replace
+        );
+        let err = OnConflict::from_flags(Some(Replace), true, None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("contradicts --on-conflict replace"), "{err}");
+        let err = OnConflict::from_flags(Some(Skip), false, Some("30"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("-w 30 waits"), "{err}");
+    }
+
+    #[test]
+    fn holds_are_durations_above_zero() {
+        let holds = Holds::from_flags(Some("55m"), Some("50m")).unwrap();
+        assert_eq!(holds.min, Some(Duration::from_secs(55 * 60)));
+        assert_eq!(holds.max, Some(Duration::from_secs(50 * 60)));
+        assert_eq!(Holds::from_flags(None, None).unwrap(), Holds::default());
+        let err = Holds::from_flags(Some("0"), None).unwrap_err().to_string();
+        assert!(err.starts_with("--min-hold must be more than zero"), "{err}");
+        let err = Holds::from_flags(None, Some("soon")).unwrap_err().to_string();
+        assert!(err.starts_with("--max-hold \"soon\" is not a duration"), "{err}");
+    }
+}

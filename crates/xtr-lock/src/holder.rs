@@ -4,7 +4,7 @@
 //! the key shares (they are one holder). The key carries it without knowing what is in it.
 
 use std::sync::{Mutex, OnceLock};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::watch;
 
@@ -41,6 +41,8 @@ pub(crate) struct Holder {
     /// The kind of store its locks are in, as metrics label it (set by the first lock built on
     /// the key).
     store: OnceLock<String>,
+    /// When the holder's current hold began (on its key's clock), with that hold's generation.
+    since: Mutex<Option<(u64, Instant)>>,
 }
 
 impl Holder {
@@ -54,6 +56,7 @@ impl Holder {
             serial: crate::serial::Serial::default(),
             wait_began: Mutex::new(UNIX_EPOCH),
             store: OnceLock::new(),
+            since: Mutex::new(None),
         }
     }
 
@@ -103,6 +106,21 @@ impl Holder {
     /// Changes of the believed state, from now on.
     pub(crate) fn subscribe(&self) -> watch::Receiver<Believed> {
         self.state.subscribe()
+    }
+
+    /// Marks `now` as the start of the current hold, unless that hold's start is known.
+    pub(crate) fn mark_since(&self, now: Instant) {
+        let generation = self.generation();
+        let mut since = self.since.lock().unwrap_or_else(|e| e.into_inner());
+        if since.is_none_or(|(g, _)| g != generation) {
+            *since = Some((generation, now));
+        }
+    }
+
+    /// When the hold of `generation` began, if it was marked.
+    pub(crate) fn since(&self, generation: u64) -> Option<Instant> {
+        let since = self.since.lock().unwrap_or_else(|e| e.into_inner());
+        since.filter(|(g, _)| *g == generation).map(|(_, at)| at)
     }
 
     /// A store granted `mode`, with the fencing token it gave.

@@ -137,6 +137,8 @@ pub use lock::factory::{DEFAULT_TTL, LockFactory, RunOptions};
 pub use lock::guard::LockGuard;
 pub use lock::lockable::{Lockable, NoLock, Release, Wait};
 pub use lock::lost::{KeepAlive, LockLost};
+pub use lock::policy::OnConflict;
+pub use lock::revoke::Revocation;
 pub use lock::scope::LockableExt;
 pub use meta::MAX_META;
 pub use permits::{MAX_PERMITS, Permits};

@@ -131,6 +131,7 @@ impl Lock {
         match saved {
             Saved::Acquired(acquired) => {
                 self.holder().acquired(mode, acquired.fencing_token);
+                self.holder().mark_since(self.key.clock().now());
                 None
             }
             Saved::Conflict(conflict) => {

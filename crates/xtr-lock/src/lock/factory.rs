@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use super::Lock;
 use super::guard::LockGuard;
-use super::lockable::{Lockable as _, Wait};
+use super::lockable::Wait;
+use super::policy::OnConflict;
 use super::scope::start_monitor;
 use crate::clock::{Clock, MonotonicClock};
 use crate::error::Error;
@@ -222,9 +223,13 @@ impl LockFactory {
         if let Some(ttl) = options.ttl {
             lock = lock.with_ttl(ttl);
         }
-        let lock = lock.with_keep_alive(options.keep_alive);
+        let lock = lock
+            .with_keep_alive(options.keep_alive)
+            .with_min_hold(options.min_hold.unwrap_or_default())
+            .with_max_hold(options.max_hold.unwrap_or_default());
+        let wait = options.wait.unwrap_or_default();
         if lock
-            .acquire_with(options.mode, options.wait.unwrap_or_default())
+            .acquire_with_policy(options.mode, wait, options.on_conflict)
             .await?
         {
             Ok(lock)
@@ -278,6 +283,9 @@ pub struct RunOptions {
     pub(crate) wait: Option<Wait>,
     pub(crate) mode: Mode,
     pub(crate) keep_alive: bool,
+    pub(crate) min_hold: Option<Duration>,
+    pub(crate) max_hold: Option<Duration>,
+    pub(crate) on_conflict: OnConflict,
 }
 
 impl Default for RunOptions {
@@ -287,6 +295,9 @@ impl Default for RunOptions {
             wait: None,
             mode: Mode::Write,
             keep_alive: true,
+            min_hold: None,
+            max_hold: None,
+            on_conflict: OnConflict::Wait,
         }
     }
 }
@@ -333,6 +344,30 @@ impl RunOptions {
     /// the body is stopped when the lock's lifetime ends.
     pub fn keep_alive(mut self, renew: bool) -> Self {
         self.keep_alive = renew;
+        self
+    }
+
+    /// Holds the lock at least `min` from its acquisition, even if the body ends sooner (see
+    /// [`Lock::with_min_hold`]): the body's scheduled job does not run again elsewhere within
+    /// `min`, whatever the other machines' clocks say.
+    pub fn min_hold(mut self, min: Duration) -> Self {
+        self.min_hold = Some(min);
+        self
+    }
+
+    /// Holds the lock at most `max` from its acquisition: the body is stopped then, the lock
+    /// released, and the call returns [`Lost`](crate::ErrorKind::Lost) with
+    /// [`LostReason::HeldTooLong`](crate::LostReason::HeldTooLong) (see
+    /// [`Lock::with_max_hold`]).
+    pub fn max_hold(mut self, max: Duration) -> Self {
+        self.max_hold = Some(max);
+        self
+    }
+
+    /// What to do when someone else holds the lock (see [`OnConflict`]); the wait bounds
+    /// every policy that waits.
+    pub fn on_conflict(mut self, on_conflict: OnConflict) -> Self {
+        self.on_conflict = on_conflict;
         self
     }
 }

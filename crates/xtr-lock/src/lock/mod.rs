@@ -20,9 +20,12 @@ mod acquire;
 mod calls;
 pub(crate) mod factory;
 pub(crate) mod guard;
+pub(crate) mod hold;
 pub(crate) mod lockable;
 pub(crate) mod lost;
 mod monitor;
+pub(crate) mod policy;
+pub(crate) mod revoke;
 pub(crate) mod scope;
 
 /// Refuses a semaphore's key on a store that cannot count (saying why), and a lock's key
@@ -88,6 +91,7 @@ pub struct Lock {
     store: Arc<dyn Store>,
     ttl: Option<Duration>,
     keep_alive: bool,
+    hold: hold::HoldLimits,
 }
 
 impl Lock {
@@ -100,6 +104,7 @@ impl Lock {
             store,
             ttl: lifetime(ttl),
             keep_alive: true,
+            hold: hold::HoldLimits::default(),
         }
     }
 
@@ -264,6 +269,13 @@ impl Lock {
     }
 
     async fn release_lock(&self) -> Result<Release> {
+        if let Some(left) = self.min_hold_left() {
+            match self.release_after(left).await {
+                Some(done) => return done,
+                // The store cannot let the lock run out without us: hold it until then.
+                None => self.key.clock().sleep(left).await,
+            }
+        }
         // Once asked for, a release happens, even if its caller stops waiting.
         let (deleted, believed) = self
             .call(Start::Always, |lock, _| async move {
@@ -275,6 +287,11 @@ impl Lock {
                 (deleted, believed)
             })
             .await;
+        self.release_outcome(believed, deleted)
+    }
+
+    /// What a release answers, from what the holder believed and what the store said.
+    fn release_outcome(&self, believed: Hold, deleted: Result<bool>) -> Result<Release> {
         match deleted {
             Ok(removed) => {
                 tracing::debug!(target: TARGET, resource = self.resource(), store = %self.store, "released the lock");
@@ -411,6 +428,7 @@ impl fmt::Debug for Lock {
             .field("store", &format_args!("{}", self.store))
             .field("ttl", &self.ttl)
             .field("keep_alive", &self.keep_alive)
+            .field("hold", &self.hold)
             .finish()
     }
 }

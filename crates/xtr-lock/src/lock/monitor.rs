@@ -65,6 +65,9 @@ async fn watch_over(lock: Lock, generation: u64, lost: watch::Sender<Option<Lock
         _ => Duty::Check,
     };
     let clock = lock.key.clock().clone();
+    let _revocation = super::revoke::watch(&lock, generation);
+    let mut limits = Limits::new(&lock, generation);
+    let mut too_long = limits.left(clock.now()).map(|left| clock.sleep(left));
     // The refresh error that ended the lease, told with the loss it caused.
     let mut cause: Option<Error> = None;
     let mut next = match duty {
@@ -92,8 +95,15 @@ async fn watch_over(lock: Lock, generation: u64, lost: watch::Sender<Option<Lock
                 }
             }
             () = async { timer.expect("guarded").await }, if timer.is_some() => {
-                next = on_timer(&lock, duty, generation, &mut cause).await;
+                next = on_timer(&lock, duty, generation, &mut cause, &mut limits).await;
             }
+            () = async { too_long.as_mut().expect("guarded").await }, if too_long.is_some() => {
+                limits.reached = true;
+            }
+        }
+        if limits.reached {
+            held_too_long(&lock, generation, &lost);
+            return;
         }
         // Whatever woke us: a released holder (or a new generation) ends the watch quietly; a
         // lost one is published.
@@ -127,9 +137,71 @@ fn renew_period(lock: &Lock, ttl: Duration) -> Duration {
     (lease / 3).max(Duration::from_millis(10))
 }
 
+/// The holder's maximum hold and renewals, as the monitor counts them.
+struct Limits {
+    /// When the maximum hold ends, on the key's clock.
+    until: Option<std::time::Instant>,
+    /// Renewals still allowed.
+    renewals: Option<u32>,
+    /// A limit was reached: the holder is told, and the monitor ends.
+    reached: bool,
+}
+
+impl Limits {
+    fn new(lock: &Lock, generation: u64) -> Self {
+        let now = lock.key.clock().now();
+        let held = lock.held_for(generation).unwrap_or_default();
+        Limits {
+            until: lock
+                .max_hold()
+                .map(|max| now + max.saturating_sub(held)),
+            renewals: lock.max_renewals(),
+            reached: false,
+        }
+    }
+
+    /// What is left of the maximum hold at `now`.
+    fn left(&self, now: std::time::Instant) -> Option<Duration> {
+        self.until.map(|until| until.saturating_duration_since(now))
+    }
+
+    /// The lifetime a renewal to `ttl` may give (none past the maximum hold but for its
+    /// grace), or `None` when no renewal may be made.
+    fn renewal(&mut self, lock: &Lock, ttl: Duration) -> Option<Duration> {
+        if self.renewals == Some(0) {
+            self.reached = true;
+            return None;
+        }
+        let ttl = match self.until {
+            Some(until) => {
+                let left = until.saturating_duration_since(lock.key.clock().now());
+                ttl.min(left + super::hold::MAX_HOLD_GRACE)
+            }
+            None => ttl,
+        };
+        self.renewals = self.renewals.map(|n| n - 1);
+        Some(ttl)
+    }
+}
+
+/// Tells the holder of generation `generation`, if it still holds, that it held as long as it
+/// may: published, not recorded as a loss (the lock is still held; its holder releases it).
+fn held_too_long(lock: &Lock, generation: u64, lost: &watch::Sender<Option<LockLost>>) {
+    let believed = lock.holder().believed();
+    if believed.generation != generation || !matches!(believed.hold, Hold::Held { .. }) {
+        return;
+    }
+    tracing::warn!(target: TARGET, resource = lock.resource(), store = %lock.store,
+        "the lock was held for its maximum hold: its holder is told to give it up");
+    let _ = lost.send(Some(LockLost::new(
+        lock.resource(),
+        LostReason::HeldTooLong,
+    )));
+}
+
 /// Records the loss of generation `generation` in a call of the holder (after its calls in
 /// flight); whether it was news.
-async fn lose(lock: &Lock, generation: u64, reason: LostReason) -> bool {
+pub(super) async fn lose(lock: &Lock, generation: u64, reason: LostReason) -> bool {
     lock.call(Start::IfAwaited, move |lock, _| async move {
         lock.holder().lose(generation, reason)
     })
@@ -143,9 +215,10 @@ async fn on_timer(
     duty: Duty,
     generation: u64,
     cause: &mut Option<Error>,
+    limits: &mut Limits,
 ) -> Option<Duration> {
     match duty {
-        Duty::Renew { ttl } => match lock.refresh(None).await {
+        Duty::Renew { ttl } => match lock.refresh(Some(limits.renewal(lock, ttl)?)).await {
             // A loss (or a release meanwhile) is in the holder's state now.
             Ok(()) => Some(renew_period(lock, ttl)),
             Err(err) if err.is_lost() || err.is_conflict() || err.is_expired() => None,

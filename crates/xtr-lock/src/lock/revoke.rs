@@ -1,0 +1,261 @@
+//! Revocation: asking every holder of a resource to give it up.
+//!
+//! A revocation is a notice: a lock its revoker holds on the sibling resource
+//! `"{resource}#xtr-revoke"` (shared where the store has shared locks, so that revokers do not
+//! wait for each other) until the resource's holders have let go, or its wait ends. The monitor
+//! of every holder of this library (guards, scopes, [`keep_alive`](crate::Lockable::keep_alive),
+//! `xtr-lock run`) looks for a notice on its resource: at once where the store tells of changes
+//! natively (flock, etcd, in-memory), otherwise at each renewal (or each check, once a second,
+//! where locks do not expire); a notice found is a loss with
+//! [`LostReason::Revoked`](crate::LostReason::Revoked). Holders of other libraries (Python,
+//! PHP) do not look: they cannot be asked, and a revocation then waits for them in vain.
+//!
+//! Built from the store's own locks and [`holders`](crate::store::Store::holders), so every
+//! store that can tell who holds a resource supports it alike, with nothing stored that
+//! outlives the revoker's wait.
+
+use std::time::Duration;
+
+use tokio::task::AbortHandle;
+
+use super::Lock;
+use super::lockable::{Lockable as _, Wait};
+use crate::error::{Error, LostReason, Result};
+use crate::key::{Key, Mode};
+use crate::logging::TARGET;
+
+/// The suffix of a resource's revocation notice.
+pub(crate) const REVOKE_SUFFIX: &str = "#xtr-revoke";
+/// The suffix of a resource's queue slot (`OnConflict::QueueOne`).
+pub(crate) const QUEUE_SUFFIX: &str = "#xtr-queue";
+
+/// How often a holder on a store that neither expires nor tells of changes looks for a notice.
+const LOOK_EVERY: Duration = Duration::from_secs(1);
+/// How often a revoker looks whether the holders let go, where the store does not tell.
+const POLL_HOLDERS: Duration = Duration::from_millis(100);
+/// The ttl of a notice or a queue slot when the lock has none (on stores that need one).
+const SIBLING_TTL: Duration = Duration::from_secs(30);
+
+/// What a [`Lock::revoke`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Revocation {
+    /// How many held the resource when it was asked (holders of other libraries included).
+    pub asked: usize,
+    /// Whether the resource was free when the revocation ended (its holders let go within the
+    /// wait, or there were none).
+    pub let_go: bool,
+}
+
+/// Whether `resource` is one of this library's siblings (a notice, a queue slot), which are
+/// neither revoked nor queued for themselves.
+fn is_sibling(resource: &str) -> bool {
+    resource.ends_with(REVOKE_SUFFIX) || resource.ends_with(QUEUE_SUFFIX)
+}
+
+impl Lock {
+    /// Asks every current holder of the resource to give it up, and waits up to `wait` for
+    /// them to let go. A holder of this library that keeps its lock alive (a guard, a scope,
+    /// [`keep_alive`](crate::Lockable::keep_alive), `xtr-lock run`) is told its lock is lost
+    /// with [`LostReason::Revoked`](crate::LostReason::Revoked) (its body stopped, its command
+    /// stopped and `xtr-lock run` exits 3), at once where the store tells of changes, else at
+    /// its next renewal or check; it then releases. Anyone who takes the resource while the
+    /// revocation stands is asked too. Holders of other libraries cannot be asked: the answer
+    /// then says they did not let go.
+    ///
+    /// # Errors
+    ///
+    /// An invalid argument when this lock's own holder holds the resource (release it instead);
+    /// a storage error when the store failed.
+    pub async fn revoke(&self, wait: Duration) -> Result<Revocation> {
+        if self.held_mode().is_some() {
+            return Err(Error::invalid_argument(
+                "a holder cannot revoke its own lock: release it instead",
+            )
+            .with_resource(self.resource()));
+        }
+        let asked = self.holding().await?;
+        if asked == 0 {
+            return Ok(Revocation {
+                asked,
+                let_go: true,
+            });
+        }
+        let deadline = self.key.clock().now() + wait;
+        let let_go = self
+            .with_notice(wait, async { self.wait_free(deadline).await })
+            .await?;
+        tracing::info!(target: TARGET, resource = self.resource(), store = %self.store, asked, let_go,
+            "revoked the lock");
+        Ok(Revocation { asked, let_go })
+    }
+
+    /// Runs `work` while a revocation notice for the resource stands (posted within `wait`;
+    /// a notice held by another revoker does as well), then takes the notice down.
+    pub(super) async fn with_notice<T>(
+        &self,
+        wait: Duration,
+        work: impl Future<Output = Result<T>>,
+    ) -> Result<T> {
+        let notice = self.sibling(REVOKE_SUFFIX);
+        let mode = match self.store.capabilities().shared {
+            true => Mode::Read,
+            false => Mode::Write,
+        };
+        let posted = match notice.acquire_with(mode, Wait::AtMost(wait)).await? {
+            true => Some(Sibling::hold(notice)?),
+            false => None,
+        };
+        let done = work.await;
+        if let Some(posted) = posted {
+            posted.let_go("the revocation notice").await;
+        }
+        done
+    }
+
+    /// A lock of this store on the sibling `{resource}{suffix}`, with the lock's ttl (or 30 s)
+    /// and its holder's metadata.
+    pub(super) fn sibling(&self, suffix: &str) -> Lock {
+        let key = Key::with_clock(
+            format!("{}{suffix}", self.resource()),
+            self.key.clock().clone(),
+        );
+        if let Some(meta) = self.key.meta() {
+            // Checked when it was set on this key.
+            let _ = key.set_meta(Some(meta.to_vec()));
+        }
+        Lock::new(
+            key,
+            self.store.clone(),
+            self.ttl.unwrap_or(SIBLING_TTL),
+        )
+    }
+
+    /// How many hold the resource now (waiters not counted).
+    async fn holding(&self) -> Result<usize> {
+        let holders = self.store.holders(self.resource()).await?;
+        Ok(holders.iter().filter(|h| !h.waiting).count())
+    }
+
+    /// Waits until nobody holds the resource, or `deadline`; whether it was free.
+    async fn wait_free(&self, deadline: std::time::Instant) -> Result<bool> {
+        let clock = self.key.clock().clone();
+        loop {
+            let changed = self.store.watch_changes(self.resource()).await?;
+            if self.holding().await? == 0 {
+                return Ok(true);
+            }
+            let left = deadline.saturating_duration_since(clock.now());
+            if left.is_zero() {
+                return Ok(false);
+            }
+            let pause = clock.sleep(left.min(POLL_HOLDERS * 10));
+            match changed {
+                Some(changed) => {
+                    tokio::select! {
+                        () = changed => {}
+                        () = pause => {}
+                    }
+                }
+                None => clock.sleep(left.min(POLL_HOLDERS)).await,
+            }
+        }
+    }
+}
+
+/// Looks for a revocation notice on `lock`'s resource while generation `generation` holds, and
+/// marks the holder lost ([`LostReason::Revoked`]) when it finds one. `None` for a sibling, and
+/// for a store that locks nothing.
+pub(super) fn watch(lock: &Lock, generation: u64) -> Option<AbortOnDrop> {
+    if is_sibling(lock.resource()) || !lock.excludes() {
+        return None;
+    }
+    let caps = lock.store.capabilities();
+    // Where locks expire (and the store does not keep a lease of ours that it watches), each
+    // renewal's period; else once a second, or at once where the store tells.
+    let period = match lock.ttl {
+        Some(ttl) if caps.expiring => (ttl / 3).max(Duration::from_millis(50)),
+        _ => LOOK_EVERY,
+    };
+    let native = caps.leased || !caps.expiring;
+    let lock = lock.clone();
+    let task = tokio::spawn(async move {
+        let notice = format!("{}{REVOKE_SUFFIX}", lock.resource());
+        let clock = lock.key.clock().clone();
+        loop {
+            let changed = match native {
+                true => lock.store.watch_changes(&notice).await.ok().flatten(),
+                false => None,
+            };
+            match lock.store.holders(&notice).await {
+                Ok(holders) if holders.iter().any(|h| !h.waiting) => {
+                    if super::monitor::lose(&lock, generation, LostReason::Revoked).await {
+                        tracing::warn!(target: TARGET, resource = lock.resource(), store = %lock.store,
+                            "the lock was revoked: giving it up");
+                    }
+                    return;
+                }
+                Ok(_) => {}
+                Err(err) => {
+                    tracing::debug!(target: TARGET, resource = lock.resource(), store = %lock.store, error = %err,
+                        "could not look for a revocation");
+                }
+            }
+            match changed {
+                Some(changed) => {
+                    tokio::select! {
+                        () = changed => {}
+                        () = clock.sleep(period * 10) => {}
+                    }
+                }
+                None => clock.sleep(period).await,
+            }
+        }
+    });
+    Some(AbortOnDrop(task.abort_handle()))
+}
+
+/// A sibling lock held (a notice, a queue slot), kept alive; let go in the background if
+/// dropped before [`let_go`](Sibling::let_go) (its holder's wait was dropped).
+pub(super) struct Sibling {
+    lock: Option<Lock>,
+    _alive: crate::lock::lost::KeepAlive,
+}
+
+impl Sibling {
+    pub(super) fn hold(lock: Lock) -> Result<Sibling> {
+        let alive = lock.keep_alive()?;
+        Ok(Sibling {
+            lock: Some(lock),
+            _alive: alive,
+        })
+    }
+
+    /// Releases it; a failure is logged (it is then held until its ttl).
+    pub(super) async fn let_go(mut self, what: &str) {
+        let Some(lock) = self.lock.take() else {
+            return;
+        };
+        if let Err(err) = lock.release().await {
+            tracing::warn!(target: TARGET, resource = lock.resource(), store = %lock.store, error = %err,
+                "could not let {what} go: it is held until its ttl");
+        }
+    }
+}
+
+impl Drop for Sibling {
+    fn drop(&mut self) {
+        if let Some(lock) = self.lock.take() {
+            lock.release_in_background();
+        }
+    }
+}
+
+/// Aborts its task when dropped.
+pub(super) struct AbortOnDrop(AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}

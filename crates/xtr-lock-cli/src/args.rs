@@ -6,14 +6,14 @@ use std::ffi::OsString;
 use std::time::Duration;
 
 use anyhow::{Result, anyhow};
-use xtr_lock::{Mode, Permits, QuorumKind, StoreSpec, Wait};
+use xtr_lock::{Mode, OnConflict, Permits, QuorumKind, StoreSpec, Wait};
 
 use crate::cli::{Cli, Command, ConfigCommand, ConfigFileArgs, StoreArgs, WaitArgs};
+use crate::command_line::{command_line, refuse_flock_only};
 pub(crate) use crate::durations::duration;
 use crate::durations::{ttl_arg, wait_arg};
-use crate::command_line::{command_line, refuse_flock_only};
 use crate::file::{self, Configured, Origin};
-use crate::policy::{Holds, OnConflict};
+use crate::policy::{self, Holds};
 
 /// What the command line asks for, every argument checked and converted once (ripgrep's
 /// `HiArgs`): the store each command names, how to take its lock (ttl, wait), its durations
@@ -321,6 +321,13 @@ impl Settings {
     ) -> Result<Settings> {
         let source = Source::of(store)?;
         let mut take = Take::from_args(wait, &source)?;
+        if fd.is_some() && matches!(take.on_conflict, OnConflict::QueueOne | OnConflict::Replace) {
+            return Err(anyhow!(
+                "--fd locks your descriptor with flock(2), as flock(1) does, and --on-conflict \
+                 {} needs xtr-lock's own lock: leave out --fd (or use skip or wait)",
+                take.on_conflict.as_str()
+            ));
+        }
         take.meta = Some(crate::meta::holder_meta(&wait.meta, None)?);
         Ok(Settings::Acquire {
             resource: source.resource(resource),
@@ -410,7 +417,7 @@ impl Take {
             (None, None) => (Some(DEFAULT_TTL), Origin::Default),
         };
         let on_conflict =
-            OnConflict::from_flags(args.on_conflict, args.nonblock, args.wait.as_deref())?;
+            policy::on_conflict(args.on_conflict, args.nonblock, args.wait.as_deref())?;
         let wait = match (&args.wait, on_conflict) {
             (_, OnConflict::Skip) => Wait::Never,
             (Some(w), _) => wait_arg(w)?,

@@ -4,6 +4,7 @@
 use std::ffi::OsString;
 use std::path::PathBuf;
 
+use clap::builder::TypedValueParser as _;
 use clap::{Args, Parser, Subcommand};
 
 /// What `run --help` adds: the command's environment, the ttl (then the stores that give
@@ -154,8 +155,13 @@ pub(crate) struct WaitArgs {
     /// buffered behind the current one). replace: ask the current holders to give it up (as
     /// `xtr-lock revoke`; their commands are stopped, exit 3), then take it when they let go
     /// (within -w). -n with another policy, and -w with skip, are refused.
-    #[arg(long, value_name = "POLICY", value_enum)]
-    pub on_conflict: Option<crate::policy::OnConflict>,
+    #[arg(
+        long,
+        value_name = "POLICY",
+        value_parser = clap::builder::PossibleValuesParser::new(crate::policy::POLICIES)
+            .try_map(|s| crate::policy::parse(&s))
+    )]
+    pub on_conflict: Option<xtr_lock::OnConflict>,
 
     /// Take a shared (read) lock: readers run together, writers wait
     ///

@@ -5,8 +5,8 @@
 
 mod args;
 mod cli;
-mod command_line;
 mod cmd;
+mod command_line;
 mod durations;
 mod exit;
 mod file;

@@ -6,62 +6,38 @@
 use std::time::Duration;
 
 use anyhow::{Result, anyhow};
+use xtr_lock::OnConflict;
 
 use crate::durations::duration;
 
-/// `--on-conflict`: what `run` and `acquire` do when someone else holds the lock.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub(crate) enum OnConflict {
-    /// Try once; held: the conflict exit (1, or -E). `-n` says the same.
-    Skip,
-    /// Wait for the lock (forever, or as long as -w says): the default.
-    Wait,
-    /// Wait only if nobody else is already waiting for this resource (at most one run
-    /// buffered behind the current one), else the conflict exit.
-    QueueOne,
-    /// Ask the current holders to give the lock up (`xtr-lock revoke`), then take it when they
-    /// do (within -w).
-    Replace,
+/// The policies `--on-conflict` takes, as the library names them.
+pub(crate) const POLICIES: [&str; 4] = ["skip", "wait", "queue-one", "replace"];
+
+/// `--on-conflict`'s value, checked by clap against [`POLICIES`].
+pub(crate) fn parse(text: &str) -> Result<OnConflict, xtr_lock::Error> {
+    text.parse()
 }
 
-impl OnConflict {
-    /// The name the command line and the `--json` events use.
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            OnConflict::Skip => "skip",
-            OnConflict::Wait => "wait",
-            OnConflict::QueueOne => "queue-one",
-            OnConflict::Replace => "replace",
-        }
-    }
-
-    /// `--on-conflict` with `-n` and `-w`: `-n` is `skip`, neither is `wait`; `-n` with another
-    /// policy, or `-w` with `skip`, contradict each other and are refused in one line.
-    pub(crate) fn from_flags(
-        asked: Option<OnConflict>,
-        nonblock: bool,
-        wait: Option<&str>,
-    ) -> Result<OnConflict> {
-        match (asked, nonblock, wait) {
-            (None, true, _) => Ok(OnConflict::Skip),
-            (None, false, _) => Ok(OnConflict::Wait),
-            (Some(OnConflict::Skip), true, _) => Ok(OnConflict::Skip),
-            (Some(p), true, _) => Err(anyhow!(
-                "-n/--nonblock is --on-conflict skip, which contradicts --on-conflict {}: \
-                 give one of them",
-                p.name()
-            )),
-            (Some(OnConflict::Skip), false, Some(w)) => Err(anyhow!(
-                "--on-conflict skip tries once, and -w {w} waits: give one of them"
-            )),
-            (Some(p), false, _) => Ok(p),
-        }
-    }
-
-    /// Whether the lock is taken with the library's policy call (queue-one, replace) rather
-    /// than a plain try or wait.
-    pub(crate) fn needs_policy(self) -> bool {
-        matches!(self, OnConflict::QueueOne | OnConflict::Replace)
+/// `--on-conflict` with `-n` and `-w`: `-n` is `skip`, neither is `wait`; `-n` with another
+/// policy, or `-w` with `skip`, contradict each other and are refused in one line.
+pub(crate) fn on_conflict(
+    asked: Option<OnConflict>,
+    nonblock: bool,
+    wait: Option<&str>,
+) -> Result<OnConflict> {
+    match (asked, nonblock, wait) {
+        (None, true, _) => Ok(OnConflict::Skip),
+        (None, false, _) => Ok(OnConflict::Wait),
+        (Some(OnConflict::Skip), true, _) => Ok(OnConflict::Skip),
+        (Some(p), true, _) => Err(anyhow!(
+            "-n/--nonblock is --on-conflict skip, which contradicts --on-conflict {}: give one \
+             of them",
+            p.as_str()
+        )),
+        (Some(OnConflict::Skip), false, Some(w)) => Err(anyhow!(
+            "--on-conflict skip tries once, and -w {w} waits: give one of them"
+        )),
+        (Some(p), false, _) => Ok(p),
     }
 }
 
@@ -105,18 +81,21 @@ mod tests {
     #[test]
     fn nonblock_is_skip_and_contradictions_are_refused() {
         use OnConflict::*;
-        assert_eq!(OnConflict::from_flags(None, true, None).unwrap(), Skip);
-        assert_eq!(OnConflict::from_flags(None, false, Some("3")).unwrap(), Wait);
-        assert_eq!(OnConflict::from_flags(Some(Skip), true, None).unwrap(), Skip);
+        assert_eq!(on_conflict(None, true, None).unwrap(), Skip);
+        assert_eq!(on_conflict(None, false, Some("3")).unwrap(), Wait);
+        assert_eq!(on_conflict(Some(Skip), true, None).unwrap(), Skip);
         assert_eq!(
-            OnConflict::from_flags(Some(Replace), false, Some("30")).unwrap(),
+            on_conflict(Some(Replace), false, Some("30")).unwrap(),
             Replace
         );
-        let err = OnConflict::from_flags(Some(Replace), true, None)
+        for name in POLICIES {
+            assert_eq!(parse(name).unwrap().as_str(), name);
+        }
+        let err = on_conflict(Some(Replace), true, None)
             .unwrap_err()
             .to_string();
         assert!(err.contains("contradicts --on-conflict replace"), "{err}");
-        let err = OnConflict::from_flags(Some(Skip), false, Some("30"))
+        let err = on_conflict(Some(Skip), false, Some("30"))
             .unwrap_err()
             .to_string();
         assert!(err.contains("-w 30 waits"), "{err}");
@@ -129,8 +108,16 @@ mod tests {
         assert_eq!(holds.max, Some(Duration::from_secs(50 * 60)));
         assert_eq!(Holds::from_flags(None, None).unwrap(), Holds::default());
         let err = Holds::from_flags(Some("0"), None).unwrap_err().to_string();
-        assert!(err.starts_with("--min-hold must be more than zero"), "{err}");
-        let err = Holds::from_flags(None, Some("soon")).unwrap_err().to_string();
-        assert!(err.starts_with("--max-hold \"soon\" is not a duration"), "{err}");
+        assert!(
+            err.starts_with("--min-hold must be more than zero"),
+            "{err}"
+        );
+        let err = Holds::from_flags(None, Some("soon"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("--max-hold \"soon\" is not a duration"),
+            "{err}"
+        );
     }
 }

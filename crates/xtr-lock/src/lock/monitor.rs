@@ -152,9 +152,7 @@ impl Limits {
         let now = lock.key.clock().now();
         let held = lock.held_for(generation).unwrap_or_default();
         Limits {
-            until: lock
-                .max_hold()
-                .map(|max| now + max.saturating_sub(held)),
+            until: lock.max_hold().map(|max| now + max.saturating_sub(held)),
             renewals: lock.max_renewals(),
             reached: false,
         }

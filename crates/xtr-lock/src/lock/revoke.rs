@@ -124,11 +124,7 @@ impl Lock {
             // Checked when it was set on this key.
             let _ = key.set_meta(Some(meta.to_vec()));
         }
-        Lock::new(
-            key,
-            self.store.clone(),
-            self.ttl.unwrap_or(SIBLING_TTL),
-        )
+        Lock::new(key, self.store.clone(), self.ttl.unwrap_or(SIBLING_TTL))
     }
 
     /// How many hold the resource now (waiters not counted).

@@ -1,0 +1,150 @@
+//! `run --min-hold` and `--max-hold`: the lock given its limits, the command stopped when the
+//! maximum hold is reached (exit 4) or the lock lost (exit 3, revoked included), and the
+//! release that waits a minimum hold out where the store cannot do it alone.
+
+use std::time::Duration;
+
+use anyhow::Result;
+use serde_json::json;
+use tokio::time::Instant;
+use xtr_lock::{Lock, LockLost, Lockable as _, LostReason, Release};
+
+use super::child::Child;
+use super::{RunArgs, Signals, loss_line, report_loss, stop};
+use crate::exit::Exit;
+use crate::output::{self, short};
+
+/// `lock` with `--min-hold` and `--max-hold` (none: unchanged).
+pub(super) fn with_limits(lock: Lock, args: &RunArgs) -> Lock {
+    lock.with_min_hold(args.holds.min.unwrap_or_default())
+        .with_max_hold(args.holds.max.unwrap_or_default())
+}
+
+/// The monitor's news while the command runs: the maximum hold reached (exit 4, a `max-hold`
+/// event) or the lock lost (exit 3, a `lost` event with its `why`); either way the command's
+/// process group is stopped.
+pub(super) async fn on_lost(
+    args: &RunArgs,
+    lost: &LockLost,
+    child: &mut Child,
+    acquired: Instant,
+) -> Result<Exit> {
+    let stopping = format!(
+        "stopping the command (SIGTERM, then SIGKILL after {})",
+        short(args.kill_after)
+    );
+    let exit = if lost.reason == LostReason::HeldTooLong {
+        report_max_hold(&args.resource, acquired, &stopping);
+        Exit::HeldTooLong
+    } else {
+        report_loss(
+            &args.resource,
+            &format!("{}; {stopping}", loss_line(lost)),
+            Some(lost.reason),
+        );
+        Exit::Lost
+    };
+    stop(child, args.kill_after).await?;
+    Ok(exit)
+}
+
+/// Says the maximum hold was reached: a line, or a `max-hold` event.
+fn report_max_hold(resource: &str, acquired: Instant, what_next: &str) {
+    let held = acquired.elapsed();
+    if output::json() {
+        output::event(
+            "max-hold",
+            json!({"resource": resource, "held_ms": held.as_millis() as u64}),
+        );
+    } else {
+        eprintln!(
+            "xtr-lock: lock {resource:?} was held for its maximum hold ({}); {what_next}",
+            short(held)
+        );
+    }
+}
+
+/// The command was stopped by its supervisor because the lease was about to end unrenewed:
+/// near the maximum hold that is the maximum hold's doing (renewals stop there, the lease ends
+/// a second after it), and is told as such (exit 4). `None` otherwise.
+pub(super) fn stopped_at_max_hold(args: &RunArgs, acquired: Instant) -> Option<Exit> {
+    let max = args.holds.max?;
+    // The supervisor stops the command up to --kill-after and a second before the lease ends.
+    let near = max.saturating_sub(args.kill_after + Duration::from_secs(2));
+    if acquired.elapsed() < near {
+        return None;
+    }
+    report_max_hold(
+        &args.resource,
+        acquired,
+        "the command was stopped before the lock's last lease ended",
+    );
+    Some(Exit::HeldTooLong)
+}
+
+/// Releases `lock` after the command ended. Within a minimum hold, the store lets the lock
+/// run out when it ends (at once), or `xtr-lock` keeps holding it until then (flock, session
+/// locks, pub/sub, SysV): that wait is not cut short by the exit's bound, but SIGINT or
+/// SIGTERM end it (the lock released at once). Otherwise bounded as every exit's release.
+pub(super) async fn release(
+    args: &RunArgs,
+    lock: &Lock,
+    signals: &mut Signals,
+    acquired: Instant,
+) -> xtr_lock::Result<Release> {
+    let left = args
+        .holds
+        .min
+        .map(|min| min.saturating_sub(acquired.elapsed()))
+        .filter(|left| !left.is_zero() && lock.held_mode().is_some());
+    let Some(left) = left else {
+        return bounded(lock, lock.release()).await;
+    };
+    if output::json() {
+        output::event(
+            "min-hold",
+            json!({"resource": args.resource, "left_ms": left.as_millis() as u64}),
+        );
+    } else if args.take.verbose {
+        eprintln!(
+            "xtr-lock: {:?} stays held until its minimum hold ends, {} from now",
+            args.resource,
+            short(left)
+        );
+    }
+    let releasing = lock.release();
+    tokio::pin!(releasing);
+    let said = tokio::time::sleep(Duration::from_millis(200));
+    tokio::pin!(said);
+    let bound = tokio::time::sleep(left + crate::exit::SETTLE);
+    tokio::pin!(bound);
+    let mut told = false;
+    loop {
+        tokio::select! {
+            released = &mut releasing => return released,
+            () = &mut said, if !told => {
+                told = true;
+                if args.take.verbose && !output::json() {
+                    eprintln!(
+                        "xtr-lock: holding it here until then: this store's locks end with \
+                         their holder (SIGINT/SIGTERM: release now)"
+                    );
+                }
+            }
+            () = &mut bound => return Err(super::unconfirmed_release(lock)),
+            _ = signals.recv() => break,
+        }
+    }
+    // Interrupted: the same holder, released now.
+    bounded(lock, lock.clone().with_min_hold(Duration::ZERO).release()).await
+}
+
+/// `lock`'s release within the exit's bound: not confirmed by then is an error.
+async fn bounded(
+    lock: &Lock,
+    release: impl Future<Output = xtr_lock::Result<Release>>,
+) -> xtr_lock::Result<Release> {
+    crate::exit::bounded(release)
+        .await
+        .unwrap_or_else(|| Err(super::unconfirmed_release(lock)))
+}

@@ -159,17 +159,7 @@ impl Settings {
                 wait,
                 json,
                 resource,
-            } => {
-                crate::output::set_json(json);
-                let wait = duration("--wait", &wait)?;
-                let source = Source::of(&store)?;
-                Settings::Revoke {
-                    resource: source.resource(&resource),
-                    source,
-                    wait,
-                    json,
-                }
-            }
+            } => Settings::revoke(&store, &wait, json, &resource)?,
             Command::Path { store, resource } => {
                 let source = Source::of(&store)?;
                 Settings::Path {
@@ -269,6 +259,18 @@ impl Settings {
             standby: standby.then_some(max_restarts),
             holds,
         }))
+    }
+
+    /// `revoke`: `--json` prints its answer as JSON (errors stay lines, as `status`'s).
+    fn revoke(store: &StoreArgs, wait: &str, json: bool, resource: &str) -> Result<Settings> {
+        let wait = duration("--wait", wait)?;
+        let source = Source::of(store)?;
+        Ok(Settings::Revoke {
+            resource: source.resource(resource),
+            source,
+            wait,
+            json,
+        })
     }
 
     /// `list [PREFIX]`: the prefix as the store names resources (the entry's prefix first).

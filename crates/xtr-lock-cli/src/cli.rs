@@ -271,10 +271,10 @@ pub(crate) enum Command {
         ///
         /// For jobs started on several machines (cron): a 2 s job holding an hourly lock for
         /// 55m keeps a host whose clock is behind from running it again. Where locks expire
-        /// (redis, sql, memcached, etcd) the lock is left to run out on the store's clock and
+        /// (redis, sql, memcached) the lock is left to run out on the store's clock and
         /// xtr-lock exits at once; where the lock ends with its holder (flock, session locks,
-        /// pubsub, semaphore) xtr-lock stays and holds it until then (SIGINT/SIGTERM: release
-        /// at once). The exit status is still the command's.
+        /// pubsub, semaphore; etcd, whose lease is xtr-lock's) xtr-lock stays and holds it until
+        /// then (SIGINT/SIGTERM: release at once). The exit status is still the command's.
         #[arg(long, value_name = "DURATION")]
         min_hold: Option<String>,
         /// Hold the lock at most this long: then stop COMMAND and release, exit 4

@@ -222,32 +222,9 @@ pub(crate) async fn take(
     if !waits {
         return Ok(Err(Refused::Held));
     }
-    // Asked only when a line or an event will show them (the terminal's status line asks on
-    // its own): a wait costs no extra round trip otherwise.
-    let json = output::json();
-    let verbose_line = take.verbose && !std::io::stderr().is_terminal();
-    let holders = if json || verbose_line {
-        output::who_holds(store.store.as_ref(), lock.key()).await
-    } else {
-        None
-    };
-    if json {
-        let list = holders.as_ref().map(|h| output::holders(h));
-        output::event(
-            "waiting",
-            json!({"resource": lock.resource(), "held_by": list,
-                   "on_conflict": take.on_conflict.as_str()}),
-        );
-    } else if verbose_line {
-        let by = holders.as_deref().map(output::held_by).unwrap_or_default();
-        let how = match take.on_conflict {
-            OnConflict::Replace => " (asking its holders to give it up: --on-conflict replace)",
-            OnConflict::QueueOne => " (queued: --on-conflict queue-one)",
-            _ => "",
-        };
-        eprintln!("xtr-lock: waiting for {:?}{by}{how}", lock.resource());
-    }
-    let _status = StatusLine::start(store.store.clone(), lock.key().clone(), take.quiet || json);
+    announce_wait(lock, store, take).await;
+    let quiet = take.quiet || output::json();
+    let _status = StatusLine::start(store.store.clone(), lock.key().clone(), quiet);
     // The wait counts from the start, the first try included.
     let wait = match take.wait {
         Wait::AtMost(d) => Wait::AtMost(d.saturating_sub(started.elapsed())),
@@ -271,6 +248,36 @@ pub(crate) async fn take(
     } else {
         Refused::Held
     }))
+}
+
+/// Says `take` waits for `lock`: a `waiting` event under `--json`, a line with `-v` where
+/// stderr is no terminal (the terminal's status line says it on its own), with who holds it.
+async fn announce_wait(lock: &Lock, store: &StoreConfig, take: &Take) {
+    // Asked only when a line or an event will show them (the terminal's status line asks on
+    // its own): a wait costs no extra round trip otherwise.
+    let json = output::json();
+    let verbose_line = take.verbose && !std::io::stderr().is_terminal();
+    let holders = if json || verbose_line {
+        output::who_holds(store.store.as_ref(), lock.key()).await
+    } else {
+        None
+    };
+    if json {
+        let list = holders.as_ref().map(|h| output::holders(h));
+        output::event(
+            "waiting",
+            json!({"resource": lock.resource(), "held_by": list,
+                   "on_conflict": take.on_conflict.as_str()}),
+        );
+    } else if verbose_line {
+        let by = holders.as_deref().map(output::held_by).unwrap_or_default();
+        let how = match take.on_conflict {
+            OnConflict::Replace => " (asking its holders to give it up: --on-conflict replace)",
+            OnConflict::QueueOne => " (unless another run already waits: --on-conflict queue-one)",
+            _ => "",
+        };
+        eprintln!("xtr-lock: waiting for {:?}{by}{how}", lock.resource());
+    }
 }
 
 /// Says the lock was not taken: a `conflict` event, or (unless `-q`) a line.

@@ -148,7 +148,7 @@ pub(crate) struct WaitArgs {
     )]
     pub wait: Option<String>,
 
-    /// When the lock is held: skip (as -n), wait (the default), queue-one, replace
+    /// If held: skip (-n), wait (the default), queue-one or replace
     ///
     /// skip: exit 1 (or -E) at once. wait: wait for it (forever, or -w). queue-one: wait only
     /// if nobody else already waits for this resource, else exit as skip does (at most one run
@@ -158,6 +158,7 @@ pub(crate) struct WaitArgs {
     #[arg(
         long,
         value_name = "POLICY",
+        hide_possible_values = true,
         value_parser = clap::builder::PossibleValuesParser::new(crate::policy::POLICIES)
             .try_map(|s| crate::policy::parse(&s))
     )]
@@ -267,22 +268,22 @@ pub(crate) enum Command {
             hide_short_help = true
         )]
         kill_after: String,
-        /// Hold the lock at least this long from taking it, even if COMMAND ends sooner
+        /// Hold the lock at least this long, even if COMMAND ends sooner
         ///
         /// For jobs started on several machines (cron): a 2 s job holding an hourly lock for
         /// 55m keeps a host whose clock is behind from running it again. Where locks expire
-        /// (redis, sql, memcached) the lock is left to run out on the store's clock and
+        /// (redis, sql, memcached, etcd) the lock is left to run out on the store's clock and
         /// xtr-lock exits at once; where the lock ends with its holder (flock, session locks,
-        /// pubsub, semaphore; etcd, whose lease is xtr-lock's) xtr-lock stays and holds it until
-        /// then (SIGINT/SIGTERM: release at once). The exit status is still the command's.
-        #[arg(long, value_name = "DURATION")]
+        /// pubsub, semaphore) xtr-lock stays and holds it until then (SIGINT/SIGTERM: release
+        /// at once). The exit status is still the command's.
+        #[arg(long, value_name = "DURATION", hide_short_help = true)]
         min_hold: Option<String>,
-        /// Hold the lock at most this long: then stop COMMAND and release, exit 4
+        /// Hold the lock at most this long: then stop COMMAND, exit 4
         ///
         /// The lock is not renewed past it; COMMAND's process group gets SIGTERM, then
         /// SIGKILL after --kill-after; --json: a `max-hold` event. A hung job cannot keep the
-        /// lock forever.
-        #[arg(long, value_name = "DURATION")]
+        /// lock forever. docs/jobs.md: the design, per store.
+        #[arg(long, value_name = "DURATION", hide_short_help = true)]
         max_hold: Option<String>,
         /// Run this through `sh -c` instead of COMMAND's words.
         #[arg(short = 'c', long = "command", value_name = "SHELL_COMMAND")]

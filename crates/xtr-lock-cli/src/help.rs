@@ -34,8 +34,8 @@ const MORE_EXAMPLES: &str = "
 /// What the top level's `-h` shows after the options.
 pub(crate) fn top_short() -> String {
     format!(
-        "{EXAMPLES}\n\nStores in this build: {}.\n`xtr-lock --help`: the stores, more examples, \
-         the exit codes.",
+        "{EXAMPLES}\n\nStores in this build: {}. `xtr-lock --help`: the stores, more \
+         examples, the exit codes.",
         built_names()
     )
 }

@@ -33,6 +33,7 @@
 //! ```
 
 mod election;
+mod jobs;
 mod lock;
 mod rt;
 mod semaphore;

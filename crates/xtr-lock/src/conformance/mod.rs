@@ -34,6 +34,7 @@ use crate::store::{Capabilities, Store};
 mod basic;
 mod election;
 mod expiring;
+mod jobs;
 mod listing;
 mod loss;
 mod semaphore;
@@ -44,6 +45,7 @@ mod waiting;
 pub use basic::*;
 pub use election::*;
 pub use expiring::*;
+pub use jobs::*;
 pub use listing::*;
 pub use loss::*;
 pub use semaphore::*;
@@ -291,6 +293,13 @@ macro_rules! conformance_tests {
             release_reports_what_it_found,
             scoped_use_releases_on_error_and_panic,
             holders_tell_who_holds,
+            // jobs
+            a_minimum_hold_keeps_others_out_after_the_release,
+            a_maximum_hold_stops_the_body_and_releases,
+            bounded_renewals_end_the_hold,
+            a_revoked_holder_gives_its_lock_up,
+            queue_one_keeps_at_most_one_waiter,
+            replace_revokes_the_holder_and_takes_over,
             // shared
             readers_coexist_and_a_writer_waits_for_both,
             writer_excludes_readers,

@@ -33,8 +33,10 @@ pub(crate) const QUEUE_SUFFIX: &str = "#xtr-queue";
 const LOOK_EVERY: Duration = Duration::from_secs(1);
 /// How often a revoker looks whether the holders let go, where the store does not tell.
 const POLL_HOLDERS: Duration = Duration::from_millis(100);
-/// The ttl of a notice or a queue slot when the lock has none (on stores that need one).
-const SIBLING_TTL: Duration = Duration::from_secs(30);
+/// The longest ttl of a notice or a queue slot: its holder renews it while it waits, and one
+/// left behind by a revoker or a queued run that died (on a store where locks expire) stands
+/// no longer than this, asking everyone who takes the resource meanwhile to give it up.
+const SIBLING_TTL: Duration = Duration::from_secs(5);
 
 /// What a [`Lock::revoke`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,8 +115,8 @@ impl Lock {
         done
     }
 
-    /// A lock of this store on the sibling `{resource}{suffix}`, with the lock's ttl (or 30 s)
-    /// and its holder's metadata.
+    /// A lock of this store on the sibling `{resource}{suffix}`, with the lock's ttl (at most
+    /// [`SIBLING_TTL`]) and its holder's metadata.
     pub(super) fn sibling(&self, suffix: &str) -> Lock {
         let key = Key::with_clock(
             format!("{}{suffix}", self.resource()),
@@ -163,7 +165,8 @@ impl Lock {
 /// marks the holder lost ([`LostReason::Revoked`]) when it finds one. `None` for a sibling, and
 /// for a store that locks nothing.
 pub(super) fn watch(lock: &Lock, generation: u64) -> Option<AbortOnDrop> {
-    if is_sibling(lock.resource()) || !lock.excludes() {
+    // Semaphores' permits are not revoked: a revocation is about a lock's holders.
+    if is_sibling(lock.resource()) || !lock.excludes() || lock.key.permits().is_some() {
         return None;
     }
     let caps = lock.store.capabilities();

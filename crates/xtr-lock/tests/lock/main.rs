@@ -11,6 +11,7 @@ mod blocking;
 mod cancel;
 mod config;
 mod election;
+mod jobs;
 mod late_requests;
 mod liveness;
 mod lock;

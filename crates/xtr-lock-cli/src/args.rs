@@ -420,6 +420,7 @@ impl Take {
         };
         let on_conflict =
             policy::on_conflict(args.on_conflict, args.nonblock, args.wait.as_deref())?;
+        policy::check_with_limit(on_conflict, args.limit)?;
         let wait = match (&args.wait, on_conflict) {
             (_, OnConflict::Skip) => Wait::Never,
             (Some(w), _) => wait_arg(w)?,

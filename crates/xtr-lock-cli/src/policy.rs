@@ -41,6 +41,18 @@ pub(crate) fn on_conflict(
     }
 }
 
+/// Refuses `--on-conflict replace` with `--limit`: a semaphore's permits are not revoked, so
+/// replacing would only wait.
+pub(crate) fn check_with_limit(on_conflict: OnConflict, limit: Option<u32>) -> Result<()> {
+    if on_conflict == OnConflict::Replace && limit.is_some() {
+        return Err(anyhow!(
+            "--on-conflict replace revokes a lock's holders, and a semaphore's permits \
+             (--limit) are not revoked: use wait or queue-one"
+        ));
+    }
+    Ok(())
+}
+
 /// `--min-hold` and `--max-hold`: how long a run holds the lock at least (even if its command
 /// ends sooner) and at most (its command stopped then, exit 4).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

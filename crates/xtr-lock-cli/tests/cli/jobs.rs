@@ -28,6 +28,10 @@ fn contradictory_policies_are_refused_in_one_line() {
             "--max-hold \"soon\" is not a duration",
         ),
         (&["--on-conflict", "later"][..], "invalid value 'later'"),
+        (
+            &["--on-conflict", "replace", "--limit", "2"][..],
+            "permits (--limit) are not revoked",
+        ),
     ] {
         let out = xtr()
             .arg("run")

@@ -234,3 +234,29 @@ fn revoke_says_whether_the_holders_let_go() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
 }
+
+/// On flock a holder learns of a notice as the store tells of changes, or looks once a second
+/// (docs/jobs.md): `revoke -w 5` reaches a watching `run`.
+#[test]
+fn revoke_reaches_a_flock_holder() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = flock_dsn(tmp.path());
+    let (mut run, pid) = run_inside(
+        &store,
+        "job",
+        &[],
+        &tmp.path().join("inside"),
+        &tmp.path().join("pid"),
+    );
+    let out = xtr()
+        .args(["revoke", "--store", &store, "-w", "5", "job"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert_eq!(
+        wait_exit(&mut run, "the revoked run did not exit").code(),
+        Some(3)
+    );
+    wait_gone(pid, "the revoked command");
+}

@@ -132,7 +132,8 @@ pub(super) async fn release(
                 }
             }
             () = &mut bound => return Err(super::unconfirmed_release(lock)),
-            _ = signals.recv() => break,
+            // SIGHUP (a closed terminal) leaves the hold as it is.
+            sig = signals.recv() => if sig != rustix::process::Signal::HUP { break },
         }
     }
     // Interrupted: the same holder, released now.

@@ -303,8 +303,8 @@ pub(crate) enum Command {
         /// Report what happens as JSON lines on stderr
         ///
         /// Events instead of sentences: waiting, acquired (with the ttl and the metadata),
-        /// conflict, lost, released, warning, error, exit; with --standby also leading,
-        /// stopped and backoff.
+        /// conflict, lost (with why: revoked, expired, ...), max-hold, min-hold, released,
+        /// warning, error, exit; with --standby also leading, stopped and backoff.
         #[arg(long)]
         json: bool,
         /// A hot standby: run COMMAND each time the lock is won, until SIGTERM

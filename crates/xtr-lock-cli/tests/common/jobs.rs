@@ -139,21 +139,13 @@ pub(crate) fn staggered_starts_run_once(store: &str, resource: &str, tmp: &Path)
     assert_eq!(ran.lines().count(), 1, "the job ran {ran:?}");
 }
 
-/// `run --max-hold 1s` of `sleep 60`: the command is stopped, `run` exits 4 with a `max-hold`
-/// event, and the lock is free after.
-pub(crate) fn max_hold_stops_the_command(store: &str, resource: &str, tmp: &Path) {
-    let (mut run, pid) = run_holding(
-        &[
-            "run",
-            "--store",
-            store,
-            "--max-hold",
-            "1s",
-            "--json",
-            resource,
-        ],
-        &tmp.join(format!("{resource}.pid")),
-    );
+/// `run --max-hold …` (in `flags`) of `sleep 60`: the command is stopped, `run` exits 4 with a
+/// `max-hold` event, and the lock is free after.
+pub(crate) fn max_hold_stops_the_command(store: &str, resource: &str, tmp: &Path, flags: &[&str]) {
+    let mut args = vec!["run", "--store", store, "--json"];
+    args.extend(flags);
+    args.push(resource);
+    let (mut run, pid) = run_holding(&args, &tmp.join(format!("{resource}.pid")));
     let status = wait_exit(&mut run, "run did not stop at its maximum hold");
     let err = stderr_of(&mut run);
     assert_eq!(status.code(), Some(4), "{err}");

@@ -34,7 +34,12 @@ pub(super) async fn on_lost(
         short(args.kill_after)
     );
     let exit = if lost.reason == LostReason::HeldTooLong {
-        report_max_hold(&args.resource, acquired, &stopping);
+        let line = format!(
+            "lock {:?} was held for its maximum hold ({}); {stopping}",
+            args.resource,
+            short(acquired.elapsed())
+        );
+        report_max_hold(&args.resource, acquired, &line);
         Exit::HeldTooLong
     } else {
         report_loss(
@@ -48,19 +53,13 @@ pub(super) async fn on_lost(
     Ok(exit)
 }
 
-/// Says the maximum hold was reached: a line, or a `max-hold` event.
-fn report_max_hold(resource: &str, acquired: Instant, what_next: &str) {
-    let held = acquired.elapsed();
+/// Says the maximum hold was reached: `line`, or a `max-hold` event.
+fn report_max_hold(resource: &str, acquired: Instant, line: &str) {
     if output::json() {
-        output::event(
-            "max-hold",
-            json!({"resource": resource, "held_ms": held.as_millis() as u64}),
-        );
+        let held = acquired.elapsed().as_millis() as u64;
+        output::event("max-hold", json!({"resource": resource, "held_ms": held}));
     } else {
-        eprintln!(
-            "xtr-lock: lock {resource:?} was held for its maximum hold ({}); {what_next}",
-            short(held)
-        );
+        eprintln!("xtr-lock: {line}");
     }
 }
 
@@ -74,11 +73,14 @@ pub(super) fn stopped_at_max_hold(args: &RunArgs, acquired: Instant) -> Option<E
     if acquired.elapsed() < near {
         return None;
     }
-    report_max_hold(
-        &args.resource,
-        acquired,
-        "the command was stopped before the lock's last lease ended",
+    let line = format!(
+        "lock {:?} is at its maximum hold ({}): its last lease ends a second after it, and the \
+         command was stopped before that, {} after the lock was taken",
+        args.resource,
+        short(max),
+        short(acquired.elapsed())
     );
+    report_max_hold(&args.resource, acquired, &line);
     Some(Exit::HeldTooLong)
 }
 

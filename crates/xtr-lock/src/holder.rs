@@ -43,6 +43,8 @@ pub(crate) struct Holder {
     store: OnceLock<String>,
     /// When the holder's current hold began (on its key's clock), with that hold's generation.
     since: Mutex<Option<(u64, Instant)>>,
+    /// Set when a release holding on for a minimum hold must let go at once.
+    cut: watch::Sender<bool>,
 }
 
 impl Holder {
@@ -57,6 +59,7 @@ impl Holder {
             wait_began: Mutex::new(UNIX_EPOCH),
             store: OnceLock::new(),
             since: Mutex::new(None),
+            cut: watch::channel(false).0,
         }
     }
 
@@ -114,6 +117,20 @@ impl Holder {
         let mut since = self.since.lock().unwrap_or_else(|e| e.into_inner());
         if since.is_none_or(|(g, _)| g != generation) {
             *since = Some((generation, now));
+            self.cut.send_replace(false);
+        }
+    }
+
+    /// Ends a minimum hold being waited out now, or the next one (until the next acquisition).
+    pub(crate) fn cut_min_hold(&self) {
+        self.cut.send_replace(true);
+    }
+
+    /// Completes once [`cut_min_hold`](Holder::cut_min_hold) was called since the hold began.
+    pub(crate) fn min_hold_cut(&self) -> impl Future<Output = ()> + Send + 'static {
+        let mut cut = self.cut.subscribe();
+        async move {
+            let _ = cut.wait_for(|cut| *cut).await;
         }
     }
 

@@ -135,6 +135,7 @@ pub use limits::MAX_DURATION;
 pub use lock::Lock;
 pub use lock::factory::{DEFAULT_TTL, LockFactory, RunOptions};
 pub use lock::guard::LockGuard;
+pub use lock::hold::MAX_HOLD_GRACE;
 pub use lock::lockable::{Lockable, NoLock, Release, Wait};
 pub use lock::lost::{KeepAlive, LockLost};
 pub use lock::policy::OnConflict;

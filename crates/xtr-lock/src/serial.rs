@@ -367,6 +367,17 @@ pub(crate) async fn gather<T>(fut: impl Future<Output = T>) -> (T, Option<Boxed<
     (out, remainders(call))
 }
 
+/// Runs `fut` as if its caller waited for it, in a call scope of its own (whose caller never
+/// leaves), then what it left to finish: for a store call that must not be given up on when
+/// nobody waits (the minimum hold's release of a dropped guard).
+pub(crate) async fn attended<T>(fut: impl Future<Output = T>) -> T {
+    let (out, rest) = gather(fut).await;
+    if let Some(rest) = rest {
+        rest.await;
+    }
+    out
+}
+
 /// How long the one-off runtime of a call dropped outside any runtime waits for what the
 /// call left to finish.
 const OUTSIDE_SETTLE: Duration = Duration::from_secs(30);

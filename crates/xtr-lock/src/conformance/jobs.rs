@@ -113,25 +113,64 @@ pub async fn bounded_renewals_end_the_hold(h: Harness) -> Outcome {
     );
     let r = h.resource("max-renewals");
     let ttl = h.time(Duration::from_millis(600));
+    // The lease the store really keeps for that ttl (whole seconds, on some), renewed at a
+    // third of it.
+    let probe = h.lock(&h.resource("lease"), Some(ttl));
+    assert!(probe.try_acquire().await.unwrap());
+    let lease = probe
+        .remaining_lifetime()
+        .expect("an expiring lock has a lifetime");
+    let _ = probe.release().await.unwrap();
     let lock = h.lock(&r, Some(ttl)).with_max_renewals(2);
     let started = Instant::now();
-    let ended = lock
-        .scoped(async {
-            std::future::pending::<()>().await;
-            Ok::<(), Error>(())
-        })
-        .await;
+    let body = lock.scoped(async {
+        std::future::pending::<()>().await;
+        Ok::<(), Error>(())
+    });
+    let ended = h.within("the hold ended after its renewals", body).await;
     let err = ended.expect_err("stopped after its renewals");
     assert_eq!(err.lost_reason(), Some(LostReason::HeldTooLong), "{err}");
-    // Two renewals at a third of the lease the store keeps (whole seconds, on some), and the
-    // hold ends when the third is due.
-    assert!(
-        started.elapsed() + SLACK >= ttl / 3,
-        "{:?}",
-        started.elapsed()
-    );
+    // Two renewals, and the hold ends when the third is due: three periods.
+    let took = started.elapsed();
+    assert!(took + SLACK >= lease / 3 * 3, "{took:?}, lease {lease:?}");
     let other = h.lock(&r, h.ttl);
     assert!(other.try_acquire().await.unwrap(), "released at the end");
+    let _ = other.release().await.unwrap();
+    Outcome::Ran
+}
+
+/// A minimum hold holds on every way out: a dropped guard, and a released holder can neither
+/// renew nor find the lock it left to run out.
+pub async fn a_minimum_hold_outlives_a_dropped_guard(h: Harness) -> Outcome {
+    require!(h.caps().excludes, "the store locks nothing");
+    let r = h.resource("min-hold-guard");
+    let min = h.time(Duration::from_millis(750));
+    let lock = h.lock(&r, h.ttl).with_min_hold(min);
+    let since = Instant::now();
+    let guard = lock.lock().await.unwrap();
+    drop(guard);
+    let other = h.lock(&r, h.ttl);
+    let took = acquired_after(&h, &other, since).await;
+    assert!(took + SLACK >= min, "free after {took:?}, before {min:?}");
+    let _ = other.release().await.unwrap();
+
+    let lock = h.lock(&r, h.ttl).with_min_hold(min);
+    let since = Instant::now();
+    assert!(lock.try_acquire().await.unwrap());
+    assert_eq!(lock.release().await.unwrap(), Release::Released);
+    assert!(
+        !lock.is_acquired().await.unwrap(),
+        "the released holder holds nothing"
+    );
+    if let Some(ttl) = h.ttl {
+        let err = lock.refresh(Some(ttl)).await.unwrap_err();
+        assert!(
+            !err.is_temporary(),
+            "a refresh of nothing is refused: {err}"
+        );
+    }
+    let took = acquired_after(&h, &other, since).await;
+    assert!(took + SLACK >= min, "free after {took:?}, before {min:?}");
     let _ = other.release().await.unwrap();
     Outcome::Ran
 }
@@ -210,14 +249,20 @@ pub async fn queue_one_keeps_at_most_one_waiter(h: Harness) -> Outcome {
     let _ = holder.release().await.unwrap();
     let got = h.within("the queued one got it", waiting).await.unwrap();
     assert!(got.unwrap(), "the queued one holds");
-    // The slot is free again: a newcomer queues (and its wait ends unanswered).
-    let wait = Wait::AtMost(Duration::from_millis(100));
+    // The slot is free again: a newcomer queues (its wait ends unanswered, having waited).
+    let wait = Duration::from_millis(300);
     let third = h.lock(&r, h.ttl);
+    let started = Instant::now();
+    let policy = third.acquire_with_policy(Mode::Write, Wait::AtMost(wait), OnConflict::QueueOne);
+    assert!(!policy.await.unwrap());
     assert!(
-        !third
-            .acquire_with_policy(Mode::Write, wait, OnConflict::QueueOne)
-            .await
-            .unwrap()
+        started.elapsed() + SLACK >= wait,
+        "it queued: {:?}",
+        started.elapsed()
+    );
+    assert!(
+        h.store.holders(&slot).await.unwrap().is_empty(),
+        "the slot is free"
     );
     let _ = queued.release().await.unwrap();
     Outcome::Ran

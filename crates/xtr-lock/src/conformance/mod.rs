@@ -295,6 +295,7 @@ macro_rules! conformance_tests {
             holders_tell_who_holds,
             // jobs
             a_minimum_hold_keeps_others_out_after_the_release,
+            a_minimum_hold_outlives_a_dropped_guard,
             a_maximum_hold_stops_the_body_and_releases,
             bounded_renewals_end_the_hold,
             a_revoked_holder_gives_its_lock_up,

@@ -234,6 +234,13 @@ impl Key {
             .map(|(_, t)| token_id(t))
     }
 
+    /// Forgets every token: the key is a new holder for every store from now on (its next
+    /// save makes new tokens). What a release that leaves its lock to run out does, so that
+    /// nothing of this holder finds that lock again.
+    pub(crate) fn forget_tokens(&self) {
+        self.state().tokens.clear();
+    }
+
     /// Whether this key already has a token for stores of `kind`.
     pub fn has_token(&self, kind: &str) -> bool {
         self.state().tokens.iter().any(|(k, _)| k == kind)

@@ -304,8 +304,12 @@ impl Lock {
             self.key.reset_lifetime();
             let reconcile = Reconcile::armed(self);
             let saved = match mode {
-                Mode::Write => self.store.wait_and_save(&self.key, self.ttl).await,
-                Mode::Read => self.store.wait_and_save_read(&self.key, self.ttl).await,
+                Mode::Write => self.store.wait_and_save(&self.key, self.save_ttl()).await,
+                Mode::Read => {
+                    self.store
+                        .wait_and_save_read(&self.key, self.save_ttl())
+                        .await
+                }
             };
             reconcile.disarm();
             let recorded = self

@@ -50,8 +50,8 @@ impl Lock {
         let before = self.key.deadline();
         self.key.reset_lifetime();
         let saved = match mode {
-            Mode::Write => self.store.save(&self.key, self.ttl).await,
-            Mode::Read => self.store.save_read(&self.key, self.ttl).await,
+            Mode::Write => self.store.save(&self.key, self.save_ttl()).await,
+            Mode::Read => self.store.save_read(&self.key, self.save_ttl()).await,
         };
         if !matches!(saved, Ok(Saved::Acquired(_))) && !saved.as_ref().is_err_and(Error::is_expired)
         {
@@ -235,7 +235,10 @@ impl Lock {
     /// holder's calls already made, and runs to its end.
     pub(super) fn release_later(&self) {
         drop(self.call(Start::Always, |lock, _| async move {
-            lock.take_back("its guard was dropped").await;
+            if let Err(err) = lock.let_go().await {
+                tracing::warn!(target: TARGET, resource = lock.resource(), store = %lock.store,
+                    error = %err, "failed to release the lock of a dropped guard; it stays stored until it expires");
+            }
         }));
     }
 }

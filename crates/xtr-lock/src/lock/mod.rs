@@ -269,22 +269,12 @@ impl Lock {
     }
 
     async fn release_lock(&self) -> Result<Release> {
-        if let Some(left) = self.min_hold_left() {
-            match self.release_after(left).await {
-                Some(done) => return done,
-                // The store cannot let the lock run out without us: hold it until then.
-                None => self.key.clock().sleep(left).await,
-            }
-        }
-        // Once asked for, a release happens, even if its caller stops waiting.
+        // Once asked for, a release happens, even if its caller stops waiting: a minimum hold
+        // that the store cannot leave to its own clock is waited out inside the call, too.
         let (deleted, believed) = self
             .call(Start::Always, |lock, _| async move {
                 let believed = lock.holder().believed().hold;
-                let deleted = lock.store.delete(&lock.key).await;
-                if deleted.is_ok() {
-                    lock.holder().released();
-                }
-                (deleted, believed)
+                (lock.let_go().await, believed)
             })
             .await;
         self.release_outcome(believed, deleted)

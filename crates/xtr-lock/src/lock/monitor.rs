@@ -79,6 +79,9 @@ async fn watch_over(lock: Lock, generation: u64, lost: watch::Sender<Option<Lock
     loop {
         let timer = next.map(|d| clock.sleep(d));
         tokio::select! {
+            // A loss seen, then the holder's own changes, then the end of its maximum hold
+            // (so a loss is never told as a maximum reached), then the timed duty.
+            biased;
             reason = async { loss.as_mut().expect("guarded").await }, if loss.is_some() => {
                 loss = None;
                 // Confirmed by a call, so the holder's own release still in flight is not
@@ -94,16 +97,12 @@ async fn watch_over(lock: Lock, generation: u64, lost: watch::Sender<Option<Lock
                     return; // the key is gone
                 }
             }
-            () = async { timer.expect("guarded").await }, if timer.is_some() => {
-                next = on_timer(&lock, duty, generation, &mut cause, &mut limits).await;
-            }
             () = async { too_long.as_mut().expect("guarded").await }, if too_long.is_some() => {
                 limits.reached = true;
             }
-        }
-        if limits.reached {
-            held_too_long(&lock, generation, &lost);
-            return;
+            () = async { timer.expect("guarded").await }, if timer.is_some() => {
+                next = on_timer(&lock, duty, generation, &mut cause, &mut limits).await;
+            }
         }
         // Whatever woke us: a released holder (or a new generation) ends the watch quietly; a
         // lost one is published.
@@ -119,6 +118,10 @@ async fn watch_over(lock: Lock, generation: u64, lost: watch::Sender<Option<Lock
                     told = told.with_error(err);
                 }
                 let _ = lost.send(Some(told));
+                return;
+            }
+            Hold::Held { .. } if limits.reached => {
+                held_too_long(&lock, generation, &lost);
                 return;
             }
             Hold::Held { .. } => {}
@@ -177,8 +180,12 @@ impl Limits {
             }
             None => ttl,
         };
-        self.renewals = self.renewals.map(|n| n - 1);
         Some(ttl)
+    }
+
+    /// A renewal went through.
+    fn renewed(&mut self) {
+        self.renewals = self.renewals.map(|n| n.saturating_sub(1));
     }
 }
 
@@ -218,7 +225,10 @@ async fn on_timer(
     match duty {
         Duty::Renew { ttl } => match lock.refresh(Some(limits.renewal(lock, ttl)?)).await {
             // A loss (or a release meanwhile) is in the holder's state now.
-            Ok(()) => Some(renew_period(lock, ttl)),
+            Ok(()) => {
+                limits.renewed();
+                Some(renew_period(lock, ttl))
+            }
             Err(err) if err.is_lost() || err.is_conflict() || err.is_expired() => None,
             Err(err) => match lock.remaining_lifetime() {
                 // It may pass: try again sooner, while the lease lasts.

@@ -1,7 +1,5 @@
 //! What to do when the lock is held by someone else: the overlap policies of scheduled jobs.
 
-use std::time::Duration;
-
 use super::Lock;
 use super::lockable::{Lockable as _, Wait};
 use super::revoke::{QUEUE_SUFFIX, Sibling};
@@ -83,30 +81,71 @@ impl Lock {
         match on_conflict {
             OnConflict::Skip | OnConflict::Wait => Ok(false),
             OnConflict::QueueOne => self.queue_one(mode, wait).await,
-            OnConflict::Replace => {
-                let bound = match wait {
-                    Wait::Never => Duration::ZERO,
-                    Wait::AtMost(d) => d,
-                    Wait::Forever => crate::limits::MAX_DURATION,
-                };
-                tracing::info!(target: TARGET, resource = self.resource(), store = %self.store,
-                    "replacing the lock's holders: revoking it");
-                self.with_notice(bound, self.acquire_with(mode, wait)).await
-            }
+            OnConflict::Replace => self.replace(mode, wait).await,
         }
     }
 
     /// Waits for the lock holding its queue slot, if nobody else does.
     async fn queue_one(&self, mode: Mode, wait: Wait) -> Result<bool> {
         let slot = self.sibling(QUEUE_SUFFIX);
-        if !slot.acquire_with(Mode::Write, Wait::Never).await? {
+        let Some(slot) = Sibling::take(slot, Mode::Write, Wait::Never).await? else {
             tracing::debug!(target: TARGET, resource = self.resource(), store = %self.store,
                 "another run is already queued: not queueing");
             return Ok(false);
-        }
-        let slot = Sibling::hold(slot)?;
+        };
         let taken = self.acquire_with(mode, wait).await;
-        slot.let_go("the queue slot").await;
+        self.then_let_go(slot, "the queue slot", taken).await
+    }
+
+    /// Posts a revocation notice, waits for the lock, takes the notice down; all within `wait`.
+    async fn replace(&self, mode: Mode, wait: Wait) -> Result<bool> {
+        tracing::info!(target: TARGET, resource = self.resource(), store = %self.store,
+            "replacing the lock's holders: revoking it");
+        let clock = self.key.clock().clone();
+        let deadline = match wait {
+            Wait::Never => Some(clock.now()),
+            Wait::AtMost(d) => Some(clock.now() + d),
+            Wait::Forever => None,
+        };
+        let left = || match deadline {
+            Some(deadline) => Wait::AtMost(deadline.saturating_duration_since(clock.now())),
+            None => Wait::Forever,
+        };
+        let notice = self.notice(left()).await?;
+        let taken = self.acquire_with(mode, left()).await;
+        match notice {
+            Some(notice) => {
+                self.then_let_go(notice, "the revocation notice", taken)
+                    .await
+            }
+            None => taken,
+        }
+    }
+
+    /// Lets `sibling` go after an acquisition ended as `taken`; a lock taken is released in
+    /// the background if the caller leaves before the sibling is let go (nobody would know it
+    /// holds).
+    async fn then_let_go(&self, sibling: Sibling, what: &str, taken: Result<bool>) -> Result<bool> {
+        let guard = TakeBack(taken.as_ref().is_ok_and(|t| *t).then(|| self.clone()));
+        sibling.let_go(what).await;
+        guard.disarm();
         taken
+    }
+}
+
+/// Releases a lock in the background when dropped armed.
+struct TakeBack(Option<Lock>);
+
+impl TakeBack {
+    fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for TakeBack {
+    fn drop(&mut self) {
+        if let Some(lock) = self.0.take() {
+            lock.release_in_background();
+        }
     }
 }

@@ -84,35 +84,26 @@ impl Lock {
             });
         }
         let deadline = self.key.clock().now() + wait;
-        let let_go = self
-            .with_notice(wait, async { self.wait_free(deadline).await })
-            .await?;
+        let notice = self.notice(Wait::AtMost(wait)).await?;
+        let let_go = self.wait_free(deadline).await;
+        if let Some(notice) = notice {
+            notice.let_go("the revocation notice").await;
+        }
+        let let_go = let_go?;
         tracing::info!(target: TARGET, resource = self.resource(), store = %self.store, asked, let_go,
             "revoked the lock");
         Ok(Revocation { asked, let_go })
     }
 
-    /// Runs `work` while a revocation notice for the resource stands (posted within `wait`;
-    /// a notice held by another revoker does as well), then takes the notice down.
-    pub(super) async fn with_notice<T>(
-        &self,
-        wait: Duration,
-        work: impl Future<Output = Result<T>>,
-    ) -> Result<T> {
+    /// Posts a revocation notice for the resource within `wait` (`None`: another revoker's
+    /// notice stands, which does as well).
+    pub(super) async fn notice(&self, wait: Wait) -> Result<Option<Sibling>> {
         let notice = self.sibling(REVOKE_SUFFIX);
         let mode = match self.store.capabilities().shared {
             true => Mode::Read,
             false => Mode::Write,
         };
-        let posted = match notice.acquire_with(mode, Wait::AtMost(wait)).await? {
-            true => Some(Sibling::hold(notice)?),
-            false => None,
-        };
-        let done = work.await;
-        if let Some(posted) = posted {
-            posted.let_go("the revocation notice").await;
-        }
-        done
+        Sibling::take(notice, mode, wait).await
     }
 
     /// A lock of this store on the sibling `{resource}{suffix}`, with the lock's ttl (at most
@@ -126,7 +117,11 @@ impl Lock {
             // Checked when it was set on this key.
             let _ = key.set_meta(Some(meta.to_vec()));
         }
-        Lock::new(key, self.store.clone(), self.ttl.unwrap_or(SIBLING_TTL))
+        Lock::new(
+            key,
+            self.store.clone(),
+            self.ttl.map_or(SIBLING_TTL, |ttl| ttl.min(SIBLING_TTL)),
+        )
     }
 
     /// How many hold the resource now (waiters not counted).
@@ -166,7 +161,11 @@ impl Lock {
 /// for a store that locks nothing.
 pub(super) fn watch(lock: &Lock, generation: u64) -> Option<AbortOnDrop> {
     // Semaphores' permits are not revoked: a revocation is about a lock's holders.
-    if is_sibling(lock.resource()) || !lock.excludes() || lock.key.permits().is_some() {
+    if is_sibling(lock.resource())
+        || !lock.excludes()
+        || !lock.revocable()
+        || lock.key.permits().is_some()
+    {
         return None;
     }
     let caps = lock.store.capabilities();
@@ -181,6 +180,7 @@ pub(super) fn watch(lock: &Lock, generation: u64) -> Option<AbortOnDrop> {
     let task = tokio::spawn(async move {
         let notice = format!("{}{REVOKE_SUFFIX}", lock.resource());
         let clock = lock.key.clock().clone();
+        let mut failed = false;
         loop {
             let changed = match native {
                 true => lock.store.watch_changes(&notice).await.ok().flatten(),
@@ -195,6 +195,11 @@ pub(super) fn watch(lock: &Lock, generation: u64) -> Option<AbortOnDrop> {
                     return;
                 }
                 Ok(_) => {}
+                Err(err) if !failed => {
+                    failed = true;
+                    tracing::warn!(target: TARGET, resource = lock.resource(), store = %lock.store, error = %err,
+                        "could not look for a revocation of the lock (trying again; said once)");
+                }
                 Err(err) => {
                     tracing::debug!(target: TARGET, resource = lock.resource(), store = %lock.store, error = %err,
                         "could not look for a revocation");
@@ -222,12 +227,22 @@ pub(super) struct Sibling {
 }
 
 impl Sibling {
-    pub(super) fn hold(lock: Lock) -> Result<Sibling> {
-        let alive = lock.keep_alive()?;
-        Ok(Sibling {
-            lock: Some(lock),
-            _alive: alive,
-        })
+    /// Takes `lock` in `mode` within `wait` and keeps it alive; `None` when it is held by
+    /// someone else.
+    pub(super) async fn take(lock: Lock, mode: Mode, wait: Wait) -> Result<Option<Sibling>> {
+        if !lock.acquire_with(mode, wait).await? {
+            return Ok(None);
+        }
+        match lock.keep_alive() {
+            Ok(alive) => Ok(Some(Sibling {
+                lock: Some(lock),
+                _alive: alive,
+            })),
+            Err(err) => {
+                lock.release_in_background();
+                Err(err)
+            }
+        }
     }
 
     /// Releases it; a failure is logged (it is then held until its ttl).

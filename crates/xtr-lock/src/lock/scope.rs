@@ -179,7 +179,12 @@ impl Exit {
                 }
                 std::panic::resume_unwind(panic)
             }
-            Ended::Stopped(lost) => {
+            Ended::Stopped(mut lost) => {
+                // Told it held too long, then found lost by its release: the loss is the news
+                // (the lock may have been someone else's before the body stopped).
+                if let (LostReason::HeldTooLong, Some(reason)) = (lost.reason, lost_anyway) {
+                    lost = LockLost::new(resource, reason);
+                }
                 tracing::warn!(target: TARGET, resource, store = store(), reason = %lost.reason,
                     "the lock was lost: the scope's body was stopped");
                 if let Some(err) = release_error {

@@ -280,9 +280,10 @@ pub(crate) enum Command {
         min_hold: Option<String>,
         /// Hold the lock at most this long: then stop COMMAND, exit 4
         ///
-        /// The lock is not renewed past it; COMMAND's process group gets SIGTERM, then
-        /// SIGKILL after --kill-after; --json: a `max-hold` event. A hung job cannot keep the
-        /// lock forever. docs/jobs.md: the design, per store.
+        /// The lock is not renewed past it (but for 15 s of grace to stop the work); COMMAND's
+        /// process group gets SIGTERM, then SIGKILL after --kill-after (13s at most), so it is
+        /// dead before the lock can run out; --json: a `max-hold` event. A hung job cannot keep
+        /// the lock forever. docs/jobs.md: the design, per store.
         #[arg(long, value_name = "DURATION", hide_short_help = true)]
         max_hold: Option<String>,
         /// Run this through `sh -c` instead of COMMAND's words.

@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Result;
 use serde_json::json;
 use tokio::time::Instant;
-use xtr_lock::{Lock, LockLost, Lockable as _, LostReason, Release};
+use xtr_lock::{Lock, LockLost, Lockable as _, LostReason, MAX_HOLD_GRACE, Release};
 
 use super::child::Child;
 use super::{RunArgs, Signals, loss_line, report_loss, stop};
@@ -22,18 +22,27 @@ pub(super) fn with_limits(lock: Lock, args: &RunArgs) -> Lock {
 
 /// The monitor's news while the command runs: the maximum hold reached (exit 4, a `max-hold`
 /// event) or the lock lost (exit 3, a `lost` event with its `why`); either way the command's
-/// process group is stopped.
+/// process group is stopped. At the maximum hold the lock lives [`MAX_HOLD_GRACE`] longer at
+/// most: SIGKILL comes after `--kill-after` or two seconds less than that, whichever is
+/// sooner, so that the command is dead before the lock can run out.
 pub(super) async fn on_lost(
     args: &RunArgs,
     lost: &LockLost,
     child: &mut Child,
     acquired: Instant,
 ) -> Result<Exit> {
+    let too_long = lost.reason == LostReason::HeldTooLong;
+    let grace = match too_long {
+        true => args
+            .kill_after
+            .min(MAX_HOLD_GRACE.saturating_sub(Duration::from_secs(2))),
+        false => args.kill_after,
+    };
     let stopping = format!(
         "stopping the command (SIGTERM, then SIGKILL after {})",
-        short(args.kill_after)
+        short(grace)
     );
-    let exit = if lost.reason == LostReason::HeldTooLong {
+    let exit = if too_long {
         let line = format!(
             "lock {:?} was held for its maximum hold ({}); {stopping}",
             args.resource,
@@ -49,7 +58,7 @@ pub(super) async fn on_lost(
         );
         Exit::Lost
     };
-    stop(child, args.kill_after).await?;
+    stop(child, grace).await?;
     Ok(exit)
 }
 
@@ -61,27 +70,6 @@ fn report_max_hold(resource: &str, acquired: Instant, line: &str) {
     } else {
         eprintln!("xtr-lock: {line}");
     }
-}
-
-/// The command was stopped by its supervisor because the lease was about to end unrenewed:
-/// near the maximum hold that is the maximum hold's doing (renewals stop there, the lease ends
-/// a second after it), and is told as such (exit 4). `None` otherwise.
-pub(super) fn stopped_at_max_hold(args: &RunArgs, acquired: Instant) -> Option<Exit> {
-    let max = args.holds.max?;
-    // The supervisor stops the command up to --kill-after and a second before the lease ends.
-    let near = max.saturating_sub(args.kill_after + Duration::from_secs(2));
-    if acquired.elapsed() < near {
-        return None;
-    }
-    let line = format!(
-        "lock {:?} is at its maximum hold ({}): its last lease ends a second after it, and the \
-         command was stopped before that, {} after the lock was taken",
-        args.resource,
-        short(max),
-        short(acquired.elapsed())
-    );
-    report_max_hold(&args.resource, acquired, &line);
-    Some(Exit::HeldTooLong)
 }
 
 /// Releases `lock` after the command ended. Within a minimum hold, the store lets the lock
@@ -138,8 +126,9 @@ pub(super) async fn release(
             sig = signals.recv() => if sig != rustix::process::Signal::HUP { break },
         }
     }
-    // Interrupted: the same holder, released now.
-    bounded(lock, lock.clone().with_min_hold(Duration::ZERO).release()).await
+    // Interrupted: the pending release lets go at once.
+    lock.cut_min_hold();
+    bounded(lock, releasing).await
 }
 
 /// `lock`'s release within the exit's bound: not confirmed by then is an error.

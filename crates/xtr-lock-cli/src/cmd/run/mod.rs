@@ -291,9 +291,6 @@ async fn supervise(
             _ = lease_ticks.tick() => lease.tell(lock, store.as_ref(), &child),
             event = child.wait() => match event? {
                 Event::Exited(_) if child.stopped_for_lease() => {
-                    if let Some(exit) = hold::stopped_at_max_hold(args, acquired) {
-                        return Ok(exit);
-                    }
                     return Ok(stopped_for_lease(args, lock, &mut monitor).await);
                 }
                 Event::Exited(exit) => return Ok(exit),

@@ -270,3 +270,78 @@ fn revoke_reaches_a_flock_holder() {
     );
     wait_gone(pid, "the revoked command");
 }
+
+/// `acquire --on-conflict replace` takes the lock from a running `run` (which exits 3) and
+/// prints its key; `acquire --on-conflict queue-one` waits as the one queued run.
+#[test]
+fn acquire_takes_the_policies_too() {
+    let server = RedisServer::start();
+    let store = server.url(0);
+    let tmp = tempfile::tempdir().unwrap();
+    let (mut run, pid) = run_inside(
+        &store,
+        "job",
+        &["--ttl", "3"],
+        &tmp.path().join("inside"),
+        &tmp.path().join("pid"),
+    );
+    let out = xtr()
+        .args([
+            "acquire",
+            "--store",
+            &store,
+            "--on-conflict",
+            "replace",
+            "-w",
+            "20",
+        ])
+        .args(["--ttl", "30", "job"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        wait_exit(&mut run, "the replaced run did not exit").code(),
+        Some(3)
+    );
+    wait_gone(pid, "the replaced command");
+    // Held by that key: one acquire queues behind it, a second is refused.
+    let mut queued = spawn(&[
+        "acquire",
+        "--store",
+        &store,
+        "--on-conflict",
+        "queue-one",
+        "--ttl",
+        "30",
+        "job",
+    ]);
+    // Once it holds the queue slot, another is refused at once, whatever its wait.
+    crate::common::wait_held(&store, "job#xtr-queue");
+    let refused = xtr()
+        .args([
+            "acquire",
+            "--store",
+            &store,
+            "--on-conflict",
+            "queue-one",
+            "-w",
+            "20",
+            "job",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(err.contains("another run already waits"), "{err}");
+    assert_eq!(refused.status.code(), Some(1));
+    xtr()
+        .args(["release", "--store", &store])
+        .write_stdin(out.stdout)
+        .assert()
+        .success();
+    let status = wait_exit(&mut queued, "the queued acquire did not get the lock");
+    assert!(status.success(), "{}", stderr_of(&mut queued));
+}

@@ -237,24 +237,13 @@ fn report_loss(resource: &str, line: &str, why: Option<LostReason>) {
     if output::json() {
         output::event(
             "lost",
-            json!({"resource": resource, "reason": line, "why": why.map(reason_word)}),
+            json!({"resource": resource, "reason": line, "why": why.map(LostReason::label)}),
         );
     } else {
         eprintln!("xtr-lock: {line}");
     }
 }
 
-/// A loss reason as one lowercase word, from its name: `revoked`, `taken_over`.
-fn reason_word(reason: LostReason) -> String {
-    let mut word = String::new();
-    for c in format!("{reason:?}").chars() {
-        if c.is_uppercase() && !word.is_empty() {
-            word.push('_');
-        }
-        word.push(c.to_ascii_lowercase());
-    }
-    word
-}
 
 /// Runs the command while the lock is watched, until it exits, the lock is lost or held as
 /// long as it may be.

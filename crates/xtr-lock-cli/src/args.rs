@@ -6,12 +6,14 @@ use std::ffi::OsString;
 use std::time::Duration;
 
 use anyhow::{Result, anyhow};
-use xtr_lock::{Mode, Permits, QuorumKind, StoreSpec, Wait};
+use xtr_lock::{Mode, OnConflict, Permits, QuorumKind, StoreSpec, Wait};
 
 use crate::cli::{Cli, Command, ConfigCommand, ConfigFileArgs, StoreArgs, WaitArgs};
+use crate::command_line::{command_line, refuse_flock_only};
 pub(crate) use crate::durations::duration;
 use crate::durations::{ttl_arg, wait_arg};
 use crate::file::{self, Configured, Origin};
+use crate::policy::{self, Holds};
 
 /// What the command line asks for, every argument checked and converted once (ripgrep's
 /// `HiArgs`): the store each command names, how to take its lock (ttl, wait), its durations
@@ -25,6 +27,13 @@ pub(crate) enum Settings {
         take: Take,
         resource: String,
         fd: Option<crate::cmd::fd::Inherited>,
+    },
+    /// `revoke`: every holder asked to give the lock up, waiting `wait` for them to.
+    Revoke {
+        source: Source,
+        resource: String,
+        wait: Duration,
+        json: bool,
     },
     /// `path`: the lock file of a resource on the flock store.
     Path { source: Source, resource: String },
@@ -93,6 +102,8 @@ pub(crate) struct RunSettings {
     pub command: Vec<OsString>,
     /// `--standby [--max-restarts N]`: run again after each end, `N` restarts at most.
     pub standby: Option<Option<u32>>,
+    /// `--min-hold`, `--max-hold`.
+    pub holds: Holds,
 }
 
 /// `bench`'s settings.
@@ -143,6 +154,12 @@ impl Settings {
                 fd,
                 resource,
             } => Settings::acquire(&store, &wait, fd, &resource)?,
+            Command::Revoke {
+                store,
+                wait,
+                json,
+                resource,
+            } => Settings::revoke(&store, &wait, json, &resource)?,
             Command::Path { store, resource } => {
                 let source = Source::of(&store)?;
                 Settings::Path {
@@ -211,6 +228,8 @@ impl Settings {
             json,
             standby,
             max_restarts,
+            min_hold,
+            max_hold,
             resource,
             command,
         } = command
@@ -228,6 +247,7 @@ impl Settings {
             take.wait = Wait::Forever;
         }
         let kill_after = duration("--kill-after", &kill_after)?;
+        let holds = Holds::from_flags(min_hold.as_deref(), max_hold.as_deref())?;
         Ok(Settings::Run(RunSettings {
             resource: source.resource(&resource),
             named: resource,
@@ -237,7 +257,20 @@ impl Settings {
             close,
             command,
             standby: standby.then_some(max_restarts),
+            holds,
         }))
+    }
+
+    /// `revoke`: `--json` prints its answer as JSON (errors stay lines, as `status`'s).
+    fn revoke(store: &StoreArgs, wait: &str, json: bool, resource: &str) -> Result<Settings> {
+        let wait = duration("--wait", wait)?;
+        let source = Source::of(store)?;
+        Ok(Settings::Revoke {
+            resource: source.resource(resource),
+            source,
+            wait,
+            json,
+        })
     }
 
     /// `list [PREFIX]`: the prefix as the store names resources (the entry's prefix first).
@@ -290,6 +323,13 @@ impl Settings {
     ) -> Result<Settings> {
         let source = Source::of(store)?;
         let mut take = Take::from_args(wait, &source)?;
+        if fd.is_some() && matches!(take.on_conflict, OnConflict::QueueOne | OnConflict::Replace) {
+            return Err(anyhow!(
+                "--fd locks your descriptor with flock(2), as flock(1) does, and --on-conflict \
+                 {} needs xtr-lock's own lock: leave out --fd (or use skip or wait)",
+                take.on_conflict.as_str()
+            ));
+        }
         take.meta = Some(crate::meta::holder_meta(&wait.meta, None)?);
         Ok(Settings::Acquire {
             resource: source.resource(resource),
@@ -338,63 +378,15 @@ impl Settings {
     }
 }
 
-/// Refuses flock(1)'s `-u` (unlock a descriptor) and `-F` (exec the command in flock's place),
-/// saying what to do instead.
-fn refuse_flock_only(unlock: bool, no_fork: bool) -> Result<()> {
-    if unlock {
-        return Err(anyhow!(
-            "-u/--unlock drops a lock held on a descriptor (flock -u FD), and `run` holds \
-             none for you: it releases when the command exits; a lock taken with `xtr-lock \
-             acquire` is released with `xtr-lock release KEY`, one taken with `acquire --fd N` \
-             by closing the descriptor (exec N>&-)"
-        ));
-    }
-    if no_fork {
-        return Err(anyhow!(
-            "-F/--no-fork would put the command in xtr-lock's place, and xtr-lock stays to \
-             watch the lock and release it when the command exits: leave -F out (on flock the \
-             command holds the lock's descriptor, as under -F), or lock a descriptor of your \
-             shell and exec the command yourself: exec 9>\"$(xtr-lock path R)\"; xtr-lock \
-             acquire --fd 9 R && exec COMMAND"
-        ));
-    }
-    Ok(())
-}
-
-/// The command `run` runs: its words, or `sh -c` and the line given with `-c`.
-///
-/// clap ends the options at the first `--`, so in `run -- -x -- COMMAND` (a resource that
-/// starts with `-`) the second `--` reaches the command's words: it only separates them from
-/// the resource, as after a resource without a dash (no command is called `--`).
-fn command_line(
-    shell: Option<OsString>,
-    mut command: Vec<OsString>,
-    resource: &str,
-) -> Result<Vec<OsString>> {
-    if command.first().is_some_and(|w| w == "--") {
-        command.remove(0);
-    }
-    match (shell, command.is_empty()) {
-        (Some(line), true) => Ok(vec!["sh".into(), "-c".into(), line]),
-        (Some(_), false) => Err(anyhow!(
-            "give the command either as words after the resource or as -c 'shell \
-             command', not both"
-        )),
-        (None, false) => Ok(command),
-        (None, true) => Err(anyhow!(
-            "no command to run: give it after the resource (xtr-lock run {resource:?} \
-             ./job.sh) or as -c 'shell command'"
-        )),
-    }
-}
-
 /// How to take a lock.
 #[derive(Debug, Clone)]
 pub(crate) struct Take {
     /// `-n`: [`Wait::Never`]; `-w D`: [`Wait::AtMost`] (`-w forever`: [`Wait::Forever`]);
     /// neither: the configuration entry's, else [`Wait::Forever`], the same meanings as in the
-    /// library.
+    /// library. [`Wait::Never`] for `--on-conflict skip`.
     pub wait: Wait,
+    /// `--on-conflict` (`-n`: skip; default: wait); `-w` bounds wait, queue-one and replace.
+    pub on_conflict: OnConflict,
     pub mode: Mode,
     /// `None`: no expiry (`--ttl none`, a file's `ttl = "none"`).
     pub ttl: Option<Duration>,
@@ -426,14 +418,18 @@ impl Take {
             (None, Some(c)) => (c.checked.ttl, c.origins.ttl),
             (None, None) => (Some(DEFAULT_TTL), Origin::Default),
         };
-        let wait = match (&args.wait, args.nonblock) {
-            (_, true) => Wait::Never,
-            (Some(w), false) => wait_arg(w)?,
-            (None, false) => configured.map_or(Wait::Forever, |c| c.checked.wait),
+        let on_conflict =
+            policy::on_conflict(args.on_conflict, args.nonblock, args.wait.as_deref())?;
+        policy::check_with_limit(on_conflict, args.limit)?;
+        let wait = match (&args.wait, on_conflict) {
+            (_, OnConflict::Skip) => Wait::Never,
+            (Some(w), _) => wait_arg(w)?,
+            (None, _) => configured.map_or(Wait::Forever, |c| c.checked.wait),
         };
         crate::output::set_verbose(args.verbose);
         Ok(Take {
             wait,
+            on_conflict,
             mode: if args.shared { Mode::Read } else { Mode::Write },
             ttl,
             ttl_from,

@@ -4,6 +4,7 @@
 use std::ffi::OsString;
 use std::path::PathBuf;
 
+use clap::builder::TypedValueParser as _;
 use clap::{Args, Parser, Subcommand};
 
 /// What `run --help` adds: the command's environment, the ttl (then the stores that give
@@ -147,6 +148,22 @@ pub(crate) struct WaitArgs {
     )]
     pub wait: Option<String>,
 
+    /// If held: skip (-n), wait (the default), queue-one or replace
+    ///
+    /// skip: exit 1 (or -E) at once. wait: wait for it (forever, or -w). queue-one: wait only
+    /// if nobody else already waits for this resource, else exit as skip does (at most one run
+    /// buffered behind the current one). replace: ask the current holders to give it up (as
+    /// `xtr-lock revoke`; their commands are stopped, exit 3), then take it when they let go
+    /// (within -w). -n with another policy, and -w with skip, are refused.
+    #[arg(
+        long,
+        value_name = "POLICY",
+        hide_possible_values = true,
+        value_parser = clap::builder::PossibleValuesParser::new(crate::policy::POLICIES)
+            .try_map(|s| crate::policy::parse(&s))
+    )]
+    pub on_conflict: Option<xtr_lock::OnConflict>,
+
     /// Take a shared (read) lock: readers run together, writers wait
     ///
     /// On a store without shared locks (sql, mysql-getlock, memcached, semaphore) the lock
@@ -251,6 +268,24 @@ pub(crate) enum Command {
             hide_short_help = true
         )]
         kill_after: String,
+        /// Hold the lock at least this long, even if COMMAND ends sooner
+        ///
+        /// For jobs started on several machines (cron): a 2 s job holding an hourly lock for
+        /// 55m keeps a host whose clock is behind from running it again. Where locks expire
+        /// (redis, sql, memcached, etcd) the lock is left to run out on the store's clock and
+        /// xtr-lock exits at once; where the lock ends with its holder (flock, session locks,
+        /// pubsub, semaphore) xtr-lock stays and holds it until then (SIGINT/SIGTERM: release
+        /// at once). The exit status is still the command's.
+        #[arg(long, value_name = "DURATION", hide_short_help = true)]
+        min_hold: Option<String>,
+        /// Hold the lock at most this long: then stop COMMAND, exit 4
+        ///
+        /// The lock is not renewed past it (but for 15 s of grace to stop the work); COMMAND's
+        /// process group gets SIGTERM, then SIGKILL after --kill-after (13s at most), so it is
+        /// dead before the lock can run out; --json: a `max-hold` event. A hung job cannot keep
+        /// the lock forever. docs/jobs.md: the design, per store.
+        #[arg(long, value_name = "DURATION", hide_short_help = true)]
+        max_hold: Option<String>,
         /// Run this through `sh -c` instead of COMMAND's words.
         #[arg(short = 'c', long = "command", value_name = "SHELL_COMMAND")]
         shell: Option<OsString>,
@@ -269,8 +304,8 @@ pub(crate) enum Command {
         /// Report what happens as JSON lines on stderr
         ///
         /// Events instead of sentences: waiting, acquired (with the ttl and the metadata),
-        /// conflict, lost, released, warning, error, exit; with --standby also leading,
-        /// stopped and backoff.
+        /// conflict, lost (with why: revoked, expired, ...), max-hold, min-hold, released,
+        /// warning, error, exit; with --standby also leading, stopped and backoff.
         #[arg(long)]
         json: bool,
         /// A hot standby: run COMMAND each time the lock is won, until SIGTERM
@@ -282,7 +317,9 @@ pub(crate) enum Command {
         /// within 30s of its start waits 1s, 2s, 4s ... up to 60s before the next campaign (a
         /// run of 30s or more, or a success, starts the back-off over). Always waits forever
         /// and takes the exclusive lock: -n, -w, -s and --limit are refused.
-        #[arg(long, conflicts_with_all = ["nonblock", "wait", "shared", "limit"])]
+        #[arg(long, conflicts_with_all = [
+            "nonblock", "wait", "shared", "limit", "on_conflict", "min_hold", "max_hold"
+        ])]
         standby: bool,
         /// With --standby: stop after N restarts (N+1 runs), exiting with the last run's status.
         #[arg(long, value_name = "N", requires = "standby", hide_short_help = true)]
@@ -314,6 +351,31 @@ pub(crate) enum Command {
         #[arg(long, value_name = "N")]
         fd: Option<i32>,
         /// The resource to lock.
+        resource: String,
+    },
+    /// Ask every holder of RESOURCE to give it up; exit 0 once it is free.
+    ///
+    /// Holders that watch their lock (`xtr-lock run`, the library's guards, scopes and
+    /// keep_alive) see a loss with the reason `revoked`: `run` stops its command (SIGTERM, then
+    /// SIGKILL after its --kill-after), releases and exits 3. Prints how many holders were
+    /// asked and whether they let go within -w. Holders that cannot be asked (peers: Python,
+    /// PHP, flock(1), etcdctl; `acquire`'s keys, which nothing watches) keep it. Exit status: 0
+    /// the resource is free, 1 holders remain after -w, 2 error.
+    Revoke {
+        #[command(flatten)]
+        store: StoreArgs,
+        /// How long to wait for the holders to let go.
+        #[arg(
+            short = 'w',
+            long = "wait",
+            value_name = "SECONDS",
+            default_value = "30s"
+        )]
+        wait: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        /// The resource.
         resource: String,
     },
     /// Print the lock file of RESOURCE on the flock store, for a shell to open and lock.

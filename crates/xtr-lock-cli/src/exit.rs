@@ -14,6 +14,9 @@ pub(crate) enum Exit {
     /// The lock was lost while the command ran (the command was terminated), or a key handed
     /// in names a lock that is no longer held.
     Lost,
+    /// `run --max-hold`: the lock was held as long as it may be; the command was stopped and
+    /// the lock released.
+    HeldTooLong,
     /// The command could not be run (`126`: not executable, `127`: not found, as shells do).
     CannotRun(u8),
     /// The command's own status (128 + N when killed by signal N).
@@ -66,6 +69,8 @@ pub(crate) async fn settle() {
 pub(crate) const LOST: u8 = 3;
 /// Usage, configuration or store error.
 pub(crate) const ERROR: u8 = 2;
+/// `run --max-hold`: held as long as it may be.
+pub(crate) const HELD_TOO_LONG: u8 = 4;
 
 impl Exit {
     pub(crate) fn code(self) -> u8 {
@@ -75,6 +80,7 @@ impl Exit {
             Exit::Conflict(n) | Exit::CannotRun(n) | Exit::Command(n) => n,
             Exit::Error => ERROR,
             Exit::Lost => LOST,
+            Exit::HeldTooLong => HELD_TOO_LONG,
             Exit::Unavailable => 69,
         }
     }
@@ -86,8 +92,10 @@ Exit codes:
   0        success (for run: the command succeeded)
   1        the lock is held by someone else (-n, or -w ran out); -E/--conflict-exit-code changes it
   2        usage, configuration or store error (bad DSN, duration, unreachable server, ...)
-  3        the lock was lost while the command ran (it was terminated), or a handed-in key's
-           lock is no longer held
+  3        the lock was lost while the command ran (it was terminated; revoked included), or
+           a handed-in key's lock is no longer held
+  4        run --max-hold: the lock was held as long as it may be (the command was terminated)
+  revoke:  0 the resource is free, 1 holders remain after -w, 2 error
   status:  0 held, 1 free, 2 error or the store cannot tell; with --key 0 held by it, 3 not
   leader:  0 someone leads, 1 nobody leads, 2 error or the store cannot tell
   69       config check --ping: a configured store could not be reached

@@ -34,8 +34,8 @@ const MORE_EXAMPLES: &str = "
 /// What the top level's `-h` shows after the options.
 pub(crate) fn top_short() -> String {
     format!(
-        "{EXAMPLES}\n\nStores in this build: {}.\n`xtr-lock --help`: the stores, more examples, \
-         the exit codes.",
+        "{EXAMPLES}\n\nStores in this build: {}. `xtr-lock --help`: the stores, more \
+         examples, the exit codes.",
         built_names()
     )
 }
@@ -162,6 +162,10 @@ Examples:
   xtr-lock run -s report -c 'echo reading'    readers together, writers alone
   xtr-lock run --store redis://cache:6379 --ttl 2m deploy -- sleep 5
   xtr-lock run --limit 4 api ./export         at most 4 of these at once
+  xtr-lock run -n -E 0 --min-hold 55m --max-hold 50m --store redis://cache:6379 hourly ./job
+                                              an hourly cron job on many machines: once an hour
+  xtr-lock run --on-conflict queue-one sync ./job   at most one run waiting behind this one
+  xtr-lock run --on-conflict replace -w 1m deploy ./job   stop the running one, then run
   XTR_LOCK_STORE=redis://a:6379,redis://b:6379,redis://c:6379 xtr-lock run job ./job
   xtr-lock run -v --json job ./job 2>events.jsonl   what happened, as JSON lines on stderr";
 

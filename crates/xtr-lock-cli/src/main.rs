@@ -6,6 +6,7 @@
 mod args;
 mod cli;
 mod cmd;
+mod command_line;
 mod durations;
 mod exit;
 mod file;
@@ -14,6 +15,7 @@ mod help;
 mod lease;
 mod meta;
 mod output;
+mod policy;
 mod procs;
 mod sentinel;
 mod stdio;

@@ -112,6 +112,24 @@ impl LostReason {
     }
 }
 
+impl LostReason {
+    /// The reason as one word, for logs, metrics and machine-readable output: `removed`,
+    /// `expired`, `taken_over`, `replaced`, `unreachable`, `disconnected`, `revoked`,
+    /// `held_too_long`.
+    pub fn label(self) -> &'static str {
+        match self {
+            LostReason::Removed => "removed",
+            LostReason::Expired => "expired",
+            LostReason::TakenOver => "taken_over",
+            LostReason::Replaced => "replaced",
+            LostReason::Unreachable => "unreachable",
+            LostReason::Disconnected => "disconnected",
+            LostReason::Revoked => "revoked",
+            LostReason::HeldTooLong => "held_too_long",
+        }
+    }
+}
+
 impl fmt::Display for LostReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())

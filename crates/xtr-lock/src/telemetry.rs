@@ -112,16 +112,7 @@ pub(crate) fn kind(store: &dyn Display) -> String {
 /// A loss reason as a label: one word.
 #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
 fn reason_label(reason: LostReason) -> &'static str {
-    match reason {
-        LostReason::Removed => "removed",
-        LostReason::Expired => "expired",
-        LostReason::TakenOver => "taken_over",
-        LostReason::Replaced => "replaced",
-        LostReason::Unreachable => "unreachable",
-        LostReason::Disconnected => "disconnected",
-        LostReason::Revoked => "revoked",
-        LostReason::HeldTooLong => "held_too_long",
-    }
+    reason.label()
 }
 
 #[cfg_attr(not(feature = "metrics"), allow(dead_code))]

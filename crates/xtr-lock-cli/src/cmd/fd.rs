@@ -92,7 +92,10 @@ pub(crate) async fn lock(
 
 fn conflict(resource: &str, take: &Take) -> Result<Exit> {
     if !take.quiet {
-        eprintln!("{}", super::conflict_message(resource, take));
+        eprintln!(
+            "{}",
+            super::conflict_message(resource, take, super::Refused::Held)
+        );
     }
     Ok(Exit::Conflict(take.conflict_exit_code))
 }

@@ -30,11 +30,17 @@ pub(crate) async fn acquire(
         ));
     }
     let lock = store.lock(resource, &take);
-    let Some(waited) = super::take(&lock, &store, &take).await? else {
-        if !take.quiet {
-            eprintln!("{}", super::conflict_message(lock.resource(), &take));
+    let waited = match super::take(&lock, &store, &take).await? {
+        Ok(waited) => waited,
+        Err(refused) => {
+            if !take.quiet {
+                eprintln!(
+                    "{}",
+                    super::conflict_message(lock.resource(), &take, refused)
+                );
+            }
+            return Ok(Exit::Conflict(take.conflict_exit_code));
         }
-        return Ok(Exit::Conflict(take.conflict_exit_code));
     };
     if take.verbose {
         eprintln!("{}", super::took_line(&lock, waited));

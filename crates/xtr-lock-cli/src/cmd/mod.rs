@@ -9,6 +9,7 @@ mod leader;
 pub(crate) mod list;
 pub(crate) mod migrate;
 mod permits;
+mod revoke;
 pub(crate) mod run;
 
 use std::io::IsTerminal as _;
@@ -17,7 +18,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use clap::CommandFactory as _;
 use serde_json::json;
-use xtr_lock::{Lock, Lockable as _, Wait};
+use xtr_lock::{Lock, Lockable as _, OnConflict, Wait};
 
 use crate::args::{Settings, Take};
 use crate::cli::Cli;
@@ -54,6 +55,15 @@ pub(crate) async fn dispatch(settings: Settings) -> Result<Exit> {
                 keys::acquire(store, &source, take, &resource)
             })
             .await
+        }
+        Settings::Revoke {
+            source,
+            resource,
+            wait,
+            json,
+        } => {
+            let store = StoreConfig::open(&source, json)?;
+            closing(store, |store| revoke::revoke(store, resource, wait, json)).await
         }
         Settings::Path { source, resource } => {
             let store = StoreConfig::open(&source, true)?;
@@ -159,14 +169,33 @@ pub(crate) async fn close(store: &dyn xtr_lock::Store) {
     }
 }
 
-/// Takes `lock` as `take` says: `Some(how long it took)`, or `None` when it is held by someone
-/// else (or `--wait` ran out). While it waits, a status line on a terminal; a `waiting` line
-/// with `-v` elsewhere, or a `waiting` event under `--json`.
+/// Why a lock was not taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refused {
+    /// Held by someone else (at once, or still when `-w` ran out).
+    Held,
+    /// `--on-conflict queue-one`: held, and another run already waits for it.
+    Queued,
+}
+
+impl Refused {
+    /// The `--json` conflict event's `why`.
+    fn why(self) -> &'static str {
+        match self {
+            Refused::Held => "held",
+            Refused::Queued => "queued",
+        }
+    }
+}
+
+/// Takes `lock` as `take` says (`--on-conflict`, `-n`, `-w`): `Ok(how long it took)`, or why
+/// not. While it waits, a status line on a terminal; a `waiting` line with `-v` elsewhere, or a
+/// `waiting` event under `--json`.
 pub(crate) async fn take(
     lock: &Lock,
     store: &StoreConfig,
     take: &Take,
-) -> Result<Option<Duration>> {
+) -> Result<std::result::Result<Duration, Refused>> {
     let started = Instant::now();
     let waits = !(take.wait == Wait::Never || take.wait == Wait::AtMost(Duration::ZERO));
     // Try once before showing anything: most locks are free. Within the wait's deadline: a
@@ -183,7 +212,7 @@ pub(crate) async fn take(
         _ => first.await,
     };
     match first {
-        Ok(true) => return Ok(Some(started.elapsed())),
+        Ok(true) => return Ok(Ok(started.elapsed())),
         Ok(false) => {}
         // A store that cannot be reached yet (starting, restarting, a quorum short of
         // members): the wait below rides that out until its deadline, as the library's does.
@@ -191,8 +220,39 @@ pub(crate) async fn take(
         Err(err) => return Err(err.into()),
     }
     if !waits {
-        return Ok(None);
+        return Ok(Err(Refused::Held));
     }
+    announce_wait(lock, store, take).await;
+    let quiet = take.quiet || output::json();
+    let _status = StatusLine::start(store.store.clone(), lock.key().clone(), quiet);
+    // The wait counts from the start, the first try included.
+    let wait = match take.wait {
+        Wait::AtMost(d) => Wait::AtMost(d.saturating_sub(started.elapsed())),
+        other => other,
+    };
+    if lock
+        .acquire_with_policy(take.mode, wait, take.on_conflict)
+        .await?
+    {
+        return Ok(Ok(started.elapsed()));
+    }
+    // queue-one gives up at once when another run already waits; a wait that ran out took
+    // all of it.
+    let queued = take.on_conflict == OnConflict::QueueOne
+        && match take.wait {
+            Wait::AtMost(d) => started.elapsed() < d,
+            _ => true,
+        };
+    Ok(Err(if queued {
+        Refused::Queued
+    } else {
+        Refused::Held
+    }))
+}
+
+/// Says `take` waits for `lock`: a `waiting` event under `--json`, a line with `-v` where
+/// stderr is no terminal (the terminal's status line says it on its own), with who holds it.
+async fn announce_wait(lock: &Lock, store: &StoreConfig, take: &Take) {
     // Asked only when a line or an event will show them (the terminal's status line asks on
     // its own): a wait costs no extra round trip otherwise.
     let json = output::json();
@@ -206,22 +266,31 @@ pub(crate) async fn take(
         let list = holders.as_ref().map(|h| output::holders(h));
         output::event(
             "waiting",
-            json!({"resource": lock.resource(), "held_by": list}),
+            json!({"resource": lock.resource(), "held_by": list,
+                   "on_conflict": take.on_conflict.as_str()}),
         );
     } else if verbose_line {
         let by = holders.as_deref().map(output::held_by).unwrap_or_default();
-        eprintln!("xtr-lock: waiting for {:?}{by}", lock.resource());
+        let how = match take.on_conflict {
+            OnConflict::Replace => " (asking its holders to give it up: --on-conflict replace)",
+            OnConflict::QueueOne => " (unless another run already waits: --on-conflict queue-one)",
+            _ => "",
+        };
+        eprintln!("xtr-lock: waiting for {:?}{by}{how}", lock.resource());
     }
-    let _status = StatusLine::start(store.store.clone(), lock.key().clone(), take.quiet || json);
-    // The wait counts from the start, the first try included.
-    let wait = match take.wait {
-        Wait::AtMost(d) => Wait::AtMost(d.saturating_sub(started.elapsed())),
-        other => other,
-    };
-    Ok(lock
-        .acquire_with(take.mode, wait)
-        .await?
-        .then(|| started.elapsed()))
+}
+
+/// Says the lock was not taken: a `conflict` event, or (unless `-q`) a line.
+pub(crate) fn say_refused(resource: &str, take: &Take, refused: Refused) {
+    if output::json() {
+        output::event(
+            "conflict",
+            json!({"resource": resource, "on_conflict": take.on_conflict.as_str(),
+                   "why": refused.why()}),
+        );
+    } else if !take.quiet {
+        eprintln!("{}", conflict_message(resource, take, refused));
+    }
 }
 
 /// `-v`'s line once the lock is taken, flock(1)'s words with what the lock is:
@@ -250,7 +319,13 @@ pub(crate) fn took_line_of(resource: &str, took: Duration, what: &str) -> String
 
 /// The message for a lock on `resource` held by someone else (or, with `--limit`, too few of
 /// the semaphore's permits free).
-pub(crate) fn conflict_message(resource: &str, take: &Take) -> String {
+pub(crate) fn conflict_message(resource: &str, take: &Take, refused: Refused) -> String {
+    if refused == Refused::Queued {
+        return format!(
+            "xtr-lock: {resource:?} is held by someone else, and another run already waits for \
+             it (--on-conflict queue-one)"
+        );
+    }
     let (now, still) = match take.permits {
         Some(p) => {
             let what = match p.count() {

@@ -13,6 +13,7 @@ mod dropin;
 mod flock_habits;
 mod help;
 mod hostile;
+mod jobs;
 mod meta;
 mod multiuser;
 mod nested;

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use assert_cmd::cargo::CommandCargoExt as _;
 
+pub(crate) mod jobs;
 pub(crate) mod standby;
 
 pub(crate) fn xtr() -> assert_cmd::Command {

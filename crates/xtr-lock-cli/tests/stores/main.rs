@@ -9,6 +9,7 @@ mod advisory;
 #[cfg(feature = "etcd")]
 mod etcd;
 mod handover;
+mod jobs;
 mod pubsub;
 mod semaphores;
 mod sql;

@@ -231,6 +231,15 @@ impl Lock {
         }
     }
 
+    /// Records the loss of generation `generation` in a call of the holder (after its calls in
+    /// flight); whether it was news.
+    pub(super) async fn lose(&self, generation: u64, reason: LostReason) -> bool {
+        self.call(Start::IfAwaited, move |lock, _| async move {
+            lock.holder().lose(generation, reason)
+        })
+        .await
+    }
+
     /// Releases in the background (a dropped guard): the release is queued now, behind the
     /// holder's calls already made, and runs to its end.
     pub(super) fn release_later(&self) {

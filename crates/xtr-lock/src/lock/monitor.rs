@@ -11,7 +11,6 @@ use super::lost::{KeepAlive, LockLost};
 use crate::error::{Error, ErrorKind, LostReason, Result};
 use crate::holder::Hold;
 use crate::logging::TARGET;
-use crate::serial::Start;
 use crate::store::LossWatcher;
 
 /// How often a lock on a store that neither expires nor observes loss is checked.
@@ -86,7 +85,7 @@ async fn watch_over(lock: Lock, generation: u64, lost: watch::Sender<Option<Lock
                 loss = None;
                 // Confirmed by a call, so the holder's own release still in flight is not
                 // taken for a loss.
-                let confirmed = lose(&lock, generation, reason).await;
+                let confirmed = lock.lose(generation, reason).await;
                 if confirmed {
                     tracing::warn!(target: TARGET, resource = lock.resource(), store = %lock.store, reason = %reason,
                         "the lock was lost");
@@ -204,15 +203,6 @@ fn held_too_long(lock: &Lock, generation: u64, lost: &watch::Sender<Option<LockL
     )));
 }
 
-/// Records the loss of generation `generation` in a call of the holder (after its calls in
-/// flight); whether it was news.
-pub(super) async fn lose(lock: &Lock, generation: u64, reason: LostReason) -> bool {
-    lock.call(Start::IfAwaited, move |lock, _| async move {
-        lock.holder().lose(generation, reason)
-    })
-    .await
-}
-
 /// Does the monitor's timed duty; the next timer, if any. A refresh error that ends the lease
 /// goes to `cause`.
 async fn on_timer(
@@ -244,7 +234,7 @@ async fn on_timer(
                 _ => {
                     tracing::warn!(target: TARGET, resource = lock.resource(), store = %lock.store, error = %err,
                         "could not refresh the lock before its lifetime ran out");
-                    if lose(lock, generation, LostReason::Unreachable).await {
+                    if lock.lose(generation, LostReason::Unreachable).await {
                         *cause = Some(err);
                     }
                     None
@@ -254,7 +244,7 @@ async fn on_timer(
         Duty::Expire => match lock.key.confirmed_lifetime() {
             Some(left) if !left.is_zero() => Some(left),
             _ => {
-                lose(lock, generation, LostReason::Expired).await;
+                lock.lose(generation, LostReason::Expired).await;
                 None
             }
         },

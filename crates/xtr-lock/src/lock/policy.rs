@@ -66,6 +66,11 @@ impl Lock {
     ///
     /// As [`acquire_with`](crate::Lockable::acquire_with); for `Replace`, a failure to post the
     /// revocation.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropped before completing, it leaves nothing held (a queue slot or a notice
+    /// taken is let go in the background, and so is the lock if it was taken meanwhile).
     pub async fn acquire_with_policy(
         &self,
         mode: Mode,

@@ -4,9 +4,9 @@
 //! `"{resource}#xtr-revoke"` (shared where the store has shared locks, so that revokers do not
 //! wait for each other) until the resource's holders have let go, or its wait ends. The monitor
 //! of every holder of this library (guards, scopes, [`keep_alive`](crate::Lockable::keep_alive),
-//! `xtr-lock run`) looks for a notice on its resource: at once where the store tells of changes
-//! natively (flock, etcd, in-memory), otherwise at each renewal (or each check, once a second,
-//! where locks do not expire); a notice found is a loss with
+//! `xtr-lock run`) looks for a notice on its resource: at each renewal where locks expire, else
+//! once a second, and at once where the store tells of the change (etcd's watch, the in-memory
+//! store, flock's file events where the notice's file is new); a notice found is a loss with
 //! [`LostReason::Revoked`](crate::LostReason::Revoked). Holders of other libraries (Python,
 //! PHP) do not look: they cannot be asked, and a revocation then waits for them in vain.
 //!
@@ -31,6 +31,9 @@ pub(crate) const QUEUE_SUFFIX: &str = "#xtr-queue";
 
 /// How often a holder on a store that neither expires nor tells of changes looks for a notice.
 const LOOK_EVERY: Duration = Duration::from_secs(1);
+/// The longest a holder on a store where locks expire goes without looking for a notice (its
+/// renewals may be minutes apart).
+const LOOK_AT_MOST: Duration = Duration::from_secs(5);
 /// How often a revoker looks whether the holders let go, where the store does not tell.
 const POLL_HOLDERS: Duration = Duration::from_millis(100);
 /// The longest ttl of a notice or a queue slot: its holder renews it while it waits, and one
@@ -69,6 +72,11 @@ impl Lock {
     ///
     /// An invalid argument when this lock's own holder holds the resource (release it instead);
     /// a storage error when the store failed.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropped before completing, its notice is taken down in the background (on
+    /// a store where locks expire, one the process could not take down lasts at most 5 s).
     pub async fn revoke(&self, wait: Duration) -> Result<Revocation> {
         if self.held_mode().is_some() {
             return Err(Error::invalid_argument(
@@ -142,7 +150,8 @@ impl Lock {
             if left.is_zero() {
                 return Ok(false);
             }
-            let pause = clock.sleep(left.min(POLL_HOLDERS * 10));
+            // Not every release is seen where the store tells: look again soon all the same.
+            let pause = clock.sleep(left.min(POLL_HOLDERS * 2));
             match changed {
                 Some(changed) => {
                     tokio::select! {
@@ -170,9 +179,10 @@ pub(super) fn watch(lock: &Lock, generation: u64) -> Option<AbortOnDrop> {
     }
     let caps = lock.store.capabilities();
     // Where locks expire (and the store does not keep a lease of ours that it watches), each
-    // renewal's period; else once a second, or at once where the store tells.
+    // renewal's period, and at least every few seconds (a replacing run waits for it); else
+    // once a second, and at once where the store tells.
     let period = match lock.ttl {
-        Some(ttl) if caps.expiring => (ttl / 3).max(Duration::from_millis(50)),
+        Some(ttl) if caps.expiring => (ttl / 3).clamp(Duration::from_millis(50), LOOK_AT_MOST),
         _ => LOOK_EVERY,
     };
     let native = caps.leased || !caps.expiring;
@@ -188,7 +198,7 @@ pub(super) fn watch(lock: &Lock, generation: u64) -> Option<AbortOnDrop> {
             };
             match lock.store.holders(&notice).await {
                 Ok(holders) if holders.iter().any(|h| !h.waiting) => {
-                    if super::monitor::lose(&lock, generation, LostReason::Revoked).await {
+                    if lock.lose(generation, LostReason::Revoked).await {
                         tracing::warn!(target: TARGET, resource = lock.resource(), store = %lock.store,
                             "the lock was revoked: giving it up");
                     }
@@ -209,7 +219,9 @@ pub(super) fn watch(lock: &Lock, generation: u64) -> Option<AbortOnDrop> {
                 Some(changed) => {
                     tokio::select! {
                         () = changed => {}
-                        () = clock.sleep(period * 10) => {}
+                        // Not every change is seen (flock's acquisitions by other processes
+                        // make no file event): look each period all the same.
+                        () = clock.sleep(period) => {}
                     }
                 }
                 None => clock.sleep(period).await,

@@ -8,18 +8,19 @@ use anyhow::{Context as _, Result};
 use rustix::process::Signal;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::time::Instant;
-use xtr_lock::{KeepAlive, Lock, Lockable as _, Release};
+use xtr_lock::{KeepAlive, Lock, Lockable as _, LostReason, Release};
 
 use serde_json::json;
 
 use crate::args::{RunSettings, Take};
 use crate::exit::Exit;
 use crate::lease;
-use crate::output::{self, causes, mode_name, short};
+use crate::output::{self, causes, mode_name};
 use crate::procs;
 use crate::store::StoreConfig;
 
 mod child;
+mod hold;
 mod standby;
 mod terminal;
 
@@ -41,6 +42,8 @@ struct RunArgs {
     nested: Vec<(&'static str, Option<OsString>)>,
     /// `--standby`: turns follow each other, each says when it leads.
     standby: bool,
+    /// `--min-hold`, `--max-hold`.
+    holds: crate::policy::Holds,
 }
 
 /// SIGINT, SIGTERM and SIGHUP, caught from the start: while waiting they end the wait cleanly,
@@ -89,6 +92,7 @@ pub(crate) async fn run(store: StoreConfig, settings: RunSettings) -> Result<Exi
         named,
         command,
         standby,
+        holds,
     } = settings;
     let args = RunArgs {
         store,
@@ -100,6 +104,7 @@ pub(crate) async fn run(store: StoreConfig, settings: RunSettings) -> Result<Exi
         command,
         nested: source.nested_environment(),
         standby: standby.is_some(),
+        holds,
     };
     let mut signals = Signals::new()?;
     match standby {
@@ -123,7 +128,7 @@ impl Turn {
 
 /// One turn: take the lock, run the command while it is held, release.
 async fn turn(args: &RunArgs, signals: &mut Signals) -> Result<Turn> {
-    let lock = args.store.lock(&args.resource, &args.take);
+    let lock = hold::with_limits(args.store.lock(&args.resource, &args.take), args);
     let taken = tokio::select! {
         taken = super::take(&lock, &args.store, &args.take) => taken?,
         sig = signals.recv() => {
@@ -133,13 +138,12 @@ async fn turn(args: &RunArgs, signals: &mut Signals) -> Result<Turn> {
             return Turn::not_run(killed_by(sig));
         }
     };
-    let Some(took) = taken else {
-        if output::json() {
-            output::event("conflict", json!({"resource": args.resource}));
-        } else if !args.take.quiet {
-            eprintln!("{}", super::conflict_message(lock.resource(), &args.take));
+    let took = match taken {
+        Ok(took) => took,
+        Err(refused) => {
+            super::say_refused(&args.resource, &args.take, refused);
+            return Turn::not_run(Exit::Conflict(args.take.conflict_exit_code));
         }
-        return Turn::not_run(Exit::Conflict(args.take.conflict_exit_code));
     };
     if output::json() {
         output::event(
@@ -162,23 +166,29 @@ async fn turn(args: &RunArgs, signals: &mut Signals) -> Result<Turn> {
         eprintln!("{}", super::took_line(&lock, took));
     }
     let started = Instant::now();
-    let outcome = supervise(args, &lock, signals).await;
+    let outcome = supervise(args, &lock, signals, started).await;
     let ran = started.elapsed();
     Ok(Turn {
-        exit: release(args, &lock, outcome).await?,
+        exit: release(args, &lock, outcome, signals, started).await?,
         ran: Some(ran),
     })
 }
 
 /// Releases the lock whatever happened to the command: a lost lock is exit 3 however it is
-/// found. The exit waits for the store only so long: a release the store does not confirm in
-/// time goes on in the background until the exit's bound, and is said to have failed.
-async fn release(args: &RunArgs, lock: &Lock, outcome: Result<Exit>) -> Result<Exit> {
+/// found (but after the maximum hold, when the lock may have run out as the command stopped).
+/// The exit waits for the store only so long: a release the store does not confirm in time
+/// goes on in the background until the exit's bound, and is said to have failed.
+async fn release(
+    args: &RunArgs,
+    lock: &Lock,
+    outcome: Result<Exit>,
+    signals: &mut Signals,
+    acquired: Instant,
+) -> Result<Exit> {
     let known = lock.lost_reason();
-    let released = crate::exit::bounded(lock.release())
-        .await
-        .unwrap_or_else(|| Err(unconfirmed_release(lock)));
+    let released = hold::release(args, lock, signals, acquired).await;
     match released {
+        Ok(Release::Lost) if matches!(outcome, Ok(Exit::HeldTooLong)) => outcome,
         Ok(Release::Lost) => {
             if !matches!(outcome, Ok(Exit::Lost)) {
                 let why = known.map_or_else(
@@ -191,6 +201,7 @@ async fn release(args: &RunArgs, lock: &Lock, outcome: Result<Exit>) -> Result<E
                         "lock {:?} was lost while the command ran: {why}",
                         lock.resource()
                     ),
+                    known,
                 );
             }
             outcome.map(|_| Exit::Lost)
@@ -220,17 +231,28 @@ fn unconfirmed_release(lock: &Lock) -> xtr_lock::Error {
     .with_resource(lock.resource())
 }
 
-/// Says a loss happened: a line, or a `lost` event.
-fn report_loss(resource: &str, line: &str) {
+/// Says a loss happened: a line, or a `lost` event (`why`: the reason as one word, as
+/// `revoked`, where it is known).
+fn report_loss(resource: &str, line: &str, why: Option<LostReason>) {
     if output::json() {
-        output::event("lost", json!({"resource": resource, "reason": line}));
+        output::event(
+            "lost",
+            json!({"resource": resource, "reason": line, "why": why.map(LostReason::label)}),
+        );
     } else {
         eprintln!("xtr-lock: {line}");
     }
 }
 
-/// Runs the command while the lock is watched, until it exits or the lock is lost.
-async fn supervise(args: &RunArgs, lock: &Lock, signals: &mut Signals) -> Result<Exit> {
+
+/// Runs the command while the lock is watched, until it exits, the lock is lost or held as
+/// long as it may be.
+async fn supervise(
+    args: &RunArgs,
+    lock: &Lock,
+    signals: &mut Signals,
+    acquired: Instant,
+) -> Result<Exit> {
     // Renews on stores where locks expire; watches for a loss where the store can see one.
     let mut monitor = lock.keep_alive()?;
     let store = &args.store.store;
@@ -269,18 +291,7 @@ async fn supervise(args: &RunArgs, lock: &Lock, signals: &mut Signals) -> Result
             },
             // Forwarded: the command decides how to stop; the lock is released after it exits.
             sig = signals.recv() => child.signal_group(sig),
-            lost = monitor.lost() => {
-                report_loss(
-                    &args.resource,
-                    &format!(
-                        "{}; stopping the command (SIGTERM, then SIGKILL after {})",
-                        loss_line(&lost),
-                        short(args.kill_after)
-                    ),
-                );
-                stop(&mut child, args.kill_after).await?;
-                return Ok(Exit::Lost);
-            }
+            lost = monitor.lost() => return hold::on_lost(args, &lost, &mut child, acquired).await,
         }
     }
 }
@@ -353,16 +364,20 @@ fn environment(args: &RunArgs, lock: &Lock) -> Vec<(&'static str, Option<OsStrin
 /// it in time: the renewal's own verdict says why, soon.
 async fn stopped_for_lease(args: &RunArgs, lock: &Lock, monitor: &mut KeepAlive) -> Exit {
     let wait = lock.remaining_lifetime().unwrap_or_default() + Duration::from_secs(1);
-    let why = match tokio::time::timeout(wait, monitor.lost()).await {
-        Ok(lost) => loss_line(&lost),
-        Err(_) => format!(
-            "lock {:?} was about to expire without being renewed in time",
-            lock.resource()
+    let (why, reason) = match tokio::time::timeout(wait, monitor.lost()).await {
+        Ok(lost) => (loss_line(&lost), Some(lost.reason)),
+        Err(_) => (
+            format!(
+                "lock {:?} was about to expire without being renewed in time",
+                lock.resource()
+            ),
+            None,
         ),
     };
     report_loss(
         &args.resource,
         &format!("{why}; the command was stopped before its lease ended"),
+        reason,
     );
     Exit::Lost
 }

@@ -55,11 +55,25 @@ impl CombinedStore {
         Ok(self.merge(answers.into_iter().flatten()))
     }
 
+    /// When the quorum was complete, of the members' acquisition times: the time of the member
+    /// that made it a quorum (the second earliest of three), which members whose record lands
+    /// later do not change (the latest of them would, from one look to the next).
+    fn quorum_time(
+        &self,
+        times: impl Iterator<Item = std::time::SystemTime>,
+    ) -> Option<std::time::SystemTime> {
+        let n = self.stores.len();
+        let mut times: Vec<_> = times.collect();
+        times.sort_unstable();
+        let needed = (1..=n).find(|k| self.strategy.is_met(*k, n)).unwrap_or(n);
+        times.get(needed.min(times.len()).checked_sub(1)?).copied()
+    }
+
     /// The holders that members enough report, merged (see [`quorum_holders`]): each with the
     /// metadata the first member with a record shows (a key carries one value to every member),
-    /// the latest of the members' acquisition times (when the quorum was complete, within the
-    /// round trips between members) and no fencing token (members count on their own; a
-    /// quorum does not fence).
+    /// the time the quorum was complete of the members' acquisition times (see
+    /// [`quorum_time`](CombinedStore::quorum_time)) and no fencing token (members count on
+    /// their own; a quorum does not fence).
     ///
     /// [`quorum_holders`]: CombinedStore::quorum_holders
     pub(super) fn merge(&self, answers: impl Iterator<Item = Vec<HolderInfo>>) -> Vec<HolderInfo> {
@@ -108,7 +122,7 @@ impl CombinedStore {
                     holder.id = Some(id);
                 }
                 holder.meta = seen.iter().find_map(|h| h.meta.clone());
-                holder.acquired_at = seen.iter().filter_map(|h| h.acquired_at).max();
+                holder.acquired_at = self.quorum_time(seen.iter().filter_map(|h| h.acquired_at));
                 holder.permits = seen[0]
                     .permits
                     .filter(|p| seen.iter().all(|h| h.permits == Some(*p)));

@@ -244,7 +244,6 @@ fn report_loss(resource: &str, line: &str, why: Option<LostReason>) {
     }
 }
 
-
 /// Runs the command while the lock is watched, until it exits, the lock is lost or held as
 /// long as it may be.
 async fn supervise(

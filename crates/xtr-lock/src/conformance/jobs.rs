@@ -180,7 +180,8 @@ pub async fn a_minimum_hold_outlives_a_dropped_guard(h: Harness) -> Outcome {
 pub async fn a_revoked_holder_gives_its_lock_up(h: Harness) -> Outcome {
     require!(h.caps().excludes, "the store locks nothing");
     let r = h.resource("revoke");
-    let ttl = h.ttl.map(|_| h.time(Duration::from_millis(900)));
+    // Long enough that a loaded machine does not let it expire between renewals.
+    let ttl = h.ttl.map(|_| h.time(Duration::from_secs(3)));
     let holder = tokio::spawn({
         let h = h.clone();
         let r = r.clone();
@@ -273,7 +274,8 @@ pub async fn queue_one_keeps_at_most_one_waiter(h: Harness) -> Outcome {
 pub async fn replace_revokes_the_holder_and_takes_over(h: Harness) -> Outcome {
     require!(h.caps().excludes, "the store locks nothing");
     let r = h.resource("replace");
-    let ttl = h.ttl.map(|_| h.time(Duration::from_millis(900)));
+    // Long enough that a loaded machine does not let it expire between renewals.
+    let ttl = h.ttl.map(|_| h.time(Duration::from_secs(3)));
     let old = tokio::spawn({
         let h = h.clone();
         let r = r.clone();
@@ -300,7 +302,10 @@ pub async fn replace_revokes_the_holder_and_takes_over(h: Harness) -> Outcome {
         "the notice is down"
     );
     let alive = new.keep_alive().unwrap();
-    let period = ttl.map_or(Duration::from_secs(1), |t| t / 3);
+    // Two looks for notices (every third of the ttl, at most 5 s; once a second elsewhere).
+    let period = ttl.map_or(Duration::from_secs(1), |t| {
+        (t / 3).min(Duration::from_secs(5))
+    });
     tokio::select! {
         lost = alive.lost() => panic!("the new holder was revoked too: {lost}"),
         () = h.sleep(period * 2) => {}

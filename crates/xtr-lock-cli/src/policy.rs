@@ -37,6 +37,13 @@ pub(crate) fn on_conflict(
         (Some(OnConflict::Skip), false, Some(w)) => Err(anyhow!(
             "--on-conflict skip tries once, and -w {w} waits: give one of them"
         )),
+        (Some(OnConflict::Replace), false, Some(w))
+            if duration("-w", w).is_ok_and(|d| d.is_zero()) =>
+        {
+            Err(anyhow!(
+                "--on-conflict replace -w {w} would revoke the holders and not wait for them to                  let go: give a -w long enough for the running command to stop (its                  --kill-after)"
+            ))
+        }
         (Some(p), false, _) => Ok(p),
     }
 }
@@ -107,6 +114,14 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("contradicts --on-conflict replace"), "{err}");
+        let err = on_conflict(Some(OnConflict::Replace), false, Some("0"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("not wait for them"), "{err}");
+        assert_eq!(
+            on_conflict(Some(OnConflict::Replace), false, Some("5s")).unwrap(),
+            OnConflict::Replace
+        );
         let err = on_conflict(Some(Skip), false, Some("30"))
             .unwrap_err()
             .to_string();

@@ -107,8 +107,8 @@ fn max_hold_stops_the_command_and_frees_the_lock() {
     let server = RedisServer::start();
     let tmp = tempfile::tempdir().unwrap();
     max_hold_stops_the_command(&server.url(0), "max", tmp.path(), &flags);
-    // Renewed up to the maximum hold: the last lease ends a second after it, and the command
-    // is stopped before it does (by run, or by its supervisor): exit 4 either way.
+    // Renewed up to the maximum hold: the last lease ends MAX_HOLD_GRACE after it, and the
+    // command is stopped before it does (by run, or by its supervisor): exit 4 either way.
     let tmp = tempfile::tempdir().unwrap();
     let flags = ["--ttl", "3", "--max-hold", "4s", "--kill-after", "1s"];
     max_hold_stops_the_command(&server.url(0), "renewed", tmp.path(), &flags);

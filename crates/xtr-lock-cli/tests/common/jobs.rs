@@ -155,17 +155,24 @@ pub(crate) fn max_hold_stops_the_command(store: &str, resource: &str, tmp: &Path
     assert_eq!(try_run(store, resource), Some(0), "the lock was left held");
 }
 
-/// Five `run --on-conflict queue-one` started at once: one runs, one waits behind it, the
-/// others are refused (exit 1); the job never overlaps (a marker file says when it is inside).
+/// Five `run --on-conflict queue-one` started while a run holds the lock: exactly one of them
+/// queues and runs after it, the others are refused (exit 1, saying a run already waits); the
+/// job never overlaps (a marker file says when it is inside). At most two runs in a row.
 pub(crate) fn queue_one_runs_at_most_twice(store: &str, resource: &str, tmp: &Path) {
     let inside = tmp.join(format!("{resource}.inside"));
     let log = tmp.join(format!("{resource}.log"));
-    let script = format!(
-        "if [ -e {i} ]; then echo overlap >> {l}; fi; touch {i}; echo run >> {l}; sleep 1; \
-         rm -f {i}",
-        i = inside.display(),
-        l = log.display()
-    );
+    let job = |secs: u32| {
+        format!(
+            "if [ -e {i} ]; then echo overlap >> {l}; fi; touch {i}; echo run >> {l}; \
+             sleep {secs}; rm -f {i}",
+            i = inside.display(),
+            l = log.display()
+        )
+    };
+    let first = job(2);
+    let mut holder = spawn(&["run", "--store", store, resource, "--", "sh", "-c", &first]);
+    wait_for_file(&inside);
+    let queued = job(1);
     let runs: Vec<Child> = (0..5)
         .map(|_| {
             spawn(&[
@@ -178,7 +185,7 @@ pub(crate) fn queue_one_runs_at_most_twice(store: &str, resource: &str, tmp: &Pa
                 "--",
                 "sh",
                 "-c",
-                &script,
+                &queued,
             ])
         })
         .collect();
@@ -191,12 +198,25 @@ pub(crate) fn queue_one_runs_at_most_twice(store: &str, resource: &str, tmp: &Pa
         }
         codes.push(status.code());
     }
+    let held = wait_exit(&mut holder, "the first run did not exit");
+    assert_eq!(held.code(), Some(0));
     let text = std::fs::read_to_string(&log).unwrap_or_default();
     assert!(!text.contains("overlap"), "{text}");
-    let ran = text.lines().count();
-    assert!((1..=2).contains(&ran), "ran {ran} times: {codes:?}");
-    assert_eq!(codes.iter().filter(|c| **c == Some(0)).count(), ran);
-    assert_eq!(codes.iter().filter(|c| **c == Some(1)).count(), 5 - ran);
+    assert_eq!(
+        text.lines().count(),
+        2,
+        "the first run and one queued: {codes:?}"
+    );
+    assert_eq!(
+        codes.iter().filter(|c| **c == Some(0)).count(),
+        1,
+        "{codes:?}"
+    );
+    assert_eq!(
+        codes.iter().filter(|c| **c == Some(1)).count(),
+        4,
+        "{codes:?}"
+    );
 }
 
 /// Waits (10 s at most) for `path` to exist.

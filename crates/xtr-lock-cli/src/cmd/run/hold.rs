@@ -32,12 +32,7 @@ pub(super) async fn on_lost(
     acquired: Instant,
 ) -> Result<Exit> {
     let too_long = lost.reason == LostReason::HeldTooLong;
-    let grace = match too_long {
-        true => args
-            .kill_after
-            .min(MAX_HOLD_GRACE.saturating_sub(Duration::from_secs(2))),
-        false => args.kill_after,
-    };
+    let grace = stop_grace(args);
     let stopping = format!(
         "stopping the command (SIGTERM, then SIGKILL after {})",
         short(grace)
@@ -62,8 +57,20 @@ pub(super) async fn on_lost(
     Ok(exit)
 }
 
+/// How long the command's group has between SIGTERM and SIGKILL: `--kill-after`, but with a
+/// maximum hold two seconds less than [`MAX_HOLD_GRACE`] at most, so that the command is dead
+/// before its lock can run out (the supervisor's stop before a lease ends uses it too).
+pub(super) fn stop_grace(args: &RunArgs) -> Duration {
+    match args.holds.max {
+        Some(_) => args
+            .kill_after
+            .min(MAX_HOLD_GRACE.saturating_sub(Duration::from_secs(2))),
+        None => args.kill_after,
+    }
+}
+
 /// Says the maximum hold was reached: `line`, or a `max-hold` event.
-fn report_max_hold(resource: &str, acquired: Instant, line: &str) {
+pub(super) fn report_max_hold(resource: &str, acquired: Instant, line: &str) {
     if output::json() {
         let held = acquired.elapsed().as_millis() as u64;
         output::event("max-hold", json!({"resource": resource, "held_ms": held}));
@@ -90,6 +97,10 @@ pub(super) async fn release(
     let Some(left) = left else {
         return bounded(lock, lock.release()).await;
     };
+    if signals.stop.is_some() {
+        // Told to stop while the command ran: no minimum hold is waited out.
+        lock.cut_min_hold();
+    }
     if output::json() {
         output::event(
             "min-hold",

@@ -175,7 +175,7 @@ async fn turn(args: &RunArgs, signals: &mut Signals) -> Result<Turn> {
 }
 
 /// Releases the lock whatever happened to the command: a lost lock is exit 3 however it is
-/// found (but after the maximum hold, when the lock may have run out as the command stopped).
+/// found (after a maximum hold too: the lock ran out, or was taken, as the command stopped).
 /// The exit waits for the store only so long: a release the store does not confirm in time
 /// goes on in the background until the exit's bound, and is said to have failed.
 async fn release(
@@ -188,8 +188,9 @@ async fn release(
     let known = lock.lost_reason();
     let released = hold::release(args, lock, signals, acquired).await;
     match released {
-        Ok(Release::Lost) if matches!(outcome, Ok(Exit::HeldTooLong)) => outcome,
         Ok(Release::Lost) => {
+            // Also after a maximum hold: a lock that ran out (or was taken) while the command
+            // stopped is a loss, told as one.
             if !matches!(outcome, Ok(Exit::Lost)) {
                 let why = known.map_or_else(
                     || "the store had nothing of it when the command ended".to_owned(),
@@ -279,7 +280,7 @@ async fn supervise(
             _ = lease_ticks.tick() => lease.tell(lock, store.as_ref(), &child),
             event = child.wait() => match event? {
                 Event::Exited(_) if child.stopped_for_lease() => {
-                    return Ok(stopped_for_lease(args, lock, &mut monitor).await);
+                    return Ok(stopped_for_lease(args, lock, &mut monitor, acquired).await);
                 }
                 Event::Exited(exit) => return Ok(exit),
                 Event::Stopped => {
@@ -307,10 +308,10 @@ fn tie(args: &RunArgs, lock: &Lock) -> Result<Tie> {
     Ok(match store.inheritable_descriptors(lock.key())? {
         Some(fds) if !args.close => Tie::Descriptors {
             fds,
-            grace: args.kill_after,
+            grace: hold::stop_grace(args),
         },
         _ => Tie::ParentDeath {
-            grace: args.kill_after,
+            grace: hold::stop_grace(args),
             // A lease that xtr-lock renews (itself, or the store for it, as etcd's): the
             // supervisor also stops the command when xtr-lock can no longer renew it
             // (stopped, paused) before the lease ends. (A lease nothing ends, as a session
@@ -361,9 +362,24 @@ fn environment(args: &RunArgs, lock: &Lock) -> Vec<(&'static str, Option<OsStrin
 
 /// The supervisor stopped the command before the lease ran out, xtr-lock not having renewed
 /// it in time: the renewal's own verdict says why, soon.
-async fn stopped_for_lease(args: &RunArgs, lock: &Lock, monitor: &mut KeepAlive) -> Exit {
+async fn stopped_for_lease(
+    args: &RunArgs,
+    lock: &Lock,
+    monitor: &mut KeepAlive,
+    acquired: Instant,
+) -> Exit {
     let wait = lock.remaining_lifetime().unwrap_or_default() + Duration::from_secs(1);
     let (why, reason) = match tokio::time::timeout(wait, monitor.lost()).await {
+        Ok(lost) if lost.reason == LostReason::HeldTooLong => {
+            // The supervisor's stop came just before the maximum hold's: that is what ended it.
+            let line = format!(
+                "lock {:?} was held for its maximum hold ({}); the command was stopped",
+                args.resource,
+                crate::output::short(acquired.elapsed())
+            );
+            hold::report_max_hold(&args.resource, acquired, &line);
+            return Exit::HeldTooLong;
+        }
         Ok(lost) => (loss_line(&lost), Some(lost.reason)),
         Err(_) => (
             format!(

@@ -1,6 +1,8 @@
 //! Jobs on many machines: `--min-hold`, `--max-hold`, `--on-conflict` and `revoke`, on flock
 //! (the lock ends with its holder) and on a Redis the testkit starts (locks expire).
 
+use std::path::Path;
+
 use rustix::process::Signal;
 use xtr_lock_testkit::redis::RedisServer;
 
@@ -90,25 +92,28 @@ fn redis_leaves_a_minimum_hold_to_the_server() {
     min_hold_left_to_the_store(&server.url(0), "min");
 }
 
-#[test]
-fn staggered_starts_run_the_job_once() {
+/// Runs `scenario` on a flock directory and on a throwaway Redis server (its DSN, a temporary
+/// directory of its own).
+fn on_flock_and_redis(scenario: impl Fn(&str, &Path)) {
     let tmp = tempfile::tempdir().unwrap();
-    staggered_starts_run_once(&flock_dsn(tmp.path()), "hourly", tmp.path());
+    scenario(&flock_dsn(tmp.path()), tmp.path());
     let server = RedisServer::start();
     let tmp = tempfile::tempdir().unwrap();
-    staggered_starts_run_once(&server.url(0), "hourly", tmp.path());
+    scenario(&server.url(0), tmp.path());
+}
+
+#[test]
+fn staggered_starts_run_the_job_once() {
+    on_flock_and_redis(|store, tmp| staggered_starts_run_once(store, "hourly", tmp));
 }
 
 #[test]
 fn max_hold_stops_the_command_and_frees_the_lock() {
-    let tmp = tempfile::tempdir().unwrap();
     let flags = ["--max-hold", "1s"];
-    max_hold_stops_the_command(&flock_dsn(tmp.path()), "max", tmp.path(), &flags);
-    let server = RedisServer::start();
-    let tmp = tempfile::tempdir().unwrap();
-    max_hold_stops_the_command(&server.url(0), "max", tmp.path(), &flags);
+    on_flock_and_redis(|store, tmp| max_hold_stops_the_command(store, "max", tmp, &flags));
     // Renewed up to the maximum hold: the last lease ends MAX_HOLD_GRACE after it, and the
     // command is stopped before it does (by run, or by its supervisor): exit 4 either way.
+    let server = RedisServer::start();
     let tmp = tempfile::tempdir().unwrap();
     let flags = ["--ttl", "3", "--max-hold", "4s", "--kill-after", "1s"];
     max_hold_stops_the_command(&server.url(0), "renewed", tmp.path(), &flags);
@@ -116,11 +121,7 @@ fn max_hold_stops_the_command_and_frees_the_lock() {
 
 #[test]
 fn queue_one_buffers_one_run() {
-    let tmp = tempfile::tempdir().unwrap();
-    queue_one_runs_at_most_twice(&flock_dsn(tmp.path()), "q", tmp.path());
-    let server = RedisServer::start();
-    let tmp = tempfile::tempdir().unwrap();
-    queue_one_runs_at_most_twice(&server.url(0), "q", tmp.path());
+    on_flock_and_redis(|store, tmp| queue_one_runs_at_most_twice(store, "q", tmp));
 }
 
 /// `replace` revokes the running `run` (exit 3, `why: revoked`; a holder sees a notice at its

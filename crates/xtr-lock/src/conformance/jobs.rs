@@ -38,6 +38,27 @@ async fn run_forever(h: &Harness, r: &str, options: RunOptions) -> Error {
     ended.expect_err("a body that never ends is stopped")
 }
 
+/// A scope on `r` whose body never ends, once it holds (its ttl, where locks expire, long
+/// enough that a loaded machine does not let it run out between renewals): its task, which
+/// ends with the error that stopped it, and that ttl.
+async fn holding_forever(
+    h: &Harness,
+    r: &str,
+) -> (tokio::task::JoinHandle<Error>, Option<Duration>) {
+    let ttl = h.ttl.map(|_| h.time(Duration::from_secs(3)));
+    let holder = tokio::spawn({
+        let (h, r) = (h.clone(), r.to_owned());
+        async move { run_forever(&h, &r, RunOptions::new().ttl(ttl)).await }
+    });
+    h.within("the holder took the lock", async {
+        while h.store.holders(r).await.unwrap().is_empty() {
+            h.sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    (holder, ttl)
+}
+
 /// A holder released before its minimum hold keeps others out until the hold has lasted that
 /// long: where locks expire on the store's clock the release returns at once, elsewhere it
 /// holds on until then.
@@ -180,20 +201,8 @@ pub async fn a_minimum_hold_outlives_a_dropped_guard(h: Harness) -> Outcome {
 pub async fn a_revoked_holder_gives_its_lock_up(h: Harness) -> Outcome {
     require!(h.caps().excludes, "the store locks nothing");
     let r = h.resource("revoke");
-    // Long enough that a loaded machine does not let it expire between renewals.
-    let ttl = h.ttl.map(|_| h.time(Duration::from_secs(3)));
-    let holder = tokio::spawn({
-        let h = h.clone();
-        let r = r.clone();
-        async move { run_forever(&h, &r, RunOptions::new().ttl(ttl)).await }
-    });
+    let (holder, _) = holding_forever(&h, &r).await;
     let revoker = h.lock(&r, h.ttl);
-    h.within("the holder took the lock", async {
-        while h.store.holders(&r).await.unwrap().is_empty() {
-            h.sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await;
     let revocation = revoker.revoke(h.patience).await.unwrap();
     assert_eq!((revocation.asked, revocation.let_go), (1, true));
     let err = h.within("the holder was stopped", holder).await.unwrap();
@@ -274,19 +283,7 @@ pub async fn queue_one_keeps_at_most_one_waiter(h: Harness) -> Outcome {
 pub async fn replace_revokes_the_holder_and_takes_over(h: Harness) -> Outcome {
     require!(h.caps().excludes, "the store locks nothing");
     let r = h.resource("replace");
-    // Long enough that a loaded machine does not let it expire between renewals.
-    let ttl = h.ttl.map(|_| h.time(Duration::from_secs(3)));
-    let old = tokio::spawn({
-        let h = h.clone();
-        let r = r.clone();
-        async move { run_forever(&h, &r, RunOptions::new().ttl(ttl)).await }
-    });
-    h.within("the holder took the lock", async {
-        while h.store.holders(&r).await.unwrap().is_empty() {
-            h.sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await;
+    let (old, ttl) = holding_forever(&h, &r).await;
     let new = h.lock(&r, ttl);
     let wait = Wait::AtMost(h.patience);
     assert!(

@@ -319,6 +319,18 @@ impl Actor {
     }
 
     /// The hold ended without a release.
+    /// The holder's key was found gone: lost, as removed by someone while its lease lives,
+    /// else as expired with it; the reason.
+    fn found_gone(&mut self) -> LostReason {
+        let why = if self.lease.as_ref().is_some_and(|l| l.alive()) {
+            LostReason::Removed
+        } else {
+            LostReason::Expired
+        };
+        self.lose(why);
+        why
+    }
+
     fn lose(&mut self, why: LostReason) {
         if self.held.take().is_some() {
             tracing::warn!(target: crate::logging::TARGET, resource = %self.resource,

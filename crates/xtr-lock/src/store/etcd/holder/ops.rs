@@ -325,15 +325,7 @@ impl Actor {
             Some(kv) => Ok(Holding::Held(super::mode_of(
                 crate::store::etcd::queue::Kind::of(kv.value()),
             ))),
-            None => {
-                let why = if self.lease.as_ref().is_some_and(|l| l.alive()) {
-                    LostReason::Removed
-                } else {
-                    LostReason::Expired
-                };
-                self.lose(why);
-                Ok(Holding::NotHeld(why))
-            }
+            None => Ok(Holding::NotHeld(self.found_gone())),
         }
     }
 

@@ -77,13 +77,7 @@ impl Actor {
             Ok(_) => {
                 // The new lease holds nothing.
                 self.core.revoke(lease, ttl);
-                let why = if self.lease.as_ref().is_some_and(|l| l.alive()) {
-                    LostReason::Removed
-                } else {
-                    LostReason::Expired
-                };
-                self.lose(why);
-                Ok(Holding::NotHeld(why))
+                Ok(Holding::NotHeld(self.found_gone()))
             }
             // The key may have moved or not: the caller releases it (by its create revision),
             // and the new lease, if it holds nothing, ends by itself soon.

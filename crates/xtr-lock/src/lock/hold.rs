@@ -36,8 +36,9 @@ impl Lock {
     /// of a few seconds holds its hourly lock for most of the hour, so that a machine whose
     /// clock is behind does not run it again. Zero turns it off.
     ///
-    /// A release dropped while it waits leaves the lock held; a clone with
-    /// `with_min_hold(Duration::ZERO)` releases at once (it is the same holder).
+    /// The release runs in the holder's call like every release: dropping its future (or the
+    /// guard) does not cut the hold short, and the lock is let go when it ends;
+    /// [`cut_min_hold`](Lock::cut_min_hold) ends a hold being waited out at once.
     #[must_use]
     pub fn with_min_hold(mut self, min: Duration) -> Self {
         self.hold.min = Some(min).filter(|d| !d.is_zero());

@@ -167,6 +167,10 @@ impl Holder {
         self.state.send_if_modified(|b| {
             let next = match b.hold {
                 Hold::Held { mode: was, .. } if was == mode => return false,
+                // Revoked: the store still holds it until the holder lets go, which a check or
+                // a renewal racing the revocation must not undo (its monitor would take the
+                // new generation for a release and never tell the holder).
+                Hold::Lost(LostReason::Revoked) => return false,
                 Hold::Held { fencing, .. } => Hold::Held {
                     mode,
                     fencing: fencing.filter(|_| mode == Mode::Write),
@@ -283,5 +287,21 @@ mod tests {
         assert_eq!((h.mode(), h.generation()), (Some(Mode::Read), 1));
         h.found_held(Mode::Read);
         assert_eq!(h.generation(), 1);
+    }
+
+    /// A check that finds a revoked holder's lock still stored (it is, until the holder lets
+    /// go) does not make it a holder again: the monitor would see a new generation and stop
+    /// without telling anyone (seen on SysV under load: the revoked run never stopped).
+    #[test]
+    fn a_revoked_holder_is_not_revived_by_a_check() {
+        let h = Holder::new();
+        h.acquired(Mode::Write, None);
+        assert!(h.lose(1, LostReason::Revoked));
+        h.found_held(Mode::Write);
+        assert_eq!(h.believed().hold, Hold::Lost(LostReason::Revoked));
+        assert_eq!(h.generation(), 1);
+        // A new acquisition is a new hold.
+        h.acquired(Mode::Write, None);
+        assert_eq!((h.mode(), h.generation()), (Some(Mode::Write), 2));
     }
 }

@@ -46,10 +46,10 @@ enum Duty {
     Watch,
 }
 
-async fn watch_over(lock: Lock, generation: u64, lost: watch::Sender<Option<LockLost>>) {
+/// The store's loss watcher (if it has one), the monitor's duty, and when it first acts.
+async fn plan(lock: &Lock) -> (Option<LossWatcher>, Duty, Option<Duration>) {
     let caps = lock.store.capabilities();
-    let mut changes = lock.holder().subscribe();
-    let mut loss: Option<LossWatcher> = match lock.store.watch_loss(&lock.key).await {
+    let loss: Option<LossWatcher> = match lock.store.watch_loss(&lock.key).await {
         Ok(w) => w,
         Err(err) => {
             tracing::debug!(target: TARGET, resource = lock.resource(), store = %lock.store, error = %err,
@@ -63,18 +63,24 @@ async fn watch_over(lock: Lock, generation: u64, lost: watch::Sender<Option<Lock
         _ if caps.observes_loss && loss.is_some() => Duty::Watch,
         _ => Duty::Check,
     };
+    let first = match duty {
+        Duty::Renew { ttl } => Some(renew_period(lock, ttl)),
+        Duty::Expire => lock.key.confirmed_lifetime(),
+        Duty::Check => Some(CHECK_EVERY),
+        Duty::Watch => None,
+    };
+    (loss, duty, first)
+}
+
+async fn watch_over(lock: Lock, generation: u64, lost: watch::Sender<Option<LockLost>>) {
+    let mut changes = lock.holder().subscribe();
+    let (mut loss, duty, mut next) = plan(&lock).await;
     let clock = lock.key.clock().clone();
     let _revocation = super::revoke::watch(&lock, generation);
     let mut limits = Limits::new(&lock, generation);
     let mut too_long = limits.left(clock.now()).map(|left| clock.sleep(left));
     // The refresh error that ended the lease, told with the loss it caused.
     let mut cause: Option<Error> = None;
-    let mut next = match duty {
-        Duty::Renew { ttl } => Some(renew_period(&lock, ttl)),
-        Duty::Expire => lock.key.confirmed_lifetime(),
-        Duty::Check => Some(CHECK_EVERY),
-        Duty::Watch => None,
-    };
     loop {
         let timer = next.map(|d| clock.sleep(d));
         tokio::select! {

@@ -128,6 +128,16 @@ local function wake(ticket, key)
   return redis.call(publish, string.sub(how, 2) .. string.sub(ticket, 46, 67),
     string.sub(ticket, 46) .. ' ' .. key)
 end
+-- How many connections listen for a ticket's wakes (0: its process is gone), on this node: its
+-- store's channel, or its sharded channel of this slot (see `wake`).
+local function listeners(ticket)
+  local how = ARGV[#ARGV]
+  local channel = string.sub(how, 2) .. string.sub(ticket, 46, 67)
+  if string.sub(how, 1, 1) == 'S' then
+    return redis.call('PUBSUB', 'SHARDNUMSUB', channel)[2]
+  end
+  return redis.call('PUBSUB', 'NUMSUB', channel)[2]
+end
 -- After a release or a demotion: wakes the first waiting writer if the lock is free, or every
 -- waiting reader if the first waiter reads and no writer holds.
 local function wake_next(key, qkey, now)

@@ -30,6 +30,7 @@ mod redis_fencing;
 mod redis_hostile;
 mod redis_records;
 mod redis_semaphore;
+mod redis_topologies;
 mod redis_waking;
 mod release_after;
 mod sem_common;

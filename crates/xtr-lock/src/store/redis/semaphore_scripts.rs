@@ -76,7 +76,7 @@ local function sem_count(t)
 end
 -- Whether the process of a queued ticket still listens on its wake channel.
 local function sem_alive(t)
-  return redis.call('PUBSUB', 'NUMSUB', '__xtr_lock__:wake:' .. string.sub(t, 46, 67))[2] > 0
+  return listeners(t) > 0
 end
 -- The permits left for the caller out of `avail` once the waiters queued before it are served
 -- in order: a live earlier waiter that fits keeps its permits; one that does not fit leaves

@@ -13,6 +13,7 @@ mod combined_faults;
 mod etcd;
 mod etcd_elect;
 mod etcd_faults;
+mod etcd_paused_member;
 mod etcd_semaphore;
 mod flock;
 mod flock_loss;

@@ -13,5 +13,8 @@ mod process;
 pub mod proxy;
 pub mod python;
 pub mod redis;
+pub mod redis_cluster;
+pub mod redis_sentinel;
+mod resp;
 pub mod slow_answers;
 pub mod user;

@@ -80,3 +80,22 @@ pub(crate) fn lost_a_port(panic: &(dyn std::any::Any + Send)) -> bool {
         .unwrap_or_default();
     text.contains("address already in use") || text.contains("Address already in use")
 }
+
+/// Polls `probe` every 20 ms until it gives `Ok`, for at most `within`. On time out, panics
+/// saying what it waited for and what `probe` said last.
+pub(crate) fn wait_for<T>(
+    what: &str,
+    within: Duration,
+    mut probe: impl FnMut() -> Result<T, String>,
+) -> T {
+    let deadline = Instant::now() + within;
+    loop {
+        match probe() {
+            Ok(v) => return v,
+            Err(last) if Instant::now() >= deadline => {
+                panic!("waited {within:?} for {what}; last seen: {last}")
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}

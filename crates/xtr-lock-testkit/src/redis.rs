@@ -1,10 +1,12 @@
 //! Throwaway `redis-server` processes: a free port, a temp dir, no persistence; killed, paused
 //! and restarted by fault tests; stopped on drop.
 
+use std::ffi::OsString;
 use std::io::{Read as _, Write as _};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use rustix::process::{Pid, Signal, kill_process};
@@ -13,8 +15,13 @@ use rustix::process::{Pid, Signal, kill_process};
 #[derive(Debug)]
 pub struct RedisServer {
     child: Option<Child>,
+    /// Set by [`pause`](RedisServer::pause), cleared by [`resume`](RedisServer::resume) and
+    /// by a restart.
+    paused: AtomicBool,
     port: u16,
     dir: tempfile::TempDir,
+    /// Arguments before the options (a config file, `--sentinel`).
+    leading: Vec<OsString>,
     extra: Vec<String>,
     tls_port: Option<u16>,
     _certs: Option<tempfile::TempDir>,
@@ -100,14 +107,21 @@ impl RedisServer {
     }
 
     fn start_on_with(port: u16, extra: &[&str]) -> RedisServer {
+        Self::start_custom(port, Vec::new(), extra)
+    }
+
+    /// A server on `port` started as `redis-server <leading> <the usual options> <extra>`.
+    pub(crate) fn start_custom(port: u16, leading: Vec<OsString>, extra: &[&str]) -> RedisServer {
         let dir = tempfile::Builder::new()
             .prefix("xtr-testkit-redis-")
             .tempdir()
             .expect("a temp dir for redis-server");
         let mut server = RedisServer {
             child: None,
+            paused: AtomicBool::new(false),
             port,
             dir,
+            leading,
             extra: extra.iter().map(|s| (*s).to_owned()).collect(),
             tls_port: None,
             _certs: None,
@@ -119,6 +133,7 @@ impl RedisServer {
     fn spawn(&mut self) {
         let sock = self.socket_path();
         let child = Command::new("redis-server")
+            .args(&self.leading)
             .args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
             .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
             .arg("--dir")
@@ -136,16 +151,32 @@ impl RedisServer {
                 panic!("cannot start redis-server ({e}): install it with `apt-get install redis-server`")
             });
         self.child = Some(child);
+        self.paused.store(false, Ordering::Relaxed);
         let deadline = Instant::now() + Duration::from_secs(10);
         while !self.answers_ping() {
+            // One that exited (its port taken meanwhile) is told at once, not after 10 s.
+            let exited = self
+                .child
+                .as_mut()
+                .is_some_and(|c| c.try_wait().ok().flatten().is_some());
             assert!(
-                Instant::now() < deadline,
+                !exited && Instant::now() < deadline,
                 "redis-server on port {} did not come up; its log: {}",
                 self.port,
                 std::fs::read_to_string(self.dir.path().join("redis.log")).unwrap_or_default()
             );
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// Whether its process runs (paused or not): not killed.
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// Whether it runs and is not paused: it answers.
+    pub fn is_up(&self) -> bool {
+        self.child.is_some() && !self.paused.load(Ordering::Relaxed)
     }
 
     fn answers_ping(&self) -> bool {
@@ -201,11 +232,13 @@ impl RedisServer {
     /// thread of it has stopped.
     pub fn pause(&self) {
         crate::process::stop(self.pid()).expect("SIGSTOP redis-server");
+        self.paused.store(true, Ordering::Relaxed);
     }
 
     /// SIGCONT after [`pause`](RedisServer::pause).
     pub fn resume(&self) {
         kill_process(self.pid(), Signal::CONT).expect("SIGCONT redis-server");
+        self.paused.store(false, Ordering::Relaxed);
     }
 
     /// How often `command` ran since the last `CONFIG RESETSTAT` (`INFO commandstats`), not
@@ -255,4 +288,48 @@ pub(crate) fn free_port() -> u16 {
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("a free port on 127.0.0.1")
+}
+
+/// `n` ports of 127.0.0.1 free when asked, with `port + offset` free too for each when `offset`
+/// is given (a cluster node's bus port). They are picked at random outside the range the kernel
+/// hands out to outgoing connections, so a client's connection cannot take one between this
+/// choice and the server's start; another test picking the same port meanwhile is possible
+/// but rare, and a start that loses its port is tried again on others.
+pub(crate) fn free_ports(n: usize, offset: Option<u16>) -> Vec<u16> {
+    use rand::Rng as _;
+    let (lo, hi) = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| {
+            let mut it = s.split_whitespace().map(|p| p.parse::<u32>().ok());
+            Some((it.next()??, it.next()??))
+        })
+        .unwrap_or((32768, 60999));
+    let off = u32::from(offset.unwrap_or(0));
+    let outside = |p: u32| p < lo || p > hi;
+    let usable = |p: u32| outside(p) && outside(p + off) && p + off <= 65535;
+    let candidates: Vec<u32> = (10000..=65535).filter(|&p| usable(p)).collect();
+    assert!(!candidates.is_empty(), "no port range outside {lo}-{hi}");
+    let mut rng = rand::rng();
+    // Held until every port is chosen: no port is picked twice.
+    let mut held = Vec::new();
+    let mut ports = Vec::new();
+    for _ in 0..10_000 {
+        if ports.len() == n {
+            return ports;
+        }
+        let p = candidates[rng.random_range(0..candidates.len())];
+        let bind = |p: u32| TcpListener::bind(("127.0.0.1", u16::try_from(p).ok()?)).ok();
+        let Some(main) = bind(p) else { continue };
+        let bus = if offset.is_some() {
+            bind(p + off)
+        } else {
+            None
+        };
+        if offset.is_some() && bus.is_none() {
+            continue;
+        }
+        held.push((main, bus));
+        ports.push(u16::try_from(p).expect("a port"));
+    }
+    panic!("could not find {n} free ports outside {lo}-{hi}")
 }

@@ -323,6 +323,29 @@ impl Options<'_, '_> {
         )
     }
 
+    /// The insides of every option named `name[…]` (Symfony's `host[h:p]`), in order, taking
+    /// them out; their values must be empty.
+    pub(crate) fn take_bracketed(&mut self, name: &'static str) -> Result<Vec<String>> {
+        self.known.push(name);
+        let mut found = Vec::new();
+        for slot in &mut self.pairs {
+            let inside = slot.as_ref().and_then(|(k, _)| {
+                k.strip_prefix(name)?
+                    .strip_prefix('[')?
+                    .strip_suffix(']')
+                    .map(str::to_owned)
+            });
+            if let Some(inside) = inside {
+                if slot.as_ref().is_some_and(|(_, v)| !v.is_empty()) {
+                    return Err(self.dsn.invalid(format!("{name}[…] takes no value")));
+                }
+                *slot = None;
+                found.push(inside);
+            }
+        }
+        Ok(found)
+    }
+
     /// Options accepted and dropped (another client's pool settings, say), so one DSN serves both.
     pub(crate) fn ignore(&mut self, names: &[&str]) {
         for slot in &mut self.pairs {

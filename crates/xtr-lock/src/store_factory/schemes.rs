@@ -61,7 +61,21 @@ pub(crate) struct Scheme {
     pub(crate) check: Option<Check>,
 }
 
-const REDIS: &[&str] = &["redis", "rediss", "valkey", "valkeys", "unix"];
+const REDIS: &[&str] = &[
+    "redis",
+    "rediss",
+    "valkey",
+    "valkeys",
+    "unix",
+    "redis+cluster",
+    "rediss+cluster",
+    "valkey+cluster",
+    "valkeys+cluster",
+    "redis+sentinel",
+    "rediss+sentinel",
+    "valkey+sentinel",
+    "valkeys+sentinel",
+];
 const PUBSUB: &[&str] = &[
     "redis+pubsub",
     "rediss+pubsub",

@@ -4,6 +4,10 @@
 use std::fmt;
 use std::time::Duration;
 
+use super::topology::{
+    Durability, Kind, SymfonyForm, Topology, default_port, durability, host_list, sentinel_path,
+    split_scheme,
+};
 use crate::dsn::{Dsn, Options, UrlParts, host_port};
 use crate::error::{Error, Result};
 
@@ -20,6 +24,10 @@ pub(crate) struct RedisConfig {
     pub(crate) prefix: String,
     pub(crate) connect_timeout: Duration,
     pub(crate) response_timeout: Duration,
+    /// One server, a cluster, or a master found through Sentinel.
+    pub(crate) topology: Topology,
+    /// Replicas that must confirm each write (`wait_replicas`).
+    pub(crate) durability: Option<Durability>,
 }
 
 impl fmt::Debug for RedisConfig {
@@ -63,30 +71,52 @@ pub(crate) fn parse(text: &str) -> Result<RedisConfig> {
 
 /// The Redis rules for a DSN whose schemes carry `suffix` (`+pubsub` for the pub/sub store):
 /// the server and the Redis options, taken out of `options`; the caller reads its own and
-/// finishes them.
+/// finishes them. Clusters and Sentinel (`redis+cluster://`, `redis+sentinel://`, Symfony's
+/// `redis_cluster=1` and `redis_sentinel=`) are for the lock store only (`suffix` empty).
 pub(crate) fn read(
     dsn: &Dsn<'_>,
     suffix: &str,
     options: &mut Options<'_, '_>,
 ) -> Result<RedisConfig> {
-    let (tls, unix) = match dsn.scheme.strip_suffix(suffix) {
-        Some("redis" | "valkey") => (false, false),
-        Some("rediss" | "valkeys") => (true, false),
-        Some("unix") => (false, true),
+    let base = dsn.scheme.strip_suffix(suffix).unwrap_or("");
+    let (base, scheme_kind) = split_scheme(base);
+    let (tls, unix) = match base {
+        "redis" | "valkey" => (false, false),
+        "rediss" | "valkeys" => (true, false),
+        "unix" if scheme_kind == Kind::Single => (false, true),
         _ => {
             return Err(Error::invalid_argument(format!(
                 "\"{}\" is not a {} scheme; expected one of redis{suffix}, rediss{suffix}, \
-                 valkey{suffix}, valkeys{suffix}, unix{suffix}",
+                 valkey{suffix}, valkeys{suffix}, unix{suffix}{}",
                 crate::redact::shown_scheme(dsn.written),
-                dsn.what
+                dsn.what,
+                if suffix.is_empty() {
+                    ", or redis+cluster, redis+sentinel (and their rediss, valkey, valkeys forms)"
+                } else {
+                    ""
+                }
             )));
         }
     };
-    let url = dsn.url(&format!("redis{suffix}://host:port/db"))?;
     let prefix = options.take("prefix").unwrap_or_default();
     let db = options.take("db");
     let response_timeout = options.seconds("socket_timeout", MAX_TIMEOUT)?;
     let connect_timeout = options.seconds("socket_connect_timeout", MAX_TIMEOUT)?;
+    let symfony = SymfonyForm::take(dsn, options)?;
+    let kind = symfony.kind(dsn, scheme_kind)?;
+    if kind != Kind::Single && !suffix.is_empty() {
+        return Err(dsn.invalid(
+            "this store needs one server: a Redis Cluster or Sentinel is for the redis:// store",
+        ));
+    }
+    if unix && kind != Kind::Single {
+        return Err(dsn.invalid("a cluster or Sentinel is reached over TCP, not a unix socket"));
+    }
+    let durability = if suffix.is_empty() {
+        durability(dsn, options, MAX_TIMEOUT)?
+    } else {
+        None
+    };
     let passed_on: Vec<(String, String)> = options
         .take("protocol")
         .map(|p| ("protocol".to_owned(), p))
@@ -99,10 +129,29 @@ pub(crate) fn read(
         db,
         passed_on,
     };
-    let (client_url, shown) = if unix {
-        server.unix(dsn, &url, suffix)?
-    } else {
-        server.tcp(dsn, &url, suffix, tls)?
+    let (client_url, shown, topology) = match kind {
+        Kind::Single if unix => {
+            let (client, shown) =
+                server.unix(dsn, &dsn.url(&format!("unix{suffix}:///path"))?, suffix)?;
+            (client, shown, Topology::Single)
+        }
+        Kind::Single if dsn.url.is_none() && symfony.hosts.len() == 1 => {
+            let (client, shown) = server.tcp(dsn, &symfony.hosts[0], "", None, suffix, tls)?;
+            (client, shown, Topology::Single)
+        }
+        Kind::Single => {
+            if !symfony.hosts.is_empty() {
+                return Err(dsn.invalid(
+                    "several hosts name a cluster (redis_cluster=1) or Sentinel (redis_sentinel=)",
+                ));
+            }
+            let url = dsn.url(&format!("redis{suffix}://host:port/db"))?;
+            let (client, shown) =
+                server.tcp(dsn, url.hosts, url.path, url.fragment, suffix, tls)?;
+            (client, shown, Topology::Single)
+        }
+        Kind::Cluster => server.cluster(dsn, &symfony, tls)?,
+        Kind::Sentinel => server.sentinel(dsn, symfony, tls)?,
     };
     // Let redis-rs check what it will see, so a bad DSN fails now and not at first use.
     redis::Client::open(client_url.as_str())
@@ -113,6 +162,8 @@ pub(crate) fn read(
         prefix,
         connect_timeout: connect_timeout.unwrap_or(DEFAULT_TIMEOUT),
         response_timeout: response_timeout.unwrap_or(DEFAULT_TIMEOUT),
+        topology,
+        durability,
     })
 }
 
@@ -166,15 +217,37 @@ impl Server {
     fn tcp(
         &self,
         dsn: &Dsn<'_>,
-        url: &UrlParts<'_>,
+        hostport: &str,
+        path: &str,
+        fragment: Option<&str>,
         suffix: &str,
         tls: bool,
     ) -> Result<(String, String)> {
-        if url.hosts.is_empty() {
+        if hostport.is_empty() {
             return Err(dsn.invalid("missing host"));
         }
-        let (host, port) = host_port(dsn, url.hosts, 6379)?;
-        let db = self.db(dsn, if url.path.is_empty() { "0" } else { url.path })?;
+        if hostport.contains(',') {
+            return Err(dsn.invalid(
+                "several hosts name a cluster (redis+cluster://h1:p1,h2:p2) or Sentinel \
+                 (redis+sentinel://s1,s2/master)",
+            ));
+        }
+        let (host, port) = host_port(dsn, hostport, 6379)?;
+        let db = self.db(dsn, if path.is_empty() { "0" } else { path })?;
+        let scheme = if tls { "rediss" } else { "redis" };
+        let mut client_url = self.node_url(scheme, host, port, db);
+        if !self.passed_on.is_empty() {
+            let mut q = url::form_urlencoded::Serializer::new(String::new());
+            q.extend_pairs(&self.passed_on);
+            client_url.push('?');
+            client_url.push_str(&q.finish());
+        }
+        insecure(dsn, fragment, tls, &mut client_url)?;
+        Ok((client_url, format!("{scheme}{suffix}://{host}:{port}/{db}")))
+    }
+
+    /// `scheme://[user[:password]@]host:port/db`.
+    fn node_url(&self, scheme: &str, host: &str, port: u16, db: u32) -> String {
         let mut auth = String::new();
         if !self.user.is_empty() || self.password.is_some() {
             auth.push_str(&encode(&self.user));
@@ -184,21 +257,92 @@ impl Server {
             }
             auth.push('@');
         }
-        let scheme = if tls { "rediss" } else { "redis" };
-        let mut client_url = format!("{scheme}://{auth}{host}:{port}/{db}");
-        if !self.passed_on.is_empty() {
-            let mut q = url::form_urlencoded::Serializer::new(String::new());
-            q.extend_pairs(&self.passed_on);
-            client_url.push('?');
-            client_url.push_str(&q.finish());
-        }
-        match url.fragment {
-            Some("insecure") if tls => client_url.push_str("#insecure"),
-            Some(_) => return Err(dsn.invalid("only #insecure may follow a rediss DSN")),
-            None => {}
-        }
-        Ok((client_url, format!("{scheme}{suffix}://{host}:{port}/{db}")))
+        format!("{scheme}://{auth}{host}:{port}/{db}")
     }
+
+    /// A cluster: every seed node's URL (database 0: a cluster has no other), the first as the
+    /// client URL, and `redis+cluster://h1:p1,h2:p2` shown.
+    fn cluster(
+        &self,
+        dsn: &Dsn<'_>,
+        symfony: &SymfonyForm,
+        tls: bool,
+    ) -> Result<(String, String, Topology)> {
+        let (hosts, path, fragment) = dsn
+            .url
+            .map_or(("", "", None), |u| (u.hosts, u.path, u.fragment));
+        if self.db(dsn, if path.is_empty() { "0" } else { path })? != 0 {
+            return Err(dsn.invalid("a Redis Cluster has database 0 only"));
+        }
+        let scheme = if tls { "rediss" } else { "redis" };
+        let mut nodes = Vec::new();
+        for (host, port) in host_list(dsn, hosts, &symfony.hosts, 6379)? {
+            let mut url = self.node_url(scheme, &host, port, 0);
+            insecure(dsn, fragment, tls, &mut url)?;
+            nodes.push(url);
+        }
+        let shown = host_list(dsn, hosts, &symfony.hosts, 6379)?
+            .iter()
+            .map(|(h, p)| format!("{h}:{p}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        Ok((
+            nodes[0].clone(),
+            format!("{scheme}+cluster://{shown}"),
+            Topology::Cluster { nodes },
+        ))
+    }
+
+    /// Sentinel: the sentinels' URLs (no credentials: those are the master's), the master's
+    /// name and database; `redis+sentinel://s1:26379,s2:26379/<master>/<db>` shown.
+    fn sentinel(
+        &self,
+        dsn: &Dsn<'_>,
+        symfony: SymfonyForm,
+        tls: bool,
+    ) -> Result<(String, String, Topology)> {
+        let (hosts, path, fragment) = dsn
+            .url
+            .map_or(("", "", None), |u| (u.hosts, u.path, u.fragment));
+        let listed = host_list(dsn, hosts, &symfony.hosts, default_port(Kind::Sentinel))?;
+        let (master, db) = sentinel_path(dsn, path, symfony.sentinel, self.db.clone())?;
+        let scheme = if tls { "rediss" } else { "redis" };
+        let mut sentinels = Vec::new();
+        for (host, port) in &listed {
+            let mut url = format!("{scheme}://{host}:{port}");
+            insecure(dsn, fragment, tls, &mut url)?;
+            sentinels.push(url);
+        }
+        let shown = listed
+            .iter()
+            .map(|(h, p)| format!("{h}:{p}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let shown_master: String =
+            url::form_urlencoded::byte_serialize(master.as_bytes()).collect();
+        Ok((
+            sentinels[0].clone(),
+            format!("{scheme}+sentinel://{shown}/{shown_master}/{db}"),
+            Topology::Sentinel {
+                sentinels,
+                master,
+                db,
+                user: self.user.clone(),
+                password: self.password.clone(),
+                tls,
+            },
+        ))
+    }
+}
+
+/// `#insecure` after a TLS DSN (certificates not checked) goes on to the client URL.
+fn insecure(dsn: &Dsn<'_>, fragment: Option<&str>, tls: bool, url: &mut String) -> Result<()> {
+    match fragment {
+        Some("insecure") if tls => url.push_str("#insecure"),
+        Some(_) => return Err(dsn.invalid("only #insecure may follow a rediss DSN")),
+        None => {}
+    }
+    Ok(())
 }
 
 fn encode(s: &str) -> String {

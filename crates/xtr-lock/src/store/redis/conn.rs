@@ -4,9 +4,10 @@
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures_util::FutureExt as _;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::ConnectionManagerConfig;
 
-use super::{FENCE_KEY, KIND, PROBE_KEY, RedisStore, lock};
+use super::servers::Conn;
+use super::{KIND, PROBE_KEY, RedisStore, lock};
 use crate::clock::BoxFuture;
 use crate::error::{Error, Result};
 use crate::key::Key;
@@ -38,7 +39,7 @@ const CLOCK_REFUSALS: &[&str] = &[
 ];
 
 impl RedisStore {
-    fn cached_conn(&self) -> Option<ConnectionManager> {
+    fn cached_conn(&self) -> Option<Conn> {
         lock(&self.inner.conn).clone()
     }
 
@@ -46,7 +47,7 @@ impl RedisStore {
     /// own: every request waiting for it shares its outcome, and it goes on whether or not the
     /// request that started it is still polled (a quorum leaves a member's request unpolled
     /// while it takes back what other members stored; it must never hold up the others).
-    pub(super) async fn conn(&self) -> Result<ConnectionManager> {
+    pub(super) async fn conn(&self) -> Result<Conn> {
         if let Some(conn) = self.cached_conn() {
             return Ok(conn);
         }
@@ -107,7 +108,7 @@ impl RedisStore {
                     .response_timeout
                     .map(|t| t * (1 + crate::serial::LANDING)),
             );
-        let connecting = ConnectionManager::new_with_config(inner.client.clone(), cfg);
+        let connecting = inner.servers.connect(cfg);
         // The manager retries a refused connection once on its own; the whole attempt stays
         // within the connect timeout the DSN gives.
         let bound = inner.connect_timeout.unwrap_or(Duration::from_secs(30));
@@ -167,12 +168,20 @@ impl RedisStore {
         }
     }
 
-    /// Forgets the connection, so the next operation opens a new one on the runtime it runs on.
+    /// Forgets the connection, so the next operation opens a new one on the runtime it runs on
+    /// (and, on Sentinel, asks the sentinels for the master again).
     pub(super) fn forget_conn(&self) {
         *lock(&self.inner.conn) = None;
+        if let Some(sentinel) = self.inner.servers.sentinel() {
+            sentinel.forget();
+        }
     }
 
     pub(super) fn redis_error(&self, err: redis::RedisError, resource: Option<&str>) -> Error {
+        if self.inner.servers.sentinel().is_some() && master_moved(&err) {
+            // The master is gone or was demoted: the next request asks the sentinels.
+            self.forget_conn();
+        }
         if speaks_another_protocol(&err) {
             // The parser's dump of the bytes adds nothing but lines.
             let out = Error::storage(NOT_REDIS).with_store(self);
@@ -210,7 +219,7 @@ impl RedisStore {
     }
 
     /// Whether scripts must be given the client's clock; probes once per store.
-    async fn client_clock(&self, conn: &mut ConnectionManager) -> Result<bool> {
+    async fn client_clock(&self, conn: &mut Conn) -> Result<bool> {
         if let Some(mode) = *lock(&self.inner.client_clock) {
             return Ok(mode);
         }
@@ -279,16 +288,21 @@ impl RedisStore {
                 .await
                 .map_err(|e| e.with_resource(key.resource()))?
         };
-        let mut args = vec![
+        let mut args: Vec<Vec<u8>> = [
             client_time(client_clock),
             key.token(KIND),
             ttl.map_or(0, duration_ms).to_string(),
             ticket.map_or_else(String::new, |(text, _)| text.to_owned()),
             ticket.map_or_else(String::new, |(_, since_us)| since_us.to_string()),
-        ];
-        args.extend(extra);
+        ]
+        .into_iter()
+        .chain(extra)
+        .map(String::into_bytes)
+        .collect();
+        // Last: how the script wakes a waiter (see `PRELUDE`'s `wake`).
+        args.push(self.wake_arg(&keys_of[0]));
         let script = script.clone();
-        let run = move |mut conn: ConnectionManager| {
+        let run = move |mut conn: Conn| {
             let (script, keys_of, args) = (script.clone(), keys_of.clone(), args.clone());
             async move {
                 let mut invocation = script.prepare_invoke();
@@ -323,13 +337,76 @@ impl RedisStore {
         }
     }
 
+    /// The last argument of every script: `P` and the wake channel's head on one server
+    /// (`PUBLISH`), or `S` and the sharded channel's head in the slot of `anchor` (the script's
+    /// first key) on a cluster (`SPUBLISH`, which a script may only do in its keys' slot). The
+    /// waiter's store id follows the head.
+    fn wake_arg(&self, anchor: &[u8]) -> Vec<u8> {
+        let layout = &self.inner.layout;
+        if layout.is_slotted() {
+            let mut arg = vec![b'S'];
+            arg.extend(layout.slot_head(super::layout::slot_of(anchor)));
+            arg.extend_from_slice(super::notify::SHARDED_WAKE);
+            arg
+        } else {
+            let mut arg = vec![b'P'];
+            arg.extend_from_slice(super::notify::WAKE_CHANNEL.as_bytes());
+            arg
+        }
+    }
+
+    /// After a save or a renewal: with `wait_replicas`, `WAIT` on the master of `anchor`'s slot
+    /// until that many replicas confirm the writes so far; an error (temporary) when fewer did
+    /// within `wait_timeout`. Nothing without `wait_replicas`.
+    pub(super) async fn replicated(&self, anchor: &str) -> Result<()> {
+        let Some(durability) = self.inner.durability else {
+            return Ok(());
+        };
+        let mut conn = self.conn().await?;
+        let mut wait = redis::cmd("WAIT");
+        let ms = u64::try_from(durability.timeout.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        wait.arg(durability.replicas).arg(ms);
+        let slot = super::layout::slot_of(anchor.as_bytes());
+        let bound = durability.timeout + self.inner.response_timeout.unwrap_or(durability.timeout);
+        let answer = tokio::time::timeout(bound, conn.on_slot_master(wait, slot))
+            .await
+            .unwrap_or_else(|_| Err(timed_out()))
+            .and_then(|v| redis::from_redis_value::<i64>(v).map_err(Into::into))
+            .map_err(|e| self.redis_error(e, None))?;
+        if answer < i64::from(durability.replicas) {
+            return Err(Error::storage(format!(
+                "only {answer} of the {} replicas wait_replicas asks for confirmed the write \
+                 within {:?}",
+                durability.replicas, durability.timeout
+            ))
+            .with_store(self)
+            .temporary());
+        }
+        Ok(())
+    }
+
+    /// With `wait_replicas`: waits for the replicas to confirm an admitted save; if too few do,
+    /// the save is taken back (it does not count) and the error returned.
+    pub(super) async fn confirm_save(&self, key: &Key, anchor: &str) -> Result<()> {
+        let Err(err) = self.replicated(anchor).await else {
+            return Ok(());
+        };
+        if let Err(undo) = crate::store::Store::delete(self, key).await {
+            tracing::debug!(target: crate::logging::TARGET, resource = key.resource(),
+                error = %undo, "cannot take back a save its replicas did not confirm; it expires");
+        }
+        Err(err.with_resource(key.resource()))
+    }
+
     /// The keys a script for `key` takes: the lock key, then what `keys` asks for.
     pub(super) fn script_keys(&self, key: &Key, keys: Keys) -> Vec<Vec<u8>> {
         let mut keys_of: Vec<Vec<u8>> = vec![self.key_for(key.resource()).into()];
         let record = || self.record_key(key.resource(), &key.token(KIND));
         match keys {
             Keys::Save => {
-                keys_of.push(self.internal_key(FENCE_KEY));
+                keys_of.push(self.fence_key(&self.key_for(key.resource())));
                 keys_of.push(self.queue_key(key.resource()));
                 keys_of.push(record());
             }
@@ -342,6 +419,16 @@ impl RedisStore {
         }
         keys_of
     }
+}
+
+/// Whether an error says the master Sentinel gave is no longer reachable or no longer the
+/// master (a fail-over).
+fn master_moved(err: &redis::RedisError) -> bool {
+    err.is_io_error()
+        || err.is_connection_refusal()
+        || err.is_connection_dropped()
+        || err.code() == Some("READONLY")
+        || err.to_string().contains("READONLY")
 }
 
 /// A save's metadata argument: `""` for none, else `m` and the bytes in standard base64 (which

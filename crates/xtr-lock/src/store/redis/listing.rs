@@ -11,7 +11,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
+use super::servers::Conn;
 
 use super::RedisStore;
 use crate::error::Result;
@@ -113,7 +113,7 @@ impl RedisStore {
     /// `name`, in their order (`None`: no record, a peer's holder).
     pub(super) async fn records(
         &self,
-        conn: &mut ConnectionManager,
+        conn: &mut Conn,
         name: &str,
         tokens: &[&str],
     ) -> redis::RedisResult<Vec<Option<HolderRecord>>> {
@@ -131,7 +131,7 @@ impl RedisStore {
     }
 
     /// The lock set of `resource` and the server's time, in one round trip.
-    async fn lock_set(&self, conn: &mut ConnectionManager, resource: &str) -> Result<LockSet> {
+    async fn lock_set(&self, conn: &mut Conn, resource: &str) -> Result<LockSet> {
         let (members, time): (Vec<(String, f64)>, (u64, u64)) = self
             .read(
                 redis::pipe()
@@ -154,7 +154,7 @@ impl RedisStore {
     /// The live holders of the sorted set at `resource`'s key, with their records.
     pub(super) async fn zset_holders(
         &self,
-        conn: &mut ConnectionManager,
+        conn: &mut Conn,
         resource: &str,
     ) -> Result<Vec<HolderInfo>> {
         let set = self.lock_set(conn, resource).await?;
@@ -163,7 +163,7 @@ impl RedisStore {
 
     async fn holders_of(
         &self,
-        conn: &mut ConnectionManager,
+        conn: &mut Conn,
         resource: &str,
         set: &LockSet,
     ) -> Result<Vec<HolderInfo>> {
@@ -186,33 +186,41 @@ impl RedisStore {
 
     /// Every key of the store whose name (after the store's prefix) starts with `prefix`, and
     /// every semaphore time set whose semaphore's does, without duplicates.
-    async fn scan_names(&self, conn: &mut ConnectionManager, prefix: &str) -> Result<Vec<Named>> {
+    async fn scan_names(&self, conn: &mut Conn, prefix: &str) -> Result<Vec<Named>> {
         let store = glob_escape(self.prefix().as_bytes());
         let mut patterns = vec![[&store[..], &glob_escape(prefix.as_bytes()), b"*"].concat()];
         if !prefix.is_empty() {
             patterns.push([&store[..], b"\\{", &glob_escape(prefix.as_bytes()), b"*"].concat());
         }
         let mut keys = BTreeSet::new();
-        for pattern in patterns {
-            let mut cursor: u64 = 0;
-            loop {
-                let (next, batch): (u64, Vec<Vec<u8>>) = self
-                    .read(
-                        redis::cmd("SCAN")
-                            .arg(cursor)
-                            .arg("MATCH")
-                            .arg(&pattern)
-                            .arg("COUNT")
-                            .arg(SCAN_COUNT)
-                            .query_async(conn),
-                    )
-                    .await
-                    .map_err(|e| self.redis_error(e, None))?;
-                keys.extend(batch);
-                if next == 0 {
-                    break;
+        // Every master of a cluster holds its own slots' keys; one server is one "master".
+        let nodes = self
+            .read(conn.masters())
+            .await
+            .map_err(|e| self.redis_error(e, None))?;
+        for (host, port) in &nodes {
+            for pattern in &patterns {
+                let mut cursor: u64 = 0;
+                loop {
+                    let mut scan = redis::cmd("SCAN");
+                    scan.arg(cursor)
+                        .arg("MATCH")
+                        .arg(pattern)
+                        .arg("COUNT")
+                        .arg(SCAN_COUNT);
+                    let (next, batch): (u64, Vec<Vec<u8>>) = self
+                        .read(async {
+                            redis::from_redis_value(conn.on_node(scan, host, *port).await?)
+                                .map_err(Into::into)
+                        })
+                        .await
+                        .map_err(|e| self.redis_error(e, None))?;
+                    keys.extend(batch);
+                    if next == 0 {
+                        break;
+                    }
+                    cursor = next;
                 }
-                cursor = next;
             }
         }
         let skip = self.prefix().len();
@@ -228,11 +236,7 @@ impl RedisStore {
 
     /// The keys of `names` that are sorted sets (one pipeline): locks and semaphores only,
     /// never an application's string or hash that happens to be under the prefix.
-    async fn sorted_sets(
-        &self,
-        conn: &mut ConnectionManager,
-        names: Vec<Named>,
-    ) -> Result<Vec<Named>> {
+    async fn sorted_sets(&self, conn: &mut Conn, names: Vec<Named>) -> Result<Vec<Named>> {
         if names.is_empty() {
             return Ok(names);
         }

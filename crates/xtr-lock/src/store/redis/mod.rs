@@ -7,11 +7,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
-use redis::aio::ConnectionManager;
 
 use super::{
-    Acquired, Capabilities, Conflict, HolderInfo, Holding, Listing, LostReason, Saved, Store,
-    Watcher, check_expiry,
+    Acquired, Capabilities, Conflict, HolderInfo, Holding, Listing, LossWatcher, LostReason, Saved,
+    Store, Watcher, check_expiry,
 };
 use crate::error::{Error, Result};
 use crate::key::{Key, Mode};
@@ -19,11 +18,16 @@ use crate::key::{Key, Mode};
 mod check;
 mod config;
 mod conn;
+mod failover;
+mod layout;
 mod listing;
 mod notify;
 mod scripts;
 mod semaphore;
 mod semaphore_scripts;
+mod servers;
+mod sharded;
+mod topology;
 
 /// Checks a Redis DSN without building anything.
 pub(crate) fn validate_dsn(dsn: &str) -> Result<()> {
@@ -34,9 +38,12 @@ pub(crate) use config::{RedisConfig, ignore_pool_options, read as read_config};
 use conn::ConnectFailure;
 use conn::{Call, Keys};
 pub(crate) use conn::{NOT_REDIS, speaks_another_protocol};
+use layout::Layout;
 use notify::Notifier;
 use scripts::Scripts;
 use semaphore_scripts::SemScripts;
+use servers::{Conn, Servers};
+use topology::{Durability, Topology};
 
 /// The token kind of Redis stores: one token per key for every Redis store (a quorum over
 /// several servers sees one holder).
@@ -116,11 +123,16 @@ pub struct RedisStore {
 struct Inner {
     shown: String,
     prefix: String,
-    client: redis::Client,
+    /// One server, a cluster, or Sentinel's master (shared by stores `with_prefix` makes).
+    servers: Arc<Servers>,
+    /// Where the store's own keys go (beside their resources' keys on a cluster).
+    layout: Layout,
+    /// Replicas that must confirm each save (`wait_replicas`).
+    durability: Option<Durability>,
     connect_timeout: Option<Duration>,
     response_timeout: Option<Duration>,
     /// Opened on first use; replaced when its driver task is gone (see `eval`).
-    conn: std::sync::Mutex<Option<ConnectionManager>>,
+    conn: std::sync::Mutex<Option<Conn>>,
     /// The connection attempt under way (one at a time, shared by the requests that wait).
     connecting: std::sync::Mutex<
         Option<futures_util::future::Shared<crate::clock::BoxFuture<'static, ()>>>,
@@ -148,15 +160,19 @@ impl RedisStore {
     /// showing its scheme only.
     pub fn from_dsn(dsn: &str) -> Result<Self> {
         let config = config::parse(dsn)?;
-        let client = redis::Client::open(config.client_url.as_str()).map_err(|e| {
-            Error::invalid_argument("invalid Redis connection string").with_source(e)
-        })?;
-        Ok(Self::build(
-            client,
+        let servers = Servers::new(
+            &config.topology,
+            &config.client_url,
+            Some(config.connect_timeout),
+            Some(config.response_timeout),
+        )
+        .map_err(|e| Error::invalid_argument("invalid Redis connection string").with_source(e))?;
+        Self::build(
+            Arc::new(servers),
             &config,
             Some(config.connect_timeout),
             Some(config.response_timeout),
-        ))
+        )
     }
 
     /// A store over a client you built, with no prefix and no timeouts of ours (the client's
@@ -169,25 +185,36 @@ impl RedisStore {
             prefix: String::new(),
             connect_timeout: config::DEFAULT_TIMEOUT,
             response_timeout: config::DEFAULT_TIMEOUT,
+            topology: Topology::Single,
+            durability: None,
         };
-        Self::build(client, &config, None, None)
+        Self::build(Arc::new(Servers::Single(client)), &config, None, None)
+            .expect("one server takes any prefix")
     }
 
     fn build(
-        client: redis::Client,
+        servers: Arc<Servers>,
         config: &RedisConfig,
         connect_timeout: Option<Duration>,
         response_timeout: Option<Duration>,
-    ) -> Self {
+    ) -> Result<Self> {
+        let layout = if servers.is_cluster() {
+            Layout::slotted(&config.prefix)?
+        } else {
+            Layout::plain(&config.prefix)
+        };
         let notifier = Notifier::new(
-            client.clone(),
+            servers.clone(),
             connect_timeout.unwrap_or(config::DEFAULT_TIMEOUT),
+            layout.is_slotted(),
         );
-        RedisStore {
+        Ok(RedisStore {
             inner: Arc::new(Inner {
                 shown: config.shown.clone(),
                 prefix: config.prefix.clone(),
-                client,
+                servers,
+                layout,
+                durability: config.durability,
                 connect_timeout,
                 response_timeout,
                 conn: std::sync::Mutex::new(None),
@@ -199,12 +226,17 @@ impl RedisStore {
                 legacy_exists: AtomicBool::new(false),
                 notifier,
             }),
-        }
+        })
     }
 
     /// The same server with another key prefix (`"app:locks:"`). Keys are prefix + resource,
     /// verbatim; to share locks with Symfony, the prefix must be empty or equal phpredis's
     /// `OPT_PREFIX`.
+    ///
+    /// # Panics
+    ///
+    /// On a Redis Cluster, when the prefix's first braces are empty (`"{}"`): Redis then hashes
+    /// whole keys, and the store's own keys cannot follow their resources' slots.
     pub fn with_prefix(&self, prefix: impl Into<String>) -> Self {
         let config = RedisConfig {
             client_url: String::new(),
@@ -212,13 +244,16 @@ impl RedisStore {
             prefix: prefix.into(),
             connect_timeout: config::DEFAULT_TIMEOUT,
             response_timeout: config::DEFAULT_TIMEOUT,
+            topology: Topology::Single,
+            durability: self.inner.durability,
         };
         Self::build(
-            self.inner.client.clone(),
+            self.inner.servers.clone(),
             &config,
             self.inner.connect_timeout,
             self.inner.response_timeout,
         )
+        .unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// Uses the client's wall clock for scores from now on, as the probe does when the server
@@ -240,33 +275,15 @@ impl RedisStore {
         format!("{}{resource}", self.inner.prefix)
     }
 
-    /// The key of the store's own data (the fencing counter, the clock probe's scratch key):
+    /// The key of the store's own data that belongs with no resource (the clock probe's
+    /// scratch key; on one server also the fencing counter, `internal_key("fence")`):
     /// `<prefix>`, the byte `0xFF`, `xtr-lock:` and `name`. A lock key is the prefix and a
     /// resource, both UTF-8, and UTF-8 never contains `0xFF`, so no resource can name these
-    /// keys. ACL key patterns that cover `<prefix>*` cover them.
+    /// keys. ACL key patterns that cover `<prefix>*` cover them. On a Redis Cluster the keys
+    /// that belong with a resource (its fencing counter, wait queue, holder records) carry a
+    /// hash tag after `xtr-lock:` that puts them in the resource's slot (see `layout.rs`).
     pub fn internal_key(&self, name: &str) -> Vec<u8> {
-        let mut key = self.inner.prefix.as_bytes().to_vec();
-        key.push(0xFF);
-        key.extend_from_slice(b"xtr-lock:");
-        key.extend_from_slice(name.as_bytes());
-        key
-    }
-
-    /// The record of the holder with `token` of the lock (or semaphore time set) at prefix +
-    /// `name`: `rec:<name>:<token>` in the internal namespace (tokens have a fixed length, so
-    /// two holders never share one).
-    fn record_key(&self, name: &str, token: &str) -> Vec<u8> {
-        self.internal_key(&format!("rec:{name}:{token}"))
-    }
-
-    /// The wait queue of `resource` (see `docs/waking.md`).
-    fn queue_key(&self, resource: &str) -> Vec<u8> {
-        self.internal_key(&format!("queue:{resource}"))
-    }
-
-    /// The wait queue of the lock at `lock_key` (prefix + resource).
-    fn queue_key_of(&self, lock_key: &str) -> Vec<u8> {
-        self.queue_key(lock_key.strip_prefix(self.prefix()).unwrap_or(lock_key))
+        self.inner.layout.loose(name)
     }
 
     fn ttl(&self, key: &Key, ttl: Option<Duration>) -> Result<Duration> {
@@ -318,6 +335,7 @@ impl RedisStore {
                 _ => conflict,
             }));
         }
+        self.confirm_save(key, &lock_key).await?;
         check_expiry(self, key).await?;
         Ok(Saved::Acquired(match u64::try_from(value) {
             Ok(fence) if fence > 0 => Acquired::fenced(fence),
@@ -464,6 +482,9 @@ impl Store for RedisStore {
             .await?;
         let held = holding(code);
         if held.is_held() {
+            self.replicated(&self.key_for(key.resource()))
+                .await
+                .map_err(|e| e.with_resource(key.resource()))?;
             check_expiry(self, key).await?;
         }
         Ok(held)
@@ -536,6 +557,13 @@ impl Store for RedisStore {
             .await)
     }
 
+    /// On Sentinel: completes when a fail-over's new master does not have the lock (looked
+    /// for after each `+switch-master`, and whenever the old master stopped answering as one).
+    /// Elsewhere `None`: holders find a lost lock when they renew.
+    async fn watch_loss(&self, key: &Key) -> Result<Option<LossWatcher>> {
+        Ok(self.failover_watcher(key))
+    }
+
     /// Drops the command connection and the subscriber connection (waiters wake and poll, then
     /// re-subscribe on a new one). Requests still under way finish on the old connection first;
     /// the next request opens a new one. Never fails.
@@ -545,13 +573,13 @@ impl Store for RedisStore {
         Ok(())
     }
 
-    /// `GET` of the fencing counter (one per prefix, see [`RedisStore::internal_key`]).
+    /// `GET` of the fencing counter (one per prefix; one per hash slot on a cluster).
     async fn fencing_counter(&self, resource: &str) -> Result<Option<u64>> {
         let mut conn = self.conn().await.map_err(|e| e.with_resource(resource))?;
         let value: Option<u64> = self
             .read(
                 redis::cmd("GET")
-                    .arg(self.internal_key(FENCE_KEY))
+                    .arg(self.fence_key(&self.key_for(resource)))
                     .query_async(&mut conn),
             )
             .await

@@ -20,27 +20,37 @@ use futures_util::future::Shared;
 use tokio::sync::Notify;
 
 use super::conn::Keys;
+use super::servers::Servers;
 use super::{Inner, RedisStore, lock};
 use crate::clock::BoxFuture;
 use crate::key::{Key, Mode};
 use crate::logging::TARGET;
 use crate::store::Watcher;
 
-/// The channel a store's waiters are woken on.
+/// What a store's wake channel is called on one server, before its id.
+pub(super) const WAKE_CHANNEL: &str = "__xtr_lock__:wake:";
+
+/// What a store's sharded wake channel of a slot is called on a cluster, after the slot's head
+/// (see `layout.rs`) and before its id.
+pub(super) const SHARDED_WAKE: &[u8] = b"wake:";
+
+/// The channel a store's waiters are woken on (one server).
 fn channel(id: &str) -> String {
-    format!("__xtr_lock__:wake:{id}")
+    format!("{WAKE_CHANNEL}{id}")
 }
 
 pub(super) struct Notifier {
-    client: redis::Client,
-    connect_timeout: Duration,
+    pub(super) servers: Arc<Servers>,
+    pub(super) connect_timeout: Duration,
     /// This store's wake channel id: 16 random bytes in url-safe base64 (22 characters).
-    id: String,
-    inner: Arc<Mutex<State>>,
+    pub(super) id: String,
+    /// A cluster: one sharded channel per slot waited in (see `sharded.rs`).
+    pub(super) sharded: bool,
+    pub(super) inner: Arc<Mutex<State>>,
 }
 
 #[derive(Default)]
-struct State {
+pub(super) struct State {
     /// Registered waiters by (lock key, token): what a save asks.
     by_holder: HashMap<(String, String), Arc<Waiter>>,
     /// The same waiters by number: what a wake names.
@@ -50,8 +60,10 @@ struct State {
     /// Whether the server acknowledged the wake channel on the current connection. Tickets go
     /// out only while it has: a wake published to nobody is dropped by the server.
     subscribed: bool,
+    /// A cluster's subscriber state (see `sharded.rs`).
+    pub(super) shards: super::sharded::Shards,
     /// The task reading the subscriber connection (aborted by `close`).
-    reader: Option<tokio::task::AbortHandle>,
+    pub(super) reader: Option<tokio::task::AbortHandle>,
     /// The subscription under way, in a task of its own: waiters share its outcome, and it
     /// goes on whether or not any of them is polled (a waiter's future can lie dormant while
     /// its lock attempts; it must never hold up the others).
@@ -86,18 +98,19 @@ struct Waiter {
 }
 
 impl Notifier {
-    pub(super) fn new(client: redis::Client, connect_timeout: Duration) -> Self {
+    pub(super) fn new(servers: Arc<Servers>, connect_timeout: Duration, sharded: bool) -> Self {
         let mut id = [0u8; 16];
         getrandom::fill(&mut id).expect("the operating system's random source failed");
         Notifier {
-            client,
+            servers,
             connect_timeout,
             id: base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(id),
+            sharded,
             inner: Arc::default(),
         }
     }
 
-    fn state(&self) -> MutexGuard<'_, State> {
+    pub(super) fn state(&self) -> MutexGuard<'_, State> {
         lock(&self.inner)
     }
 
@@ -110,7 +123,13 @@ impl Notifier {
         key: &Key,
         waiting_since: SystemTime,
     ) -> Option<Watcher> {
-        if !self.ensure_subscribed(store).await {
+        let slot = super::layout::slot_of(lock_key.as_bytes());
+        let subscribed = if self.sharded {
+            self.ensure_shard(store, slot).await
+        } else {
+            self.ensure_subscribed(store).await
+        };
+        if !subscribed {
             return None;
         }
         let token = key.token(super::KIND);
@@ -178,7 +197,7 @@ impl Notifier {
     ) -> Option<Ticket> {
         let st = self.state();
         // The common case, nobody of this store waiting, costs a lock and no allocation.
-        if !st.subscribed || st.by_holder.is_empty() {
+        if st.by_holder.is_empty() || !st.live(self.sharded, lock_key) {
             return None;
         }
         let token = key.token(super::KIND);
@@ -199,7 +218,7 @@ impl Notifier {
         if admitted {
             *lock(&ticket.waiter.queued) = None;
         }
-        let live = self.state().subscribed;
+        let live = self.state().live(self.sharded, &ticket.waiter.lock_key);
         ticket
             .waiter
             .announced
@@ -290,10 +309,13 @@ impl Notifier {
 
     /// Opens the subscriber connection and starts its reader task (from `subscribe`).
     async fn connect(&self, store: &RedisStore) -> redis::RedisResult<redis::aio::PubSubSink> {
-        let pubsub = match tokio::time::timeout(
-            self.connect_timeout,
-            self.client.get_async_pubsub(),
-        )
+        let pubsub = match tokio::time::timeout(self.connect_timeout, async {
+            let client = self.servers.subscriber_client().await?;
+            let client = client.ok_or_else(|| {
+                redis::RedisError::from((redis::ErrorKind::Client, "a cluster has no one server"))
+            })?;
+            client.get_async_pubsub().await
+        })
         .await
         {
             Ok(result) => result?,
@@ -334,6 +356,27 @@ impl Notifier {
             reader.abort();
         }
         disconnected(&mut st);
+        st.shards.close();
+    }
+}
+
+impl State {
+    /// Calls `f` with each registered waiter's lock key, its "every holder announces" flag and
+    /// its wake.
+    pub(super) fn for_each_waiter(&self, mut f: impl FnMut(&str, &AtomicBool, &Notify)) {
+        for waiter in self.by_seq.values() {
+            f(&waiter.lock_key, &waiter.announced, &waiter.wake);
+        }
+    }
+
+    /// Whether wakes for waiters on `lock_key` reach this store now.
+    fn live(&self, sharded: bool, lock_key: &str) -> bool {
+        if sharded {
+            self.shards
+                .is_live(super::layout::slot_of(lock_key.as_bytes()))
+        } else {
+            self.subscribed
+        }
     }
 }
 
@@ -354,7 +397,7 @@ fn micros(t: SystemTime) -> u64 {
 /// A wake: `<store id><waiter number> <lock key>` (a semaphore waiter's: `<store id><waiter
 /// number>.<permits> <time key>`). Wakes that waiter, or passes a lock's wake on when its
 /// waiter is gone.
-fn on_wake(state: &Arc<Mutex<State>>, store: &Weak<Inner>, payload: &str) {
+pub(super) fn on_wake(state: &Arc<Mutex<State>>, store: &Weak<Inner>, payload: &str) {
     let Some((who, lock_key)) = payload.split_once(' ') else {
         return;
     };
@@ -402,7 +445,7 @@ fn pass_on(store: &Weak<Inner>, lock_key: &str) {
 }
 
 /// Forgets the subscriber connection and wakes every waiter, so they retry and re-watch.
-fn disconnected(st: &mut State) {
+pub(super) fn disconnected(st: &mut State) {
     st.sink = None;
     st.subscribed = false;
     for waiter in st.by_seq.values() {

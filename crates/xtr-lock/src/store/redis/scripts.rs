@@ -4,7 +4,8 @@
 //! Arguments, for every script: `KEYS[1]` the lock key (prefix + resource); `ARGV[1]` the client's
 //! Unix time in seconds, or `""` to read the server's `TIME`; `ARGV[2]` the holder's token;
 //! `ARGV[3]` a duration in ms; `ARGV[4]` the waiter's ticket (`""`: the caller does not wait);
-//! `ARGV[5]` when its wait began (µs, the waiter's clock). The saves take `KEYS[2]`, the fencing
+//! `ARGV[5]` when its wait began (µs, the waiter's clock); the last `ARGV`, how to wake a
+//! waiter (see `wake`). The saves take `KEYS[2]`, the fencing
 //! counter, `KEYS[3]`, the resource's wait queue, and `KEYS[4]`, the holder's record, with
 //! `ARGV[6]` its metadata (`""`: none; else `m` and the base64 of the bytes); delete and wake take
 //! `KEYS[2]`, the queue, and `KEYS[3]`, the record; refresh takes `KEYS[2]`, the record.
@@ -116,9 +117,15 @@ local function scan(key, token, now)
   if expired then redis.call('ZREMRANGEBYSCORE', key, '-inf', now) end
   return r
 end
--- Tells a waiter: the reply is how many connections heard it (0: its process is gone).
+-- Tells a waiter: the reply is how many connections heard it (0: its process is gone). The
+-- last argument says how: `P` and the channel's head (PUBLISH, one server), or `S` and the
+-- sharded channel's head in the keys' slot (SPUBLISH, a cluster); the waiter's store id ends
+-- the channel.
 local function wake(ticket, key)
-  return redis.call('PUBLISH', '__xtr_lock__:wake:' .. string.sub(ticket, 46, 67),
+  local how = ARGV[#ARGV]
+  local publish = 'PUBLISH'
+  if string.sub(how, 1, 1) == 'S' then publish = 'SPUBLISH' end
+  return redis.call(publish, string.sub(how, 2) .. string.sub(ticket, 46, 67),
     string.sub(ticket, 46) .. ' ' .. key)
 end
 -- After a release or a demotion: wakes the first waiting writer if the lock is free, or every

@@ -9,8 +9,8 @@
 
 use std::time::{Duration, SystemTime};
 
+use super::RedisStore;
 use super::conn::Call;
-use super::{FENCE_KEY, RedisStore};
 use crate::error::{Error, Result};
 use crate::key::{Key, Mode};
 use crate::permits::Permits;
@@ -47,11 +47,13 @@ impl RedisStore {
         let time = self.semaphore_key(resource);
         let queue = self.queue_key_of(&time);
         let record = self.semaphore_record_key(resource, token);
+        let limit = self.companion(&time, &format!("limit:{{{resource}}}"));
+        let fence = self.fence_key(&time);
         vec![
             time.into_bytes(),
             format!("{}{{{resource}}}:weight", self.prefix()).into_bytes(),
-            self.internal_key(&format!("limit:{{{resource}}}")),
-            self.internal_key(FENCE_KEY),
+            limit,
+            fence,
             queue,
             record,
         ]
@@ -104,6 +106,8 @@ impl RedisStore {
         }
         match granted {
             1 => {
+                self.confirm_save(key, &self.semaphore_key(key.resource()))
+                    .await?;
                 check_expiry(self, key).await?;
                 Ok(Saved::Acquired(match u64::try_from(value) {
                     Ok(fence) if fence > 0 => Acquired::fenced(fence),

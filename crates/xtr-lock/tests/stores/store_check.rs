@@ -9,6 +9,7 @@ use xtr_lock::store::{CombinedStore, ConsensusStrategy, Severity, StoreWarning};
 use xtr_lock::{MemcachedStore, RedisStore, Store};
 use xtr_lock_testkit::memcached::MemcachedServer;
 use xtr_lock_testkit::redis::RedisServer;
+use xtr_lock_testkit::redis_cluster::RedisCluster;
 
 /// The warnings (notes left out) of `store`, by code.
 async fn warnings(store: &dyn Store) -> Vec<StoreWarning> {
@@ -208,4 +209,29 @@ async fn a_quorum_gathers_its_members_warnings_each_naming_its_member() {
     assert_eq!(codes(&found), ["eviction", "member"], "{found:?}");
     assert_eq!(found[0].store(), names[0]);
     assert_eq!(found[1].store(), names[2]);
+}
+
+#[tokio::test]
+async fn a_redis_master_whose_writes_wait_for_its_replica_is_no_warning() {
+    let (master, _replica) = master_and_replica();
+    let dsn = format!("{}?wait_replicas=1", master.url(0));
+    let found = warnings(&RedisStore::from_dsn(&dsn).unwrap()).await;
+    assert_eq!(codes(&found), Vec::<&str>::new(), "{found:?}");
+}
+
+#[tokio::test]
+async fn a_redis_cluster_is_checked_master_by_master_each_named() {
+    let cluster = RedisCluster::start(2, 1);
+    let store = RedisStore::from_dsn(&cluster.dsn()).unwrap();
+    let found = warnings(&store).await;
+    assert_eq!(codes(&found), ["replication", "replication"], "{found:?}");
+    for port in cluster.masters() {
+        let node = format!("(node 127.0.0.1:{port})");
+        assert!(
+            found.iter().any(|w| w.store().ends_with(&node)),
+            "{node}: {found:?}"
+        );
+    }
+    let waiting = RedisStore::from_dsn(&format!("{}?wait_replicas=1", cluster.dsn())).unwrap();
+    assert_eq!(codes(&warnings(&waiting).await), Vec::<&str>::new());
 }

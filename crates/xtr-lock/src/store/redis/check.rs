@@ -12,9 +12,9 @@
 use std::collections::HashMap;
 
 use redis::aio::ConnectionLike;
-use redis::{ErrorKind, RedisError, RedisResult, ServerErrorKind};
+use redis::{ErrorKind, RedisError, RedisFuture, RedisResult, ServerErrorKind, Value};
 
-use super::RedisStore;
+use super::{Conn, RedisStore};
 use crate::error::Result;
 use crate::store::StoreWarning;
 
@@ -61,15 +61,71 @@ pub(crate) async fn check_node<C: ConnectionLike + Send>(
 }
 
 impl RedisStore {
-    /// [`check_node`] on the store's own connection, within the response timeout, each
-    /// warning naming the store.
+    /// [`check_node`] on each master (the one server; a cluster's masters, each named), with
+    /// the DSN's `wait_replicas`, within the response timeout; each warning names the store,
+    /// and on a cluster the node.
     pub(super) async fn check_server(&self) -> Result<Vec<StoreWarning>> {
         let mut conn = self.conn().await?;
-        let found = self
-            .read(check_node(&mut conn, None))
-            .await
-            .map_err(|e| self.redis_error(e, None))?;
-        Ok(found.into_iter().map(|w| w.with_store(self)).collect())
+        let wait = self.inner.durability.as_ref().map(|d| d.replicas);
+        let work = async {
+            let masters = conn.masters().await?;
+            let cluster = self.inner.servers.is_cluster();
+            let mut out: Vec<StoreWarning> = Vec::new();
+            for (host, port) in masters {
+                let label = if cluster {
+                    format!("{self} (node {host}:{port})")
+                } else {
+                    self.to_string()
+                };
+                let mut node = Node {
+                    conn: &mut conn,
+                    host,
+                    port,
+                };
+                for w in check_node(&mut node, wait).await? {
+                    // The cluster's state is the same seen from every master: said once.
+                    let said =
+                        w.code() == "cluster" && out.iter().any(|o| o.problem() == w.problem());
+                    if !said {
+                        out.push(w.with_store(&label));
+                    }
+                }
+            }
+            Ok(out)
+        };
+        self.read(work).await.map_err(|e| self.redis_error(e, None))
+    }
+}
+
+/// One node as a connection: every command goes to it (the one server, or a cluster's node
+/// at `host:port`). No pipelines: [`check_node`] sends none.
+struct Node<'c> {
+    conn: &'c mut Conn,
+    host: String,
+    port: u16,
+}
+
+impl ConnectionLike for Node<'_> {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> RedisFuture<'a, Value> {
+        Box::pin(self.conn.on_node(cmd.clone(), &self.host, self.port))
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        _pipeline: &'a redis::Pipeline,
+        _offset: usize,
+        _count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        Box::pin(async {
+            Err(RedisError::from((
+                ErrorKind::Client,
+                "no pipelines in the pre-flight check",
+            )))
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        self.conn.get_db()
     }
 }
 

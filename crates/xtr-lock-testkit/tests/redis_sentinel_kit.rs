@@ -74,3 +74,28 @@ fn a_sentinel_killed_and_restarted_rejoins() {
     group.restart(sentinel);
     assert_eq!(group.master_port(), master);
 }
+
+#[test]
+fn a_paused_master_is_replaced_and_replicates_once_resumed() {
+    let group = RedisSentinelGroup::start("testkit-pause");
+    let [first, second] = group.server_ports()[..] else {
+        panic!("two data servers")
+    };
+    group.pause(first);
+    let deadline = Instant::now() + std::time::Duration::from_secs(30);
+    while group.master_port() != second {
+        assert!(
+            Instant::now() < deadline,
+            "the paused master is never replaced"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    group.resume(first);
+    let began = Instant::now();
+    group.wait_healthy();
+    eprintln!(
+        "the resumed master replicated the new one after {:?}",
+        began.elapsed()
+    );
+    assert_eq!(group.replica_ports(), vec![first]);
+}

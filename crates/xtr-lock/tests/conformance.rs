@@ -84,6 +84,26 @@ mod redis {
     });
 }
 
+/// A Redis Cluster of three masters: every companion key in its resource's slot, sharded wakes.
+mod redis_cluster {
+    use super::*;
+    xtr_lock::conformance_tests!(|| async {
+        let cluster = xtr_lock_testkit::redis_cluster::RedisCluster::start(3, 0);
+        let store = xtr_lock::RedisStore::from_dsn(&cluster.dsn()).unwrap();
+        Harness::new(Arc::new(store)).keep_alive(cluster)
+    });
+}
+
+/// A master found through three sentinels (one replica).
+mod redis_sentinel {
+    use super::*;
+    xtr_lock::conformance_tests!(|| async {
+        let group = xtr_lock_testkit::redis_sentinel::RedisSentinelGroup::start("xtr");
+        let store = xtr_lock::RedisStore::from_dsn(&group.dsn()).unwrap();
+        Harness::new(Arc::new(store)).keep_alive(group)
+    });
+}
+
 /// The same server with scores on the client's clock: the mode the time probe picks when a
 /// server refuses `TIME` in scripts (the Lua scripts' other branch).
 mod redis_client_clock {

@@ -240,18 +240,31 @@ impl RedisStore {
         if names.is_empty() {
             return Ok(names);
         }
-        let mut pipe = redis::pipe();
-        for n in &names {
-            match n {
-                Named::Lock(r) => pipe.cmd("TYPE").arg(self.key_for(r)),
-                Named::Semaphore(r) => pipe.cmd("TYPE").arg(self.semaphore_key(r)),
-                Named::Other => pipe.cmd("TYPE").arg(""),
-            };
-        }
-        let kinds: Vec<String> = self
-            .read(pipe.query_async(conn))
-            .await
-            .map_err(|e| self.redis_error(e, None))?;
+        let key_of = |n: &Named| match n {
+            Named::Lock(r) => self.key_for(r),
+            Named::Semaphore(r) => self.semaphore_key(r),
+            Named::Other => String::new(),
+        };
+        let kinds: Vec<String> = if conn.is_cluster() {
+            // A cluster's pipelines stay in one slot: one request per key.
+            let mut kinds = Vec::with_capacity(names.len());
+            for n in &names {
+                let kind: String = self
+                    .read(redis::cmd("TYPE").arg(key_of(n)).query_async(conn))
+                    .await
+                    .map_err(|e| self.redis_error(e, None))?;
+                kinds.push(kind);
+            }
+            kinds
+        } else {
+            let mut pipe = redis::pipe();
+            for n in &names {
+                pipe.cmd("TYPE").arg(key_of(n));
+            }
+            self.read(pipe.query_async(conn))
+                .await
+                .map_err(|e| self.redis_error(e, None))?
+        };
         Ok(names
             .into_iter()
             .zip(kinds)

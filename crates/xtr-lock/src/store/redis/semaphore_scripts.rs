@@ -76,7 +76,7 @@ local function sem_count(t)
 end
 -- Whether the process of a queued ticket still listens on its wake channel.
 local function sem_alive(t)
-  return redis.call('PUBSUB', 'NUMSUB', '__xtr_lock__:wake:' .. string.sub(t, 46, 67))[2] > 0
+  return listeners(t) > 0
 end
 -- The permits left for the caller out of `avail` once the waiters queued before it are served
 -- in order: a live earlier waiter that fits keeps its permits; one that does not fit leaves
@@ -163,12 +163,9 @@ if not r.mine and count > sem_ahead(qkey, limit - r.used) then
 end
 local fence = 0
 if not r.mine then
-  fence = redis.call('INCR', fkey)
-  if fence == 1 then
-    -- A missing counter (new, or lost in a restart): seeded from the clock.
-    fence = now_us()
-    redis.call('SET', fkey, string.format('%d', fence))
-  end
+  local err
+  fence, err = next_fence(fkey)
+  if err then return err end
 end
 local ends = math.ceil((now + dur) / 1000)
 redis.call('ZADD', tkey, ends, token)

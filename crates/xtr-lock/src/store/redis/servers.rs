@@ -213,6 +213,11 @@ pub(super) enum Conn {
 }
 
 impl Conn {
+    /// Whether this is a cluster connection (whose pipelines must stay in one slot).
+    pub(super) fn is_cluster(&self) -> bool {
+        matches!(self, Conn::Cluster(_))
+    }
+
     /// Runs `cmd` on the master of `slot` (a cluster), or on the one server.
     pub(super) async fn on_slot_master(&mut self, cmd: Cmd, slot: u16) -> RedisResult<Value> {
         match self {

@@ -235,3 +235,33 @@ async fn a_redis_cluster_is_checked_master_by_master_each_named() {
     let waiting = RedisStore::from_dsn(&format!("{}?wait_replicas=1", cluster.dsn())).unwrap();
     assert_eq!(codes(&warnings(&waiting).await), Vec::<&str>::new());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_cluster_with_a_failed_master_is_a_warning() {
+    let mut cluster = RedisCluster::start(3, 0);
+    let seeds = cluster.dsn();
+    let store = RedisStore::from_dsn(&seeds).unwrap();
+    assert!(!codes(&warnings(&store).await).contains(&"cluster"));
+    // A master with no replica dies: its slots have nobody, the cluster's state is fail.
+    let gone = cluster.masters()[2];
+    cluster.kill(gone);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let store = RedisStore::from_dsn(&seeds).unwrap();
+        // The dead master is named: as one that cannot be asked at once, and as flagged
+        // failing once the others agree (their node timeout); the check itself still answers.
+        let named = format!("127.0.0.1:{gone}");
+        match store.check().await {
+            Ok(found)
+                if found
+                    .iter()
+                    .any(|w| w.code() == "cluster" && w.to_string().contains(&named)) =>
+            {
+                break;
+            }
+            // The client cannot map the slots of a cluster in trouble yet.
+            _ if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(200)).await,
+            other => panic!("no cluster warning 20 s after a master died: {other:?}"),
+        }
+    }
+}

@@ -71,6 +71,7 @@ impl RedisStore {
             let masters = conn.masters().await?;
             let cluster = self.inner.servers.is_cluster();
             let mut out: Vec<StoreWarning> = Vec::new();
+            let (mut answered, mut last_error) = (0, None);
             for (host, port) in masters {
                 let label = if cluster {
                     format!("{self} (node {host}:{port})")
@@ -82,7 +83,29 @@ impl RedisStore {
                     host,
                     port,
                 };
-                for w in check_node(&mut node, wait).await? {
+                let found = match check_node(&mut node, wait).await {
+                    Ok(found) => found,
+                    // A master of a cluster that cannot be asked is itself the warning (its
+                    // slots are out of reach); the check fails only if no master answers.
+                    Err(err) if cluster => {
+                        out.push(
+                            StoreWarning::new(
+                                "cluster",
+                                format!("the master {} cannot be asked: {err}", node.address()),
+                                "its slots' locks cannot be taken or renewed, and a replica \
+                                 promoted in its place lacks the locks it had not yet received",
+                                "bring the node back, or check the cluster \
+                                 (redis-cli --cluster check)",
+                            )
+                            .with_store(self),
+                        );
+                        last_error = Some(err);
+                        continue;
+                    }
+                    Err(err) => return Err(err),
+                };
+                answered += 1;
+                for w in found {
                     // The cluster's state is the same seen from every master: said once.
                     let said =
                         w.code() == "cluster" && out.iter().any(|o| o.problem() == w.problem());
@@ -91,9 +114,18 @@ impl RedisStore {
                     }
                 }
             }
-            Ok(out)
+            match last_error {
+                Some(err) if answered == 0 => Err(err),
+                _ => Ok(out),
+            }
         };
         self.read(work).await.map_err(|e| self.redis_error(e, None))
+    }
+}
+
+impl Node<'_> {
+    fn address(&self) -> String {
+        format!("{}:{}", self.host, self.port)
     }
 }
 

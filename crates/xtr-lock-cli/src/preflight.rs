@@ -1,5 +1,5 @@
 //! `-v`'s pre-flight check of `run` and `acquire`: the store's warnings
-//! ([`Store::check`](xtr_lock::Store::check)), asked beside the first attempt and said once, on
+//! ([`Store::check`]), asked beside the first attempt and said once, on
 //! stderr, when the lock is taken or the wait begins.
 
 use std::sync::Arc;

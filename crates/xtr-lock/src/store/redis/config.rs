@@ -129,30 +129,7 @@ pub(crate) fn read(
         db,
         passed_on,
     };
-    let (client_url, shown, topology) = match kind {
-        Kind::Single if unix => {
-            let (client, shown) =
-                server.unix(dsn, &dsn.url(&format!("unix{suffix}:///path"))?, suffix)?;
-            (client, shown, Topology::Single)
-        }
-        Kind::Single if dsn.url.is_none() && symfony.hosts.len() == 1 => {
-            let (client, shown) = server.tcp(dsn, &symfony.hosts[0], "", None, suffix, tls)?;
-            (client, shown, Topology::Single)
-        }
-        Kind::Single => {
-            if !symfony.hosts.is_empty() {
-                return Err(dsn.invalid(
-                    "several hosts name a cluster (redis_cluster=1) or Sentinel (redis_sentinel=)",
-                ));
-            }
-            let url = dsn.url(&format!("redis{suffix}://host:port/db"))?;
-            let (client, shown) =
-                server.tcp(dsn, url.hosts, url.path, url.fragment, suffix, tls)?;
-            (client, shown, Topology::Single)
-        }
-        Kind::Cluster => server.cluster(dsn, &symfony, tls)?,
-        Kind::Sentinel => server.sentinel(dsn, symfony, tls)?,
-    };
+    let (client_url, shown, topology) = server.locate(dsn, kind, &symfony, suffix, tls, unix)?;
     // Let redis-rs check what it will see, so a bad DSN fails now and not at first use.
     redis::Client::open(client_url.as_str())
         .map_err(|e| dsn.invalid(format!("the client refuses it ({:?})", e.kind())))?;
@@ -187,6 +164,42 @@ impl Server {
             .unwrap_or(default)
             .parse::<u32>()
             .map_err(|_| dsn.invalid("the database must be a number"))
+    }
+
+    /// Where the DSN points: the client URL, the shown form and the topology.
+    fn locate(
+        &self,
+        dsn: &Dsn<'_>,
+        kind: Kind,
+        symfony: &SymfonyForm,
+        suffix: &str,
+        tls: bool,
+        unix: bool,
+    ) -> Result<(String, String, Topology)> {
+        Ok(match kind {
+            Kind::Single if unix => {
+                let (client, shown) =
+                    self.unix(dsn, &dsn.url(&format!("unix{suffix}:///path"))?, suffix)?;
+                (client, shown, Topology::Single)
+            }
+            Kind::Single if dsn.url.is_none() && symfony.hosts.len() == 1 => {
+                let (client, shown) = self.tcp(dsn, &symfony.hosts[0], "", None, suffix, tls)?;
+                (client, shown, Topology::Single)
+            }
+            Kind::Single => {
+                if !symfony.hosts.is_empty() {
+                    return Err(dsn.invalid(
+                        "several hosts name a cluster (redis_cluster=1) or Sentinel (redis_sentinel=)",
+                    ));
+                }
+                let url = dsn.url(&format!("redis{suffix}://host:port/db"))?;
+                let (client, shown) =
+                    self.tcp(dsn, url.hosts, url.path, url.fragment, suffix, tls)?;
+                (client, shown, Topology::Single)
+            }
+            Kind::Cluster => self.cluster(dsn, &symfony, tls)?,
+            Kind::Sentinel => self.sentinel(dsn, symfony, tls)?,
+        })
     }
 
     /// `unix:///path`: the client URL (credentials and db as options) and the shown form.
@@ -298,14 +311,14 @@ impl Server {
     fn sentinel(
         &self,
         dsn: &Dsn<'_>,
-        symfony: SymfonyForm,
+        symfony: &SymfonyForm,
         tls: bool,
     ) -> Result<(String, String, Topology)> {
         let (hosts, path, fragment) = dsn
             .url
             .map_or(("", "", None), |u| (u.hosts, u.path, u.fragment));
         let listed = host_list(dsn, hosts, &symfony.hosts, default_port(Kind::Sentinel))?;
-        let (master, db) = sentinel_path(dsn, path, symfony.sentinel, self.db.clone())?;
+        let (master, db) = sentinel_path(dsn, path, symfony.sentinel.clone(), self.db.clone())?;
         let scheme = if tls { "rediss" } else { "redis" };
         let mut sentinels = Vec::new();
         for (host, port) in &listed {

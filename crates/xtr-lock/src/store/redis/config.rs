@@ -498,4 +498,100 @@ mod tests {
             "what follows # after the options is not an option"
         );
     }
+
+    #[test]
+    fn clusters_and_sentinels_parse_in_both_spellings() {
+        let c = parse("redis+cluster://u:pw@a:7000,b:7001,c?prefix=app%3A").unwrap();
+        assert_eq!(c.shown, "redis+cluster://a:7000,b:7001,c:6379");
+        assert_eq!(c.prefix, "app:");
+        let Topology::Cluster { nodes } = &c.topology else {
+            panic!("not a cluster")
+        };
+        assert_eq!(
+            nodes,
+            &[
+                "redis://u:pw@a:7000/0",
+                "redis://u:pw@b:7001/0",
+                "redis://u:pw@c:6379/0"
+            ]
+        );
+        // Symfony's form: hosts as options, the cluster named by an option.
+        let c = parse("redis:?host[a:7000]&host[b:7001]&redis_cluster=1").unwrap();
+        assert_eq!(c.shown, "redis+cluster://a:7000,b:7001");
+        let c = parse("rediss+cluster://a:7000#insecure").unwrap();
+        let Topology::Cluster { nodes } = &c.topology else {
+            panic!("not a cluster")
+        };
+        assert_eq!(nodes, &["rediss://a:7000/0#insecure"]);
+        let s = parse("redis+sentinel://:pw@s1,s2:26380/mymaster/2?wait_replicas=1").unwrap();
+        assert_eq!(s.shown, "redis+sentinel://s1:26379,s2:26380/mymaster/2");
+        let Topology::Sentinel {
+            sentinels,
+            master,
+            db,
+            password,
+            ..
+        } = &s.topology
+        else {
+            panic!("not Sentinel")
+        };
+        assert_eq!(sentinels, &["redis://s1:26379", "redis://s2:26380"]);
+        assert_eq!(
+            (master.as_str(), *db, password.as_deref()),
+            ("mymaster", 2, Some("pw"))
+        );
+        assert_eq!(
+            s.durability,
+            Some(Durability {
+                replicas: 1,
+                timeout: super::super::topology::DEFAULT_WAIT_TIMEOUT
+            })
+        );
+        let s = parse("redis:?host[s1:26379]&host[s2:26379]&redis_sentinel=mymaster").unwrap();
+        assert_eq!(s.shown, "redis+sentinel://s1:26379,s2:26379/mymaster/0");
+        let w = parse("redis://h?wait_replicas=2&wait_timeout=0.25").unwrap();
+        assert_eq!(
+            w.durability,
+            Some(Durability {
+                replicas: 2,
+                timeout: Duration::from_millis(250)
+            })
+        );
+        assert!(matches!(w.topology, Topology::Single));
+    }
+
+    #[test]
+    fn bad_cluster_and_sentinel_dsns_say_what_is_wrong() {
+        for (dsn, says) in [
+            ("redis+cluster://u:hunter2@a/3", "database 0 only"),
+            ("redis+cluster://", "missing host"),
+            ("redis+sentinel://u:hunter2@s1", "master's name"),
+            ("redis://a,b", "several hosts"),
+            ("redis:?host[a]&host[b]", "several hosts"),
+            ("redis+cluster://a?redis_sentinel=m", "disagree"),
+            (
+                "redis://a?redis_cluster=1&redis_sentinel=m",
+                "exclude each other",
+            ),
+            (
+                "redis://a?wait_timeout=1",
+                "wait_timeout needs wait_replicas",
+            ),
+            ("redis://a?wait_replicas=65", "from 0 to 64"),
+            ("unix+cluster:///s", "not a Redis scheme"),
+            ("redis://a?host[b]=1", "takes no value"),
+        ] {
+            let err = parse(dsn).unwrap_err().to_string();
+            assert!(err.contains(says), "{dsn}: {err}");
+            assert!(!err.contains("hunter2"), "{dsn}: {err}");
+        }
+        let err = read_pubsub("redis+pubsub://a?redis_cluster=1").unwrap_err();
+        assert!(err.to_string().contains("needs one server"), "{err}");
+    }
+
+    fn read_pubsub(text: &str) -> Result<RedisConfig> {
+        let dsn = Dsn::split_lenient(text, "Redis");
+        let mut options = dsn.options();
+        read(&dsn, "+pubsub", &mut options)
+    }
 }

@@ -26,6 +26,7 @@ mod semaphore;
 mod semaphore_scripts;
 mod servers;
 mod sharded;
+mod shards;
 mod topology;
 
 /// Checks a Redis DSN without building anything.

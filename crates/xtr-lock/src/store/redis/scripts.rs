@@ -63,6 +63,20 @@ local function last_fence(fence_key)
   if type(last) == 'table' and last.err then return nil, last end
   return tonumber(last) or 0
 end
+-- Advances the fencing counter to one past the last token, and never below the clock in µs:
+-- tokens keep rising across a restart that lost the counter and across a fail-over to a replica
+-- that had not yet received its latest value (while clocks agree to within the fail-over's
+-- time). Nil and the error for a key of another type (checked before anything is written).
+local function next_fence(fence_key)
+  local fence = redis.pcall('INCR', fence_key)
+  if type(fence) == 'table' and fence.err then return nil, fence end
+  local floor = now_us()
+  if fence < floor then
+    fence = floor
+    redis.call('SET', fence_key, string.format('%d', fence))
+  end
+  return fence
+end
 local function key_type(key) return redis.call('TYPE', key)['ok'] end
 -- Runs a sorted-set read; on a key of another type, a string (someone else's lock in another
 -- format) gives `refusal`, anything else the server's WRONGTYPE error. The common path pays no
@@ -240,9 +254,9 @@ end
 /// `{-1, 0, 0, 0}` for a sorted set that is not a lock. A string at the key refuses (someone
 /// else's lock in another format); another type fails with WRONGTYPE.
 ///
-/// The fencing token is the counter, advanced; a missing counter (new, or lost in a restart
-/// without persistence) is seeded from the server's clock in microseconds, so tokens keep
-/// increasing across such a restart. The counter is advanced before anything else is written:
+/// The fencing token is the counter, advanced, and never below the server's clock in
+/// microseconds (`next_fence`), so tokens keep increasing across a restart that lost the counter
+/// and a fail-over to a replica that lagged. The counter is advanced before anything else is written:
 /// a counter key of the wrong type fails the save with nothing of the holder stored.
 const SAVE: &str = r#"
 local key, fence_key = KEYS[1], KEYS[2]
@@ -265,13 +279,9 @@ end
 local fence = 0
 if not (mine and writing) then
   -- The first write: if the counter cannot be advanced, nothing of this holder is stored.
-  fence = redis.pcall('INCR', fence_key)
-  if type(fence) == 'table' and fence.err then return fence end
-  if fence == 1 then
-    -- A missing counter (new, or lost in a restart): seeded from the clock.
-    fence = now_us()
-    redis.call('SET', fence_key, string.format('%d', fence))
-  end
+  local err
+  fence, err = next_fence(fence_key)
+  if err then return err end
 end
 local score = now + dur
 redis.call('ZADD', key, score, token, score, '__write__')

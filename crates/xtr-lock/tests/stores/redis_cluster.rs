@@ -202,3 +202,56 @@ async fn a_slot_moved_back_and_forth_under_contention_loses_no_lock_and_strands_
     assert_eq!(tally.lost.load(Ordering::SeqCst), 0, "no lock lost");
     assert!(total >= 100, "{total} sections");
 }
+
+/// A release while the lock's slot is `MIGRATING` (its keys all still on the source node) either
+/// releases, or fails as a temporary error having changed nothing; either way the waiter gets in
+/// once the slot is stable again.
+///
+/// Ignored until the store is fixed: inside a script Redis refuses every access to a key that
+/// is missing on a `MIGRATING` source, and the release script touches the lock key again after
+/// removing its last member. The release then fails ("Script attempted to access a non local
+/// key") after it removed the lock and its record (scripts are not rolled back) and before it
+/// woke the waiter, who waits on until the lease ends (here: for ever, on a frozen clock).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "known store bug: a release during a slot's migration loses its wake (see the doc comment)"]
+async fn a_release_while_the_slot_migrates_wakes_the_waiter() {
+    let cluster = RedisCluster::start(3, 0);
+    let store = RedisStore::from_dsn(&cluster.dsn()).unwrap();
+    let factory = frozen(&store);
+    let name = "{migrating}r";
+    let slot = RedisCluster::slot_of(name.as_bytes()).to_string();
+    let from = cluster.master_of_slot(RedisCluster::slot_of(name.as_bytes()));
+    let to = *cluster.masters().iter().find(|&&m| m != from).unwrap();
+    let holder = factory.create_lock(name);
+    holder.acquire().await.unwrap();
+    let waiter = factory.create_lock(name);
+    let waiting = tokio::spawn(async move { waiter.acquire().await.map(|()| waiter) });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let id = |p: u16| cluster.cli(p, &["CLUSTER", "MYID"]);
+    let set = |p: u16, state: &[&str]| {
+        let mut args = vec!["CLUSTER", "SETSLOT", &slot];
+        args.extend_from_slice(state);
+        assert_eq!(cluster.cli(p, &args), "OK");
+    };
+    set(to, &["IMPORTING", &id(from)]);
+    set(from, &["MIGRATING", &id(to)]);
+    let released = holder.release().await;
+    if let Err(err) = &released {
+        assert!(err.is_temporary(), "{err:?}");
+        assert!(
+            holder.is_acquired().await.is_ok_and(|held| held),
+            "untouched"
+        );
+    }
+    set(from, &["STABLE"]);
+    set(to, &["STABLE"]);
+    if released.is_err() {
+        assert_eq!(holder.release().await.unwrap(), Release::Released);
+    }
+    let waiter = tokio::time::timeout(WOKEN, waiting)
+        .await
+        .expect("the waiter was woken")
+        .unwrap()
+        .unwrap();
+    assert_eq!(waiter.release().await.unwrap(), Release::Released);
+}

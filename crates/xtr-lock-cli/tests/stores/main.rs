@@ -14,4 +14,5 @@ mod pubsub;
 mod semaphores;
 mod sql;
 mod standby;
+mod store_checks;
 mod symfony_stores;

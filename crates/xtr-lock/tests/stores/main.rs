@@ -45,4 +45,5 @@ mod sql_deadlock;
 mod sql_errors;
 mod sql_lost_answer;
 mod sql_semaphore;
+mod store_check;
 mod sysv_semaphore;

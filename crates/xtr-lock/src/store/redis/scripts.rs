@@ -153,11 +153,13 @@ local function listeners(ticket)
   return redis.call('PUBSUB', 'NUMSUB', channel)[2]
 end
 -- After a release or a demotion: wakes the first waiting writer if the lock is free, or every
--- waiting reader if the first waiter reads and no writer holds.
-local function wake_next(key, qkey, now)
+-- waiting reader if the first waiter reads and no writer holds. `gone`: the caller removed the
+-- lock's last member, so the key is not read again (on a cluster slot being migrated, Redis
+-- refuses a script's access to a key the source node no longer has, halfway through it).
+local function wake_next(key, qkey, now, gone)
   local first = redis.call('ZRANGE', qkey, 0, 0)[1]
   if not first then return end
-  local writer = redis.call('ZSCORE', key, '__write__')
+  local writer = not gone and redis.call('ZSCORE', key, '__write__')
   if writer and tonumber(writer) > now then return end
   if string.sub(first, 1, 1) == 'r' then
     for _, t in ipairs(redis.call('ZRANGE', qkey, 0, -1)) do
@@ -168,14 +170,14 @@ local function wake_next(key, qkey, now)
     end
     return
   end
-  if redis.call('ZCOUNT', key, '(' .. now, '+inf') > 0 then return end
+  if not gone and redis.call('ZCOUNT', key, '(' .. now, '+inf') > 0 then return end
   -- Bounded: tickets of processes that went away are dropped on the way.
   for _ = 1, 64 do
     redis.call('ZREM', qkey, first)
     if wake(first, key) > 0 then return end
     first = redis.call('ZRANGE', qkey, 0, 0)[1]
     if not first then return end
-    if string.sub(first, 1, 1) == 'r' then return wake_next(key, qkey, now) end
+    if string.sub(first, 1, 1) == 'r' then return wake_next(key, qkey, now, gone) end
   end
 end
 -- Extends `token`'s live entry in `key` (and its record at `rkey`) to now + `dur` ms: the
@@ -377,15 +379,18 @@ if stop then return stop end
 -- The record goes with the entry (or alone, if the entry went first).
 redis.call('DEL', KEYS[3])
 if not score then return 0 end
+local size = redis.call('ZCARD', key)
 local removed = redis.call('ZREM', key, token, '__write__')
+-- Once the last member went, the key is not touched again (see `wake_next`).
+local gone = removed == size
 if removed == 2 and ARGV[1] == '' then
   -- The writer's key is gone: nobody holds, so no clock is needed to wake the next.
-  wake_next(key, KEYS[2], 0)
+  wake_next(key, KEYS[2], 0, gone)
   return 1
 end
-if removed < 2 then expire_at_max(key) end
+if removed < 2 and not gone then expire_at_max(key) end
 local now = now_ms()
-wake_next(key, KEYS[2], now)
+wake_next(key, KEYS[2], now, gone)
 if tonumber(score) <= now then return 2 end
 return 1
 "#;

@@ -121,7 +121,7 @@ pub(crate) async fn check(
 /// What a check of an entry's store came to: its warnings, or why it could not be checked.
 type Checked = std::result::Result<Vec<StoreWarning>, String>;
 
-/// Each reached entry's store checked ([`Store::check`]), all at once,
+/// Each reached entry's store checked (`Store::check`), all at once,
 /// each within `deadline`: its warnings (notes only with `verbose`), or why not.
 async fn store_checks(
     locks: &Locks,

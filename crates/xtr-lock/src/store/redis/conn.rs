@@ -40,7 +40,17 @@ const CLOCK_REFUSALS: &[&str] = &[
 
 impl RedisStore {
     fn cached_conn(&self) -> Option<Conn> {
-        lock(&self.inner.conn).clone()
+        let mut cached = lock(&self.inner.conn);
+        match &*cached {
+            Some((conn, epoch)) if *epoch == self.master_epoch() => Some(conn.clone()),
+            // Opened to a master Sentinel has since replaced (seen by this store or a sibling
+            // sharing its servers): never used again.
+            Some(_) => {
+                *cached = None;
+                None
+            }
+            None => None,
+        }
     }
 
     /// The command connection, opened on first use. One attempt at a time, in a task of its
@@ -121,7 +131,7 @@ impl RedisStore {
             ),
         };
         match outcome {
-            Ok(conn) => *lock(&inner.conn) = Some(conn),
+            Ok(conn) => *lock(&inner.conn) = Some((conn, self.master_epoch())),
             Err(err) => {
                 let mut failed = lock(&inner.failed);
                 let seq = failed.as_ref().map_or(0, |f| f.seq) + 1;
@@ -168,6 +178,15 @@ impl RedisStore {
         }
     }
 
+    /// How many times Sentinel's master changed (0 without Sentinel): a connection opened
+    /// before the last change is not used.
+    fn master_epoch(&self) -> u64 {
+        self.inner
+            .servers
+            .sentinel()
+            .map_or(0, |s| *s.changes.borrow())
+    }
+
     /// Forgets the connection, so the next operation opens a new one on the runtime it runs on
     /// (and, on Sentinel, asks the sentinels for the master again).
     pub(super) fn forget_conn(&self) {
@@ -190,10 +209,21 @@ impl RedisStore {
                 None => out,
             };
         }
+        // A cluster's redirections, a slot under migration, a cluster or master down, a
+        // demoted master: a fail-over or a reshard under way, over once it is.
+        let moving = err.is_cluster_error()
+            || matches!(
+                err.kind(),
+                redis::ErrorKind::Server(
+                    redis::ServerErrorKind::MasterDown | redis::ServerErrorKind::ReadOnly
+                )
+            )
+            || matches!(err.kind(), redis::ErrorKind::ClusterConnectionNotFound);
         let temporary = err.is_io_error()
             || err.is_timeout()
             || err.is_connection_refusal()
-            || err.is_connection_dropped();
+            || err.is_connection_dropped()
+            || moving;
         if let Some(why) = auth_refusal(&err) {
             // Said in words; the client's text would only say it again in its own terms.
             let out = Error::storage(why).with_store(self);
@@ -248,7 +278,18 @@ impl RedisStore {
         keys: Keys,
         ticket: Option<(&str, u64)>,
     ) -> Result<T> {
-        let call = Call {
+        let call = self.call_for(key, keys, ticket);
+        self.eval_call(script, key, ttl, call).await
+    }
+
+    /// The keys and extra arguments of a script for `key` that takes `keys`.
+    pub(super) fn call_for<'a>(
+        &self,
+        key: &Key,
+        keys: Keys,
+        ticket: Option<(&'a str, u64)>,
+    ) -> Call<'a> {
+        Call {
             keys: self.script_keys(key, keys),
             read_only: keys == Keys::ReadOnly,
             ticket,
@@ -256,8 +297,7 @@ impl RedisStore {
                 Keys::Save => vec![meta_arg(key)],
                 _ => Vec::new(),
             },
-        };
-        self.eval_call(script, key, ttl, call).await
+        }
     }
 
     /// Runs `script` for `key` with the keys and extra arguments `call` gives (ARGV as for
@@ -269,6 +309,110 @@ impl RedisStore {
         ttl: Option<Duration>,
         call: Call<'_>,
     ) -> Result<T> {
+        let read_only = call.read_only;
+        let (conn, keys_of, args) = self.prepare(key, ttl, call).await?;
+        let script = script.clone();
+        let run = move |mut conn: Conn| {
+            let (script, keys_of, args) = (script.clone(), keys_of.clone(), args.clone());
+            async move {
+                let mut invocation = script.prepare_invoke();
+                for k in &keys_of {
+                    invocation.key(k);
+                }
+                for a in &args {
+                    invocation.arg(a);
+                }
+                invocation.invoke_async::<T>(&mut conn).await
+            }
+        };
+        self.run_once_more_on_a_new_connection(key, read_only, conn, run)
+            .await
+    }
+
+    /// A script that writes what a holder's lock stands on (a save, a renewal) and, with
+    /// `wait_replicas`, `WAIT` for the replicas in the same pipeline on the same connection (to
+    /// the master of the script's slot), so the count is this write's. The script's answer,
+    /// and whether the replicas confirmed it (always, without `wait_replicas`).
+    pub(super) async fn eval_durable<T: redis::FromRedisValue + Send + 'static>(
+        &self,
+        script: &redis::Script,
+        key: &Key,
+        ttl: Option<Duration>,
+        call: Call<'_>,
+    ) -> Result<(T, bool)> {
+        let Some(durability) = self.inner.durability else {
+            return self
+                .eval_call(script, key, ttl, call)
+                .await
+                .map(|t| (t, true));
+        };
+        let (conn, keys_of, args) = self.prepare(key, ttl, call).await?;
+        let slot = super::layout::slot_of(&keys_of[0]);
+        let ms = u64::try_from(durability.timeout.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        let mut pipe = redis::pipe();
+        pipe.cmd("EVALSHA")
+            .arg(script.get_hash())
+            .arg(keys_of.len())
+            .arg(&keys_of)
+            .arg(&args);
+        pipe.cmd("WAIT").arg(durability.replicas).arg(ms);
+        let script = script.clone();
+        let run = move |mut conn: Conn| {
+            let (script, pipe) = (script.clone(), pipe.clone());
+            async move {
+                let answer = match conn.pipeline_on_slot_master(&pipe, slot).await {
+                    // Not loaded on this node yet: load it, then the whole pipeline again.
+                    Err(e)
+                        if e.kind()
+                            == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                    {
+                        script.prepare_invoke().load_async(&mut conn).await?;
+                        conn.pipeline_on_slot_master(&pipe, slot).await
+                    }
+                    other => other,
+                }?;
+                let mut answer = answer.into_iter();
+                let (Some(value), Some(waited)) = (answer.next(), answer.next()) else {
+                    return Err(redis::RedisError::from((
+                        redis::ErrorKind::Parse,
+                        "a script and WAIT gave fewer than two answers",
+                    )));
+                };
+                let waited: i64 = redis::from_redis_value(waited)?;
+                Ok((redis::from_redis_value::<T>(value)?, waited))
+            }
+        };
+        let (value, waited) = self
+            .run_once_more_on_a_new_connection(key, false, conn, run)
+            .await?;
+        Ok((value, waited >= i64::from(durability.replicas)))
+    }
+
+    /// The error of a durable write whose replicas did not confirm it in time (temporary: a
+    /// fresh grant is taken back by the lock, a renewal tried again within the lease).
+    pub(super) fn unconfirmed(&self, key: &Key) -> Error {
+        let (replicas, timeout) = self
+            .inner
+            .durability
+            .map_or((0, Duration::ZERO), |d| (d.replicas, d.timeout));
+        Error::storage(format!(
+            "fewer than the {replicas} replicas wait_replicas asks for confirmed the write within \
+             {timeout:?}"
+        ))
+        .with_store(self)
+        .with_resource(key.resource())
+        .temporary()
+    }
+
+    /// The connection, and the keys and arguments of a script call for `key`.
+    async fn prepare(
+        &self,
+        key: &Key,
+        ttl: Option<Duration>,
+        call: Call<'_>,
+    ) -> Result<(Conn, Vec<Vec<u8>>, Vec<Vec<u8>>)> {
         let Call {
             keys: keys_of,
             read_only,
@@ -301,26 +445,26 @@ impl RedisStore {
         .collect();
         // Last: how the script wakes a waiter (see `PRELUDE`'s `wake`).
         args.push(self.wake_arg(&keys_of[0]));
-        let script = script.clone();
-        let run = move |mut conn: Conn| {
-            let (script, keys_of, args) = (script.clone(), keys_of.clone(), args.clone());
-            async move {
-                let mut invocation = script.prepare_invoke();
-                for k in &keys_of {
-                    invocation.key(k);
-                }
-                for a in &args {
-                    invocation.arg(a);
-                }
-                invocation.invoke_async::<T>(&mut conn).await
-            }
-        };
-        let answer = self.landing(read_only, run(conn)).await;
-        match answer {
-            // The connection's driver task ran on a runtime that has ended (a store used from a
-            // second runtime: a key used again from a second runtime), so the request never left. Reconnect here and retry once;
-            // the scripts are idempotent for one token, so a retry cannot double an effect
-            // (except that a save granted twice reports its fencing token only the first time).
+        Ok((conn, keys_of, args))
+    }
+
+    /// Runs `run` on `conn` within the bounds of [`landing`](Self::landing). When the
+    /// connection's driver task ran on a runtime that has ended (a store used again from a
+    /// second runtime), the request never left: reconnect here and run it once more. The
+    /// scripts are idempotent for one token, so a retry cannot double an effect (except that
+    /// a save granted twice reports its fencing token only the first time).
+    async fn run_once_more_on_a_new_connection<R, F>(
+        &self,
+        key: &Key,
+        read_only: bool,
+        conn: Conn,
+        run: impl Fn(Conn) -> F,
+    ) -> Result<R>
+    where
+        R: Send + 'static,
+        F: Future<Output = redis::RedisResult<R>> + Send + 'static,
+    {
+        match self.landing(read_only, run(conn)).await {
             Err(e)
                 if e.is_io_error() && !e.is_timeout() && e.to_string().contains("broken pipe") =>
             {
@@ -353,51 +497,6 @@ impl RedisStore {
             arg.extend_from_slice(super::layout::WAKE_CHANNEL.as_bytes());
             arg
         }
-    }
-
-    /// After a save or a renewal: with `wait_replicas`, `WAIT` on the master of `anchor`'s slot
-    /// until that many replicas confirm the writes so far; an error (temporary) when fewer did
-    /// within `wait_timeout`. Nothing without `wait_replicas`.
-    pub(super) async fn replicated(&self, anchor: &str) -> Result<()> {
-        let Some(durability) = self.inner.durability else {
-            return Ok(());
-        };
-        let mut conn = self.conn().await?;
-        let mut wait = redis::cmd("WAIT");
-        let ms = u64::try_from(durability.timeout.as_millis())
-            .unwrap_or(u64::MAX)
-            .max(1);
-        wait.arg(durability.replicas).arg(ms);
-        let slot = super::layout::slot_of(anchor.as_bytes());
-        let bound = durability.timeout + self.inner.response_timeout.unwrap_or(durability.timeout);
-        let answer = tokio::time::timeout(bound, conn.on_slot_master(wait, slot))
-            .await
-            .unwrap_or_else(|_| Err(timed_out()))
-            .and_then(|v| redis::from_redis_value::<i64>(v).map_err(Into::into))
-            .map_err(|e| self.redis_error(e, None))?;
-        if answer < i64::from(durability.replicas) {
-            return Err(Error::storage(format!(
-                "only {answer} of the {} replicas wait_replicas asks for confirmed the write \
-                 within {:?}",
-                durability.replicas, durability.timeout
-            ))
-            .with_store(self)
-            .temporary());
-        }
-        Ok(())
-    }
-
-    /// With `wait_replicas`: waits for the replicas to confirm an admitted save; if too few do,
-    /// the save is taken back (it does not count) and the error returned.
-    pub(super) async fn confirm_save(&self, key: &Key, anchor: &str) -> Result<()> {
-        let Err(err) = self.replicated(anchor).await else {
-            return Ok(());
-        };
-        if let Err(undo) = crate::store::Store::delete(self, key).await {
-            tracing::debug!(target: crate::logging::TARGET, resource = key.resource(),
-                error = %undo, "cannot take back a save its replicas did not confirm; it expires");
-        }
-        Err(err.with_resource(key.resource()))
     }
 
     /// The keys a script for `key` takes: the lock key, then what `keys` asks for.

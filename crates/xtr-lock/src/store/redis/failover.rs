@@ -67,12 +67,18 @@ impl RedisStore {
             let mut pause = Duration::from_millis(100);
             // Holds the store weakly: the task ends soon after the store is dropped.
             while weak.strong_count() > 0 {
-                if let Err(err) = follow_switches(&servers, &weak).await {
-                    tracing::debug!(target: TARGET, error = %err,
-                        "cannot listen to the sentinels' fail-over announcements");
+                match follow_switches(&servers, &weak).await {
+                    // It listened until the connection ended: start again soon.
+                    Ok(()) => pause = Duration::from_millis(100),
+                    Err(err) => tracing::debug!(target: TARGET, error = %err,
+                        "cannot listen to the sentinels' fail-over announcements"),
                 }
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(MAX_BACKOFF);
+            }
+            // Another store sharing these servers (`with_prefix`) starts a listener of its own.
+            if let Some(sentinel) = servers.sentinel() {
+                sentinel.listening.store(false, Ordering::SeqCst);
             }
         });
     }

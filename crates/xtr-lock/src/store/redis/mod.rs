@@ -133,7 +133,8 @@ struct Inner {
     connect_timeout: Option<Duration>,
     response_timeout: Option<Duration>,
     /// Opened on first use; replaced when its driver task is gone (see `eval`).
-    conn: std::sync::Mutex<Option<Conn>>,
+    /// With the count of Sentinel's master changes when it was opened (`conn.rs`).
+    conn: std::sync::Mutex<Option<(Conn, u64)>>,
     /// The connection attempt under way (one at a time, shared by the requests that wait).
     connecting: std::sync::Mutex<
         Option<futures_util::future::Shared<crate::clock::BoxFuture<'static, ()>>>,
@@ -307,15 +308,13 @@ impl RedisStore {
         };
         let lock_key = self.key_for(key.resource());
         let ticket = self.inner.notifier.ticket(&lock_key, key, mode);
-        let (granted, value, kept, announced): (i64, i64, i64, i64) = self
-            .eval(
-                script,
-                key,
-                Some(ttl),
-                Keys::Save,
-                ticket.as_ref().map(|t| (t.text.as_str(), t.since_us)),
-            )
-            .await?;
+        let call = self.call_for(
+            key,
+            Keys::Save,
+            ticket.as_ref().map(|t| (t.text.as_str(), t.since_us)),
+        );
+        let ((granted, value, kept, announced), confirmed): ((i64, i64, i64, i64), bool) =
+            self.eval_durable(script, key, Some(ttl), call).await?;
         if let Some(ticket) = &ticket {
             self.inner
                 .notifier
@@ -336,12 +335,24 @@ impl RedisStore {
                 _ => conflict,
             }));
         }
-        self.confirm_save(key, &lock_key).await?;
+        if !confirmed {
+            // Not counted: the lock takes a fresh grant back; a holder that held before keeps
+            // what it held (a promotion or re-save the replicas did not confirm).
+            return Err(self.unconfirmed(key));
+        }
         check_expiry(self, key).await?;
         Ok(Saved::Acquired(match u64::try_from(value) {
             Ok(fence) if fence > 0 => Acquired::fenced(fence),
             _ => Acquired::new(),
         }))
+    }
+}
+
+impl Drop for Inner {
+    /// Ends the store's subscriber connections and their reader tasks (they hold the waiters'
+    /// state, not the store, so nothing else would end them).
+    fn drop(&mut self) {
+        self.notifier.close();
     }
 }
 
@@ -472,20 +483,15 @@ impl Store for RedisStore {
             return self.semaphore_put_off(key, ttl).await;
         }
         key.reduce_lifetime(ttl);
-        let code: i64 = self
-            .eval(
-                &self.inner.scripts.put_off,
-                key,
-                Some(ttl),
-                Keys::Lock,
-                None,
-            )
+        let call = self.call_for(key, Keys::Lock, None);
+        let (code, confirmed): (i64, bool) = self
+            .eval_durable(&self.inner.scripts.put_off, key, Some(ttl), call)
             .await?;
         let held = holding(code);
         if held.is_held() {
-            self.replicated(&self.key_for(key.resource()))
-                .await
-                .map_err(|e| e.with_resource(key.resource()))?;
+            if !confirmed {
+                return Err(self.unconfirmed(key));
+            }
             check_expiry(self, key).await?;
         }
         Ok(held)

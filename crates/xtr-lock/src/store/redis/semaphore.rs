@@ -59,6 +59,24 @@ impl RedisStore {
         ]
     }
 
+    /// On a cluster, Symfony's two keys of the semaphore `resource` must share a slot: not so
+    /// for a name that is empty or starts with `}` (under a prefix without a tag), whose
+    /// `{…}` is empty and makes Redis hash each whole key.
+    fn one_slot(&self, resource: &str) -> Result<()> {
+        let time = self.semaphore_key(resource);
+        let weight = format!("{}{{{resource}}}:weight", self.prefix());
+        let slot = super::layout::slot_of;
+        if !self.inner.layout.is_slotted() || slot(time.as_bytes()) == slot(weight.as_bytes()) {
+            return Ok(());
+        }
+        Err(Error::invalid_argument(
+            "on a Redis Cluster a semaphore's name may not be empty or start with '}': \
+             Symfony's keys {name}:time and {name}:weight would land in different hash slots",
+        )
+        .with_resource(resource)
+        .with_store(self))
+    }
+
     /// The record of the permits `token` holds on the semaphore `resource`.
     pub(super) fn semaphore_record_key(&self, resource: &str, token: &str) -> Vec<u8> {
         self.record_key(&format!("{{{resource}}}:time"), token)
@@ -84,6 +102,7 @@ impl RedisStore {
         ttl: Option<Duration>,
     ) -> Result<Saved> {
         let ttl = self.ttl(key, ttl)?;
+        self.one_slot(key.resource())?;
         key.reduce_lifetime(ttl);
         let time_key = self.semaphore_key(key.resource());
         let suffix = format!(".{}", permits.count());
@@ -96,8 +115,8 @@ impl RedisStore {
             false,
             ticket.as_ref().map(|t| (t.text.as_str(), t.since_us)),
         );
-        let (granted, value, announced): (i64, i64, i64) = self
-            .eval_call(&self.inner.sem.save, key, Some(ttl), call)
+        let ((granted, value, announced), confirmed): ((i64, i64, i64), bool) = self
+            .eval_durable(&self.inner.sem.save, key, Some(ttl), call)
             .await?;
         if let Some(ticket) = &ticket {
             self.inner
@@ -106,8 +125,9 @@ impl RedisStore {
         }
         match granted {
             1 => {
-                self.confirm_save(key, &self.semaphore_key(key.resource()))
-                    .await?;
+                if !confirmed {
+                    return Err(self.unconfirmed(key));
+                }
                 check_expiry(self, key).await?;
                 Ok(Saved::Acquired(match u64::try_from(value) {
                     Ok(fence) if fence > 0 => Acquired::fenced(fence),
@@ -135,11 +155,14 @@ impl RedisStore {
     pub(super) async fn semaphore_put_off(&self, key: &Key, ttl: Duration) -> Result<Holding> {
         key.reduce_lifetime(ttl);
         let call = self.call(key, false, None);
-        let code: i64 = self
-            .eval_call(&self.inner.sem.put_off, key, Some(ttl), call)
+        let (code, confirmed): (i64, bool) = self
+            .eval_durable(&self.inner.sem.put_off, key, Some(ttl), call)
             .await?;
         let held = holding(code);
         if held.is_held() {
+            if !confirmed {
+                return Err(self.unconfirmed(key));
+            }
             check_expiry(self, key).await?;
         }
         Ok(held)

@@ -225,21 +225,6 @@ impl Conn {
         matches!(self, Conn::Cluster(_))
     }
 
-    /// Runs `cmd` on the master of `slot` (a cluster), or on the one server.
-    pub(super) async fn on_slot_master(&mut self, cmd: Cmd, slot: u16) -> RedisResult<Value> {
-        match self {
-            Conn::Single(c) => cmd.query_async(c).await,
-            Conn::Cluster(c) => {
-                let route = Route::new(slot, SlotAddr::Master);
-                c.route_command(
-                    cmd,
-                    RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
-                )
-                .await
-            }
-        }
-    }
-
     /// The masters of a cluster as `(host, port)`, from `CLUSTER SLOTS`; one server is one
     /// entry whose address `on_node` ignores.
     pub(super) async fn masters(&mut self) -> RedisResult<Vec<(String, u16)>> {
@@ -266,6 +251,36 @@ impl Conn {
             }
         }
         Ok(masters)
+    }
+
+    /// Runs `pipe` on the master of `slot` (a cluster), or on the one server: one connection,
+    /// in order. An error reply of any command fails it.
+    pub(super) async fn pipeline_on_slot_master(
+        &mut self,
+        pipe: &Pipeline,
+        slot: u16,
+    ) -> RedisResult<Vec<Value>> {
+        match self {
+            Conn::Single(c) => pipe.query_async(c).await,
+            Conn::Cluster(c) => {
+                let route = Route::new(slot, SlotAddr::Master);
+                let values = c
+                    .route_pipeline(
+                        pipe.clone(),
+                        0,
+                        pipe.len(),
+                        SingleNodeRoutingInfo::SpecificNode(route),
+                    )
+                    .await?;
+                // The cluster client hands error replies back as values.
+                for v in &values {
+                    if let Value::ServerError(e) = v {
+                        return Err(e.clone().into());
+                    }
+                }
+                Ok(values)
+            }
+        }
     }
 
     /// Runs `cmd` on the node at `host:port` (a cluster), or on the one server.

@@ -68,44 +68,74 @@ impl Notifier {
 
     async fn subscribe_shard(&self, store: &RedisStore, slot: u16) -> bool {
         let outcome = async {
-            let existing = self.state().shards.conn.clone();
-            let mut conn = match existing {
-                Some(conn) => conn,
-                None => self.connect_shards(store).await?,
-            };
+            let (mut conn, generation) = self.shard_conn(store).await?;
             let channel = self.shard_channel(store, slot);
-            match tokio::time::timeout(self.connect_timeout, conn.ssubscribe(channel)).await {
-                Ok(result) => result,
-                Err(_) => Err(redis::RedisError::from((
-                    redis::ErrorKind::Io,
-                    "ssubscribe timed out",
-                ))),
-            }
+            let subscribed =
+                match tokio::time::timeout(self.connect_timeout, conn.ssubscribe(channel)).await {
+                    Ok(result) => result,
+                    Err(_) => Err(redis::RedisError::from((
+                        redis::ErrorKind::Io,
+                        "ssubscribe timed out",
+                    ))),
+                };
+            subscribed
+                .map(|()| generation)
+                .map_err(|e| (e, Some(generation)))
         }
         .await;
         let mut st = self.state();
-        let shards = &mut st.shards;
-        shards.pending.remove(&slot);
+        st.shards.pending.remove(&slot);
         match outcome {
-            Ok(()) => {
-                shards.retry_at = None;
-                shards.live.insert(slot);
+            // Live only on the connection that is still the subscriber: one replaced meanwhile
+            // took its subscriptions with it (the next wait subscribes again).
+            Ok(generation) if generation == st.shards.generation => {
+                st.shards.retry_at = None;
+                st.shards.live.insert(slot);
                 true
             }
-            Err(err) => {
+            Ok(_) => false,
+            Err((err, generation)) => {
+                let shards = &mut st.shards;
                 let pause = shards
                     .retry_at
                     .map_or(FIRST_BACKOFF, |(_, p)| (p * 2).min(MAX_BACKOFF));
                 shards.retry_at = Some((tokio::time::Instant::now() + pause, pause));
                 tracing::debug!(target: TARGET, error = %err, slot, retry_in = ?pause,
                     "cannot subscribe to a slot's wake channel; its waiters poll instead");
+                if generation.is_some_and(|g| g == shards.generation) {
+                    // The connection may be dead: the next wait opens another, and the waiters
+                    // of every slot it served look again.
+                    shards.close();
+                    st.wake_slot_all();
+                }
                 false
             }
         }
     }
 
+    /// The subscriber connection and its generation, opened if there is none: one opening at a
+    /// time (two first waits on different slots must not each open one and drop the other's).
+    async fn shard_conn(
+        &self,
+        store: &RedisStore,
+    ) -> Result<(ClusterConnection, u64), (redis::RedisError, Option<u64>)> {
+        let gate = self.state().shards.gate.clone();
+        let _one_at_a_time = gate.lock().await;
+        let existing = {
+            let st = self.state();
+            st.shards.conn.clone().map(|c| (c, st.shards.generation))
+        };
+        match existing {
+            Some(found) => Ok(found),
+            None => self.connect_shards(store).await.map_err(|e| (e, None)),
+        }
+    }
+
     /// Opens the subscriber connection (RESP3, pushes to a reader task).
-    async fn connect_shards(&self, store: &RedisStore) -> redis::RedisResult<ClusterConnection> {
+    async fn connect_shards(
+        &self,
+        store: &RedisStore,
+    ) -> redis::RedisResult<(ClusterConnection, u64)> {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let client = self
             .servers
@@ -135,9 +165,11 @@ impl Notifier {
         });
         let mut st = self.state();
         st.shards.close();
+        st.shards.generation += 1;
         st.shards.conn = Some(conn.clone());
         st.shards.reader = Some(reader.abort_handle());
-        Ok(conn)
+        let generation = st.shards.generation;
+        Ok((conn, generation))
     }
 }
 
@@ -176,7 +208,7 @@ impl State {
         self.wake_where(|lock_key| super::layout::slot_of(lock_key.as_bytes()) == slot);
     }
 
-    fn wake_slot_all(&mut self) {
+    pub(super) fn wake_slot_all(&mut self) {
         self.wake_where(|_| true);
     }
 }

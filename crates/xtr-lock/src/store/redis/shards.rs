@@ -19,6 +19,10 @@ pub(super) struct Shards {
     /// Subscriptions under way, by slot (each in a task of its own, shared by its waiters).
     pub(super) pending: HashMap<u16, Shared<BoxFuture<'static, bool>>>,
     pub(super) reader: Option<tokio::task::AbortHandle>,
+    /// Counts the subscriber connections opened: a subscription counts only on the current.
+    pub(super) generation: u64,
+    /// One opening of the subscriber connection at a time.
+    pub(super) gate: std::sync::Arc<tokio::sync::Mutex<()>>,
     /// After a failure: no new try before this instant, and the pause (doubling).
     pub(super) retry_at: Option<(tokio::time::Instant, Duration)>,
 }

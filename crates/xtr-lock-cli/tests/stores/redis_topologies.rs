@@ -49,11 +49,19 @@ fn run_on_a_cluster_holds_the_key_on_its_master_in_both_dsn_forms() {
             &tmp.path().join(format!("pid-{i}")),
         );
         let master = cluster.master_of_slot(RedisCluster::slot_of(resource.as_bytes()));
-        assert_eq!(cluster.cli(master, &["EXISTS", resource]), "1", "{resource}");
+        assert_eq!(
+            cluster.cli(master, &["EXISTS", resource]),
+            "1",
+            "{resource}"
+        );
         refused(&dsn, resource);
         refused(&symfony_form, resource);
         stop(run);
-        assert_eq!(cluster.cli(master, &["EXISTS", resource]), "0", "{resource}");
+        assert_eq!(
+            cluster.cli(master, &["EXISTS", resource]),
+            "0",
+            "{resource}"
+        );
         runs(&symfony_form, resource);
     }
 }

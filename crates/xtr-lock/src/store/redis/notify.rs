@@ -47,6 +47,9 @@ pub(super) struct Notifier {
     /// A cluster: one sharded channel per slot waited in (see `sharded.rs`).
     pub(super) sharded: bool,
     pub(super) inner: Arc<Mutex<State>>,
+    /// A cluster: held while the subscriber connection is looked up or opened, so that the
+    /// first waits in several slots at once share one connection (see `sharded.rs`).
+    pub(super) shard_connect: tokio::sync::Mutex<()>,
 }
 
 #[derive(Default)]
@@ -107,6 +110,7 @@ impl Notifier {
             id: base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(id),
             sharded,
             inner: Arc::default(),
+            shard_connect: tokio::sync::Mutex::new(()),
         }
     }
 

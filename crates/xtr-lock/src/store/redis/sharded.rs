@@ -98,10 +98,16 @@ impl Notifier {
 
     async fn subscribe_shard(&self, store: &RedisStore, slot: u16) -> bool {
         let outcome = async {
-            let existing = self.state().shards.conn.clone();
-            let mut conn = match existing {
-                Some(conn) => conn,
-                None => self.connect_shards(store).await?,
+            // One at a time: two slots' first subscriptions that each opened a connection
+            // would leave the first slot subscribed on a connection whose reader the second
+            // closed, its wakes heard by the server's count and delivered to no waiter.
+            let mut conn = {
+                let _one = self.shard_connect.lock().await;
+                let existing = self.state().shards.conn.clone();
+                match existing {
+                    Some(conn) => conn,
+                    None => self.connect_shards(store).await?,
+                }
             };
             let channel = self.shard_channel(store, slot);
             match tokio::time::timeout(self.connect_timeout, conn.ssubscribe(channel)).await {

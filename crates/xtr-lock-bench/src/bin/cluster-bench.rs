@@ -88,14 +88,20 @@ fn main() {
     }
     pin(&std::process::id().to_string(), -1);
 
+    rt.block_on(command_counts(&sides, &names));
+}
+
+/// What hand-offs cost the servers: 10 processes with `per` waiters on each of `names`.
+async fn command_counts(sides: &[Side], names: &[String]) {
     println!();
     println!(
         "| deployment | waiters (processes × per resource × resources) | commands / hand-off | scripts / hand-off | (S)PUBLISH / hand-off | other commands |"
     );
     println!("|---|---|---|---|---|---|");
     for per in [1, 10, 30] {
-        for s in &sides {
-            let (waiters, stats) = rt.block_on(chain(s, &names, per));
+        for s in sides {
+            let (waiters, stats) = chain(s, names, per).await;
+            eprintln!("{}, {waiters} waiters: {stats:?}", s.label);
             let n = waiters as f64;
             let scripts = stats.get("evalsha").copied().unwrap_or(0) as f64;
             let publish = stats.get("publish").or(stats.get("spublish")).copied();
@@ -122,7 +128,10 @@ fn main() {
 }
 
 fn side(label: &'static str, dsn: String, ports: Vec<u16>) -> Side {
-    let pids = ports.iter().map(|&p| info_field(p, "server", "process_id")).collect();
+    let pids = ports
+        .iter()
+        .map(|&p| info_field(p, "server", "process_id"))
+        .collect();
     Side {
         label,
         store: RedisStore::from_dsn(&dsn).unwrap(),
@@ -264,7 +273,11 @@ async fn cycles(sides: &[Side], names: &[String]) -> Vec<Summary> {
         }
     }
     for round in 0..ROUNDS {
-        let order: Vec<usize> = if round % 2 == 0 { vec![0, 1] } else { vec![1, 0] };
+        let order: Vec<usize> = if round % 2 == 0 {
+            vec![0, 1]
+        } else {
+            vec![1, 0]
+        };
         for i in order {
             let l = lock(&sides[i].store, &names[round % names.len()]);
             for _ in 0..CYCLES_PER_ROUND {
@@ -289,7 +302,10 @@ fn queued(ports: &[u16], resource: &str) -> usize {
             .unwrap();
         let keys: Vec<Vec<u8>> = redis::cmd("KEYS").arg(&pattern).query(&mut conn).unwrap();
         for key in keys {
-            n += redis::cmd("ZCARD").arg(key).query::<usize>(&mut conn).unwrap();
+            n += redis::cmd("ZCARD")
+                .arg(key)
+                .query::<usize>(&mut conn)
+                .unwrap();
         }
     }
     n
@@ -298,7 +314,10 @@ fn queued(ports: &[u16], resource: &str) -> usize {
 async fn until_queued(ports: &[u16], resource: &str, n: usize) {
     let deadline = Instant::now() + Duration::from_secs(120);
     while queued(ports, resource) < n {
-        assert!(Instant::now() < deadline, "{n} waiters never queued on {resource}");
+        assert!(
+            Instant::now() < deadline,
+            "{n} waiters never queued on {resource}"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
@@ -307,17 +326,20 @@ async fn until_queued(ports: &[u16], resource: &str, n: usize) {
 /// side, the order swapped every round; the sample is this release → the child holds (one
 /// monotonic clock). The resource moves over the masters with the round.
 async fn handoffs(sides: &[Side], cpu: i32) -> Vec<Summary> {
-    let mut children: Vec<(Child, std::process::ChildStdin, BufReader<std::process::ChildStdout>)> =
-        sides
-            .iter()
-            .map(|s| {
-                let mut c = spawn_child(&["handoff", &s.dsn]);
-                pin(&c.id().to_string(), cpu);
-                let stdin = c.stdin.take().unwrap();
-                let stdout = BufReader::new(c.stdout.take().unwrap());
-                (c, stdin, stdout)
-            })
-            .collect();
+    let mut children: Vec<(
+        Child,
+        std::process::ChildStdin,
+        BufReader<std::process::ChildStdout>,
+    )> = sides
+        .iter()
+        .map(|s| {
+            let mut c = spawn_child(&["handoff", &s.dsn]);
+            pin(&c.id().to_string(), cpu);
+            let stdin = c.stdin.take().unwrap();
+            let stdout = BufReader::new(c.stdout.take().unwrap());
+            (c, stdin, stdout)
+        })
+        .collect();
     let mut samples = vec![Vec::new(); sides.len()];
     // One unmeasured round first: the child's connections and subscriptions.
     for i in 0..=HANDOFFS {

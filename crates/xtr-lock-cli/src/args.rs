@@ -80,6 +80,8 @@ pub(crate) enum Settings {
     ConfigCheck {
         file: ConfigFileArgs,
         ping: Option<Duration>,
+        /// `-v`: the stores' notes too.
+        verbose: bool,
     },
     /// `config show`.
     ConfigShow { file: ConfigFileArgs },
@@ -366,11 +368,13 @@ impl Settings {
                 file,
                 ping,
                 timeout,
+                verbose,
             } => {
                 let timeout = duration("--timeout", &timeout)?;
                 Settings::ConfigCheck {
                     file,
                     ping: ping.then_some(timeout),
+                    verbose,
                 }
             }
             ConfigCommand::Show { file } => Settings::ConfigShow { file },

@@ -103,7 +103,9 @@ pub(crate) enum ConfigCommand {
     /// Check every entry (with --ping: reach every store, for readiness probes).
     ///
     /// Checks DSNs, variables, periods and the default entry; with --ping also reaches each
-    /// store (a trying lock on `xtr-lock-ping`, released).
+    /// store (a trying lock on `xtr-lock-ping`, released) and checks its server's set-up,
+    /// printing a warning for what can drop locks (Redis or Memcached evicting keys, a
+    /// replica, replicas a fail-over can promote). Warnings do not change the exit status.
     Check {
         #[command(flatten)]
         file: ConfigFileArgs,
@@ -113,6 +115,9 @@ pub(crate) enum ConfigCommand {
         /// How long each store may take to answer the ping.
         #[arg(long, value_name = "DURATION", default_value = "5s")]
         timeout: String,
+        /// With --ping, also print the stores' notes (a server without persistence).
+        #[arg(short = 'v', long)]
+        verbose: bool,
     },
     /// Print every entry as commands use it (credentials redacted).
     ///

@@ -16,6 +16,7 @@ mod lease;
 mod meta;
 mod output;
 mod policy;
+mod preflight;
 mod procs;
 mod sentinel;
 mod stdio;

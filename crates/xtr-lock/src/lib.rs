@@ -158,7 +158,7 @@ pub use store::RedisPubSubStore;
 pub use store::RedisStore;
 #[cfg(all(feature = "semaphore", target_os = "linux"))]
 pub use store::SemaphoreStore;
-pub use store::{InMemoryStore, NullStore, Store, Usage};
+pub use store::{InMemoryStore, NullStore, Store, StoreWarning, Usage};
 #[cfg(feature = "sql")]
 pub use store::{KeyMode, MySqlLockStore, PgAdvisoryStore, SqlStore};
 pub use store_factory::{Fencing, QuorumKind, StoreFactory, StoreKind, StoreSpec};

@@ -1,12 +1,14 @@
 //! `config check` and `config show`: a lock configuration file checked (every problem at once,
 //! optionally every store reached) or printed as checked, credentials redacted.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, anyhow};
 use serde_json::json;
 use xtr_lock::config::{CheckedEntry, Locks, QuorumKind};
+use xtr_lock::store::{Severity, StoreWarning};
 use xtr_lock::{StoreFactory, Wait};
 
 use crate::cli::ConfigFileArgs;
@@ -45,8 +47,13 @@ fn load(file: &ConfigFileArgs) -> Result<std::result::Result<Loaded, Exit>> {
 }
 
 /// `config check`: every entry checked, and with `ping` (how long each may take to answer)
-/// every store reached.
-pub(crate) async fn check(file: &ConfigFileArgs, ping: Option<Duration>) -> Result<Exit> {
+/// every store reached and its server's set-up checked (warnings, and with `verbose` notes,
+/// printed; they do not change the exit status).
+pub(crate) async fn check(
+    file: &ConfigFileArgs,
+    ping: Option<Duration>,
+    verbose: bool,
+) -> Result<Exit> {
     let loaded = match load(file)? {
         Ok(loaded) => loaded,
         Err(exit) => return Ok(exit),
@@ -71,45 +78,154 @@ pub(crate) async fn check(file: &ConfigFileArgs, ping: Option<Duration>) -> Resu
     let locks = Locks::from_checked(loaded.checked);
     let started = Instant::now();
     let report = locks.ping(deadline).await;
+    let checks = store_checks(&locks, &report, deadline, verbose).await;
     let took = started.elapsed();
     if let Err(err) = locks.close().await {
         output::warning(&output::causes(&err));
     }
     let failed = report.iter().filter(|(_, r)| r.is_err()).count();
-    if file.json {
-        let entries: serde_json::Map<String, serde_json::Value> = report
-            .iter()
-            .map(|(entry, answer)| {
-                let value = match answer {
-                    Ok(()) => json!({"reached": true}),
-                    Err(e) => json!({"reached": false, "error": output::causes(e)}),
-                };
-                (entry.clone(), value)
-            })
-            .collect();
-        println!(
-            "{}",
-            json!({"file": shown, "ok": failed == 0, "default": default, "entries": entries})
-        );
+    let text = if file.json {
+        let entries = entries_json(&report, &checks);
+        json!({"file": shown, "ok": failed == 0, "default": default, "entries": entries})
+            .to_string()
     } else {
-        let width = report.iter().map(|(e, _)| e.len()).max().unwrap_or(0);
-        for (entry, answer) in &report {
-            match answer {
-                Ok(()) => println!("{entry:width$}  reached"),
-                Err(e) => println!("{entry:width$}  NOT REACHED: {}", output::causes(e)),
-            }
-        }
-        println!(
-            "{shown}: {} of {count} reached within {} ({})",
+        let mut text = entries_text(&report, &checks);
+        let warned = checks
+            .values()
+            .flatten()
+            .flatten()
+            .filter(|w| w.severity() == Severity::Warning)
+            .count();
+        text.push_str(&format!(
+            "{shown}: {} of {count} reached within {} ({}){}",
             count - failed,
             output::short(deadline),
-            output::short(took)
-        );
-    }
+            output::short(took),
+            match warned {
+                0 => String::new(),
+                1 => ", 1 warning".to_owned(),
+                n => format!(", {n} warnings"),
+            }
+        ));
+        text
+    };
+    // A reader that stops early (`| head`) ends it quietly.
+    output::print(&text)?;
     Ok(if failed == 0 {
         Exit::Ok
     } else {
         Exit::Unavailable
+    })
+}
+
+/// What a check of an entry's store came to: its warnings, or why it could not be checked.
+type Checked = std::result::Result<Vec<StoreWarning>, String>;
+
+/// Each reached entry's store checked ([`Store::check`]), all at once,
+/// each within `deadline`: its warnings (notes only with `verbose`), or why not.
+async fn store_checks(
+    locks: &Locks,
+    report: &[(String, xtr_lock::Result<()>)],
+    deadline: Duration,
+    verbose: bool,
+) -> BTreeMap<String, Checked> {
+    let reached = report.iter().filter(|(_, r)| r.is_ok()).map(|(e, _)| e);
+    let tasks: Vec<_> = reached
+        .map(|entry| {
+            let store = locks.factory(entry).map(|f| f.store().clone());
+            let task = tokio::spawn(async move {
+                let store = store.map_err(|e| output::causes(&e))?;
+                match tokio::time::timeout(deadline, store.check()).await {
+                    Ok(found) => found.map_err(|e| output::causes(&e)),
+                    Err(_) => Err(format!(
+                        "the store did not answer within {}",
+                        output::short(deadline)
+                    )),
+                }
+            });
+            (entry.clone(), task)
+        })
+        .collect();
+    let mut out = BTreeMap::new();
+    for (entry, task) in tasks {
+        let found = task.await.unwrap_or_else(|e| Err(e.to_string()));
+        let found = found.map(|all| {
+            all.into_iter()
+                .filter(|w| verbose || w.severity() != Severity::Note)
+                .collect()
+        });
+        out.insert(entry, found);
+    }
+    out
+}
+
+/// Each entry reached or not, and what its check found, as `--json` prints them.
+fn entries_json(
+    report: &[(String, xtr_lock::Result<()>)],
+    checks: &BTreeMap<String, Checked>,
+) -> serde_json::Map<String, serde_json::Value> {
+    report
+        .iter()
+        .map(|(entry, answer)| {
+            let value = match (answer, checks.get(entry)) {
+                (Ok(()), Some(Ok(found))) => json!({"reached": true,
+                    "warnings": found.iter().map(warning_json).collect::<Vec<_>>()}),
+                (Ok(()), Some(Err(e))) => json!({"reached": true, "check_error": e}),
+                (Ok(()), None) => json!({"reached": true}),
+                (Err(e), _) => json!({"reached": false, "error": output::causes(e)}),
+            };
+            (entry.clone(), value)
+        })
+        .collect()
+}
+
+/// Each entry reached or not, then a line per warning its check found, each line naming the
+/// entry.
+fn entries_text(
+    report: &[(String, xtr_lock::Result<()>)],
+    checks: &BTreeMap<String, Checked>,
+) -> String {
+    let width = report.iter().map(|(e, _)| e.len()).max().unwrap_or(0);
+    let mut text = String::new();
+    for (entry, answer) in report {
+        match answer {
+            Ok(()) => text.push_str(&format!("{entry:width$}  reached\n")),
+            Err(e) => text.push_str(&format!(
+                "{entry:width$}  NOT REACHED: {}\n",
+                output::causes(e)
+            )),
+        }
+        match checks.get(entry) {
+            Some(Ok(found)) => {
+                for w in found {
+                    text.push_str(&format!("{entry:width$}  {}: {w}\n", severity_name(w)));
+                }
+            }
+            Some(Err(e)) => text.push_str(&format!("{entry:width$}  not checked: {e}\n")),
+            None => {}
+        }
+    }
+    text
+}
+
+/// `warning` or `note`.
+fn severity_name(w: &StoreWarning) -> &'static str {
+    match w.severity() {
+        Severity::Note => "note",
+        _ => "warning",
+    }
+}
+
+/// A store's warning as `config check --json` prints it.
+fn warning_json(w: &StoreWarning) -> serde_json::Value {
+    json!({
+        "severity": severity_name(w),
+        "code": w.code(),
+        "store": w.store(),
+        "problem": w.problem(),
+        "risk": w.risk(),
+        "remedy": w.remedy(),
+        "message": w.to_string(),
     })
 }
 

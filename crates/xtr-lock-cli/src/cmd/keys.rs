@@ -294,7 +294,16 @@ fn status_lines(store: &StoreConfig, seen: &Seen<'_>) -> Result<()> {
         print(&format!("lock: {location}"))?;
     }
     if let Some(counter) = seen.fencing {
-        print(&fencing_line(store.fencing, counter))?;
+        // A Redis Cluster counts per hash slot (its locks_in is always written `…+cluster://`).
+        let per_slot = store
+            .store
+            .locks_in()
+            .and_then(|l| {
+                l.split_once("://")
+                    .map(|(scheme, _)| scheme.ends_with("+cluster"))
+            })
+            .unwrap_or(false);
+        print(&fencing_line(store.fencing, per_slot, counter))?;
     }
     Ok(())
 }
@@ -331,11 +340,14 @@ fn holder_detail(h: &HolderInfo) -> Option<String> {
 }
 
 /// What the fencing counter of a store of kind `scheme` counts.
-fn fencing_line(fencing: Option<Fencing>, counter: u64) -> String {
+fn fencing_line(fencing: Option<Fencing>, per_slot: bool, counter: u64) -> String {
     // The pub/sub store counts per resource (portalocker's `<channel>-fence`), as the SQL
-    // store does (its `<table>_fence` rows); the others share one counter per store.
+    // store does (its `<table>_fence` rows); a Redis Cluster per hash slot; the others share
+    // one counter per store.
     let whose = if fencing == Some(Fencing::PerResource) {
         "this resource's counter"
+    } else if per_slot {
+        "the counter of this resource's hash slot, shared with the resources in that slot"
     } else {
         "one counter for every resource of this store"
     };

@@ -81,7 +81,11 @@ pub(crate) async fn dispatch(settings: Settings) -> Result<Exit> {
             closing(store, |store| bench::bench(store, settings)).await
         }
         Settings::Migrate { source, print } => migrate::migrate(&source, print).await,
-        Settings::ConfigCheck { file, ping } => config::check(&file, ping).await,
+        Settings::ConfigCheck {
+            file,
+            ping,
+            verbose,
+        } => config::check(&file, ping, verbose).await,
         Settings::ConfigShow { file } => config::show(&file),
         Settings::Completions(shell) => {
             // Written whole, so a reader that stops early (`| head`) ends it quietly.
@@ -190,13 +194,15 @@ impl Refused {
 
 /// Takes `lock` as `take` says (`--on-conflict`, `-n`, `-w`): `Ok(how long it took)`, or why
 /// not. While it waits, a status line on a terminal; a `waiting` line with `-v` elsewhere, or a
-/// `waiting` event under `--json`.
+/// `waiting` event under `--json`. With `-v`, the store's warnings once (see `preflight`).
 pub(crate) async fn take(
     lock: &Lock,
     store: &StoreConfig,
     take: &Take,
 ) -> Result<std::result::Result<Duration, Refused>> {
     let started = Instant::now();
+    // `-v`: the store's set-up checked beside the first attempt, said once taken or waiting.
+    let mut preflight = crate::preflight::Preflight::start(&store.store, take.verbose);
     let waits = !(take.wait == Wait::Never || take.wait == Wait::AtMost(Duration::ZERO));
     // Try once before showing anything: most locks are free. Within the wait's deadline: a
     // store that does not answer (a dead database's connect) must not overrun `-w`.
@@ -212,7 +218,11 @@ pub(crate) async fn take(
         _ => first.await,
     };
     match first {
-        Ok(true) => return Ok(Ok(started.elapsed())),
+        Ok(true) => {
+            let took = started.elapsed();
+            preflight.say().await;
+            return Ok(Ok(took));
+        }
         Ok(false) => {}
         // A store that cannot be reached yet (starting, restarting, a quorum short of
         // members): the wait below rides that out until its deadline, as the library's does.
@@ -222,6 +232,7 @@ pub(crate) async fn take(
     if !waits {
         return Ok(Err(Refused::Held));
     }
+    preflight.say().await;
     announce_wait(lock, store, take).await;
     let quiet = take.quiet || output::json();
     let _status = StatusLine::start(store.store.clone(), lock.key().clone(), quiet);

@@ -15,4 +15,5 @@ mod redis_topologies;
 mod semaphores;
 mod sql;
 mod standby;
+mod store_checks;
 mod symfony_stores;

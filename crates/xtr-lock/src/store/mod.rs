@@ -59,6 +59,7 @@ pub(crate) mod pubsub;
 pub(crate) mod semaphore;
 #[cfg(any(feature = "sql", feature = "etcd"))]
 mod tasks;
+mod warning;
 mod watch;
 
 /// Re-exported so store implementors need no direct dependency on `async-trait`.
@@ -91,6 +92,7 @@ pub use redis::RedisStore;
 pub use semaphore::{SemaphoreStore, counting_semaphore_key, semaphore_key};
 #[cfg(feature = "sql")]
 pub use sql::{SqlStore, key_id as sql_key_id};
+pub use warning::{Severity, StoreWarning};
 pub use watch::{LossWatcher, Watcher};
 
 pub use crate::error::LostReason;
@@ -406,6 +408,27 @@ pub trait Store: Send + Sync + fmt::Debug + fmt::Display + 'static {
         Ok(())
     }
 
+    /// A pre-flight check: asks the server whether it is set up to keep locks, for
+    /// `xtr-lock config check --ping`, `-v`, or an application's start. Each [`StoreWarning`]
+    /// says what is wrong, why it endangers locks and what to do (Redis evicting keys, a
+    /// replica named, replicas a fail-over can promote without the lock; Memcached evicting
+    /// items). An empty list when nothing was found, or the store has nothing to ask (the
+    /// default). Read-only, a few round trips; no lock waits for it.
+    ///
+    /// A server that refuses a question (a managed Redis that renames `CONFIG`) is a warning
+    /// that it could not be checked; a quorum's unreachable member is a warning naming it.
+    ///
+    /// # Errors
+    ///
+    /// A storage error when the server cannot be reached (for a quorum: no member can).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it only reads, and leaves nothing behind when dropped.
+    async fn check(&self) -> Result<Vec<StoreWarning>> {
+        Ok(Vec::new())
+    }
+
     /// Descriptors that hold `key`'s lock for as long as any process keeps one open, for a
     /// parent handing its lock to a child process (`xtr-lock run` on flock, as `flock(1)`
     /// does): duplicates, with close-on-exec set. `Ok(None)` (the default) when the lock cannot
@@ -560,6 +583,9 @@ macro_rules! forward_store {
             }
             async fn close(&self) -> Result<()> {
                 (**self).close().await
+            }
+            async fn check(&self) -> Result<Vec<StoreWarning>> {
+                (**self).check().await
             }
             #[cfg(unix)]
             fn inheritable_descriptors(&self, key: &Key) -> Result<Option<Vec<OwnedFd>>> {

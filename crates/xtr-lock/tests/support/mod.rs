@@ -12,6 +12,7 @@ pub(crate) mod holder_process;
 pub(crate) mod on_redis;
 pub(crate) mod peer;
 pub(crate) mod portalocker;
+pub(crate) mod sections;
 pub(crate) mod symfony_sql;
 
 use std::collections::{HashMap, VecDeque};

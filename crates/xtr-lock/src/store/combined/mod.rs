@@ -20,6 +20,7 @@ use crate::error::{Error, Result};
 use crate::key::{HandleOwner, Key};
 use crate::logging::TARGET;
 
+mod check;
 mod holders;
 mod inflight;
 mod lease;
@@ -470,6 +471,11 @@ impl Store for CombinedStore {
                 || "the members cannot enumerate their locks".to_owned(),
                 |s| format!("a member cannot: {}", s.why_not_listing()),
             )
+    }
+
+    /// Every member's warnings, each naming its member; an unreachable member is a warning.
+    async fn check(&self) -> Result<Vec<crate::store::StoreWarning>> {
+        self.check_members().await
     }
 
     /// Waits for the member requests still finishing in the background, then closes every

@@ -1,6 +1,6 @@
-//! The store's one client (a gRPC channel balanced over the members, connected on first use),
-//! and every request made through it: under the request timeout, with errors that say what
-//! failed without echoing credentials.
+//! The store's connections (a client per member, see [`members`](super::members)), and every
+//! request made through them: under the request timeout, to a member that answers, with
+//! errors that say what failed without echoing credentials.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -12,6 +12,7 @@ use std::collections::HashSet;
 use tokio::sync::{Mutex, Notify};
 
 use super::config::EtcdConfig;
+use super::members::{Member, Members};
 use crate::error::{Error, Result};
 use crate::key::HandleOwner;
 use crate::mutex::lock;
@@ -19,7 +20,8 @@ use crate::report::with_causes;
 use std::error::Error as _;
 
 /// HTTP/2 pings on every connection, so a member that stopped answering (paused, cut off) is
-/// found in about two seconds and its requests go to the others.
+/// found in about two seconds: the requests it holds fail then, and the store's next ones go
+/// to the others (see [`members`](super::members)).
 const HTTP2_PING_INTERVAL: Duration = Duration::from_secs(1);
 const HTTP2_PING_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -28,7 +30,8 @@ pub(super) struct Core {
     /// The store's name, without credentials.
     pub(super) shown: Arc<str>,
     pub(super) owner: HandleOwner,
-    client: Mutex<Option<Client>>,
+    /// The members, each with its client: set up on first use, dropped by `disconnect`.
+    members: Mutex<Option<Arc<Members>>>,
     /// The leases being revoked (each by its own task), and a wake-up for `await_revokes`.
     revoking: std::sync::Mutex<HashSet<i64>>,
     revoked: Notify,
@@ -40,7 +43,7 @@ impl Core {
             shown: config.shown.clone().into(),
             config,
             owner: HandleOwner::new(),
-            client: Mutex::new(None),
+            members: Mutex::new(None),
             revoking: std::sync::Mutex::new(HashSet::new()),
             revoked: Notify::new(),
         }
@@ -139,11 +142,11 @@ impl Core {
         }
     }
 
-    /// The client, connected on first use.
-    pub(super) async fn client(&self) -> Result<Client> {
-        let mut slot = self.client.lock().await;
-        if let Some(client) = slot.as_ref() {
-            return Ok(client.clone());
+    /// The members, set up on first use.
+    async fn members(&self) -> Result<Arc<Members>> {
+        let mut slot = self.members.lock().await;
+        if let Some(members) = slot.as_ref() {
+            return Ok(members.clone());
         }
         let config = &self.config;
         let mut options = ConnectOptions::new()
@@ -159,29 +162,44 @@ impl Core {
         if let Some(files) = &config.tls {
             options = options.with_tls(tls_options(files).map_err(|e| self.fail(e))?);
         }
-        let connect = Client::connect(config.endpoints.clone(), Some(options));
-        let client = match tokio::time::timeout(config.connect_timeout, connect).await {
-            Ok(Ok(client)) => client,
-            Ok(Err(e)) => return Err(self.fail(failure("connect", e))),
-            Err(_) => {
-                return Err(self.fail(
-                    Error::storage("cannot connect to etcd within the connect timeout").temporary(),
-                ));
-            }
-        };
-        *slot = Some(client.clone());
-        Ok(client)
+        let members = Arc::new(Members::new(&config.endpoints, options, self.shown.clone()));
+        *slot = Some(members.clone());
+        Ok(members)
     }
 
-    /// Drops the client: the next request connects again.
+    /// The member the next request goes to (see [`Members::order`]), connected on first use.
+    /// One that cannot be connected to is left aside, and the next one tried.
+    pub(super) async fn member(&self) -> Result<Member> {
+        let members = self.members().await?;
+        let mut failed = None;
+        for at in members.order() {
+            let connect = members.member(at);
+            let err = match tokio::time::timeout(self.config.connect_timeout, connect).await {
+                Ok(Ok(member)) => return Ok(member),
+                Ok(Err(e)) => self.fail(failure("connect", e)),
+                Err(_) => self.fail(
+                    Error::storage("cannot connect to etcd within the connect timeout").temporary(),
+                ),
+            };
+            if err.is_temporary() {
+                members.silent(at);
+            }
+            failed = Some(err);
+        }
+        Err(failed.unwrap_or_else(|| self.fail(Error::invalid_argument("etcd: no member"))))
+    }
+
+    /// Drops the clients: the next request connects again.
     pub(super) async fn disconnect(&self) {
-        self.client.lock().await.take();
+        self.members.lock().await.take();
     }
 
     /// Runs one request, `what` for errors, under the request timeout; tries it again (up to
     /// three times in all) when it failed in a way that another member may not (a member that
-    /// stopped answering, a broken connection). Only for requests that are safe to repeat:
-    /// reads, and writes whose transaction compares first.
+    /// stopped answering, a broken connection): on another member, as the one that failed is
+    /// left aside. Only for requests that are safe to repeat, even when the first try lands
+    /// late (a stopped member may read it when it resumes): reads, and writes whose
+    /// transaction compares first.
     pub(super) async fn call<T: Send, F>(
         &self,
         what: &str,
@@ -204,7 +222,8 @@ impl Core {
         }
     }
 
-    /// Runs one request once, under the request timeout.
+    /// Runs one request once, under the request timeout. A member that fails it (temporary
+    /// errors) is left aside: the caller's next request goes elsewhere.
     pub(super) async fn call_once<T: Send, F>(
         &self,
         what: &str,
@@ -213,16 +232,19 @@ impl Core {
     where
         F: Future<Output = std::result::Result<T, etcd_client::Error>> + Send,
     {
-        let client = self.client().await?;
-        match tokio::time::timeout(self.config.request_timeout, f(client)).await {
+        let member = self.member().await?;
+        let answer = tokio::time::timeout(self.config.request_timeout, f(member.client.clone()));
+        match answer.await {
             Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(self.fail(failure(what, e))),
-            Err(_) => Err(self.fail(
-                Error::storage(format!(
-                    "etcd did not answer ({what}) within the request timeout ({:?})",
-                    self.config.request_timeout
-                ))
-                .temporary(),
+            Ok(Err(e)) => Err(member.failed(self.fail(failure(what, e)))),
+            Err(_) => Err(member.failed(
+                self.fail(
+                    Error::storage(format!(
+                        "etcd did not answer ({what}) within the request timeout ({:?})",
+                        self.config.request_timeout
+                    ))
+                    .temporary(),
+                ),
             )),
         }
     }

@@ -22,6 +22,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use super::clock::BootInstant;
 use super::conn::Core;
+use super::members::Member;
 use crate::error::{Error, LostReason, Result};
 use crate::mutex::lock;
 
@@ -171,7 +172,8 @@ struct Keeper {
     id: i64,
     ttl: Duration,
     period: Duration,
-    stream: Option<(LeaseKeeper, LeaseKeepAliveStream)>,
+    /// The keep-alive stream, and the member it goes to.
+    stream: Option<(LeaseKeeper, LeaseKeepAliveStream, Member)>,
     /// The send time of the last answered keep-alive (or of the grant) plus the ttl it
     /// answered: until then the lease certainly lasts.
     confirmed: Confirmed,
@@ -287,7 +289,13 @@ impl Keeper {
                 None
             }
             Err(e) => {
-                self.stream = None;
+                // The stream goes; its member is left aside (when it may be the member's
+                // fault) and the next stream opens on another.
+                if let Some((_, _, member)) = self.stream.take()
+                    && e.is_temporary()
+                {
+                    member.leave_aside();
+                }
                 if BootInstant::now() >= self.confirmed() {
                     self.unconfirmed();
                 }
@@ -331,29 +339,26 @@ impl Keeper {
         let timeout = self.core.config.request_timeout;
         let answer = tokio::time::timeout(timeout, async {
             if self.stream.is_none() {
-                let client = self.core.client().await?;
+                let member = self.core.member().await?;
                 let id = self.id;
-                let mut lease = client.lease_client();
+                let mut lease = member.client.lease_client();
                 match lease.keep_alive(id).await {
-                    Ok(stream) => self.stream = Some(stream),
+                    Ok((keeper, stream)) => self.stream = Some((keeper, stream, member)),
                     Err(etcd_client::Error::LeaseKeepAliveError(_)) => return Ok(None),
-                    Err(e) => return Err(super::conn::failure("lease keep-alive", e)),
+                    Err(e) => return Err(member.failed(failure(e))),
                 }
                 // Opening the stream sent a keep-alive, and its answer was a live lease.
                 return Ok(Some(self.ttl));
             }
-            let (keeper, stream) = self.stream.as_mut().expect("a stream");
-            keeper
-                .keep_alive()
-                .await
-                .map_err(|e| super::conn::failure("lease keep-alive", e))?;
+            let (keeper, stream, _) = self.stream.as_mut().expect("a stream");
+            keeper.keep_alive().await.map_err(failure)?;
             match stream.message().await {
                 Ok(Some(answer)) if answer.ttl() > 0 => Ok(Some(Duration::from_secs(
                     u64::try_from(answer.ttl()).unwrap_or(0),
                 ))),
                 Ok(Some(_)) => Ok(None),
                 Ok(None) => Err(Error::storage("the keep-alive stream ended").temporary()),
-                Err(e) => Err(super::conn::failure("lease keep-alive", e)),
+                Err(e) => Err(failure(e)),
             }
         })
         .await;
@@ -365,4 +370,9 @@ impl Keeper {
             )),
         }
     }
+}
+
+/// A keep-alive's failure as this library's error.
+fn failure(err: etcd_client::Error) -> Error {
+    super::conn::failure("lease keep-alive", err)
 }

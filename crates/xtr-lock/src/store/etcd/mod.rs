@@ -20,6 +20,7 @@ mod holder;
 mod introspect;
 mod lease;
 mod listing;
+mod members;
 mod queue;
 mod record;
 mod semaphore;

@@ -20,13 +20,15 @@ use crate::store::Watcher;
 ///
 /// Cancel-safe: dropping it closes the watch.
 pub(super) async fn changed(core: &Core, key: &[u8], from: i64) -> Result<()> {
-    let client = core.client().await?;
+    let member = core.member().await?;
+    let failed = |e| member.failed(core.fail(failure("watch", e)));
     let options = WatchOptions::new().with_start_revision(from);
-    let mut stream = client
+    let mut stream = member
+        .client
         .watch_client()
         .watch(key.to_vec(), Some(options))
         .await
-        .map_err(|e| core.fail(failure("watch", e)))?;
+        .map_err(failed)?;
     loop {
         match stream.message().await {
             Ok(Some(answer)) => {
@@ -37,7 +39,7 @@ pub(super) async fn changed(core: &Core, key: &[u8], from: i64) -> Result<()> {
             Ok(None) => {
                 return Err(core.fail(Error::storage("the watch stream ended").temporary()));
             }
-            Err(e) => return Err(core.fail(failure("watch", e))),
+            Err(e) => return Err(failed(e)),
         }
     }
 }
@@ -52,10 +54,11 @@ pub(super) async fn changed(core: &Core, key: &[u8], from: i64) -> Result<()> {
 ///
 /// Cancel-safe: dropping it (or the watcher) closes the watch.
 pub(super) async fn changes(core: &Core, dir: Vec<u8>) -> Result<Watcher> {
-    let client = core.client().await?;
+    let member = core.member().await?;
     let options = WatchOptions::new().with_prefix();
     let created = async {
-        let mut stream = client
+        let mut stream = member
+            .client
             .watch_client()
             .watch(dir.clone(), Some(options))
             .await
@@ -69,8 +72,9 @@ pub(super) async fn changes(core: &Core, dir: Vec<u8>) -> Result<Watcher> {
         .await
         .map_err(|_| {
             Error::storage("etcd did not create the watch within the request timeout").temporary()
-        })?
-        .map_err(|e| core.fail(e))?;
+        })
+        .and_then(|created| created)
+        .map_err(|e| member.failed(core.fail(e)))?;
     Ok(Watcher::new(async move {
         loop {
             match stream.message().await {
@@ -109,16 +113,18 @@ pub(super) async fn freed(
     need: u32,
     from: i64,
 ) -> Result<()> {
-    let client = core.client().await?;
+    let member = core.member().await?;
+    let failed = |e| member.failed(core.fail(failure("watch", e)));
     let options = WatchOptions::new()
         .with_start_revision(from)
         .with_prefix()
         .with_filters([WatchFilterType::NoPut]);
-    let mut stream = client
+    let mut stream = member
+        .client
         .watch_client()
         .watch(dir.to_vec(), Some(options))
         .await
-        .map_err(|e| core.fail(failure("watch", e)))?;
+        .map_err(failed)?;
     // Keys are only ever queued behind this waiter: the first delete of a name seen here is
     // the delete of the key it waits for.
     let mut left: Vec<&(Vec<u8>, u32)> = ahead.iter().collect();
@@ -129,7 +135,7 @@ pub(super) async fn freed(
             Ok(None) => {
                 return Err(core.fail(Error::storage("the watch stream ended").temporary()));
             }
-            Err(e) => return Err(core.fail(failure("watch", e))),
+            Err(e) => return Err(failed(e)),
         };
         if answer.canceled() {
             return Ok(());
@@ -179,20 +185,22 @@ pub(super) fn loss(
 /// One watch: `Ok(true)` when the key is gone, `Ok(false)` when the watch must start again
 /// (from `from`, moved past a compaction).
 async fn until_deleted(core: &Core, key: &[u8], rev: i64, from: &mut i64) -> Result<bool> {
-    let client = core.client().await?;
+    let member = core.member().await?;
+    let failed = |e| member.failed(failure("watch", e));
     let options = WatchOptions::new()
         .with_start_revision(*from)
         .with_filters([WatchFilterType::NoPut]);
-    let mut stream = client
+    let mut stream = member
+        .client
         .watch_client()
         .watch(key.to_vec(), Some(options))
         .await
-        .map_err(|e| failure("watch", e))?;
+        .map_err(failed)?;
     loop {
         let answer = stream
             .message()
             .await
-            .map_err(|e| failure("watch", e))?
+            .map_err(failed)?
             .ok_or_else(|| Error::storage("the watch stream ended").temporary())?;
         if answer.compact_revision() > 0 || answer.canceled() {
             // History is gone: ask for the key itself.

@@ -170,6 +170,25 @@ impl Conn {
             })
     }
 
+    /// `stats <group>` (`settings`): its `STAT <name> <value>` lines, up to `END`.
+    pub(super) async fn stats(&mut self, group: &str) -> io::Result<Vec<(String, String)>> {
+        self.send(format!("stats {group}").as_bytes(), None).await?;
+        let mut out = Vec::new();
+        // A bound on a reply that never ends (settings are about a hundred lines).
+        for _ in 0..10_000 {
+            let line = self.line().await?;
+            if line == "END" {
+                return Ok(out);
+            }
+            let stat = line
+                .strip_prefix("STAT ")
+                .ok_or_else(|| protocol(format!("unexpected line in stats: {line:.60}")))?;
+            let (name, value) = stat.split_once(' ').unwrap_or((stat, ""));
+            out.push((name.to_owned(), value.to_owned()));
+        }
+        Err(protocol("stats did not end"))
+    }
+
     /// `mg <key> v c t`: the entry, or `None` (`EN`).
     pub(super) async fn get(&mut self, key: &str) -> io::Result<Option<Entry>> {
         self.send(format!("mg {key} v c t").as_bytes(), None)

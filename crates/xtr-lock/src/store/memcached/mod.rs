@@ -20,6 +20,7 @@ use crate::key::{Key, Mode};
 use crate::store::channels::Channels;
 use crate::store::held::{Claim, Held};
 
+mod check;
 mod config;
 mod conn;
 mod ops;
@@ -637,6 +638,10 @@ impl Store for MemcachedStore {
     /// slots).
     async fn usage(&self, key: &Key) -> Result<crate::Usage> {
         self.sem_usage(key).await
+    }
+
+    async fn check(&self) -> Result<Vec<super::StoreWarning>> {
+        self.check_server().await
     }
 
     /// Closes the idle connections; the next request opens a new one.

@@ -129,30 +129,7 @@ pub(crate) fn read(
         db,
         passed_on,
     };
-    let (client_url, shown, topology) = match kind {
-        Kind::Single if unix => {
-            let (client, shown) =
-                server.unix(dsn, &dsn.url(&format!("unix{suffix}:///path"))?, suffix)?;
-            (client, shown, Topology::Single)
-        }
-        Kind::Single if dsn.url.is_none() && symfony.hosts.len() == 1 => {
-            let (client, shown) = server.tcp(dsn, &symfony.hosts[0], "", None, suffix, tls)?;
-            (client, shown, Topology::Single)
-        }
-        Kind::Single => {
-            if !symfony.hosts.is_empty() {
-                return Err(dsn.invalid(
-                    "several hosts name a cluster (redis_cluster=1) or Sentinel (redis_sentinel=)",
-                ));
-            }
-            let url = dsn.url(&format!("redis{suffix}://host:port/db"))?;
-            let (client, shown) =
-                server.tcp(dsn, url.hosts, url.path, url.fragment, suffix, tls)?;
-            (client, shown, Topology::Single)
-        }
-        Kind::Cluster => server.cluster(dsn, &symfony, tls)?,
-        Kind::Sentinel => server.sentinel(dsn, symfony, tls)?,
-    };
+    let (client_url, shown, topology) = server.locate(dsn, kind, &symfony, suffix, tls, unix)?;
     // Let redis-rs check what it will see, so a bad DSN fails now and not at first use.
     redis::Client::open(client_url.as_str())
         .map_err(|e| dsn.invalid(format!("the client refuses it ({:?})", e.kind())))?;
@@ -187,6 +164,42 @@ impl Server {
             .unwrap_or(default)
             .parse::<u32>()
             .map_err(|_| dsn.invalid("the database must be a number"))
+    }
+
+    /// Where the DSN points: the client URL, the shown form and the topology.
+    fn locate(
+        &self,
+        dsn: &Dsn<'_>,
+        kind: Kind,
+        symfony: &SymfonyForm,
+        suffix: &str,
+        tls: bool,
+        unix: bool,
+    ) -> Result<(String, String, Topology)> {
+        Ok(match kind {
+            Kind::Single if unix => {
+                let (client, shown) =
+                    self.unix(dsn, &dsn.url(&format!("unix{suffix}:///path"))?, suffix)?;
+                (client, shown, Topology::Single)
+            }
+            Kind::Single if dsn.url.is_none() && symfony.hosts.len() == 1 => {
+                let (client, shown) = self.tcp(dsn, &symfony.hosts[0], "", None, suffix, tls)?;
+                (client, shown, Topology::Single)
+            }
+            Kind::Single => {
+                if !symfony.hosts.is_empty() {
+                    return Err(dsn.invalid(
+                        "several hosts name a cluster (redis_cluster=1) or Sentinel (redis_sentinel=)",
+                    ));
+                }
+                let url = dsn.url(&format!("redis{suffix}://host:port/db"))?;
+                let (client, shown) =
+                    self.tcp(dsn, url.hosts, url.path, url.fragment, suffix, tls)?;
+                (client, shown, Topology::Single)
+            }
+            Kind::Cluster => self.cluster(dsn, &symfony, tls)?,
+            Kind::Sentinel => self.sentinel(dsn, symfony, tls)?,
+        })
     }
 
     /// `unix:///path`: the client URL (credentials and db as options) and the shown form.
@@ -298,14 +311,14 @@ impl Server {
     fn sentinel(
         &self,
         dsn: &Dsn<'_>,
-        symfony: SymfonyForm,
+        symfony: &SymfonyForm,
         tls: bool,
     ) -> Result<(String, String, Topology)> {
         let (hosts, path, fragment) = dsn
             .url
             .map_or(("", "", None), |u| (u.hosts, u.path, u.fragment));
         let listed = host_list(dsn, hosts, &symfony.hosts, default_port(Kind::Sentinel))?;
-        let (master, db) = sentinel_path(dsn, path, symfony.sentinel, self.db.clone())?;
+        let (master, db) = sentinel_path(dsn, path, symfony.sentinel.clone(), self.db.clone())?;
         let scheme = if tls { "rediss" } else { "redis" };
         let mut sentinels = Vec::new();
         for (host, port) in &listed {
@@ -497,5 +510,101 @@ mod tests {
             c.prefix, "a",
             "what follows # after the options is not an option"
         );
+    }
+
+    #[test]
+    fn clusters_and_sentinels_parse_in_both_spellings() {
+        let c = parse("redis+cluster://u:pw@a:7000,b:7001,c?prefix=app%3A").unwrap();
+        assert_eq!(c.shown, "redis+cluster://a:7000,b:7001,c:6379");
+        assert_eq!(c.prefix, "app:");
+        let Topology::Cluster { nodes } = &c.topology else {
+            panic!("not a cluster")
+        };
+        assert_eq!(
+            nodes,
+            &[
+                "redis://u:pw@a:7000/0",
+                "redis://u:pw@b:7001/0",
+                "redis://u:pw@c:6379/0"
+            ]
+        );
+        // Symfony's form: hosts as options, the cluster named by an option.
+        let c = parse("redis:?host[a:7000]&host[b:7001]&redis_cluster=1").unwrap();
+        assert_eq!(c.shown, "redis+cluster://a:7000,b:7001");
+        let c = parse("rediss+cluster://a:7000#insecure").unwrap();
+        let Topology::Cluster { nodes } = &c.topology else {
+            panic!("not a cluster")
+        };
+        assert_eq!(nodes, &["rediss://a:7000/0#insecure"]);
+        let s = parse("redis+sentinel://:pw@s1,s2:26380/mymaster/2?wait_replicas=1").unwrap();
+        assert_eq!(s.shown, "redis+sentinel://s1:26379,s2:26380/mymaster/2");
+        let Topology::Sentinel {
+            sentinels,
+            master,
+            db,
+            password,
+            ..
+        } = &s.topology
+        else {
+            panic!("not Sentinel")
+        };
+        assert_eq!(sentinels, &["redis://s1:26379", "redis://s2:26380"]);
+        assert_eq!(
+            (master.as_str(), *db, password.as_deref()),
+            ("mymaster", 2, Some("pw"))
+        );
+        assert_eq!(
+            s.durability,
+            Some(Durability {
+                replicas: 1,
+                timeout: super::super::topology::DEFAULT_WAIT_TIMEOUT
+            })
+        );
+        let s = parse("redis:?host[s1:26379]&host[s2:26379]&redis_sentinel=mymaster").unwrap();
+        assert_eq!(s.shown, "redis+sentinel://s1:26379,s2:26379/mymaster/0");
+        let w = parse("redis://h?wait_replicas=2&wait_timeout=0.25").unwrap();
+        assert_eq!(
+            w.durability,
+            Some(Durability {
+                replicas: 2,
+                timeout: Duration::from_millis(250)
+            })
+        );
+        assert!(matches!(w.topology, Topology::Single));
+    }
+
+    #[test]
+    fn bad_cluster_and_sentinel_dsns_say_what_is_wrong() {
+        for (dsn, says) in [
+            ("redis+cluster://u:hunter2@a/3", "database 0 only"),
+            ("redis+cluster://", "missing host"),
+            ("redis+sentinel://u:hunter2@s1", "master's name"),
+            ("redis://a,b", "several hosts"),
+            ("redis:?host[a]&host[b]", "several hosts"),
+            ("redis+cluster://a?redis_sentinel=m", "disagree"),
+            (
+                "redis://a?redis_cluster=1&redis_sentinel=m",
+                "exclude each other",
+            ),
+            (
+                "redis://a?wait_timeout=1",
+                "wait_timeout needs wait_replicas",
+            ),
+            ("redis://a?wait_replicas=65", "from 0 to 64"),
+            ("unix+cluster:///s", "not a Redis scheme"),
+            ("redis://a?host[b]=1", "takes no value"),
+        ] {
+            let err = parse(dsn).unwrap_err().to_string();
+            assert!(err.contains(says), "{dsn}: {err}");
+            assert!(!err.contains("hunter2"), "{dsn}: {err}");
+        }
+        let err = read_pubsub("redis+pubsub://a?redis_cluster=1").unwrap_err();
+        assert!(err.to_string().contains("needs one server"), "{err}");
+    }
+
+    fn read_pubsub(text: &str) -> Result<RedisConfig> {
+        let dsn = Dsn::split_lenient(text, "Redis");
+        let mut options = dsn.options();
+        read(&dsn, "+pubsub", &mut options)
     }
 }

@@ -346,11 +346,11 @@ impl RedisStore {
         if layout.is_slotted() {
             let mut arg = vec![b'S'];
             arg.extend(layout.slot_head(super::layout::slot_of(anchor)));
-            arg.extend_from_slice(super::notify::SHARDED_WAKE);
+            arg.extend_from_slice(super::layout::SHARDED_WAKE);
             arg
         } else {
             let mut arg = vec![b'P'];
-            arg.extend_from_slice(super::notify::WAKE_CHANNEL.as_bytes());
+            arg.extend_from_slice(super::layout::WAKE_CHANNEL.as_bytes());
             arg
         }
     }

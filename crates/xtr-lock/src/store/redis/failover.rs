@@ -3,19 +3,23 @@
 //! old one stops answering as one); each holder's loss watcher then looks for its lock on the
 //! new master and reports it lost at once if the promoted replica never had it.
 
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use futures_util::StreamExt as _;
 
-use super::{RedisStore, lock};
+use super::servers::Servers;
+use super::{Inner, RedisStore, lock};
 use crate::key::Key;
 use crate::logging::TARGET;
 use crate::store::{Holding, LossWatcher, Store as _};
 
 /// The longest pause between two tries to reach a sentinel for its announcements.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+/// How often the listener looks whether its store is still there.
+const STORE_GONE_CHECK: Duration = Duration::from_secs(5);
 
 impl RedisStore {
     /// A loss watcher for `key`'s holder that looks again after each change of master; `None`
@@ -58,48 +62,64 @@ impl RedisStore {
             return;
         };
         let weak = Arc::downgrade(&self.inner);
+        let servers = self.inner.servers.clone();
         runtime.spawn(async move {
             let mut pause = Duration::from_millis(100);
-            loop {
-                let Some(inner) = weak.upgrade() else { return };
-                let store = RedisStore { inner };
-                let outcome = store.follow_switches().await;
-                if let Err(err) = outcome {
-                    tracing::debug!(target: TARGET, store = %store, error = %err,
+            // Holds the store weakly: the task ends soon after the store is dropped.
+            while weak.strong_count() > 0 {
+                if let Err(err) = follow_switches(&servers, &weak).await {
+                    tracing::debug!(target: TARGET, error = %err,
                         "cannot listen to the sentinels' fail-over announcements");
                 }
-                drop(store);
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(MAX_BACKOFF);
             }
         });
     }
+}
 
-    /// Listens on one sentinel until its connection ends; each `+switch-master` of our master
-    /// drops the command connection and finds the new master.
-    async fn follow_switches(&self) -> redis::RedisResult<()> {
-        let Some(sentinel) = self.inner.servers.sentinel() else {
+/// Listens on one sentinel until its connection ends or the store is gone; each
+/// `+switch-master` of our master drops the store's command connection and finds the new master
+/// (which tells the holders' loss watchers).
+async fn follow_switches(servers: &Servers, store: &Weak<Inner>) -> redis::RedisResult<()> {
+    let Some(sentinel) = servers.sentinel() else {
+        return Ok(());
+    };
+    let client = sentinel.sentinel_client().await?;
+    let mut pubsub = client.get_async_pubsub().await?;
+    pubsub.subscribe("+switch-master").await?;
+    let mut messages = pubsub.on_message();
+    let mut alive = tokio::time::interval(STORE_GONE_CHECK);
+    loop {
+        let msg = tokio::select! {
+            msg = messages.next() => msg,
+            _ = alive.tick() => {
+                if store.strong_count() == 0 {
+                    return Ok(());
+                }
+                continue;
+            }
+        };
+        let Some(msg) = msg else {
             return Ok(());
         };
-        let client = sentinel.sentinel_client().await?;
-        let mut pubsub = client.get_async_pubsub().await?;
-        pubsub.subscribe("+switch-master").await?;
-        let mut messages = pubsub.on_message();
-        while let Some(msg) = messages.next().await {
-            let Ok(text) = msg.get_payload::<String>() else {
-                continue;
-            };
-            // `<master name> <old ip> <old port> <new ip> <new port>`
-            if text.split(' ').next() != Some(sentinel.master_name()) {
-                continue;
-            }
-            tracing::info!(target: TARGET, store = %self, switch = %text, "Sentinel switched the master");
-            lock(&self.inner.conn).take();
-            sentinel.forget();
-            if let Err(err) = sentinel.find_master().await {
-                tracing::debug!(target: TARGET, error = %err, "cannot reach the new master yet");
-            }
+        let Ok(text) = msg.get_payload::<String>() else {
+            continue;
+        };
+        // `<master name> <old ip> <old port> <new ip> <new port>`
+        if text.split(' ').next() != Some(sentinel.master_name()) {
+            continue;
         }
-        Ok(())
+        let Some(inner) = store.upgrade() else {
+            return Ok(());
+        };
+        tracing::info!(target: TARGET, store = %inner.shown, switch = %text,
+            "Sentinel switched the master");
+        lock(&inner.conn).take();
+        drop(inner);
+        sentinel.forget();
+        if let Err(err) = sentinel.find_master().await {
+            tracing::debug!(target: TARGET, error = %err, "cannot reach the new master yet");
+        }
     }
 }

@@ -27,6 +27,13 @@ use std::sync::OnceLock;
 use super::{FENCE_KEY, RedisStore};
 use crate::error::{Error, Result};
 
+/// What a store's wake channel is called on one server, before its id.
+pub(super) const WAKE_CHANNEL: &str = "__xtr_lock__:wake:";
+
+/// What a store's sharded wake channel of a slot is called on a cluster, after the slot's head
+/// (see `layout.rs`) and before its id.
+pub(super) const SHARDED_WAKE: &[u8] = b"wake:";
+
 /// The number of hash slots of a Redis Cluster.
 pub(crate) const SLOTS: usize = 16384;
 

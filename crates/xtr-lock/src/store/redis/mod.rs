@@ -15,6 +15,7 @@ use super::{
 use crate::error::{Error, Result};
 use crate::key::{Key, Mode};
 
+mod check;
 mod config;
 mod conn;
 mod failover;
@@ -26,6 +27,7 @@ mod semaphore;
 mod semaphore_scripts;
 mod servers;
 mod sharded;
+mod shards;
 mod topology;
 
 /// Checks a Redis DSN without building anything.
@@ -623,5 +625,9 @@ impl Store for RedisStore {
     /// changed: a best-effort watcher that registers no waiter (see `listing.rs`).
     async fn watch_changes(&self, resource: &str) -> Result<Option<Watcher>> {
         self.observe(resource).await
+    }
+
+    async fn check(&self) -> Result<Vec<super::StoreWarning>> {
+        self.check_server().await
     }
 }

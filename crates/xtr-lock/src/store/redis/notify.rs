@@ -20,19 +20,13 @@ use futures_util::future::Shared;
 use tokio::sync::Notify;
 
 use super::conn::Keys;
+use super::layout::WAKE_CHANNEL;
 use super::servers::Servers;
 use super::{Inner, RedisStore, lock};
 use crate::clock::BoxFuture;
 use crate::key::{Key, Mode};
 use crate::logging::TARGET;
 use crate::store::Watcher;
-
-/// What a store's wake channel is called on one server, before its id.
-pub(super) const WAKE_CHANNEL: &str = "__xtr_lock__:wake:";
-
-/// What a store's sharded wake channel of a slot is called on a cluster, after the slot's head
-/// (see `layout.rs`) and before its id.
-pub(super) const SHARDED_WAKE: &[u8] = b"wake:";
 
 /// The channel a store's waiters are woken on (one server).
 fn channel(id: &str) -> String {
@@ -64,7 +58,7 @@ pub(super) struct State {
     /// out only while it has: a wake published to nobody is dropped by the server.
     subscribed: bool,
     /// A cluster's subscriber state (see `sharded.rs`).
-    pub(super) shards: super::sharded::Shards,
+    pub(super) shards: super::shards::Shards,
     /// The task reading the subscriber connection (aborted by `close`).
     pub(super) reader: Option<tokio::task::AbortHandle>,
     /// The subscription under way, in a task of its own: waiters share its outcome, and it

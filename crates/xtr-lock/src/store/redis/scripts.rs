@@ -63,6 +63,20 @@ local function last_fence(fence_key)
   if type(last) == 'table' and last.err then return nil, last end
   return tonumber(last) or 0
 end
+-- Advances the fencing counter to one past the last token, and never below the clock in µs:
+-- tokens keep rising across a restart that lost the counter and across a fail-over to a replica
+-- that had not yet received its latest value (while clocks agree to within the fail-over's
+-- time). Nil and the error for a key of another type (checked before anything is written).
+local function next_fence(fence_key)
+  local fence = redis.pcall('INCR', fence_key)
+  if type(fence) == 'table' and fence.err then return nil, fence end
+  local floor = now_us()
+  if fence < floor then
+    fence = floor
+    redis.call('SET', fence_key, string.format('%d', fence))
+  end
+  return fence
+end
 local function key_type(key) return redis.call('TYPE', key)['ok'] end
 -- Runs a sorted-set read; on a key of another type, a string (someone else's lock in another
 -- format) gives `refusal`, anything else the server's WRONGTYPE error. The common path pays no
@@ -139,11 +153,13 @@ local function listeners(ticket)
   return redis.call('PUBSUB', 'NUMSUB', channel)[2]
 end
 -- After a release or a demotion: wakes the first waiting writer if the lock is free, or every
--- waiting reader if the first waiter reads and no writer holds.
-local function wake_next(key, qkey, now)
+-- waiting reader if the first waiter reads and no writer holds. `gone`: the caller removed the
+-- lock's last member, so the key is not read again (on a cluster slot being migrated, Redis
+-- refuses a script's access to a key the source node no longer has, halfway through it).
+local function wake_next(key, qkey, now, gone)
   local first = redis.call('ZRANGE', qkey, 0, 0)[1]
   if not first then return end
-  local writer = redis.call('ZSCORE', key, '__write__')
+  local writer = not gone and redis.call('ZSCORE', key, '__write__')
   if writer and tonumber(writer) > now then return end
   if string.sub(first, 1, 1) == 'r' then
     for _, t in ipairs(redis.call('ZRANGE', qkey, 0, -1)) do
@@ -154,14 +170,14 @@ local function wake_next(key, qkey, now)
     end
     return
   end
-  if redis.call('ZCOUNT', key, '(' .. now, '+inf') > 0 then return end
+  if not gone and redis.call('ZCOUNT', key, '(' .. now, '+inf') > 0 then return end
   -- Bounded: tickets of processes that went away are dropped on the way.
   for _ = 1, 64 do
     redis.call('ZREM', qkey, first)
     if wake(first, key) > 0 then return end
     first = redis.call('ZRANGE', qkey, 0, 0)[1]
     if not first then return end
-    if string.sub(first, 1, 1) == 'r' then return wake_next(key, qkey, now) end
+    if string.sub(first, 1, 1) == 'r' then return wake_next(key, qkey, now, gone) end
   end
 end
 -- Extends `token`'s live entry in `key` (and its record at `rkey`) to now + `dur` ms: the
@@ -240,9 +256,9 @@ end
 /// `{-1, 0, 0, 0}` for a sorted set that is not a lock. A string at the key refuses (someone
 /// else's lock in another format); another type fails with WRONGTYPE.
 ///
-/// The fencing token is the counter, advanced; a missing counter (new, or lost in a restart
-/// without persistence) is seeded from the server's clock in microseconds, so tokens keep
-/// increasing across such a restart. The counter is advanced before anything else is written:
+/// The fencing token is the counter, advanced, and never below the server's clock in
+/// microseconds (`next_fence`), so tokens keep increasing across a restart that lost the counter
+/// and a fail-over to a replica that lagged. The counter is advanced before anything else is written:
 /// a counter key of the wrong type fails the save with nothing of the holder stored.
 const SAVE: &str = r#"
 local key, fence_key = KEYS[1], KEYS[2]
@@ -265,13 +281,9 @@ end
 local fence = 0
 if not (mine and writing) then
   -- The first write: if the counter cannot be advanced, nothing of this holder is stored.
-  fence = redis.pcall('INCR', fence_key)
-  if type(fence) == 'table' and fence.err then return fence end
-  if fence == 1 then
-    -- A missing counter (new, or lost in a restart): seeded from the clock.
-    fence = now_us()
-    redis.call('SET', fence_key, string.format('%d', fence))
-  end
+  local err
+  fence, err = next_fence(fence_key)
+  if err then return err end
 end
 local score = now + dur
 redis.call('ZADD', key, score, token, score, '__write__')
@@ -367,15 +379,18 @@ if stop then return stop end
 -- The record goes with the entry (or alone, if the entry went first).
 redis.call('DEL', KEYS[3])
 if not score then return 0 end
+local size = redis.call('ZCARD', key)
 local removed = redis.call('ZREM', key, token, '__write__')
+-- Once the last member went, the key is not touched again (see `wake_next`).
+local gone = removed == size
 if removed == 2 and ARGV[1] == '' then
   -- The writer's key is gone: nobody holds, so no clock is needed to wake the next.
-  wake_next(key, KEYS[2], 0)
+  wake_next(key, KEYS[2], 0, gone)
   return 1
 end
-if removed < 2 then expire_at_max(key) end
+if removed < 2 and not gone then expire_at_max(key) end
 local now = now_ms()
-wake_next(key, KEYS[2], now)
+wake_next(key, KEYS[2], now, gone)
 if tonumber(score) <= now then return 2 end
 return 1
 "#;

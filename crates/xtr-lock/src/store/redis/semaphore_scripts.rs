@@ -163,12 +163,9 @@ if not r.mine and count > sem_ahead(qkey, limit - r.used) then
 end
 local fence = 0
 if not r.mine then
-  fence = redis.call('INCR', fkey)
-  if fence == 1 then
-    -- A missing counter (new, or lost in a restart): seeded from the clock.
-    fence = now_us()
-    redis.call('SET', fkey, string.format('%d', fence))
-  end
+  local err
+  fence, err = next_fence(fkey)
+  if err then return err end
 end
 local ends = math.ceil((now + dur) / 1000)
 redis.call('ZADD', tkey, ends, token)

@@ -51,7 +51,14 @@ impl Servers {
         Ok(match topology {
             Topology::Single => Servers::Single(redis::Client::open(url)?),
             Topology::Cluster { nodes } => Servers::Cluster {
-                client: cluster_client(nodes, connect_timeout, response_timeout, None)?,
+                // As for one server (`conn.rs`): a request that writes may take up to the
+                // landing bound past the response timeout before the connection gives up.
+                client: cluster_client(
+                    nodes,
+                    connect_timeout,
+                    response_timeout.map(|t| t * (1 + crate::serial::LANDING)),
+                    None,
+                )?,
                 nodes: nodes.clone(),
             },
             Topology::Sentinel {

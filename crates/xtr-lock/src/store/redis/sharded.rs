@@ -6,17 +6,16 @@
 //! subscription; its waiters are woken to look again, and the next wait subscribes on the
 //! slot's new node.
 
-use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use futures_util::FutureExt as _;
-use futures_util::future::Shared;
 use redis::cluster_async::ClusterConnection;
 use redis::{PushKind, Value};
 
-use super::notify::{Notifier, SHARDED_WAKE, State, on_wake};
+use super::layout::SHARDED_WAKE;
+use super::notify::{Notifier, State, on_wake};
 use super::{Inner, RedisStore, lock};
 use crate::clock::BoxFuture;
 use crate::logging::TARGET;
@@ -24,35 +23,6 @@ use crate::logging::TARGET;
 /// The first and the longest pause between two tries to subscribe after a failure.
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
-
-/// A cluster's subscriber state.
-#[derive(Default)]
-pub(super) struct Shards {
-    /// The subscriber connection: its pushes go to the reader task.
-    conn: Option<ClusterConnection>,
-    /// Slots whose channel the server acknowledged.
-    live: HashSet<u16>,
-    /// Subscriptions under way, by slot (each in a task of its own, shared by its waiters).
-    pending: HashMap<u16, Shared<BoxFuture<'static, bool>>>,
-    reader: Option<tokio::task::AbortHandle>,
-    /// After a failure: no new try before this instant, and the pause (doubling).
-    retry_at: Option<(tokio::time::Instant, Duration)>,
-}
-
-impl Shards {
-    pub(super) fn is_live(&self, slot: u16) -> bool {
-        self.live.contains(&slot)
-    }
-
-    /// Drops the subscriber connection and its reader.
-    pub(super) fn close(&mut self) {
-        if let Some(reader) = self.reader.take() {
-            reader.abort();
-        }
-        self.conn = None;
-        self.live.clear();
-    }
-}
 
 impl Notifier {
     /// Makes sure the wake channel of `slot` is subscribed.

@@ -197,7 +197,7 @@ impl Server {
                     self.tcp(dsn, url.hosts, url.path, url.fragment, suffix, tls)?;
                 (client, shown, Topology::Single)
             }
-            Kind::Cluster => self.cluster(dsn, &symfony, tls)?,
+            Kind::Cluster => self.cluster(dsn, symfony, tls)?,
             Kind::Sentinel => self.sentinel(dsn, symfony, tls)?,
         })
     }

@@ -1,6 +1,6 @@
 //! The `xtr-lock` command on each server store: session locks (advisory, `GET_LOCK`), etcd
 //! (with the `etcd` feature), the pub/sub store, the SQL table store, and Symfony's semaphore
-//! and Memcached stores; counting semaphores (`run --limit`).
+//! and Memcached stores; Redis Cluster and Sentinel; counting semaphores (`run --limit`).
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -11,6 +11,7 @@ mod etcd;
 mod handover;
 mod jobs;
 mod pubsub;
+mod redis_topologies;
 mod semaphores;
 mod sql;
 mod standby;

@@ -1,6 +1,7 @@
 <?php
 // A Symfony Lock 5.4 peer (Debian's php-symfony-lock, phpredis) driven line by line over stdin,
-// for the interop tests. Usage: php lock_peer.php <host> <port>
+// for the interop tests. Usage: php lock_peer.php <host> <port>, or on a Redis Cluster through
+// phpredis's RedisCluster: php lock_peer.php cluster <host:port>,<host:port>,...
 // Commands and answers are JSON lines, as for lock_peer.py: try_write, try_read, release,
 // refresh, is_acquired, quit. One lock object (one holder) per resource.
 
@@ -9,8 +10,12 @@ require_once '/usr/share/php/Symfony/Component/Lock/autoload.php';
 use Symfony\Component\Lock\LockFactory;
 use Symfony\Component\Lock\Store\RedisStore;
 
-$redis = new Redis();
-$redis->connect($argv[1], (int) $argv[2]);
+if ($argv[1] === 'cluster') {
+    $redis = new RedisCluster(null, explode(',', $argv[2]));
+} else {
+    $redis = new Redis();
+    $redis->connect($argv[1], (int) $argv[2]);
+}
 $factory = new LockFactory(new RedisStore($redis));
 $locks = [];
 echo json_encode(['ok' => true, 'result' => 'ready']), "\n";

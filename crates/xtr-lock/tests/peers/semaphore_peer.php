@@ -1,7 +1,8 @@
 <?php
 // A Symfony Semaphore 5.4 peer (Debian's php-symfony-semaphore, phpredis) for the interop tests.
 //
-// Usage: php semaphore_peer.php HOST PORT
+// Usage: php semaphore_peer.php HOST PORT (or: cluster HOST:PORT,HOST:PORT,... for phpredis's
+//   RedisCluster; the cycle form takes the same two first arguments)
 //   Driven line by line over stdin, JSON as lock_peer.php: {"op", "resource", "limit", "weight",
 //   "ttl"}; ops try_acquire, release, refresh, is_acquired, quit. One semaphore (one holder) per
 //   resource, made on first use with that limit, weight and ttl.
@@ -15,8 +16,12 @@ require_once '/usr/share/php/Symfony/Component/Semaphore/autoload.php';
 use Symfony\Component\Semaphore\SemaphoreFactory;
 use Symfony\Component\Semaphore\Store\RedisStore;
 
-$redis = new Redis();
-$redis->connect($argv[1], (int) $argv[2]);
+if ($argv[1] === 'cluster') {
+    $redis = new RedisCluster(null, explode(',', $argv[2]));
+} else {
+    $redis = new Redis();
+    $redis->connect($argv[1], (int) $argv[2]);
+}
 $factory = new SemaphoreFactory(new RedisStore($redis));
 
 if (($argv[3] ?? '') === 'cycle') {

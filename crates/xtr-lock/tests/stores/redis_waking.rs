@@ -269,3 +269,49 @@ async fn beside_a_python_holder_a_waiter_polls_and_gets_the_lock_when_it_release
     assert!(waiter.is_acquired().await.unwrap());
     assert!(queue(&server, &store, "py").is_empty(), "it left the queue");
 }
+
+/// A store whose first waits start in three slots at once (three masters) opens one subscriber
+/// connection for them: each release wakes its waiter, long before the 30 s lease hint that a
+/// lost wake would leave the waiter with.
+#[tokio::test]
+async fn first_waits_in_several_cluster_slots_at_once_are_all_woken() {
+    let cluster = xtr_lock_testkit::redis_cluster::RedisCluster::start(3, 0);
+    let holders = RedisStore::from_dsn(&cluster.dsn()).unwrap();
+    let waiters = RedisStore::from_dsn(&cluster.dsn()).unwrap();
+    // "a", "b" and "c" are on three different masters of an evenly split cluster.
+    let names = ["a", "b", "c"];
+    let held: Vec<Lock> = names.iter().map(|n| lock_on(&holders, n)).collect();
+    for l in &held {
+        assert!(l.try_acquire().await.unwrap());
+    }
+    let tasks: Vec<_> = names
+        .iter()
+        .flat_map(|n| std::iter::repeat_n(*n, 3))
+        .map(|n| {
+            let l = lock_on(&waiters, n);
+            tokio::spawn(async move {
+                assert!(l.acquire_timeout(Duration::from_secs(60)).await.unwrap());
+                let _ = l.release().await.unwrap();
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let started = Instant::now();
+    for l in &held {
+        let _ = l.release().await.unwrap();
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "a waiter slept until its lease hint: {:?}",
+        started.elapsed()
+    );
+}
+
+fn lock_on(store: &RedisStore, resource: &str) -> Lock {
+    LockFactory::new(store.clone())
+        .create_lock(resource)
+        .with_ttl(Some(TTL))
+}

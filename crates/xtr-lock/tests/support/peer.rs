@@ -30,32 +30,36 @@ impl Peer {
 
     /// Symfony Lock's RedisStore (php-cli, php-symfony-lock, php-redis) on `127.0.0.1:port`.
     pub(crate) fn symfony(port: u16) -> Peer {
-        let mut cmd = Command::new("php");
-        cmd.arg(script("lock_peer.php"))
-            .arg("127.0.0.1")
-            .arg(port.to_string());
-        Peer::spawn(cmd)
+        Peer::spawn(php("lock_peer.php", &Php::Server(port)))
+    }
+
+    /// Symfony Lock's RedisStore on the Redis Cluster with these seed nodes, through
+    /// phpredis's `RedisCluster`.
+    pub(crate) fn symfony_cluster(seeds: &[u16]) -> Peer {
+        Peer::spawn(php("lock_peer.php", &Php::Cluster(seeds)))
     }
 
     /// Symfony Semaphore's RedisStore (php-symfony-semaphore, php-redis) on `127.0.0.1:port`
     /// (`tests/peers/semaphore_peer.php`).
     pub(crate) fn symfony_semaphore(port: u16) -> Peer {
-        let mut cmd = Command::new("php");
-        cmd.arg(script("semaphore_peer.php"))
-            .arg("127.0.0.1")
-            .arg(port.to_string());
-        Peer::spawn(cmd)
+        Peer::spawn(php("semaphore_peer.php", &Php::Server(port)))
+    }
+
+    /// Symfony Semaphore's RedisStore on the Redis Cluster with these seed nodes.
+    pub(crate) fn symfony_semaphore_cluster(seeds: &[u16]) -> Peer {
+        Peer::spawn(php("semaphore_peer.php", &Php::Cluster(seeds)))
     }
 
     /// The command that runs `semaphore_peer.php`'s contention loop on `127.0.0.1:port` with
     /// `args` (`RESOURCE LIMIT WEIGHT ROUNDS COUNTER`).
     pub(crate) fn symfony_semaphore_cycle(port: u16, args: &[&str]) -> Command {
-        let mut cmd = Command::new("php");
-        cmd.arg(script("semaphore_peer.php"))
-            .arg("127.0.0.1")
-            .arg(port.to_string())
-            .arg("cycle")
-            .args(args);
+        Peer::symfony_semaphore_cycle_on(&Php::Server(port), args)
+    }
+
+    /// [`symfony_semaphore_cycle`](Peer::symfony_semaphore_cycle) on one server or a cluster.
+    pub(crate) fn symfony_semaphore_cycle_on(at: &Php<'_>, args: &[&str]) -> Command {
+        let mut cmd = php("semaphore_peer.php", at);
+        cmd.arg("cycle").args(args);
         cmd
     }
 
@@ -113,6 +117,26 @@ impl Peer {
         assert_eq!(answer["ok"], true, "peer {op} {resource:?}: {answer}");
         answer["result"].clone()
     }
+}
+
+/// Where a PHP peer connects: one server on 127.0.0.1, or a cluster by its seed nodes' ports.
+pub(crate) enum Php<'a> {
+    Server(u16),
+    Cluster(&'a [u16]),
+}
+
+/// `php <script>` with the arguments that say where it connects.
+fn php(name: &str, at: &Php<'_>) -> Command {
+    let mut cmd = Command::new("php");
+    cmd.arg(script(name));
+    match at {
+        Php::Server(port) => cmd.arg("127.0.0.1").arg(port.to_string()),
+        Php::Cluster(seeds) => {
+            let seeds: Vec<String> = seeds.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+            cmd.arg("cluster").arg(seeds.join(","))
+        }
+    };
+    cmd
 }
 
 impl Drop for Peer {

@@ -23,6 +23,7 @@ use crate::store::held::{Claim, Held};
 mod check;
 mod config;
 mod conn;
+mod input;
 mod ops;
 mod records;
 mod release;
@@ -168,68 +169,6 @@ impl MemcachedStore {
     /// spaces or control characters.
     pub fn is_valid_name(resource: &str) -> bool {
         (1..=250).contains(&resource.len()) && resource.bytes().all(|b| b > b' ' && b != 0x7f)
-    }
-
-    fn name(&self, resource: &str) -> Result<String> {
-        if records::is_reserved(resource) {
-            return Err(Error::invalid_argument(
-                "names ending in `#xtr-holder`, starting with `xtr-holder#` or holding                  `:sem:holder:` are where Memcached keeps this library's holder records",
-            )
-            .with_resource(resource.chars().take(100).collect::<String>())
-            .with_store(self));
-        }
-        if Self::is_valid_name(resource) {
-            return Ok(resource.to_owned());
-        }
-        Err(Error::invalid_argument(
-            "Memcached keeps a lock under its name, which must be 1 to 250 bytes without spaces \
-             or control characters (it is not hashed, so that PHP processes share the lock)",
-        )
-        .with_resource(resource.chars().take(100).collect::<String>())
-        .with_store(self))
-    }
-
-    /// The whole seconds the entry keeps for `ttl`: rounded up, at least 2, at most 30 days.
-    fn seconds(&self, key: &Key, ttl: Option<Duration>) -> Result<u64> {
-        let Some(ttl) = ttl else {
-            return Err(Error::invalid_argument(
-                "a lock in Memcached needs a ttl (entries expire; there is no silent default): \
-                 give the lock one",
-            )
-            .with_resource(key.resource())
-            .with_store(self));
-        };
-        let secs = crate::clock::seconds_up(ttl);
-        if secs > MAX_TTL_SECS {
-            return Err(Error::invalid_argument(format!(
-                "a ttl of {ttl:?} is over Memcached's 30 days (it would read it as a Unix \
-                 timestamp)"
-            ))
-            .with_resource(key.resource())
-            .with_store(self));
-        }
-        Ok(secs)
-    }
-
-    fn io_error(&self, resource: &str, err: io::Error) -> Error {
-        let unsupported = err.kind() == io::ErrorKind::Unsupported;
-        let temporary = matches!(
-            err.kind(),
-            io::ErrorKind::TimedOut
-                | io::ErrorKind::ConnectionRefused
-                | io::ErrorKind::ConnectionReset
-                | io::ErrorKind::ConnectionAborted
-                | io::ErrorKind::BrokenPipe
-                | io::ErrorKind::UnexpectedEof
-                | io::ErrorKind::NotConnected
-        );
-        let e = if unsupported {
-            Error::unsupported(err.to_string())
-        } else {
-            Error::storage(format!("Memcached: {err}"))
-        };
-        let e = e.with_resource(resource).with_store(self).with_source(err);
-        if temporary { e.temporary() } else { e }
     }
 
     /// Runs `f` on a pooled connection within the response timeout.

@@ -281,24 +281,19 @@ impl Server {
         symfony: &SymfonyForm,
         tls: bool,
     ) -> Result<(String, String, Topology)> {
-        let (hosts, path, fragment) = dsn
-            .url
-            .map_or(("", "", None), |u| (u.hosts, u.path, u.fragment));
+        let (hosts, path, fragment) = url_parts(dsn);
         if self.db(dsn, if path.is_empty() { "0" } else { path })? != 0 {
             return Err(dsn.invalid("a Redis Cluster has database 0 only"));
         }
         let scheme = if tls { "rediss" } else { "redis" };
+        let listed = host_list(dsn, hosts, &symfony.hosts, 6379)?;
         let mut nodes = Vec::new();
-        for (host, port) in host_list(dsn, hosts, &symfony.hosts, 6379)? {
-            let mut url = self.node_url(scheme, &host, port, 0);
+        for (host, port) in &listed {
+            let mut url = self.node_url(scheme, host, *port, 0);
             insecure(dsn, fragment, tls, &mut url)?;
             nodes.push(url);
         }
-        let shown = host_list(dsn, hosts, &symfony.hosts, 6379)?
-            .iter()
-            .map(|(h, p)| format!("{h}:{p}"))
-            .collect::<Vec<_>>()
-            .join(",");
+        let shown = shown_hosts(&listed);
         Ok((
             nodes[0].clone(),
             format!("{scheme}+cluster://{shown}"),
@@ -314,9 +309,7 @@ impl Server {
         symfony: &SymfonyForm,
         tls: bool,
     ) -> Result<(String, String, Topology)> {
-        let (hosts, path, fragment) = dsn
-            .url
-            .map_or(("", "", None), |u| (u.hosts, u.path, u.fragment));
+        let (hosts, path, fragment) = url_parts(dsn);
         let listed = host_list(dsn, hosts, &symfony.hosts, default_port(Kind::Sentinel))?;
         let (master, db) = sentinel_path(dsn, path, symfony.sentinel.clone(), self.db.clone())?;
         let scheme = if tls { "rediss" } else { "redis" };
@@ -326,11 +319,7 @@ impl Server {
             insecure(dsn, fragment, tls, &mut url)?;
             sentinels.push(url);
         }
-        let shown = listed
-            .iter()
-            .map(|(h, p)| format!("{h}:{p}"))
-            .collect::<Vec<_>>()
-            .join(",");
+        let shown = shown_hosts(&listed);
         let shown_master: String =
             url::form_urlencoded::byte_serialize(master.as_bytes()).collect();
         Ok((
@@ -346,6 +335,22 @@ impl Server {
             },
         ))
     }
+}
+
+/// The `//` parts a cluster or Sentinel reads: hosts, path and fragment (empty for Symfony's
+/// `redis:?host[…]` form, which has none).
+fn url_parts<'a>(dsn: &Dsn<'a>) -> (&'a str, &'a str, Option<&'a str>) {
+    dsn.url
+        .map_or(("", "", None), |u| (u.hosts, u.path, u.fragment))
+}
+
+/// `h1:p1,h2:p2`, as a cluster's or Sentinel's DSN is shown.
+fn shown_hosts(listed: &[(String, u16)]) -> String {
+    listed
+        .iter()
+        .map(|(h, p)| format!("{h}:{p}"))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// `#insecure` after a TLS DSN (certificates not checked) goes on to the client URL.

@@ -4,25 +4,10 @@
 use std::time::{Duration, Instant};
 
 use xtr_lock::{LockFactory, Lockable as _, RedisStore};
-use xtr_lock_testkit::redis::RedisServer;
+
+use crate::support::on_redis::master_and_replica;
 
 const TTL: Duration = Duration::from_secs(60);
-
-/// A master with one replica in sync.
-fn master_and_replica() -> (RedisServer, RedisServer) {
-    let master = RedisServer::start();
-    let port = master.port().to_string();
-    let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !master
-        .cli(&["INFO", "replication"])
-        .contains("state=online")
-    {
-        assert!(Instant::now() < deadline, "the replica never came online");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    (master, replica)
-}
 
 /// A promotion the replicas do not confirm fails, and the reader keeps its read lock on the
 /// server as it believes: nobody else gets the write lock beside it. (The store used to take

@@ -9,6 +9,8 @@ use xtr_lock::store::{CombinedStore, ConsensusStrategy, Severity, StoreWarning};
 use xtr_lock::{MemcachedStore, RedisStore, Store};
 use xtr_lock_testkit::memcached::MemcachedServer;
 use xtr_lock_testkit::redis::RedisServer;
+
+use crate::support::on_redis::master_and_replica;
 use xtr_lock_testkit::redis_cluster::RedisCluster;
 
 /// The warnings (notes left out) of `store`, by code.
@@ -68,22 +70,6 @@ async fn redis_by_default_has_no_warning_and_a_note_on_persistence() {
     let found = store.check().await.unwrap();
     assert_eq!(codes(&found), ["persistence"], "{found:?}");
     assert_eq!(found[0].severity(), Severity::Note);
-}
-
-/// A master and a replica of it, once the replica is connected.
-fn master_and_replica() -> (RedisServer, RedisServer) {
-    let master = RedisServer::start();
-    let port = master.port().to_string();
-    let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !master
-        .cli(&["INFO", "replication"])
-        .contains("connected_slaves:1")
-    {
-        assert!(Instant::now() < deadline, "the replica did not connect");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    (master, replica)
 }
 
 #[tokio::test]

@@ -46,3 +46,22 @@ impl Quorum {
         LockFactory::from_arc(self.store.clone()).with_ttl(Some(TTL))
     }
 }
+
+/// A master and a replica of it, once the replica is in sync (online).
+pub(crate) fn master_and_replica() -> (RedisServer, RedisServer) {
+    let master = RedisServer::start();
+    let port = master.port().to_string();
+    let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !master
+        .cli(&["INFO", "replication"])
+        .contains("state=online")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the replica never came online"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (master, replica)
+}

@@ -154,6 +154,12 @@ pub struct Capabilities {
     /// [`Store::list`] enumerates what is held. Without it, it answers `Unsupported`, saying
     /// [why](Store::why_not_listing).
     pub lists: bool,
+    /// Waiters are served in the order they began waiting, among this library's holders: a
+    /// waiting writer stops readers that came after it, and a newcomer does not take a free
+    /// lock past a live waiter. Without it, a release wakes waiters and whichever asks first
+    /// gets in (a stream of readers can starve a writer). Peers that do not know the queue
+    /// (Python, PHP, `flock(1)`) can still get in first; they never break exclusion.
+    pub fair: bool,
 }
 
 /// Where locks live. Object-safe: locks hold an `Arc<dyn Store>`.

@@ -66,6 +66,7 @@ impl Store for NullStore {
             counting: true,
             metadata: false,
             lists: false,
+            fair: false,
         }
     }
 

@@ -147,6 +147,7 @@ impl Store for MySqlLockStore {
             counting: false,
             metadata: false,
             lists: false,
+            fair: false,
         }
     }
 

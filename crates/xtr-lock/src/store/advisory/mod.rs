@@ -188,6 +188,7 @@ impl Store for PgAdvisoryStore {
             counting: false,
             metadata: false,
             lists: false,
+            fair: true,
         }
     }
 

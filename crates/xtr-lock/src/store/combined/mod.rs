@@ -335,6 +335,7 @@ impl Store for CombinedStore {
             // The key (and its metadata) goes to every member as it is.
             metadata: caps.iter().all(|c| c.metadata),
             lists: caps.iter().all(|c| c.lists),
+            fair: false,
         }
     }
 

@@ -242,6 +242,7 @@ impl Store for EtcdStore {
             counting: true,
             metadata: true,
             lists: true,
+            fair: true,
         }
     }
 

@@ -399,6 +399,7 @@ impl Store for FlockStore {
             counting: true,
             metadata: true,
             lists: true,
+            fair: false,
         }
     }
 

@@ -403,6 +403,7 @@ impl Store for MemcachedStore {
             counting: true,
             metadata: true,
             lists: false,
+            fair: false,
         }
     }
 

@@ -373,6 +373,7 @@ impl Store for InMemoryStore {
             counting: true,
             metadata: true,
             lists: true,
+            fair: false,
         }
     }
 

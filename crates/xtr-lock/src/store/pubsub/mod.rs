@@ -274,6 +274,7 @@ impl Store for RedisPubSubStore {
             counting: false,
             metadata: false,
             lists: false,
+            fair: false,
         }
     }
 

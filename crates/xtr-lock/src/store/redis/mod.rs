@@ -435,6 +435,7 @@ impl Store for RedisStore {
             counting: true,
             metadata: true,
             lists: true,
+            fair: false,
         }
     }
 

@@ -365,6 +365,7 @@ impl Store for SemaphoreStore {
             counting: true,
             metadata: false,
             lists: false,
+            fair: false,
         }
     }
 

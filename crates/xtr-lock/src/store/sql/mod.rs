@@ -422,6 +422,7 @@ impl Store for SqlStore {
             counting: true,
             metadata: true,
             lists: true,
+            fair: false,
         }
     }
 

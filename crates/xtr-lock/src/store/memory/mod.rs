@@ -9,15 +9,19 @@ use async_trait::async_trait;
 
 use super::channels::Channels;
 use super::{
-    Acquired, Capabilities, Conflict, HolderInfo, HolderRecord, Holding, Listing, LossWatcher,
-    Saved, Store, Watcher, check_expiry,
+    Acquired, Capabilities, Conflict, HolderInfo, Holding, Listing, LossWatcher, Saved, Store,
+    Watcher, check_expiry,
 };
 use crate::clock::Clock;
 use crate::error::{LostReason, Result};
 use crate::key::{Key, Mode};
 use crate::mutex::lock;
 
+mod entry;
+mod queue;
 mod semaphore;
+
+use entry::{Entry, Writer};
 
 /// The token kind in-memory stores use: one token per key for all of them.
 const KIND: &str = "memory";
@@ -81,157 +85,10 @@ struct State {
     /// One change channel per watched resource.
     watchers: Channels,
     last_fence: u64,
+    /// The last waiter's ticket number (ties between waits that began at once go by it).
+    next_ticket: u64,
     /// Counting semaphores, by name (apart from the locks).
     semaphores: HashMap<String, semaphore::Sem>,
-}
-
-#[derive(Default)]
-struct Entry {
-    writer: Option<Writer>,
-    /// Reader token → expiry.
-    readers: HashMap<String, Option<Instant>>,
-    /// Holder token → its metadata record, for every token above.
-    records: HashMap<String, HolderRecord>,
-}
-
-struct Writer {
-    token: String,
-    fence: u64,
-    expires: Option<Instant>,
-}
-
-impl Entry {
-    fn is_empty(&self) -> bool {
-        self.writer.is_none() && self.readers.is_empty()
-    }
-
-    /// Drops expired holders; returns whether any went.
-    fn prune(&mut self, now: Instant) -> bool {
-        let mut changed = false;
-        if self
-            .writer
-            .as_ref()
-            .is_some_and(|w| w.expires.is_some_and(|e| e <= now))
-        {
-            self.writer = None;
-            changed = true;
-        }
-        let before = self.readers.len();
-        self.readers.retain(|_, e| e.is_none_or(|e| e > now));
-        let changed = changed || self.readers.len() != before;
-        if changed {
-            self.forget_gone();
-        }
-        changed
-    }
-
-    /// Drops the records of tokens that hold nothing any more.
-    fn forget_gone(&mut self) {
-        let writer = self.writer.as_ref().map(|w| w.token.clone());
-        let readers = &self.readers;
-        self.records
-            .retain(|t, _| writer.as_deref() == Some(t.as_str()) || readers.contains_key(t));
-    }
-
-    /// Records `key`'s acquisition (a new one), or its new metadata (a re-save).
-    fn record(&mut self, token: &str, key: &Key, fence: Option<u64>) {
-        match self.records.get_mut(token) {
-            Some(r) => r.meta = key.meta().map(|m| m.to_vec()),
-            None => {
-                let record = HolderRecord::now(key).with_fencing_token(fence);
-                self.records.insert(token.to_owned(), record);
-            }
-        }
-    }
-
-    /// Who holds at `now`, with their records.
-    fn holders(&self, now: Instant) -> Vec<HolderInfo> {
-        let pid = Some(std::process::id());
-        let left = |e: Option<Instant>| e.map(|e| e.saturating_duration_since(now));
-        let alive = |e: Option<Instant>| e.is_none_or(|e| e > now);
-        let info = |mode, token: &str, expires| {
-            HolderInfo::new(mode, pid, left(expires))
-                .with_token(token)
-                .with_record(self.records.get(token).cloned())
-        };
-        let mut out: Vec<HolderInfo> = self
-            .writer
-            .iter()
-            .filter(|w| alive(w.expires))
-            .map(|w| info(Mode::Write, &w.token, w.expires))
-            .collect();
-        out.extend(
-            self.readers
-                .iter()
-                .filter(|(_, e)| alive(**e))
-                .map(|(t, e)| info(Mode::Read, t, *e)),
-        );
-        out
-    }
-
-    /// The mode `token` holds in at `now` (expired entries hold nothing).
-    fn mode_of(&self, token: &str, now: Instant) -> Option<Mode> {
-        let alive = |e: Option<Instant>| e.is_none_or(|e| e > now);
-        if self
-            .writer
-            .as_ref()
-            .is_some_and(|w| w.token == token && alive(w.expires))
-        {
-            return Some(Mode::Write);
-        }
-        self.readers
-            .get(token)
-            .filter(|e| alive(**e))
-            .map(|_| Mode::Read)
-    }
-
-    /// Whether `token` has an entry, live or not.
-    fn has_entry(&self, token: &str) -> bool {
-        self.writer.as_ref().is_some_and(|w| w.token == token) || self.readers.contains_key(token)
-    }
-
-    /// Whether anyone but `token` holds at `now`.
-    fn others_hold(&self, token: &str, now: Instant) -> bool {
-        let alive = |e: Option<Instant>| e.is_none_or(|e| e > now);
-        self.writer
-            .as_ref()
-            .is_some_and(|w| w.token != token && alive(w.expires))
-            || self
-                .readers
-                .iter()
-                .any(|(t, e)| t.as_str() != token && alive(*e))
-    }
-
-    /// What `token` holds, or why not.
-    fn holding(&self, token: &str, now: Instant) -> Holding {
-        match self.mode_of(token, now) {
-            Some(mode) => Holding::Held(mode),
-            None if self.has_entry(token) => Holding::NotHeld(LostReason::Expired),
-            None if self.others_hold(token, now) => Holding::NotHeld(LostReason::TakenOver),
-            None => Holding::NotHeld(LostReason::Removed),
-        }
-    }
-
-    /// When the earliest holder other than `token` expires, if every one of them expires.
-    fn retry_after(&self, token: &str, now: Instant) -> Option<Duration> {
-        let mut earliest: Option<Instant> = None;
-        let others = self
-            .writer
-            .iter()
-            .filter(|w| w.token != token)
-            .map(|w| w.expires)
-            .chain(
-                self.readers
-                    .iter()
-                    .filter(|(t, _)| t.as_str() != token)
-                    .map(|(_, e)| *e),
-            );
-        for e in others {
-            let e = e?;
-            earliest = Some(earliest.map_or(e, |x| x.min(e)));
-        }
-        earliest.map(|e| e.saturating_duration_since(now))
-    }
 }
 
 impl InMemoryStore {
@@ -286,6 +143,15 @@ impl InMemoryStore {
         })
     }
 
+    /// Something on `resource`'s lock went (a release, an expiry, a demotion): its watchers
+    /// hear it and the waiters whose turn it is are woken.
+    fn freed(st: &mut State, resource: &str, now: Instant) {
+        st.notify(resource);
+        if let Some(entry) = st.resources.get(resource) {
+            entry.serve(now);
+        }
+    }
+
     async fn finish(&self, key: &Key, saved: Saved) -> Result<Saved> {
         if saved.is_acquired() {
             check_expiry(self, key).await?;
@@ -323,6 +189,17 @@ impl State {
 
     fn notify(&mut self, resource: &str) {
         self.watchers.notify(resource);
+    }
+
+    /// Wakes every waiter of `key`'s lock or semaphore: how long what they wait behind lasts
+    /// has changed.
+    fn wake_waiters(&self, key: &Key) {
+        match key.permits() {
+            Some(_) => self.semaphores.get(key.resource()).map(|s| &s.queue),
+            None => self.resources.get(key.resource()).map(|e| &e.queue),
+        }
+        .into_iter()
+        .for_each(queue::Queue::wake_all);
     }
 }
 
@@ -373,7 +250,7 @@ impl Store for InMemoryStore {
             counting: true,
             metadata: true,
             lists: true,
-            fair: false,
+            fair: true,
         }
     }
 
@@ -393,6 +270,8 @@ impl Store for InMemoryStore {
             let mut guard = self.state();
             let st = &mut *guard;
             let (entry, pruned) = entry_in(&mut st.resources, key.resource(), now);
+            // A reader promoting holds already: it goes before the queue.
+            let passes = entry.readers.contains_key(&token) || entry.admits(&token, Mode::Write);
             let outcome = match &mut entry.writer {
                 Some(w) if w.token == token => {
                     w.expires = expires;
@@ -403,6 +282,8 @@ impl Store for InMemoryStore {
                     // Another reader holds: a promotion fails and the caller keeps its read lock.
                     Self::conflict(entry, &token, now)
                 }
+                // A waiter stands before it: the lock is kept for the head of the queue.
+                None if !passes => Self::conflict(entry, &token, now),
                 None => {
                     entry.readers.remove(&token);
                     // A promotion is a new (exclusive) acquisition.
@@ -420,13 +301,15 @@ impl Store for InMemoryStore {
             match outcome {
                 Saved::Acquired(a) => {
                     entry.record(&token, key, a.fencing_token);
+                    entry.queue.admitted(&token);
                     st.notify(&changes(key.resource()));
                 }
-                Saved::Conflict(_) => st.tidy(key.resource()),
+                Saved::Conflict(_) => entry.refused(&token, Mode::Write, now),
             }
             if pruned {
-                st.notify(key.resource());
+                Self::freed(st, key.resource(), now);
             }
+            st.tidy(key.resource());
             outcome
         };
         self.finish(key, result).await
@@ -442,8 +325,12 @@ impl Store for InMemoryStore {
             let st = &mut *guard;
             let (entry, pruned) = entry_in(&mut st.resources, key.resource(), now);
             let mut demoted = false;
+            let passes = entry.readers.contains_key(&token) || entry.admits(&token, Mode::Read);
             let outcome = match &entry.writer {
                 Some(w) if w.token != token => Self::conflict(entry, &token, now),
+                // A writer waits before it (the lock is kept for the queue's head; a stream of
+                // readers never starves a writer): it queues behind.
+                None if !passes => Self::conflict(entry, &token, now),
                 writer => {
                     if writer.is_some() {
                         entry.writer = None;
@@ -457,14 +344,16 @@ impl Store for InMemoryStore {
             match outcome {
                 Saved::Acquired(a) => {
                     entry.record(&token, key, a.fencing_token);
+                    entry.queue.admitted(&token);
                     st.notify(&changes(key.resource()));
                 }
-                Saved::Conflict(_) => st.tidy(key.resource()),
+                Saved::Conflict(_) => entry.refused(&token, Mode::Read, now),
             }
             if pruned || demoted {
                 // Readers waiting behind the writer may come in now.
-                st.notify(key.resource());
+                Self::freed(st, key.resource(), now);
             }
+            st.tidy(key.resource());
             outcome
         };
         self.finish(key, result).await
@@ -497,10 +386,10 @@ impl Store for InMemoryStore {
                 }
                 Holding::NotHeld(_) => {}
             }
-            st.tidy(key.resource());
             if pruned {
-                st.notify(key.resource());
+                Self::freed(st, key.resource(), now);
             }
+            st.tidy(key.resource());
             holding
         };
         if holding.is_held() {
@@ -516,7 +405,9 @@ impl Store for InMemoryStore {
             return Ok(None);
         }
         let held = self.put_off_expiration(key, after).await?;
-        self.state().notify(&semaphore::channel(key));
+        let mut st = self.state();
+        st.notify(&semaphore::channel(key));
+        st.wake_waiters(key);
         Ok(Some(held))
     }
 
@@ -537,10 +428,10 @@ impl Store for InMemoryStore {
             removed = true;
         }
         entry.records.remove(&token);
-        st.tidy(key.resource());
         if removed || pruned {
-            st.notify(key.resource());
+            Self::freed(&mut st, key.resource(), now);
         }
+        st.tidy(key.resource());
         Ok(removed)
     }
 
@@ -606,12 +497,11 @@ impl Store for InMemoryStore {
         })))
     }
 
-    async fn watch(&self, key: &Key, _waiting_since: SystemTime) -> Result<Option<Watcher>> {
-        let mut rx = self.state().watchers.subscribe(&semaphore::channel(key));
-        Ok(Some(Watcher::new(async move {
-            // An error means the store is gone: nothing will change any more, so wake up.
-            let _ = rx.changed().await;
-        })))
+    /// Queues the holder (or keeps its place): waiters are let in in the order their waits
+    /// began, and woken only when their turn may have come. Dropping the watcher leaves the
+    /// queue (a waiter keeps its place while it keeps one of its watchers).
+    async fn watch(&self, key: &Key, waiting_since: SystemTime) -> Result<Option<Watcher>> {
+        Ok(Some(self.queue_up(key, waiting_since)))
     }
 
     /// Completes when the holder's entry is gone: deleted (by a deserialized copy of the key,

@@ -5,6 +5,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use super::queue::{Queue, Want};
 use super::{InMemoryStore, KIND};
 use crate::error::{LostReason, Result};
 use crate::key::{Key, Mode};
@@ -16,6 +17,8 @@ use crate::store::{Acquired, Conflict, HolderInfo, HolderRecord, Holding, Listin
 pub(super) struct Sem {
     limit: u32,
     holders: HashMap<String, Permit>,
+    /// Who waits, in order.
+    pub(super) queue: Queue,
 }
 
 struct Permit {
@@ -67,6 +70,42 @@ impl Sem {
             .collect()
     }
 
+    /// Whether `token`, holding nothing, may take `count` permits past the waiters: only if
+    /// they fit beside the permits every waiter before it asks for (nobody passes a head that
+    /// waits for more than are free).
+    fn admits(&self, token: &str, count: u32) -> bool {
+        let ahead: u64 = self
+            .queue
+            .ahead(token)
+            .iter()
+            .map(|t| match t.want {
+                Want::Permits(n) => u64::from(n),
+                _ => u64::from(self.limit),
+            })
+            .sum();
+        self.used() + ahead + u64::from(count) <= u64::from(self.limit)
+    }
+
+    /// Wakes the waiters at the head whose permits fit, in order, up to the first that does
+    /// not.
+    pub(super) fn serve(&self) {
+        let mut used = self.used();
+        for t in self.queue.tickets() {
+            let n = match t.want {
+                Want::Permits(n) => u64::from(n),
+                _ => return,
+            };
+            // A waiter whose limit differs finds out by its save; an empty semaphore takes
+            // any limit.
+            if self.holders.is_empty() && used == 0 || used + n <= u64::from(self.limit) {
+                t.wake();
+                used += n;
+            } else {
+                return;
+            }
+        }
+    }
+
     /// What `token` holds at `now`, or why not.
     fn holding(&self, token: &str, now: Instant) -> Holding {
         match self.holders.get(token) {
@@ -99,13 +138,7 @@ impl InMemoryStore {
             let (now, expires) = self.times(ttl);
             let mut guard = self.state();
             let st = &mut *guard;
-            let sem = st
-                .semaphores
-                .entry(key.resource().to_owned())
-                .or_insert_with(|| Sem {
-                    limit: permits.limit(),
-                    holders: HashMap::new(),
-                });
+            let sem = semaphore_entry(&mut st.semaphores, key.resource(), permits.limit());
             let pruned = sem.prune(now);
             if sem.holders.is_empty() {
                 sem.limit = permits.limit();
@@ -120,7 +153,7 @@ impl InMemoryStore {
                 } else {
                     Err(permits.count_changed(key.resource(), p.count))
                 }
-            } else if sem.used() + u64::from(permits.count()) <= u64::from(sem.limit) {
+            } else if sem.admits(&token, permits.count()) {
                 st.last_fence += 1;
                 let fence = st.last_fence;
                 let permit = Permit {
@@ -129,6 +162,7 @@ impl InMemoryStore {
                     fence,
                     record: HolderRecord::now(key).with_fencing_token(Some(fence)),
                 };
+                sem.queue.admitted(&token);
                 sem.holders.insert(token, permit);
                 Ok(Saved::Acquired(Acquired::fenced(fence)))
             } else {
@@ -138,10 +172,11 @@ impl InMemoryStore {
                     None => conflict,
                 }))
             };
-            st.tidy_semaphore(key.resource());
             if pruned {
+                sem.serve();
                 st.notify(&channel(key));
             }
+            st.tidy_semaphore(key.resource());
             outcome?
         };
         self.finish(key, saved).await
@@ -160,6 +195,9 @@ impl InMemoryStore {
         if let (Holding::Held(_), Some(p)) = (holding, sem.holders.get_mut(&token)) {
             p.expires = expires;
         }
+        if pruned {
+            sem.serve();
+        }
         st.tidy_semaphore(key.resource());
         if pruned {
             st.notify(&channel(key));
@@ -176,6 +214,9 @@ impl InMemoryStore {
         };
         let pruned = sem.prune(now);
         let removed = sem.holders.remove(&token).is_some();
+        if removed || pruned {
+            sem.serve();
+        }
         st.tidy_semaphore(key.resource());
         if removed || pruned {
             st.notify(&channel(key));
@@ -224,18 +265,37 @@ pub(super) fn listed<'a>(
     semaphores
         .iter()
         .filter(move |(name, _)| name.starts_with(prefix))
-        .map(move |(name, sem)| Listing::semaphore(name.clone(), sem.limit, sem.holders(now)))
+        .map(move |(name, sem)| {
+            let mut holders = sem.holders(now);
+            holders.extend(sem.queue.tickets().iter().map(|t| t.info()));
+            Listing::semaphore(name.clone(), sem.limit, holders)
+        })
         .filter(Listing::is_held)
 }
 
 impl super::State {
-    fn tidy_semaphore(&mut self, resource: &str) {
+    pub(super) fn tidy_semaphore(&mut self, resource: &str) {
         if self
             .semaphores
             .get(resource)
-            .is_some_and(|s| s.holders.is_empty())
+            .is_some_and(|s| s.holders.is_empty() && s.queue.is_empty())
         {
             self.semaphores.remove(resource);
         }
     }
+}
+
+/// The semaphore `resource`, made with `limit` if nobody holds or waits for it.
+pub(super) fn semaphore_entry<'a>(
+    semaphores: &'a mut HashMap<String, Sem>,
+    resource: &str,
+    limit: u32,
+) -> &'a mut Sem {
+    semaphores
+        .entry(resource.to_owned())
+        .or_insert_with(|| Sem {
+            limit,
+            holders: HashMap::new(),
+            queue: Queue::default(),
+        })
 }

@@ -34,6 +34,7 @@ use crate::store::{Capabilities, Store};
 mod basic;
 mod election;
 mod expiring;
+mod fair;
 mod jobs;
 mod listing;
 mod loss;
@@ -45,6 +46,7 @@ mod waiting;
 pub use basic::*;
 pub use election::*;
 pub use expiring::*;
+pub use fair::*;
 pub use jobs::*;
 pub use listing::*;
 pub use loss::*;
@@ -75,6 +77,10 @@ pub struct Harness {
     /// [`with_time_scale`](Harness::with_time_scale)).
     pub time_scale: u32,
     /// Whatever must live as long as the harness: a temporary directory, a server process.
+    /// Whether the store shows its queue's waiters ([`HolderInfo::waiting`](crate::store::HolderInfo::waiting))
+    /// in [`holders`](Store::holders) and [`list`](Store::list): the fair-waiting scenarios see
+    /// that a waiter is registered there (true unless [`hiding_waiters`](Harness::hiding_waiters)).
+    pub shows_waiters: bool,
     keep_alive: Vec<Arc<dyn std::any::Any + Send + Sync>>,
     sabotage: Option<Sabotage>,
     names: Option<NameRule>,
@@ -101,6 +107,7 @@ impl Harness {
             ttl,
             patience: Duration::from_secs(10),
             time_scale: 1,
+            shows_waiters: true,
             keep_alive: Vec::new(),
             sabotage: None,
             names: None,
@@ -125,6 +132,13 @@ impl Harness {
         self.patience = self
             .patience
             .max(Duration::from_secs(10) + Duration::from_secs(2) * self.time_scale);
+        self
+    }
+
+    /// Says that the store does not show its waiters: the fair-waiting scenarios, which see
+    /// a waiter registered by its showing as waiting, do not apply (they say so).
+    pub fn hiding_waiters(mut self) -> Self {
+        self.shows_waiters = false;
         self
     }
 
@@ -340,6 +354,13 @@ macro_rules! conformance_tests {
             counter_race_under_the_lock,
             many_waiters_all_get_their_turn,
             fencing_tokens_strictly_increase,
+            // fair waiting
+            fair_waiters_are_served_in_arrival_order,
+            fair_a_writer_is_not_starved_by_readers,
+            fair_a_newcomer_does_not_pass_a_waiter,
+            fair_a_dropped_head_does_not_stall_the_queue,
+            fair_random_mixes_keep_exclusion_and_order,
+            fair_semaphore_waiters_are_served_in_order,
             // siblings: several tasks per lock, several locks, random calls dropped at random
             siblings_chaos_keeps_exclusion_and_leaves_nothing,
             // counting semaphores

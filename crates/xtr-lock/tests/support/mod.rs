@@ -214,15 +214,18 @@ impl<S: Store> Scripted<S> {
 
     async fn emulated_wait(&self, key: &Key, ttl: Option<Duration>, read: bool) -> Result<Saved> {
         let since = SystemTime::now();
+        // Each watcher is kept until the next one is registered: a store that queues waiters
+        // keeps the holder's place while one of its watchers lives.
+        let mut watcher;
         loop {
-            let watcher = self.inner.watch(key, since).await?;
+            watcher = self.inner.watch(key, since).await?;
             let saved = if read {
                 self.inner.save_read(key, ttl).await
             } else {
                 self.inner.save(key, ttl).await
             };
             match saved {
-                Ok(Saved::Conflict(_)) => match watcher {
+                Ok(Saved::Conflict(_)) => match watcher.as_mut() {
                     Some(w) => w.await,
                     None => tokio::time::sleep(Duration::from_millis(5)).await,
                 },

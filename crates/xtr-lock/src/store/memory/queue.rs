@@ -210,10 +210,15 @@ impl InMemoryStore {
             resource,
             id,
         };
-        Watcher::new(async move {
-            let _place = place;
+        let fut = async move {
             // An error means the store is gone: nothing will change any more, so wake up.
             let _ = rx.changed().await;
+        };
+        // The place goes with the watcher, not with its future (which ends when it fires): a
+        // woken waiter keeps its place until it has made its attempt and let the watcher go.
+        Watcher::with_coverage(fut, move || {
+            let _ = &place;
+            true
         })
     }
 

@@ -163,3 +163,45 @@ async fn dropped_loss_watchers_do_not_pile_up() {
         store.state().watchers.len()
     );
 }
+
+#[tokio::test]
+async fn the_lock_is_kept_for_the_queue_head_until_its_watcher_goes() {
+    let store = InMemoryStore::new();
+    let (h, w, n) = (Key::new("r"), Key::new("r"), Key::new("r"));
+    assert!(store.save(&h, None).await.unwrap().is_acquired());
+    let watcher = store.watch(&w, SystemTime::now()).await.unwrap().unwrap();
+    assert!(!store.save(&w, None).await.unwrap().is_acquired());
+    assert!(store.delete(&h).await.unwrap());
+    // Woken: the watcher fires, and the place stays while the watcher lives.
+    let mut watcher = watcher;
+    (&mut watcher).await;
+    assert!(
+        !store.save(&n, None).await.unwrap().is_acquired(),
+        "newcomer"
+    );
+    assert!(
+        !store.save_read(&n, None).await.unwrap().is_acquired(),
+        "newcomer reader"
+    );
+    drop(watcher);
+    // Dropped before it took the lock: the place goes at once.
+    assert!(store.save(&n, None).await.unwrap().is_acquired());
+    assert!(store.delete(&n).await.unwrap());
+    assert!(store.state().resources.is_empty(), "nothing left behind");
+}
+
+#[tokio::test]
+async fn a_semaphore_head_that_does_not_fit_is_not_passed() {
+    let store = InMemoryStore::new();
+    let key = |count| Key::for_semaphore("s", crate::Permits::new(2, count).unwrap());
+    let (one, big, small) = (key(1), key(2), key(1));
+    assert!(store.save(&one, None).await.unwrap().is_acquired());
+    let _big = store.watch(&big, SystemTime::now()).await.unwrap();
+    assert!(!store.save(&big, None).await.unwrap().is_acquired());
+    assert!(
+        !store.save(&small, None).await.unwrap().is_acquired(),
+        "1 + 1 fits, but 2 waits first"
+    );
+    assert!(store.delete(&one).await.unwrap());
+    assert!(store.save(&big, None).await.unwrap().is_acquired());
+}

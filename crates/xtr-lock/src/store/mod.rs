@@ -303,7 +303,9 @@ pub trait Store: Send + Sync + fmt::Debug + fmt::Display + 'static {
     /// that attempt, and a change after the registration by the watcher. `waiting_since` is
     /// when the holder's wait began (its first refused attempt): a store that queues waiters
     /// (Redis) serves them in that order, and learns from the holder's next save that it
-    /// waits.
+    /// waits. A fair store (in memory) keeps the holder's place for as long as one of its
+    /// watchers lives, fired or not: keep the last watcher until the next one is registered
+    /// (the [`Lock`](crate::Lock) does); dropping every one leaves the queue.
     ///
     /// # Errors
     ///

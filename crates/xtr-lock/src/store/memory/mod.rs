@@ -30,8 +30,10 @@ const KIND: &str = "memory";
 /// the store.
 ///
 /// - Shared and exclusive locks; the sole reader promotes, a writer demotes.
-/// - Waiters are woken on release (in-process notification), never only by polling, and a
-///   holder is told at once when its lock is deleted behind its back
+/// - Fair: waiters are served in the order their waits began, a waiting writer stops later
+///   readers, and a newcomer does not take a free lock past a waiter; only the waiters whose
+///   turn it is are woken (in-process notification, never by polling).
+/// - A holder is told at once when its lock is deleted behind its back
 ///   ([`watch_loss`](Store::watch_loss)).
 /// - Each exclusive acquisition gets a fencing token greater than every earlier one of this store;
 ///   a reader gets the latest exclusive token (every later writer's exceeds it).

@@ -193,8 +193,7 @@ impl InMemoryStore {
             let id = st.next_ticket;
             match key.permits() {
                 Some(p) => {
-                    let sem =
-                        super::semaphore::semaphore_entry(&mut st.semaphores, &resource, p.limit());
+                    let sem = st.semaphore(&resource, p.limit());
                     let joined = sem.queue.join(id, &token, since, Want::Permits(p.count()));
                     (Of::Semaphore, joined)
                 }

@@ -274,6 +274,11 @@ pub(super) fn listed<'a>(
 }
 
 impl super::State {
+    /// The semaphore `resource`, made with `limit` if nobody holds or waits for it.
+    pub(super) fn semaphore(&mut self, resource: &str, limit: u32) -> &mut Sem {
+        semaphore_entry(&mut self.semaphores, resource, limit)
+    }
+
     pub(super) fn tidy_semaphore(&mut self, resource: &str) {
         if self
             .semaphores
@@ -286,7 +291,7 @@ impl super::State {
 }
 
 /// The semaphore `resource`, made with `limit` if nobody holds or waits for it.
-pub(super) fn semaphore_entry<'a>(
+fn semaphore_entry<'a>(
     semaphores: &'a mut HashMap<String, Sem>,
     resource: &str,
     limit: u32,

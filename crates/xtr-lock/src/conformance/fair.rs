@@ -1,7 +1,8 @@
 //! Scenarios for fair waiting, on stores that say they serve waiters in the order their waits
 //! began ([`Capabilities::fair`](crate::store::Capabilities::fair)). Waiters are registered one
-//! by one (each shown in the store's queue, [`HolderInfo::waiting`](crate::store::HolderInfo),
-//! before the next starts) and the order they got in is checked, never timed.
+//! by one (each seen registered before the next starts: watched and refused, or shown waiting
+//! in the store's queue, [`HolderInfo::waiting`](crate::store::HolderInfo)) and the order they
+//! got in is checked, never timed.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -10,27 +11,42 @@ use rand::Rng as _;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+use super::registry::{Observed, Registrations};
 use super::{Harness, Outcome, require};
 use crate::key::Mode;
 use crate::lock::Lock;
 use crate::lock::lockable::Lockable as _;
 
-/// Whether the scenarios apply: a fair store that excludes and shows its queue.
+/// Whether the scenarios apply: a fair store that excludes, whose waiters are seen registered
+/// (they wait through `watch`, or the store shows them).
 fn fair(h: &Harness) -> bool {
-    h.caps().fair && h.caps().excludes && h.caps().introspection && h.shows_waiters
+    let caps = h.caps();
+    let seen = !caps.blocking || (caps.introspection && h.shows_waiters);
+    caps.fair && caps.excludes && seen
+}
+
+/// The harness on the store seen by a [`Registrations`].
+fn observed(h: &Harness) -> (Harness, Arc<Registrations>) {
+    let regs = Arc::new(Registrations::default());
+    let mut seen = h.clone();
+    seen.store = Arc::new(Observed {
+        inner: h.store.clone(),
+        regs: regs.clone(),
+    });
+    (seen, regs)
 }
 
 /// How often a scenario looks at the queue again while it waits for a waiter to show: the
 /// condition is what it waits for, this only paces the looking.
 const LOOK_AGAIN: Duration = Duration::from_millis(2);
 
-/// Waits until exactly `n` waiters show in `r`'s queue (lock or semaphore).
-async fn queued(h: &Harness, r: &str, semaphore: bool, n: usize) {
+/// Waits until exactly `n` waiters are seen registered on `r` (lock or semaphore).
+async fn queued(h: &Harness, regs: &Registrations, r: &str, semaphore: bool, n: usize) {
     let what = format!("{n} waiters show in the queue of {r}");
     h.within(&what, async {
         loop {
             let shown = if semaphore {
-                let listed = h.store.list(r).await.unwrap();
+                let listed = h.store.list(r).await.unwrap_or_default();
                 listed
                     .iter()
                     .filter(|l| l.resource == r)
@@ -38,10 +54,10 @@ async fn queued(h: &Harness, r: &str, semaphore: bool, n: usize) {
                     .filter(|x| x.waiting)
                     .count()
             } else {
-                let holders = h.store.holders(r).await.unwrap();
+                let holders = h.store.holders(r).await.unwrap_or_default();
                 holders.iter().filter(|x| x.waiting).count()
             };
-            if shown == n {
+            if shown.max(regs.count(r)) == n {
                 return;
             }
             tokio::time::sleep(LOOK_AGAIN).await;
@@ -158,6 +174,7 @@ fn assert_fifo(arrivals: &[(usize, Mode)], entered: &[usize]) {
 /// Writers registered one by one while the lock is held get it in that order.
 pub async fn fair_waiters_are_served_in_arrival_order(h: Harness) -> Outcome {
     require!(fair(&h), "the store does not serve waiters in order");
+    let (h, regs) = observed(&h);
     let r = h.resource("fair-order");
     let holder = h.lock(&r, h.ttl);
     holder.acquire().await.unwrap();
@@ -170,7 +187,7 @@ pub async fn fair_waiters_are_served_in_arrival_order(h: Harness) -> Outcome {
             i,
             log.clone(),
         ));
-        queued(&h, &r, false, i + 1).await;
+        queued(&h, &regs, &r, false, i + 1).await;
     }
     let _ = holder.release().await.unwrap();
     for w in waiters {
@@ -188,6 +205,7 @@ pub async fn fair_waiters_are_served_in_arrival_order(h: Harness) -> Outcome {
 /// try is refused, and the writer gets in before every reader that arrived after it.
 pub async fn fair_a_writer_is_not_starved_by_readers(h: Harness) -> Outcome {
     require!(fair(&h), "the store does not serve waiters in order");
+    let (h, regs) = observed(&h);
     require!(h.caps().shared, "no shared locks");
     let r = h.resource("fair-writer");
     let reader = h.lock(&r, h.ttl);
@@ -199,7 +217,7 @@ pub async fn fair_a_writer_is_not_starved_by_readers(h: Harness) -> Outcome {
         0,
         log.clone(),
     )];
-    queued(&h, &r, false, 1).await;
+    queued(&h, &regs, &r, false, 1).await;
     let newcomer = h.lock(&r, h.ttl);
     assert!(
         !newcomer.try_acquire_read().await.unwrap(),
@@ -207,7 +225,7 @@ pub async fn fair_a_writer_is_not_starved_by_readers(h: Harness) -> Outcome {
     );
     for i in 1..4 {
         waiters.push(Waiter::spawn(h.lock(&r, h.ttl), Mode::Read, i, log.clone()));
-        queued(&h, &r, false, i + 1).await;
+        queued(&h, &regs, &r, false, i + 1).await;
     }
     let _ = reader.release().await.unwrap();
     for w in waiters {
@@ -223,6 +241,7 @@ pub async fn fair_a_writer_is_not_starved_by_readers(h: Harness) -> Outcome {
 /// release, admitted once the waiter has had its turn.
 pub async fn fair_a_newcomer_does_not_pass_a_waiter(h: Harness) -> Outcome {
     require!(fair(&h), "the store does not serve waiters in order");
+    let (h, regs) = observed(&h);
     let r = h.resource("fair-newcomer");
     let holder = h.lock(&r, h.ttl);
     holder.acquire().await.unwrap();
@@ -238,7 +257,7 @@ pub async fn fair_a_newcomer_does_not_pass_a_waiter(h: Harness) -> Outcome {
             let _ = waiter.release().await.unwrap();
         }
     });
-    queued(&h, &r, false, 1).await;
+    queued(&h, &regs, &r, false, 1).await;
     let _ = holder.release().await.unwrap();
     // Whether the waiter has got in yet or not, the lock is not the newcomer's.
     let newcomer = h.lock(&r, h.ttl);
@@ -269,6 +288,7 @@ pub async fn fair_a_newcomer_does_not_pass_a_waiter(h: Harness) -> Outcome {
 /// woken or granted for passes on, and it holds nothing.
 pub async fn fair_a_dropped_head_does_not_stall_the_queue(h: Harness) -> Outcome {
     require!(fair(&h), "the store does not serve waiters in order");
+    let (h, regs) = observed(&h);
     let r = h.resource("fair-dropped");
     let holder = h.lock(&r, h.ttl);
     for racing in [false, true] {
@@ -276,16 +296,16 @@ pub async fn fair_a_dropped_head_does_not_stall_the_queue(h: Harness) -> Outcome
         let log = Arc::new(Log::default());
         let head_lock = h.lock(&r, h.ttl);
         let mut head = Waiter::spawn(head_lock.clone(), Mode::Write, 0, log.clone());
-        queued(&h, &r, false, 1).await;
+        queued(&h, &regs, &r, false, 1).await;
         let next = Waiter::spawn(h.lock(&r, h.ttl), Mode::Write, 1, log.clone());
-        queued(&h, &r, false, 2).await;
+        queued(&h, &regs, &r, false, 2).await;
         if racing {
             // Released and dropped at once: the head may be woken (or granted) first.
             let (released, ()) = tokio::join!(holder.release(), async { head.cancel() });
             let _ = released.unwrap();
         } else {
             head.cancel();
-            queued(&h, &r, false, 1).await;
+            queued(&h, &regs, &r, false, 1).await;
             let _ = holder.release().await.unwrap();
         }
         let head_got_in = head.finish(&h).await;
@@ -319,6 +339,7 @@ pub async fn fair_a_dropped_head_does_not_stall_the_queue(h: Harness) -> Outcome
 /// they arrived.
 pub async fn fair_random_mixes_keep_exclusion_and_order(h: Harness) -> Outcome {
     require!(fair(&h), "the store does not serve waiters in order");
+    let (h, regs) = observed(&h);
     let r = h.resource("fair-random");
     let holder = h.lock(&r, h.ttl);
     let mut next = 0;
@@ -333,14 +354,14 @@ pub async fn fair_random_mixes_keep_exclusion_and_order(h: Harness) -> Outcome {
             waiters.push(Waiter::spawn(h.lock(&r, h.ttl), mode, next, log.clone()));
             arrivals.push((next, mode));
             next += 1;
-            queued(&h, &r, false, n + 1).await;
+            queued(&h, &regs, &r, false, n + 1).await;
         }
         let mut left = waiters.len();
         for w in &mut waiters {
             if rand::rng().random_bool(0.25) {
                 w.cancel();
                 left -= 1;
-                queued(&h, &r, false, left).await;
+                queued(&h, &regs, &r, false, left).await;
             }
         }
         let _ = holder.release().await.unwrap();
@@ -367,7 +388,8 @@ pub async fn fair_random_mixes_keep_exclusion_and_order(h: Harness) -> Outcome {
 /// not passed by a later waiter, nor by a newcomer, that would fit.
 pub async fn fair_semaphore_waiters_are_served_in_order(h: Harness) -> Outcome {
     require!(fair(&h), "the store does not serve waiters in order");
-    require!(h.caps().counting && h.caps().lists, "no listed semaphores");
+    let (h, regs) = observed(&h);
+    require!(h.caps().counting, "no counting semaphores");
     let r = h.resource("fair-sem");
     let make = |count: u32| {
         let s = h.factory().create_semaphore(&r, 2).expect("a valid limit");
@@ -389,7 +411,7 @@ pub async fn fair_semaphore_waiters_are_served_in_order(h: Harness) -> Outcome {
             entered.lock().unwrap().push(i);
             let _ = s.release().await.unwrap();
         }));
-        queued(&h, &r, true, i + 1).await;
+        queued(&h, &regs, &r, true, i + 1).await;
     }
     let _ = h1.release().await.unwrap();
     let newcomer = make(1);

@@ -38,6 +38,7 @@ mod fair;
 mod jobs;
 mod listing;
 mod loss;
+mod registry;
 mod semaphore;
 mod shared;
 mod siblings;

@@ -20,6 +20,7 @@ pub(crate) mod config;
 mod dir;
 mod file;
 mod limit;
+mod line;
 mod listing;
 mod loss;
 mod name;
@@ -287,17 +288,24 @@ impl FlockStore {
         // A free lock costs a blocking acquire what a `try` costs: the directory is watched
         // only after a refusal, and the attempt right after it sees a close in between.
         let mut changed = None;
+        let mut place: Option<line::Place> = None; // behind this process's earlier waiters
         loop {
-            match self.attempt(key, mode, true)? {
-                Saved::Acquired(a) => return Ok(Saved::Acquired(a)),
+            let turn = place
+                .as_ref()
+                .map_or_else(|| self.may_pass_the_line(key, mode), line::Place::turn);
+            match turn.then(|| self.attempt(key, mode, true)).transpose()? {
+                Some(Saved::Acquired(a)) => return Ok(Saved::Acquired(a)),
                 // The holder lost the read lock it was promoting: the wait cannot go on.
-                Saved::Conflict(c) if c.kept.is_none() && held_before.is_some() => {
+                Some(Saved::Conflict(c)) if c.kept.is_none() && held_before.is_some() => {
                     return Ok(Saved::Conflict(c));
                 }
-                Saved::Conflict(_) => {}
+                _ => {}
             }
             let Some(changed) = changed.as_mut() else {
                 changed = Some(self.inner.hub.subscribe(&name));
+                place = held_before
+                    .is_none()
+                    .then(|| self.join_the_line(&name, mode));
                 continue;
             };
             let nap = self.backoff(tries);
@@ -423,12 +431,12 @@ impl Store for FlockStore {
             let mut sweep = semaphore::Sweep::default();
             return self.sem_attempt(key, permits, &mut sweep).await;
         }
-        self.attempt(key, Mode::Write, false)
+        self.attempt_in_line(key, Mode::Write)
     }
 
     async fn save_read(&self, key: &Key, _ttl: Option<Duration>) -> Result<Saved> {
         super::refuse_shared_permits(key)?;
-        self.attempt(key, Mode::Read, false)
+        self.attempt_in_line(key, Mode::Read)
     }
 
     /// Waits for the write lock: woken by releases in this process and by other processes

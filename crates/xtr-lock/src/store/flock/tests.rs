@@ -69,3 +69,65 @@ async fn the_directory_is_watched_only_while_a_refused_waiter_waits() {
     assert!(!hub.watches_closes(), "the last waiter left: no watch");
     assert!(store.delete(&waiter).await.unwrap());
 }
+
+/// Waits until `n` waiters of this process stand in the directory's lines.
+async fn in_line(store: &FlockStore, n: usize) {
+    let lines = store.inner.hub.lines().clone();
+    tokio::time::timeout(Duration::from_secs(10), async move {
+        while lines.waiting() != n {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+    .expect("the waiters stand in line");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_process_waiters_get_in_in_order_and_a_writer_is_not_starved() {
+    use crate::lock::lockable::Lockable as _;
+    let dir = tempfile::tempdir().unwrap();
+    let store = FlockStore::in_dir(dir.path()).unwrap();
+    let factory = crate::LockFactory::new(store.clone());
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let spawn = |i: usize, read: bool| {
+        let (lock, order) = (factory.create_lock("r"), order.clone());
+        tokio::spawn(async move {
+            match read {
+                true => lock.acquire_read().await.unwrap(),
+                false => lock.acquire().await.unwrap(),
+            }
+            order.lock().unwrap().push(i);
+            tokio::task::yield_now().await;
+            let _ = lock.release().await.unwrap();
+        })
+    };
+    // Writers in line behind a writer get in in the order they came.
+    let holder = factory.create_lock("r");
+    holder.acquire().await.unwrap();
+    let mut tasks = Vec::new();
+    for i in 0..4 {
+        tasks.push(spawn(i, false));
+        in_line(&store, i + 1).await;
+    }
+    let _ = holder.release().await.unwrap();
+    for t in tasks.drain(..) {
+        t.await.unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3]);
+    // A writer behind a reader: later readers, and a newcomer's try, wait behind it.
+    order.lock().unwrap().clear();
+    holder.acquire_read().await.unwrap();
+    tasks.push(spawn(0, false));
+    in_line(&store, 1).await;
+    assert!(!factory.create_lock("r").try_acquire_read().await.unwrap());
+    for i in 1..4 {
+        tasks.push(spawn(i, true));
+        in_line(&store, i + 1).await;
+    }
+    let _ = holder.release().await.unwrap();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(order.lock().unwrap()[0], 0, "the writer first");
+    assert_eq!(store.inner.hub.lines().waiting(), 0, "nobody left in line");
+}

@@ -28,6 +28,7 @@ use rustix::event::{PollFd, PollFlags, Timespec};
 use rustix::fs::inotify::{self, ReadFlags, WatchFlags};
 use tokio::sync::watch;
 
+use super::line::Lines;
 use super::name::slot_channel;
 use super::records::Sidecar;
 use crate::logging::TARGET;
@@ -41,6 +42,8 @@ pub(crate) struct Hub {
     records: Sidecar,
     /// The inotify instance, when this system has one for us.
     inotify: Option<Arc<OwnedFd>>,
+    /// This process's waiters, in line per lock file.
+    lines: Arc<Lines>,
 }
 
 #[derive(Default)]
@@ -126,6 +129,7 @@ impl Hub {
             files: Mutex::new(Files::default()),
             records: Sidecar::new(dir),
             inotify: inotify.clone(),
+            lines: Arc::default(),
         });
         if let Some(fd) = inotify {
             let weak = Arc::downgrade(&hub);
@@ -156,6 +160,16 @@ impl Hub {
 
     fn files(&self) -> MutexGuard<'_, Files> {
         lock(&self.files)
+    }
+
+    /// This process's waiters of the directory's lock files, in line.
+    pub(crate) fn lines(&self) -> &Arc<Lines> {
+        &self.lines
+    }
+
+    /// Wakes the waiters of `name` (and not its observers): its line moved.
+    pub(crate) fn wake_waiters(&self, name: &str) {
+        self.files().releases.notify(name);
     }
 
     /// The holders' records of this directory.

@@ -84,47 +84,54 @@ async fn in_line(store: &FlockStore, n: usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_process_waiters_get_in_in_order_and_a_writer_is_not_starved() {
-    use crate::lock::lockable::Lockable as _;
     let dir = tempfile::tempdir().unwrap();
     let store = FlockStore::in_dir(dir.path()).unwrap();
-    let factory = crate::LockFactory::new(store.clone());
     let order = Arc::new(std::sync::Mutex::new(Vec::new()));
     let spawn = |i: usize, read: bool| {
-        let (lock, order) = (factory.create_lock("r"), order.clone());
+        let (store, order) = (store.clone(), order.clone());
         tokio::spawn(async move {
-            match read {
-                true => lock.acquire_read().await.unwrap(),
-                false => lock.acquire().await.unwrap(),
-            }
+            let key = Key::new("r");
+            let saved = match read {
+                true => store.wait_and_save_read(&key, None).await.unwrap(),
+                false => store.wait_and_save(&key, None).await.unwrap(),
+            };
+            assert!(saved.is_acquired());
             order.lock().unwrap().push(i);
             tokio::task::yield_now().await;
-            let _ = lock.release().await.unwrap();
+            assert!(store.delete(&key).await.unwrap());
         })
     };
     // Writers in line behind a writer get in in the order they came.
-    let holder = factory.create_lock("r");
-    holder.acquire().await.unwrap();
+    let holder = Key::new("r");
+    assert!(store.save(&holder, None).await.unwrap().is_acquired());
     let mut tasks = Vec::new();
     for i in 0..4 {
         tasks.push(spawn(i, false));
         in_line(&store, i + 1).await;
     }
-    let _ = holder.release().await.unwrap();
+    assert!(store.delete(&holder).await.unwrap());
     for t in tasks.drain(..) {
         t.await.unwrap();
     }
     assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3]);
     // A writer behind a reader: later readers, and a newcomer's try, wait behind it.
     order.lock().unwrap().clear();
-    holder.acquire_read().await.unwrap();
+    assert!(store.save_read(&holder, None).await.unwrap().is_acquired());
     tasks.push(spawn(0, false));
     in_line(&store, 1).await;
-    assert!(!factory.create_lock("r").try_acquire_read().await.unwrap());
+    let newcomer = Key::new("r");
+    assert!(
+        !store
+            .save_read(&newcomer, None)
+            .await
+            .unwrap()
+            .is_acquired()
+    );
     for i in 1..4 {
         tasks.push(spawn(i, true));
         in_line(&store, i + 1).await;
     }
-    let _ = holder.release().await.unwrap();
+    assert!(store.delete(&holder).await.unwrap());
     for t in tasks {
         t.await.unwrap();
     }

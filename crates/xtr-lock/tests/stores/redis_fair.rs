@@ -76,18 +76,23 @@ async fn waiters_are_served_in_the_order_they_came() {
     holder.acquire().await.unwrap();
     let order = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
+    let mut ids = Vec::new();
     for i in 0..8 {
-        tasks.push(waiter(
-            factory.create_lock("fifo"),
-            false,
-            i.to_string(),
-            &order,
-        ));
+        let lock = factory.create_lock("fifo");
+        let _ = lock.key().token("redis");
+        ids.push(lock.key().holder_id("redis"));
+        tasks.push(waiter(lock, false, i.to_string(), &order));
         until("the waiter is queued", || {
             queue(&server, &store, "fifo").len() == i + 1
         })
         .await;
     }
+    // `holders` shows the queue, in its order, after who holds.
+    let shown = store.holders("fifo").await.unwrap();
+    assert!(!shown[0].waiting);
+    let waiting: Vec<_> = shown[1..].iter().map(|h| h.id.clone()).collect();
+    assert!(shown[1..].iter().all(|h| h.waiting));
+    assert_eq!(waiting, ids);
     let _ = holder.release().await.unwrap();
     for t in tasks {
         tokio::time::timeout(Duration::from_secs(20), t)

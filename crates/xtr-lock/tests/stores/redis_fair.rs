@@ -315,3 +315,220 @@ async fn python_holders_barging_past_the_queue_never_overlap_ours() {
         .unwrap();
     assert_eq!(sections.tokens("mixed").len(), 125, "every section ran");
 }
+
+/// Found in review: a reader waiting to be promoted is never woken when the other
+/// reader releases. Its promotion's ticket (`w`) heads the queue, but `wake_next` sees a live
+/// entry (the promoter's own read entry) and wakes nobody: the promoter gets in only when the
+/// other reader's lease hint ends (never, on a frozen clock), although nothing stands in its
+/// way from the release on.
+#[tokio::test]
+async fn a_promoting_reader_is_woken_when_the_other_reader_releases() {
+    let server = RedisServer::start();
+    let store = store(&server);
+    let factory = frozen(&store);
+    let promoter = factory.create_lock("promote");
+    let other = factory.create_lock("promote");
+    promoter.acquire_read().await.unwrap();
+    other.acquire_read().await.unwrap();
+    let promoting = tokio::spawn(async move {
+        promoter.acquire().await.unwrap();
+        promoter
+    });
+    until("the promotion is queued", || {
+        queue(&server, &store, "promote").len() == 1
+    })
+    .await;
+    let _ = other.release().await.unwrap();
+    let promoter = tokio::time::timeout(Duration::from_secs(20), promoting)
+        .await
+        .expect("the sole reader left is promoted once the other released")
+        .unwrap();
+    assert!(promoter.is_acquired().await.unwrap());
+}
+
+/// The tickets in `resource`'s wait queue in database `db`, first first.
+fn queue_in(server: &RedisServer, db: u32, store: &RedisStore, resource: &str) -> Vec<String> {
+    let mut conn = redis::Client::open(server.url(db))
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    redis::cmd("ZRANGE")
+        .arg(store.internal_key(&format!("queue:{resource}")))
+        .arg(0)
+        .arg(-1)
+        .query(&mut conn)
+        .unwrap()
+}
+
+/// A quorum's waiter keeps its tickets (and so its place) on its members when woken: the
+/// members' registrations live as long as the quorum's watcher. They do only because the
+/// quorum's watcher keeps each member's coverage, which owns the member's `WatchGuard`; the
+/// future that fires drops the members' watchers themselves. (Before, each wake dropped them:
+/// `LEAVE` on every member, next waiter woken, a new ticket number on the next save.)
+///
+/// The holder lets its lock run out later (`release_after` wakes every waiter and keeps their
+/// tickets); the waiter's ticket is taken out of member 0's queue beforehand only so that its
+/// next (refused) save there shows, deterministically, which ticket it now sends.
+#[tokio::test]
+async fn a_quorum_waiter_keeps_its_tickets_when_woken() {
+    let server = RedisServer::start();
+    let members: Vec<RedisStore> = (0..3)
+        .map(|db| RedisStore::from_dsn(&server.url(db)).unwrap())
+        .collect();
+    let dyns: Vec<Arc<dyn xtr_lock::Store>> = members
+        .iter()
+        .map(|m| Arc::new(m.clone()) as Arc<dyn xtr_lock::Store>)
+        .collect();
+    let quorum = Arc::new(
+        xtr_lock::store::CombinedStore::new(dyns, xtr_lock::store::ConsensusStrategy).unwrap(),
+    );
+    let held = xtr_lock::Key::new("q");
+    assert!(quorum.save(&held, Some(TTL)).await.unwrap().is_acquired());
+    let waiter = LockFactory::new(quorum.clone())
+        .with_clock(Arc::new(ManualClock::frozen()))
+        .with_ttl(Some(TTL))
+        .create_lock("q");
+    let _waiting = tokio::spawn(async move { waiter.acquire().await });
+    // Queued on a quorum (the third member's registration may come after the attempt).
+    for (db, m) in members.iter().enumerate().take(2) {
+        until("queued on a quorum", || {
+            queue_in(&server, db as u32, m, "q").len() == 1
+        })
+        .await;
+    }
+    let ticket = queue_in(&server, 0, &members[0], "q").remove(0);
+    let _: i64 = redis::cmd("ZREM")
+        .arg(members[0].internal_key("queue:q"))
+        .arg(&ticket)
+        .query(&mut sync_conn(&server))
+        .unwrap();
+    // Woken (by member 1, then the quorum's grace), while the holder still holds a minute.
+    quorum
+        .release_after(&held, Duration::from_secs(60))
+        .await
+        .unwrap();
+    until("the woken waiter saved again on member 0", || {
+        queue_in(&server, 0, &members[0], "q").len() == 1
+    })
+    .await;
+    assert_eq!(
+        queue_in(&server, 0, &members[0], "q"),
+        vec![ticket],
+        "the woken waiter is still the same waiter, with the same ticket"
+    );
+}
+
+/// Found in review: a writer's ticket whose waiter is gone from a live process (its `LEAVE`
+/// never reached the server) keeps newcomer readers out of a lock that readers hold, for as
+/// long as they hold it: refused readers do not wake a writer that could not get in anyway
+/// (that would cost every waiting writer one attempt per reader). Once the readers are gone the
+/// ticket is woken, its store passes the wake on, and the readers behind it get in.
+#[tokio::test]
+async fn a_stale_writer_ticket_keeps_readers_out_only_until_the_readers_holding_leave() {
+    let server = RedisServer::start();
+    let store = store(&server);
+    // The other store's channel is subscribed by one of its waiters elsewhere.
+    let elsewhere = RedisStore::from_dsn(&server.url(0)).unwrap();
+    let held = frozen(&elsewhere).create_lock("elsewhere");
+    held.acquire().await.unwrap();
+    let blocked = frozen(&elsewhere).create_lock("elsewhere");
+    let _blocked = tokio::spawn(async move { blocked.acquire().await });
+    until("queued elsewhere", || {
+        queue(&server, &elsewhere, "elsewhere").len() == 1
+    })
+    .await;
+    let ticket = queue(&server, &elsewhere, "elsewhere").remove(0);
+    let factory = frozen(&store);
+    let reading = factory.create_lock("shared");
+    reading.acquire_read().await.unwrap();
+    // A writer's ticket of that store for a waiter it no longer has.
+    let orphan = format!("{}999999", &ticket[..67]);
+    let _: i64 = redis::cmd("ZADD")
+        .arg(store.internal_key("queue:shared"))
+        .arg(1)
+        .arg(&orphan)
+        .query(&mut sync_conn(&server))
+        .unwrap();
+    let reader = factory.create_lock("shared");
+    let joining = tokio::spawn(async move { reader.acquire_read().await });
+    until("the reader is queued behind the ticket", || {
+        queue(&server, &store, "shared").len() == 2
+    })
+    .await;
+    let _ = reading.release().await.unwrap();
+    let joined = tokio::time::timeout(Duration::from_secs(20), joining).await;
+    assert!(
+        matches!(joined, Ok(Ok(Ok(())))),
+        "the reader gets in once the gone writer's ticket is passed on: {joined:?}"
+    );
+    assert!(queue(&server, &store, "shared").is_empty());
+}
+
+/// Found in review: two tasks sharing one lock (one token, so one waiter and one ticket
+/// number) wait in both modes; the reader's task is cancelled while the writer's still waits.
+/// Each had queued a ticket of its own mode (`r…` sorts before `w…` at the same score), and the
+/// reader's, left behind, kept its sibling and everybody else out of the free lock. A waiter
+/// now has one ticket, of its latest save's mode, and never counts its own as ahead of it.
+#[tokio::test]
+async fn a_cancelled_sibling_waiting_in_the_other_mode_does_not_stall_the_lock() {
+    let server = RedisServer::start();
+    let store = store(&server);
+    let holder = frozen(&store).create_lock("siblings");
+    holder.acquire().await.unwrap();
+    let shared = LockFactory::new(store.clone())
+        .with_ttl(Some(TTL))
+        .create_lock("siblings");
+    let reading = shared.clone();
+    let reader = tokio::spawn(async move { reading.acquire_read().await });
+    until("the reader is queued", || {
+        queue(&server, &store, "siblings").len() == 1
+    })
+    .await;
+    let writing = shared.clone();
+    let writer = tokio::spawn(async move { writing.acquire().await });
+    // One holder, one ticket: the writer's save takes the place of the reader's.
+    until("the writer is queued", || {
+        queue(&server, &store, "siblings")
+            .first()
+            .is_some_and(|t| t.starts_with('w'))
+    })
+    .await;
+    assert_eq!(queue(&server, &store, "siblings").len(), 1);
+    reader.abort();
+    assert!(reader.await.unwrap_err().is_cancelled());
+    let _ = holder.release().await.unwrap();
+    let wrote = tokio::time::timeout(Duration::from_secs(20), writer).await;
+    assert!(
+        matches!(wrote, Ok(Ok(Ok(())))),
+        "the sibling left waiting gets in once the lock is free: {wrote:?}"
+    );
+}
+
+/// Found in review: as above with no cancellation at all: a sibling's single
+/// `try_acquire_read` while the other waits to write sends the shared waiter's ticket in `r`
+/// (a try carries the ticket whenever its holder has a registered waiter), which queues an `r`
+/// ticket nobody waits on, ahead of the `w` one (same score). The waiting writer then loops on
+/// a free lock, refused by that ticket, waking itself through it.
+#[tokio::test]
+async fn a_siblings_try_in_the_other_mode_does_not_stall_the_waiting_one() {
+    let server = RedisServer::start();
+    let store = store(&server);
+    let holder = frozen(&store).create_lock("try-sibling");
+    holder.acquire().await.unwrap();
+    let shared = LockFactory::new(store.clone())
+        .with_ttl(Some(TTL))
+        .create_lock("try-sibling");
+    let writing = shared.clone();
+    let writer = tokio::spawn(async move { writing.acquire().await });
+    until("the writer is queued", || {
+        queue(&server, &store, "try-sibling").len() == 1
+    })
+    .await;
+    assert!(!shared.try_acquire_read().await.unwrap());
+    let _ = holder.release().await.unwrap();
+    let wrote = tokio::time::timeout(Duration::from_secs(20), writer).await;
+    assert!(
+        matches!(wrote, Ok(Ok(Ok(())))),
+        "the waiting sibling gets in once the lock is free: {wrote:?}"
+    );
+}

@@ -324,7 +324,7 @@ impl RedisStore {
         if let Some(ticket) = &ticket {
             self.inner
                 .notifier
-                .answered(ticket, granted == 1, announced == 1);
+                .answered(self, ticket, granted == 1, announced == 1);
         }
         if granted == -1 {
             return Err(Error::storage(

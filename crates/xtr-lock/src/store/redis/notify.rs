@@ -208,9 +208,21 @@ impl Notifier {
 
     /// Records what a save that sent `ticket` was answered: refused (with whether every holder
     /// announces its release) or admitted (the script took the ticket out of the queue).
-    pub(super) fn answered(&self, ticket: &Ticket, admitted: bool, announced: bool) {
+    ///
+    /// A refused save whose waiter left meanwhile (its acquire dropped while the save was on its
+    /// way: the call runs to its end) queued a ticket nobody waits on, possibly after the
+    /// waiter's `LEAVE` ran: it leaves again now.
+    pub(super) fn answered(
+        &self,
+        store: &RedisStore,
+        ticket: &Ticket,
+        admitted: bool,
+        announced: bool,
+    ) {
         if admitted {
             *lock(&ticket.waiter.queued) = None;
+        } else if ticket.waiter.watchers.load(Ordering::Relaxed) == 0 {
+            leave_queue(store, &ticket.waiter.lock_key, ticket.text.clone());
         }
         let live = self.state().live(self.sharded, &ticket.waiter.lock_key);
         ticket
@@ -476,23 +488,35 @@ impl Drop for WatchGuard {
         let Some(ticket) = lock(&self.waiter.queued).take() else {
             return;
         };
-        let (Some(inner), Ok(runtime)) =
-            (self.store.upgrade(), tokio::runtime::Handle::try_current())
-        else {
+        let Some(inner) = self.store.upgrade() else {
             return; // its wake will be passed on
         };
-        let store = RedisStore { inner };
-        if ticket.starts_with('s') {
-            store.semaphore_leave(&self.waiter.lock_key, ticket);
-            return;
-        }
-        let Some(resource) = self.waiter.lock_key.strip_prefix(store.prefix()) else {
-            return;
-        };
-        // Out of the queue, waking whoever that lets in (this waiter may have been woken,
-        // and kept the others out meanwhile).
-        let key = Key::new(resource);
-        runtime.spawn(async move {
+        leave_queue(&RedisStore { inner }, &self.waiter.lock_key, ticket);
+    }
+}
+
+/// How many times a waiter's leaving is sent before it is given up (a server unreachable for
+/// about 3 s): a ticket left behind keeps later waiters out until a wake finds it gone.
+const LEAVE_TRIES: u32 = 5;
+
+/// Takes a waiter that left out of `lock_key`'s queue, waking whoever that lets in (it may
+/// have been woken, and kept the others out meanwhile); in the background, tried again on a
+/// failure. Outside a runtime nothing is sent: its wake will be passed on.
+fn leave_queue(store: &RedisStore, lock_key: &str, ticket: String) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    if ticket.starts_with('s') {
+        store.semaphore_leave(lock_key, ticket);
+        return;
+    }
+    let Some(resource) = lock_key.strip_prefix(store.prefix()) else {
+        return;
+    };
+    let (store, key) = (store.clone(), Key::new(resource));
+    runtime.spawn(async move {
+        let mut pause = Duration::from_millis(100);
+        for tried in 1..=LEAVE_TRIES {
             let left: crate::Result<i64> = store
                 .eval(
                     &store.inner.scripts.leave,
@@ -502,10 +526,17 @@ impl Drop for WatchGuard {
                     Some((&ticket, 0)),
                 )
                 .await;
-            if let Err(err) = left {
-                tracing::debug!(target: TARGET, resource = key.resource(), error = %err,
-                    "cannot take a waiter that left out of the queue; the next save kept out by it wakes it, and its store passes the wake on");
+            match left {
+                Ok(_) => return,
+                Err(err) if tried == LEAVE_TRIES => {
+                    tracing::debug!(target: TARGET, resource = key.resource(), error = %err,
+                        "cannot take a waiter that left out of the queue; its store passes on the wakes that find it gone");
+                }
+                Err(_) => {
+                    tokio::time::sleep(pause).await;
+                    pause *= 2;
+                }
             }
-        });
-    }
+        }
+    });
 }

@@ -53,6 +53,18 @@ local function listeners(ticket)
   end
   return redis.call('PUBSUB', 'NUMSUB', channel)[2]
 end
+-- A lock held by one reader only: if that reader waits to write (a promotion, which no queued
+-- waiter keeps out), it is woken, wherever its ticket stands among the first 64.
+local function wake_promotion(key, qkey, now)
+  local live = redis.call('ZRANGEBYSCORE', key, '(' .. now, '+inf', 'LIMIT', 0, 2)
+  if #live ~= 1 or live[1] == '__write__' then return end
+  for _, t in ipairs(redis.call('ZRANGE', qkey, 0, 63)) do
+    if string.sub(t, 1, 1) == 'w' and string.sub(t, 2, 45) == live[1] then
+      wake(t, key)
+      return
+    end
+  end
+end
 -- After a release, a demotion or a waiter's leaving: wakes the first waiting writer if the
 -- lock is free, or the waiting readers up to the first live writer if the first waiter reads
 -- and no writer holds. Woken tickets stay queued (their saves take them out). `gone`: the
@@ -78,7 +90,9 @@ local function wake_next(key, qkey, now, gone)
     if #dead > 0 then redis.call('ZREM', qkey, unpack(dead)) end
     return
   end
-  if not gone and redis.call('ZCOUNT', key, '(' .. now, '+inf') > 0 then return end
+  if not gone and redis.call('ZCOUNT', key, '(' .. now, '+inf') > 0 then
+    return wake_promotion(key, qkey, now)
+  end
   -- Bounded: tickets of processes that went away are dropped on the way.
   for _ = 1, 64 do
     if wake(first, key) > 0 then return end
@@ -104,8 +118,10 @@ end
 local function queued_first(qkey, reading)
   if ARGV[7] == 'b' then return false end
   local dead, live = {}, false
+  -- The caller's own ticket in the other mode (a sibling's) is never ahead of it.
+  local own = string.sub(ARGV[4], 2)
   for _, t in ipairs(ahead(qkey)) do
-    if not reading or string.sub(t, 1, 1) == 'w' then
+    if (own == '' or string.sub(t, 2) ~= own) and (not reading or string.sub(t, 1, 1) == 'w') then
       if listeners(t) > 0 then
         live = true
         break
@@ -134,6 +150,8 @@ return 1
 /// A waiter leaves the queue without getting in (`ARGV[4]`, its ticket); whoever that lets
 /// in is woken (it may have been woken itself, and kept the others out meanwhile).
 pub(super) const LEAVE: &str = r#"
-if redis.call('ZREM', KEYS[2], ARGV[4]) == 1 then wake_next(KEYS[1], KEYS[2], now_ms()) end
+if redis.call('ZREM', KEYS[2], ARGV[4], twin(ARGV[4]) or ARGV[4]) > 0 then
+  wake_next(KEYS[1], KEYS[2], now_ms())
+end
 return 1
 "#;

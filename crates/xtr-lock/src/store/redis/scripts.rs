@@ -159,6 +159,15 @@ local function extend(key, rkey, token, dur)
   if writing then return 2 end
   return 1
 end
+-- The same waiter's ticket in the other mode (`w` and `r`; nil for a semaphore's): a waiter
+-- has one ticket, of its latest save's mode, though sibling tasks of one holder may wait in
+-- both modes.
+local function twin(t)
+  local tag = string.sub(t, 1, 1)
+  if tag == 'w' then return 'r' .. string.sub(t, 2) end
+  if tag == 'r' then return 'w' .. string.sub(t, 2) end
+  return nil
+end
 -- A refusal, from what `scan` read: when to try again (ms until another holder's lease ends,
 -- `recheck` when a queued waiter keeps the caller out of a free lock, else -1), whether the
 -- holder keeps its read lock, and whether every current holder will announce its release to
@@ -169,6 +178,8 @@ local function refused(r, now, kept, recheck)
   if r.first then hint = math.max(r.first - now, 1) elseif recheck then hint = recheck end
   local told = 0
   if ARGV[4] ~= '' then
+    local other = twin(ARGV[4])
+    if other then redis.call('ZREM', KEYS[3], other) end
     if redis.call('ZADD', KEYS[3], 'NX', ARGV[5], ARGV[4]) == 1 then
       redis.call('PEXPIRE', KEYS[3], math.max(hint, 0) + 60000)
     end
@@ -178,7 +189,7 @@ local function refused(r, now, kept, recheck)
 end
 -- Admitted: a waiter leaves the queue.
 local function dequeue()
-  if ARGV[4] ~= '' then redis.call('ZREM', KEYS[3], ARGV[4]) end
+  if ARGV[4] ~= '' then redis.call('ZREM', KEYS[3], ARGV[4], twin(ARGV[4]) or ARGV[4]) end
 end
 -- Writes an admitted holder's record at `rkey`, expiring with its lease at `ends` (ms): its
 -- metadata (`meta`: "" or `m` and base64), when it acquired and its fencing token. A holder that already held

@@ -168,14 +168,16 @@ fn fresh(dir: &Path, rounds: usize, monitored: bool) -> (Summary, Summary) {
             monitor
         })
     });
-    let floor_dir = dir.join("floor-fresh");
+    // Names never used before, in this run's other calls either.
+    let tag = if monitored { "m" } else { "" };
+    let floor_dir = dir.join(format!("floor-fresh{tag}"));
     std::fs::create_dir_all(&floor_dir).unwrap();
     let (mut ours, mut floor) = (Vec::new(), Vec::new());
     let mut n = 0usize;
     let mut ours_round = |n: &mut usize, out: &mut Vec<Duration>| {
         for _ in 0..FRESH_PER_ROUND {
             *n += 1;
-            let lock = factory.create_lock(format!("invoice:{n}"));
+            let lock = factory.create_lock(format!("invoice:{tag}{n}"));
             let t = Instant::now();
             assert!(rt.block_on(lock.try_acquire()).unwrap());
             let _ = rt.block_on(lock.release()).unwrap();

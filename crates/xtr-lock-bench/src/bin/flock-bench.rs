@@ -174,7 +174,7 @@ fn fresh(dir: &Path, rounds: usize, monitored: bool) -> (Summary, Summary) {
     std::fs::create_dir_all(&floor_dir).unwrap();
     let (mut ours, mut floor) = (Vec::new(), Vec::new());
     let mut n = 0usize;
-    let mut ours_round = |n: &mut usize, out: &mut Vec<Duration>| {
+    let ours_round = |n: &mut usize, out: &mut Vec<Duration>| {
         for _ in 0..FRESH_PER_ROUND {
             *n += 1;
             let lock = factory.create_lock(format!("invoice:{tag}{n}"));

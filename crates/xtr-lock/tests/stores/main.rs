@@ -30,6 +30,7 @@ mod redis_cluster;
 mod redis_cluster_faults;
 mod redis_connections;
 mod redis_durability;
+mod redis_fair;
 mod redis_fencing;
 mod redis_hostile;
 mod redis_records;

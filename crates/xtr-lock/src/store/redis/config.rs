@@ -28,6 +28,8 @@ pub(crate) struct RedisConfig {
     pub(crate) topology: Topology,
     /// Replicas that must confirm each write (`wait_replicas`).
     pub(crate) durability: Option<Durability>,
+    /// Waiters served in arrival order (`fair`, default true); false lets newcomers barge.
+    pub(crate) fair: bool,
 }
 
 impl fmt::Debug for RedisConfig {
@@ -112,10 +114,13 @@ pub(crate) fn read(
     if unix && kind != Kind::Single {
         return Err(dsn.invalid("a cluster or Sentinel is reached over TCP, not a unix socket"));
     }
-    let durability = if suffix.is_empty() {
-        durability(dsn, options, MAX_TIMEOUT)?
+    let (durability, fair) = if suffix.is_empty() {
+        (
+            durability(dsn, options, MAX_TIMEOUT)?,
+            options.flag("fair")?.unwrap_or(true),
+        )
     } else {
-        None
+        (None, true)
     };
     let passed_on: Vec<(String, String)> = options
         .take("protocol")
@@ -141,6 +146,7 @@ pub(crate) fn read(
         response_timeout: response_timeout.unwrap_or(DEFAULT_TIMEOUT),
         topology,
         durability,
+        fair,
     })
 }
 
@@ -576,6 +582,17 @@ mod tests {
             })
         );
         assert!(matches!(w.topology, Topology::Single));
+    }
+
+    #[test]
+    fn fair_is_the_default_and_fair_false_lets_newcomers_barge() {
+        assert!(parse("redis://h").unwrap().fair);
+        assert!(!parse("redis://h?fair=false").unwrap().fair);
+        assert!(parse("redis+cluster://a,b?fair=true").unwrap().fair);
+        let err = parse("redis://h?fair=sometimes").unwrap_err().to_string();
+        assert!(err.contains("fair"), "{err}");
+        // The pub/sub store has no queue to be fair with.
+        assert!(crate::store::RedisPubSubStore::from_dsn("redis+pubsub://h?fair=false").is_err());
     }
 
     #[test]

@@ -294,7 +294,11 @@ impl RedisStore {
             read_only: keys == Keys::ReadOnly,
             ticket,
             extra: match keys {
-                Keys::Save => vec![meta_arg(key)],
+                // `ARGV[7]`: `b` lets this newcomer past queued waiters (`fair=false`).
+                Keys::Save => vec![
+                    meta_arg(key),
+                    if self.inner.fair { "" } else { "b" }.to_owned(),
+                ],
                 _ => Vec::new(),
             },
         }

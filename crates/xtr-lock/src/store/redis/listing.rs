@@ -28,10 +28,12 @@ const OBSERVE_POLL: Duration = Duration::from_millis(100);
 /// (spurious completions are allowed; a long wait never rests on one stale snapshot).
 const OBSERVE_AT_MOST: Duration = Duration::from_secs(30);
 
-/// A lock's sorted set as read: its members with their scores, and the server's time in ms.
+/// A lock's sorted set as read: its members with their scores, the server's time in ms, and
+/// the tickets of its wait queue, first first.
 struct LockSet {
     members: Vec<(String, f64)>,
     now_ms: u64,
+    queue: Vec<String>,
 }
 
 impl LockSet {
@@ -57,6 +59,26 @@ impl LockSet {
             })
             .collect()
     }
+}
+
+/// The waiters of a wait queue's tickets, in their order (see `queue.rs`): `w` or `r` and the
+/// token for a lock's, `s`, the token and `.<permits>` at the end for a semaphore's. Their
+/// processes may be gone: a ticket leaves the queue when the next save or release finds that.
+pub(super) fn waiting(tickets: &[String]) -> impl Iterator<Item = HolderInfo> + '_ {
+    tickets.iter().filter_map(|t| {
+        let mode = match t.as_bytes().first()? {
+            b'r' => Mode::Read,
+            b'w' | b's' => Mode::Write,
+            _ => return None,
+        };
+        let mut holder = HolderInfo::new(mode, None, None).with_token(t.get(1..45)?);
+        if t.starts_with('s') {
+            let permits = t.rsplit_once('.').and_then(|(_, n)| n.parse().ok());
+            holder = holder.with_permits(permits.unwrap_or(1));
+        }
+        holder.waiting = true;
+        Some(holder)
+    })
 }
 
 /// A token as the peers and this library make them: 32 random bytes in base64 (44 characters).
@@ -130,9 +152,10 @@ impl RedisStore {
             .collect())
     }
 
-    /// The lock set of `resource` and the server's time, in one round trip.
+    /// The lock set of `resource`, the server's time and the wait queue, in one round trip.
     async fn lock_set(&self, conn: &mut Conn, resource: &str) -> Result<LockSet> {
-        let (members, time): (Vec<(String, f64)>, (u64, u64)) = self
+        type Reply = (Vec<(String, f64)>, (u64, u64), Vec<String>);
+        let (members, time, queue): Reply = self
             .read(
                 redis::pipe()
                     .cmd("ZRANGE")
@@ -141,6 +164,10 @@ impl RedisStore {
                     .arg(-1)
                     .arg("WITHSCORES")
                     .cmd("TIME")
+                    .cmd("ZRANGE")
+                    .arg(self.queue_key(resource))
+                    .arg(0)
+                    .arg(-1)
                     .query_async(conn),
             )
             .await
@@ -148,6 +175,7 @@ impl RedisStore {
         Ok(LockSet {
             members,
             now_ms: time.0 * 1000 + time.1 / 1000,
+            queue,
         })
     }
 
@@ -181,6 +209,7 @@ impl RedisStore {
                     .with_token(token)
                     .with_record(records.next().flatten())
             })
+            .chain(waiting(&set.queue))
             .collect())
     }
 
@@ -290,7 +319,9 @@ impl RedisStore {
                 }
                 Named::Semaphore(resource) => {
                     let usage = self.semaphore_usage_of(&resource).await?;
-                    Listing::semaphore(resource, usage.limit.unwrap_or(0), usage.holders)
+                    let mut holders = usage.holders;
+                    holders.extend(waiting(&self.semaphore_queue(&mut conn, &resource).await?));
+                    Listing::semaphore(resource, usage.limit.unwrap_or(0), holders)
                 }
                 Named::Other => continue,
             };

@@ -22,6 +22,7 @@ mod failover;
 mod layout;
 mod listing;
 mod notify;
+mod queue;
 mod scripts;
 mod semaphore;
 mod semaphore_scripts;
@@ -130,6 +131,8 @@ struct Inner {
     layout: Layout,
     /// Replicas that must confirm each save (`wait_replicas`).
     durability: Option<Durability>,
+    /// Waiters go first in arrival order (else newcomers may barge: `fair=false`).
+    fair: bool,
     connect_timeout: Option<Duration>,
     response_timeout: Option<Duration>,
     /// Opened on first use; replaced when its driver task is gone (see `eval`).
@@ -189,6 +192,7 @@ impl RedisStore {
             response_timeout: config::DEFAULT_TIMEOUT,
             topology: Topology::Single,
             durability: None,
+            fair: true,
         };
         Self::build(Arc::new(Servers::Single(client)), &config, None, None)
             .expect("one server takes any prefix")
@@ -217,6 +221,7 @@ impl RedisStore {
                 servers,
                 layout,
                 durability: config.durability,
+                fair: config.fair,
                 connect_timeout,
                 response_timeout,
                 conn: std::sync::Mutex::new(None),
@@ -248,6 +253,7 @@ impl RedisStore {
             response_timeout: config::DEFAULT_TIMEOUT,
             topology: Topology::Single,
             durability: self.inner.durability,
+            fair: self.inner.fair,
         };
         Self::build(
             self.inner.servers.clone(),
@@ -435,7 +441,7 @@ impl Store for RedisStore {
             counting: true,
             metadata: true,
             lists: true,
-            fair: false,
+            fair: self.inner.fair,
         }
     }
 

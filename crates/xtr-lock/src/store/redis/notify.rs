@@ -159,14 +159,14 @@ impl Notifier {
             store: Arc::downgrade(&store.inner),
             waiter: waiter.clone(),
         };
-        let covers = waiter.clone();
+        let woken = waiter.clone();
+        // The registration (and the ticket's place in the queue) lasts as long as the
+        // watcher, not its future: a watcher that fired stays registered until the lock drops
+        // it (after registering the next one, or once it holds), so a woken waiter keeps its
+        // ticket, and a waiter's leaving is never taken for its wake.
         Some(Watcher::with_coverage(
-            async move {
-                let waiter = guard.waiter.clone();
-                let _guard = guard;
-                waiter.wake.notified().await;
-            },
-            move || covers.announced.load(Ordering::Relaxed),
+            async move { woken.wake.notified().await },
+            move || guard.waiter.announced.load(Ordering::Relaxed),
         ))
     }
 
@@ -403,22 +403,17 @@ pub(super) fn on_wake(state: &Arc<Mutex<State>>, store: &Weak<Inner>, payload: &
     let seq = number.and_then(|n| n.parse::<u64>().ok());
     let waiter = seq.and_then(|seq| lock(state).by_seq.get(&seq).cloned());
     match waiter {
-        Some(waiter) if waiter.lock_key == lock_key => {
-            // A lock's release took the ticket out of the queue; a semaphore waiter keeps it
-            // (and its permits) until it gets in or leaves.
-            if !semaphore {
-                *lock(&waiter.queued) = None;
-            }
-            waiter.wake.notify_one();
-        }
+        // A woken waiter keeps its ticket queued (and its place) until it gets in or leaves.
+        Some(waiter) if waiter.lock_key == lock_key => waiter.wake.notify_one(),
         // A semaphore waiter that left took its ticket out and woke who fits then.
         _ if semaphore => {}
-        _ => pass_on(store, lock_key),
+        _ => pass_on(store, lock_key, who),
     }
 }
 
-/// Hands a wake whose waiter is gone to the next waiter of `lock_key`.
-fn pass_on(store: &Weak<Inner>, lock_key: &str) {
+/// Hands a wake whose waiter is gone (`who`: its store id and number) to the next waiter of
+/// `lock_key`, taking the gone waiter's ticket out of the queue.
+fn pass_on(store: &Weak<Inner>, lock_key: &str, who: &str) {
     let Some(inner) = store.upgrade() else {
         return;
     };
@@ -427,9 +422,16 @@ fn pass_on(store: &Weak<Inner>, lock_key: &str) {
         return;
     };
     let key = Key::new(resource);
+    let who = who.to_owned();
     tokio::spawn(async move {
         let passed: crate::Result<i64> = store
-            .eval(&store.inner.scripts.wake, &key, None, Keys::Queue, None)
+            .eval(
+                &store.inner.scripts.wake,
+                &key,
+                None,
+                Keys::Queue,
+                Some((&who, 0)),
+            )
             .await;
         if let Err(err) = passed {
             tracing::debug!(target: TARGET, resource = key.resource(), error = %err,
@@ -484,16 +486,26 @@ impl Drop for WatchGuard {
             store.semaphore_leave(&self.waiter.lock_key, ticket);
             return;
         }
-        let queue = store.queue_key_of(&self.waiter.lock_key);
+        let Some(resource) = self.waiter.lock_key.strip_prefix(store.prefix()) else {
+            return;
+        };
+        // Out of the queue, waking whoever that lets in (this waiter may have been woken,
+        // and kept the others out meanwhile).
+        let key = Key::new(resource);
         runtime.spawn(async move {
-            let Ok(mut conn) = store.conn().await else {
-                return;
-            };
-            let _: redis::RedisResult<i64> = redis::cmd("ZREM")
-                .arg(queue)
-                .arg(ticket)
-                .query_async(&mut conn)
+            let left: crate::Result<i64> = store
+                .eval(
+                    &store.inner.scripts.leave,
+                    &key,
+                    None,
+                    Keys::Queue,
+                    Some((&ticket, 0)),
+                )
                 .await;
+            if let Err(err) = left {
+                tracing::debug!(target: TARGET, resource = key.resource(), error = %err,
+                    "cannot take a waiter that left out of the queue; the next save kept out by it wakes it, and its store passes the wake on");
+            }
         });
     }
 }

@@ -131,55 +131,6 @@ local function scan(key, token, now)
   if expired then redis.call('ZREMRANGEBYSCORE', key, '-inf', now) end
   return r
 end
--- Tells a waiter: the reply is how many connections heard it (0: its process is gone). The
--- last argument says how: `P` and the channel's head (PUBLISH, one server), or `S` and the
--- sharded channel's head in the keys' slot (SPUBLISH, a cluster); the waiter's store id ends
--- the channel.
-local function wake(ticket, key)
-  local how = ARGV[#ARGV]
-  local publish = 'PUBLISH'
-  if string.sub(how, 1, 1) == 'S' then publish = 'SPUBLISH' end
-  return redis.call(publish, string.sub(how, 2) .. string.sub(ticket, 46, 67),
-    string.sub(ticket, 46) .. ' ' .. key)
-end
--- How many connections listen for a ticket's wakes (0: its process is gone), on this node: its
--- store's channel, or its sharded channel of this slot (see `wake`).
-local function listeners(ticket)
-  local how = ARGV[#ARGV]
-  local channel = string.sub(how, 2) .. string.sub(ticket, 46, 67)
-  if string.sub(how, 1, 1) == 'S' then
-    return redis.call('PUBSUB', 'SHARDNUMSUB', channel)[2]
-  end
-  return redis.call('PUBSUB', 'NUMSUB', channel)[2]
-end
--- After a release or a demotion: wakes the first waiting writer if the lock is free, or every
--- waiting reader if the first waiter reads and no writer holds. `gone`: the caller removed the
--- lock's last member, so the key is not read again (on a cluster slot being migrated, Redis
--- refuses a script's access to a key the source node no longer has, halfway through it).
-local function wake_next(key, qkey, now, gone)
-  local first = redis.call('ZRANGE', qkey, 0, 0)[1]
-  if not first then return end
-  local writer = not gone and redis.call('ZSCORE', key, '__write__')
-  if writer and tonumber(writer) > now then return end
-  if string.sub(first, 1, 1) == 'r' then
-    for _, t in ipairs(redis.call('ZRANGE', qkey, 0, -1)) do
-      if string.sub(t, 1, 1) == 'r' then
-        redis.call('ZREM', qkey, t)
-        wake(t, key)
-      end
-    end
-    return
-  end
-  if not gone and redis.call('ZCOUNT', key, '(' .. now, '+inf') > 0 then return end
-  -- Bounded: tickets of processes that went away are dropped on the way.
-  for _ = 1, 64 do
-    redis.call('ZREM', qkey, first)
-    if wake(first, key) > 0 then return end
-    first = redis.call('ZRANGE', qkey, 0, 0)[1]
-    if not first then return end
-    if string.sub(first, 1, 1) == 'r' then return wake_next(key, qkey, now, gone) end
-  end
-end
 -- Extends `token`'s live entry in `key` (and its record at `rkey`) to now + `dur` ms: the
 -- holding code; an expired entry is removed with its record, never revived. Nil and what to
 -- answer instead for a key that is not a sorted set.
@@ -209,12 +160,13 @@ local function extend(key, rkey, token, dur)
   return 1
 end
 -- A refusal, from what `scan` read: when to try again (ms until another holder's lease ends,
--- or -1), whether the holder keeps its read lock, and whether every current holder will
--- announce its release to the waiter (who then need not poll). A waiter's ticket is queued
--- here, atomically with the refusal; the queue lives a minute past the lease it waits for.
-local function refused(r, now, kept)
+-- `recheck` when a queued waiter keeps the caller out of a free lock, else -1), whether the
+-- holder keeps its read lock, and whether every current holder will announce its release to
+-- the waiter (who then need not poll). A waiter's ticket is queued here, atomically with the
+-- refusal; the queue lives a minute past the lease it waits for.
+local function refused(r, now, kept, recheck)
   local hint = -1
-  if r.first then hint = math.max(r.first - now, 1) end
+  if r.first then hint = math.max(r.first - now, 1) elseif recheck then hint = recheck end
   local told = 0
   if ARGV[4] ~= '' then
     if redis.call('ZADD', KEYS[3], 'NX', ARGV[5], ARGV[4]) == 1 then
@@ -268,8 +220,9 @@ local count, stop = zcall({0, -1, 0, 0}, 'ZCARD', key)
 if stop then return stop end
 local mine, writing = false, false
 -- The common case, a free lock, pays no pruning and no lookups.
+local r = free_lock()
 if count > 0 then
-  local r = scan(key, token, now)
+  r = scan(key, token, now)
   if not r then return {-1, 0, 0, 0} end
   if r.live > 0 then
     mine, writing = r.mine, r.writing
@@ -277,6 +230,11 @@ if count > 0 then
     -- A reader that is not alone keeps its read lock.
     if (not writing) and r.live > 1 then return refused(r, now, 1) end
   end
+end
+-- A free lock: a waiter queued before the caller goes first (and is woken again).
+if not mine and queued_first(KEYS[3], false) then
+  wake_next(key, KEYS[3], now, count == 0)
+  return refused(r, now, 0, queue_recheck())
 end
 local fence = 0
 if not (mine and writing) then
@@ -317,7 +275,18 @@ local function admitted(mine)
   dequeue()
   return {1, fence, 0, 0}
 end
+-- A waiter queued before the caller goes first if it writes (woken again if the lock is free).
+local function writer_first(r)
+  if not queued_first(KEYS[3], true) then return nil end
+  if r.live == 0 then
+    wake_next(key, KEYS[3], now, count == 0)
+    return refused(r, now, 0, queue_recheck())
+  end
+  return refused(r, now, 0)
+end
 if count == 0 then
+  local first = writer_first(free_lock())
+  if first then return first end
   -- A free lock: the new entry is the only one, so the key lives exactly as long.
   redis.call('ZADD', key, now + dur, token)
   redis.call('PEXPIREAT', key, now + dur)
@@ -327,6 +296,10 @@ local r = scan(key, token, now)
 if not r then return {-1, 0, 0, 0} end
 local mine, writing = r.mine, r.writing
 if (not mine) and writing then return refused(r, now, 0) end
+if not mine then
+  local first = writer_first(r)
+  if first then return first end
+end
 redis.call('ZADD', key, now + dur, token)
 expire_at_max(key)
 local result = admitted(mine)
@@ -357,8 +330,7 @@ local code, stop = extend(KEYS[1], KEYS[3], ARGV[2], tonumber(ARGV[3]))
 if stop then return stop end
 if code > 0 then
   for _, t in ipairs(redis.call('ZRANGE', KEYS[2], 0, 63)) do
-    redis.call('ZREM', KEYS[2], t)
-    wake(t, KEYS[1])
+    if wake(t, KEYS[1]) == 0 then redis.call('ZREM', KEYS[2], t) end
   end
 end
 return code
@@ -395,13 +367,6 @@ if tonumber(score) <= now then return 2 end
 return 1
 "#;
 
-/// Passes a wake on: a waiter that was woken but is no longer there (it gave up, or its process
-/// let go of it) wakes the next waiter, as a release would.
-const WAKE: &str = r#"
-wake_next(KEYS[1], KEYS[2], now_ms())
-return 1
-"#;
-
 /// What does the holder hold? Replies the holding code. Read-only: no pruning, so it runs on
 /// replicas and needs no write permission (Redis ≥ 7 reads the flag; older servers get the same
 /// body without it). A writer's set is exactly {token, marker}, so the marker beside a live
@@ -435,6 +400,7 @@ pub(super) struct Scripts {
     pub(super) release_after: redis::Script,
     pub(super) delete: redis::Script,
     pub(super) wake: redis::Script,
+    pub(super) leave: redis::Script,
     pub(super) exists: redis::Script,
     pub(super) exists_legacy: redis::Script,
     pub(super) probe: redis::Script,
@@ -449,7 +415,8 @@ impl Scripts {
             put_off: with(PUT_OFF),
             release_after: with(RELEASE_AFTER),
             delete: with(DELETE),
-            wake: with(WAKE),
+            wake: with(super::queue::WAKE),
+            leave: with(super::queue::LEAVE),
             exists: redis::Script::new(&format!(
                 "#!lua flags=no-writes\n{}{EXISTS_BODY}",
                 prelude_for(EXISTS_BODY)
@@ -460,11 +427,16 @@ impl Scripts {
     }
 }
 
-/// The helpers of [`PRELUDE`] that `body` calls, directly or through other helpers, in their
-/// order. Every script runs its prelude on every call (each `local function` is a closure made
-/// anew), so a script carries only what it uses.
+/// The helpers of [`PRELUDE`] and the queue's that `body` calls, directly or through other
+/// helpers, in their order. Every script runs its prelude on every call (each `local function`
+/// is a closure made anew), so a script carries only what it uses.
 fn prelude_for(body: &str) -> String {
-    prelude_from(PRELUDE, body)
+    prelude_from(&all_helpers(), body)
+}
+
+/// Every helper a lock's script may call: the shared ones, then the wait queue's.
+pub(super) fn all_helpers() -> String {
+    format!("{PRELUDE}{}", super::queue::QUEUE_PRELUDE)
 }
 
 /// The helpers of `prelude` that `body` calls (see [`prelude_for`]).
@@ -536,13 +508,17 @@ mod tests {
             "scan",
             "announces",
             "refused",
+            "queued_first",
+            "ahead",
+            "listeners",
+            "wake_next",
         ] {
             assert!(
                 save.contains(&format!("local function {helper}(")),
                 "save lacks {helper}"
             );
         }
-        assert!(!save.contains("local function wake_next("), "{save}");
+        assert!(!save.contains("local function extend("), "{save}");
         let delete = prelude_for(DELETE);
         for helper in ["wake_next", "wake", "expire_at_max", "now_ms"] {
             assert!(
@@ -566,7 +542,8 @@ mod tests {
             PUT_OFF,
             RELEASE_AFTER,
             DELETE,
-            WAKE,
+            super::super::queue::WAKE,
+            super::super::queue::LEAVE,
             EXISTS_BODY,
         ] {
             let script = format!("{}{body}", prelude_for(body));
@@ -584,6 +561,11 @@ mod tests {
                 "announces",
                 "wake",
                 "extend",
+                "queued_first",
+                "ahead",
+                "listeners",
+                "free_lock",
+                "queue_recheck",
             ] {
                 if body.contains(&format!("{name}(")) {
                     assert!(

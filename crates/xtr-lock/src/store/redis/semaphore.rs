@@ -11,6 +11,7 @@ use std::time::{Duration, SystemTime};
 
 use super::RedisStore;
 use super::conn::Call;
+use super::servers::Conn;
 use crate::error::{Error, Result};
 use crate::key::{Key, Mode};
 use crate::permits::Permits;
@@ -249,6 +250,24 @@ impl RedisStore {
 
     /// [`semaphore_usage`](Self::semaphore_usage) of the semaphore `resource`, with the
     /// holders' records.
+    /// The tickets of the waiters queued for `resource`'s permits, first first.
+    pub(super) async fn semaphore_queue(
+        &self,
+        conn: &mut Conn,
+        resource: &str,
+    ) -> Result<Vec<String>> {
+        let queue = self.queue_key_of(&self.semaphore_key(resource));
+        self.read(
+            redis::cmd("ZRANGE")
+                .arg(queue)
+                .arg(0)
+                .arg(-1)
+                .query_async(conn),
+        )
+        .await
+        .map_err(|e| self.redis_error(e, Some(resource)))
+    }
+
     pub(super) async fn semaphore_usage_of(&self, resource: &str) -> Result<Usage> {
         let mut conn = self.conn().await.map_err(|e| e.with_resource(resource))?;
         let keys = self.semaphore_keys(resource, "");

@@ -10,6 +10,9 @@
 //! that drift in the machine's state falls on every side alike; then p50, p90 and p99 of all
 //! runs, and the resident memory of each build's processes while its command runs (the command
 //! left out). Pin it with `taskset -c 0` to see one core's worth of work, or leave it unpinned.
+//! `cli-bench --compare ROUNDS --redis LABEL=…` also runs each build on `redis://` (a throwaway
+//! server this starts on a free port), in the same rounds as `flock://` and the floors, so both
+//! ratios to `flock(1)` come from one run.
 
 use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
@@ -17,6 +20,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use xtr_lock_bench::{Summary, cell, human};
+use xtr_lock_testkit::redis::RedisServer;
 
 const RUNS: usize = 300;
 /// Runs of each side per round in `--compare`.
@@ -48,7 +52,7 @@ fn main() {
         match rounds {
             Some(rounds) if args.len() > 2 => return compare(rounds, &args[2..]),
             _ => {
-                eprintln!("usage: cli-bench --compare ROUNDS LABEL=XTR_LOCK[,OPTION…]…");
+                eprintln!("usage: cli-bench --compare ROUNDS [--redis] LABEL=XTR_LOCK[,OPTION…]…");
                 std::process::exit(2);
             }
         }
@@ -99,12 +103,14 @@ struct Side {
     program: PathBuf,
     /// `run`'s options, for a build of `xtr-lock`; `None` for a floor.
     options: Option<Vec<String>>,
+    /// The store a build runs on (a floor's is unused).
+    dsn: String,
     samples: Vec<Duration>,
 }
 
 impl Side {
-    /// `LABEL=XTR_LOCK[,OPTION…]`.
-    fn parse(spec: &str) -> Side {
+    /// `LABEL=XTR_LOCK[,OPTION…]`, on the store `dsn`.
+    fn parse(spec: &str, dsn: &str) -> Side {
         let (label, rest) = spec
             .split_once('=')
             .unwrap_or_else(|| panic!("{spec}: not LABEL=XTR_LOCK[,OPTION…]"));
@@ -115,6 +121,7 @@ impl Side {
             label: label.to_owned(),
             program,
             options: Some(words.map(str::to_owned).collect()),
+            dsn: dsn.to_owned(),
             samples: Vec::new(),
         }
     }
@@ -124,16 +131,17 @@ impl Side {
             label: label.to_owned(),
             program: PathBuf::from(program),
             options: None,
+            dsn: String::new(),
             samples: Vec::new(),
         }
     }
 
-    /// `… true` on `dsn` (a build of `xtr-lock`), or on `file` (`flock`).
-    fn command(&self, dsn: &str, file: &Path, command: &[&str]) -> Command {
+    /// `… true` on its store (a build of `xtr-lock`), or on `file` (`flock`).
+    fn command(&self, file: &Path, command: &[&str]) -> Command {
         let mut c = Command::new(&self.program);
         match &self.options {
             Some(options) => {
-                c.args(["run", "--store", dsn])
+                c.args(["run", "--store", &self.dsn])
                     .args(options)
                     .args(["r", "--"]);
             }
@@ -149,15 +157,30 @@ impl Side {
 
 fn compare(rounds: usize, specs: &[String]) {
     let dir = tempfile::tempdir().unwrap();
-    let dsn = format!("flock://{}", dir.path().display());
+    let flock_dsn = format!("flock://{}", dir.path().display());
     let file = dir.path().join("flock1.lock");
+    let (redis, specs) = match specs.first().map(String::as_str) {
+        Some("--redis") => (Some(RedisServer::start()), &specs[1..]),
+        _ => (None, specs),
+    };
     let mut sides = vec![Side::floor("`true` alone", "/bin/true")];
     sides.push(Side::floor("`flock FILE true` (util-linux)", "flock"));
-    sides.extend(specs.iter().map(|s| Side::parse(s)));
+    for spec in specs {
+        let mut side = Side::parse(spec, &flock_dsn);
+        if let Some(redis) = &redis {
+            let mut on_redis = Side::parse(spec, &format!("redis://127.0.0.1:{}/0", redis.port()));
+            on_redis.label.push_str(", redis://");
+            side.label.push_str(", flock://");
+            sides.push(side);
+            sides.push(on_redis);
+        } else {
+            sides.push(side);
+        }
+    }
     let true_cmd = ["/bin/true"];
     for side in &sides {
         for _ in 0..10 {
-            once(&mut side.command(&dsn, &file, &true_cmd)); // warm-up
+            once(&mut side.command(&file, &true_cmd)); // warm-up
         }
     }
     for round in 0..rounds {
@@ -168,7 +191,7 @@ fn compare(rounds: usize, specs: &[String]) {
         };
         for i in order {
             for _ in 0..PER_ROUND {
-                let took = once(&mut sides[i].command(&dsn, &file, &true_cmd));
+                let took = once(&mut sides[i].command(&file, &true_cmd));
                 sides[i].samples.push(took);
             }
         }
@@ -196,7 +219,7 @@ fn compare(rounds: usize, specs: &[String]) {
     );
     println!("|---|---|---|---|");
     for side in sides.iter().filter(|s| s.options.is_some()) {
-        let r = resident(side.command(&dsn, &file, &["sh", "-c", "echo $$; exec cat"]));
+        let r = resident(side.command(&file, &["sh", "-c", "echo $$; exec cat"]));
         let mb = |kb: u64| kb as f64 / 1024.0;
         println!(
             "| {} | {} | {:.1} MB | {:.1} MB |",

@@ -5,7 +5,12 @@
 //! p50 (p99) latencies:
 //! - uncontended acquire+release, against the floors: the `flock` pair on an open descriptor,
 //!   and open + flock + unlock + close (what any holder-per-acquisition lock must do);
-//! - hand-off (holder releases → waiter holds) within one process and across two processes.
+//! - hand-off (holder releases → waiter holds) within one process and across two processes;
+//! - the cycle on a fresh resource (its lock file does not exist yet, as with per-entity names
+//!   like `invoice:<id>`), against the floor of creating, locking, unlocking and closing a new
+//!   file, in interleaved rounds.
+//!
+//! `flock-bench --fresh ROUNDS` measures only the fresh-resource cycle and its floor.
 
 use std::io::{BufRead as _, BufReader, Write as _};
 use std::os::fd::OwnedFd;
@@ -21,11 +26,22 @@ use xtr_lock_bench::{Summary, cell, human, lock_cycles, lock_handoffs, monotonic
 const CYCLES: usize = 20_000;
 const HANDOFFS: usize = 100;
 const PY_HANDOFFS: usize = 40;
+/// Fresh-resource cycles (and floor cycles) per round.
+const FRESH_PER_ROUND: usize = 500;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some("child-waiter") {
         child_waiter(Path::new(&args[2]), &args[3]);
+        return;
+    }
+    if args.get(1).map(String::as_str) == Some("--fresh") {
+        let rounds = args.get(2).and_then(|r| r.parse().ok()).unwrap_or(10);
+        let dir = tempfile::tempdir().unwrap();
+        let (ours, floor) = fresh(dir.path(), rounds, false);
+        print_fresh(&ours, &floor, rounds, "");
+        let (ours, floor) = fresh(dir.path(), rounds, true);
+        print_fresh(&ours, &floor, rounds, ", beside a held lock's monitor");
         return;
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -42,6 +58,7 @@ fn main() {
     let ours_in = rt.block_on(handoff_in_process(dir.path()));
     let ours_x = handoff_across_processes(dir.path());
     let py = python(dir.path());
+    let (fresh_ours, fresh_floor) = fresh(dir.path(), 10, false);
 
     println!("| flock store, p50 (p99) | xtr-lock (Rust) | Python xtr-lock 4.1.0 | floor |");
     println!("|---|---|---|---|");
@@ -62,7 +79,16 @@ fn main() {
         cell(&ours_x),
         cell(&py.handoff_x)
     );
+    println!(
+        "| acquire + release of a fresh resource (new lock file) | {} | — | create+flock+unlock+close {} |",
+        cell(&fresh_ours),
+        cell(&fresh_floor)
+    );
     println!();
+    println!(
+        "Ratios (p50): fresh-resource cycle = {:.2}× its floor.",
+        ratio(fresh_ours.p50, fresh_floor.p50)
+    );
     println!(
         "Ratios (p50): uncontended cycle = {:.2}× the flock pair, {:.2}× open+flock+close; \
          Python's cycle = {:.1}× ours; hand-off in process {:.0}× faster than Python, across \
@@ -121,6 +147,89 @@ fn open_flock_close(dir: &Path) -> Summary {
         samples.push(t.elapsed());
     }
     Summary::of(samples)
+}
+
+/// The fresh-resource cycle and its floor, `rounds` rounds of [`FRESH_PER_ROUND`] each, the
+/// order reversed every other round; every cycle on a name never used before. With `monitored`,
+/// another lock of the process is held meanwhile with its monitor running (a job holding a
+/// lock while it takes per-entity ones), from a second before the first round.
+fn fresh(dir: &Path, rounds: usize, monitored: bool) -> (Summary, Summary) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let factory = LockFactory::new(FlockStore::in_dir(dir).unwrap());
+    let held = factory.create_lock("bench:held");
+    let _monitor = monitored.then(|| {
+        rt.block_on(async {
+            assert!(held.try_acquire().await.unwrap());
+            let monitor = held.keep_alive().unwrap();
+            tokio::time::sleep(Duration::from_millis(1100)).await;
+            monitor
+        })
+    });
+    // Names never used before, in this run's other calls either.
+    let tag = if monitored { "m" } else { "" };
+    let floor_dir = dir.join(format!("floor-fresh{tag}"));
+    std::fs::create_dir_all(&floor_dir).unwrap();
+    let (mut ours, mut floor) = (Vec::new(), Vec::new());
+    let mut n = 0usize;
+    let ours_round = |n: &mut usize, out: &mut Vec<Duration>| {
+        for _ in 0..FRESH_PER_ROUND {
+            *n += 1;
+            let lock = factory.create_lock(format!("invoice:{tag}{n}"));
+            let t = Instant::now();
+            assert!(rt.block_on(lock.try_acquire()).unwrap());
+            let _ = rt.block_on(lock.release()).unwrap();
+            out.push(t.elapsed());
+        }
+    };
+    let floor_round = |n: &mut usize, out: &mut Vec<Duration>| {
+        for _ in 0..FRESH_PER_ROUND {
+            *n += 1;
+            let path = floor_dir.join(format!("invoice-{n}.lock"));
+            let t = Instant::now();
+            let fd = rustix::fs::open(
+                &path,
+                OFlags::RDWR | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+                Mode::from_raw_mode(0o666),
+            )
+            .unwrap();
+            rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive).unwrap();
+            rustix::fs::flock(&fd, FlockOperation::NonBlockingUnlock).unwrap();
+            drop(fd);
+            out.push(t.elapsed());
+        }
+    };
+    for round in 0..rounds {
+        if round % 2 == 0 {
+            ours_round(&mut n, &mut ours);
+            floor_round(&mut n, &mut floor);
+        } else {
+            floor_round(&mut n, &mut floor);
+            ours_round(&mut n, &mut ours);
+        }
+    }
+    (Summary::of(ours), Summary::of(floor))
+}
+
+fn print_fresh(ours: &Summary, floor: &Summary, rounds: usize, beside: &str) {
+    println!("| fresh resource, p50 (p99) | time |");
+    println!("|---|---|");
+    println!(
+        "| flock store: acquire + release, new lock file{beside} | {} |",
+        cell(ours)
+    );
+    println!(
+        "| floor: create + flock + unlock + close a new file | {} |",
+        cell(floor)
+    );
+    println!();
+    println!(
+        "Ratio (p50): {:.2}× the floor; {} cycles of each in {rounds} interleaved rounds.",
+        ratio(ours.p50, floor.p50),
+        rounds * FRESH_PER_ROUND
+    );
 }
 
 async fn uncontended(dir: &Path) -> Summary {

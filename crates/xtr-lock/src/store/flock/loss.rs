@@ -26,7 +26,6 @@ pub(super) fn watcher(
     name: String,
     check: impl Fn() -> Option<LostReason> + Send + 'static,
 ) -> LossWatcher {
-    let every = (!hub.observes_other_processes()).then_some(LOSS_CHECK);
     LossWatcher::new(async move {
         let started = tokio::time::Instant::now();
         while started.elapsed() < EARLY {
@@ -37,6 +36,8 @@ pub(super) fn watcher(
         }
         // Subscribed before the check, so an event between the two is not missed.
         let mut changed = hub.subscribe_name(&name);
+        // Known once subscribed: the first listener starts inotify.
+        let every = (!hub.observes_other_processes()).then_some(LOSS_CHECK);
         loop {
             if let Some(reason) = check() {
                 return reason;

@@ -383,7 +383,7 @@ impl fmt::Debug for FlockStore {
             .field("dir", &self.inner.dir)
             .field("prefix", &self.inner.prefix)
             .field("poll", &self.inner.poll)
-            .field("inotify", &self.inner.hub.observes_other_processes())
+            .field("inotify", &self.inner.hub.observes_if_known())
             .finish()
     }
 }

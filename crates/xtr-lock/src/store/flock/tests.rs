@@ -138,3 +138,52 @@ async fn in_process_waiters_get_in_in_order_and_a_writer_is_not_starved() {
     assert_eq!(order.lock().unwrap()[0], 0, "the writer first");
     assert_eq!(store.inner.hub.lines().waiting(), 0, "nobody left in line");
 }
+
+// Paused: the hub's first second (when observers make no watch) lasts as long as the test needs.
+#[tokio::test(start_paused = true)]
+async fn a_holder_that_never_waits_starts_no_inotify() {
+    // A process that had an inotify mark waits for the kernel to retire it at its exit: `run
+    // r -- true` must not pay for one. Acquiring (a fresh file and an existing one), holding
+    // with a loss watcher and a look-out for a revocation notice (an observer) for less than
+    // a second, and releasing start nothing.
+    let dir = tempfile::tempdir().unwrap();
+    let store = FlockStore::in_dir(dir.path()).unwrap();
+    let hub = store.inner.hub.clone();
+    for _ in 0..2 {
+        let key = Key::new("fresh");
+        assert!(store.wait_and_save(&key, None).await.unwrap().is_acquired());
+        let observer = store.watch_changes("fresh#xtr-revoke").await.unwrap();
+        let watcher = store
+            .watch_loss(&key)
+            .await
+            .unwrap()
+            .expect("flock watches");
+        let watching = tokio::time::timeout(Duration::from_millis(150), watcher).await;
+        assert!(watching.is_err(), "held all along: no loss");
+        drop(observer);
+        assert!(store.delete(&key).await.unwrap());
+    }
+    assert!(!hub.inotify_started(), "no listener: no inotify instance");
+    // An early observer still sees this process's changes.
+    let observer = store.watch_changes("fresh").await.unwrap().unwrap();
+    let key = Key::new("fresh");
+    assert!(store.wait_and_save(&key, None).await.unwrap().is_acquired());
+    tokio::time::timeout(Duration::from_millis(100), observer)
+        .await
+        .expect("an acquisition in this process wakes an early observer");
+    assert!(store.delete(&key).await.unwrap());
+    assert!(!hub.inotify_started());
+    // The first waiter starts it.
+    let holder = Key::new("w");
+    assert!(
+        store
+            .wait_and_save(&holder, None)
+            .await
+            .unwrap()
+            .is_acquired()
+    );
+    let _changes = hub.subscribe("xtr.w.lock");
+    assert!(hub.inotify_started());
+    assert_eq!(store.inner.hub.observes_if_known(), Some(true));
+    assert!(store.delete(&holder).await.unwrap());
+}

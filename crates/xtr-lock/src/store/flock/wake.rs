@@ -16,6 +16,14 @@
 //! the watch after its first refused attempt and attempts again before it waits, so no close is
 //! missed; the last listener to leave narrows or removes it (its [`Subscription`] counts it),
 //! so a busy directory does not keep paying for waiters that are gone.
+//!
+//! The inotify instance and its thread start with the first listener, not with the store: a
+//! process that exits after having had an inotify mark (even one removed at once) waits for the
+//! kernel to retire it, measured at 5–10 ms on this VM, more than `flock(1)`'s whole run. A
+//! holder that never waits, as `xtr-lock run r -- true`, never makes one. Observers (a
+//! holder's look-out for a revocation notice, an election's observer) see this process's
+//! changes at once and others' releases only once the hub is [`OBSERVERS_EARLY`] old: their
+//! watchers are best effort (they poll too), and a short-lived holder then makes no mark.
 
 use std::collections::HashMap;
 use std::mem::MaybeUninit;
@@ -40,8 +48,11 @@ pub(crate) struct Hub {
     files: Mutex<Files>,
     /// The holders' records, beside the lock files.
     records: Sidecar,
-    /// The inotify instance, when this system has one for us.
-    inotify: Option<Arc<OwnedFd>>,
+    /// The inotify instance, started by the first listener ([`Hub::need`]); `None` inside when
+    /// this system has none for us (or the directory cannot be watched).
+    inotify: OnceLock<Option<Arc<OwnedFd>>>,
+    /// When the hub started (see [`OBSERVERS_EARLY`]).
+    born: tokio::time::Instant,
     /// This process's waiters, in line per lock file.
     lines: Arc<Lines>,
 }
@@ -69,11 +80,27 @@ pub(crate) struct Subscription {
     rx: watch::Receiver<u64>,
     hub: Arc<Hub>,
     names: bool,
+    /// Counted among the directory watch's listeners (an early observer's is not, yet).
+    watched: bool,
 }
 
 impl Subscription {
     /// Completes at the next change after the last one this saw (or after registration).
     pub(crate) async fn changed(&mut self) {
+        if !self.watched {
+            // An early observer: this process's changes only, until the hub is old enough.
+            tokio::select! {
+                changed = self.rx.changed() => {
+                    let _ = changed;
+                    return;
+                }
+                () = tokio::time::sleep_until(self.hub.born + OBSERVERS_EARLY) => {}
+            }
+            let mut files = self.hub.files();
+            files.release_listeners += 1;
+            self.watched = true;
+            self.hub.need(&mut files, CLOSES);
+        }
         // An error means the hub is gone: nothing will change any more, so wake up.
         let _ = self.rx.changed().await;
     }
@@ -81,6 +108,9 @@ impl Subscription {
 
 impl Drop for Subscription {
     fn drop(&mut self) {
+        if !self.watched {
+            return;
+        }
         let mut files = self.hub.files();
         let left = if self.names {
             files.name_listeners -= 1;
@@ -95,6 +125,10 @@ impl Drop for Subscription {
         }
     }
 }
+
+/// For how long after a hub's start observers' subscriptions do not watch the directory (see
+/// the module's documentation), as a holder's loss watcher does not for its first second.
+const OBSERVERS_EARLY: Duration = Duration::from_secs(1);
 
 /// How often the reader thread checks whether its hub is still in use.
 const IDLE_CHECK: Duration = Duration::from_millis(500);
@@ -123,26 +157,41 @@ impl Hub {
             return hub;
         }
         hubs.retain(|_, w| w.strong_count() > 0);
-        let inotify = start_inotify(dir).map(Arc::new);
         let hub = Arc::new(Hub {
             dir: dir.to_path_buf(),
             files: Mutex::new(Files::default()),
             records: Sidecar::new(dir),
-            inotify: inotify.clone(),
+            inotify: OnceLock::new(),
+            born: tokio::time::Instant::now(),
             lines: Arc::default(),
         });
-        if let Some(fd) = inotify {
-            let weak = Arc::downgrade(&hub);
-            let spawned = std::thread::Builder::new()
-                .name("xtr-lock-inotify".into())
-                .spawn(move || read_events(&fd, &weak));
-            if let Err(err) = spawned {
-                tracing::warn!(target: TARGET, error = %err,
-                    "cannot start the inotify thread; flock waiters will poll");
-            }
-        }
         hubs.insert(dir.to_path_buf(), Arc::downgrade(&hub));
         hub
+    }
+
+    /// The inotify instance, started (with its reader thread) on first use.
+    fn inotify(self: &Arc<Self>) -> Option<&Arc<OwnedFd>> {
+        self.inotify
+            .get_or_init(|| {
+                let fd = Arc::new(start_inotify(&self.dir)?);
+                let (reader, weak) = (fd.clone(), Arc::downgrade(self));
+                let spawned = std::thread::Builder::new()
+                    .name("xtr-lock-inotify".into())
+                    .spawn(move || read_events(&reader, &weak));
+                if let Err(err) = spawned {
+                    tracing::warn!(target: TARGET, error = %err,
+                        "cannot start the inotify thread; flock waiters will poll");
+                    return None;
+                }
+                Some(fd)
+            })
+            .as_ref()
+    }
+
+    /// Whether the inotify instance was started (for tests).
+    #[cfg(test)]
+    pub(crate) fn inotify_started(&self) -> bool {
+        self.inotify.get().is_some()
     }
 
     /// Whether the directory is watched for releases now (for tests).
@@ -153,9 +202,16 @@ impl Hub {
             .is_some_and(|(_, mask)| mask.contains(CLOSES))
     }
 
-    /// Whether changes made by other processes reach this hub.
-    pub(crate) fn observes_other_processes(&self) -> bool {
-        self.inotify.is_some()
+    /// Whether changes made by other processes reach this hub (starting inotify if no listener
+    /// did yet).
+    pub(crate) fn observes_other_processes(self: &Arc<Self>) -> bool {
+        self.inotify().is_some()
+    }
+
+    /// Whether changes made by other processes reach this hub, if known yet (`None`: nobody
+    /// listened yet, so inotify was not started).
+    pub(crate) fn observes_if_known(&self) -> Option<bool> {
+        self.inotify.get().map(Option::is_some)
     }
 
     fn files(&self) -> MutexGuard<'_, Files> {
@@ -194,12 +250,16 @@ impl Hub {
             true => files.changes.subscribe(name),
             false => files.releases.subscribe(name),
         };
-        files.release_listeners += 1;
-        self.need(&mut files, CLOSES);
+        let watched = !observer || self.born.elapsed() >= OBSERVERS_EARLY;
+        if watched {
+            files.release_listeners += 1;
+            self.need(&mut files, CLOSES);
+        }
         Subscription {
             rx,
             hub: self.clone(),
             names: false,
+            watched,
         }
     }
 
@@ -213,6 +273,7 @@ impl Hub {
             rx,
             hub: self.clone(),
             names: true,
+            watched: true,
         }
     }
 
@@ -228,8 +289,12 @@ impl Hub {
         want
     }
 
-    /// Makes sure the directory is watched for `bits` (a listener was just registered).
-    fn need(&self, files: &mut Files, bits: WatchFlags) {
+    /// Makes sure the directory is watched for `bits` (a listener was just registered),
+    /// starting inotify for the first.
+    fn need(self: &Arc<Self>, files: &mut Files, bits: WatchFlags) {
+        if self.inotify().is_none() {
+            return;
+        }
         let have = files.watching.map_or(WatchFlags::empty(), |(_, mask)| mask);
         if !have.contains(bits) {
             self.set_mask(files, have | bits);
@@ -238,7 +303,7 @@ impl Hub {
 
     /// Watches the directory for `want` (nothing: no watch).
     fn set_mask(&self, files: &mut Files, want: WatchFlags) {
-        let Some(fd) = &self.inotify else {
+        let Some(Some(fd)) = self.inotify.get() else {
             return;
         };
         match files.watching {
@@ -310,7 +375,7 @@ impl Hub {
 }
 
 fn start_inotify(dir: &Path) -> Option<OwnedFd> {
-    // Checked once now, so a directory inotify cannot watch says so up front.
+    // Checked once now, so a directory inotify cannot watch says so at its first listener.
     let started = inotify::init(inotify::CreateFlags::CLOEXEC | inotify::CreateFlags::NONBLOCK)
         .and_then(|fd| {
             let wd = inotify::add_watch(&fd, dir, CLOSES | WatchFlags::ONLYDIR)?;

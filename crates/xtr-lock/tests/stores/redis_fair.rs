@@ -532,3 +532,40 @@ async fn a_siblings_try_in_the_other_mode_does_not_stall_the_waiting_one() {
         "the waiting sibling gets in once the lock is free: {wrote:?}"
     );
 }
+
+/// Found in review: the queue's expiry was set only when a ticket was added, so behind a lock
+/// renewed for longer than a minute the queue (and every waiter's place) could expire. Every
+/// refusal now keeps it a minute past the lease it waits behind.
+#[tokio::test]
+async fn every_refusal_keeps_the_queue_alive() {
+    let server = RedisServer::start();
+    let store = store(&server);
+    let factory = frozen(&store);
+    let holder = factory.create_lock("kept");
+    holder.acquire().await.unwrap();
+    let first = factory.create_lock("kept");
+    let _first = tokio::spawn(async move { first.acquire().await });
+    until("queued", || queue(&server, &store, "kept").len() == 1).await;
+    let key = store.internal_key("queue:kept");
+    let pttl = |server: &RedisServer| -> i64 {
+        redis::cmd("PTTL")
+            .arg(&key)
+            .query(&mut sync_conn(server))
+            .unwrap()
+    };
+    assert!(pttl(&server) > 60_000, "a minute past the holder's lease");
+    // Time passes (as if the lock had been renewed for long): the queue is about to expire.
+    let _: i64 = redis::cmd("PEXPIRE")
+        .arg(&key)
+        .arg(2_000)
+        .query(&mut sync_conn(&server))
+        .unwrap();
+    let second = factory.create_lock("kept");
+    assert!(!second.try_acquire().await.unwrap());
+    let _second = tokio::spawn(async move { second.acquire().await });
+    until("the second is queued", || {
+        queue(&server, &store, "kept").len() == 2
+    })
+    .await;
+    assert!(pttl(&server) > 60_000, "the refusal kept the queue alive");
+}

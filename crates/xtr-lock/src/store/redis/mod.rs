@@ -2,8 +2,8 @@
 //! Symfony Lock, one round trip per operation, woken on release, fenced.
 
 use std::fmt;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, LazyLock};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
@@ -142,8 +142,10 @@ struct Inner {
     connecting: std::sync::Mutex<
         Option<futures_util::future::Shared<crate::clock::BoxFuture<'static, ()>>>,
     >,
-    scripts: Scripts,
-    sem: SemScripts,
+    /// Built once per process (the preludes and digests cost about as much as the rest of a
+    /// CLI run's start-up), the semaphore's only when first used.
+    scripts: &'static Scripts,
+    sem: &'static LazyLock<SemScripts>,
     /// `Some(true)`: the client's clock (the server refused); `Some(false)`: the server's.
     client_clock: std::sync::Mutex<Option<bool>>,
     /// The last failed connection attempt.
@@ -152,6 +154,9 @@ struct Inner {
     legacy_exists: AtomicBool,
     notifier: Notifier,
 }
+
+static SCRIPTS: LazyLock<Scripts> = LazyLock::new(Scripts::new);
+static SEM_SCRIPTS: LazyLock<SemScripts> = LazyLock::new(SemScripts::new);
 
 impl RedisStore {
     /// A store on the server `dsn` names: `redis://[user[:password]@]host[:port][/db]`,
@@ -226,8 +231,8 @@ impl RedisStore {
                 response_timeout,
                 conn: std::sync::Mutex::new(None),
                 connecting: std::sync::Mutex::new(None),
-                scripts: Scripts::new(),
-                sem: SemScripts::new(),
+                scripts: &SCRIPTS,
+                sem: &SEM_SCRIPTS,
                 client_clock: std::sync::Mutex::new(None),
                 failed: std::sync::Mutex::new(None),
                 legacy_exists: AtomicBool::new(false),

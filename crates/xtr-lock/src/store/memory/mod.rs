@@ -26,6 +26,11 @@ use entry::{Entry, Writer};
 /// The token kind in-memory stores use: one token per key for all of them.
 const KIND: &str = "memory";
 
+/// When a waiter kept out of a free lock by the queue alone looks again: the head normally
+/// takes the lock at once and its release wakes the next, but a head's lease can run out with
+/// nobody seeing it (a ttl and no release), and only a later attempt prunes it.
+pub(super) const QUEUE_RECHECK: Duration = Duration::from_millis(250);
+
 /// Locks in this process's memory, shared by every task, thread and runtime that uses a clone of
 /// the store.
 ///
@@ -137,10 +142,13 @@ impl InMemoryStore {
         }
     }
 
+    /// A refusal, saying when the holders' leases end; refused by the queue alone (nobody
+    /// holds), [`QUEUE_RECHECK`]: the head may take the lock with a lease that runs out unseen.
     fn conflict(entry: &Entry, token: &str, now: Instant) -> Saved {
         let conflict = Conflict::new().with_kept(entry.mode_of(token, now));
         Saved::Conflict(match entry.retry_after(token, now) {
             Some(d) => conflict.with_retry_after(d),
+            None if !entry.others_hold(token, now) => conflict.with_retry_after(QUEUE_RECHECK),
             None => conflict,
         })
     }
@@ -347,6 +355,8 @@ impl Store for InMemoryStore {
                 Saved::Acquired(a) => {
                     entry.record(&token, key, a.fencing_token);
                     entry.queue.admitted(&token);
+                    // Readers queued behind this one may come in with it.
+                    entry.serve(now);
                     st.notify(&changes(key.resource()));
                 }
                 Saved::Conflict(_) => entry.refused(&token, Mode::Read, now),

@@ -166,9 +166,13 @@ impl InMemoryStore {
                 sem.holders.insert(token, permit);
                 Ok(Saved::Acquired(Acquired::fenced(fence)))
             } else {
+                // Refused by the queue alone (no permit held): look again (see QUEUE_RECHECK).
                 let conflict = Conflict::new();
                 Ok(Saved::Conflict(match sem.first_expiry(now) {
                     Some(d) => conflict.with_retry_after(d),
+                    None if sem.holders.is_empty() => {
+                        conflict.with_retry_after(super::QUEUE_RECHECK)
+                    }
                     None => conflict,
                 }))
             };

@@ -172,19 +172,21 @@ end
 -- `recheck` when a queued waiter keeps the caller out of a free lock, else -1), whether the
 -- holder keeps its read lock, and whether every current holder will announce its release to
 -- the waiter (who then need not poll). A waiter's ticket is queued here, atomically with the
--- refusal; the queue lives a minute past the latest lease a waiter waits for.
+-- refusal; the queue lives an hour past the lease its newest waiter waits for.
 local function refused(r, now, kept, recheck)
   local hint = -1
   if r.first then hint = math.max(r.first - now, 1) elseif recheck then hint = recheck end
   local told = 0
   if ARGV[4] ~= '' then
-    local other = twin(ARGV[4])
-    if other then redis.call('ZREM', KEYS[3], other) end
-    redis.call('ZADD', KEYS[3], 'NX', ARGV[5], ARGV[4])
-    -- Every refusal keeps the queue a minute past the lease it waits behind, never shorter:
-    -- behind a lock renewed for hours, waiters that try again at each lease's end keep it.
-    local keep = math.max(hint, 0) + 60000
-    if redis.call('PTTL', KEYS[3]) < keep then redis.call('PEXPIRE', KEYS[3], keep) end
+    -- A ticket already queued has no twin (each save keeps one of the two), and a poll beside
+    -- a peer's holder pays for nothing more than this `ZADD`.
+    if redis.call('ZADD', KEYS[3], 'NX', ARGV[5], ARGV[4]) == 1 then
+      local other = twin(ARGV[4])
+      if other then redis.call('ZREM', KEYS[3], other) end
+      -- The queue outlives the lease its newest waiter waits behind by an hour; behind a lock
+      -- renewed for longer, a waiter's refusal at that lease's end queues it again in its place.
+      redis.call('PEXPIRE', KEYS[3], math.max(hint, 0) + 3600000)
+    end
     told = r.told
   end
   return {0, hint, kept, told}

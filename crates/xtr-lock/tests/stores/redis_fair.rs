@@ -389,30 +389,37 @@ async fn a_quorum_waiter_keeps_its_tickets_when_woken() {
         .with_ttl(Some(TTL))
         .create_lock("q");
     let _waiting = tokio::spawn(async move { waiter.acquire().await });
-    // Queued on a quorum (the third member's registration may come after the attempt).
-    for (db, m) in members.iter().enumerate().take(2) {
-        until("queued on a quorum", || {
-            queue_in(&server, db as u32, m, "q").len() == 1
-        })
-        .await;
-    }
-    let ticket = queue_in(&server, 0, &members[0], "q").remove(0);
-    let _: i64 = redis::cmd("ZREM")
-        .arg(members[0].internal_key("queue:q"))
-        .arg(&ticket)
-        .query(&mut sync_conn(&server))
+    // Queued on a quorum: on whichever two members registered before the attempt (the third
+    // member's registration may come after it).
+    let queued_on = || -> Vec<usize> {
+        (0..3)
+            .filter(|&db| queue_in(&server, db as u32, &members[db], "q").len() == 1)
+            .collect()
+    };
+    until("queued on a quorum", || queued_on().len() >= 2).await;
+    let m = queued_on()[0];
+    let ticket = queue_in(&server, m as u32, &members[m], "q").remove(0);
+    let mut conn = redis::Client::open(server.url(m as u32))
+        .unwrap()
+        .get_connection()
         .unwrap();
-    // Woken (by member 1, then the quorum's grace), while the holder still holds a minute.
+    let _: i64 = redis::cmd("ZREM")
+        .arg(members[m].internal_key("queue:q"))
+        .arg(&ticket)
+        .query(&mut conn)
+        .unwrap();
+    // Woken (by the other member, then the quorum's grace), while the holder still holds a
+    // minute.
     quorum
         .release_after(&held, Duration::from_secs(60))
         .await
         .unwrap();
-    until("the woken waiter saved again on member 0", || {
-        queue_in(&server, 0, &members[0], "q").len() == 1
+    until("the woken waiter saved again on that member", || {
+        queue_in(&server, m as u32, &members[m], "q").len() == 1
     })
     .await;
     assert_eq!(
-        queue_in(&server, 0, &members[0], "q"),
+        queue_in(&server, m as u32, &members[m], "q"),
         vec![ticket],
         "the woken waiter is still the same waiter, with the same ticket"
     );

@@ -4,48 +4,15 @@
 //! timed: each waiter is registered (its ticket seen in the queue) before the next comes.
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures_util::StreamExt as _;
 use xtr_lock::{Lock, LockFactory, Lockable as _, ManualClock, RedisStore, Store as _};
 use xtr_lock_testkit::redis::RedisServer;
 
-use crate::support::on_redis::{TTL, store};
+use crate::support::on_redis::{TTL, frozen, queue, queue_in, store, sync_conn, until};
 use crate::support::peer::Peer;
 use crate::support::sections::Sections;
-
-fn sync_conn(server: &RedisServer) -> redis::Connection {
-    redis::Client::open(server.url(0))
-        .unwrap()
-        .get_connection()
-        .unwrap()
-}
-
-/// The tickets in `resource`'s wait queue, first first.
-fn queue(server: &RedisServer, store: &RedisStore, resource: &str) -> Vec<String> {
-    redis::cmd("ZRANGE")
-        .arg(store.internal_key(&format!("queue:{resource}")))
-        .arg(0)
-        .arg(-1)
-        .query(&mut sync_conn(server))
-        .unwrap()
-}
-
-/// Waits (real time, bounded) until `cond` holds.
-async fn until(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !cond() {
-        assert!(Instant::now() < deadline, "never: {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
-/// Locks whose clock never moves: only a wake gets a waiter in (no poll, no lease hint).
-fn frozen(store: &RedisStore) -> LockFactory {
-    LockFactory::new(store.clone())
-        .with_clock(Arc::new(ManualClock::frozen()))
-        .with_ttl(Some(TTL))
-}
 
 /// A waiter that records `name` in `order` once it holds, then releases.
 fn waiter(
@@ -344,20 +311,6 @@ async fn a_promoting_reader_is_woken_when_the_other_reader_releases() {
         .expect("the sole reader left is promoted once the other released")
         .unwrap();
     assert!(promoter.is_acquired().await.unwrap());
-}
-
-/// The tickets in `resource`'s wait queue in database `db`, first first.
-fn queue_in(server: &RedisServer, db: u32, store: &RedisStore, resource: &str) -> Vec<String> {
-    let mut conn = redis::Client::open(server.url(db))
-        .unwrap()
-        .get_connection()
-        .unwrap();
-    redis::cmd("ZRANGE")
-        .arg(store.internal_key(&format!("queue:{resource}")))
-        .arg(0)
-        .arg(-1)
-        .query(&mut conn)
-        .unwrap()
 }
 
 /// A quorum's waiter keeps its tickets (and so its place) on its members when woken: the

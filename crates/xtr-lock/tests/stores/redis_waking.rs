@@ -9,42 +9,8 @@ use xtr_lock::{Lock, LockFactory, Lockable as _, ManualClock, RedisStore};
 use xtr_lock_testkit::redis::RedisServer;
 
 use crate::support::Scripted;
-use crate::support::on_redis::{TTL, store};
+use crate::support::on_redis::{TTL, frozen, queue, store, sync_conn, until};
 use crate::support::peer::Peer;
-
-fn sync_conn(server: &RedisServer) -> redis::Connection {
-    redis::Client::open(server.url(0))
-        .unwrap()
-        .get_connection()
-        .unwrap()
-}
-
-/// The tickets in `resource`'s wait queue, first first.
-fn queue(server: &RedisServer, store: &RedisStore, resource: &str) -> Vec<String> {
-    redis::cmd("ZRANGE")
-        .arg(store.internal_key(&format!("queue:{resource}")))
-        .arg(0)
-        .arg(-1)
-        .query(&mut sync_conn(server))
-        .unwrap()
-}
-
-/// Waits (real time, bounded) until `cond` holds.
-async fn until(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !cond() {
-        assert!(Instant::now() < deadline, "never: {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
-/// Locks on `store` whose clock never moves: no poll and no lease-hint sleep can ever end, so
-/// only a wake gets a waiter in.
-fn frozen(store: &RedisStore) -> LockFactory {
-    LockFactory::new(store.clone())
-        .with_clock(Arc::new(ManualClock::frozen()))
-        .with_ttl(Some(TTL))
-}
 
 #[tokio::test]
 async fn a_waiter_queued_by_its_refusal_is_woken_by_the_next_release_and_sends_nothing_meanwhile() {

@@ -65,3 +65,52 @@ pub(crate) fn master_and_replica() -> (RedisServer, RedisServer) {
     }
     (master, replica)
 }
+
+/// A plain connection to database 0 of `server`, to look at what the store wrote.
+pub(crate) fn sync_conn(server: &RedisServer) -> redis::Connection {
+    redis::Client::open(server.url(0))
+        .unwrap()
+        .get_connection()
+        .unwrap()
+}
+
+/// The tickets in `resource`'s wait queue, first first.
+pub(crate) fn queue(server: &RedisServer, store: &RedisStore, resource: &str) -> Vec<String> {
+    queue_in(server, 0, store, resource)
+}
+
+/// The tickets in `resource`'s wait queue in database `db`, first first.
+pub(crate) fn queue_in(
+    server: &RedisServer,
+    db: u32,
+    store: &RedisStore,
+    resource: &str,
+) -> Vec<String> {
+    let mut conn = redis::Client::open(server.url(db))
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    redis::cmd("ZRANGE")
+        .arg(store.internal_key(&format!("queue:{resource}")))
+        .arg(0)
+        .arg(-1)
+        .query(&mut conn)
+        .unwrap()
+}
+
+/// Waits (real time, bounded) until `cond` holds.
+pub(crate) async fn until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(std::time::Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Locks on `store` whose clock never moves: no poll and no lease-hint sleep can ever end, so
+/// only a wake gets a waiter in.
+pub(crate) fn frozen(store: &RedisStore) -> LockFactory {
+    LockFactory::new(store.clone())
+        .with_clock(Arc::new(xtr_lock::ManualClock::frozen()))
+        .with_ttl(Some(TTL))
+}

@@ -9,8 +9,8 @@ use std::time::{Duration, SystemTime};
 use async_trait::async_trait;
 
 use super::{
-    Acquired, Capabilities, Conflict, HolderInfo, Holding, Listing, LossWatcher, LostReason, Saved,
-    Store, Watcher, check_expiry,
+    Capabilities, HolderInfo, Holding, Listing, LossWatcher, LostReason, Saved, Store, Watcher,
+    check_expiry,
 };
 use crate::error::{Error, Result};
 use crate::key::{Key, Mode};
@@ -23,6 +23,7 @@ mod layout;
 mod listing;
 mod notify;
 mod queue;
+mod save;
 mod scripts;
 mod semaphore;
 mod semaphore_scripts;
@@ -297,65 +298,6 @@ impl RedisStore {
     /// hash tag after `xtr-lock:` that puts them in the resource's slot (see `layout.rs`).
     pub fn internal_key(&self, name: &str) -> Vec<u8> {
         self.inner.layout.loose(name)
-    }
-
-    fn ttl(&self, key: &Key, ttl: Option<Duration>) -> Result<Duration> {
-        ttl.ok_or_else(|| {
-            Error::invalid_argument(
-                "a lock on Redis needs a ttl (there is no silent default): give the lock one",
-            )
-            .with_resource(key.resource())
-            .with_store(self)
-        })
-    }
-
-    async fn save_mode(&self, key: &Key, ttl: Option<Duration>, mode: Mode) -> Result<Saved> {
-        let ttl = self.ttl(key, ttl)?;
-        // The local deadline is never later than the server's: shortened before the trip.
-        key.reduce_lifetime(ttl);
-        let script = match mode {
-            Mode::Write => &self.inner.scripts.save,
-            Mode::Read => &self.inner.scripts.save_read,
-        };
-        let lock_key = self.key_for(key.resource());
-        let ticket = self.inner.notifier.ticket(&lock_key, key, mode);
-        let call = self.call_for(
-            key,
-            Keys::Save,
-            ticket.as_ref().map(|t| (t.text.as_str(), t.since_us)),
-        );
-        let ((granted, value, kept, announced), confirmed): ((i64, i64, i64, i64), bool) =
-            self.eval_durable(script, key, Some(ttl), call).await?;
-        if let Some(ticket) = &ticket {
-            self.inner
-                .notifier
-                .answered(self, ticket, granted == 1, announced == 1);
-        }
-        if granted == -1 {
-            return Err(Error::storage(
-                "the key holds a sorted set that is not a lock (members other than holder \
-                 tokens): refused and left untouched",
-            )
-            .with_resource(key.resource())
-            .with_store(self));
-        }
-        if granted != 1 {
-            let conflict = Conflict::new().with_kept((kept == 1).then_some(Mode::Read));
-            return Ok(Saved::Conflict(match u64::try_from(value) {
-                Ok(ms) if ms > 0 => conflict.with_retry_after(Duration::from_millis(ms)),
-                _ => conflict,
-            }));
-        }
-        if !confirmed {
-            // Not counted: the lock takes a fresh grant back; a holder that held before keeps
-            // what it held (a promotion or re-save the replicas did not confirm).
-            return Err(self.unconfirmed(key));
-        }
-        check_expiry(self, key).await?;
-        Ok(Saved::Acquired(match u64::try_from(value) {
-            Ok(fence) if fence > 0 => Acquired::fenced(fence),
-            _ => Acquired::new(),
-        }))
     }
 }
 

@@ -219,6 +219,15 @@ impl Options<'_, '_> {
         last
     }
 
+    /// Every value given for `name`, in order, taking them out.
+    pub(crate) fn take_all(&mut self, name: &'static str) -> Vec<String> {
+        self.known.push(name);
+        self.pairs
+            .iter_mut()
+            .filter_map(|slot| slot.take_if(|(k, _)| k == name).map(|(_, v)| v))
+            .collect()
+    }
+
     /// Every value given for `name`, each parsed by `parse` (an error built by `why` from the
     /// first that does not parse), the last one kept: a repeated option wins by its last value
     /// but may not hide a bad one.
@@ -288,7 +297,7 @@ impl Options<'_, '_> {
         )
     }
 
-    /// `true`/`1`/`yes` or `false`/`0`/`no`.
+    /// `true`/`1`/`yes`/`on` or `false`/`0`/`no`/`off`.
     pub(crate) fn flag(&mut self, name: &'static str) -> Result<Option<bool>> {
         self.choice(
             name,
@@ -296,9 +305,11 @@ impl Options<'_, '_> {
                 ("true", true),
                 ("1", true),
                 ("yes", true),
+                ("on", true),
                 ("false", false),
                 ("0", false),
                 ("no", false),
+                ("off", false),
             ],
             "write true or false",
         )

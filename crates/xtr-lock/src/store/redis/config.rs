@@ -127,11 +127,17 @@ pub(crate) fn read(
         .map(|p| ("protocol".to_owned(), p))
         .into_iter()
         .collect();
-    let (user, password) = dsn.credentials()?.unwrap_or_default();
+    let credentials = match (dsn.credentials()?, symfony.credentials.clone()) {
+        (Some(_), Some(_)) => {
+            return Err(dsn.invalid("the credentials are given twice (before the host and auth=)"));
+        }
+        (url, options) => url.or(options),
+    };
+    let (user, password) = credentials.unwrap_or_default();
     let server = Server {
         user,
         password,
-        db,
+        db: db.or_else(|| symfony.dbindex.clone()),
         passed_on,
     };
     let (client_url, shown, topology) = server.locate(dsn, kind, &symfony, suffix, tls, unix)?;
@@ -142,8 +148,12 @@ pub(crate) fn read(
         client_url,
         shown,
         prefix,
-        connect_timeout: connect_timeout.unwrap_or(DEFAULT_TIMEOUT),
-        response_timeout: response_timeout.unwrap_or(DEFAULT_TIMEOUT),
+        connect_timeout: connect_timeout
+            .or(symfony.timeout)
+            .unwrap_or(DEFAULT_TIMEOUT),
+        response_timeout: response_timeout
+            .or(symfony.read_timeout)
+            .unwrap_or(DEFAULT_TIMEOUT),
         topology,
         durability,
         fair,

@@ -69,13 +69,38 @@ pub(crate) struct SymfonyForm {
     pub(crate) cluster: bool,
     pub(crate) sentinel: Option<String>,
     pub(crate) hosts: Vec<String>,
+    /// The credentials of `redis:[[user:]password@]?…` (no `//`) or `auth=`/`auth[]=`.
+    pub(crate) credentials: Option<(String, Option<String>)>,
+    /// `dbindex=`: the database.
+    pub(crate) dbindex: Option<String>,
+    /// `timeout=` (connecting) and `read_timeout=` (answers); 0 leaves the default.
+    pub(crate) timeout: Option<Duration>,
+    pub(crate) read_timeout: Option<Duration>,
 }
+
+/// Symfony's connection options that tune its PHP client (persistent connections, lazy
+/// connecting, which class, replica reads) and have no meaning here: accepted and dropped, so
+/// one DSN serves both.
+const SYMFONY_CLIENT_OPTIONS: &[&str] = &[
+    "class",
+    "persistent",
+    "persistent_id",
+    "retry_interval",
+    "tcp_keepalive",
+    "lazy",
+    "failover",
+];
 
 impl SymfonyForm {
     pub(crate) fn take(dsn: &Dsn<'_>, options: &mut Options<'_, '_>) -> Result<Self> {
         let cluster = options.flag("redis_cluster")?.unwrap_or(false);
         let sentinel = options.take("redis_sentinel");
         let hosts = options.take_bracketed("host")?;
+        let credentials = symfony_credentials(dsn, options)?;
+        let dbindex = options.take("dbindex");
+        let timeout = php_seconds(dsn, options, "timeout")?;
+        let read_timeout = php_seconds(dsn, options, "read_timeout")?;
+        options.ignore(SYMFONY_CLIENT_OPTIONS);
         if cluster && sentinel.is_some() {
             return Err(dsn.invalid("redis_cluster and redis_sentinel exclude each other"));
         }
@@ -86,6 +111,10 @@ impl SymfonyForm {
             cluster,
             sentinel,
             hosts,
+            credentials,
+            dbindex,
+            timeout,
+            read_timeout,
         })
     }
 
@@ -104,6 +133,70 @@ impl SymfonyForm {
             (a, b) if a == b => Ok(a),
             _ => Err(dsn.invalid("the scheme and redis_cluster/redis_sentinel disagree")),
         }
+    }
+}
+
+/// The credentials Symfony's forms give: `redis:[[user:]password@]?host[…]` (without `//`,
+/// where a lone value is the password, as Symfony reads it), `auth=<password>` or
+/// `auth[]=<user>&auth[]=<password>`. `None` when there are none; an error when two are given.
+fn symfony_credentials(
+    dsn: &Dsn<'_>,
+    options: &mut Options<'_, '_>,
+) -> Result<Option<(String, Option<String>)>> {
+    let mut found = Vec::new();
+    if dsn.url.is_none() {
+        let before = dsn.rest.split(['?', '#']).next().unwrap_or_default();
+        if !before.is_empty() {
+            let Some(userinfo) = before.strip_suffix('@') else {
+                return Err(dsn.invalid(
+                    "expected \"redis://host\" or Symfony's \"redis:?host[…]\" (with \
+                     \"[[user:]password@]\" before the \"?\")",
+                ));
+            };
+            found.push(match userinfo.split_once(':') {
+                Some((user, pw)) => (
+                    dsn.decode("user name", user)?,
+                    Some(dsn.decode("password", pw)?),
+                ),
+                None => (String::new(), Some(dsn.decode("password", userinfo)?)),
+            });
+        }
+    }
+    if let Some(pw) = options.take("auth") {
+        found.push((String::new(), Some(pw)));
+    }
+    match options.take_all("auth[]").as_slice() {
+        [] => {}
+        [pw] => found.push((String::new(), Some(pw.clone()))),
+        [user, pw] => found.push((user.clone(), Some(pw.clone()))),
+        _ => return Err(dsn.invalid("auth[] is given as a user name and a password, at most")),
+    }
+    let mut found = found.into_iter();
+    let first = found.next();
+    if found.next().is_some() {
+        return Err(dsn.invalid("the credentials are given twice (before ?, auth=, auth[]=)"));
+    }
+    Ok(first)
+}
+
+/// Symfony's timeouts: seconds, possibly fractional; 0 (none, to PHP) leaves ours as it is.
+fn php_seconds(
+    dsn: &Dsn<'_>,
+    options: &mut Options<'_, '_>,
+    name: &'static str,
+) -> Result<Option<Duration>> {
+    let Some(text) = options.take(name) else {
+        return Ok(None);
+    };
+    match text.parse::<f64>() {
+        Ok(0.0) => Ok(None),
+        _ => crate::limits::positive_seconds(&text, Duration::from_secs(86_400))
+            .map(Some)
+            .ok_or_else(|| {
+                dsn.invalid(format!(
+                    "{name} must be a number of seconds from 0 to 86400"
+                ))
+            }),
     }
 }
 
@@ -184,5 +277,69 @@ pub(crate) fn durability(
             replicas: n,
             timeout: t.unwrap_or(DEFAULT_WAIT_TIMEOUT),
         })),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::Topology;
+    use crate::store::redis::config::parse;
+
+    /// Symfony's own DSN examples (its `RedisTrait`), read as Symfony reads them.
+    #[test]
+    fn symfony_credentials_database_and_client_options_are_read() {
+        let c = parse("redis:secret@?host[a:7000]&host[b:7001]&redis_cluster=1").unwrap();
+        let Topology::Cluster { nodes } = &c.topology else {
+            panic!("not a cluster")
+        };
+        assert_eq!(nodes[0], "redis://:secret@a:7000/0");
+        let c = parse("redis:?host[a:7000]&host[b]&auth=p%40ss&redis_cluster=1&lazy=1").unwrap();
+        let Topology::Cluster { nodes } = &c.topology else {
+            panic!("not a cluster")
+        };
+        assert_eq!(nodes[1], "redis://:p%40ss@b:6379/0");
+        let c = parse("redis:?host[a]&auth[]=app&auth[]=pw&redis_cluster=on").unwrap();
+        let Topology::Cluster { nodes } = &c.topology else {
+            panic!("not a cluster")
+        };
+        assert_eq!(nodes[0], "redis://app:pw@a:6379/0");
+        let s = parse(
+            "redis:u:pw@?host[s1:26379]&redis_sentinel=mymaster&dbindex=3&timeout=2.5\
+             &read_timeout=0&persistent=1&retry_interval=100&tcp_keepalive=60",
+        )
+        .unwrap();
+        let Topology::Sentinel {
+            db, user, password, ..
+        } = &s.topology
+        else {
+            panic!("not Sentinel")
+        };
+        assert_eq!(
+            (*db, user.as_str(), password.as_deref()),
+            (3, "u", Some("pw"))
+        );
+        assert_eq!(s.connect_timeout, Duration::from_millis(2500));
+        let one = parse("redis:secret@?host[h:6380]&dbindex=2&read_timeout=0.5").unwrap();
+        assert_eq!(one.client_url, "redis://:secret@h:6380/2");
+        assert_eq!(one.response_timeout, Duration::from_millis(500));
+    }
+
+    #[test]
+    fn symfony_credentials_given_twice_or_misplaced_are_refused_without_showing_them() {
+        for (dsn, says) in [
+            ("redis://u:pw@h?auth=other", "twice"),
+            ("redis:pw@?host[h]&auth=other", "twice"),
+            ("redis:secretvalue?host[h]", "before the"),
+            ("redis:?host[h]&auth[]=a&auth[]=b&auth[]=c", "at most"),
+            ("redis:?host[h]&timeout=soon", "timeout"),
+        ] {
+            let err = parse(dsn).unwrap_err().to_string();
+            assert!(err.contains(says), "{dsn}: {err}");
+            for secret in ["pw", "other", "secretvalue"] {
+                assert!(!err.contains(secret), "{dsn}: {err}");
+            }
+        }
     }
 }

@@ -97,7 +97,16 @@ impl RedisServer {
 
     /// Like [`start`](RedisServer::start), with extra `redis-server` arguments (`--requirepass x`).
     pub fn start_with(extra: &[&str]) -> RedisServer {
-        Self::start_on_with(free_port(), extra)
+        // Another test can take the port found free before the server binds it (rare: see
+        // `free_port`): then the server starts again on another (twice at most).
+        for attempt in 1.. {
+            match std::panic::catch_unwind(|| Self::start_on_with(free_port(), extra)) {
+                Ok(server) => return server,
+                Err(panic) if attempt < 3 && crate::process::lost_a_port(&panic) => {}
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+        }
+        unreachable!("the loop returns or panics")
     }
 
     /// Like [`start`](RedisServer::start), on `port`: a free port a client was pointed at
@@ -283,11 +292,11 @@ impl Drop for RedisServer {
     }
 }
 
+/// A port of 127.0.0.1 free when asked, outside the range the kernel hands out to outgoing
+/// connections (see [`free_ports`]): a port found with a bind to `:0` is one of those, and any
+/// test's client connection could take it before the server binds it.
 pub(crate) fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port on 127.0.0.1")
+    free_ports(1, None)[0]
 }
 
 /// `n` ports of 127.0.0.1 free when asked, with `port + offset` free too for each when `offset`

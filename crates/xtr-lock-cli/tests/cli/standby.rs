@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 
 use xtr_lock_testkit::redis::RedisServer;
 
-use crate::common::standby::{failover, turns_never_overlap};
+use crate::common::standby::{
+    AT_ONCE, after_ttl, failover, leftovers_are_stopped_between_turns, turns_never_overlap,
+};
 use crate::common::{flock_dsn, spawn, wait_exit, xtr};
 
 #[test]
@@ -22,18 +24,29 @@ fn redis_standbys_take_turns_with_increasing_terms() {
     turns_never_overlap(&server.url(0), &["--ttl", "5s"], 30, true);
 }
 
+/// Review finding: what a turn left running in the background ran beside the next turn.
+#[test]
+fn flock_stops_a_turns_leftovers_before_the_next() {
+    let dir = tempfile::tempdir().unwrap();
+    leftovers_are_stopped_between_turns(&flock_dsn(dir.path()), &[]);
+}
+
+#[test]
+fn redis_stops_a_turns_leftovers_before_the_next() {
+    let server = RedisServer::start();
+    leftovers_are_stopped_between_turns(&server.url(0), &["--ttl", "5s"]);
+}
+
 #[test]
 fn flock_fails_over_at_once() {
     let dir = tempfile::tempdir().unwrap();
-    let took = failover(&flock_dsn(dir.path()), &[]);
-    assert!(took < Duration::from_secs(10), "{took:?}");
+    failover(&flock_dsn(dir.path()), &[], AT_ONCE);
 }
 
 #[test]
 fn redis_fails_over_within_the_ttl() {
     let server = RedisServer::start();
-    let took = failover(&server.url(0), &["--ttl", "2s"]);
-    assert!(took < Duration::from_secs(20), "{took:?}");
+    failover(&server.url(0), &["--ttl", "2s"], after_ttl(2));
 }
 
 #[test]

@@ -42,10 +42,10 @@ pub(crate) fn stop(mut child: Child) -> String {
 }
 
 /// Three standbys on one resource, each command creating a marker file exclusively (O_EXCL, by
-/// `set -C`), recording its turn and removing the marker after a short while: `turns` turns,
-/// never two markers at once; with `fences`, each turn's fencing token (its term) larger than
-/// the one before.
-pub(crate) fn turns_never_overlap(store: &str, extra: &[&str], turns: usize, fences: bool) {
+/// `set -C`), recording its turn and removing the marker after a short while: `changes`
+/// changes of leader at least, never two markers at once; with `fences`, each turn's fencing
+/// token (its term) larger than the one before.
+pub(crate) fn turns_never_overlap(store: &str, extra: &[&str], changes: usize, fences: bool) {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().display();
     // A command stopped by the test's SIGTERM removes its marker (the trap); turns after the
@@ -63,10 +63,10 @@ pub(crate) fn turns_never_overlap(store: &str, extra: &[&str], turns: usize, fen
         .collect();
     let deadline = Instant::now() + Duration::from_secs(120);
     let started = Instant::now();
-    while lines(&tmp.path().join("turns")).len() < turns {
+    while leader_changes(&lines(&tmp.path().join("turns"))) < changes {
         assert!(
             Instant::now() < deadline,
-            "fewer than {turns} turns in 120s"
+            "fewer than {changes} changes of leader in 120s"
         );
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -83,10 +83,7 @@ pub(crate) fn turns_never_overlap(store: &str, extra: &[&str], turns: usize, fen
     let seen = lines(&tmp.path().join("turns"));
     let leaders: std::collections::BTreeSet<&str> =
         seen.iter().filter_map(|l| l.split(' ').next()).collect();
-    let changes = seen
-        .windows(2)
-        .filter(|w| w[0].split(' ').next() != w[1].split(' ').next())
-        .count();
+    let changes = leader_changes(&seen);
     println!(
         "{store}: {} turns in {took:?}, {changes} changes of leader among {leaders:?}",
         seen.len()
@@ -103,18 +100,37 @@ pub(crate) fn turns_never_overlap(store: &str, extra: &[&str], turns: usize, fen
     }
 }
 
+/// A fail-over where the lock dies with its holder: milliseconds, given seconds on a loaded
+/// machine.
+pub(crate) const AT_ONCE: Duration = Duration::from_secs(5);
+
+/// A fail-over where the lock expires: the ttl (`secs`) and the loaded machine's seconds.
+pub(crate) fn after_ttl(secs: u64) -> Duration {
+    Duration::from_secs(secs + 4)
+}
+
+/// How many times the leader changed along `turns` (`<id> <term>` lines).
+fn leader_changes(turns: &[String]) -> usize {
+    turns
+        .windows(2)
+        .filter(|w| w[0].split(' ').next() != w[1].split(' ').next())
+        .count()
+}
+
 /// Two standbys; the leader's xtr-lock (its process group) SIGKILLed once the other waits: how
-/// long until the other's command runs. Printed, for the closing note's fail-over times.
-pub(crate) fn failover(store: &str, extra: &[&str]) -> Duration {
+/// long until the other's command runs, at most `promise` (the store's: at once, or about its
+/// ttl), the new leader's term larger where the store fences. Printed, for the fail-over times.
+pub(crate) fn failover(store: &str, extra: &[&str], promise: Duration) -> Duration {
     let tmp = tempfile::tempdir().unwrap();
     let leader = tmp.path().join("leader");
     let script = format!(
-        "echo \"$XTR_LOCK_ID\" > {0}.tmp && mv {0}.tmp {0}; exec sleep 60",
+        "echo \"$XTR_LOCK_ID ${{XTR_LOCK_FENCING_TOKEN:-}}\" > {0}.tmp && mv {0}.tmp {0}; \
+         exec sleep 60",
         leader.display()
     );
     let resource = format!("standby-failover-{}", std::process::id());
     let a = start(store, &resource, "a", extra, &script);
-    wait_for(&leader, "a");
+    let first_term = wait_for(&leader, "a");
     let mut json = extra.to_vec();
     json.push("--json");
     let mut b = start(store, &resource, "b", &json, &script);
@@ -126,9 +142,16 @@ pub(crate) fn failover(store: &str, extra: &[&str]) -> Duration {
         rustix::process::Pid::from_raw(-group).unwrap(),
         Signal::KILL,
     );
-    wait_for(&leader, "b");
+    let second_term = wait_for(&leader, "b");
     let took = killed.elapsed();
     println!("fail-over on {store} {extra:?}: {} ms", took.as_millis());
+    assert!(
+        took <= promise,
+        "b led {took:?} after a was killed, later than {promise:?}"
+    );
+    if let (Some(first), Some(second)) = (first_term, second_term) {
+        assert!(second > first, "the new leader's term {second} <= {first}");
+    }
     let mut a = a;
     let _ = a.wait();
     kill(b.id() as i32, Signal::TERM);
@@ -138,10 +161,62 @@ pub(crate) fn failover(store: &str, extra: &[&str]) -> Duration {
     took
 }
 
-/// Waits (up to 60 s) until the file `path` says `who`.
-fn wait_for(path: &Path, who: &str) {
+/// Two turns of a command that leaves a `sleep` running in the background: each turn's
+/// leftover is stopped before the next turn (on flock it would hold the lock's descriptor and
+/// keep the next turn out); a command that leaves nothing behind stops nothing (its helpers,
+/// the supervisor or the watcher, are not taken for leftovers).
+pub(crate) fn leftovers_are_stopped_between_turns(store: &str, extra: &[&str]) {
+    const STOPPING: &str = "stopping what the command left running";
+    let tmp = tempfile::tempdir().unwrap();
+    let pids = tmp.path().join("pids");
+    let resource = format!("standby-leftovers-{}", std::process::id());
+    let turns = |script: &str| {
+        let out = Command::new(bin())
+            .args([
+                "run",
+                "--standby",
+                "--max-restarts",
+                "1",
+                "-v",
+                "--kill-after",
+                "5s",
+            ])
+            .args(["--store", store])
+            .args(extra)
+            .args([resource.as_str(), "--", "sh", "-c", script])
+            .env_remove("XTR_LOCK_STORE")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(0), "{stderr}");
+        stderr
+    };
+    let stderr = turns(&format!("sleep 60 & echo $! >> {}; exit 0", pids.display()));
+    assert_eq!(stderr.matches(STOPPING).count(), 2, "{stderr}");
+    let pids = lines(&pids);
+    assert_eq!(pids.len(), 2, "{stderr}");
+    for pid in &pids {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        assert!(
+            stat.is_empty() || stat.contains(") Z "),
+            "the background sleep {pid} of a finished turn still runs: {stderr}"
+        );
+    }
+    let stderr = turns("exit 0");
+    assert!(!stderr.contains(STOPPING), "{stderr}");
+}
+
+/// Waits (up to 60 s) until the file `path` says `who` leads; its term, where it has one.
+fn wait_for(path: &Path, who: &str) -> Option<u64> {
     let deadline = Instant::now() + Duration::from_secs(60);
-    while std::fs::read_to_string(path).unwrap_or_default().trim() != who {
+    loop {
+        let said = std::fs::read_to_string(path).unwrap_or_default();
+        let mut words = said.split_whitespace();
+        if words.next() == Some(who) {
+            return words.next().map(|t| t.parse().expect("a term"));
+        }
         assert!(Instant::now() < deadline, "{who} never led");
         std::thread::sleep(Duration::from_millis(5));
     }

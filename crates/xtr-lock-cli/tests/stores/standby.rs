@@ -3,18 +3,13 @@
 //! where it expires), and turns that never overlap, with increasing terms where the store
 //! fences.
 
-use std::time::Duration;
-
 use xtr_lock_testkit::mariadb::MariaDbServer;
 use xtr_lock_testkit::memcached::MemcachedServer;
 use xtr_lock_testkit::postgres::PostgresServer;
 use xtr_lock_testkit::redis::RedisServer;
 
-use crate::common::standby::{failover, turns_never_overlap};
+use crate::common::standby::{AT_ONCE, after_ttl, failover, turns_never_overlap};
 use crate::common::xtr;
-
-/// Generous: at once is milliseconds, a ttl of 2s a few seconds.
-const PATIENCE: Duration = Duration::from_secs(30);
 
 fn migrated(server: &PostgresServer) -> String {
     let dsn = server.url();
@@ -27,7 +22,26 @@ fn sql_table_fails_over_within_the_ttl_and_fences_each_turn() {
     let server = PostgresServer::start();
     let dsn = migrated(&server);
     turns_never_overlap(&dsn, &["--ttl", "5s"], 30, true);
-    assert!(failover(&dsn, &["--ttl", "2s"]) < PATIENCE);
+    failover(&dsn, &["--ttl", "2s"], after_ttl(2));
+}
+
+#[test]
+fn sql_table_on_mysql_fails_over_within_the_ttl_and_fences_each_turn() {
+    let server = MariaDbServer::start();
+    let dsn = format!("{}?create_table=true", server.url());
+    turns_never_overlap(&dsn, &["--ttl", "5s"], 30, true);
+    failover(&dsn, &["--ttl", "2s"], after_ttl(2));
+}
+
+#[test]
+fn sql_table_on_sqlite_fails_over_within_the_ttl_and_fences_each_turn() {
+    let dir = tempfile::tempdir().unwrap();
+    let dsn = format!(
+        "sqlite://{}?create_table=true",
+        dir.path().join("locks.db").display()
+    );
+    turns_never_overlap(&dsn, &["--ttl", "5s"], 30, true);
+    failover(&dsn, &["--ttl", "2s"], after_ttl(2));
 }
 
 #[test]
@@ -37,7 +51,8 @@ fn pg_advisory_fails_over_when_the_session_ends() {
         "postgresql+advisory{}?keepalive=0.2",
         server.url().strip_prefix("postgres").unwrap()
     );
-    assert!(failover(&dsn, &[]) < PATIENCE);
+    turns_never_overlap(&dsn, &[], 30, false);
+    failover(&dsn, &[], AT_ONCE);
 }
 
 #[test]
@@ -47,25 +62,42 @@ fn mysql_getlock_fails_over_when_the_connection_ends() {
         "mysql+getlock{}?keepalive=0.2",
         server.url().strip_prefix("mysql").unwrap()
     );
-    assert!(failover(&dsn, &[]) < PATIENCE);
+    turns_never_overlap(&dsn, &[], 30, false);
+    failover(&dsn, &[], AT_ONCE);
 }
 
 #[test]
 fn memcached_fails_over_within_the_ttl() {
     let server = MemcachedServer::start();
-    assert!(failover(&server.url(), &["--ttl", "2s"]) < PATIENCE);
+    turns_never_overlap(&server.url(), &["--ttl", "5s"], 30, false);
+    failover(&server.url(), &["--ttl", "2s"], after_ttl(2));
 }
 
 #[test]
 fn sysv_semaphore_fails_over_at_once() {
-    assert!(failover("semaphore", &[]) < PATIENCE);
+    turns_never_overlap("semaphore", &[], 30, false);
+    failover("semaphore", &[], AT_ONCE);
 }
 
 #[test]
 fn pubsub_fails_over_when_the_holder_stops_answering() {
     let server = RedisServer::start();
     let dsn = format!("redis+pubsub://127.0.0.1:{}/0", server.port());
-    assert!(failover(&dsn, &[]) < PATIENCE);
+    turns_never_overlap(&dsn, &[], 30, true);
+    failover(&dsn, &[], AT_ONCE);
+}
+
+/// A quorum of three Redis servers: a leader is whoever holds on two of them.
+#[test]
+fn redis_quorum_fails_over_within_the_ttl() {
+    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let dsn = servers
+        .iter()
+        .map(|s| s.url(0))
+        .collect::<Vec<_>>()
+        .join(",");
+    turns_never_overlap(&dsn, &["--ttl", "5s"], 30, false);
+    failover(&dsn, &["--ttl", "2s"], after_ttl(2));
 }
 
 #[cfg(feature = "etcd")]
@@ -74,5 +106,5 @@ fn etcd_fails_over_when_the_lease_ends_and_fences_each_turn() {
     let cluster = xtr_lock_testkit::etcd::EtcdCluster::single();
     let dsn = cluster.dsn("");
     turns_never_overlap(&dsn, &["--ttl", "5s"], 30, true);
-    assert!(failover(&dsn, &["--ttl", "2s"]) < PATIENCE);
+    failover(&dsn, &["--ttl", "2s"], after_ttl(2));
 }

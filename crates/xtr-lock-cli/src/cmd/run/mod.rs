@@ -282,7 +282,14 @@ async fn supervise(
                 Event::Exited(_) if child.stopped_for_lease() => {
                     return Ok(stopped_for_lease(args, lock, &mut monitor, acquired).await);
                 }
-                Event::Exited(exit) => return Ok(exit),
+                Event::Exited(exit) => {
+                    if args.standby {
+                        // The next turn (here or in another standby) must not run beside what
+                        // this one left behind.
+                        stop_leftovers(args, &child).await;
+                    }
+                    return Ok(exit);
+                }
                 Event::Stopped => {
                     if let Some(terminal) = &terminal {
                         terminal.relay_stop();
@@ -460,6 +467,28 @@ async fn stop(child: &mut Child, grace: Duration) -> Result<()> {
         child.signal_group(Signal::KILL);
     }
     Ok(())
+}
+
+/// Stops what a finished command left running in its process group (children in the
+/// background): SIGTERM, then SIGKILL after `--kill-after`. The group's own helpers (the
+/// watcher that leads it on flock) do not count; the supervisor, which heads it elsewhere, has
+/// exited with the command.
+async fn stop_leftovers(args: &RunArgs, child: &Child) {
+    if !child.group_alive() {
+        return;
+    }
+    if args.take.verbose && !output::json() {
+        eprintln!("xtr-lock: stopping what the command left running in its process group");
+    }
+    let deadline = Instant::now() + args.kill_after;
+    child.signal_group(Signal::TERM);
+    child.signal_group(Signal::CONT);
+    while child.group_alive() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    if child.group_alive() {
+        child.signal_group(Signal::KILL);
+    }
 }
 
 async fn exit_of(child: &mut Child) -> Result<Exit> {

@@ -132,6 +132,17 @@ async fn a_prefix_with_empty_first_braces_is_refused_on_a_cluster() {
     let lock = frozen(&store).create_lock("r");
     assert!(lock.try_acquire().await.unwrap());
     assert_eq!(lock.release().await.unwrap(), Release::Released);
+    // A semaphore whose Symfony keys ({name}:time, {name}:weight) would hash apart: refused,
+    // saying why, before anything is written; a close name that keeps them together works.
+    let plain = RedisStore::from_dsn(&cluster.dsn()).unwrap();
+    let factory = frozen(&plain);
+    let refused = factory.create_semaphore("}x", 2).unwrap();
+    let err = refused.try_acquire().await.expect_err("refused");
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    assert!(err.to_string().contains("hash slots"), "{err}");
+    let fine = factory.create_semaphore("x}", 2).unwrap();
+    assert!(fine.try_acquire().await.unwrap());
+    assert_eq!(fine.release().await.unwrap(), Release::Released);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use xtr_lock::{LockFactory, Lockable as _, LostReason, RedisStore, Release};
 use xtr_lock_testkit::redis_sentinel::RedisSentinelGroup;
 
-use crate::redis_cluster_faults::cut_off;
+use crate::redis_cluster_faults::{cut_off, fail_over_under_contention};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lock_the_promoted_replica_never_had_is_reported_lost_on_the_switch() {
@@ -152,4 +152,69 @@ async fn with_wait_replicas_a_holder_keeps_its_lock_across_the_masters_death() {
         began.elapsed()
     );
     drop(group);
+}
+
+/// The master killed while tasks in two processes contend with `wait_replicas=1`: no two
+/// holders at once, tokens never back, no confirmed lock lost, across the switch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_fail_over_under_contention_never_overlaps_nor_goes_back() {
+    let group = RedisSentinelGroup::start("contended");
+    let dsn = format!("{}?wait_replicas=1&wait_timeout=0.5", group.dsn());
+    let resources: Vec<String> = (0..3).map(|i| format!("sentinel-failover-{i}")).collect();
+    let group = fail_over_under_contention(&dsn, &resources, move || {
+        let mut group = group;
+        let old = group.master_port();
+        let new = group.kill_master();
+        let switched = Instant::now();
+        // The promoted replica's own replica: the old master, back.
+        group.restart(old);
+        (
+            group,
+            format!("master {old} killed, {new} promoted at {switched:?}"),
+        )
+    })
+    .await;
+    drop(group);
+}
+
+/// A store that talked to the master before Sentinel switched it (a manual fail-over: the old
+/// master lives on as a replica, and would answer writes with READONLY) works on the new
+/// master from its next operation: its old connection is not used again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_switch_the_store_writes_to_the_new_master_not_the_old_one() {
+    let group = RedisSentinelGroup::start("switched");
+    let store = RedisStore::from_dsn(&group.dsn()).unwrap();
+    let lock = LockFactory::new(store.clone())
+        .create_lock("moved")
+        .with_ttl(Some(Duration::from_secs(30)));
+    assert!(lock.try_acquire().await.unwrap());
+    assert_eq!(lock.release().await.unwrap(), Release::Released);
+    let old = group.master_port();
+    let (group, new) = tokio::task::spawn_blocking(move || {
+        let new = group.failover();
+        (group, new)
+    })
+    .await
+    .unwrap();
+    assert_ne!(new, old);
+    // The sentinels' announcement may reach the store a moment after the switch: until then a
+    // write may be refused, as a temporary error, never as a READONLY reply passed on.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match lock.try_acquire().await {
+            Ok(true) => break,
+            Ok(false) => panic!("nobody else holds it"),
+            Err(err) => {
+                assert!(!err.to_string().contains("READONLY"), "{err}");
+                assert!(Instant::now() < deadline, "still failing: {err}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+    assert_eq!(
+        group.cli(new, &["EXISTS", "moved"]),
+        "1",
+        "on the new master"
+    );
+    assert_eq!(lock.release().await.unwrap(), Release::Released);
 }

@@ -71,3 +71,39 @@ fn each_deployment_says_where_its_locks_are_without_credentials() {
     let err = RedisStore::from_dsn("redis+cluster://a:7000?prefix=x%7B%7Dy").unwrap_err();
     assert!(err.to_string().contains("empty"), "{err}");
 }
+
+/// Symfony's DSN form for a password-protected server, as its PHP application spells it:
+/// the password before the `?`, the database as `dbindex`, PHP client options beside. The
+/// lock lands in that database; without the password the server refuses, and the error says
+/// so without the password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn symfonys_dsn_with_a_password_and_dbindex_reaches_the_database() {
+    let server = RedisServer::start_with(&["--requirepass", "s3cr%t"]);
+    let port = server.port();
+    let dsn = format!("redis:s3cr%25t@?host[127.0.0.1:{port}]&dbindex=3&timeout=2&persistent=1");
+    let lock = LockFactory::new(RedisStore::from_dsn(&dsn).unwrap())
+        .create_lock("symfony-auth")
+        .with_ttl(TTL);
+    assert!(lock.try_acquire().await.unwrap());
+    let stored = server.cli(&[
+        "-a",
+        "s3cr%t",
+        "--no-auth-warning",
+        "-n",
+        "3",
+        "EXISTS",
+        "symfony-auth",
+    ]);
+    assert_eq!(stored, "1", "the lock is in database 3");
+    assert_eq!(lock.release().await.unwrap(), xtr_lock::Release::Released);
+    let without = format!("redis:?host[127.0.0.1:{port}]&dbindex=3");
+    let lock = LockFactory::new(RedisStore::from_dsn(&without).unwrap())
+        .create_lock("symfony-auth")
+        .with_ttl(TTL);
+    let err = lock
+        .try_acquire()
+        .await
+        .expect_err("no password")
+        .to_string();
+    assert!(!err.contains("s3cr"), "{err}");
+}

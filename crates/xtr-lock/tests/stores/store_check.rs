@@ -251,3 +251,30 @@ async fn a_redis_cluster_with_a_failed_master_is_a_warning() {
         }
     }
 }
+
+/// A replica that died is seen only in the masters' view of the cluster (the check asks the
+/// masters): flagged failing once they agree, and named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_cluster_with_a_failed_replica_is_a_warning_naming_it() {
+    let mut cluster = RedisCluster::start(3, 1);
+    let store = RedisStore::from_dsn(&format!("{}?wait_replicas=1", cluster.dsn())).unwrap();
+    assert_eq!(codes(&warnings(&store).await), Vec::<&str>::new());
+    let gone = cluster.replicas()[0];
+    cluster.kill(gone);
+    let named = format!("flagged failing: 127.0.0.1:{gone}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let found = store.check().await.unwrap();
+        if found
+            .iter()
+            .any(|w| w.code() == "cluster" && w.to_string().contains(&named))
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no warning naming the dead replica 20 s after it died: {found:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

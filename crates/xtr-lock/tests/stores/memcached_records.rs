@@ -1,4 +1,4 @@
-//! The Memcached store's holder records (companion keys `<name>#xtr-holder`): they follow the
+//! The Memcached store's holder records (companion keys `<name>#xtr-holder:<token>`): they follow the
 //! lock (written with it, expiring with it, deleted on release), are shown only beside their
 //! own lock's token, and leave Symfony's `MemcachedStore` (PHP) on the same keys unaffected.
 
@@ -35,13 +35,13 @@ async fn until_value(server: &MemcachedServer, key: &str, want: impl Fn(Option<&
 async fn a_record_follows_its_lock_and_symfony_neither_reads_nor_minds_it() {
     let server = MemcachedServer::start();
     let resource = "invoice:meta";
-    let record = "invoice:meta#xtr-holder";
     let lock = rust(&server)
         .create_lock(resource)
         .with_meta(b"host=a".to_vec())
         .unwrap();
     assert!(lock.try_acquire().await.unwrap());
     let token = server.get(resource).unwrap();
+    let record = &format!("invoice:meta#xtr-holder:{token}");
     until_value(&server, record, |v| {
         v.is_some_and(|v| v.starts_with(&format!("{token}\n{{")))
     })
@@ -62,6 +62,7 @@ async fn a_record_follows_its_lock_and_symfony_neither_reads_nor_minds_it() {
     // Our lock taken away behind our back (evicted): its record stays until its ttl, and
     // Symfony takes, shows and releases the lock as if it were not there.
     assert!(lock.try_acquire().await.unwrap());
+    let record = &format!("invoice:meta#xtr-holder:{}", server.get(resource).unwrap());
     until_value(&server, record, |v| v.is_some()).await;
     server.command(&format!("md {resource}")).unwrap();
     let mut php = Holder::start_on(&server.url(), resource, "write", 60.0, &["--ttl=30"]);
@@ -97,16 +98,18 @@ async fn a_record_expires_with_its_lock_and_is_kept_alive_with_it() {
         .unwrap();
     assert!(kept.try_acquire().await.unwrap());
     assert!(left.try_acquire().await.unwrap());
-    until_value(&server, "left#xtr-holder", |v| v.is_some()).await;
+    let record = |name: &str| format!("{name}#xtr-holder:{}", server.get(name).unwrap());
+    let (kept_record, left_record) = (record("kept"), record("left"));
+    until_value(&server, &left_record, |v| v.is_some()).await;
     // Past both ttls: the renewed lock's record lives on, the other's went with its lock.
     for _ in 0..4 {
         tokio::time::sleep(Duration::from_millis(900)).await;
         assert!(kept.refresh(None).await.is_ok());
     }
     assert_eq!(server.get("left"), None);
-    assert_eq!(server.get("left#xtr-holder"), None, "expired with its lock");
+    assert_eq!(server.get(&left_record), None, "expired with its lock");
     assert!(
-        server.get("kept#xtr-holder").is_some(),
+        server.get(&kept_record).is_some(),
         "touched by each refresh"
     );
     let holders = kept.store().holders("kept").await.unwrap();
@@ -142,7 +145,12 @@ async fn names_of_record_keys_are_refused() {
     let server = xtr_lock_testkit::memcached::MemcachedServer::start();
     let store = xtr_lock::MemcachedStore::from_dsn(&server.url()).unwrap();
     let factory = xtr_lock::LockFactory::new(store).with_ttl(std::time::Duration::from_secs(30));
-    for name in ["job#xtr-holder", "xtr-holder#abc", "s:sem:holder:t"] {
+    for name in [
+        "job#xtr-holder",
+        "job#xtr-holder:t",
+        "xtr-holder#abc",
+        "s:sem:holder:t",
+    ] {
         let err = factory.create_lock(name).try_acquire().await.unwrap_err();
         assert_eq!(
             err.kind(),
@@ -150,5 +158,44 @@ async fn names_of_record_keys_are_refused() {
             "{name}: {err}"
         );
         assert!(err.to_string().contains("holder records"), "{err}");
+    }
+}
+
+/// Review finding: a record was written after the add and deleted after the release, both as
+/// a second step; a holder's record could be missing for whoever looked right after it
+/// acquired, and the previous holder's late delete could remove it. Now the record is the
+/// holder's own key, written before the add: 200 hand-overs between two holders, each new
+/// holder's record there the moment it holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_holders_record_is_there_as_soon_as_it_holds_and_no_release_takes_it() {
+    let server = MemcachedServer::start();
+    let factory = rust(&server);
+    let (a, b) = (
+        factory
+            .create_lock("handed")
+            .with_meta(b"a".to_vec())
+            .unwrap(),
+        factory
+            .create_lock("handed")
+            .with_meta(b"b".to_vec())
+            .unwrap(),
+    );
+    let observer = MemcachedStore::from_dsn(&server.url()).unwrap();
+    for round in 0..100 {
+        for (lock, meta) in [(&a, b"a"), (&b, b"b")] {
+            let started = Instant::now();
+            while !lock.try_acquire().await.unwrap() {
+                assert!(started.elapsed() < PATIENCE, "round {round}: never free");
+            }
+            let holders = observer.holders("handed").await.unwrap();
+            assert_eq!(
+                holders[0].meta.as_deref(),
+                Some(&meta[..]),
+                "round {round}: {holders:?}"
+            );
+            // The release's record delete races the other's acquisition.
+            let releasing = lock.release();
+            let _ = releasing.await.unwrap();
+        }
     }
 }

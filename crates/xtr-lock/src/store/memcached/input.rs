@@ -12,7 +12,8 @@ impl MemcachedStore {
     pub(super) fn name(&self, resource: &str) -> Result<String> {
         if records::is_reserved(resource) {
             return Err(Error::invalid_argument(
-                "names ending in `#xtr-holder`, starting with `xtr-holder#` or holding                  `:sem:holder:` are where Memcached keeps this library's holder records",
+                "names holding `#xtr-holder` or `:sem:holder:`, or starting with `xtr-holder#`, are \
+                 where Memcached keeps this library's holder records",
             )
             .with_resource(resource.chars().take(100).collect::<String>())
             .with_store(self));

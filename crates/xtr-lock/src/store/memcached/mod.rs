@@ -327,15 +327,18 @@ impl MemcachedStore {
     async fn acquire(&self, key: &Key, ttl: Option<Duration>) -> Result<Saved> {
         let name = self.name(key.resource())?;
         let (secs, state, token, how) = self.before_add(key, ttl)?;
-        let rec_key = records::lock_record(&name);
+        let rec_key = records::lock_record(&name, token.as_bytes());
         let record = self.record_to_set(key, &state, &rec_key, &token, secs);
         let attempt = self
             .run(key.resource(), how, move |mut c| {
                 let (name, token, record) = (name.clone(), token.clone(), record.clone());
+                let rec_key = rec_key.clone();
                 async move {
+                    // Before the add: whoever sees this holder finds its record.
+                    records::queue(&mut c, &record).await;
                     let r = acquire_on(&mut c, &name, token.as_bytes(), secs).await;
-                    if matches!(r, Ok(Attempt::Acquired)) {
-                        records::queue(&mut c, &record).await;
+                    if matches!(r, Ok(Attempt::Refused(..))) {
+                        records::queue(&mut c, &records::delete(&rec_key)).await;
                     }
                     (c, r)
                 }
@@ -443,7 +446,7 @@ impl Store for MemcachedStore {
         let name = self.name(key.resource())?;
         key.reduce_lifetime(Duration::from_secs(secs.saturating_sub(1)));
         let token = key.token(KIND);
-        let touch = records::touch(&records::lock_record(&name), secs);
+        let touch = records::touch(&records::lock_record(&name, token.as_bytes()), secs);
         let found = self
             .run(key.resource(), self.keeping(key), move |mut c| {
                 let (name, token, touch) = (name.clone(), token.clone(), touch.clone());
@@ -507,7 +510,8 @@ impl Store for MemcachedStore {
                 async move {
                     let r = delete_on(&mut c, &name, token.as_bytes()).await;
                     if matches!(r, Ok(true)) {
-                        let record = records::delete(&records::lock_record(&name));
+                        let record =
+                            records::delete(&records::lock_record(&name, token.as_bytes()));
                         records::queue(&mut c, &record).await;
                     }
                     (c, r)

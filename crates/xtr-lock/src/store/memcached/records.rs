@@ -1,12 +1,15 @@
-//! Holder records in Memcached: a companion key per lock (`<name>#xtr-holder`) and per
-//! semaphore holder (`<name>:sem:holder:<token>`), holding the holder's token, a newline and
-//! its [`HolderRecord`]. Symfony never reads them (it reads the lock's own key only).
+//! Holder records in Memcached: a companion key per lock holder (`<name>#xtr-holder:<token>`)
+//! and per semaphore holder (`<name>:sem:holder:<token>`), holding the holder's token, a
+//! newline and its [`HolderRecord`]. Symfony never reads them (it reads the lock's own key
+//! only).
 //!
-//! Memcached has no multi-key atomicity, so a record follows its lock: written after the add
-//! succeeded, with the same ttl, touched by each refresh, deleted after the release, and read
-//! beside the lock's entry; a record whose token is not the lock's (its lock expired and was
-//! taken, or it outlived it) is ignored. Every write is quiet and pipelined behind the
-//! request's last reply ([`Conn::send_quiet`]): no round trip is added.
+//! Memcached has no multi-key atomicity, so a record follows its lock: a lock's is written
+//! just before the add (so whoever sees the holder finds its record), deleted again if the add
+//! is refused, touched by each refresh, deleted after the release, and read after the lock's
+//! entry names its holder. Being the holder's own key, a record is never overwritten or
+//! deleted by another holder's save or release. Every write is quiet and pipelined with the
+//! request ([`Conn::send_quiet`]): no round trip is added to a save, a refresh or a release;
+//! `holders` takes two.
 
 use std::time::{Duration, SystemTime};
 
@@ -39,14 +42,15 @@ fn fit(key: String) -> String {
 /// Whether `name` is one of our record keys' names (a lock of that name would overwrite, and
 /// be deleted with, another lock's record).
 pub(super) fn is_reserved(name: &str) -> bool {
-    name.ends_with("#xtr-holder")
-        || name.starts_with("xtr-holder#")
-        || name.contains(":sem:holder:")
+    name.contains("#xtr-holder") || name.starts_with("xtr-holder#") || name.contains(":sem:holder:")
 }
 
-/// The record key of lock `name`.
-pub(super) fn lock_record(name: &str) -> String {
-    fit(format!("{name}#xtr-holder"))
+/// The record key of lock `name`'s holder `token`.
+pub(super) fn lock_record(name: &str, token: &[u8]) -> String {
+    fit(format!(
+        "{name}#xtr-holder:{}",
+        String::from_utf8_lossy(token)
+    ))
 }
 
 /// The record key of the semaphore `name`'s holder `token`.
@@ -118,21 +122,26 @@ impl MemcachedStore {
         .await
     }
 
-    /// The lock's holder and its record, read together (one pipelined round trip).
+    /// The lock's holder, then its record (two round trips: the record's key is the holder's).
     pub(super) async fn holders_of(&self, resource: &str) -> Result<Vec<HolderInfo>> {
         let name = self.name(resource)?;
-        let keys = [lock_record(&name), name];
         let entries = self
             .run(resource, self.plain(), move |mut c| {
-                let keys = keys.clone();
+                let name = name.clone();
                 async move {
-                    // In either order, a record is shown only beside its own lock's token.
-                    let r = c.get_many(&keys).await;
-                    (c, r)
+                    let entry = match c.get(&name).await {
+                        Ok(entry) => entry,
+                        Err(e) => return (c, Err(e)),
+                    };
+                    let record = match &entry {
+                        Some(e) => c.get(&lock_record(&name, &e.value)).await,
+                        None => Ok(None),
+                    };
+                    (c, record.map(|record| (entry, record)))
                 }
             })
             .await?;
-        let [record, entry] = <[Option<Entry>; 2]>::try_from(entries).unwrap_or_default();
+        let (entry, record) = entries;
         Ok(entry
             .map(|e| {
                 let left = e.ttl.map(Duration::from_secs);
@@ -169,11 +178,12 @@ mod tests {
 
     #[test]
     fn records_fit_memcached_keys_and_belong_to_their_token() {
-        assert_eq!(lock_record("invoice:42"), "invoice:42#xtr-holder");
+        assert_eq!(lock_record("invoice:42", b"t"), "invoice:42#xtr-holder:t");
         let long = "x".repeat(245);
-        let k = lock_record(&long);
+        let k = lock_record(&long, b"t");
         assert!(k.starts_with("xtr-holder#") && k.len() < 60, "{k}");
-        assert_ne!(k, lock_record(&"x".repeat(246)));
+        assert_ne!(k, lock_record(&"x".repeat(246), b"t"));
+        assert_ne!(k, lock_record(&long, b"u"));
         assert!(sem_record(&long, b"t").len() <= MAX_KEY);
         let key = Key::new("r").with_meta(b"m".to_vec()).unwrap();
         let at = std::time::UNIX_EPOCH;

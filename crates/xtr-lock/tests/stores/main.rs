@@ -33,6 +33,7 @@ mod redis_durability;
 mod redis_fair;
 mod redis_fencing;
 mod redis_hostile;
+mod redis_observers;
 mod redis_records;
 mod redis_semaphore;
 mod redis_sentinel;

@@ -24,6 +24,9 @@ const SCAN_COUNT: usize = 500;
 /// How often an observer looks at the lock (the peers poll as often).
 const OBSERVE_POLL: Duration = Duration::from_millis(100);
 
+/// How long after a lease's end an observer looks: the server removes what has ended by then.
+const OBSERVE_MARGIN: Duration = Duration::from_millis(5);
+
 /// An observer's watcher completes after this long even if nothing changed, so it re-reads
 /// (spurious completions are allowed; a long wait never rests on one stale snapshot).
 const OBSERVE_AT_MOST: Duration = Duration::from_secs(30);
@@ -332,34 +335,61 @@ impl RedisStore {
         Ok(out)
     }
 
-    /// Who holds `resource` now, as tokens and modes (what an observer compares).
-    async fn who_holds(&self, resource: &str) -> Result<Vec<(String, bool)>> {
+    /// Who holds `resource` now, as tokens and modes (what an observer compares), and, when
+    /// every holder is this library's (each announces its changes), how long until the first
+    /// lease ends (a holder that died is seen then).
+    async fn who_holds(&self, resource: &str) -> Result<(Vec<(String, bool)>, Option<Duration>)> {
         let mut conn = self.conn().await.map_err(|e| e.with_resource(resource))?;
         let set = self.lock_set(&mut conn, resource).await?;
-        let mut who: Vec<(String, bool)> = set
-            .live()
+        let live = set.live();
+        let quiet = live
+            .iter()
+            .all(|(t, _, _)| t.ends_with(crate::key::ANNOUNCING_SUFFIX))
+            .then(|| live.iter().map(|(_, left, _)| *left).min())
+            .flatten();
+        let mut who: Vec<(String, bool)> = live
             .into_iter()
             .map(|(t, _, m)| (t.to_owned(), m == Mode::Write))
             .collect();
         who.sort();
-        Ok(who)
+        Ok((who, quiet))
     }
 
-    /// `Store::watch_changes`: a watcher that looks at who holds `resource` every
-    /// [`OBSERVE_POLL`] and completes when that changed (an acquisition, a release, an
-    /// expiry), after [`OBSERVE_AT_MOST`], or at an error. It registers nothing on the server
-    /// and takes no place in the wait queue: releases publish only to queued waiters, and an
-    /// observer must not be one.
+    /// `Store::watch_changes`: a watcher that completes when who holds `resource` changed (an
+    /// acquisition, a release, an expiry), after [`OBSERVE_AT_MOST`], or at an error. On one
+    /// server this library's changes are announced to it at once (`observers.rs`); it looks
+    /// again at the first lease's end (a holder that died), and every [`OBSERVE_POLL`] while the
+    /// lock is free or a peer holds it (peers announce nothing). It registers nothing on the
+    /// server and takes no place in the wait queue.
     pub(super) async fn observe(&self, resource: &str) -> Result<Option<Watcher>> {
-        let seen = self.who_holds(resource).await?;
+        // Told before the first look, so a change right after it is not missed.
+        let mut told = self
+            .inner
+            .notifier
+            .observe_changes(self, &self.key_for(resource))
+            .await;
+        let (seen, mut quiet) = self.who_holds(resource).await?;
         let store = self.clone();
         let resource = resource.to_owned();
         Ok(Some(Watcher::best_effort(async move {
             let started = tokio::time::Instant::now();
             while started.elapsed() < OBSERVE_AT_MOST {
-                tokio::time::sleep(OBSERVE_POLL).await;
+                let pause = match (&told, quiet) {
+                    (Some(_), Some(left)) => left + OBSERVE_MARGIN,
+                    (Some(_), None) | (None, _) => OBSERVE_POLL,
+                };
+                let pause = pause.min(OBSERVE_AT_MOST.saturating_sub(started.elapsed()));
+                tokio::select! {
+                    changed = async { told.as_mut().expect("guarded").changed().await },
+                        if told.is_some() => {
+                        if changed.is_err() {
+                            told = None; // the connection went: look, and poll from now on
+                        }
+                    }
+                    () = tokio::time::sleep(pause) => {}
+                }
                 match store.who_holds(&resource).await {
-                    Ok(now) if now == seen => {}
+                    Ok((now, left)) if now == seen => quiet = left,
                     _ => return,
                 }
             }

@@ -22,6 +22,7 @@ mod failover;
 mod layout;
 mod listing;
 mod notify;
+mod observers;
 mod queue;
 mod save;
 mod scripts;

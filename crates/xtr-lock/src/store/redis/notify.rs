@@ -50,12 +50,14 @@ pub(super) struct State {
     /// The same waiters by number: what a wake names.
     by_seq: HashMap<u64, Arc<Waiter>>,
     next_seq: u64,
-    sink: Option<redis::aio::PubSubSink>,
+    pub(super) sink: Option<redis::aio::PubSubSink>,
     /// Whether the server acknowledged the wake channel on the current connection. Tickets go
     /// out only while it has: a wake published to nobody is dropped by the server.
     subscribed: bool,
     /// A cluster's subscriber state (see `sharded.rs`).
     pub(super) shards: super::shards::Shards,
+    /// The lock keys observers are told about on this connection (see `observers.rs`).
+    pub(super) observed: super::observers::Observed,
     /// The task reading the subscriber connection (aborted by `close`).
     pub(super) reader: Option<tokio::task::AbortHandle>,
     /// The subscription under way, in a task of its own: waiters share its outcome, and it
@@ -232,7 +234,7 @@ impl Notifier {
     }
 
     /// Makes sure the wake channel is subscribed on a live connection.
-    async fn ensure_subscribed(&self, store: &RedisStore) -> bool {
+    pub(super) async fn ensure_subscribed(&self, store: &RedisStore) -> bool {
         let subscribing = {
             let mut st = self.state();
             if st.subscribed {
@@ -337,6 +339,9 @@ impl Notifier {
         let weak = Arc::downgrade(&store.inner);
         let reader = tokio::spawn(async move {
             while let Some(msg) = stream.next().await {
+                if super::observers::announced(&inner, msg.get_channel_name()) {
+                    continue;
+                }
                 let Ok(payload) = msg.get_payload::<String>() else {
                     continue;
                 };
@@ -456,6 +461,7 @@ fn pass_on(store: &Weak<Inner>, lock_key: &str, who: &str) {
 pub(super) fn disconnected(st: &mut State) {
     st.sink = None;
     st.subscribed = false;
+    st.observed.clear();
     for waiter in st.by_seq.values() {
         waiter.announced.store(false, Ordering::Relaxed);
         waiter.wake.notify_one();

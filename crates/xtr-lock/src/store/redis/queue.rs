@@ -43,6 +43,15 @@ local function wake(ticket, key)
   return redis.call(publish, string.sub(how, 2) .. string.sub(ticket, 46, 67),
     string.sub(ticket, 46) .. ' ' .. key)
 end
+-- Tells this library's observers of `key` (`watch_changes`) that its holders changed: on one
+-- server a PUBLISH on `<wake head>obs:<key>` (one that nobody hears costs a lookup); a
+-- cluster's observers poll.
+local function observed(key)
+  local how = ARGV[#ARGV]
+  if string.sub(how, 1, 1) == 'P' then
+    redis.call('PUBLISH', string.sub(how, 2) .. 'obs:' .. key, '')
+  end
+end
 -- How many connections listen for a ticket's wakes (0: its process is gone), on this node: its
 -- store's channel, or its sharded channel of this slot (see `wake`).
 local function listeners(ticket)

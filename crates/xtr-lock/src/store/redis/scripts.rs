@@ -264,6 +264,7 @@ redis.call('ZADD', key, score, token, score, '__write__')
 redis.call('PEXPIREAT', key, score)
 put_record(KEYS[4], mine, fence, score, ARGV[6])
 dequeue()
+if not (mine and writing) then observed(key) end
 return {1, fence, 0, 0}
 "#;
 
@@ -288,6 +289,7 @@ local function admitted(mine)
   if seed then redis.call('SET', fence_key, string.format('%d', fence)) end
   put_record(KEYS[4], mine, fence, now + dur, ARGV[6])
   dequeue()
+  if not mine then observed(key) end
   return {1, fence, 0, 0}
 end
 -- A waiter queued before the caller goes first if it writes (woken again if the lock is free).
@@ -322,6 +324,7 @@ local result = admitted(mine)
 if writing then
   redis.call('ZREM', key, '__write__')
   wake_next(key, KEYS[3], now)
+  observed(key)
 end
 return result
 "#;
@@ -344,6 +347,7 @@ const RELEASE_AFTER: &str = r#"
 local code, stop = extend(KEYS[1], KEYS[3], ARGV[2], tonumber(ARGV[3]))
 if stop then return stop end
 if code > 0 then
+  observed(KEYS[1])
   for _, t in ipairs(redis.call('ZRANGE', KEYS[2], 0, 63)) do
     if wake(t, KEYS[1]) == 0 then redis.call('ZREM', KEYS[2], t) end
   end
@@ -366,6 +370,7 @@ if stop then return stop end
 -- The record goes with the entry (or alone, if the entry went first).
 redis.call('DEL', KEYS[3])
 if not score then return 0 end
+observed(key)
 local size = redis.call('ZCARD', key)
 local removed = redis.call('ZREM', key, token, '__write__')
 -- Once the last member went, the key is not touched again (see `wake_next`).

@@ -2,15 +2,15 @@
 //! store fences), fail-over after the leader's xtr-lock is SIGKILLed, `--max-restarts` with
 //! the back-off, and `leader --watch` seeing each change in order.
 
-use std::io::BufRead as _;
 use std::time::{Duration, Instant};
 
 use xtr_lock_testkit::redis::RedisServer;
 
 use crate::common::standby::{
-    AT_ONCE, after_ttl, failover, leftovers_are_stopped_between_turns, turns_never_overlap,
+    AT_ONCE, after_ttl, failover, leader_sees_each_change_in_order,
+    leftovers_are_stopped_between_turns, turns_never_overlap,
 };
-use crate::common::{flock_dsn, spawn, wait_exit, xtr};
+use crate::common::{flock_dsn, xtr};
 
 #[test]
 fn flock_standbys_take_turns_without_overlap() {
@@ -115,34 +115,11 @@ fn standby_refuses_nonblock_and_wait() {
 #[test]
 fn leader_watch_prints_each_change_in_order() {
     let dir = tempfile::tempdir().unwrap();
-    let store = flock_dsn(dir.path());
-    let mut watch = spawn(&["leader", "--watch", "--json", "--store", &store, "elected"]);
-    let stdout = watch.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stdout).lines() {
-            let _ = tx.send(line.unwrap_or_default());
-        }
-    });
-    let next = || rx.recv_timeout(Duration::from_secs(10)).expect("a line");
-    let leader = |line: &str| -> serde_json::Value {
-        let v: serde_json::Value = serde_json::from_str(line).unwrap();
-        assert_eq!(v["name"], "elected", "{line}");
-        v["leader"].clone()
-    };
-    assert!(leader(&next()).is_null(), "nobody leads at first");
-    let mut pids = Vec::new();
-    for _ in 0..3 {
-        let mut run = spawn(&["run", "--store", &store, "elected", "--", "sleep", "1.5"]);
-        let led = leader(&next());
-        assert_eq!(led["pid"], run.id(), "{led}");
-        pids.push(run.id());
-        wait_exit(&mut run, "run did not end");
-        assert!(leader(&next()).is_null(), "nobody leads after {pids:?}");
-    }
-    crate::common::kill(watch.id() as i32, rustix::process::Signal::TERM);
-    assert_eq!(
-        wait_exit(&mut watch, "leader --watch ignores SIGTERM").code(),
-        Some(0)
-    );
+    leader_sees_each_change_in_order(&flock_dsn(dir.path()));
+}
+
+#[test]
+fn redis_leader_watch_prints_each_change_in_order() {
+    let server = RedisServer::start();
+    leader_sees_each_change_in_order(&server.url(0));
 }

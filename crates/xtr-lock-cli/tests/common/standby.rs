@@ -229,3 +229,63 @@ fn lines(path: &Path) -> Vec<String> {
         .map(str::to_owned)
         .collect()
 }
+
+/// `leader` once says nobody leads (exit 1); `leader --watch --json` prints one line per
+/// change, in order, as three `run`s take the election's lock one after the other (each led
+/// by its pid, nobody between them), and `leader` once names the leader meanwhile (exit 0);
+/// SIGTERM ends the watch (exit 0).
+pub(crate) fn leader_sees_each_change_in_order(store: &str) {
+    use std::io::BufRead as _;
+    let once = || {
+        Command::new(bin())
+            .args(["leader", "--store", store, "elected"])
+            .env_remove("XTR_LOCK_STORE")
+            .output()
+            .unwrap()
+    };
+    let nobody = once();
+    assert_eq!(nobody.status.code(), Some(1), "{nobody:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&nobody.stdout).trim(),
+        "\"elected\": nobody leads"
+    );
+    let mut watch = super::spawn(&["leader", "--watch", "--json", "--store", store, "elected"]);
+    let stdout = watch.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let _ = tx.send(line.unwrap_or_default());
+        }
+    });
+    let next = || rx.recv_timeout(Duration::from_secs(10)).expect("a line");
+    let leader = |line: &str| -> serde_json::Value {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        assert_eq!(v["name"], "elected", "{line}");
+        v["leader"].clone()
+    };
+    assert!(leader(&next()).is_null(), "nobody leads at first");
+    let mut pids = Vec::new();
+    for turn in 0..3 {
+        let mut run = super::spawn(&[
+            "run", "--store", store, "--ttl", "30s", "elected", "--", "sleep", "1.5",
+        ]);
+        let led = leader(&next());
+        // The CLI's metadata says its pid; flock also tells the holding process's.
+        assert_eq!(led["value"]["pid"], run.id(), "{led}");
+        if turn == 0 {
+            let named = once();
+            let line = String::from_utf8_lossy(&named.stdout).into_owned();
+            assert_eq!(named.status.code(), Some(0), "{named:?}");
+            assert!(line.starts_with("\"elected\": led by {"), "{line}");
+            assert!(line.contains(&format!("\"pid\":{}", run.id())), "{line}");
+        }
+        pids.push(run.id());
+        wait_exit(&mut run, "run did not end");
+        assert!(leader(&next()).is_null(), "nobody leads after {pids:?}");
+    }
+    kill(watch.id() as i32, Signal::TERM);
+    assert_eq!(
+        wait_exit(&mut watch, "leader --watch ignores SIGTERM").code(),
+        Some(0)
+    );
+}

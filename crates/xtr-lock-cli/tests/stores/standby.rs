@@ -8,7 +8,9 @@ use xtr_lock_testkit::memcached::MemcachedServer;
 use xtr_lock_testkit::postgres::PostgresServer;
 use xtr_lock_testkit::redis::RedisServer;
 
-use crate::common::standby::{AT_ONCE, after_ttl, failover, turns_never_overlap};
+use crate::common::standby::{
+    AT_ONCE, after_ttl, failover, leader_sees_each_change_in_order, turns_never_overlap,
+};
 use crate::common::xtr;
 
 fn migrated(server: &PostgresServer) -> String {
@@ -98,6 +100,19 @@ fn redis_quorum_fails_over_within_the_ttl() {
         .join(",");
     turns_never_overlap(&dsn, &["--ttl", "5s"], 30, false);
     failover(&dsn, &["--ttl", "2s"], after_ttl(2));
+}
+
+#[cfg(feature = "etcd")]
+#[test]
+fn etcd_leader_watch_prints_each_change_in_order() {
+    let cluster = xtr_lock_testkit::etcd::EtcdCluster::single();
+    leader_sees_each_change_in_order(&cluster.dsn(""));
+}
+
+#[test]
+fn memcached_leader_watch_prints_each_change_in_order() {
+    let server = MemcachedServer::start();
+    leader_sees_each_change_in_order(&server.url());
 }
 
 #[cfg(feature = "etcd")]

@@ -244,6 +244,7 @@ impl Settings {
         let source = Source::of(&store)?;
         let mut take = Take::from_args(&wait, &source)?;
         take.meta = Some(crate::meta::holder_meta(&wait.meta, Some(&command))?);
+        take.meta_given = !wait.meta.is_empty();
         if standby {
             // A standby waits for its turn however long, whatever the file says.
             take.wait = Wait::Forever;
@@ -333,6 +334,7 @@ impl Settings {
             ));
         }
         take.meta = Some(crate::meta::holder_meta(&wait.meta, None)?);
+        take.meta_given = !wait.meta.is_empty();
         Ok(Settings::Acquire {
             resource: source.resource(resource),
             source,
@@ -403,6 +405,8 @@ pub(crate) struct Take {
     pub permits: Option<Permits>,
     /// The holder's metadata (`crate::meta`), checked against the cap.
     pub meta: Option<Vec<u8>>,
+    /// Whether `--meta` was given (the default metadata goes unsaid where it is not kept).
+    pub meta_given: bool,
 }
 
 /// The lifetime of a lock on stores where locks expire, unless `--ttl` or the file says
@@ -442,6 +446,7 @@ impl Take {
             verbose: args.verbose,
             permits: permits_arg(args.limit, args.permits)?,
             meta: None,
+            meta_given: false,
         })
     }
 }

@@ -134,6 +134,11 @@ impl StoreConfig {
                     "the {name} store has no shared locks; -s takes an exclusive lock"
                 ));
             }
+            if take.meta_given && !caps.metadata {
+                crate::output::warning(&format!(
+                    "the {name} store keeps no holder metadata: --meta is not kept"
+                ));
+            }
             if take.ttl.is_some() && take.ttl_from.explicit() && ends_with_holder(caps) {
                 crate::output::warning(&format!(
                     "the {name} store's locks do not expire: {asked} is not used, the lock ends \

@@ -118,3 +118,21 @@ fn flock_and_memory_share_and_say_only_that_a_ttl_is_unused() {
         ""
     );
 }
+
+/// `--meta` on a store that keeps no metadata is said not to be kept; the default metadata
+/// (host, pid, command) goes unsaid, and a store that keeps it says nothing.
+#[test]
+fn meta_on_a_store_without_metadata_is_said_not_to_be_kept() {
+    let stderr = stderr_of_run(&["--store", "semaphore", "--meta", "role=x"], "meta-sysv");
+    assert_eq!(
+        stderr.trim(),
+        "xtr-lock: warning: the semaphore store keeps no holder metadata: --meta is not kept"
+    );
+    assert_eq!(stderr_of_run(&["--store", "semaphore"], "meta-sysv"), "");
+    let tmp = tempfile::tempdir().unwrap();
+    let flock = flock_dsn(tmp.path());
+    assert_eq!(
+        stderr_of_run(&["--store", &flock, "--meta", "role=x"], "r"),
+        ""
+    );
+}

@@ -209,15 +209,26 @@ async fn a_prefix_with_empty_first_braces_is_refused_on_a_cluster() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slot_moved_back_and_forth_under_contention_loses_no_lock_and_strands_no_waiter() {
+    slot_moved_under_contention(0, "").await;
+}
+
+/// The same with a replica per master and `wait_replicas=1`: each save's `WAIT` goes to the
+/// slot's master of the moment; a save caught by the move fails as a temporary error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_moved_under_contention_with_wait_replicas_loses_no_lock() {
+    slot_moved_under_contention(1, "?wait_replicas=1&wait_timeout=0.5").await;
+}
+
+async fn slot_moved_under_contention(replicas: usize, options: &str) {
     let began = Instant::now();
-    let cluster = Arc::new(RedisCluster::start(3, 0));
+    let cluster = Arc::new(RedisCluster::start(3, replicas));
     // Three resources in one slot (one hash tag), so that moving it moves all their keys.
     let tag = format!("{{moving-{:04x}}}", rand::random::<u16>());
     let resources: Vec<String> = (0..3).map(|i| format!("{tag}{i}")).collect();
     let slot = RedisCluster::slot_of(resources[0].as_bytes());
     let home = cluster.master_of_slot(slot);
     let away = *cluster.masters().iter().find(|&&m| m != home).unwrap();
-    let store = RedisStore::from_dsn(&cluster.dsn()).unwrap();
+    let store = RedisStore::from_dsn(&format!("{}{options}", cluster.dsn())).unwrap();
     let factory = frozen(&store);
     let dir = tempfile::tempdir().unwrap();
     let sections = Sections::new(dir.path());

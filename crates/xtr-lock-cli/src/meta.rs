@@ -41,10 +41,17 @@ pub(crate) fn holder_meta(pairs: &[String], command: Option<&[OsString]>) -> Res
             .split_once('=')
             .filter(|(k, _)| !k.is_empty())
             .ok_or_else(|| anyhow!("--meta {pair:?}: give KEY=VALUE (KEY= drops KEY)"))?;
-        match value.is_empty() {
-            true => object.remove(key),
-            false => object.insert(key.to_owned(), Value::String(value.to_owned())),
+        // Read by anyone who can list the store: a value under a secret's name, or a URL's
+        // password in it, is not kept.
+        if value.is_empty() {
+            object.remove(key);
+            continue;
+        }
+        let value = match secret_name(key) {
+            true => "***".to_owned(),
+            false => redact_text(value),
         };
+        object.insert(key.to_owned(), Value::String(value));
     }
     fit(object)
 }
@@ -259,6 +266,26 @@ mod tests {
             "https://example.com/a"
         );
         assert_eq!(redact_word("sleep"), "sleep");
+    }
+
+    /// Review finding: `--meta` values were stored as typed, credentials included.
+    #[test]
+    fn meta_values_under_secret_names_or_with_passwords_are_redacted() {
+        let pairs = [
+            "db_password=hunter2".to_owned(),
+            "API_TOKEN=abc".to_owned(),
+            "source=postgres://u:pw@h/db".to_owned(),
+            "role=primary".to_owned(),
+            "token=".to_owned(),
+        ];
+        let meta = String::from_utf8(holder_meta(&pairs, None).unwrap()).unwrap();
+        for secret in ["hunter2", "abc", ":pw@"] {
+            assert!(!meta.contains(secret), "{meta}");
+        }
+        assert!(meta.contains(r#""db_password":"***""#), "{meta}");
+        assert!(meta.contains("postgres://u:***@h/db"), "{meta}");
+        assert!(meta.contains(r#""role":"primary""#), "{meta}");
+        assert!(!meta.contains(r#""token""#), "KEY= drops it: {meta}");
     }
 
     /// Review finding: the forms common tools take passwords in were stored in clear.

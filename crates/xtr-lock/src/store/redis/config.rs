@@ -137,7 +137,7 @@ pub(crate) fn read(
     let server = Server {
         user,
         password,
-        db: db.or_else(|| symfony.dbindex.clone()),
+        db: database(dsn, db, symfony.dbindex.clone())?,
         passed_on,
     };
     let (client_url, shown, topology) = server.locate(dsn, kind, &symfony, suffix, tls, unix)?;
@@ -158,6 +158,26 @@ pub(crate) fn read(
         durability,
         fair,
     })
+}
+
+/// The `db` option, or Symfony's `dbindex`; a path's database (`redis://h/2`) must agree with
+/// `dbindex` (a PHP peer reading the same DSN would lock in another database otherwise).
+fn database(dsn: &Dsn<'_>, db: Option<String>, dbindex: Option<String>) -> Result<Option<String>> {
+    let Some(index) = dbindex else {
+        return Ok(db);
+    };
+    let path = dsn
+        .url
+        .map(|u| u.path)
+        .filter(|p| !p.is_empty() && !p.contains('/'));
+    if db
+        .iter()
+        .chain(path.map(str::to_owned).iter())
+        .any(|d| *d != index)
+    {
+        return Err(dsn.invalid("dbindex disagrees with the database the DSN names"));
+    }
+    Ok(Some(index))
 }
 
 /// redis-py's pool options: accepted and dropped.

@@ -334,6 +334,8 @@ mod tests {
             ("redis:secretvalue?host[h]", "before the"),
             ("redis:?host[h]&auth[]=a&auth[]=b&auth[]=c", "at most"),
             ("redis:?host[h]&timeout=soon", "timeout"),
+            ("redis://h/2?dbindex=3", "dbindex disagrees"),
+            ("redis://h?db=1&dbindex=3", "dbindex disagrees"),
         ] {
             let err = parse(dsn).unwrap_err().to_string();
             assert!(err.contains(says), "{dsn}: {err}");

@@ -337,7 +337,10 @@ impl MemcachedStore {
                     // Before the add: whoever sees this holder finds its record.
                     records::queue(&mut c, &record).await;
                     let r = acquire_on(&mut c, &name, token.as_bytes(), secs).await;
-                    if matches!(r, Ok(Attempt::Refused(..))) {
+                    // Refused for another holder only: after many lost CAS rounds on its own
+                    // entry (`Refused` naming nobody) the holder may hold, record and all.
+                    if matches!(&r, Ok(Attempt::Refused(other, _)) if !other.is_empty() && other != token.as_bytes())
+                    {
                         records::queue(&mut c, &records::delete(&rec_key)).await;
                     }
                     (c, r)

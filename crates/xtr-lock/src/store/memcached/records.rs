@@ -133,7 +133,13 @@ impl MemcachedStore {
                         Ok(entry) => entry,
                         Err(e) => return (c, Err(e)),
                     };
-                    let record = match &entry {
+                    // Only a token of ours has a record; anything else at the key (a value
+                    // any client wrote) never becomes part of a command.
+                    let ours = entry.as_ref().filter(|e| {
+                        std::str::from_utf8(&e.value)
+                            .is_ok_and(|t| crate::key::validate_token(t).is_ok())
+                    });
+                    let record = match ours {
                         Some(e) => c.get(&lock_record(&name, &e.value)).await,
                         None => Ok(None),
                     };

@@ -27,6 +27,11 @@ const OBSERVE_POLL: Duration = Duration::from_millis(100);
 /// How long after a lease's end an observer looks: the server removes what has ended by then.
 const OBSERVE_MARGIN: Duration = Duration::from_millis(5);
 
+/// How often an observer that is told of changes looks all the same: what announces nothing
+/// beside holders of ours (an older version of this library, whose tokens look like ours; a
+/// peer's reader joining ours; a lease shortened by a refresh) is seen within this.
+const OBSERVE_QUIET_POLL: Duration = Duration::from_secs(1);
+
 /// An observer's watcher completes after this long even if nothing changed, so it re-reads
 /// (spurious completions are allowed; a long wait never rests on one stale snapshot).
 const OBSERVE_AT_MOST: Duration = Duration::from_secs(30);
@@ -356,11 +361,12 @@ impl RedisStore {
     }
 
     /// `Store::watch_changes`: a watcher that completes when who holds `resource` changed (an
-    /// acquisition, a release, an expiry), after [`OBSERVE_AT_MOST`], or at an error. On one
-    /// server this library's changes are announced to it at once (`observers.rs`); it looks
-    /// again at the first lease's end (a holder that died), and every [`OBSERVE_POLL`] while the
-    /// lock is free or a peer holds it (peers announce nothing). It registers nothing on the
-    /// server and takes no place in the wait queue.
+    /// acquisition, a release, an expiry), after [`OBSERVE_AT_MOST`], or at an error. This
+    /// library's changes are announced to it at once (`observers.rs`); while only holders of
+    /// ours hold, it looks again at the first lease's end (a holder that died) or after
+    /// [`OBSERVE_QUIET_POLL`], whichever comes first, and every [`OBSERVE_POLL`] while the lock
+    /// is free or a peer holds it (peers announce nothing). It registers nothing on the server
+    /// and takes no place in the wait queue.
     pub(super) async fn observe(&self, resource: &str) -> Result<Option<Watcher>> {
         // Told before the first look, so a change right after it is not missed.
         let mut told = self
@@ -375,7 +381,7 @@ impl RedisStore {
             let started = tokio::time::Instant::now();
             while started.elapsed() < OBSERVE_AT_MOST {
                 let pause = match (&told, quiet) {
-                    (Some(_), Some(left)) => left + OBSERVE_MARGIN,
+                    (Some(_), Some(left)) => (left + OBSERVE_MARGIN).min(OBSERVE_QUIET_POLL),
                     (Some(_), None) | (None, _) => OBSERVE_POLL,
                 };
                 let pause = pause.min(OBSERVE_AT_MOST.saturating_sub(started.elapsed()));

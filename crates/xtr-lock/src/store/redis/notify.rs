@@ -339,7 +339,8 @@ impl Notifier {
         let weak = Arc::downgrade(&store.inner);
         let reader = tokio::spawn(async move {
             while let Some(msg) = stream.next().await {
-                if super::observers::announced(&inner, msg.get_channel_name()) {
+                let channel = msg.get_channel_name().as_bytes();
+                if super::observers::announced(&inner, channel, msg.get_payload_bytes()) {
                     continue;
                 }
                 let Ok(payload) = msg.get_payload::<String>() else {

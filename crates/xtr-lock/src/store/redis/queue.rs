@@ -43,14 +43,15 @@ local function wake(ticket, key)
   return redis.call(publish, string.sub(how, 2) .. string.sub(ticket, 46, 67),
     string.sub(ticket, 46) .. ' ' .. key)
 end
--- Tells this library's observers of `key` (`watch_changes`) that its holders changed: on one
--- server a PUBLISH on `<wake head>obs:<key>` (one that nobody hears costs a lookup); a
--- cluster's observers poll.
+-- Tells this library's observers of `key` (`watch_changes`) that its holders changed: a
+-- PUBLISH on `<wake head>obs:<key>`, or on a cluster an SPUBLISH on the sharded channel of the
+-- keys' slot (one that nobody hears costs a lookup). Called after the script's writes, and a
+-- refusal (an ACL user without channel rights: NOPERM) is ignored: observers then poll.
 local function observed(key)
   local how = ARGV[#ARGV]
-  if string.sub(how, 1, 1) == 'P' then
-    redis.call('PUBLISH', string.sub(how, 2) .. 'obs:' .. key, '')
-  end
+  local publish = 'PUBLISH'
+  if string.sub(how, 1, 1) == 'S' then publish = 'SPUBLISH' end
+  redis.pcall(publish, string.sub(how, 2) .. 'obs:' .. key, '')
 end
 -- How many connections listen for a ticket's wakes (0: its process is gone), on this node: its
 -- store's channel, or its sharded channel of this slot (see `wake`).

@@ -347,10 +347,10 @@ const RELEASE_AFTER: &str = r#"
 local code, stop = extend(KEYS[1], KEYS[3], ARGV[2], tonumber(ARGV[3]))
 if stop then return stop end
 if code > 0 then
-  observed(KEYS[1])
   for _, t in ipairs(redis.call('ZRANGE', KEYS[2], 0, 63)) do
     if wake(t, KEYS[1]) == 0 then redis.call('ZREM', KEYS[2], t) end
   end
+  observed(KEYS[1])
 end
 return code
 "#;
@@ -370,7 +370,6 @@ if stop then return stop end
 -- The record goes with the entry (or alone, if the entry went first).
 redis.call('DEL', KEYS[3])
 if not score then return 0 end
-observed(key)
 local size = redis.call('ZCARD', key)
 local removed = redis.call('ZREM', key, token, '__write__')
 -- Once the last member went, the key is not touched again (see `wake_next`).
@@ -378,11 +377,13 @@ local gone = removed == size
 if removed == 2 and ARGV[1] == '' then
   -- The writer's key is gone: nobody holds, so no clock is needed to wake the next.
   wake_next(key, KEYS[2], 0, gone)
+  observed(key)
   return 1
 end
 if removed < 2 and not gone then expire_at_max(key) end
 local now = now_ms()
 wake_next(key, KEYS[2], now, gone)
+observed(key)
 if tonumber(score) <= now then return 2 end
 return 1
 "#;

@@ -179,6 +179,12 @@ impl Notifier {
 fn on_push(state: &Arc<Mutex<State>>, store: &Weak<Inner>, push: redis::PushInfo) {
     match push.kind {
         PushKind::SMessage => {
+            if let (Some(Value::BulkString(channel)), Some(Value::BulkString(payload))) =
+                (push.data.first(), push.data.get(1))
+                && super::observers::announced(state, channel, payload)
+            {
+                return;
+            }
             if let Some(Value::BulkString(payload)) = push.data.get(1)
                 && let Ok(payload) = std::str::from_utf8(payload)
             {
@@ -190,12 +196,14 @@ fn on_push(state: &Arc<Mutex<State>>, store: &Weak<Inner>, push: redis::PushInfo
                 let slot = super::layout::slot_of(channel);
                 let mut st = lock(state);
                 st.shards.live.remove(&slot);
+                st.observed.drop_slot(slot);
                 st.wake_slot(slot);
             }
         }
         PushKind::Disconnection => {
             let mut st = lock(state);
             st.shards.live.clear();
+            st.observed.clear();
             st.wake_slot_all();
         }
         _ => {}

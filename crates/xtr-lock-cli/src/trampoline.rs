@@ -152,6 +152,10 @@ async fn supervise(
             if let Some(at) = orphaned_at {
                 // What the command left behind in its group gets the rest of the grace.
                 procs::outlast_group(at + grace).await;
+            } else if lease_ending {
+                // Stopped because the lease was about to end: what the command left (a child
+                // that ignores SIGTERM) must not outlive it, whether or not `run` can act.
+                procs::outlast_group(tokio::time::Instant::now()).await;
             }
             return code;
         }

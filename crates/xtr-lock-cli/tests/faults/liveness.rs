@@ -167,6 +167,35 @@ fn a_paused_quorum_member_does_not_hold_up_the_exit() {
 /// holder's for 1–2 s; and `xtr-lock` then did not exit until the database answered again.
 #[test]
 fn a_cut_off_holders_command_is_dead_before_the_next_holder_starts() {
+    cut_off_holder_is_dead_before_the_next(|pidfile, ticks| {
+        format!(
+            "trap '' TERM; echo $$ > {}; while :; do date +%s%N >> {}; sleep 0.02; done",
+            pidfile.display(),
+            ticks.display()
+        )
+    });
+}
+
+/// Review finding: the same, with a command that stops on SIGTERM and leaves a child that
+/// ignores it: the child ran on past the lease (the supervisor ended as soon as the command
+/// did), beside the next holder's command.
+#[test]
+fn a_cut_off_holders_leftover_is_dead_before_the_next_holder_starts() {
+    cut_off_holder_is_dead_before_the_next(|pidfile, ticks| {
+        format!(
+            "( trap '' TERM; echo $$ > /dev/null; while :; do date +%s%N >> {ticks}; \
+             sleep 0.02; done ) & echo $! > {pid}; trap 'exit 143' TERM; \
+             while :; do sleep 0.05; done",
+            pid = pidfile.display(),
+            ticks = ticks.display()
+        )
+    });
+}
+
+/// A holder on PostgreSQL running `script(pidfile, ticks)` (which writes the pid of what
+/// ticks, then ticks), cut off from the server: what ticks is dead before the next holder's
+/// command starts, and the holder exits 3.
+fn cut_off_holder_is_dead_before_the_next(script: impl Fn(&Path, &Path) -> String) {
     let server = PostgresServer::start();
     let direct = format!("{}?create_table=true", server.url());
     // Make the table first, directly.
@@ -189,11 +218,7 @@ fn a_cut_off_holders_command_is_dead_before_the_next_holder_starts() {
         dir.path().join("a.ticks"),
         dir.path().join("b.started"),
     );
-    let script = format!(
-        "trap '' TERM; echo $$ > {}; while :; do date +%s%N >> {}; sleep 0.02; done",
-        pidfile.display(),
-        ticks.display()
-    );
+    let script = script(&pidfile, &ticks);
     let mut a = spawn(&[
         "run", "--store", &proxied, "--ttl", "6s", "r", "--", "sh", "-c", &script,
     ]);

@@ -280,6 +280,9 @@ async fn supervise(
             _ = lease_ticks.tick() => lease.tell(lock, store.as_ref(), &child),
             event = child.wait() => match event? {
                 Event::Exited(_) if child.stopped_for_lease() => {
+                    // The supervisor's SIGTERM ended the command; what it left (a child that
+                    // ignores SIGTERM) must not outlive the lease: it is killed now.
+                    kill_leftovers(&child).await;
                     return Ok(stopped_for_lease(args, lock, &mut monitor, acquired).await);
                 }
                 Event::Exited(exit) => {
@@ -486,8 +489,19 @@ async fn stop_leftovers(args: &RunArgs, child: &Child) {
     while child.group_alive() && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    if child.group_alive() {
-        child.signal_group(Signal::KILL);
+    kill_leftovers(child).await;
+}
+
+/// SIGKILL for what is left of the command's group, and a wait (at most a second: a process
+/// in uninterruptible sleep dies when it wakes) until it is gone.
+async fn kill_leftovers(child: &Child) {
+    if !child.group_alive() {
+        return;
+    }
+    child.signal_group(Signal::KILL);
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while child.group_alive() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 

@@ -23,6 +23,7 @@ mod layout;
 mod listing;
 mod notify;
 mod observers;
+mod observing;
 mod queue;
 mod save;
 mod scripts;

@@ -339,8 +339,9 @@ impl Notifier {
         let weak = Arc::downgrade(&store.inner);
         let reader = tokio::spawn(async move {
             while let Some(msg) = stream.next().await {
-                let channel = msg.get_channel_name().as_bytes();
-                if super::observers::announced(&inner, channel, msg.get_payload_bytes()) {
+                let (channel, payload) = (msg.get_channel_name(), msg.get_payload_bytes());
+                if payload.is_empty() && lock(&inner).observed.announce(channel.as_bytes(), payload)
+                {
                     continue;
                 }
                 let Ok(payload) = msg.get_payload::<String>() else {

@@ -181,7 +181,8 @@ fn on_push(state: &Arc<Mutex<State>>, store: &Weak<Inner>, push: redis::PushInfo
         PushKind::SMessage => {
             if let (Some(Value::BulkString(channel)), Some(Value::BulkString(payload))) =
                 (push.data.first(), push.data.get(1))
-                && super::observers::announced(state, channel, payload)
+                && payload.is_empty()
+                && lock(state).observed.announce(channel, payload)
             {
                 return;
             }

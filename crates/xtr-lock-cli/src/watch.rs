@@ -59,7 +59,7 @@ impl Parent {
     /// Whether it still runs: it is still this process's parent (once it dies, another
     /// process adopts this one), and its pidfd, opened while it was, has not reported its end.
     pub(crate) fn alive(&self) -> bool {
-        let reported = self.fd.as_ref().is_some_and(|fd| readable(fd));
+        let reported = self.fd.as_ref().is_some_and(readable);
         !reported && crate::trampoline::parent_is(self.pid)
     }
 

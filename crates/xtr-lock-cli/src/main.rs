@@ -22,6 +22,7 @@ mod sentinel;
 mod stdio;
 mod store;
 mod trampoline;
+mod watch;
 
 use std::process::ExitCode;
 

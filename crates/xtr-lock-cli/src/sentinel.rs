@@ -15,15 +15,15 @@
 //!   group and ends by itself once the pipe has no writer left;
 //! - the watcher (`__watch`), this executable again, leads the command's process group (the
 //!   command is started into it, still as `xtr-lock`'s child) and holds the pipe's only write
-//!   end as its stdout, which reports an error once the sentinel is gone. With a parent-death
-//!   signal it also learns when `xtr-lock` dies. Once both are gone, it stops the command's
-//!   group as on a lost lock (SIGTERM, then SIGKILL after `--kill-after`); the lock file's
-//!   descriptors close with it. With only `xtr-lock` gone, it waits for the command's group to
+//!   end as its stdout, which reports an error once the sentinel is gone. A pidfd of `xtr-lock`
+//!   tells it when `xtr-lock` dies; it waits on both in `poll(2)`, with no async runtime (see
+//!   `watch`). Once both are gone, it stops the command's group as on a lost lock (SIGTERM,
+//!   then SIGKILL after `--kill-after`); the lock file's descriptors close with it. With only `xtr-lock` gone, it waits for the command's group to
 //!   end, and then ends (and the sentinel with it). `xtr-lock` kills it once the command ended.
 //!
 //! A signal that `xtr-lock` catches and forwards to the command (SIGTERM or a hangup sent to the
 //! group) may kill the sentinel: with `xtr-lock` alive, that stops nothing more, the command
-//! stops as it decides. The watcher ignores the signals sent to the command's group that would
+//! stops as it decides. The watcher blocks the signals sent to the command's group that would
 //! end it (but SIGKILL). It is started just before the command, which does not wait for it to
 //! be ready: its start, the slowest part of all this, runs beside the command's, off its way. A
 //! group killed before the watcher is ready is seen once it is: the pipe's error and the
@@ -32,17 +32,16 @@
 
 use std::ffi::OsString;
 use std::io::{PipeReader, Read as _};
-use std::os::fd::AsFd as _;
+use std::os::fd::AsFd;
 use std::os::unix::process::CommandExt as _;
 use std::process::{Command, ExitCode, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use rustix::event::PollFlags;
 use rustix::fs::FileType;
-use rustix::process::{Pid, Signal};
-use tokio::net::unix::pipe::Sender;
-use tokio::signal::unix::{SignalKind, signal};
+use rustix::process::Pid;
 
-use crate::{exit, output, procs, trampoline};
+use crate::{exit, output, procs, trampoline, watch};
 
 /// The first argument of the sentinel where there is no `/bin/cat` (never a subcommand a user
 /// types): `__sentinel DEV:INO`, with that pipe as stdin.
@@ -193,37 +192,12 @@ fn watcher(mut args: impl Iterator<Item = OsString>) -> ExitCode {
     else {
         return not_for_users(WATCH);
     };
-    let runtime = match trampoline::runtime() {
-        Ok(rt) => rt,
-        Err(code) => return code,
-    };
-    let _context = runtime.enter();
-    // Signals sent to the command's group are not for the watcher, which they would end. SIGTERM
-    // is also the parent-death signal, caught before it is asked for.
-    let signals = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::hangup()),
-    );
-    let ignored = trampoline::ignore_the_commands_signals();
-    let (Ok(term), Ok(int), Ok(hup), Ok(())) = (signals.0, signals.1, signals.2, ignored) else {
-        output::error_line("cannot watch signals");
-        return ExitCode::from(exit::ERROR);
-    };
-    if let Err(e) = rustix::process::set_parent_process_death_signal(Some(Signal::TERM)) {
-        output::error_line(&format!("cannot tie the command to xtr-lock's life: {e}"));
+    // Signals sent to the command's group are not for the watcher, which they would end.
+    if let Err(e) = watch::block_the_commands_signals() {
+        output::error_line(&format!("cannot watch signals: {e}"));
         return ExitCode::from(exit::ERROR);
     }
-    let pipe = rustix::io::dup(std::io::stdout().as_fd())
-        .map_err(std::io::Error::from)
-        .and_then(Sender::from_owned_fd);
-    match pipe {
-        Ok(pipe) => runtime.block_on(watch(parent, grace, &pipe, [term, int, hup])),
-        Err(e) => {
-            output::error_line(&format!("cannot watch xtr-lock's process group: {e}"));
-            ExitCode::from(exit::ERROR)
-        }
-    }
+    watch(&watch::Parent::open(parent), grace, &std::io::stdout())
 }
 
 /// Whether `file` is the pipe `told` names (by identity, as [`identity`] gives it).
@@ -239,38 +213,40 @@ fn not_for_users(mode: &str) -> ExitCode {
     ExitCode::from(exit::ERROR)
 }
 
-/// Watches `parent` (its death is SIGTERM, one of `signals`, which only wake this) and the
-/// sentinel at the other end of `pipe`: once both are gone, stops this process's group after
-/// `grace`; once only `parent` is, ends when the group has nothing else left.
-async fn watch(
-    parent: i32,
-    grace: Duration,
-    pipe: &Sender,
-    signals: [tokio::signal::unix::Signal; 3],
-) -> ExitCode {
-    let [mut term, mut int, mut hup] = signals;
+/// Watches `parent` and the sentinel at the other end of `pipe`: once both are gone, stops
+/// this process's group after `grace`; once only `parent` is, ends when the group has nothing
+/// else left.
+fn watch(parent: &watch::Parent, grace: Duration, pipe: &impl AsFd) -> ExitCode {
     let mut sentinel_gone = false;
     loop {
-        let orphaned = !trampoline::parent_is(parent);
+        let orphaned = !parent.alive();
         if orphaned && sentinel_gone {
             // xtr-lock's whole group was killed: stop the command's, as a loss would.
-            let at = tokio::time::Instant::now();
+            let at = Instant::now();
             procs::terminate_group();
-            procs::outlast_group(at + grace).await;
+            watch::outlast_group(at + grace);
             return ExitCode::SUCCESS;
         }
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
-            _ = hup.recv() => {}
-            () = gone(pipe), if !sentinel_gone => sentinel_gone = true,
-            // xtr-lock was killed alone: the command runs on with the lock, watched until
-            // it ends.
-            () = tokio::time::sleep(ORPHAN_POLL), if orphaned => {
-                if !others_in_group() {
-                    return ExitCode::SUCCESS;
-                }
-            }
+        // The write end of a pipe reports an error once the pipe has no reader left (asked
+        // for nothing else, as a pipe with room is always writable).
+        let watched: &[(&dyn AsFd, PollFlags)] = if sentinel_gone {
+            &[]
+        } else {
+            &[(pipe, PollFlags::empty())]
+        };
+        let seen = watch::wait(
+            (!orphaned).then_some(parent),
+            watched,
+            orphaned.then_some(ORPHAN_POLL),
+        );
+        if seen
+            .first()
+            .is_some_and(|r| r.intersects(PollFlags::ERR | PollFlags::HUP))
+        {
+            sentinel_gone = true;
+        } else if orphaned && !others_in_group() {
+            // xtr-lock was killed alone: the command ran on with the lock, and has ended.
+            return ExitCode::SUCCESS;
         }
     }
 }
@@ -280,12 +256,4 @@ fn others_in_group() -> bool {
     let group = rustix::process::getpgrp().as_raw_nonzero().get();
     let me = rustix::process::getpid().as_raw_nonzero().get();
     procs::running_in_group(group, Some(me))
-}
-
-/// Returns once the sentinel is gone: the write end of a pipe reports an error once the pipe
-/// has no reader left.
-async fn gone(pipe: &Sender) {
-    if pipe.ready(tokio::io::Interest::ERROR).await.is_err() {
-        std::future::pending::<()>().await;
-    }
 }

@@ -194,7 +194,7 @@ fn usr1_script(log: &Path, pidfile: &Path, done: &Path) -> String {
 /// Sends SIGUSR1 to the whole process group of the command whose pid is in `pidfile` (as to
 /// rotate its logs: `kill -USR1 -- -PGID`), and waits until the command wrote it down in `log`.
 /// Once the group's leader (the watcher, the supervisor) has started: in its first milliseconds
-/// a signal sent to the group ends it, before it can catch it (docs/cli.md).
+/// a signal sent to the group ends it, before it can catch or block it (docs/cli.md).
 fn usr1_to_the_commands_group(pidfile: &Path, log: &Path) -> i32 {
     let command = command_pid(pidfile);
     let group = rustix::process::getpgid(rustix::process::Pid::from_raw(command)).unwrap();
@@ -211,22 +211,28 @@ fn usr1_to_the_commands_group(pidfile: &Path, log: &Path) -> i32 {
     command
 }
 
-/// Waits until process `pid` catches `sig`: its handler is in place (`SigCgt` in its status).
+/// Waits until process `pid` outlives `sig`: it catches it (a handler in place: `SigCgt` in its
+/// status, the supervisor) or blocks it (`SigBlk`, the watcher).
 fn wait_catching(pid: i32, sig: Signal) {
     let bit = 1u64 << (sig.as_raw() - 1);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
         let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-        let caught = status
-            .lines()
-            .find_map(|l| l.strip_prefix("SigCgt:"))
-            .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok());
-        if caught.is_some_and(|mask| mask & bit != 0) {
+        let mask = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+        };
+        if [mask("SigCgt:"), mask("SigBlk:")]
+            .into_iter()
+            .any(|m| m.is_some_and(|m| m & bit != 0))
+        {
             return;
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "{pid} never caught {sig:?}"
+            "{pid} never caught or blocked {sig:?}"
         );
         std::thread::sleep(std::time::Duration::from_millis(10));
     }

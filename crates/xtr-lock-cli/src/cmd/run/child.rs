@@ -175,7 +175,7 @@ impl Child {
         }
     }
 
-    /// Sends `sig` to the command's whole process group (the watcher ignores what it can).
+    /// Sends `sig` to the command's whole process group (the watcher blocks what it can).
     pub(super) fn signal_group(&self, sig: Signal) {
         let _ = rustix::process::kill_process_group(self.group, sig);
     }

@@ -158,7 +158,6 @@ struct Inner {
     notifier: Notifier,
 }
 
-static SCRIPTS: LazyLock<Scripts> = LazyLock::new(Scripts::new);
 static SEM_SCRIPTS: LazyLock<SemScripts> = LazyLock::new(SemScripts::new);
 
 impl RedisStore {
@@ -234,7 +233,7 @@ impl RedisStore {
                 response_timeout,
                 conn: std::sync::Mutex::new(None),
                 connecting: std::sync::Mutex::new(None),
-                scripts: &SCRIPTS,
+                scripts: &scripts::SCRIPTS,
                 sem: &SEM_SCRIPTS,
                 client_clock: std::sync::Mutex::new(None),
                 failed: std::sync::Mutex::new(None),

@@ -57,6 +57,15 @@ impl Sql {
             Flavor::Sqlite => sqlite(t, &f, &h),
         }
     }
+
+    /// The statements of a fair store: PostgreSQL's save checks the queue (SQLite's save
+    /// checks it in its transaction; MySQL has no queue).
+    pub(crate) fn fair(&mut self, flavor: Flavor, table: &str) {
+        if flavor == Flavor::Postgres {
+            let (f, h) = (format!("{table}_fence"), holder_table(table));
+            self.save = super::queue::postgres_fair_save(table, &f, &h);
+        }
+    }
 }
 
 /// The joins that bring a lock row's holder record and fencing counter (aliases `x`, `g`).
@@ -103,7 +112,8 @@ fn postgres_save(t: &str, f: &str, h: &str) -> String {
                ELSE EXCLUDED.at_ms END) \
          SELECT EXISTS (SELECT 1 FROM up), (SELECT n FROM d), \
                 (SELECT key_token FROM old), \
-                (SELECT CAST((old.key_expiration - 0.5 - c.f) * 1000 AS BIGINT) FROM old, c)"
+                (SELECT CAST((old.key_expiration - 0.5 - c.f) * 1000 AS BIGINT) FROM old, c), \
+                false"
     )
 }
 

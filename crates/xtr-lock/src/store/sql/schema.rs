@@ -5,6 +5,7 @@ use super::Inner;
 use super::dialect::Flavor;
 use super::dialect::holder_table;
 use super::errors::map_error;
+use super::queue::queue_table;
 use super::queries::{self, Conn};
 use super::sem_sql::{perm_table, sem_table};
 use crate::error::{Error, Result};
@@ -25,6 +26,14 @@ const RECORDS: Wanted = &[
     ("record", Kind::Text, None),
     ("at_ms", Kind::Number, None),
 ];
+const QUEUE: Wanted = &[
+    ("q_id", Kind::Text, Some(66)),
+    ("token", Kind::Text, Some(44)),
+    ("since_us", Kind::Number, None),
+    ("seq", Kind::Number, None),
+    ("permits", Kind::Number, None),
+    ("expires_ms", Kind::Number, None),
+];
 const SEMAPHORES: Wanted = &[
     ("sem_id", Kind::Text, Some(64)),
     ("sem_limit", Kind::Number, None),
@@ -37,8 +46,8 @@ const PERMITS: Wanted = &[
     ("expiration", Kind::Number, None),
 ];
 
-/// Checks the lock table, the fencing table and the holders' records, making them first when `create` allows; whether
-/// anything was made.
+/// Checks the lock table, the fencing table, the holders' records and (on a fair store) the
+/// queue, making them first when `create` allows; whether anything was made.
 pub(super) async fn ensure(inner: &Inner, conn: &mut Conn, create: bool) -> Result<bool> {
     let table = &inner.table;
     let tables = [
@@ -56,7 +65,25 @@ pub(super) async fn ensure(inner: &Inner, conn: &mut Conn, create: bool) -> Resu
             "the holders' records of this library",
         ),
     ];
-    ensure_tables(inner, conn, create, &tables).await
+    let made = ensure_tables(inner, conn, create, &tables).await?;
+    let Some(queue) = &inner.queue else {
+        return Ok(made);
+    };
+    let what = "the fair queue of this library";
+    let tables = [(queue_table(table), &queue.create, QUEUE, what)];
+    let queued = ensure_tables(inner, conn, create, &tables).await.map_err(|e| {
+        // A database made by an older version: migrate, or wait unfairly without it.
+        if e.to_string().contains("does not exist") {
+            Error::storage(format!(
+                "{what} {} does not exist: make it with `xtr-lock migrate --store <DSN>` (or \
+                 add ?create_table=true, or ?fair=false to wait unfairly without it)",
+                queue_table(table)
+            ))
+        } else {
+            e
+        }
+    })?;
+    Ok(made || queued)
 }
 
 /// Checks the semaphores' tables (`<table>_sem`, `<table>_perm`), making them first when

@@ -15,7 +15,7 @@ use tokio::sync::watch;
 use crate::clock::BoxFuture;
 use crate::error::{Error, Result};
 use crate::key::{Key, Mode};
-use crate::store::{Conflict, HolderInfo, Holding, Saved, Watcher};
+use crate::store::{Conflict, Holding, Saved, Watcher};
 
 use super::dialect::Flavor;
 use super::errors::{broken, map_error, rolled_back};
@@ -327,7 +327,9 @@ impl SqlStore {
                 Ok(acquired(fence))
             }
             queries::Saved::Conflict { holder, queued } => {
-                let free = holder.as_ref().is_none_or(|h| h.left_ms.is_some_and(|l| l <= 0));
+                let free = holder
+                    .as_ref()
+                    .is_none_or(|h| h.left_ms.is_some_and(|l| l <= 0));
                 if queued && free {
                     // A free lock kept for a waiter queued before this one.
                     self.forget(&id, &token);
@@ -523,34 +525,6 @@ impl SqlStore {
                 .until_listening(Duration::from_secs(1))
                 .await;
         }
-    }
-
-    pub(super) async fn who(&self, resource: &str) -> Result<Vec<HolderInfo>> {
-        let id = key_id(resource);
-        let rows = self
-            .run(resource, Run::plain(&self.inner), move |conn, inner| {
-                let id = id.clone();
-                Box::pin(async move { queries::holders(conn, &inner.sql, &id).await })
-            })
-            .await?;
-        Ok(rows
-            .into_iter()
-            .map(|(token, left, record)| {
-                let left = Duration::from_millis(u64::try_from(left).unwrap_or(0));
-                HolderInfo::new(Mode::Write, None, Some(left))
-                    .with_token(&token)
-                    .with_record(record)
-            })
-            .collect())
-    }
-
-    pub(super) async fn counter(&self, resource: &str) -> Result<u64> {
-        let id = key_id(resource);
-        self.run(resource, Run::plain(&self.inner), move |conn, inner| {
-            let id = id.clone();
-            Box::pin(async move { queries::fence_counter(conn, &inner.sql, &id).await })
-        })
-        .await
     }
 
     /// Sweeps expired rows in the background, at most once per sweep interval.

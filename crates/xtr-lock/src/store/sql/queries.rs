@@ -306,8 +306,16 @@ async fn save_sqlite(
         _ => false,
     };
     if taken || queued {
-        return refuse_sqlite(tx, (id, token), fair, Saved::Conflict { holder: found, queued })
-            .await;
+        return refuse_sqlite(
+            tx,
+            (id, token),
+            fair,
+            Saved::Conflict {
+                holder: found,
+                queued,
+            },
+        )
+        .await;
     }
     let got: Option<i64> = sqlx::query_scalar(AssertSqlSafe(sql.save.as_str()))
         .bind(id)
@@ -579,28 +587,4 @@ pub(crate) async fn execute(conn: &mut Conn, text: &str) -> Db<u64> {
         Conn::MySql(p) => sqlx::query(q).execute(&mut **p).await?.rows_affected(),
         Conn::Sqlite(p) => sqlx::query(q).execute(&mut **p).await?.rows_affected(),
     })
-}
-
-/// The columns of `table`: name (lowercase), type (lowercase), length.
-pub(crate) async fn columns(
-    conn: &mut Conn,
-    sql: &Sql,
-    table: &str,
-) -> Db<Vec<(String, String, Option<i64>)>> {
-    let q = AssertSqlSafe(sql.columns.as_str());
-    let rows: Vec<(String, String, Option<i64>)> = match conn {
-        // Unquoted names are folded to lowercase by PostgreSQL.
-        Conn::Postgres(p) => {
-            sqlx::query_as(q)
-                .bind(table.to_ascii_lowercase())
-                .fetch_all(&mut **p)
-                .await?
-        }
-        Conn::MySql(p) => sqlx::query_as(q).bind(table).fetch_all(&mut **p).await?,
-        Conn::Sqlite(p) => sqlx::query_as(q).bind(table).fetch_all(&mut **p).await?,
-    };
-    Ok(rows
-        .into_iter()
-        .map(|(n, t, l)| (n.to_ascii_lowercase(), t.to_ascii_lowercase(), l))
-        .collect())
 }

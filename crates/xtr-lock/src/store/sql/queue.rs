@@ -256,11 +256,7 @@ pub(crate) async fn leave(
         }
         other => {
             on_conn!(other, |c| {
-                sqlx::query(text)
-                    .bind(q_id)
-                    .bind(token)
-                    .execute(c)
-                    .await?;
+                sqlx::query(text).bind(q_id).bind(token).execute(c).await?;
             });
         }
     }
@@ -364,8 +360,10 @@ impl Drop for Place {
             return;
         }
         if lock(&self.state.waiting).take().is_some() {
-            self.store
-                .leave_later(std::mem::take(&mut self.q_id), std::mem::take(&mut self.token));
+            self.store.leave_later(
+                std::mem::take(&mut self.q_id),
+                std::mem::take(&mut self.token),
+            );
         }
     }
 }

@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 
 use super::dialect::Flavor;
 use super::ops::Run;
+use super::queue;
 use super::records::{Rec, stored_name};
 use super::sem_queries::{self, Admitted};
-use super::queue;
 use super::{
     HolderState, KIND, SqlStore, acquired, announces, check_expiry, key_id, wake_id, whole_seconds,
 };

@@ -57,15 +57,6 @@ impl Sql {
             Flavor::Sqlite => sqlite(t, &f, &h),
         }
     }
-
-    /// The statements of a fair store: PostgreSQL's save checks the queue (SQLite's save
-    /// checks it in its transaction; MySQL has no queue).
-    pub(crate) fn fair(&mut self, flavor: Flavor, table: &str) {
-        if flavor == Flavor::Postgres {
-            let (f, h) = (format!("{table}_fence"), holder_table(table));
-            self.save = super::queue::postgres_fair_save(table, &f, &h);
-        }
-    }
 }
 
 /// The joins that bring a lock row's holder record and fencing counter (aliases `x`, `g`).

@@ -25,6 +25,7 @@ mod notify;
 mod pool;
 mod queries;
 mod queue;
+mod queue_sql;
 mod records;
 mod release;
 mod schema;
@@ -138,7 +139,7 @@ struct Inner {
     /// Waiters are served in arrival order (`?fair=false` lets newcomers barge).
     fair: bool,
     /// The fair queue's statements (`<table>_queue`): fair, and not on MySQL.
-    queue: Option<queue::QueueSql>,
+    queue: Option<queue_sql::QueueSql>,
     pools: Pools,
     create_table: bool,
     statement_timeout: Duration,
@@ -236,10 +237,10 @@ impl SqlStore {
     ) -> Self {
         let flavor = pools.flavor();
         let channel = format!("xtr_lock_{}", &key_id(table)[..16]);
-        let queue = queue::QueueSql::new(flavor, table);
+        let queue = queue_sql::QueueSql::new(flavor, table);
         let mut sql = Sql::new(flavor, table);
         if queue.is_some() {
-            sql.fair(flavor, table);
+            fair_statements(&mut sql, flavor, table);
         }
         SqlStore {
             inner: Arc::new(Inner {
@@ -281,9 +282,9 @@ impl SqlStore {
         inner.fair = old.fair;
         f(inner);
         inner.sql = Sql::new(inner.flavor, &inner.table);
-        inner.queue = queue::QueueSql::new(inner.flavor, &inner.table).filter(|_| inner.fair);
+        inner.queue = queue_sql::QueueSql::new(inner.flavor, &inner.table).filter(|_| inner.fair);
         if inner.queue.is_some() {
-            inner.sql.fair(inner.flavor, &inner.table);
+            fair_statements(&mut inner.sql, inner.flavor, &inner.table);
         }
         inner.sem = SemSql::new(inner.flavor, &inner.table);
         inner.rec = HolderSql::new(inner.flavor, &inner.table);
@@ -387,6 +388,15 @@ impl SqlStore {
             .with_store(self));
         }
         Ok(secs)
+    }
+}
+
+/// A fair store's statements: PostgreSQL's save checks the queue (SQLite's checks it in its
+/// transaction; MySQL has no queue).
+fn fair_statements(sql: &mut Sql, flavor: dialect::Flavor, table: &str) {
+    if flavor == dialect::Flavor::Postgres {
+        let (f, h) = (format!("{table}_fence"), dialect::holder_table(table));
+        sql.save = queue_sql::postgres_fair_save(table, &f, &h);
     }
 }
 

@@ -292,7 +292,7 @@ impl SqlStore {
                     let place = queue::place_of(inner, &state);
                     let fair = inner.queue.as_ref().zip(place);
                     let saved = queries::save(conn, &inner.sql, ids, secs, (&rec, fair)).await?;
-                    if place.is_some_and(|p| p < queue::NEWCOMER)
+                    if place.is_some_and(|p| p < super::queue_sql::NEWCOMER)
                         && matches!(saved, queries::Saved::Conflict { .. })
                     {
                         queue::left_meanwhile(conn, inner, &state, ids).await?;

@@ -7,7 +7,7 @@ use sqlx::pool::PoolConnection;
 use sqlx::{AssertSqlSafe, MySql, MySqlPool, PgPool, Postgres, Sqlite, SqlitePool};
 
 use super::dialect::{Flavor, Sql};
-use super::queue::{NEWCOMER, QueueSql, enqueue, unqueue};
+use super::queue_sql::{NEWCOMER, QueueSql, enqueue, unqueue};
 use super::records::{Rec, record_of, upsert_record};
 use crate::meta::HolderRecord;
 
@@ -215,7 +215,7 @@ pub(crate) async fn save(
                 .bind(rec.resource)
                 .bind(rec.text());
             let q = match fair {
-                Some((_, since)) => q.bind(since).bind(super::queue::ticket_ms()),
+                Some((_, since)) => q.bind(since).bind(super::queue_sql::ticket_ms()),
                 None => q,
             };
             let (got, n, holder, left, queued): Answer = q.fetch_one(&mut **p).await?;

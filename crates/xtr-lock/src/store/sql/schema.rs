@@ -6,7 +6,7 @@ use super::dialect::Flavor;
 use super::dialect::holder_table;
 use super::errors::map_error;
 use super::queries::{self, Conn};
-use super::queue::queue_table;
+use super::queue_sql::queue_table;
 use super::sem_sql::{perm_table, sem_table};
 use crate::error::{Error, Result};
 use sqlx::AssertSqlSafe;

@@ -4,7 +4,7 @@
 use sqlx::AssertSqlSafe;
 
 use super::queries::{Conn, on_conn};
-use super::queue::{NEWCOMER, QueueSql, enqueue, unqueue};
+use super::queue_sql::{NEWCOMER, QueueSql, enqueue, unqueue};
 use super::records::{Rec, record_of, upsert_record};
 use super::sem_sql::SemSql;
 use crate::meta::HolderRecord;

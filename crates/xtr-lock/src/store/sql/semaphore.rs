@@ -79,7 +79,7 @@ impl SqlStore {
                         known,
                     )
                     .await?;
-                    if place.is_some_and(|p| p < queue::NEWCOMER)
+                    if place.is_some_and(|p| p < super::queue_sql::NEWCOMER)
                         && matches!(admitted, Admitted::Full { .. })
                     {
                         let q_id = format!("s:{id}");

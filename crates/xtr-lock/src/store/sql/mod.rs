@@ -180,7 +180,8 @@ impl SqlStore {
     /// A store on the database `dsn` names: `postgres://` or `postgresql://`, `mysql://` or
     /// `mariadb://` (`[user[:password]@]host[:port]/database`), `sqlite:///absolute/path.db`, or
     /// `sqlite::memory:`; with the options `table` (default `lock_keys`), `create_table`
-    /// (`true`: make the tables on first use), `connect_timeout` and `statement_timeout`
+    /// (`true`: make the tables on first use), `fair` (default `true`: waiters served in
+    /// arrival order on PostgreSQL and SQLite; `false` lets newcomers barge), `connect_timeout` and `statement_timeout`
     /// (seconds, default 5), `max_connections` (default 10); the driver's own options
     /// (`sslmode`, `sslrootcert`, `ssl-mode`, …) go to it, and any other option is refused,
     /// naming it. Touches no network: the pool opens on first use.
@@ -240,7 +241,7 @@ impl SqlStore {
         let queue = queue_sql::QueueSql::new(flavor, table);
         let mut sql = Sql::new(flavor, table);
         if queue.is_some() {
-            fair_statements(&mut sql, flavor, table);
+            queue_sql::fair_statements(&mut sql, flavor, table);
         }
         SqlStore {
             inner: Arc::new(Inner {
@@ -284,7 +285,7 @@ impl SqlStore {
         inner.sql = Sql::new(inner.flavor, &inner.table);
         inner.queue = queue_sql::QueueSql::new(inner.flavor, &inner.table).filter(|_| inner.fair);
         if inner.queue.is_some() {
-            fair_statements(&mut inner.sql, inner.flavor, &inner.table);
+            queue_sql::fair_statements(&mut inner.sql, inner.flavor, &inner.table);
         }
         inner.sem = SemSql::new(inner.flavor, &inner.table);
         inner.rec = HolderSql::new(inner.flavor, &inner.table);
@@ -388,15 +389,6 @@ impl SqlStore {
             .with_store(self));
         }
         Ok(secs)
-    }
-}
-
-/// A fair store's statements: PostgreSQL's save checks the queue (SQLite's checks it in its
-/// transaction; MySQL has no queue).
-fn fair_statements(sql: &mut Sql, flavor: dialect::Flavor, table: &str) {
-    if flavor == dialect::Flavor::Postgres {
-        let (f, h) = (format!("{table}_fence"), dialect::holder_table(table));
-        sql.save = queue_sql::postgres_fair_save(table, &f, &h);
     }
 }
 

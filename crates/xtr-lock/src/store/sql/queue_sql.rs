@@ -3,11 +3,17 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use super::dialect::Flavor;
+use super::dialect::{Flavor, Sql, holder_table};
 
 /// How long a ticket outlives its waiter's last save: the longest a waiter whose process died
 /// keeps the others out of a free lock.
 pub(crate) const TICKET_TTL: Duration = Duration::from_secs(6);
+
+/// A queued ticket's expiry is pushed forward only once it is this old (ms): a waiter's
+/// refused saves in between write nothing (on SQLite a write transaction that changed nothing
+/// commits without touching the file). Its watcher fires every 2 s, so a live waiter's ticket
+/// keeps at least 4 s.
+const REFRESH_MS: i64 = 2000;
 
 /// The `since_us` of a newcomer (not waiting): behind every ticket.
 pub(crate) const NEWCOMER: i64 = i64::MAX;
@@ -94,7 +100,8 @@ impl QueueSql {
                 "INSERT INTO {q} (q_id, token, since_us, seq, permits, expires_ms) \
                  VALUES (#1, #2, #3, {micros}, #4, {ms} + #5) \
                  ON CONFLICT (q_id, token) DO UPDATE SET expires_ms = excluded.expires_ms, \
-                 permits = excluded.permits"
+                 permits = excluded.permits \
+                 WHERE {q}.expires_ms < excluded.expires_ms - {REFRESH_MS}"
             )),
             leave,
             unqueue: n(format!("DELETE FROM {q} WHERE q_id = #1 AND token = #2")),
@@ -148,7 +155,8 @@ pub(crate) fn postgres_fair_save(t: &str, f: &str, h: &str) -> String {
          qi AS (INSERT INTO {q} AS o (q_id, token, since_us, seq, permits, expires_ms) \
                 SELECT $1, $2, $6, {PG_MICROS}, 0, {PG_MILLIS} + $7 \
                 WHERE $6 < {NEWCOMER} AND NOT EXISTS (SELECT 1 FROM up) \
-                ON CONFLICT (q_id, token) DO UPDATE SET expires_ms = EXCLUDED.expires_ms) \
+                ON CONFLICT (q_id, token) DO UPDATE SET expires_ms = EXCLUDED.expires_ms \
+                WHERE o.expires_ms < EXCLUDED.expires_ms - {REFRESH_MS}) \
          SELECT EXISTS (SELECT 1 FROM up), (SELECT n FROM d), \
                 (SELECT key_token FROM old), \
                 (SELECT CAST((old.key_expiration - 0.5 - c.f) * 1000 AS BIGINT) FROM old, c), \
@@ -194,3 +202,12 @@ macro_rules! unqueue {
     };
 }
 pub(crate) use unqueue;
+
+/// A fair store's statements: PostgreSQL's save checks the queue (SQLite's checks it in its
+/// transaction; MySQL has no queue).
+pub(crate) fn fair_statements(sql: &mut Sql, flavor: Flavor, table: &str) {
+    if flavor == Flavor::Postgres {
+        let (f, h) = (format!("{table}_fence"), holder_table(table));
+        sql.save = postgres_fair_save(table, &f, &h);
+    }
+}

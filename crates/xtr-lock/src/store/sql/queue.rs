@@ -19,8 +19,9 @@
 //! - A waiter that leaves (its last watcher dropped: cancelled, timed out) deletes its ticket
 //!   in the background and wakes the resource's waiters; a save still on its way when its
 //!   waiter left deletes the ticket it queued. A ticket whose process died expires after
-//!   [`TICKET_TTL`]; a waiter's watcher fires every [`TICKET_REFRESH`] so that its next save
-//!   pushes the expiry forward even while nothing else wakes it.
+//!   [`TICKET_TTL`](super::queue_sql::TICKET_TTL); a waiter's watcher fires every
+//!   [`TICKET_REFRESH`] so that its next save pushes the expiry forward even while nothing
+//!   else wakes it.
 //! - MySQL/MariaDB stay unfair for now (its save is one `INSERT … ON DUPLICATE KEY UPDATE`
 //!   whose outcome comes back in `LAST_INSERT_ID`: the queue check would need a transaction,
 //!   a round trip more).
@@ -40,7 +41,7 @@ type Db<T> = Result<T, sqlx::Error>;
 
 /// How often a queued waiter's watcher fires, so that its save pushes its ticket's expiry
 /// forward while no release wakes it.
-pub(crate) const TICKET_REFRESH: Duration = Duration::from_secs(2);
+pub(crate) const TICKET_REFRESH: Duration = Duration::from_millis(1500);
 
 /// The pause of a save kept out of a free lock by a queued waiter: the head normally takes the
 /// lock within a round trip, and its release wakes the others.

@@ -11,8 +11,8 @@ pub(crate) const TICKET_TTL: Duration = Duration::from_secs(6);
 
 /// A queued ticket's expiry is pushed forward only once it is this old (ms): a waiter's
 /// refused saves in between write nothing (on SQLite a write transaction that changed nothing
-/// commits without touching the file). Its watcher fires every 2 s, so a live waiter's ticket
-/// keeps at least 4 s.
+/// commits without touching the file). Its watcher fires every 1.5 s, so the expiry is pushed
+/// 2 to 3.5 s after the last push: a live waiter's ticket keeps at least 2.5 s in hand.
 const REFRESH_MS: i64 = 2000;
 
 /// The `since_us` of a newcomer (not waiting): behind every ticket.

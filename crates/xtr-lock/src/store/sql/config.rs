@@ -290,6 +290,15 @@ mod tests {
     use super::*;
 
     #[test]
+    fn fair_is_the_default_and_fair_false_lets_newcomers_barge() {
+        assert!(parse("postgres://h/db").unwrap().fair);
+        assert!(!parse("postgres://h/db?fair=false").unwrap().fair);
+        assert!(!parse("sqlite:///tmp/l.db?fair=false").unwrap().fair);
+        let err = parse("mysql://h/db?fair=sometimes").unwrap_err().to_string();
+        assert!(err.contains("fair"), "{err}");
+    }
+
+    #[test]
     fn dsns_split_our_options_from_the_drivers() {
         let c = parse(
             "postgres://app:s3cret@db.internal:6543/locks?table=my_locks&sslmode=disable&statement_timeout=2",

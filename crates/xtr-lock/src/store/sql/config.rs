@@ -294,7 +294,9 @@ mod tests {
         assert!(parse("postgres://h/db").unwrap().fair);
         assert!(!parse("postgres://h/db?fair=false").unwrap().fair);
         assert!(!parse("sqlite:///tmp/l.db?fair=false").unwrap().fair);
-        let err = parse("mysql://h/db?fair=sometimes").unwrap_err().to_string();
+        let err = parse("mysql://h/db?fair=sometimes")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("fair"), "{err}");
     }
 

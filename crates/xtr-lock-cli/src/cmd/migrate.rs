@@ -32,7 +32,13 @@ pub(crate) async fn migrate(source: &Source, print: bool) -> Result<Exit> {
         }
         let made = store.create_table().await?;
         let t = store.table();
-        let what = format!("{t}, {t}_fence, {t}_holder, {t}_sem and {t}_perm in {store}");
+        // The fair queue, on a fair store (PostgreSQL, SQLite; not MySQL, not `?fair=false`).
+        let queue = if xtr_lock::Store::capabilities(&store).fair {
+            format!("{t}_queue, ")
+        } else {
+            String::new()
+        };
+        let what = format!("{t}, {t}_fence, {t}_holder, {queue}{t}_sem and {t}_perm in {store}");
         if made {
             crate::output::print(&format!("made {what}"))?;
         } else {

@@ -34,7 +34,8 @@ fn migrate_then_run_status_and_a_deleted_row_stops_the_command() {
     let out = xtr().args(["migrate", "--store", &dsn]).output().unwrap();
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).starts_with(
-        "made lock_keys, lock_keys_fence, lock_keys_holder, lock_keys_sem and lock_keys_perm"
+        "made lock_keys, lock_keys_fence, lock_keys_holder, lock_keys_queue, lock_keys_sem and \
+         lock_keys_perm"
     ));
     let out = xtr().args(["migrate", "--store", &dsn]).output().unwrap();
     assert!(String::from_utf8_lossy(&out.stdout).contains("already there"));

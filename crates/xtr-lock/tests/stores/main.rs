@@ -47,6 +47,7 @@ mod session_lease;
 mod sql;
 mod sql_deadlock;
 mod sql_errors;
+mod sql_fair;
 mod sql_lost_answer;
 mod sql_semaphore;
 mod store_check;

@@ -108,9 +108,9 @@ async fn the_semaphore_tables_are_made_with_the_others() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("t.db");
     let bare = SqlStore::from_dsn(&format!("sqlite://{}", path.display())).unwrap();
-    assert_eq!(bare.ddl().len(), 5);
-    // The lock table, the fencing table, the holders' records.
-    let locks_only = &bare.ddl()[..3];
+    assert_eq!(bare.ddl().len(), 6);
+    // The lock table, the fencing table, the holders' records, the fair queue.
+    let locks_only = &bare.ddl()[..4];
     let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}?mode=rwc", path.display()))
         .await
         .unwrap();

@@ -79,6 +79,8 @@ pub(crate) struct SqlConfig {
     pub(crate) target: Target,
     pub(crate) table: String,
     pub(crate) create_table: bool,
+    /// Waiters served in arrival order (`fair`, default true); false lets newcomers barge.
+    pub(crate) fair: bool,
     pub(crate) connect_timeout: Duration,
     pub(crate) statement_timeout: Duration,
     pub(crate) max_connections: u32,
@@ -240,6 +242,7 @@ pub(crate) const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
 struct Options {
     table: String,
     create_table: bool,
+    fair: bool,
     connect_timeout: Duration,
     statement_timeout: Duration,
     max_connections: u32,
@@ -254,6 +257,7 @@ impl Options {
         Ok(Options {
             table: table.unwrap_or_else(|| DEFAULT_TABLE.to_owned()),
             create_table: options.flag("create_table")?.unwrap_or(false),
+            fair: options.flag("fair")?.unwrap_or(true),
             connect_timeout: options.seconds_or("connect_timeout", MAX_TIMEOUT, DEFAULT_TIMEOUT)?,
             statement_timeout: options.seconds_or(
                 "statement_timeout",
@@ -272,6 +276,7 @@ impl Options {
             target,
             table: self.table,
             create_table: self.create_table,
+            fair: self.fair,
             connect_timeout: self.connect_timeout,
             statement_timeout: self.statement_timeout,
             max_connections: if memory { 1 } else { self.max_connections },
@@ -283,6 +288,17 @@ impl Options {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fair_is_the_default_and_fair_false_lets_newcomers_barge() {
+        assert!(parse("postgres://h/db").unwrap().fair);
+        assert!(!parse("postgres://h/db?fair=false").unwrap().fair);
+        assert!(!parse("sqlite:///tmp/l.db?fair=false").unwrap().fair);
+        let err = parse("mysql://h/db?fair=sometimes")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("fair"), "{err}");
+    }
 
     #[test]
     fn dsns_split_our_options_from_the_drivers() {

@@ -103,7 +103,8 @@ fn postgres_save(t: &str, f: &str, h: &str) -> String {
                ELSE EXCLUDED.at_ms END) \
          SELECT EXISTS (SELECT 1 FROM up), (SELECT n FROM d), \
                 (SELECT key_token FROM old), \
-                (SELECT CAST((old.key_expiration - 0.5 - c.f) * 1000 AS BIGINT) FROM old, c)"
+                (SELECT CAST((old.key_expiration - 0.5 - c.f) * 1000 AS BIGINT) FROM old, c), \
+                false"
     )
 }
 

@@ -43,9 +43,13 @@ impl SqlStore {
                     let locks = list_locks(conn, &inner.rec, &pattern).await?;
                     let unnamed = list_unnamed(conn, &inner.rec, all, &id).await?;
                     let sems = inner.sem_schema.initialized()
-                        || !queries::columns(conn, &inner.sql, &perm_table(&inner.table))
-                            .await?
-                            .is_empty();
+                        || !super::schema::table_columns(
+                            conn,
+                            &inner.sql,
+                            &perm_table(&inner.table),
+                        )
+                        .await?
+                        .is_empty();
                     let permits = match sems {
                         true => list_permits(conn, &inner.rec, &pattern).await?,
                         false => Vec::new(),
@@ -89,6 +93,34 @@ impl SqlStore {
                 _ = acquired.changed() => {}
             }
         })
+    }
+
+    pub(super) async fn who(&self, resource: &str) -> Result<Vec<HolderInfo>> {
+        let id = key_id(resource);
+        let rows = self
+            .run(resource, Run::plain(&self.inner), move |conn, inner| {
+                let id = id.clone();
+                Box::pin(async move { queries::holders(conn, &inner.sql, &id).await })
+            })
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(token, left, record)| {
+                let left = Duration::from_millis(u64::try_from(left).unwrap_or(0));
+                HolderInfo::new(Mode::Write, None, Some(left))
+                    .with_token(&token)
+                    .with_record(record)
+            })
+            .collect())
+    }
+
+    pub(super) async fn counter(&self, resource: &str) -> Result<u64> {
+        let id = key_id(resource);
+        self.run(resource, Run::plain(&self.inner), move |conn, inner| {
+            let id = id.clone();
+            Box::pin(async move { queries::fence_counter(conn, &inner.sql, &id).await })
+        })
+        .await
     }
 }
 

@@ -24,6 +24,8 @@ mod listing;
 mod notify;
 mod pool;
 mod queries;
+mod queue;
+mod queue_sql;
 mod records;
 mod release;
 mod schema;
@@ -134,6 +136,10 @@ struct Inner {
     sem: SemSql,
     /// The holders' records' statements (`<table>_holder`).
     rec: HolderSql,
+    /// Waiters are served in arrival order (`?fair=false` lets newcomers barge).
+    fair: bool,
+    /// The fair queue's statements (`<table>_queue`): fair, and not on MySQL.
+    queue: Option<queue_sql::QueueSql>,
     pools: Pools,
     create_table: bool,
     statement_timeout: Duration,
@@ -174,7 +180,8 @@ impl SqlStore {
     /// A store on the database `dsn` names: `postgres://` or `postgresql://`, `mysql://` or
     /// `mariadb://` (`[user[:password]@]host[:port]/database`), `sqlite:///absolute/path.db`, or
     /// `sqlite::memory:`; with the options `table` (default `lock_keys`), `create_table`
-    /// (`true`: make the tables on first use), `connect_timeout` and `statement_timeout`
+    /// (`true`: make the tables on first use), `fair` (default `true`: waiters served in
+    /// arrival order on PostgreSQL and SQLite; `false` lets newcomers barge), `connect_timeout` and `statement_timeout`
     /// (seconds, default 5), `max_connections` (default 10); the driver's own options
     /// (`sslmode`, `sslrootcert`, `ssl-mode`, …) go to it, and any other option is refused,
     /// naming it. Touches no network: the pool opens on first use.
@@ -191,13 +198,14 @@ impl SqlStore {
             &config.table,
             config.create_table,
             config.statement_timeout,
-        ))
+        )
+        .with_fairness(config.fair))
     }
 
     /// A store over a PostgreSQL pool you built. Its connections must be in autocommit (the
     /// store never opens a transaction on them).
     pub fn from_pg_pool(pool: sqlx::PgPool) -> Self {
-        let shown = describe_pg(&pool);
+        let shown = pool::describe_pg(&pool);
         Self::from_pool(Pool::Postgres(pool), shown)
     }
 
@@ -230,14 +238,21 @@ impl SqlStore {
     ) -> Self {
         let flavor = pools.flavor();
         let channel = format!("xtr_lock_{}", &key_id(table)[..16]);
+        let queue = queue_sql::QueueSql::new(flavor, table);
+        let mut sql = Sql::new(flavor, table);
+        if queue.is_some() {
+            queue_sql::fair_statements(&mut sql, flavor, table);
+        }
         SqlStore {
             inner: Arc::new(Inner {
                 shown: shown.to_owned(),
                 table: table.to_owned(),
                 flavor,
-                sql: Sql::new(flavor, table),
+                sql,
                 sem: SemSql::new(flavor, table),
                 rec: HolderSql::new(flavor, table),
+                fair: true,
+                queue,
                 pools,
                 create_table,
                 statement_timeout,
@@ -265,8 +280,13 @@ impl SqlStore {
         );
         let inner = Arc::get_mut(&mut store.inner).expect("a store just built");
         inner.sweep_every = old.sweep_every;
+        inner.fair = old.fair;
         f(inner);
         inner.sql = Sql::new(inner.flavor, &inner.table);
+        inner.queue = queue_sql::QueueSql::new(inner.flavor, &inner.table).filter(|_| inner.fair);
+        if inner.queue.is_some() {
+            queue_sql::fair_statements(&mut inner.sql, inner.flavor, &inner.table);
+        }
         inner.sem = SemSql::new(inner.flavor, &inner.table);
         inner.rec = HolderSql::new(inner.flavor, &inner.table);
         inner.channel = format!("xtr_lock_{}", &key_id(&inner.table)[..16]);
@@ -302,12 +322,15 @@ impl SqlStore {
 
     /// The DDL [`create_table`](SqlStore::create_table) runs on this database: the lock table
     /// with Symfony's column types, the fencing table, the holders' records
-    /// (`<table>_holder`), then the semaphores' two tables (`<table>_sem`, `<table>_perm`).
-    /// For migrations kept elsewhere.
+    /// (`<table>_holder`), the fair queue (`<table>_queue`, on a fair store but MySQL's),
+    /// then the semaphores' two tables (`<table>_sem`, `<table>_perm`). For migrations kept
+    /// elsewhere.
     pub fn ddl(&self) -> Vec<String> {
         let (locks, sems) = (&self.inner.sql.create, &self.inner.sem.create);
         let records = std::iter::once(&self.inner.rec.create);
-        locks.iter().chain(records).chain(sems).cloned().collect()
+        let queue = self.inner.queue.iter().map(|q| &q.create);
+        let all = locks.iter().chain(records).chain(queue).chain(sems);
+        all.cloned().collect()
     }
 
     /// The lock table's name.
@@ -375,17 +398,6 @@ fn whole_seconds(ttl: Duration) -> i32 {
     i32::try_from(ttl.as_secs()).unwrap_or(i32::MAX / 2)
 }
 
-/// A credential-free description of a PostgreSQL pool's server.
-fn describe_pg(pool: &sqlx::PgPool) -> String {
-    let o = pool.connect_options();
-    format!(
-        "postgres://{}:{}/{}",
-        o.get_host(),
-        o.get_port(),
-        o.get_database().unwrap_or("postgres")
-    )
-}
-
 mod ops;
 
 impl fmt::Display for SqlStore {
@@ -422,7 +434,7 @@ impl Store for SqlStore {
             counting: true,
             metadata: true,
             lists: true,
-            fair: false,
+            fair: self.inner.queue.is_some(),
         }
     }
 
@@ -490,9 +502,10 @@ impl Store for SqlStore {
     /// Registers a waiter on the resource's `key_id`. It sees every release while the holder
     /// met at the last refusal announces its releases: a holder of this store (in-process), or
     /// on PostgreSQL any holder of this library while the listener is up. Otherwise the lock
-    /// polls.
-    async fn watch(&self, key: &Key, _waiting_since: SystemTime) -> Result<Option<Watcher>> {
-        Ok(Some(self.watcher(key).await))
+    /// polls. On a fair store the holder's next saves queue its ticket (`waiting_since` is its
+    /// place), kept while one of its watchers lives.
+    async fn watch(&self, key: &Key, waiting_since: SystemTime) -> Result<Option<Watcher>> {
+        Ok(Some(self.watcher(key, waiting_since).await))
     }
 
     /// The semaphore's live holder rows and its stored limit, in one statement.

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use super::records::{Rec, stored_name};
 use super::{
     HolderState, Inner, KIND, SqlStore, acquired, announces, changes_id, check_expiry, holding,
-    key_id, lock, notify, queries, refused, schema, wake_id, whole_seconds,
+    key_id, lock, notify, queries, queue, refused, schema, wake_id, whole_seconds,
 };
 use crate::meta::HolderRecord;
 use tokio::sync::watch;
@@ -15,7 +15,7 @@ use tokio::sync::watch;
 use crate::clock::BoxFuture;
 use crate::error::{Error, Result};
 use crate::key::{Key, Mode};
-use crate::store::{HolderInfo, Holding, Saved, Watcher};
+use crate::store::{Conflict, Holding, Saved, Watcher};
 
 use super::dialect::Flavor;
 use super::errors::{broken, map_error, rolled_back};
@@ -289,7 +289,15 @@ impl SqlStore {
                     let sent = Instant::now();
                     let live = inner.held.held_by(&id, |t| t == token) && state.live_at(sent);
                     let ids = (id.as_str(), token.as_str());
-                    match queries::save(conn, &inner.sql, ids, secs, &rec).await? {
+                    let place = queue::place_of(inner, &state);
+                    let fair = inner.queue.as_ref().zip(place);
+                    let saved = queries::save(conn, &inner.sql, ids, secs, (&rec, fair)).await?;
+                    if place.is_some_and(|p| p < super::queue_sql::NEWCOMER)
+                        && matches!(saved, queries::Saved::Conflict { .. })
+                    {
+                        queue::left_meanwhile(conn, inner, &state, ids).await?;
+                    }
+                    match saved {
                         // Our row, and we cannot tell whether we just wrote it: an earlier run
                         // of this statement landed and its answer was lost with its connection
                         // (this is the rerun after a broken one), or a save given up on at its
@@ -308,6 +316,8 @@ impl SqlStore {
         };
         match saved {
             queries::Saved::Acquired { fence } => {
+                // No longer waiting: the save took its ticket out.
+                *lock(&state.waiting) = None;
                 state.confirm(sent + Duration::from_secs(u64::try_from(secs - 1).unwrap_or(0)));
                 state.wrote(meta);
                 self.inner.held.hold(&state.claim, &id, &token);
@@ -316,7 +326,17 @@ impl SqlStore {
                 check_expiry(self, key).await?;
                 Ok(acquired(fence))
             }
-            queries::Saved::Conflict { holder } => {
+            queries::Saved::Conflict { holder, queued } => {
+                let free = holder
+                    .as_ref()
+                    .is_none_or(|h| h.left_ms.is_some_and(|l| l <= 0));
+                if queued && free {
+                    // A free lock kept for a waiter queued before this one.
+                    self.forget(&id, &token);
+                    return Ok(Saved::Conflict(
+                        Conflict::new().with_retry_after(queue::QUEUE_RECHECK),
+                    ));
+                }
                 Ok(self.refused_save(&state, (&id, &token), holder.as_ref()))
             }
         }
@@ -443,7 +463,7 @@ impl SqlStore {
         Ok(found)
     }
 
-    pub(super) async fn watcher(&self, key: &Key) -> Watcher {
+    pub(super) async fn watcher(&self, key: &Key, since: std::time::SystemTime) -> Watcher {
         let id = wake_id(key);
         let mut rx = self.inner.wakers.subscribe(&id);
         if self.inner.flavor == Flavor::Postgres {
@@ -452,13 +472,28 @@ impl SqlStore {
         let state = key.handle::<HolderState>(self.inner.owner);
         let (announced, via) = (state.announced.clone(), state.via_listener.clone());
         let wakers = self.inner.wakers.clone();
+        // A queued waiter's place, held while this watcher lives; it looks again now and then
+        // so that its save keeps its ticket from expiring.
+        let place = key
+            .has_token(KIND)
+            .then(|| self.hold_place(&state, (id, key.token(KIND)), since))
+            .flatten();
+        let refresh = place.is_some();
         Watcher::with_coverage(
             async move {
-                if rx.changed().await.is_err() {
-                    std::future::pending::<()>().await;
+                let changed = async {
+                    if rx.changed().await.is_err() {
+                        std::future::pending::<()>().await;
+                    }
+                };
+                if refresh {
+                    let _ = tokio::time::timeout(queue::TICKET_REFRESH, changed).await;
+                } else {
+                    changed.await;
                 }
             },
             move || {
+                let _ = &place;
                 announced.load(Ordering::Acquire)
                     && (!via.load(Ordering::Acquire) || wakers.listening())
             },
@@ -492,34 +527,6 @@ impl SqlStore {
         }
     }
 
-    pub(super) async fn who(&self, resource: &str) -> Result<Vec<HolderInfo>> {
-        let id = key_id(resource);
-        let rows = self
-            .run(resource, Run::plain(&self.inner), move |conn, inner| {
-                let id = id.clone();
-                Box::pin(async move { queries::holders(conn, &inner.sql, &id).await })
-            })
-            .await?;
-        Ok(rows
-            .into_iter()
-            .map(|(token, left, record)| {
-                let left = Duration::from_millis(u64::try_from(left).unwrap_or(0));
-                HolderInfo::new(Mode::Write, None, Some(left))
-                    .with_token(&token)
-                    .with_record(record)
-            })
-            .collect())
-    }
-
-    pub(super) async fn counter(&self, resource: &str) -> Result<u64> {
-        let id = key_id(resource);
-        self.run(resource, Run::plain(&self.inner), move |conn, inner| {
-            let id = id.clone();
-            Box::pin(async move { queries::fence_counter(conn, &inner.sql, &id).await })
-        })
-        .await
-    }
-
     /// Sweeps expired rows in the background, at most once per sweep interval.
     pub(super) fn maybe_sweep(&self) {
         let now = Instant::now();
@@ -543,6 +550,11 @@ impl SqlStore {
                 let counters = queries::execute(&mut taken.conn, &inner.sql.prune_fence).await;
                 // Records of holders whose rows went (released elsewhere, taken over, swept).
                 let records = queries::execute(&mut taken.conn, &inner.rec.prune).await;
+                // Tickets of waiters gone long ago (a ticket expires on its own; this only
+                // keeps the table small).
+                if let Some(q) = &inner.queue {
+                    let _ = queries::execute(&mut taken.conn, &q.prune).await;
+                }
                 // The semaphores' expired holders, once a semaphore was used here.
                 let permits = if inner.sem_schema.initialized() {
                     let rows = queries::execute(&mut taken.conn, &inner.sem.prune).await;

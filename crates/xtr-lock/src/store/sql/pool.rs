@@ -138,3 +138,14 @@ fn build(config: &SqlConfig) -> Pool {
         }
     }
 }
+
+/// A credential-free description of a PostgreSQL pool's server.
+pub(super) fn describe_pg(pool: &sqlx::PgPool) -> String {
+    let o = pool.connect_options();
+    format!(
+        "postgres://{}:{}/{}",
+        o.get_host(),
+        o.get_port(),
+        o.get_database().unwrap_or("postgres")
+    )
+}

@@ -7,6 +7,7 @@ use sqlx::pool::PoolConnection;
 use sqlx::{AssertSqlSafe, MySql, MySqlPool, PgPool, Postgres, Sqlite, SqlitePool};
 
 use super::dialect::{Flavor, Sql};
+use super::queue_sql::{NEWCOMER, QueueSql, enqueue, unqueue};
 use super::records::{Rec, record_of, upsert_record};
 use crate::meta::HolderRecord;
 
@@ -172,8 +173,9 @@ pub(crate) enum Saved {
     /// The row is ours. `fence` is the new fencing token of a new acquisition (a new row, or the
     /// takeover of an expired one); `None` for a re-save of our own row.
     Acquired { fence: Option<u64> },
-    /// Someone else's live row, as far as the statement saw it.
-    Conflict { holder: Option<Row> },
+    /// Someone else's live row, as far as the statement saw it; or (`queued`) a free or
+    /// expired row kept for a waiter queued before the caller.
+    Conflict { holder: Option<Row>, queued: bool },
 }
 
 fn fence(n: Option<i64>) -> Option<u64> {
@@ -194,25 +196,29 @@ async fn upsert(conn: &mut Conn, rec: &Rec<'_>, ids: (&str, &str), new: bool) ->
 }
 
 /// Acquires `id` for `token` for `ttl` whole seconds, writing the holder's record `rec` with it
-/// (in the statement on PostgreSQL, in the transaction on SQLite, after it on MySQL).
+/// (in the statement on PostgreSQL, in the transaction on SQLite, after it on MySQL). `fair`:
+/// the queue, and the caller's place in it (see `queue`).
 pub(crate) async fn save(
     conn: &mut Conn,
     sql: &Sql,
     (id, token): (&str, &str),
     ttl: i32,
-    rec: &Rec<'_>,
+    (rec, fair): (&Rec<'_>, Option<(&QueueSql, i64)>),
 ) -> Db<Saved> {
     match conn {
         Conn::Postgres(p) => {
-            let (got, n, holder, left): (bool, Option<i64>, Option<String>, Option<i64>) =
-                sqlx::query_as(AssertSqlSafe(sql.save.as_str()))
-                    .bind(id)
-                    .bind(token)
-                    .bind(ttl)
-                    .bind(rec.resource)
-                    .bind(rec.text())
-                    .fetch_one(&mut **p)
-                    .await?;
+            type Answer = (bool, Option<i64>, Option<String>, Option<i64>, bool);
+            let q = sqlx::query_as(AssertSqlSafe(sql.save.as_str()))
+                .bind(id)
+                .bind(token)
+                .bind(ttl)
+                .bind(rec.resource)
+                .bind(rec.text());
+            let q = match fair {
+                Some((_, since)) => q.bind(since).bind(super::queue_sql::ticket_ms()),
+                None => q,
+            };
+            let (got, n, holder, left, queued): Answer = q.fetch_one(&mut **p).await?;
             if got {
                 return Ok(Saved::Acquired { fence: fence(n) });
             }
@@ -222,6 +228,7 @@ pub(crate) async fn save(
                     live: true,
                     left_ms: left,
                 }),
+                queued,
             })
         }
         Conn::MySql(p) => {
@@ -248,10 +255,11 @@ pub(crate) async fn save(
                 }
                 _ => Ok(Saved::Conflict {
                     holder: read(conn, sql, id).await?,
+                    queued: false,
                 }),
             }
         }
-        Conn::Sqlite(p) => save_sqlite(p, sql, (id, token), ttl, rec).await,
+        Conn::Sqlite(p) => save_sqlite(p, sql, (id, token), ttl, (rec, fair)).await,
     }
 }
 
@@ -265,13 +273,14 @@ async fn upsert_after(conn: &mut Conn, rec: &Rec<'_>, holder: (&str, &str), fres
     }
 }
 
-/// SQLite's save: the row is read, then saved, in one write transaction.
+/// SQLite's save: the row is read, the queue checked, then the row saved, in one write
+/// transaction (in-process: the queue's statements cost no round trip).
 async fn save_sqlite(
     p: &mut PoolConnection<Sqlite>,
     sql: &Sql,
     (id, token): (&str, &str),
     ttl: i32,
-    rec: &Rec<'_>,
+    (rec, fair): (&Rec<'_>, Option<(&QueueSql, i64)>),
 ) -> Db<Saved> {
     // The write transaction holds the database's write lock from its first statement,
     // so the row read here is the row the upsert meets.
@@ -282,12 +291,31 @@ async fn save_sqlite(
             .fetch_optional(&mut *tx)
             .await?;
     let found = found.map(row);
-    if let Some(r) = &found
-        && r.token != token
-        && r.live
-    {
-        tx.rollback().await?;
-        return Ok(Saved::Conflict { holder: found });
+    let mine = found.as_ref().is_some_and(|r| r.token == token);
+    let taken = found.as_ref().is_some_and(|r| r.token != token && r.live);
+    // Kept out by a waiter queued before the caller (never its own row: a re-save).
+    let queued = match fair {
+        Some((q, since)) if !mine && !taken => {
+            sqlx::query_scalar::<_, bool>(AssertSqlSafe(q.blocked.as_str()))
+                .bind(id)
+                .bind(token)
+                .bind(since)
+                .fetch_one(&mut *tx)
+                .await?
+        }
+        _ => false,
+    };
+    if taken || queued {
+        return refuse_sqlite(
+            tx,
+            (id, token),
+            fair,
+            Saved::Conflict {
+                holder: found,
+                queued,
+            },
+        )
+        .await;
     }
     let got: Option<i64> = sqlx::query_scalar(AssertSqlSafe(sql.save.as_str()))
         .bind(id)
@@ -296,10 +324,13 @@ async fn save_sqlite(
         .fetch_optional(&mut *tx)
         .await?;
     if got.is_none() {
-        tx.rollback().await?;
-        return Ok(Saved::Conflict { holder: found });
+        let refused = Saved::Conflict {
+            holder: found,
+            queued: false,
+        };
+        return refuse_sqlite(tx, (id, token), fair, refused).await;
     }
-    let new = found.as_ref().is_none_or(|r| r.token != token);
+    let new = !mine;
     let n = if new {
         Some(
             sqlx::query_scalar::<_, i64>(AssertSqlSafe(sql.draw.as_str()))
@@ -311,8 +342,31 @@ async fn save_sqlite(
         None
     };
     upsert_record!(rec, &mut *tx, (id, token), new, None)?;
+    if let Some((q, since)) = fair
+        && since < NEWCOMER
+    {
+        unqueue!(q, &mut *tx, (id, token))?;
+    }
     tx.commit().await?;
     Ok(Saved::Acquired { fence: fence(n) })
+}
+
+/// Ends SQLite's refused save: a waiter's ticket is queued (or refreshed) and committed;
+/// otherwise nothing was written.
+async fn refuse_sqlite(
+    mut tx: sqlx::Transaction<'_, Sqlite>,
+    (id, token): (&str, &str),
+    fair: Option<(&QueueSql, i64)>,
+    refused: Saved,
+) -> Db<Saved> {
+    match fair {
+        Some((q, since)) if since < NEWCOMER => {
+            enqueue!(q, &mut *tx, (id, token), since, 0u32)?;
+            tx.commit().await?;
+        }
+        _ => tx.rollback().await?,
+    }
+    Ok(refused)
 }
 
 /// Draws `id`'s next fencing token (outside an acquiring statement: MySQL's second statement,
@@ -533,28 +587,4 @@ pub(crate) async fn execute(conn: &mut Conn, text: &str) -> Db<u64> {
         Conn::MySql(p) => sqlx::query(q).execute(&mut **p).await?.rows_affected(),
         Conn::Sqlite(p) => sqlx::query(q).execute(&mut **p).await?.rows_affected(),
     })
-}
-
-/// The columns of `table`: name (lowercase), type (lowercase), length.
-pub(crate) async fn columns(
-    conn: &mut Conn,
-    sql: &Sql,
-    table: &str,
-) -> Db<Vec<(String, String, Option<i64>)>> {
-    let q = AssertSqlSafe(sql.columns.as_str());
-    let rows: Vec<(String, String, Option<i64>)> = match conn {
-        // Unquoted names are folded to lowercase by PostgreSQL.
-        Conn::Postgres(p) => {
-            sqlx::query_as(q)
-                .bind(table.to_ascii_lowercase())
-                .fetch_all(&mut **p)
-                .await?
-        }
-        Conn::MySql(p) => sqlx::query_as(q).bind(table).fetch_all(&mut **p).await?,
-        Conn::Sqlite(p) => sqlx::query_as(q).bind(table).fetch_all(&mut **p).await?,
-    };
-    Ok(rows
-        .into_iter()
-        .map(|(n, t, l)| (n.to_ascii_lowercase(), t.to_ascii_lowercase(), l))
-        .collect())
 }

@@ -6,8 +6,12 @@ use super::dialect::Flavor;
 use super::dialect::holder_table;
 use super::errors::map_error;
 use super::queries::{self, Conn};
+use super::queue_sql::queue_table;
 use super::sem_sql::{perm_table, sem_table};
 use crate::error::{Error, Result};
+use sqlx::AssertSqlSafe;
+
+type Db<T> = std::result::Result<T, sqlx::Error>;
 
 /// A table's columns: name, kind, least length.
 type Wanted = &'static [(&'static str, Kind, Option<i64>)];
@@ -25,6 +29,14 @@ const RECORDS: Wanted = &[
     ("record", Kind::Text, None),
     ("at_ms", Kind::Number, None),
 ];
+const QUEUE: Wanted = &[
+    ("q_id", Kind::Text, Some(66)),
+    ("token", Kind::Text, Some(44)),
+    ("since_us", Kind::Number, None),
+    ("seq", Kind::Number, None),
+    ("permits", Kind::Number, None),
+    ("expires_ms", Kind::Number, None),
+];
 const SEMAPHORES: Wanted = &[
     ("sem_id", Kind::Text, Some(64)),
     ("sem_limit", Kind::Number, None),
@@ -37,8 +49,8 @@ const PERMITS: Wanted = &[
     ("expiration", Kind::Number, None),
 ];
 
-/// Checks the lock table, the fencing table and the holders' records, making them first when `create` allows; whether
-/// anything was made.
+/// Checks the lock table, the fencing table, the holders' records and (on a fair store) the
+/// queue, making them first when `create` allows; whether anything was made.
 pub(super) async fn ensure(inner: &Inner, conn: &mut Conn, create: bool) -> Result<bool> {
     let table = &inner.table;
     let tables = [
@@ -56,7 +68,27 @@ pub(super) async fn ensure(inner: &Inner, conn: &mut Conn, create: bool) -> Resu
             "the holders' records of this library",
         ),
     ];
-    ensure_tables(inner, conn, create, &tables).await
+    let made = ensure_tables(inner, conn, create, &tables).await?;
+    let Some(queue) = &inner.queue else {
+        return Ok(made);
+    };
+    let what = "the fair queue of this library";
+    let tables = [(queue_table(table), &queue.create, QUEUE, what)];
+    let queued = ensure_tables(inner, conn, create, &tables)
+        .await
+        .map_err(|e| {
+            // A database made by an older version: migrate, or wait unfairly without it.
+            if e.to_string().contains("does not exist") {
+                Error::storage(format!(
+                    "{what} {} does not exist: make it with `xtr-lock migrate --store <DSN>` (or \
+                 add ?create_table=true, or ?fair=false to wait unfairly without it)",
+                    queue_table(table)
+                ))
+            } else {
+                e
+            }
+        })?;
+    Ok(made || queued)
 }
 
 /// Checks the semaphores' tables (`<table>_sem`, `<table>_perm`), making them first when
@@ -94,18 +126,14 @@ async fn ensure_tables(
     let map = |e| map_error(e, inner);
     let mut made = false;
     for (name, ddl, wanted, what) in tables {
-        let mut columns = queries::columns(conn, &inner.sql, name)
-            .await
-            .map_err(map)?;
+        let mut columns = table_columns(conn, &inner.sql, name).await.map_err(map)?;
         if columns.is_empty() {
             if !create {
                 return Err(missing(name, what));
             }
             queries::execute(conn, ddl).await.map_err(map)?;
             made = true;
-            columns = queries::columns(conn, &inner.sql, name)
-                .await
-                .map_err(map)?;
+            columns = table_columns(conn, &inner.sql, name).await.map_err(map)?;
         }
         for (column, kind, length) in *wanted {
             let Some((_, ty, len)) = columns.iter().find(|(n, _, _)| n == column) else {
@@ -167,4 +195,28 @@ impl Kind {
                 .any(|t| ty.contains(t)),
         }
     }
+}
+
+/// The columns of `table`: name (lowercase), type (lowercase), length.
+pub(super) async fn table_columns(
+    conn: &mut Conn,
+    sql: &super::dialect::Sql,
+    table: &str,
+) -> Db<Vec<(String, String, Option<i64>)>> {
+    let q = AssertSqlSafe(sql.columns.as_str());
+    let rows: Vec<(String, String, Option<i64>)> = match conn {
+        // Unquoted names are folded to lowercase by PostgreSQL.
+        Conn::Postgres(p) => {
+            sqlx::query_as(q)
+                .bind(table.to_ascii_lowercase())
+                .fetch_all(&mut **p)
+                .await?
+        }
+        Conn::MySql(p) => sqlx::query_as(q).bind(table).fetch_all(&mut **p).await?,
+        Conn::Sqlite(p) => sqlx::query_as(q).bind(table).fetch_all(&mut **p).await?,
+    };
+    Ok(rows
+        .into_iter()
+        .map(|(n, t, l)| (n.to_ascii_lowercase(), t.to_ascii_lowercase(), l))
+        .collect())
 }

@@ -4,6 +4,7 @@
 use sqlx::AssertSqlSafe;
 
 use super::queries::{Conn, on_conn};
+use super::queue_sql::{NEWCOMER, QueueSql, enqueue, unqueue};
 use super::records::{Rec, record_of, upsert_record};
 use super::sem_sql::SemSql;
 use crate::meta::HolderRecord;
@@ -132,10 +133,12 @@ macro_rules! take {
 /// Admits `token` for `p` and `ttl` whole seconds, in one transaction that holds the
 /// semaphore's row: the expired holders go, the live ones are counted, and the holder is added
 /// if it fits. `known` says the holder's row was certainly live as the statement went out (a
-/// re-save then draws no new fencing token).
+/// re-save then draws no new fencing token). `fair`: the queue and the caller's place in it: a
+/// holder that would fit is kept out while its permits do not fit beside those of the live
+/// waiters queued before it; a refused waiter queues its ticket, an admitted one takes it out.
 pub(crate) async fn admit(
     conn: &mut Conn,
-    (sql, rec): (&SemSql, &Rec<'_>),
+    (sql, rec, fair): (&SemSql, &Rec<'_>, Option<(&QueueSql, i64)>),
     ids: (&str, &str),
     p: Permits,
     ttl: i64,
@@ -143,6 +146,7 @@ pub(crate) async fn admit(
 ) -> Db<Admitted> {
     let (id, token) = ids;
     let rec_id = format!("s:{id}");
+    let waiter = fair.filter(|(_, since)| *since < NEWCOMER);
     let sqlite = matches!(conn, Conn::Sqlite(_));
     on_conn!(conn, |c| {
         let mut tx = if sqlite {
@@ -151,8 +155,22 @@ pub(crate) async fn admit(
             sqlx::Connection::begin(c).await?
         };
         let (stored, n, holders) = locked_state!(tx, sql, id, p);
+        let mut rule = rule(stored, &holders, token, p);
+        if let (Rule::Take { .. }, Some((q, since))) = (rule, fair) {
+            let ahead: i64 = sqlx::query_scalar(AssertSqlSafe(q.ahead.as_str()))
+                .bind(&rec_id)
+                .bind(token)
+                .bind(since)
+                .fetch_one(&mut *tx)
+                .await?;
+            let used: u64 = holders.iter().map(|h| u64::from(h.permits)).sum();
+            let ahead = u64::try_from(ahead).unwrap_or(0);
+            if used + ahead + u64::from(p.count()) > u64::from(p.limit()) {
+                rule = Rule::Full;
+            }
+        }
         // Whether the holder draws a fencing token, or why it is refused.
-        let drawn: Result<bool, Admitted> = match rule(stored, &holders, token, p) {
+        let drawn: Result<bool, Admitted> = match rule {
             Rule::Mismatch => Err(Admitted::Mismatch { stored }),
             Rule::CountChanged(held) => Err(Admitted::CountChanged { held }),
             Rule::Full => Err(Admitted::Full { holders }),
@@ -181,10 +199,16 @@ pub(crate) async fn admit(
         let draw = match drawn {
             Ok(draw) => draw,
             Err(refused) => {
+                if let (Admitted::Full { .. }, Some((q, since))) = (&refused, waiter) {
+                    enqueue!(q, &mut *tx, (&rec_id, token), since, p.count())?;
+                }
                 tx.commit().await?;
                 return Ok(refused);
             }
         };
+        if let Some((q, _)) = waiter {
+            unqueue!(q, &mut *tx, (&rec_id, token))?;
+        }
         let fence = if draw {
             sqlx::query(AssertSqlSafe(sql.set_n.as_str()))
                 .bind(n + 1)

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use super::dialect::Flavor;
 use super::ops::Run;
+use super::queue;
 use super::records::{Rec, stored_name};
 use super::sem_queries::{self, Admitted};
 use super::{
@@ -67,15 +68,23 @@ impl SqlStore {
                     let sent = Instant::now();
                     let known = !rerun && state.live_at(sent);
                     let ids = (id.as_str(), token.as_str());
+                    let place = queue::place_of(inner, &state);
+                    let fair = inner.queue.as_ref().zip(place);
                     let admitted = sem_queries::admit(
                         conn,
-                        (&inner.sem, &rec),
+                        (&inner.sem, &rec, fair),
                         ids,
                         permits,
                         i64::from(secs),
                         known,
                     )
                     .await?;
+                    if place.is_some_and(|p| p < super::queue_sql::NEWCOMER)
+                        && matches!(admitted, Admitted::Full { .. })
+                    {
+                        let q_id = format!("s:{id}");
+                        queue::left_meanwhile(conn, inner, &state, (&q_id, &token)).await?;
+                    }
                     Ok((admitted, sent))
                 })
             })
@@ -83,6 +92,8 @@ impl SqlStore {
         };
         match admitted {
             Admitted::Taken { fence } => {
+                // No longer waiting: the admission took its ticket out.
+                *crate::mutex::lock(&state.waiting) = None;
                 state.confirm(sent + kept(secs));
                 self.maybe_sweep();
                 check_expiry(self, key).await?;

@@ -1,6 +1,6 @@
 //! What the store keeps on a holder's key.
 
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::{Arc, Mutex};
 
 use crate::mutex::lock;
@@ -23,6 +23,10 @@ pub(super) struct HolderState {
     /// Until when its row is certainly unexpired: the send time of the last save or renewal
     /// the database confirmed, plus the ttl less the 1 s the row may be taken early.
     pub(super) live_until: Mutex<Option<std::time::Instant>>,
+    /// While it waits in the fair queue: when its wait began (µs since the epoch).
+    pub(super) waiting: Mutex<Option<i64>>,
+    /// Its live watchers (each holds its place in the queue; see `queue::Place`).
+    pub(super) watchers: AtomicUsize,
 }
 
 impl HolderState {

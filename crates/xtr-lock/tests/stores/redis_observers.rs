@@ -49,7 +49,8 @@ async fn an_observer_is_told_of_a_release_and_does_not_poll_meanwhile() {
     assert_eq!(holder.release().await.unwrap(), Release::Released);
     tokio::time::timeout(Duration::from_secs(5), watcher)
         .await
-        .expect("the observer is told of the release");
+        .expect("the observer is told of the release")
+        .unwrap();
     eprintln!("observer woken {:?} after the release", released.elapsed());
     // And of an acquisition by one of ours.
     let watcher = store.watch_changes("observed").await.unwrap().unwrap();

@@ -127,13 +127,7 @@ pub(crate) fn read(
         .map(|p| ("protocol".to_owned(), p))
         .into_iter()
         .collect();
-    let credentials = match (dsn.credentials()?, symfony.credentials.clone()) {
-        (Some(_), Some(_)) => {
-            return Err(dsn.invalid("the credentials are given twice (before the host and auth=)"));
-        }
-        (url, options) => url.or(options),
-    };
-    let (user, password) = credentials.unwrap_or_default();
+    let (user, password) = credentials(dsn, &symfony)?.unwrap_or_default();
     let server = Server {
         user,
         password,
@@ -158,6 +152,16 @@ pub(crate) fn read(
         durability,
         fair,
     })
+}
+
+/// The user name and password: the URL's, or Symfony's forms'; refused when both give some.
+fn credentials(dsn: &Dsn<'_>, symfony: &SymfonyForm) -> Result<Option<(String, Option<String>)>> {
+    match (dsn.credentials()?, symfony.credentials.clone()) {
+        (Some(_), Some(_)) => {
+            Err(dsn.invalid("the credentials are given twice (before the host and auth=)"))
+        }
+        (url, options) => Ok(url.or(options)),
+    }
 }
 
 /// The `db` option, or Symfony's `dbindex`; a path's database (`redis://h/2`) must agree with

@@ -327,19 +327,27 @@ impl SqlStore {
                 Ok(acquired(fence))
             }
             queries::Saved::Conflict { holder, queued } => {
-                let free = holder
-                    .as_ref()
-                    .is_none_or(|h| h.left_ms.is_some_and(|l| l <= 0));
-                if queued && free {
-                    // A free lock kept for a waiter queued before this one.
-                    self.forget(&id, &token);
-                    return Ok(Saved::Conflict(
-                        Conflict::new().with_retry_after(queue::QUEUE_RECHECK),
-                    ));
-                }
-                Ok(self.refused_save(&state, (&id, &token), holder.as_ref()))
+                Ok(self.conflicted(&state, (&id, &token), holder.as_ref(), queued))
             }
         }
+    }
+
+    /// A save refused: kept out of a free lock by a waiter queued before it (`queued`, and
+    /// nobody live holds), or refused because `holder` holds.
+    fn conflicted(
+        &self,
+        state: &HolderState,
+        (id, token): (&str, &str),
+        holder: Option<&queries::Row>,
+        queued: bool,
+    ) -> Saved {
+        let free = holder.is_none_or(|h| h.left_ms.is_some_and(|l| l <= 0));
+        if queued && free {
+            // A free lock kept for a waiter queued before this one.
+            self.forget(id, token);
+            return Saved::Conflict(Conflict::new().with_retry_after(queue::QUEUE_RECHECK));
+        }
+        self.refused_save(state, (id, token), holder)
     }
 
     /// A save refused because `holder` holds: whatever this holder held here is gone, and its

@@ -190,6 +190,21 @@ macro_rules! enqueue {
 }
 pub(crate) use enqueue;
 
+/// Inside a transaction `$on`: the permits the live tickets queued before `(q_id, token)`
+/// (waiting since `$since`) ask for.
+macro_rules! queued_ahead {
+    ($sql:expr, $on:expr, ($qid:expr, $token:expr), $since:expr) => {
+        sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe($sql.ahead.as_str()))
+            .bind($qid)
+            .bind($token)
+            .bind($since)
+            .fetch_one($on)
+            .await
+            .map(|ahead| u64::try_from(ahead).unwrap_or(0))
+    };
+}
+pub(crate) use queued_ahead;
+
 /// Deletes a ticket inside a transaction `$on` (an admitted waiter's): no notification, the
 /// caller's commit is what the others see.
 macro_rules! unqueue {

@@ -4,7 +4,7 @@
 use sqlx::AssertSqlSafe;
 
 use super::queries::{Conn, on_conn};
-use super::queue_sql::{NEWCOMER, QueueSql, enqueue, unqueue};
+use super::queue_sql::{NEWCOMER, QueueSql, enqueue, queued_ahead, unqueue};
 use super::records::{Rec, record_of, upsert_record};
 use super::sem_sql::SemSql;
 use crate::meta::HolderRecord;
@@ -110,6 +110,19 @@ macro_rules! locked_state {
     }};
 }
 
+/// Inside `$tx`: extends the holder's own live row by `$ttl`; how many rows it extended.
+macro_rules! refresh_row {
+    ($tx:expr, $sql:expr, ($id:expr, $token:expr), $ttl:expr) => {
+        sqlx::query(AssertSqlSafe($sql.refresh.as_str()))
+            .bind($ttl)
+            .bind($id)
+            .bind($token)
+            .execute(&mut *$tx)
+            .await?
+            .rows_affected()
+    };
+}
+
 /// Inside `$tx`: adds the holder's row (storing its limit first where the rule says so).
 macro_rules! take {
     ($tx:expr, $sql:expr, ($id:expr, $token:expr), $p:expr, $ttl:expr, $set_limit:expr) => {{
@@ -157,14 +170,9 @@ pub(crate) async fn admit(
         let (stored, n, holders) = locked_state!(tx, sql, id, p);
         let mut rule = rule(stored, &holders, token, p);
         if let (Rule::Take { .. }, Some((q, since))) = (rule, fair) {
-            let ahead: i64 = sqlx::query_scalar(AssertSqlSafe(q.ahead.as_str()))
-                .bind(&rec_id)
-                .bind(token)
-                .bind(since)
-                .fetch_one(&mut *tx)
-                .await?;
+            // Its permits must fit beside those of the waiters queued before it too.
+            let ahead = queued_ahead!(q, &mut *tx, (&rec_id, token), since)?;
             let used: u64 = holders.iter().map(|h| u64::from(h.permits)).sum();
-            let ahead = u64::try_from(ahead).unwrap_or(0);
             if used + ahead + u64::from(p.count()) > u64::from(p.limit()) {
                 rule = Rule::Full;
             }
@@ -174,23 +182,13 @@ pub(crate) async fn admit(
             Rule::Mismatch => Err(Admitted::Mismatch { stored }),
             Rule::CountChanged(held) => Err(Admitted::CountChanged { held }),
             Rule::Full => Err(Admitted::Full { holders }),
-            Rule::Resave => {
-                let extended = sqlx::query(AssertSqlSafe(sql.refresh.as_str()))
-                    .bind(ttl)
-                    .bind(id)
-                    .bind(token)
-                    .execute(&mut *tx)
-                    .await?
-                    .rows_affected();
-                // A row that ended between the listing and the refresh (each statement reads
-                // the database's clock) is not held and not revived: the next attempt purges
-                // it and admits afresh.
-                if extended == 1 {
-                    Ok(!known)
-                } else {
-                    Err(Admitted::Full { holders })
-                }
-            }
+            // A row that ended between the listing and the refresh (each statement reads the
+            // database's clock) is not held and not revived: the next attempt purges it and
+            // admits afresh.
+            Rule::Resave => match refresh_row!(tx, sql, (id, token), ttl) {
+                1 => Ok(!known),
+                _ => Err(Admitted::Full { holders }),
+            },
             Rule::Take { set_limit } => {
                 take!(tx, sql, (id, token), p, ttl, set_limit);
                 Ok(true)

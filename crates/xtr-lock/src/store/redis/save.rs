@@ -63,9 +63,14 @@ impl RedisStore {
                 _ => conflict,
             }));
         }
+        self.admitted(key, confirmed, value).await
+    }
+
+    /// An admitted save (a lock's or a semaphore's): counted once the replicas confirmed it
+    /// (else the caller takes a fresh grant back; a holder that held before keeps what it held),
+    /// with its fencing token (`value`, 0 for none).
+    pub(super) async fn admitted(&self, key: &Key, confirmed: bool, value: i64) -> Result<Saved> {
         if !confirmed {
-            // Not counted: the lock takes a fresh grant back; a holder that held before keeps
-            // what it held (a promotion or re-save the replicas did not confirm).
             return Err(self.unconfirmed(key));
         }
         check_expiry(self, key).await?;

@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 use crate::key::{Key, Mode};
 use crate::permits::Permits;
 use crate::store::{
-    Acquired, Conflict, HolderInfo, Holding, LostReason, Saved, Usage, Watcher, check_expiry,
+    Conflict, HolderInfo, Holding, LostReason, Saved, Usage, Watcher, check_expiry,
 };
 
 /// What a semaphore script's reply code means for the holder.
@@ -125,16 +125,7 @@ impl RedisStore {
                 .answered(self, ticket, granted == 1, announced == 1);
         }
         match granted {
-            1 => {
-                if !confirmed {
-                    return Err(self.unconfirmed(key));
-                }
-                check_expiry(self, key).await?;
-                Ok(Saved::Acquired(match u64::try_from(value) {
-                    Ok(fence) if fence > 0 => Acquired::fenced(fence),
-                    _ => Acquired::new(),
-                }))
-            }
+            1 => self.admitted(key, confirmed, value).await,
             -2 => {
                 let stored = u32::try_from(value).unwrap_or(u32::MAX);
                 Err(permits

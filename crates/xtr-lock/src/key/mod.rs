@@ -298,7 +298,12 @@ impl Key {
     /// Shortens the lifetime to now + `d` if no deadline is set or if that is earlier. It only
     /// ever shortens; `Duration::ZERO` expires the key at once.
     pub fn reduce_lifetime(&self, d: Duration) {
-        let candidate = later(self.inner.clock.now(), d);
+        self.reduce_deadline(later(self.inner.clock.now(), d));
+    }
+
+    /// Shortens the lifetime to end at `candidate` (on the key's clock) if no deadline is set
+    /// or if that is earlier.
+    pub(crate) fn reduce_deadline(&self, candidate: Instant) {
         let mut st = self.state();
         st.deadline = Some(match st.deadline {
             Some(current) if current <= candidate => current,

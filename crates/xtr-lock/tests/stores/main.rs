@@ -32,6 +32,7 @@ mod redis_connections;
 mod redis_durability;
 mod redis_fair;
 mod redis_fencing;
+mod redis_handoff;
 mod redis_hostile;
 mod redis_observers;
 mod redis_records;

@@ -516,6 +516,7 @@ impl RedisStore {
             Keys::Queue => {
                 keys_of.push(self.queue_key(key.resource()));
                 keys_of.push(record());
+                keys_of.push(self.fence_key(&self.key_for(key.resource())));
             }
             Keys::Lock => keys_of.push(record()),
             Keys::ReadOnly => {}
@@ -595,7 +596,8 @@ pub(super) enum Keys {
     Lock,
     /// None, and the script only reads (it runs without the clock probe).
     ReadOnly,
-    /// The resource's wait queue and the holder's record (delete, wake).
+    /// The resource's wait queue, the holder's record and the fencing counter (delete, wake,
+    /// leave, revoke: a release may grant the lock to the next waiter).
     Queue,
     /// The fencing counter, the wait queue and the holder's record (the saves; the metadata
     /// goes with them as `ARGV[6]`).

@@ -19,8 +19,9 @@ use futures_util::StreamExt as _;
 use futures_util::future::Shared;
 use tokio::sync::Notify;
 
-use super::conn::Keys;
+use super::grant::{Grants, parse_who};
 use super::layout::WAKE_CHANNEL;
+use super::leaving::{leave_queue, pass_on, revoke};
 use super::servers::Servers;
 use super::{Inner, RedisStore, lock};
 use crate::clock::BoxFuture;
@@ -91,6 +92,11 @@ struct Waiter {
     /// When its wait began, as its last registration said: µs since the Unix epoch, the
     /// ticket's score in the queue.
     since_us: AtomicU64,
+    /// Direct hand-off: the grant a release sent it (see `grant.rs`).
+    grants: Grants,
+    /// What ends each of its lock tickets, set by the first: `:<ttl ms>` if it accepts grants.
+    /// One for both modes, so a save's ticket and its other-mode twin differ only in the mode.
+    grant_suffix: std::sync::OnceLock<String>,
 }
 
 impl Notifier {
@@ -146,6 +152,8 @@ impl Notifier {
                         announced: AtomicBool::new(false),
                         queued: Mutex::new(None),
                         since_us: AtomicU64::new(0),
+                        grants: Grants::default(),
+                        grant_suffix: std::sync::OnceLock::new(),
                     })
                 })
                 .clone();
@@ -173,13 +181,28 @@ impl Notifier {
     }
 
     /// The ticket a save of `key`'s holder on `lock_key` sends: `Some` while it waits here and
-    /// the wake channel is subscribed.
-    pub(super) fn ticket(&self, lock_key: &str, key: &Key, mode: Mode) -> Option<Ticket> {
+    /// the wake channel is subscribed. Its writer's ticket asks a release to grant it the lock
+    /// for the ttl the waiter's first ticket that knew said (`grant_ttl`: `None` not known yet,
+    /// `Some(None)` no grants).
+    pub(super) fn ticket(
+        &self,
+        lock_key: &str,
+        key: &Key,
+        mode: Mode,
+        grant_ttl: Option<Option<Duration>>,
+    ) -> Option<Ticket> {
         let tag = match mode {
             Mode::Write => 'w',
             Mode::Read => 'r',
         };
-        self.ticket_tagged(lock_key, key, tag, "")
+        let suffix = |w: &Waiter| match grant_ttl {
+            Some(ttl) => w
+                .grant_suffix
+                .get_or_init(|| ttl.map(super::grant::ticket_suffix).unwrap_or_default())
+                .clone(),
+            None => w.grant_suffix.get().cloned().unwrap_or_default(),
+        };
+        self.ticket_with(lock_key, key, tag, suffix)
     }
 
     /// A ticket that starts with `tag` (`w`, `r`; `s` for a semaphore's waiter) and ends with
@@ -191,6 +214,17 @@ impl Notifier {
         tag: char,
         suffix: &str,
     ) -> Option<Ticket> {
+        self.ticket_with(lock_key, key, tag, |_| suffix.to_owned())
+    }
+
+    /// A ticket that starts with `tag` and ends with what `suffix` says for its waiter.
+    fn ticket_with(
+        &self,
+        lock_key: &str,
+        key: &Key,
+        tag: char,
+        suffix: impl FnOnce(&Waiter) -> String,
+    ) -> Option<Ticket> {
         let st = self.state();
         // The common case, nobody of this store waiting, costs a lock and no allocation.
         if st.by_holder.is_empty() || !st.live(self.sharded, lock_key) {
@@ -198,6 +232,7 @@ impl Notifier {
         }
         let token = key.token(super::KIND);
         let waiter = st.by_holder.get(&(lock_key.to_owned(), token))?.clone();
+        let suffix = suffix(&waiter);
         let text = format!("{tag}{}{}{}{suffix}", waiter.token, self.id, waiter.seq);
         *lock(&waiter.queued) = Some(text.clone());
         let since_us = waiter.since_us.load(Ordering::Relaxed);
@@ -401,6 +436,13 @@ pub(super) struct Ticket {
     waiter: Arc<Waiter>,
 }
 
+impl Ticket {
+    /// Its waiter's side of direct hand-off.
+    pub(super) fn grants(&self) -> &Grants {
+        &self.waiter.grants
+    }
+}
+
 /// `t` in µs since the Unix epoch (1 before it, saturating), as the queue scores waits.
 fn micros(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH)
@@ -408,55 +450,42 @@ fn micros(t: SystemTime) -> u64 {
 }
 
 /// A wake: `<store id><waiter number> <lock key>` (a semaphore waiter's: `<store id><waiter
-/// number>.<permits> <time key>`). Wakes that waiter, or passes a lock's wake on when its
-/// waiter is gone.
+/// number>.<permits> <time key>`; a grant's says more, see [`parse_who`]). Wakes that waiter,
+/// or passes a lock's wake on (takes a grant back) when its waiter is gone.
 pub(super) fn on_wake(state: &Arc<Mutex<State>>, store: &Weak<Inner>, payload: &str) {
     let Some((who, lock_key)) = payload.split_once(' ') else {
         return;
     };
-    let (number, semaphore) = match who.get(22..).map(|n| n.split_once('.')) {
-        Some(Some((number, _))) => (Some(number), true),
-        Some(None) => (who.get(22..), false),
-        None => (None, false),
+    let who = parse_who(who);
+    let woken = {
+        let st = lock(state);
+        let waiter = who.number.and_then(|seq| st.by_seq.get(&seq).cloned());
+        waiter.filter(|w| w.lock_key == lock_key).map(|waiter| {
+            // Offered under the state lock: a waiter that leaves after this finds the grant.
+            let fresh = who
+                .grant
+                .as_ref()
+                .is_none_or(|g| g.token == waiter.token && waiter.grants.offer(g.clone()));
+            (waiter, fresh)
+        })
     };
-    let seq = number.and_then(|n| n.parse::<u64>().ok());
-    let waiter = seq.and_then(|seq| lock(state).by_seq.get(&seq).cloned());
-    match waiter {
+    match (woken, who.grant) {
         // A woken waiter keeps its ticket queued (and its place) until it gets in or leaves.
-        Some(waiter) if waiter.lock_key == lock_key => waiter.wake.notify_one(),
+        (Some((waiter, true)), _) => waiter.wake.notify_one(),
+        // A grant its waiter's save took in already (the save crossed the wake).
+        (Some((_, false)), _) => {}
+        (None, Some(grant)) => with_store(store, |s| revoke(&s, lock_key, grant)),
         // A semaphore waiter that left took its ticket out and woke who fits then.
-        _ if semaphore => {}
-        _ => pass_on(store, lock_key, who),
+        (None, None) if who.semaphore => {}
+        (None, None) => with_store(store, |s| pass_on(&s, lock_key, who.tail)),
     }
 }
 
-/// Hands a wake whose waiter is gone (`who`: its store id and number) to the next waiter of
-/// `lock_key`, taking the gone waiter's ticket out of the queue.
-fn pass_on(store: &Weak<Inner>, lock_key: &str, who: &str) {
-    let Some(inner) = store.upgrade() else {
-        return;
-    };
-    let store = RedisStore { inner };
-    let Some(resource) = lock_key.strip_prefix(store.prefix()) else {
-        return;
-    };
-    let key = Key::new(resource);
-    let who = who.to_owned();
-    tokio::spawn(async move {
-        let passed: crate::Result<i64> = store
-            .eval(
-                &store.inner.scripts.wake,
-                &key,
-                None,
-                Keys::Queue,
-                Some((&who, 0)),
-            )
-            .await;
-        if let Err(err) = passed {
-            tracing::debug!(target: TARGET, resource = key.resource(), error = %err,
-                "cannot pass a wake on; the next waiter finds the lock when its lease hint ends");
-        }
-    });
+/// Runs `f` on the store, if it is still open.
+fn with_store(store: &Weak<Inner>, f: impl FnOnce(RedisStore)) {
+    if let Some(inner) = store.upgrade() {
+        f(RedisStore { inner });
+    }
 }
 
 /// Forgets the subscriber connection and wakes every waiter, so they retry and re-watch.
@@ -493,58 +522,17 @@ impl Drop for WatchGuard {
             st.by_holder.remove(&holder);
         }
         drop(st);
-        let Some(ticket) = lock(&self.waiter.queued).take() else {
-            return;
-        };
+        // Nobody can offer it a grant now (it is no longer found by number).
+        let granted = self.waiter.grants.take();
+        let ticket = lock(&self.waiter.queued).take();
         let Some(inner) = self.store.upgrade() else {
-            return; // its wake will be passed on
+            return; // its wake will be passed on, its grant run out
         };
-        leave_queue(&RedisStore { inner }, &self.waiter.lock_key, ticket);
-    }
-}
-
-/// How many times a waiter's leaving is sent before it is given up (a server unreachable for
-/// about 3 s): a ticket left behind keeps later waiters out until a wake finds it gone.
-const LEAVE_TRIES: u32 = 5;
-
-/// Takes a waiter that left out of `lock_key`'s queue, waking whoever that lets in (it may
-/// have been woken, and kept the others out meanwhile); in the background, tried again on a
-/// failure. Outside a runtime nothing is sent: its wake will be passed on.
-fn leave_queue(store: &RedisStore, lock_key: &str, ticket: String) {
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        return;
-    };
-    if ticket.starts_with('s') {
-        store.semaphore_leave(lock_key, ticket);
-        return;
-    }
-    let Some(resource) = lock_key.strip_prefix(store.prefix()) else {
-        return;
-    };
-    let (store, key) = (store.clone(), Key::new(resource));
-    runtime.spawn(async move {
-        let mut pause = Duration::from_millis(100);
-        for tried in 1..=LEAVE_TRIES {
-            let left: crate::Result<i64> = store
-                .eval(
-                    &store.inner.scripts.leave,
-                    &key,
-                    None,
-                    Keys::Queue,
-                    Some((&ticket, 0)),
-                )
-                .await;
-            match left {
-                Ok(_) => return,
-                Err(err) if tried == LEAVE_TRIES => {
-                    tracing::debug!(target: TARGET, resource = key.resource(), error = %err,
-                        "cannot take a waiter that left out of the queue; its store passes on the wakes that find it gone");
-                }
-                Err(_) => {
-                    tokio::time::sleep(pause).await;
-                    pause *= 2;
-                }
-            }
+        let store = RedisStore { inner };
+        if let Some(grant) = granted {
+            revoke(&store, &self.waiter.lock_key, grant);
+        } else if let Some(ticket) = ticket {
+            leave_queue(&store, &self.waiter.lock_key, ticket);
         }
-    });
+    }
 }

@@ -36,12 +36,13 @@ local function free_lock() return {live = 0, mine = false, writing = false, firs
 -- last argument says how: `P` and the channel's head (PUBLISH, one server), or `S` and the
 -- sharded channel's head in the keys' slot (SPUBLISH, a cluster); the waiter's store id ends
 -- the channel.
-local function wake(ticket, key)
+-- A grant's wake (see `grant`) says more than who: `payload` replaces the ticket's tail.
+local function wake(ticket, key, payload)
   local how = ARGV[#ARGV]
   local publish = 'PUBLISH'
   if string.sub(how, 1, 1) == 'S' then publish = 'SPUBLISH' end
   return redis.call(publish, string.sub(how, 2) .. string.sub(ticket, 46, 67),
-    string.sub(ticket, 46) .. ' ' .. key)
+    (payload or string.sub(ticket, 46)) .. ' ' .. key)
 end
 -- Tells this library's observers of `key` (`watch_changes`) that its holders changed: a
 -- PUBLISH on `<wake head>obs:<key>`, or on a cluster an SPUBLISH on the sharded channel of the
@@ -75,13 +76,37 @@ local function wake_promotion(key, qkey, now)
     end
   end
 end
+-- Direct hand-off: a free lock goes to the writer whose ticket `t` heads the queue, when the
+-- ticket asks for it (it ends in `:<ttl ms>`), its process listens, and the script reads the
+-- server's clock: its token is written as the writer's for its ttl, with the next fencing
+-- token and a record marked as granted (`rkey`: a record key of this lock, a holder's token
+-- ending it; `fkey`: the fencing counter; both nil where a script only wakes), and the ticket
+-- leaves the queue. Returns the wake's payload (`<ticket tail>;<fence>;<clock µs>;<token>`),
+-- or nil: wake it without a grant.
+local function grant(key, qkey, rkey, fkey, t)
+  if not fkey or ARGV[1] ~= '' or string.sub(t, 1, 1) ~= 'w' then return nil end
+  local ttl = tonumber(string.match(t, ':(%d+)$'))
+  if not ttl or listeners(t) == 0 then return nil end
+  local fence = next_fence(fkey)
+  if not fence then return nil end
+  local token, at = string.sub(t, 2, 45), now_us()
+  local now = math.floor(at / 1000)
+  local score = now + ttl
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+  redis.call('ZADD', key, score, token, score, '__write__')
+  redis.call('PEXPIREAT', key, score)
+  put_record(string.sub(rkey, 1, -45) .. token, false, fence, score, '', true)
+  redis.call('ZREM', qkey, t)
+  observed(key)
+  return string.format('%s;%d;%d;%s', string.sub(t, 46), fence, at, token)
+end
 -- After a release, a demotion or a waiter's leaving: wakes the first waiting writer if the
 -- lock is free, or the waiting readers up to the first live writer if the first waiter reads
 -- and no writer holds. Woken tickets stay queued (their saves take them out). `gone`: the
 -- caller removed the lock's last member, so the key is not read again (on a cluster slot being
 -- migrated, Redis refuses a script's access to a key the source node no longer has, halfway
 -- through it).
-local function wake_next(key, qkey, now, gone)
+local function wake_next(key, qkey, now, gone, rkey, fkey)
   local first = redis.call('ZRANGE', qkey, 0, 0)[1]
   if not first then return end
   local writer = not gone and redis.call('ZSCORE', key, '__write__')
@@ -105,11 +130,16 @@ local function wake_next(key, qkey, now, gone)
   end
   -- Bounded: tickets of processes that went away are dropped on the way.
   for _ = 1, 64 do
+    local granted = grant(key, qkey, rkey, fkey, first)
+    if granted then
+      wake(first, key, granted)
+      return
+    end
     if wake(first, key) > 0 then return end
     redis.call('ZREM', qkey, first)
     first = redis.call('ZRANGE', qkey, 0, 0)[1]
     if not first then return end
-    if string.sub(first, 1, 1) == 'r' then return wake_next(key, qkey, now, gone) end
+    if string.sub(first, 1, 1) == 'r' then return wake_next(key, qkey, now, gone, rkey, fkey) end
   end
 end
 -- The tickets queued before the caller (at most 1000): all of them for a newcomer (`ARGV[4]`
@@ -153,7 +183,7 @@ if ARGV[4] ~= '' then
     if string.sub(t, 46) == ARGV[4] then redis.call('ZREM', KEYS[2], t) end
   end
 end
-wake_next(KEYS[1], KEYS[2], now_ms())
+wake_next(KEYS[1], KEYS[2], now_ms(), false, KEYS[3], KEYS[4])
 return 1
 "#;
 
@@ -161,7 +191,27 @@ return 1
 /// in is woken (it may have been woken itself, and kept the others out meanwhile).
 pub(super) const LEAVE: &str = r#"
 if redis.call('ZREM', KEYS[2], ARGV[4], twin(ARGV[4]) or ARGV[4]) > 0 then
-  wake_next(KEYS[1], KEYS[2], now_ms())
+  wake_next(KEYS[1], KEYS[2], now_ms(), false, KEYS[3], KEYS[4])
 end
+return 1
+"#;
+
+/// Takes back a grant whose waiter is gone (it gave up, or its process let go of it, before
+/// taking the grant in): the token `ARGV[4]`, while its entry is still the grant (its record
+/// marked as granted, its score `ARGV[5]`: a re-save rewrites the one, a renewal the other),
+/// is removed as a release removes it, and the next waiter is woken (or granted the lock).
+/// Replies 1 if it took the grant back, else 0.
+pub(super) const REVOKE: &str = r#"
+local key, token = KEYS[1], ARGV[4]
+local rkey = string.sub(KEYS[3], 1, -45) .. token
+local rec = redis.call('GET', rkey)
+local score = redis.call('ZSCORE', key, token)
+if not (rec and string.find(rec, '"g":1', 1, true) and score and tonumber(score) == tonumber(ARGV[5])) then
+  return 0
+end
+redis.call('ZREM', key, token, '__write__')
+redis.call('DEL', rkey)
+observed(key)
+wake_next(key, KEYS[2], now_ms(), false, KEYS[3], KEYS[4])
 return 1
 "#;

@@ -35,15 +35,36 @@ impl RedisStore {
             Mode::Read => &self.inner.scripts.save_read,
         };
         let lock_key = self.key_for(key.resource());
-        let ticket = self.inner.notifier.ticket(&lock_key, key, mode);
+        let grant_ttl = self.grants_allowed(key).map(|yes| yes.then_some(ttl));
+        let ticket = self.inner.notifier.ticket(&lock_key, key, mode, grant_ttl);
+        if let Some(ticket) = ticket.as_ref().filter(|_| mode == Mode::Write) {
+            // A release granted this waiter the lock: it holds without a trip of its own.
+            if let Some((grant, ends)) = ticket.grants().take_in(key.clock().now()) {
+                key.reduce_deadline(ends);
+                self.inner.notifier.answered(self, ticket, true, false);
+                return self
+                    .admitted(key, true, i64::try_from(grant.fence).unwrap_or(0))
+                    .await;
+            }
+        }
         let call = self.call_for(
             key,
             Keys::Save,
             ticket.as_ref().map(|t| (t.text.as_str(), t.since_us)),
         );
-        let ((granted, value, kept, announced), confirmed): ((i64, i64, i64, i64), bool) =
+        let sent = key.clock().now();
+        let (reply, confirmed): (Vec<i64>, bool) =
             self.eval_durable(script, key, Some(ttl), call).await?;
+        let at = |i: usize| reply.get(i).copied().unwrap_or(0);
+        let (granted, value, kept, announced) = (at(0), at(1), at(2), at(3));
         if let Some(ticket) = &ticket {
+            match granted {
+                1 => ticket.grants().admitted(u64::try_from(value).unwrap_or(0)),
+                0 => ticket
+                    .grants()
+                    .refused(sent, u64::try_from(at(4)).unwrap_or(0)),
+                _ => {}
+            }
             self.inner
                 .notifier
                 .answered(self, ticket, granted == 1, announced == 1);
@@ -64,6 +85,23 @@ impl RedisStore {
             }));
         }
         self.admitted(key, confirmed, value).await
+    }
+
+    /// Whether a release may grant `key`'s holder the lock while it waits (direct hand-off):
+    /// on a fair store, on one server (not a cluster: a grant writes keys its script was not
+    /// given), on the server's clock, without replicas to wait for (a grant is not confirmed by
+    /// them), and for a holder without metadata (a grant cannot write it). `None` until the
+    /// store knows which clock its scripts read.
+    fn grants_allowed(&self, key: &Key) -> Option<bool> {
+        let inner = &self.inner;
+        let server_clock = !(*super::lock(&inner.client_clock))?;
+        Some(
+            server_clock
+                && inner.fair
+                && inner.durability.is_none()
+                && !inner.layout.is_slotted()
+                && key.meta().is_none(),
+        )
     }
 
     /// An admitted save (a lock's or a semaphore's): counted once the replicas confirmed it

@@ -7,8 +7,9 @@
 //! `ARGV[5]` when its wait began (µs, the waiter's clock); the last `ARGV`, how to wake a
 //! waiter (see `wake`). The saves take `KEYS[2]`, the fencing
 //! counter, `KEYS[3]`, the resource's wait queue, and `KEYS[4]`, the holder's record, with
-//! `ARGV[6]` its metadata (`""`: none; else `m` and the base64 of the bytes); delete and wake take
-//! `KEYS[2]`, the queue, and `KEYS[3]`, the record; refresh takes `KEYS[2]`, the record.
+//! `ARGV[6]` its metadata (`""`: none; else `m` and the base64 of the bytes); delete, wake,
+//! leave and revoke take `KEYS[2]`, the queue, `KEYS[3]`, the record, and `KEYS[4]`, the fencing
+//! counter (a release may grant the lock: `grant`); refresh takes `KEYS[2]`, the record.
 //!
 //! The holder's record (`HolderRecord`'s JSON: metadata, when it acquired on the script's
 //! clock, the fencing token) is a string at a key no resource can name, one per holder, written
@@ -189,7 +190,7 @@ local function refused(r, now, kept, recheck)
     end
     told = r.told
   end
-  return {0, hint, kept, told}
+  return {0, hint, kept, told, now_us()}
 end
 -- Admitted: a waiter leaves the queue.
 local function dequeue()
@@ -198,8 +199,8 @@ end
 -- Writes an admitted holder's record at `rkey`, expiring with its lease at `ends` (ms): its
 -- metadata (`meta`: "" or `m` and base64), when it acquired and its fencing token. A holder that already held
 -- (`mine`: a re-save, a promotion, a demotion) keeps its acquisition time, and its token where
--- this save gives none (0: a writer's re-save).
-local function put_record(rkey, mine, fence, ends, meta)
+-- this save gives none (0: a writer's re-save). Returns the token it recorded.
+local function put_record(rkey, mine, fence, ends, meta, granted)
   local at = now_ms()
   if mine then
     local old = redis.call('GET', rkey)
@@ -211,15 +212,19 @@ local function put_record(rkey, mine, fence, ends, meta)
   local rec = '{"v":1,"at_ms":' .. string.format('%d', at)
   if meta ~= '' then rec = rec .. ',"meta":"' .. string.sub(meta, 2) .. '"' end
   if fence > 0 then rec = rec .. ',"fence":' .. string.format('%d', fence) end
+  -- A grant the release wrote (see `grant`): its waiter has not taken it in yet.
+  if granted then rec = rec .. ',"g":1' end
   redis.call('SET', rkey, rec .. '}')
   redis.call('PEXPIREAT', rkey, ends)
+  return fence
 end
 "#;
 
 /// Write lock: re-save by the writer, promotion of the sole reader, or a new writer on an empty
-/// set (after pruning). Replies `{1, fence, 0, 0}` (fence 0: the writer re-saved and keeps its
-/// token), `{0, ms until another lease ends or -1, 1 if the holder keeps its read lock else 0,
-/// 1 if the waiter was queued and every holder announces its release else 0}`, or
+/// set (after pruning). Replies `{1, fence, 0, 0}` (a writer's re-save: the token it holds, 0
+/// if its record is gone), `{0, ms until another lease ends or -1, 1 if the holder keeps its
+/// read lock else 0, 1 if the waiter was queued and every holder announces its release else 0,
+/// the script's clock in µs}`, or
 /// `{-1, 0, 0, 0}` for a sorted set that is not a lock. A string at the key refuses (someone
 /// else's lock in another format); another type fails with WRONGTYPE.
 ///
@@ -262,7 +267,9 @@ local score = now + dur
 redis.call('ZADD', key, score, token, score, '__write__')
 -- Admitted: the set is exactly {token, marker}, so the key lives as long as this score.
 redis.call('PEXPIREAT', key, score)
-put_record(KEYS[4], mine, fence, score, ARGV[6])
+-- A writer's re-save answers the token it holds (it may have been granted it by a release
+-- whose wake has not reached it yet).
+fence = put_record(KEYS[4], mine, fence, score, ARGV[6])
 dequeue()
 if not (mine and writing) then observed(key) end
 return {1, fence, 0, 0}
@@ -376,13 +383,13 @@ local removed = redis.call('ZREM', key, token, '__write__')
 local gone = removed == size
 if removed == 2 and ARGV[1] == '' then
   -- The writer's key is gone: nobody holds, so no clock is needed to wake the next.
-  wake_next(key, KEYS[2], 0, gone)
+  wake_next(key, KEYS[2], 0, gone, KEYS[3], KEYS[4])
   observed(key)
   return 1
 end
 if removed < 2 and not gone then expire_at_max(key) end
 local now = now_ms()
-wake_next(key, KEYS[2], now, gone)
+wake_next(key, KEYS[2], now, gone, KEYS[3], KEYS[4])
 observed(key)
 if tonumber(score) <= now then return 2 end
 return 1
@@ -422,6 +429,7 @@ pub(super) struct Scripts {
     pub(super) delete: Lazy,
     pub(super) wake: Lazy,
     pub(super) leave: Lazy,
+    pub(super) revoke: Lazy,
     pub(super) exists: Lazy,
     pub(super) exists_legacy: Lazy,
     pub(super) probe: Lazy,
@@ -436,6 +444,7 @@ pub(super) static SCRIPTS: Scripts = Scripts {
     delete: Lazy::new(|| script("", DELETE)),
     wake: Lazy::new(|| script("", super::queue::WAKE)),
     leave: Lazy::new(|| script("", super::queue::LEAVE)),
+    revoke: Lazy::new(|| script("", super::queue::REVOKE)),
     exists: Lazy::new(|| script("#!lua flags=no-writes\n", EXISTS_BODY)),
     exists_legacy: Lazy::new(|| script("", EXISTS_BODY)),
     probe: Lazy::new(|| redis::Script::new(PROBE)),

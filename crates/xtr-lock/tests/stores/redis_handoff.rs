@@ -1,0 +1,260 @@
+//! Direct hand-off on Redis: a release grants the lock to the writer at the head of the queue,
+//! which holds without a save of its own; a grant nobody takes in is given back at once, runs
+//! out at its ttl if its waiter stopped, and never makes a holder believe in a lease the
+//! server does not keep. Checked by what the server holds, never by timing.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use redis::Commands as _;
+use xtr_lock::store::Saved;
+use xtr_lock::{Key, LockFactory, Lockable as _, ManualClock, RedisStore, Store as _};
+use xtr_lock_testkit::redis::RedisServer;
+
+use crate::support::on_redis::{TTL, frozen, queue, store, sync_conn, until};
+
+/// The record the store keeps for `token`'s holder of `resource`.
+fn record(server: &RedisServer, store: &RedisStore, resource: &str, token: &str) -> String {
+    sync_conn(server)
+        .get::<_, Option<String>>(store.internal_key(&format!("rec:{resource}:{token}")))
+        .unwrap()
+        .unwrap_or_default()
+}
+
+/// A waiter registered through the store itself (no `Lock`), its refused save queueing it.
+async fn registered(
+    store: &RedisStore,
+    resource: &str,
+    ttl: Duration,
+) -> (Key, xtr_lock::store::Watcher) {
+    let key = Key::new(resource);
+    // As a `Lock` does: an attempt, the registration, the attempt that queues it.
+    assert!(matches!(
+        store.save(&key, Some(ttl)).await.unwrap(),
+        Saved::Conflict(_)
+    ));
+    let watcher = store.watch(&key, SystemTime::now()).await.unwrap().unwrap();
+    assert!(matches!(
+        store.save(&key, Some(ttl)).await.unwrap(),
+        Saved::Conflict(_)
+    ));
+    (key, watcher)
+}
+
+#[tokio::test]
+async fn a_release_grants_the_head_the_lock_with_a_lease_no_longer_than_the_servers() {
+    let server = RedisServer::start();
+    let (a, b) = (store(&server), store(&server));
+    let mut fences = Vec::new();
+    let mut holder = frozen(&a).create_lock("handoff");
+    let _ = &b;
+    holder.acquire().await.unwrap();
+    fences.push(holder.fencing_token().unwrap());
+    // Twenty hand-offs between two "processes": each waiter granted the lock by the release.
+    for i in 0..20 {
+        let next_store = if i % 2 == 0 { &b } else { &a };
+        let next = LockFactory::new(next_store.clone())
+            .with_ttl(Some(TTL))
+            .create_lock("handoff");
+        let _ = next.key().token("redis");
+        let waiting = tokio::spawn(async move {
+            next.acquire().await.unwrap();
+            next
+        });
+        until("the waiter is queued", || {
+            queue(&server, next_store, "handoff").len() == 1
+        })
+        .await;
+        let _ = holder.release().await.unwrap();
+        holder = tokio::time::timeout(Duration::from_secs(10), waiting)
+            .await
+            .expect("the release handed the lock over")
+            .unwrap();
+        let token = holder.key().token("redis");
+        let rec = record(&server, next_store, "handoff", &token);
+        assert!(rec.contains("\"g\":1"), "granted, not saved: {rec}");
+        fences.push(holder.fencing_token().unwrap());
+        // The holder's lease ends no later than the server's.
+        let pttl: i64 = sync_conn(&server).pttl("handoff").unwrap();
+        let believed = holder.remaining_lifetime().unwrap();
+        assert!(
+            believed <= Duration::from_millis(u64::try_from(pttl).unwrap()),
+            "believed {believed:?}, server {pttl} ms"
+        );
+        assert!(believed > TTL / 2, "{believed:?}");
+        // Its first renewal confirms it as any lease.
+        holder.refresh(None).await.unwrap();
+    }
+    assert!(fences.windows(2).all(|w| w[0] < w[1]), "{fences:?}");
+    let _ = holder.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_grant_its_waiter_never_takes_in_is_given_back_at_once() {
+    let server = RedisServer::start();
+    let (a, b, c) = (store(&server), store(&server), store(&server));
+    let holder = frozen(&a).create_lock("cancel");
+    holder.acquire().await.unwrap();
+    let (granted, mut watcher) = registered(&b, "cancel", TTL).await;
+    // A third waiter behind it, in another process.
+    let third = LockFactory::new(c.clone())
+        .with_ttl(Some(TTL))
+        .create_lock("cancel");
+    let waiting = tokio::spawn(async move {
+        third.acquire().await.unwrap();
+        third
+    });
+    until("both are queued", || {
+        queue(&server, &c, "cancel").len() == 2
+    })
+    .await;
+    let _ = holder.release().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), &mut watcher)
+        .await
+        .expect("the head is woken");
+    let token = granted.token("redis");
+    let members: Vec<String> = sync_conn(&server).zrange("cancel", 0, -1).unwrap();
+    assert!(members.contains(&token), "granted to the head: {members:?}");
+    // Its waiter gives up without taking the grant in (a timeout, a dropped future).
+    drop(watcher);
+    let third = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the grant was given back and passed on, not left to run out")
+        .unwrap();
+    assert!(third.is_acquired().await.unwrap());
+    let members: Vec<String> = sync_conn(&server).zrange("cancel", 0, -1).unwrap();
+    assert!(!members.contains(&token), "{members:?}");
+    assert_eq!(record(&server, &b, "cancel", &token), "");
+}
+
+#[tokio::test]
+async fn a_granted_waiter_that_stops_keeps_the_lock_no_longer_than_its_ttl() {
+    let server = RedisServer::start();
+    let (a, b, c) = (store(&server), store(&server), store(&server));
+    let short = Duration::from_secs(2);
+    let holder = frozen(&a).create_lock("stopped");
+    holder.acquire().await.unwrap();
+    // The head is granted the lock and never runs again (its process stopped): its watcher
+    // lives, unpolled.
+    let (_granted, _watcher) = registered(&b, "stopped", short).await;
+    let next = LockFactory::new(c.clone())
+        .with_ttl(Some(TTL))
+        .create_lock("stopped");
+    let _ = holder.release().await.unwrap();
+    let started = std::time::Instant::now();
+    assert!(
+        next.acquire_timeout(Duration::from_secs(10)).await.unwrap(),
+        "the grant ran out"
+    );
+    // Not before the grant's ttl (exclusion), and not long after it.
+    let waited = started.elapsed();
+    assert!(waited >= short - Duration::from_millis(50), "{waited:?}");
+}
+
+#[tokio::test]
+async fn a_grant_for_a_waiter_its_store_no_longer_has_is_taken_back() {
+    let server = RedisServer::start();
+    let (a, b) = (store(&server), store(&server));
+    // A waiter of b queued somewhere, so b's wake channel is subscribed and its id known.
+    let held = frozen(&a).create_lock("elsewhere");
+    held.acquire().await.unwrap();
+    let (_waiting, _watcher) = registered(&b, "elsewhere", TTL).await;
+    let ticket = queue(&server, &b, "elsewhere").remove(0);
+    let id = &ticket[45..67];
+    // A grant as a release writes it, for a waiter number b never had.
+    let token = format!("{}eHRyLXdha2U=", "Q".repeat(32));
+    let mut conn = sync_conn(&server);
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query(&mut conn).unwrap();
+    let at_us = secs * 1_000_000 + micros;
+    let score = at_us / 1000 + 30_000;
+    let _: () = redis::pipe()
+        .zadd("orphan", &token, score)
+        .zadd("orphan", "__write__", score)
+        .set(
+            b.internal_key(&format!("rec:orphan:{token}")),
+            format!("{{\"v\":1,\"at_ms\":{},\"fence\":7,\"g\":1}}", at_us / 1000),
+        )
+        .query(&mut conn)
+        .unwrap();
+    let _: i64 = conn
+        .publish(
+            format!("__xtr_lock__:wake:{id}"),
+            format!("{id}999999:30000;7;{at_us};{token} orphan"),
+        )
+        .unwrap();
+    until("the grant is taken back", || {
+        sync_conn(&server).zcard::<_, i64>("orphan").unwrap() == 0
+    })
+    .await;
+    // A holder that re-saved its grant (its record no longer says granted) keeps it.
+    let kept = Key::new("kept");
+    assert!(matches!(
+        a.save(&kept, Some(TTL)).await.unwrap(),
+        Saved::Acquired(_)
+    ));
+    let token = kept.token("redis");
+    let score: f64 = conn.zscore("kept", &token).unwrap();
+    let _: i64 = conn
+        .publish(
+            format!("__xtr_lock__:wake:{id}"),
+            format!(
+                "{id}999998:30000;7;{};{token} kept",
+                (score as u64 - 30_000) * 1000
+            ),
+        )
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        a.exists(&kept).await.unwrap().is_held(),
+        "a held lock was taken back"
+    );
+}
+
+#[tokio::test]
+async fn a_waiter_whose_grant_is_too_old_to_believe_saves_it_and_keeps_its_token() {
+    let server = RedisServer::start();
+    let (a, b) = (store(&server), store(&server));
+    let holder = frozen(&a).create_lock("late");
+    holder.acquire().await.unwrap();
+    let clock = Arc::new(ManualClock::new());
+    let key = Key::with_clock("late", clock.clone());
+    assert!(matches!(
+        b.save(&key, Some(TTL)).await.unwrap(),
+        Saved::Conflict(_)
+    ));
+    let mut watcher = b.watch(&key, SystemTime::now()).await.unwrap().unwrap();
+    assert!(matches!(
+        b.save(&key, Some(TTL)).await.unwrap(),
+        Saved::Conflict(_)
+    ));
+    let _ = holder.release().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), &mut watcher)
+        .await
+        .expect("woken");
+    let token = key.token("redis");
+    let granted = record(&server, &b, "late", &token);
+    assert!(granted.contains("\"g\":1"), "{granted}");
+    // More than half the ttl passed on the waiter's clock since its refusal: the grant alone
+    // would leave it too little; its save re-saves it on the server instead.
+    clock.advance(TTL * 3 / 4);
+    key.reset_lifetime();
+    let Saved::Acquired(acquired) = b.save(&key, Some(TTL)).await.unwrap() else {
+        panic!("the granted waiter is refused");
+    };
+    let fence: u64 = granted
+        .split("\"fence\":")
+        .nth(1)
+        .and_then(|f| f.split([',', '}']).next())
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(acquired.fencing_token, Some(fence), "the grant's token");
+    assert!(!record(&server, &b, "late", &token).contains("\"g\""));
+    assert!(key.remaining_lifetime().unwrap() > TTL / 2);
+    drop(watcher);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        b.exists(&key).await.unwrap().is_held(),
+        "the re-saved grant was taken back"
+    );
+}

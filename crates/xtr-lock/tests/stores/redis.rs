@@ -429,8 +429,9 @@ async fn a_release_wakes_one_waiter_not_all_of_them() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let evals = evalsha_calls(&server);
     assert_eq!(
-        evals, 2,
-        "one release costs the release and the woken waiter's save, not ~100 retries"
+        evals, 1,
+        "one release costs the release alone (it granted the lock to the first waiter), not \
+         ~100 retries"
     );
     assert!(rx.try_recv().is_err(), "exactly one waiter got the lock");
     // The rest still get their turn, one release at a time.
@@ -474,11 +475,17 @@ async fn cancellation_at_random_points_leaves_no_member_behind() {
         if held {
             let _ = holder.release().await.unwrap();
         }
+        // A release may have granted the lock to the cancelled waiter's ticket before its
+        // leaving reached the server: its store takes the grant back, in the background.
         let token = waiter.key().token("redis");
-        assert!(
-            !zset(&server, "cancel").iter().any(|(m, _)| *m == token),
-            "round {i}: the cancelled waiter's member is gone"
-        );
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while zset(&server, "cancel").iter().any(|(m, _)| *m == token) {
+            assert!(
+                Instant::now() < deadline,
+                "round {i}: the cancelled waiter's member is gone"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
     assert_eq!(
         server.cli(&["EXISTS", "cancel"]),

@@ -31,7 +31,7 @@
 //! the run goes on, its group unwatched.)
 
 use std::ffi::OsString;
-use std::io::{PipeReader, Read as _};
+use std::io::{PipeReader, Read};
 use std::os::fd::AsFd;
 use std::os::unix::process::CommandExt as _;
 use std::process::{Command, ExitCode, Stdio};
@@ -62,16 +62,31 @@ const ORPHAN_POLL: Duration = Duration::from_millis(100);
 /// the group the command is to be started into. Dropped once the command ended: the watcher is
 /// killed, and the sentinel ends with it.
 #[derive(Debug)]
-pub(crate) struct Sentinel {
-    sentinel: std::process::Child,
-    watcher: std::process::Child,
-    group: Pid,
+pub(crate) enum Sentinel {
+    /// Both started as programs: this executable as the watcher, `cat` as the sentinel.
+    Started {
+        sentinel: std::process::Child,
+        watcher: std::process::Child,
+        group: Pid,
+    },
+    /// The helper forked at the start as the watcher (see `helper`), which forked the
+    /// sentinel: its child, not this process's.
+    Forked { watcher: Pid },
 }
 
 impl Sentinel {
     /// Starts the sentinel in this process's group and its watcher in a new group, which stops
-    /// after `grace` once both the sentinel and this process are gone.
+    /// after `grace` once both the sentinel and this process are gone: the helper forked at the
+    /// start where there is one, else this executable started again.
     pub(crate) fn start(grace: Duration) -> std::io::Result<Sentinel> {
+        match crate::helper::take().map(|helper| helper.watch(grace)) {
+            Some(Ok(watcher)) => Ok(Sentinel::Forked { watcher }),
+            // No helper left (a later turn of `--standby`), or it died: as before it existed.
+            _ => Sentinel::spawn(grace),
+        }
+    }
+
+    fn spawn(grace: Duration) -> std::io::Result<Sentinel> {
         let (reader, writer) = std::io::pipe()?;
         let mut sentinel = spawn_sentinel(reader)?;
         // The pipe's only write end: the command, started later, does not inherit it.
@@ -96,7 +111,7 @@ impl Sentinel {
         };
         let group = Pid::from_raw(watcher.id() as i32)
             .ok_or_else(|| std::io::Error::other("the watcher has no pid"))?;
-        Ok(Sentinel {
+        Ok(Sentinel::Started {
             sentinel,
             watcher,
             group,
@@ -106,7 +121,10 @@ impl Sentinel {
     /// The process group the command goes into: the watcher's pid, which `run` leaves out
     /// where it looks for what of the command is left.
     pub(crate) fn group(&self) -> Pid {
-        self.group
+        match self {
+            Sentinel::Started { group, .. } => *group,
+            Sentinel::Forked { watcher } => *watcher,
+        }
     }
 }
 
@@ -114,10 +132,22 @@ impl Drop for Sentinel {
     fn drop(&mut self) {
         // The command ended: the watcher has nothing left to watch. With it gone, the
         // sentinel's pipe has no writer left, and the sentinel ends. Both are reaped here if
-        // they already ended; otherwise when `xtr-lock` exits, moments later.
-        let _ = self.watcher.kill();
-        let _ = self.watcher.try_wait();
-        let _ = self.sentinel.try_wait();
+        // they already ended; otherwise when `xtr-lock` exits, moments later (a forked
+        // sentinel by whoever adopts it).
+        match self {
+            Sentinel::Started {
+                sentinel, watcher, ..
+            } => {
+                let _ = watcher.kill();
+                let _ = watcher.try_wait();
+                let _ = sentinel.try_wait();
+            }
+            Sentinel::Forked { watcher } => {
+                let _ = rustix::process::kill_process(*watcher, rustix::process::Signal::KILL);
+                let _ =
+                    rustix::process::waitpid(Some(*watcher), rustix::process::WaitOptions::NOHANG);
+            }
+        }
     }
 }
 
@@ -166,10 +196,36 @@ fn sentinel(mut args: impl Iterator<Item = OsString>) -> ExitCode {
     if !is_told(&stdin, args.next()) {
         return not_for_users(ARG);
     }
+    read_to_the_end(stdin.lock())
+}
+
+/// The forked sentinel (see `helper`): its stdio detached, as `cat`'s, it waits for the end of
+/// `pipe`, of which the watcher holds the only write end.
+pub(crate) fn stand_for_the_group(pipe: PipeReader) -> ExitCode {
+    let _ = detach_stdio(true);
+    read_to_the_end(pipe)
+}
+
+/// Points stdin and stdout (and stderr if `all`) to `/dev/null`: a helper that keeps the
+/// caller's would hold off whoever reads them to the end.
+pub(crate) fn detach_stdio(all: bool) -> std::io::Result<()> {
+    let null = std::fs::File::options()
+        .read(true)
+        .write(true)
+        .open("/dev/null")?;
+    rustix::stdio::dup2_stdin(&null)?;
+    rustix::stdio::dup2_stdout(&null)?;
+    if all {
+        rustix::stdio::dup2_stderr(&null)?;
+    }
+    Ok(())
+}
+
+/// Reads `pipe` until it has no writer left (nothing is ever written to it).
+fn read_to_the_end(mut pipe: impl Read) -> ExitCode {
     let mut buf = [0u8; 64];
-    let mut stdin = stdin.lock();
     loop {
-        match stdin.read(&mut buf) {
+        match pipe.read(&mut buf) {
             Ok(0) => return ExitCode::SUCCESS,
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
@@ -216,7 +272,7 @@ fn not_for_users(mode: &str) -> ExitCode {
 /// Watches `parent` and the sentinel at the other end of `pipe`: once both are gone, stops
 /// this process's group after `grace`; once only `parent` is, ends when the group has nothing
 /// else left.
-fn watch(parent: &watch::Parent, grace: Duration, pipe: &impl AsFd) -> ExitCode {
+pub(crate) fn watch(parent: &watch::Parent, grace: Duration, pipe: &impl AsFd) -> ExitCode {
     let mut sentinel_gone = false;
     loop {
         let orphaned = !parent.alive();

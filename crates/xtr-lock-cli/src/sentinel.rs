@@ -10,12 +10,17 @@
 //! `xtr-lock` itself cannot (SIGKILL), and its death alone cannot tell `kill -9 PID` from
 //! `kill -9 -PGID` when `xtr-lock` is alone in its group (`setsid`). So:
 //!
-//! - the sentinel stays in `xtr-lock`'s group: `/bin/cat` reading a pipe that nobody writes to
-//!   (this executable again, `__sentinel`, where there is no `/bin/cat`), so it dies with the
-//!   group and ends by itself once the pipe has no writer left;
-//! - the watcher (`__watch`), this executable again, leads the command's process group (the
-//!   command is started into it, still as `xtr-lock`'s child) and holds the pipe's only write
-//!   end as its stdout, which reports an error once the sentinel is gone. A pidfd of `xtr-lock`
+//! - the sentinel stays in `xtr-lock`'s group, reading a pipe that nobody writes to, so it dies
+//!   with the group and ends by itself once the pipe has no writer left;
+//! - the watcher leads the command's process group (the command is started into it, still as
+//!   `xtr-lock`'s child) and holds the pipe's only write end, which reports an error once the
+//!   sentinel is gone.
+//!
+//! Both are forked, not started: the watcher is the helper `run` forked at its start (see
+//! `helper`), and forks the sentinel before it leaves `xtr-lock`'s group, then tells `run` it
+//! leads its own; the command starts after that. Where there is no helper (a later turn of
+//! `--standby`), the sentinel is `/bin/cat` (this executable again, `__sentinel`, where there
+//! is none) and the watcher this executable again (`__watch`, the pipe as its stdout). A pidfd of `xtr-lock`
 //!   tells it when `xtr-lock` dies; it waits on both in `poll(2)`, with no async runtime (see
 //!   `watch`). Once both are gone, it stops the command's group as on a lost lock (SIGTERM,
 //!   then SIGKILL after `--kill-after`); the lock file's descriptors close with it. With only `xtr-lock` gone, it waits for the command's group to
@@ -24,11 +29,11 @@
 //! A signal that `xtr-lock` catches and forwards to the command (SIGTERM or a hangup sent to the
 //! group) may kill the sentinel: with `xtr-lock` alive, that stops nothing more, the command
 //! stops as it decides. The watcher blocks the signals sent to the command's group that would
-//! end it (but SIGKILL). It is started just before the command, which does not wait for it to
-//! be ready: its start, the slowest part of all this, runs beside the command's, off its way. A
-//! group killed before the watcher is ready is seen once it is: the pipe's error and the
+//! end it (but SIGKILL). Started again as this executable, it is started just before the
+//! command, which does not wait for it to be ready: its start runs beside the command's, off its
+//! way. A group killed before the watcher is ready is seen once it is: the pipe's error and the
 //! parent's death stay for it to find. (A signal sent to the command's group meanwhile ends it:
-//! the run goes on, its group unwatched.)
+//! the run goes on, its group unwatched.) Forked, it is ready before the command starts.
 
 use std::ffi::OsString;
 use std::io::{PipeReader, Read};

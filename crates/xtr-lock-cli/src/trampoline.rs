@@ -3,10 +3,10 @@
 //! flock, see the `sentinel` module).
 //!
 //! The command's process group starts with this small supervisor: it asks the kernel for
-//! SIGTERM when its parent dies (a parent-death signal, which must be set in the child; Rust can
-//! only run code between `fork` and `exec` through `unsafe`, which this workspace forbids, so
-//! this executable is started again in this mode), checks that the parent is still the one that
-//! started it, then runs the command in the same process group and waits for it. When the
+//! SIGTERM when its parent dies (a parent-death signal, which must be set in the child), checks
+//! that the parent is still the one that started it, then runs the command in the same process
+//! group and waits for it. It is the helper `run` forked at its start (see `helper`), or, where
+//! there is none (a later turn of `--standby`), this executable started again in this mode. When the
 //! parent dies, it stops the whole group as `run` would on a lost lock: SIGTERM, then SIGKILL
 //! after the grace. Given a lease file (see the `lease` module), it also stops the group when
 //! the lease `run` last told is about to end: `run` stopped or paused cannot renew it. Signals

@@ -76,8 +76,7 @@ impl Helper {
     /// `grace` after both `xtr-lock` and its sentinel are gone; its pid, the group's, once it
     /// leads it and its sentinel is in `xtr-lock`'s group.
     pub(crate) fn watch(self, grace: Duration) -> std::io::Result<Pid> {
-        let json = output::json().then_some(trampoline::JSON).unwrap_or("");
-        self.ask(&[WATCH.into(), millis(grace), json.into()])
+        self.ask(&[WATCH.into(), millis(grace), json_option()])
     }
 
     /// Makes it the supervisor of `command` (see `trampoline`), run with `env` set (or
@@ -90,14 +89,13 @@ impl Helper {
         env: &[(&str, Option<OsString>)],
         command: &[OsString],
     ) -> std::io::Result<Pid> {
-        let json = output::json().then_some(trampoline::JSON).unwrap_or("");
         let lease = lease.map_or(trampoline::NO_LEASE.as_bytes(), |p| {
             p.as_os_str().as_bytes()
         });
         let mut fields = vec![
             SUPERVISE.to_vec(),
             millis(grace),
-            json.into(),
+            json_option(),
             lease.to_vec(),
         ];
         fields.push(env.len().to_string().into_bytes());
@@ -130,6 +128,14 @@ impl Helper {
             let _ = rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::NOHANG);
         })?;
         Ok(pid)
+    }
+}
+
+/// `json` where `run --json` asks for events, as the helpers' argument says it.
+fn json_option() -> Vec<u8> {
+    match output::json() {
+        true => trampoline::JSON.into(),
+        false => Vec::new(),
     }
 }
 

@@ -126,3 +126,30 @@ fn on_redis_the_supervisor_is_a_forked_copy_of_xtr_lock() {
     std::fs::write(tmp.path().join("done"), b"").unwrap();
     assert!(wait_exit(&mut run, "the run ends").success());
 }
+
+/// A run that needs no helper (its lock held elsewhere, `-n`: exit 1) leaves none behind: the
+/// helper forked at its start ends when `xtr-lock` does.
+#[test]
+fn an_unneeded_helper_ends_with_xtr_lock() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = flock_dsn(tmp.path());
+    let (mut holder, _) = waiting_run(&store, tmp.path());
+    let mut refused = std::process::Command::new("setsid")
+        .arg(bin())
+        .args(["run", "-n", "--store", &store, "r", "--", "true"])
+        .spawn()
+        .expect("setsid (util-linux)");
+    let group = refused.id() as i32;
+    assert_eq!(wait_exit(&mut refused, "the refused run").code(), Some(1));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !members(group).is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "left behind: {:?}",
+            members(group)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    std::fs::write(tmp.path().join("done"), b"").unwrap();
+    assert!(wait_exit(&mut holder, "the holder's run ends").success());
+}

@@ -34,8 +34,8 @@ warning. --ttl none asks for no expiry, which stores whose locks expire refuse."
     version,
     about = crate::help::ABOUT,
     long_about = crate::help::LONG_ABOUT,
-    after_help = crate::help::top_short(),
-    after_long_help = crate::help::top_long(),
+    after_help = crate::help::when_shown(crate::help::top_short),
+    after_long_help = crate::help::when_shown(crate::help::top_long),
 )]
 pub(crate) struct Cli {
     #[command(subcommand)]
@@ -45,7 +45,7 @@ pub(crate) struct Cli {
 #[derive(Debug, Args, Clone, Default)]
 pub(crate) struct StoreArgs {
     /// Where locks live, as a DSN (default: flock; a quorum: several)
-    #[arg(long, value_name = "DSN", long_help = crate::help::store_long())]
+    #[arg(long, value_name = "DSN", long_help = crate::help::when_shown(crate::help::store_long))]
     pub store: Vec<String>,
 
     /// A lock configuration file (also $XTR_LOCK_CONFIG)
@@ -251,13 +251,13 @@ pub(crate) enum Command {
     /// not renew it (stopped or starved).
     #[command(
         after_help = crate::help::RUN_SHORT,
-        after_long_help = format!(
+        after_long_help = crate::help::when_shown(|| format!(
             "{RUN_HELP}\n\nStores that give fencing tokens: {}.\nStores with semaphores (--limit N): {}.\n\n{}\n\n{}",
             crate::help::fencing_names(),
             crate::help::counting_names(),
             crate::help::RUN_EXAMPLES,
             crate::exit::TABLE
-        ),
+        )),
     )]
     Run {
         #[command(flatten)]

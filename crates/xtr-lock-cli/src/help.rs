@@ -2,9 +2,38 @@
 //! ([`StoreFactory::kinds`]), so that help names every store this build has, and marks those it
 //! lacks with the feature that adds them; and the examples, every one safe to copy.
 
+use std::ffi::OsStr;
 use std::fmt::Write as _;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use xtr_lock::{Fencing, StoreFactory, StoreKind};
+
+/// Whether a help text may be shown in this run. clap builds every subcommand's arguments and
+/// texts to parse one; the texts generated from the scheme table were 10 % of the instructions
+/// of `run … true` (docs/benchmarks.md), so they are made only when help may be shown.
+static MAY_SHOW: AtomicBool = AtomicBool::new(true);
+
+/// Decides from the command line `args` (without the program's name) whether help may be
+/// shown: no arguments (clap then shows it), `help`, `--help`, `completions`, or a cluster of
+/// short options with an `h` (`-h`, `-nh`). A value that looks so only costs the texts' making.
+pub(crate) fn make_texts_only_if_asked<I: IntoIterator<Item = impl AsRef<OsStr>>>(args: I) {
+    let mut none = true;
+    let asked = args.into_iter().any(|arg| {
+        none = false;
+        let arg = arg.as_ref().as_encoded_bytes();
+        matches!(arg, b"help" | b"--help" | b"completions")
+            || (arg.len() > 1 && arg[0] == b'-' && arg[1] != b'-' && arg.contains(&b'h'))
+    });
+    MAY_SHOW.store(asked || none, Ordering::Relaxed);
+}
+
+/// `text()`, or nothing where no help is shown in this run.
+pub(crate) fn when_shown(text: impl FnOnce() -> String) -> String {
+    match MAY_SHOW.load(Ordering::Relaxed) {
+        true => text(),
+        false => String::new(),
+    }
+}
 
 /// The top level's first line (`-h`).
 pub(crate) const ABOUT: &str =
@@ -175,3 +204,31 @@ Examples:
   xtr-lock run backup ./job                   wait for the lock, run ./job, release it
   xtr-lock run -n backup -c 'echo hi'         skip if held: exit 1 (cron)
 `xtr-lock run --help`: every option, the stores, the command's environment, exit codes.";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_texts_are_made_where_help_may_be_shown_only() {
+        let cases: &[(&[&str], bool)] = &[
+            (&[], true),
+            (&["--help"], true),
+            (&["run", "-h"], true),
+            (&["run", "-nh", "r", "true"], true),
+            (&["help", "run"], true),
+            (&["completions", "bash"], true),
+            (
+                &["run", "-n", "--store", "flock:///tmp", "r", "--", "true"],
+                false,
+            ),
+            (&["run", "r", "-c", "echo hi"], false),
+        ];
+        for (args, shown) in cases {
+            make_texts_only_if_asked(*args);
+            assert_eq!(MAY_SHOW.load(Ordering::Relaxed), *shown, "{args:?}");
+            assert_eq!(when_shown(|| "x".into()).is_empty(), !shown);
+        }
+        MAY_SHOW.store(true, Ordering::Relaxed);
+    }
+}

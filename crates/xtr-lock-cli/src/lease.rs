@@ -8,9 +8,9 @@
 //! machine is suspended (a lease that ended during a suspend is over on resume), and the length
 //! of the lease, from which the margins are computed. The supervisor reads it every
 //! [`POLL`]; when the lease is about to end without a newer record, it stops the command's
-//! process group (SIGTERM, then SIGKILL before the lease ends). A descriptor cannot be handed
-//! to the supervisor without `unsafe` (this workspace forbids it), so it goes by path; the
-//! supervisor unlinks the file once it has opened it.
+//! process group (SIGTERM, then SIGKILL before the lease ends). The file goes by path (the
+//! supervisor, forked before the file exists or started again, has no descriptor of it); the
+//! supervisor unlinks it once it has opened it.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt as _;

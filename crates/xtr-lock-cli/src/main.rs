@@ -10,8 +10,10 @@ mod command_line;
 mod durations;
 mod exit;
 mod file;
+mod fork;
 mod handoff;
 mod help;
+mod helper;
 mod lease;
 mod meta;
 mod output;
@@ -38,6 +40,14 @@ fn main() -> ExitCode {
     if let Some(code) = sentinel::run_if_asked() {
         return code; // started by `run` to stand for its process group, or to watch it
     }
+    if std::env::args_os().nth(1).is_some_and(|a| a == "run") {
+        // While this is the only thread, and before parsing dirties the heap that the fork
+        // shares: the helper `run` may need, forked now, told later (see `helper`).
+        if let Some(code) = helper::prefork() {
+            return code; // the helper, its role over
+        }
+    }
+    help::make_texts_only_if_asked(std::env::args_os().skip(1));
     let cli = Cli::parse(); // usage errors: clap prints them and exits 2
     // Before the runtime opens descriptors of its own: `acquire --fd N` takes hold of the
     // caller's descriptor N before a number the caller left free can be reused here.

@@ -10,12 +10,17 @@
 //! `xtr-lock` itself cannot (SIGKILL), and its death alone cannot tell `kill -9 PID` from
 //! `kill -9 -PGID` when `xtr-lock` is alone in its group (`setsid`). So:
 //!
-//! - the sentinel stays in `xtr-lock`'s group: `/bin/cat` reading a pipe that nobody writes to
-//!   (this executable again, `__sentinel`, where there is no `/bin/cat`), so it dies with the
-//!   group and ends by itself once the pipe has no writer left;
-//! - the watcher (`__watch`), this executable again, leads the command's process group (the
-//!   command is started into it, still as `xtr-lock`'s child) and holds the pipe's only write
-//!   end as its stdout, which reports an error once the sentinel is gone. A pidfd of `xtr-lock`
+//! - the sentinel stays in `xtr-lock`'s group, reading a pipe that nobody writes to, so it dies
+//!   with the group and ends by itself once the pipe has no writer left;
+//! - the watcher leads the command's process group (the command is started into it, still as
+//!   `xtr-lock`'s child) and holds the pipe's only write end, which reports an error once the
+//!   sentinel is gone.
+//!
+//! Both are forked, not started: the watcher is the helper `run` forked at its start (see
+//! `helper`), and forks the sentinel before it leaves `xtr-lock`'s group, then tells `run` it
+//! leads its own; the command starts after that. Where there is no helper (a later turn of
+//! `--standby`), the sentinel is `/bin/cat` (this executable again, `__sentinel`, where there
+//! is none) and the watcher this executable again (`__watch`, the pipe as its stdout). A pidfd of `xtr-lock`
 //!   tells it when `xtr-lock` dies; it waits on both in `poll(2)`, with no async runtime (see
 //!   `watch`). Once both are gone, it stops the command's group as on a lost lock (SIGTERM,
 //!   then SIGKILL after `--kill-after`); the lock file's descriptors close with it. With only `xtr-lock` gone, it waits for the command's group to
@@ -24,14 +29,14 @@
 //! A signal that `xtr-lock` catches and forwards to the command (SIGTERM or a hangup sent to the
 //! group) may kill the sentinel: with `xtr-lock` alive, that stops nothing more, the command
 //! stops as it decides. The watcher blocks the signals sent to the command's group that would
-//! end it (but SIGKILL). It is started just before the command, which does not wait for it to
-//! be ready: its start, the slowest part of all this, runs beside the command's, off its way. A
-//! group killed before the watcher is ready is seen once it is: the pipe's error and the
+//! end it (but SIGKILL). Started again as this executable, it is started just before the
+//! command, which does not wait for it to be ready: its start runs beside the command's, off its
+//! way. A group killed before the watcher is ready is seen once it is: the pipe's error and the
 //! parent's death stay for it to find. (A signal sent to the command's group meanwhile ends it:
-//! the run goes on, its group unwatched.)
+//! the run goes on, its group unwatched.) Forked, it is ready before the command starts.
 
 use std::ffi::OsString;
-use std::io::{PipeReader, Read as _};
+use std::io::{PipeReader, Read};
 use std::os::fd::AsFd;
 use std::os::unix::process::CommandExt as _;
 use std::process::{Command, ExitCode, Stdio};
@@ -62,16 +67,31 @@ const ORPHAN_POLL: Duration = Duration::from_millis(100);
 /// the group the command is to be started into. Dropped once the command ended: the watcher is
 /// killed, and the sentinel ends with it.
 #[derive(Debug)]
-pub(crate) struct Sentinel {
-    sentinel: std::process::Child,
-    watcher: std::process::Child,
-    group: Pid,
+pub(crate) enum Sentinel {
+    /// Both started as programs: this executable as the watcher, `cat` as the sentinel.
+    Started {
+        sentinel: std::process::Child,
+        watcher: std::process::Child,
+        group: Pid,
+    },
+    /// The helper forked at the start as the watcher (see `helper`), which forked the
+    /// sentinel: its child, not this process's.
+    Forked { watcher: Pid },
 }
 
 impl Sentinel {
     /// Starts the sentinel in this process's group and its watcher in a new group, which stops
-    /// after `grace` once both the sentinel and this process are gone.
+    /// after `grace` once both the sentinel and this process are gone: the helper forked at the
+    /// start where there is one, else this executable started again.
     pub(crate) fn start(grace: Duration) -> std::io::Result<Sentinel> {
+        match crate::helper::take().map(|helper| helper.watch(grace)) {
+            Some(Ok(watcher)) => Ok(Sentinel::Forked { watcher }),
+            // No helper left (a later turn of `--standby`), or it died: as before it existed.
+            _ => Sentinel::spawn(grace),
+        }
+    }
+
+    fn spawn(grace: Duration) -> std::io::Result<Sentinel> {
         let (reader, writer) = std::io::pipe()?;
         let mut sentinel = spawn_sentinel(reader)?;
         // The pipe's only write end: the command, started later, does not inherit it.
@@ -96,7 +116,7 @@ impl Sentinel {
         };
         let group = Pid::from_raw(watcher.id() as i32)
             .ok_or_else(|| std::io::Error::other("the watcher has no pid"))?;
-        Ok(Sentinel {
+        Ok(Sentinel::Started {
             sentinel,
             watcher,
             group,
@@ -106,7 +126,10 @@ impl Sentinel {
     /// The process group the command goes into: the watcher's pid, which `run` leaves out
     /// where it looks for what of the command is left.
     pub(crate) fn group(&self) -> Pid {
-        self.group
+        match self {
+            Sentinel::Started { group, .. } => *group,
+            Sentinel::Forked { watcher } => *watcher,
+        }
     }
 }
 
@@ -114,10 +137,22 @@ impl Drop for Sentinel {
     fn drop(&mut self) {
         // The command ended: the watcher has nothing left to watch. With it gone, the
         // sentinel's pipe has no writer left, and the sentinel ends. Both are reaped here if
-        // they already ended; otherwise when `xtr-lock` exits, moments later.
-        let _ = self.watcher.kill();
-        let _ = self.watcher.try_wait();
-        let _ = self.sentinel.try_wait();
+        // they already ended; otherwise when `xtr-lock` exits, moments later (a forked
+        // sentinel by whoever adopts it).
+        match self {
+            Sentinel::Started {
+                sentinel, watcher, ..
+            } => {
+                let _ = watcher.kill();
+                let _ = watcher.try_wait();
+                let _ = sentinel.try_wait();
+            }
+            Sentinel::Forked { watcher } => {
+                let _ = rustix::process::kill_process(*watcher, rustix::process::Signal::KILL);
+                let _ =
+                    rustix::process::waitpid(Some(*watcher), rustix::process::WaitOptions::NOHANG);
+            }
+        }
     }
 }
 
@@ -166,10 +201,36 @@ fn sentinel(mut args: impl Iterator<Item = OsString>) -> ExitCode {
     if !is_told(&stdin, args.next()) {
         return not_for_users(ARG);
     }
+    read_to_the_end(stdin.lock())
+}
+
+/// The forked sentinel (see `helper`): its stdio detached, as `cat`'s, it waits for the end of
+/// `pipe`, of which the watcher holds the only write end.
+pub(crate) fn stand_for_the_group(pipe: PipeReader) -> ExitCode {
+    let _ = detach_stdio(true);
+    read_to_the_end(pipe)
+}
+
+/// Points stdin and stdout (and stderr if `all`) to `/dev/null`: a helper that keeps the
+/// caller's would hold off whoever reads them to the end.
+pub(crate) fn detach_stdio(all: bool) -> std::io::Result<()> {
+    let null = std::fs::File::options()
+        .read(true)
+        .write(true)
+        .open("/dev/null")?;
+    rustix::stdio::dup2_stdin(&null)?;
+    rustix::stdio::dup2_stdout(&null)?;
+    if all {
+        rustix::stdio::dup2_stderr(&null)?;
+    }
+    Ok(())
+}
+
+/// Reads `pipe` until it has no writer left (nothing is ever written to it).
+fn read_to_the_end(mut pipe: impl Read) -> ExitCode {
     let mut buf = [0u8; 64];
-    let mut stdin = stdin.lock();
     loop {
-        match stdin.read(&mut buf) {
+        match pipe.read(&mut buf) {
             Ok(0) => return ExitCode::SUCCESS,
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
@@ -216,7 +277,7 @@ fn not_for_users(mode: &str) -> ExitCode {
 /// Watches `parent` and the sentinel at the other end of `pipe`: once both are gone, stops
 /// this process's group after `grace`; once only `parent` is, ends when the group has nothing
 /// else left.
-fn watch(parent: &watch::Parent, grace: Duration, pipe: &impl AsFd) -> ExitCode {
+pub(crate) fn watch(parent: &watch::Parent, grace: Duration, pipe: &impl AsFd) -> ExitCode {
     let mut sentinel_gone = false;
     loop {
         let orphaned = !parent.alive();

@@ -3,10 +3,10 @@
 //! flock, see the `sentinel` module).
 //!
 //! The command's process group starts with this small supervisor: it asks the kernel for
-//! SIGTERM when its parent dies (a parent-death signal, which must be set in the child; Rust can
-//! only run code between `fork` and `exec` through `unsafe`, which this workspace forbids, so
-//! this executable is started again in this mode), checks that the parent is still the one that
-//! started it, then runs the command in the same process group and waits for it. When the
+//! SIGTERM when its parent dies (a parent-death signal, which must be set in the child), checks
+//! that the parent is still the one that started it, then runs the command in the same process
+//! group and waits for it. It is the helper `run` forked at its start (see `helper`), or, where
+//! there is none (a later turn of `--standby`), this executable started again in this mode. When the
 //! parent dies, it stops the whole group as `run` would on a lost lock: SIGTERM, then SIGKILL
 //! after the grace. Given a lease file (see the `lease` module), it also stops the group when
 //! the lease `run` last told is about to end: `run` stopped or paused cannot renew it. Signals
@@ -54,27 +54,40 @@ pub(crate) fn run_if_asked() -> Option<ExitCode> {
         output::error_line(&format!("{ARG} is for xtr-lock run's own use"));
         return Some(ExitCode::from(exit::ERROR));
     };
+    Some(supervise_command(parent, grace, lease_path, &command, &[]))
+}
+
+/// The supervisor's work, started as `__exec-child` or forked (see `helper`): ties itself to
+/// `parent`'s life, then runs `command` (with `env` set, or removed for `None`, besides its
+/// own) and waits for it; its exit code is the command's.
+pub(crate) fn supervise_command(
+    parent: i32,
+    grace: Duration,
+    lease_path: Option<OsString>,
+    command: &[OsString],
+    env: &[(OsString, Option<OsString>)],
+) -> ExitCode {
     if let Err(e) = rustix::process::set_parent_process_death_signal(Some(Signal::TERM)) {
         output::error_line(&format!("cannot tie the command to xtr-lock's life: {e}"));
-        return Some(ExitCode::from(exit::ERROR));
+        return ExitCode::from(exit::ERROR);
     }
     if !parent_is(parent) {
         output::error_line("the process holding the lock is gone; the command does not run");
-        return Some(ExitCode::from(exit::LOST));
+        return ExitCode::from(exit::LOST);
     }
     let runtime = match runtime() {
         Ok(rt) => rt,
-        Err(code) => return Some(code),
+        Err(code) => return code,
     };
     let lease = match lease_path.map(|p| lease::Reader::open(std::path::Path::new(&p))) {
         Some(Ok(reader)) => Some(reader),
         Some(Err(e)) => {
             output::error_line(&format!("cannot read the lock's lease from xtr-lock: {e}"));
-            return Some(ExitCode::from(exit::ERROR));
+            return ExitCode::from(exit::ERROR);
         }
         None => None,
     };
-    Some(runtime.block_on(supervise(parent, grace, lease, &command)))
+    runtime.block_on(supervise(parent, grace, lease, command, env))
 }
 
 /// Catches, to ignore them, the signals other than SIGTERM, SIGINT and SIGHUP (which the caller
@@ -113,6 +126,7 @@ async fn supervise(
     grace: Duration,
     mut lease: Option<lease::Reader>,
     command: &[OsString],
+    env: &[(OsString, Option<OsString>)],
 ) -> ExitCode {
     let signals = (
         signal(SignalKind::child()),
@@ -130,20 +144,9 @@ async fn supervise(
         output::error_line("cannot watch signals");
         return ExitCode::from(exit::ERROR);
     };
-    let name = command[0].to_string_lossy().into_owned();
-    let child = match Command::new(&command[0]).args(&command[1..]).spawn() {
-        Ok(child) => child,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            output::error_line(&format!("command not found: {name}"));
-            return ExitCode::from(127);
-        }
-        Err(e) => {
-            output::error_line(&format!("cannot run {name}: {e}"));
-            return ExitCode::from(126);
-        }
-    };
-    let Some(pid) = Pid::from_raw(child.id() as i32) else {
-        return ExitCode::from(exit::ERROR);
+    let pid = match spawn(command, env) {
+        Ok(pid) => pid,
+        Err(code) => return code,
     };
     let mut orphaned_at: Option<tokio::time::Instant> = None;
     let mut lease_ending = false;
@@ -177,6 +180,31 @@ async fn supervise(
             // xtr-lock died: its lock will not be renewed. Stop the group, as a loss would.
             orphaned_at = Some(tokio::time::Instant::now());
             procs::terminate_group();
+        }
+    }
+}
+
+/// Starts `command` with `env` set (or removed, for `None`); the exit code, said why, where it
+/// cannot run (127: not found, 126).
+fn spawn(command: &[OsString], env: &[(OsString, Option<OsString>)]) -> Result<Pid, ExitCode> {
+    let name = command[0].to_string_lossy().into_owned();
+    let mut cmd = Command::new(&command[0]);
+    cmd.args(&command[1..]);
+    for (name, value) in env {
+        match value {
+            Some(value) => cmd.env(name, value),
+            None => cmd.env_remove(name),
+        };
+    }
+    match cmd.spawn() {
+        Ok(child) => Pid::from_raw(child.id() as i32).ok_or(ExitCode::from(exit::ERROR)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            output::error_line(&format!("command not found: {name}"));
+            Err(ExitCode::from(127))
+        }
+        Err(e) => {
+            output::error_line(&format!("cannot run {name}: {e}"));
+            Err(ExitCode::from(126))
         }
     }
 }

@@ -5,7 +5,8 @@
 //! are blocked rather than caught: they stay pending, and end nothing. Only for a process that
 //! starts nothing: a blocked mask is inherited by a child, and survives its `exec` (the standard
 //! library does not reset it; the command's supervisor, which starts the command, catches them
-//! instead, see `trampoline`).
+//! instead, see `trampoline`; the forked watcher forks its sentinel before it blocks them, see
+//! `helper`).
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::time::{Duration, Instant};

@@ -12,6 +12,7 @@ mod defaults;
 mod dropin;
 mod flock_habits;
 mod help;
+mod helpers;
 mod hostile;
 mod jobs;
 mod meta;

@@ -79,52 +79,21 @@ impl Child {
             ),
             _ => None,
         };
-        let mut cmd = match &tie {
-            Tie::ParentDeath { grace, lease } => {
-                supervised(command, *grace, lease.as_ref().map(lease::Writer::path))
-            }
-            Tie::Descriptors { .. } | Tie::None => {
-                let mut cmd = Command::new(&command[0]);
-                cmd.args(&command[1..]);
-                cmd
-            }
+        let forked = match &tie {
+            Tie::ParentDeath { grace, lease } => crate::helper::take().and_then(|helper| {
+                let lease = lease.as_ref().map(lease::Writer::path);
+                // Where it died: started again below, as before it existed.
+                helper.supervise(*grace, lease, env, command).ok()
+            }),
+            _ => None,
         };
-        // Into the watcher's group where there is one: the watcher starts beside the command.
-        cmd.process_group(
-            sentinel
-                .as_ref()
-                .map_or(0, |s| s.group().as_raw_nonzero().get()),
-        );
-        for (name, value) in env {
-            match value {
-                Some(value) => cmd.env(name, value),
-                None => cmd.env_remove(name),
-            };
-        }
-        // Inherited: duplicates without close-on-exec, alive until the command is started.
-        let inherited: Vec<OwnedFd> = match &tie {
-            Tie::Descriptors { fds, .. } => fds
-                .iter()
-                .map(rustix::io::dup)
-                .collect::<Result<_, _>>()
-                .context("cannot hand the lock's descriptor to the command")?,
-            _ => Vec::new(),
+        let pid = match forked {
+            Some(pid) => pid,
+            None => match spawn(command, env, &tie, sentinel.as_ref())? {
+                Ok(pid) => pid,
+                Err(cannot_run) => return Ok(Err(cannot_run)),
+            },
         };
-        let name = command[0].to_string_lossy().into_owned();
-        let spawned = cmd.spawn();
-        drop(inherited);
-        let child = match spawned {
-            Ok(child) => child,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                crate::output::error_line(&format!("command not found: {name}"));
-                return Ok(Err(Exit::CannotRun(127)));
-            }
-            Err(e) => {
-                crate::output::error_line(&format!("cannot run {name}: {e}"));
-                return Ok(Err(Exit::CannotRun(126)));
-            }
-        };
-        let pid = Pid::from_raw(child.id() as i32).context("the command has no pid")?;
         let lease = match tie {
             Tie::ParentDeath { lease, .. } => lease,
             _ => None,
@@ -189,6 +158,60 @@ impl Child {
             .map(|s| s.group().as_raw_nonzero().get());
         rustix::process::test_kill_process_group(self.group).is_ok()
             && crate::procs::running_in_group(self.group.as_raw_nonzero().get(), watcher)
+    }
+}
+
+/// Starts `command` as [`Child::start`] says: the command itself, in the watcher's group where
+/// there is one, or its supervisor started as this executable again, in a group of its own.
+fn spawn(
+    command: &[OsString],
+    env: &[(&str, Option<OsString>)],
+    tie: &Tie,
+    sentinel: Option<&Sentinel>,
+) -> Result<std::result::Result<Pid, Exit>> {
+    let mut cmd = match tie {
+        Tie::ParentDeath { grace, lease } => {
+            supervised(command, *grace, lease.as_ref().map(lease::Writer::path))
+        }
+        Tie::Descriptors { .. } | Tie::None => {
+            let mut cmd = Command::new(&command[0]);
+            cmd.args(&command[1..]);
+            cmd
+        }
+    };
+    // Into the watcher's group where there is one: the watcher starts beside the command.
+    cmd.process_group(sentinel.map_or(0, |s| s.group().as_raw_nonzero().get()));
+    for (name, value) in env {
+        match value {
+            Some(value) => cmd.env(name, value),
+            None => cmd.env_remove(name),
+        };
+    }
+    // Inherited: duplicates without close-on-exec, alive until the command is started.
+    let inherited: Vec<OwnedFd> = match tie {
+        Tie::Descriptors { fds, .. } => {
+            fds.iter()
+                .map(rustix::io::dup)
+                .collect::<Result<_, _>>()
+                .context("cannot hand the lock's descriptor to the command")?
+        }
+        _ => Vec::new(),
+    };
+    let name = command[0].to_string_lossy().into_owned();
+    let spawned = cmd.spawn();
+    drop(inherited);
+    match spawned {
+        Ok(child) => Ok(Ok(
+            Pid::from_raw(child.id() as i32).context("the command has no pid")?
+        )),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            crate::output::error_line(&format!("command not found: {name}"));
+            Ok(Err(Exit::CannotRun(127)))
+        }
+        Err(e) => {
+            crate::output::error_line(&format!("cannot run {name}: {e}"));
+            Ok(Err(Exit::CannotRun(126)))
+        }
     }
 }
 

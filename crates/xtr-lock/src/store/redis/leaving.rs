@@ -84,7 +84,7 @@ fn in_background(
         for tried in 1..=tries {
             let sent: crate::Result<i64> = store
                 .eval(
-                    pick(&store.inner.scripts),
+                    pick(store.inner.scripts),
                     &key,
                     None,
                     Keys::Queue,

@@ -26,6 +26,7 @@ mod listing;
 mod notify;
 mod observers;
 mod observing;
+mod prelude;
 mod queue;
 mod save;
 mod scripts;

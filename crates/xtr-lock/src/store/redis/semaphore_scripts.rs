@@ -253,8 +253,8 @@ pub(super) struct SemScripts {
 
 impl SemScripts {
     pub(super) fn new() -> Self {
-        let prelude = format!("{}{SEM_PRELUDE}", super::scripts::all_helpers());
-        let body = |b: &str| format!("{}{b}", super::scripts::prelude_from(&prelude, b));
+        let prelude = format!("{}{SEM_PRELUDE}", super::prelude::all_helpers());
+        let body = |b: &str| format!("{}{b}", super::prelude::prelude_from(&prelude, b));
         SemScripts {
             save: redis::Script::new(&body(SAVE)),
             put_off: redis::Script::new(&body(PUT_OFF)),
@@ -272,8 +272,8 @@ mod tests {
 
     #[test]
     fn each_semaphore_script_carries_the_helpers_it_calls() {
-        let prelude = format!("{}{SEM_PRELUDE}", super::super::scripts::all_helpers());
-        let delete = super::super::scripts::prelude_from(&prelude, DELETE);
+        let prelude = format!("{}{SEM_PRELUDE}", super::super::prelude::all_helpers());
+        let delete = super::super::prelude::prelude_from(&prelude, DELETE);
         for helper in [
             "sem_wake",
             "sem_read",
@@ -287,7 +287,7 @@ mod tests {
                 "{helper}"
             );
         }
-        let save = super::super::scripts::prelude_from(&prelude, SAVE);
+        let save = super::super::prelude::prelude_from(&prelude, SAVE);
         for helper in ["sem_ahead", "sem_count", "now_us", "sem_read"] {
             assert!(
                 save.contains(&format!("local function {helper}(")),

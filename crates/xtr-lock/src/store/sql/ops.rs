@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use super::records::{Rec, stored_name};
 use super::{
     HolderState, Inner, KIND, SqlStore, acquired, announces, changes_id, check_expiry, holding,
-    key_id, lock, notify, queries, queue, refused, schema, wake_id, whole_seconds,
+    key_id, lock, notify, queries, queue, queue_mysql, refused, schema, wake_id, whole_seconds,
 };
 use crate::meta::HolderRecord;
 use tokio::sync::watch;
@@ -291,7 +291,8 @@ impl SqlStore {
                     let ids = (id.as_str(), token.as_str());
                     let place = queue::place_of(inner, &state);
                     let fair = inner.queue.as_ref().zip(place);
-                    let saved = queries::save(conn, &inner.sql, ids, secs, (&rec, fair)).await?;
+                    let saved =
+                        queue_mysql::save(conn, &inner.sql, ids, secs, (&rec, fair)).await?;
                     if place.is_some_and(|p| p < super::queue_sql::NEWCOMER)
                         && matches!(saved, queries::Saved::Conflict { .. })
                     {

@@ -34,6 +34,7 @@ mod sem_queries;
 mod sem_sql;
 mod semaphore;
 mod state;
+mod sweep;
 
 use crate::mutex::lock;
 use dialect::{Flavor, Sql};

@@ -1,13 +1,11 @@
 //! MySQL/MariaDB's fair lock save: a look, then the unfair save.
 //!
 //! PostgreSQL checks the queue in the save's statement and SQLite in the save's write
-//! transaction. On InnoDB either would lock across the two tables: a subquery of an `INSERT …
-//! SELECT` or `… ON DUPLICATE KEY UPDATE` reads the queue with shared next-key locks under
-//! REPEATABLE READ, and a transaction that takes the lock row and then reads the queue with
-//! `FOR UPDATE` takes gap locks on a missing row, which two inserters then wait on each other
-//! for; and an admitted waiter takes the lock row, then deletes its ticket. Two orders, so
-//! deadlocks (InnoDB breaks them by rolling one back; the store retries, but each costs a wait
-//! and a retry). So here nothing holds a lock while it waits for another:
+//! transaction. On InnoDB a transaction that takes the lock row first (`SELECT … FOR UPDATE`)
+//! gets only a gap lock where the row is missing, which every newcomer gets at once and then
+//! waits on the others' for its insert: a deadlock (reproduced, `docs/sql.md`); and a queue
+//! check inside the upsert makes one statement lock across two tables. So here nothing holds
+//! a lock while it waits for another:
 //!
 //! 1. `look`: one plain `SELECT` (a consistent read: no locks) of the lock row and of whether a
 //!    live ticket stands before the caller.
@@ -19,8 +17,8 @@
 //!    nothing written (a newcomer) or the ticket queued (a waiter). An admitted waiter takes
 //!    its ticket out after its save.
 //!
-//! Each statement locks rows of one table only, and a lock's save holds nothing between its
-//! statements: no cycle of waits can form with another save, a semaphore's admission (which
+//! Each of a save's statements locks rows of one table only, and the save holds nothing
+//! between them: no cycle of waits can form with another save, a semaphore's admission (which
 //! takes its semaphore's row, then the queue) or a Symfony peer (one table). What the look
 //! sees may be a moment old: a ticket queued just after it does not stop a newcomer already
 //! past it, as on PostgreSQL, where a waiter's ticket is queued from its second save on.

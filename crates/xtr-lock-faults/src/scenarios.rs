@@ -138,11 +138,11 @@ impl Scenario {
 
     /// How long after the run a lock may still be held or something left: a killed holder's
     /// lock on an expiring store lasts until its ttl (whole seconds on a database's clock), and
-    /// on the SQL table's fair queue (PostgreSQL, SQLite) a killed waiter's ticket keeps
-    /// newcomers out of the free lock until it expires (6 s after its last save).
+    /// on the SQL table's fair queue a killed waiter's ticket keeps newcomers out of the free
+    /// lock until it expires (6 s after its last save).
     pub(crate) fn leftover_wait(&self) -> Duration {
         let ticket = match self.target {
-            Target::SqlPostgres | Target::Sqlite => Duration::from_secs(7),
+            Target::SqlPostgres | Target::SqlMariaDb | Target::Sqlite => Duration::from_secs(7),
             _ => Duration::ZERO,
         };
         if self.target.expires() {

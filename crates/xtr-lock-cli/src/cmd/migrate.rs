@@ -32,7 +32,7 @@ pub(crate) async fn migrate(source: &Source, print: bool) -> Result<Exit> {
         }
         let made = store.create_table().await?;
         let t = store.table();
-        // The fair queue, on a fair store (PostgreSQL, SQLite; not MySQL, not `?fair=false`).
+        // The fair queue, on a fair store (not with `?fair=false`).
         let queue = if xtr_lock::Store::capabilities(&store).fair {
             format!("{t}_queue, ")
         } else {

@@ -146,3 +146,41 @@ fn run_with_its_database_down_says_connection_refused_within_the_wait() {
     assert!(err.to_lowercase().contains("connection refused"), "{err}");
     assert!(took < Duration::from_secs(6), "{took:?}: {err}");
 }
+
+/// MariaDB is fair too: a database migrated without the queue (`?fair=false`) is named in one
+/// line with what to do, and `migrate` adds the queue beside the tables there.
+#[test]
+fn mariadb_a_database_without_the_queue_is_named_then_migrated() {
+    let server = xtr_lock_testkit::mariadb::MariaDbServer::start();
+    let dsn = server.url();
+    let old = xtr()
+        .args(["migrate", "--store", &format!("{dsn}?fair=false")])
+        .output()
+        .unwrap();
+    assert!(old.status.success());
+    assert!(!String::from_utf8_lossy(&old.stdout).contains("lock_keys_queue"));
+    let out = xtr()
+        .args(["run", "-n", "--store", &dsn, "job", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("lock_keys_queue")
+            && err.contains("xtr-lock migrate")
+            && err.trim_end().lines().count() == 1,
+        "{err}"
+    );
+    let out = xtr().args(["migrate", "--store", &dsn]).output().unwrap();
+    assert!(out.status.success());
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.starts_with("made ") && said.contains("lock_keys_queue"),
+        "{said}"
+    );
+    let ran = xtr()
+        .args(["run", "-n", "--store", &dsn, "job", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(ran.status.code(), Some(0));
+}

@@ -19,17 +19,61 @@ fn unique(name: &str) -> String {
 }
 
 /// The database's clock in ms, as the queue reads it.
-const PG_MS: &str = "CAST(EXTRACT(epoch FROM clock_timestamp()) * 1000 AS BIGINT)";
+fn ms(db: &Db) -> &'static str {
+    match db {
+        Db::Postgres(_) => "CAST(EXTRACT(epoch FROM clock_timestamp()) * 1000 AS BIGINT)",
+        Db::MariaDb(_) => "CAST(UNIX_TIMESTAMP(NOW(6)) * 1000 AS SIGNED)",
+    }
+}
+
+/// The database's clock in whole seconds, as the lock table keeps it.
+fn seconds(db: &Db) -> &'static str {
+    match db {
+        Db::Postgres(_) => "CAST(EXTRACT(epoch FROM now()) AS INT)",
+        Db::MariaDb(_) => "UNIX_TIMESTAMP()",
+    }
+}
 
 /// Queues a ticket for `resource` as a waiter of another process would, waiting since the
 /// epoch's first microsecond (ahead of everyone), live for `ms` more.
-fn foreign_ticket(db: &Db, resource: &str, token: &str, ms: u64) {
+fn foreign_ticket(db: &Db, resource: &str, token: &str, left_ms: u64) {
     let id = sql_key_id(resource);
     db.query(&format!(
         "INSERT INTO lock_keys_queue (q_id, token, since_us, seq, permits, expires_ms) \
-         VALUES ('{id}', '{token}', 1, 1, 0, {PG_MS} + {ms})"
+         VALUES ('{id}', '{token}', 1, 1, 0, {} + {left_ms})",
+        ms(db)
     ));
 }
+
+/// One test per database for each scenario below.
+macro_rules! on_both {
+    ($($scenario:ident),* $(,)?) => {
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $scenario() {
+                    super::$scenario(super::Db::postgres()).await
+                }
+            )*
+        }
+        mod mariadb {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $scenario() {
+                    super::$scenario(super::Db::mariadb()).await
+                }
+            )*
+        }
+    };
+}
+
+on_both!(
+    a_dead_waiters_ticket_expires_and_does_not_stall_the_queue,
+    a_cancelled_waiter_leaves_the_queue_at_once,
+    fair_false_lets_newcomers_barge,
+    a_peers_row_still_excludes_a_queued_waiter,
+    a_database_made_before_the_queue_is_named_then_migrated,
+);
 
 /// Polls `what` until it holds (a condition, not a timing: 60 s is only a bound).
 async fn until(what: &str, mut ok: impl FnMut() -> bool) {
@@ -44,11 +88,9 @@ async fn until(what: &str, mut ok: impl FnMut() -> bool) {
 
 /// A waiter whose process died leaves a ticket nobody refreshes: it keeps newcomers out while
 /// it lives, then expires, and the queue moves on without it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_a_dead_waiters_ticket_expires_and_does_not_stall_the_queue() {
-    let db = Db::postgres();
+async fn a_dead_waiters_ticket_expires_and_does_not_stall_the_queue(db: Db) {
     let store = db.store();
-    assert!(store.capabilities().fair, "fair by default on PostgreSQL");
+    assert!(store.capabilities().fair, "fair by default");
     store.create_table().await.unwrap();
     let r = unique("dead");
     foreign_ticket(&db, &r, "dead-waiter", 3000);
@@ -66,7 +108,7 @@ async fn postgres_a_dead_waiters_ticket_expires_and_does_not_stall_the_queue() {
         .await
         .expect("the queue moves on once the dead ticket expired")
         .unwrap();
-    let now: i64 = db.query(&format!("SELECT {PG_MS}")).parse().unwrap();
+    let now: i64 = db.query(&format!("SELECT {}", ms(&db))).parse().unwrap();
     assert!(
         now >= expires,
         "it got in past the dead ticket's expiry only"
@@ -76,9 +118,7 @@ async fn postgres_a_dead_waiters_ticket_expires_and_does_not_stall_the_queue() {
 
 /// A waiter whose acquire is dropped takes its ticket out at once (in the background), long
 /// before the ticket would have expired.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_a_cancelled_waiter_leaves_the_queue_at_once() {
-    let db = Db::postgres();
+async fn a_cancelled_waiter_leaves_the_queue_at_once(db: Db) {
     let store = db.store();
     let factory = LockFactory::new(store.clone()).with_ttl(TTL);
     let r = unique("cancel");
@@ -95,16 +135,14 @@ async fn postgres_a_cancelled_waiter_leaves_the_queue_at_once() {
     task.abort();
     let _ = task.await;
     until("the cancelled waiter's ticket goes", || count() == "0").await;
-    let now: i64 = db.query(&format!("SELECT {PG_MS}")).parse().unwrap();
+    let now: i64 = db.query(&format!("SELECT {}", ms(&db))).parse().unwrap();
     assert!(now < expires, "taken out, not expired");
     let _ = holder.release().await.unwrap();
 }
 
 /// `?fair=false` lets a newcomer take a free lock whatever the queue holds; the fair store
 /// beside it does not.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_fair_false_lets_newcomers_barge() {
-    let db = Db::postgres();
+async fn fair_false_lets_newcomers_barge(db: Db) {
     let fair = db.store();
     fair.create_table().await.unwrap();
     let barging = SqlStore::from_dsn(&format!("{}&fair=false", db.dsn())).unwrap();
@@ -124,16 +162,14 @@ async fn postgres_fair_false_lets_newcomers_barge() {
 /// A holder row written by someone who does not know the queue (a PHP process on Symfony's
 /// `PdoStore`, here raw SQL) keeps our queued waiter out: `lock_keys` decides, as ever. Once
 /// it goes, the waiter gets in; a renewal of our own row is never kept out by the queue.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_a_peers_row_still_excludes_a_queued_waiter() {
-    let db = Db::postgres();
+async fn a_peers_row_still_excludes_a_queued_waiter(db: Db) {
     let store = db.store();
     store.create_table().await.unwrap();
     let r = unique("peer");
     let id = sql_key_id(&r);
     db.query(&format!(
-        "INSERT INTO lock_keys VALUES ('{id}', 'php-holder-token', \
-         CAST(EXTRACT(epoch FROM now()) AS INT) + 60)"
+        "INSERT INTO lock_keys VALUES ('{id}', 'php-holder-token', {} + 60)",
+        seconds(&db)
     ));
     let factory = LockFactory::new(store.clone()).with_ttl(TTL);
     let waiter = factory.create_lock(&r);
@@ -172,14 +208,12 @@ async fn postgres_a_peers_row_still_excludes_a_queued_waiter() {
 
 /// A database made before the queue (lock, fencing and record tables only): a fair store says
 /// in one line to migrate (or to opt out), `fair=false` works on it as it is, and migrating adds
-/// the queue beside the tables that were there.
-#[tokio::test]
-async fn a_database_made_before_the_queue_is_migrated_or_named() {
-    let dir = tempfile::tempdir().unwrap();
-    let dsn = format!("sqlite://{}", dir.path().join("locks.db").display());
+/// the queue beside the tables that were there. `dsn` has no options.
+async fn made_before_the_queue(dsn: &str) {
     let old = SqlStore::from_dsn(&format!("{dsn}?create_table=true&fair=false")).unwrap();
     assert!(old.create_table().await.unwrap(), "the older tables made");
-    let fair = SqlStore::from_dsn(&dsn).unwrap();
+    let fair = SqlStore::from_dsn(dsn).unwrap();
+    assert!(fair.capabilities().fair, "fair by default");
     let err = fair.save(&Key::new("r"), Some(TTL)).await.unwrap_err();
     let text = err.to_string();
     assert!(
@@ -205,4 +239,19 @@ async fn a_database_made_before_the_queue_is_migrated_or_named() {
     let lock = LockFactory::new(fair).with_ttl(TTL).create_lock("r");
     assert!(lock.try_acquire().await.unwrap());
     let _ = lock.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_database_made_before_the_queue_is_migrated_or_named() {
+    let dir = tempfile::tempdir().unwrap();
+    made_before_the_queue(&format!(
+        "sqlite://{}",
+        dir.path().join("locks.db").display()
+    ))
+    .await;
+}
+
+/// The same on a server.
+async fn a_database_made_before_the_queue_is_named_then_migrated(db: Db) {
+    made_before_the_queue(&db.url()).await;
 }

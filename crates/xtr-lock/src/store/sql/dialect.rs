@@ -73,19 +73,43 @@ const PG_MICROS: &str = "CAST(EXTRACT(epoch FROM statement_timestamp()) * 100000
 /// The statement's clock in milliseconds: a holder's acquisition time.
 const PG_MILLIS: &str = "CAST(EXTRACT(epoch FROM statement_timestamp()) * 1000 AS BIGINT)";
 
+/// The queue's part of PostgreSQL's fair save (built in `queue_sql`): `blocked` is the
+/// `FROM … WHERE …` of the live tickets queued before the caller, `ctes` the statements that
+/// queue or take out the caller's ticket (after `up`).
+pub(crate) struct PgQueue {
+    pub(crate) blocked: String,
+    pub(crate) ctes: String,
+}
+
 /// PostgreSQL's save: the lock row, the fencing draw and the holder's record in one statement.
 /// `old` is the row as the statement found it. A holder's statements run one after the
 /// other, so our token in `old` means the row was ours: then only our own row is
 /// updated (a re-save, no new fencing token), never a row someone took over meanwhile.
 /// Otherwise the upsert is an insert or the takeover of an expired row, and draws.
 /// Rows become takeable half a second early (the clock rounds), hence the `- 0.5`.
-fn postgres_save(t: &str, f: &str, h: &str) -> String {
+///
+/// With `queue` (a fair store), the takeover of a free or expired row happens only when no
+/// live ticket stands before the caller (`w`), or when the row is already the caller's (a
+/// re-save is never kept out); the fifth column says the queue refused it. One builder for
+/// both, so the fair statement cannot drift from the unfair one.
+pub(crate) fn postgres_save(t: &str, f: &str, h: &str, queue: Option<&PgQueue>) -> String {
     let now = PG_NOW;
+    let (w, from, gate, ctes, refused) = match queue {
+        Some(q) => (
+            format!("w AS (SELECT EXISTS (SELECT 1 {}) AS b), ", q.blocked),
+            "c, w",
+            " WHERE NOT w.b OR EXISTS (SELECT 1 FROM old WHERE old.key_token = $2)",
+            format!(", {}", q.ctes),
+            "(SELECT b FROM w)",
+        ),
+        None => (String::new(), "c", "", String::new(), "false"),
+    };
     format!(
         "WITH c AS (SELECT {now} AS s, EXTRACT(epoch FROM statement_timestamp()) AS f), \
          old AS (SELECT key_token, key_expiration FROM {t} WHERE key_id = $1), \
+         {w}\
          up AS (INSERT INTO {t} AS l (key_id, key_token, key_expiration) \
-                SELECT $1, $2, c.s + $3 FROM c \
+                SELECT $1, $2, c.s + $3 FROM {from}{gate} \
                 ON CONFLICT (key_id) DO UPDATE \
                 SET key_token = EXCLUDED.key_token, key_expiration = EXCLUDED.key_expiration \
                 WHERE l.key_token = EXCLUDED.key_token \
@@ -100,18 +124,18 @@ fn postgres_save(t: &str, f: &str, h: &str) -> String {
                ON CONFLICT (key_id, token) DO UPDATE SET resource = EXCLUDED.resource, \
                record = EXCLUDED.record, at_ms = CASE WHEN EXISTS \
                (SELECT 1 FROM old WHERE old.key_token = $2) THEN x.at_ms \
-               ELSE EXCLUDED.at_ms END) \
+               ELSE EXCLUDED.at_ms END){ctes} \
          SELECT EXISTS (SELECT 1 FROM up), (SELECT n FROM d), \
                 (SELECT key_token FROM old), \
                 (SELECT CAST((old.key_expiration - 0.5 - c.f) * 1000 AS BIGINT) FROM old, c), \
-                false"
+                {refused}"
     )
 }
 
 fn postgres(t: &str, f: &str, h: &str) -> Sql {
     let now = PG_NOW;
     Sql {
-        save: postgres_save(t, f, h),
+        save: postgres_save(t, f, h, None),
         draw: format!(
             "INSERT INTO {f} AS g (key_id, n) VALUES ($1, {PG_MICROS}) \
              ON CONFLICT (key_id) DO UPDATE SET n = g.n + 1 RETURNING g.n"

@@ -25,6 +25,7 @@ mod notify;
 mod pool;
 mod queries;
 mod queue;
+mod queue_mysql;
 mod queue_sql;
 mod records;
 mod release;
@@ -33,6 +34,7 @@ mod sem_queries;
 mod sem_sql;
 mod semaphore;
 mod state;
+mod sweep;
 
 use crate::mutex::lock;
 use dialect::{Flavor, Sql};
@@ -138,7 +140,7 @@ struct Inner {
     rec: HolderSql,
     /// Waiters are served in arrival order (`?fair=false` lets newcomers barge).
     fair: bool,
-    /// The fair queue's statements (`<table>_queue`): fair, and not on MySQL.
+    /// The fair queue's statements (`<table>_queue`), on a fair store.
     queue: Option<queue_sql::QueueSql>,
     pools: Pools,
     create_table: bool,
@@ -181,7 +183,7 @@ impl SqlStore {
     /// `mariadb://` (`[user[:password]@]host[:port]/database`), `sqlite:///absolute/path.db`, or
     /// `sqlite::memory:`; with the options `table` (default `lock_keys`), `create_table`
     /// (`true`: make the tables on first use), `fair` (default `true`: waiters served in
-    /// arrival order on PostgreSQL and SQLite; `false` lets newcomers barge), `connect_timeout` and `statement_timeout`
+    /// arrival order; `false` lets newcomers barge), `connect_timeout` and `statement_timeout`
     /// (seconds, default 5), `max_connections` (default 10); the driver's own options
     /// (`sslmode`, `sslrootcert`, `ssl-mode`, …) go to it, and any other option is refused,
     /// naming it. Touches no network: the pool opens on first use.
@@ -238,7 +240,7 @@ impl SqlStore {
     ) -> Self {
         let flavor = pools.flavor();
         let channel = format!("xtr_lock_{}", &key_id(table)[..16]);
-        let queue = queue_sql::QueueSql::new(flavor, table);
+        let queue = Some(queue_sql::QueueSql::new(flavor, table));
         let mut sql = Sql::new(flavor, table);
         if queue.is_some() {
             queue_sql::fair_statements(&mut sql, flavor, table);
@@ -283,7 +285,8 @@ impl SqlStore {
         inner.fair = old.fair;
         f(inner);
         inner.sql = Sql::new(inner.flavor, &inner.table);
-        inner.queue = queue_sql::QueueSql::new(inner.flavor, &inner.table).filter(|_| inner.fair);
+        inner.queue =
+            Some(queue_sql::QueueSql::new(inner.flavor, &inner.table)).filter(|_| inner.fair);
         if inner.queue.is_some() {
             queue_sql::fair_statements(&mut inner.sql, inner.flavor, &inner.table);
         }
@@ -322,7 +325,7 @@ impl SqlStore {
 
     /// The DDL [`create_table`](SqlStore::create_table) runs on this database: the lock table
     /// with Symfony's column types, the fencing table, the holders' records
-    /// (`<table>_holder`), the fair queue (`<table>_queue`, on a fair store but MySQL's),
+    /// (`<table>_holder`), the fair queue (`<table>_queue`, on a fair store),
     /// then the semaphores' two tables (`<table>_sem`, `<table>_perm`). For migrations kept
     /// elsewhere.
     pub fn ddl(&self) -> Vec<String> {

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use super::records::{Rec, stored_name};
 use super::{
     HolderState, Inner, KIND, SqlStore, acquired, announces, changes_id, check_expiry, holding,
-    key_id, lock, notify, queries, queue, refused, schema, wake_id, whole_seconds,
+    key_id, lock, notify, queries, queue, queue_mysql, refused, schema, wake_id, whole_seconds,
 };
 use crate::meta::HolderRecord;
 use tokio::sync::watch;
@@ -98,9 +98,9 @@ fn rollback_pause(n: u32) -> Duration {
 const MIN_LIMIT: Duration = Duration::from_millis(250);
 
 /// A connection in use: back to the pool once its statements were answered, closed otherwise.
-struct Taken {
-    conn: Conn,
-    answered: bool,
+pub(super) struct Taken {
+    pub(super) conn: Conn,
+    pub(super) answered: bool,
 }
 
 impl Drop for Taken {
@@ -113,7 +113,7 @@ impl Drop for Taken {
 
 /// Takes a connection, unless the caller leaves first (or the operation's bound passes: `bound`
 /// closes) when `abandon` allows: nothing has been sent then, and nobody waits for it.
-async fn take(
+pub(super) async fn take(
     pool: &Pool,
     abandon: bool,
     bound: &mut watch::Receiver<()>,
@@ -291,7 +291,8 @@ impl SqlStore {
                     let ids = (id.as_str(), token.as_str());
                     let place = queue::place_of(inner, &state);
                     let fair = inner.queue.as_ref().zip(place);
-                    let saved = queries::save(conn, &inner.sql, ids, secs, (&rec, fair)).await?;
+                    let saved =
+                        queue_mysql::save(conn, &inner.sql, ids, secs, (&rec, fair)).await?;
                     if place.is_some_and(|p| p < super::queue_sql::NEWCOMER)
                         && matches!(saved, queries::Saved::Conflict { .. })
                     {
@@ -533,52 +534,6 @@ impl SqlStore {
                 .until_listening(Duration::from_secs(1))
                 .await;
         }
-    }
-
-    /// Sweeps expired rows in the background, at most once per sweep interval.
-    pub(super) fn maybe_sweep(&self) {
-        let now = Instant::now();
-        {
-            let mut swept = lock(&self.inner.swept);
-            if swept.is_some_and(|t| now.duration_since(t) < self.inner.sweep_every) {
-                return;
-            }
-            *swept = Some(now);
-        }
-        let Ok(pool) = self.inner.pools.get() else {
-            return;
-        };
-        let inner = self.inner.clone();
-        tokio::spawn(async move {
-            let limit = inner.statement_timeout;
-            let sweep = async {
-                let (_bound, mut bound) = watch::channel(());
-                let mut taken = take(&pool, false, &mut bound, &inner).await?;
-                let rows = queries::execute(&mut taken.conn, &inner.sql.prune).await;
-                let counters = queries::execute(&mut taken.conn, &inner.sql.prune_fence).await;
-                // Records of holders whose rows went (released elsewhere, taken over, swept).
-                let records = queries::execute(&mut taken.conn, &inner.rec.prune).await;
-                // Tickets of waiters gone long ago (a ticket expires on its own; this only
-                // keeps the table small).
-                if let Some(q) = &inner.queue {
-                    let _ = queries::execute(&mut taken.conn, &q.prune).await;
-                }
-                // The semaphores' expired holders, once a semaphore was used here.
-                let permits = if inner.sem_schema.initialized() {
-                    let rows = queries::execute(&mut taken.conn, &inner.sem.prune).await;
-                    let recs = queries::execute(&mut taken.conn, &inner.rec.prune_permits).await;
-                    rows.and_then(|r| recs.map(|s| Some((r, s))))
-                } else {
-                    Ok(None)
-                };
-                taken.answered =
-                    rows.is_ok() && counters.is_ok() && records.is_ok() && permits.is_ok();
-                Ok::<_, Error>((rows, counters, records, permits))
-            };
-            let swept = tokio::time::timeout(limit * 2, sweep).await;
-            tracing::debug!(target: crate::logging::TARGET, table = %inner.table,
-                ?swept, "swept expired rows");
-        });
     }
 
     pub(super) fn db_error(&self, e: sqlx::Error, resource: Option<&str>) -> Error {

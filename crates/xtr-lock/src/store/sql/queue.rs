@@ -7,8 +7,9 @@
 //! in memory), a tie-breaker (`seq`, the database's clock in µs at its first insert), the
 //! permits it asks for (0 for a lock) and an expiry (`expires_ms`, the database's clock).
 //!
-//! - Admission and the queue check are one statement (PostgreSQL's lock save) or one
-//!   transaction (SQLite's lock save, every semaphore admission): a save that is not the
+//! - Admission and the queue check are one statement (PostgreSQL's lock save), one
+//!   transaction (SQLite's lock save, every semaphore admission) or a look then a save
+//!   (MySQL's lock save): a save that is not the
 //!   holder's own row (a re-save or renewal never waits) is refused while a live ticket queued
 //!   before it exists (a lock), or while its permits do not fit beside those of the live
 //!   tickets before it (a semaphore). A newcomer (no ticket, not waiting) is behind every
@@ -22,9 +23,10 @@
 //!   [`TICKET_TTL`](super::queue_sql::TICKET_TTL); a waiter's watcher fires every
 //!   [`TICKET_REFRESH`] so that its next save pushes the expiry forward even while nothing
 //!   else wakes it.
-//! - MySQL/MariaDB stay unfair for now (its save is one `INSERT … ON DUPLICATE KEY UPDATE`
-//!   whose outcome comes back in `LAST_INSERT_ID`: the queue check would need a transaction,
-//!   a round trip more).
+//! - MySQL/MariaDB's lock save looks at the row and the queue with a plain (non-locking)
+//!   read first, then saves as an unfair store does, or queues: no statement holds a lock
+//!   while it waits for another, so the queue adds no deadlock (see `queue_mysql`). Its
+//!   semaphores check the queue in their admission's transaction, as everywhere.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -86,7 +88,6 @@ pub(crate) struct Place {
 impl SqlStore {
     /// Serves waiters in arrival order (the default), or lets newcomers take a free lock
     /// whatever waiters queue (`false`, as `?fair=false`): see `docs/sql.md`, "Fair queue".
-    /// MySQL and MariaDB are not fair yet.
     pub fn with_fairness(&self, fair: bool) -> Self {
         self.rebuilt(|inner| inner.fair = fair)
     }

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use super::dialect::{Flavor, Sql, holder_table};
+use super::dialect::{Flavor, PgQueue, Sql, holder_table, postgres_save};
 
 /// How long a ticket outlives its waiter's last save: the longest a waiter whose process died
 /// keeps the others out of a free lock.
@@ -24,7 +24,7 @@ pub(crate) fn queue_table(table: &str) -> String {
 }
 
 /// The queue's statements on one database (PostgreSQL's parameters numbered `$n`, SQLite's
-/// `?n`).
+/// `?n`, MySQL's `?` each bound once, in the same order).
 #[derive(Debug)]
 pub(crate) struct QueueSql {
     /// The DDL.
@@ -41,10 +41,16 @@ pub(crate) struct QueueSql {
     pub(crate) ahead: String,
     /// Tickets expired for more than a minute.
     pub(crate) prune: String,
+    /// MySQL: the lock row (token, live, ms left) and whether a live ticket stands before the
+    /// caller (`q_id`, token, since), read without locking before a lock's save (see
+    /// `queue_mysql`); empty elsewhere.
+    pub(crate) look: String,
 }
 
 const PG_MILLIS: &str = "CAST(EXTRACT(epoch FROM statement_timestamp()) * 1000 AS BIGINT)";
 const PG_MICROS: &str = "CAST(EXTRACT(epoch FROM statement_timestamp()) * 1000000 AS BIGINT)";
+const MY_MILLIS: &str = "CAST(UNIX_TIMESTAMP(NOW(6)) * 1000 AS SIGNED)";
+const MY_MICROS: &str = "CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED)";
 const LITE_SECONDS: &str = "((julianday('now') - 2440587.5) * 86400.0)";
 
 /// The live tickets of `#1` queued before the caller (`#2`, waiting since `#3`): ranked by
@@ -58,12 +64,28 @@ fn before(q: &str, ms: &str) -> String {
     )
 }
 
+/// MySQL's: the same tickets, the caller's values bound once each (`?` cannot be numbered) in
+/// a derived row `p` (`qid`, `tok`, `since`). Compared with the table's `utf8mb4_bin`
+/// columns, the bound values compare as bytes, whatever the connection's collation.
+fn before_mysql(q: &str) -> String {
+    format!(
+        "FROM {q} o LEFT JOIN {q} m ON m.q_id = p.qid AND m.token = p.tok \
+         WHERE o.q_id = p.qid AND o.token <> p.tok AND o.expires_ms > {MY_MILLIS} \
+         AND (o.since_us, o.seq) < (COALESCE(m.since_us, p.since), COALESCE(m.seq, {NEWCOMER}))"
+    )
+}
+
+/// The caller's values as MySQL's derived row `p`.
+const MY_PARAMS: &str = "(SELECT ? AS qid, ? AS tok, ? AS since) p";
+
 impl QueueSql {
-    /// The queue of `table`, on a database that has one (not MySQL).
-    pub(crate) fn new(flavor: Flavor, table: &str) -> Option<QueueSql> {
+    /// The queue of `table`.
+    pub(crate) fn new(flavor: Flavor, table: &str) -> QueueSql {
+        if flavor == Flavor::MySql {
+            return QueueSql::mysql(table);
+        }
         let q = queue_table(table);
         let (text, number, ms, micros, int) = match flavor {
-            Flavor::Postgres => ("VARCHAR", "$", PG_MILLIS.to_owned(), PG_MICROS, "BIGINT"),
             Flavor::Sqlite => (
                 "TEXT",
                 "?",
@@ -71,7 +93,7 @@ impl QueueSql {
                 "CAST(((julianday('now') - 2440587.5) * 86400000000.0) AS INTEGER)",
                 "INTEGER",
             ),
-            Flavor::MySql => return None,
+            _ => ("VARCHAR", "$", PG_MILLIS.to_owned(), PG_MICROS, "BIGINT"),
         };
         let n = |s: String| s.replace('#', number);
         let len = |l: u32| {
@@ -88,7 +110,7 @@ impl QueueSql {
             ),
             _ => format!("DELETE FROM {q} WHERE q_id = ?1 AND token = ?2"),
         };
-        Some(QueueSql {
+        QueueSql {
             create: format!(
                 "CREATE TABLE IF NOT EXISTS {q} (q_id {} NOT NULL, token {} NOT NULL, \
                  since_us {int} NOT NULL, seq {int} NOT NULL, permits INTEGER NOT NULL, \
@@ -111,57 +133,73 @@ impl QueueSql {
                 before(&q, &ms)
             )),
             prune: format!("DELETE FROM {q} WHERE expires_ms < {ms} - 60000"),
-        })
+            look: String::new(),
+        }
+    }
+
+    /// MySQL's queue: the same table and statements; a lock's save first looks (`look`).
+    fn mysql(table: &str) -> QueueSql {
+        let q = queue_table(table);
+        let ms = MY_MILLIS;
+        let delete = format!("DELETE FROM {q} WHERE q_id = ? AND token = ?");
+        // The expiry is pushed forward only once the ticket is 2 s old: the permits first,
+        // while `expires_ms` is still the old one (the assignments run left to right).
+        let stale = format!("expires_ms < VALUES(expires_ms) - {REFRESH_MS}");
+        QueueSql {
+            create: format!(
+                "CREATE TABLE IF NOT EXISTS {q} (q_id VARCHAR(66) NOT NULL, \
+                 token VARCHAR(64) NOT NULL, since_us BIGINT NOT NULL, seq BIGINT NOT NULL, \
+                 permits INTEGER NOT NULL, expires_ms BIGINT NOT NULL, \
+                 PRIMARY KEY (q_id, token)) COLLATE utf8mb4_bin, ENGINE = InnoDB"
+            ),
+            enqueue: format!(
+                "INSERT INTO {q} (q_id, token, since_us, seq, permits, expires_ms) \
+                 VALUES (?, ?, ?, {MY_MICROS}, ?, {ms} + ?) ON DUPLICATE KEY UPDATE \
+                 permits = IF({stale}, VALUES(permits), permits), \
+                 expires_ms = IF({stale}, VALUES(expires_ms), expires_ms)"
+            ),
+            unqueue: delete.clone(),
+            leave: delete,
+            blocked: format!(
+                "SELECT CAST(EXISTS (SELECT 1 {}) AS SIGNED) FROM {MY_PARAMS}",
+                before_mysql(&q)
+            ),
+            ahead: format!(
+                "SELECT CAST((SELECT COALESCE(SUM(o.permits), 0) {}) AS SIGNED) FROM {MY_PARAMS}",
+                before_mysql(&q)
+            ),
+            prune: format!("DELETE FROM {q} WHERE expires_ms < {ms} - 60000"),
+            look: format!(
+                "SELECT l.key_token, CAST(l.key_expiration > UNIX_TIMESTAMP() AS SIGNED), \
+                 CAST((l.key_expiration - UNIX_TIMESTAMP(NOW(6))) * 1000 AS SIGNED), \
+                 CAST(EXISTS (SELECT 1 {}) AS SIGNED) \
+                 FROM {MY_PARAMS} LEFT JOIN {table} l ON l.key_id = p.qid",
+                before_mysql(&q)
+            ),
+        }
     }
 }
 
 /// PostgreSQL's fair lock save: `dialect::postgres_save` with the queue check in the same
 /// statement. `$6` is the caller's `since_us` ([`NEWCOMER`] when it does not wait), `$7` a
-/// ticket's lifetime in ms. The takeover of a free or expired row happens only when no live
-/// ticket stands before the caller (`w`), or when the row is already the caller's (a re-save
-/// is never kept out). A refused waiter queues its ticket (`qi`), an admitted one deletes it
-/// (`qd`). The fifth column says the queue refused it.
+/// ticket's lifetime in ms. A refused waiter queues its ticket (`qi`), an admitted one deletes
+/// it (`qd`).
 pub(crate) fn postgres_fair_save(t: &str, f: &str, h: &str) -> String {
     let q = queue_table(t);
-    let now = "CAST(EXTRACT(epoch FROM statement_timestamp()) AS INT)";
     let blocked = before(&q, PG_MILLIS)
         .replace("#1", "$1")
         .replace("#2", "$2")
         .replace("#3", "$6");
-    format!(
-        "WITH c AS (SELECT {now} AS s, EXTRACT(epoch FROM statement_timestamp()) AS f), \
-         old AS (SELECT key_token, key_expiration FROM {t} WHERE key_id = $1), \
-         w AS (SELECT EXISTS (SELECT 1 {blocked}) AS b), \
-         up AS (INSERT INTO {t} AS l (key_id, key_token, key_expiration) \
-                SELECT $1, $2, c.s + $3 FROM c, w \
-                WHERE NOT w.b OR EXISTS (SELECT 1 FROM old WHERE old.key_token = $2) \
-                ON CONFLICT (key_id) DO UPDATE \
-                SET key_token = EXCLUDED.key_token, key_expiration = EXCLUDED.key_expiration \
-                WHERE l.key_token = EXCLUDED.key_token \
-                   OR (l.key_expiration <= (SELECT s FROM c) \
-                       AND NOT EXISTS (SELECT 1 FROM old WHERE old.key_token = $2)) \
-                RETURNING 1), \
-         d AS (INSERT INTO {f} AS g (key_id, n) SELECT $1, {PG_MICROS} FROM up \
-               WHERE NOT EXISTS (SELECT 1 FROM old WHERE old.key_token = $2) \
-               ON CONFLICT (key_id) DO UPDATE SET n = g.n + 1 RETURNING g.n), \
-         r AS (INSERT INTO {h} AS x (key_id, token, resource, record, at_ms) \
-               SELECT $1, $2, $4, $5, {PG_MILLIS} FROM up \
-               ON CONFLICT (key_id, token) DO UPDATE SET resource = EXCLUDED.resource, \
-               record = EXCLUDED.record, at_ms = CASE WHEN EXISTS \
-               (SELECT 1 FROM old WHERE old.key_token = $2) THEN x.at_ms \
-               ELSE EXCLUDED.at_ms END), \
-         qd AS (DELETE FROM {q} WHERE q_id = $1 AND token = $2 AND $6 < {NEWCOMER} \
+    let ctes = format!(
+        "qd AS (DELETE FROM {q} WHERE q_id = $1 AND token = $2 AND $6 < {NEWCOMER} \
                 AND EXISTS (SELECT 1 FROM up)), \
          qi AS (INSERT INTO {q} AS o (q_id, token, since_us, seq, permits, expires_ms) \
                 SELECT $1, $2, $6, {PG_MICROS}, 0, {PG_MILLIS} + $7 \
                 WHERE $6 < {NEWCOMER} AND NOT EXISTS (SELECT 1 FROM up) \
                 ON CONFLICT (q_id, token) DO UPDATE SET expires_ms = EXCLUDED.expires_ms \
-                WHERE o.expires_ms < EXCLUDED.expires_ms - {REFRESH_MS}) \
-         SELECT EXISTS (SELECT 1 FROM up), (SELECT n FROM d), \
-                (SELECT key_token FROM old), \
-                (SELECT CAST((old.key_expiration - 0.5 - c.f) * 1000 AS BIGINT) FROM old, c), \
-                (SELECT b FROM w)"
-    )
+                WHERE o.expires_ms < EXCLUDED.expires_ms - {REFRESH_MS})"
+    );
+    postgres_save(t, f, h, Some(&PgQueue { blocked, ctes }))
 }
 
 /// The caller's place: when its wait began (µs since the epoch), or [`NEWCOMER`].
@@ -219,7 +257,7 @@ macro_rules! unqueue {
 pub(crate) use unqueue;
 
 /// A fair store's statements: PostgreSQL's save checks the queue (SQLite's checks it in its
-/// transaction; MySQL has no queue).
+/// transaction, MySQL's looks before it: `queue_mysql`).
 pub(crate) fn fair_statements(sql: &mut Sql, flavor: Flavor, table: &str) {
     if flavor == Flavor::Postgres {
         let (f, h) = (format!("{table}_fence"), holder_table(table));

@@ -258,3 +258,168 @@ async fn a_waiter_whose_grant_is_too_old_to_believe_saves_it_and_keeps_its_token
         "the re-saved grant was taken back"
     );
 }
+
+/// Found in review: metadata set while the waiter waits (after its first ticket asked for
+/// grants) was lost: the grant was taken in locally, and the record the release wrote carries
+/// none. The save now goes to the server.
+#[tokio::test]
+async fn meta_set_while_waiting_is_stored_by_the_save_that_takes_the_grant_in() {
+    let server = RedisServer::start();
+    let (a, b) = (store(&server), store(&server));
+    let holder = frozen(&a).create_lock("metalate");
+    holder.acquire().await.unwrap();
+    let (key, mut watcher) = registered(&b, "metalate", TTL).await;
+    key.set_meta(Some(b"host=w".to_vec())).unwrap();
+    let _ = holder.release().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), &mut watcher)
+        .await
+        .expect("woken");
+    assert!(matches!(
+        b.save(&key, Some(TTL)).await.unwrap(),
+        Saved::Acquired(_)
+    ));
+    let rec = record(&server, &b, "metalate", &key.token("redis"));
+    assert!(
+        rec.contains("\"meta\""),
+        "the holder's metadata was not stored: {rec}"
+    );
+}
+
+/// Found in review: the grant's ttl is the first ticket's; a later save asking a shorter ttl
+/// took in a grant for the longer one (the server kept the lock longer than the holder asked).
+#[tokio::test]
+async fn a_grant_is_for_the_ttl_the_save_asks() {
+    let server = RedisServer::start();
+    let (a, b) = (store(&server), store(&server));
+    let holder = frozen(&a).create_lock("ttllate");
+    holder.acquire().await.unwrap();
+    let (key, mut watcher) = registered(&b, "ttllate", TTL).await;
+    let _ = holder.release().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), &mut watcher)
+        .await
+        .expect("woken");
+    let short = Duration::from_secs(2);
+    assert!(matches!(
+        b.save(&key, Some(short)).await.unwrap(),
+        Saved::Acquired(_)
+    ));
+    let pttl: i64 = sync_conn(&server).pttl("ttllate").unwrap();
+    assert!(
+        pttl <= 2_000,
+        "asked for {short:?}, the server keeps it {pttl} ms"
+    );
+}
+
+/// Found in review: a grant offered to a waiter outlived the hold it gave. The holder's save
+/// while the wake channel was down (no ticket) re-saved the grant on the server and was
+/// admitted, but the offer was not spent; after that hold was released and another process
+/// held, the waiter's next ticketed save took the stale grant in locally: two holders.
+#[tokio::test]
+async fn a_stale_offered_grant_is_never_taken_in_after_its_hold_ended() {
+    let server = RedisServer::start();
+    let (a, b, c) = (store(&server), store(&server), store(&server));
+    let holder = frozen(&a).create_lock("stale");
+    holder.acquire().await.unwrap();
+    // Two watchers of one holder (sibling tasks of one lock): the waiter stays registered.
+    let (key, mut first) = registered(&b, "stale", TTL).await;
+    let _second = b.watch(&key, SystemTime::now()).await.unwrap().unwrap();
+    let _ = holder.release().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), &mut first)
+        .await
+        .expect("woken: the grant is offered");
+    drop(first);
+    // The subscriber connection drops (a pub/sub client killed, an output-buffer limit).
+    let _: redis::Value = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query(&mut sync_conn(&server))
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // A save without a ticket (the channel is down): the server re-saves the grant.
+    let Saved::Acquired(held) = b.save(&key, Some(TTL)).await.unwrap() else {
+        panic!("the granted holder is refused");
+    };
+    assert!(held.fencing_token.is_some());
+    // It releases; another process takes the lock.
+    assert!(b.delete(&key).await.unwrap());
+    let other = Key::new("stale");
+    assert!(matches!(
+        c.save(&other, Some(TTL)).await.unwrap(),
+        Saved::Acquired(_)
+    ));
+    // The waiter (still registered) waits again: its watch resubscribes, its save has a ticket.
+    let _third = b.watch(&key, SystemTime::now()).await.unwrap().unwrap();
+    key.reset_lifetime();
+    let again = b.save(&key, Some(TTL)).await.unwrap();
+    assert!(
+        !matches!(again, Saved::Acquired(_)),
+        "two holders: the waiter took in a spent grant while another process holds: {again:?}"
+    );
+}
+
+/// Found in review: a forged grant wake with a huge ttl panicked the subscriber's reader task
+/// (u64 overflow in `Grant::score`), after which the store believed it was subscribed and its
+/// waiters were never woken.
+#[tokio::test]
+async fn an_odd_grant_wake_does_not_kill_the_reader() {
+    let server = RedisServer::start();
+    let (a, b) = (store(&server), store(&server));
+    let held = frozen(&a).create_lock("odd");
+    held.acquire().await.unwrap();
+    let (_waiting, mut watcher) = registered(&b, "odd", TTL).await;
+    let ticket = queue(&server, &b, "odd").remove(0);
+    let id = &ticket[45..67];
+    let token = format!("{}eHRyLXdha2U=", "Q".repeat(32));
+    let _: i64 = sync_conn(&server)
+        .publish(
+            format!("__xtr_lock__:wake:{id}"),
+            format!("{id}999999:18446744073709551615;7;18446744073709551615;{token} odd"),
+        )
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let _ = held.release().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(3), &mut watcher)
+        .await
+        .expect("the waiter is woken by the release after an odd wake");
+}
+
+/// A waiter that gives up after a release granted it the lock with a wake it never got (its
+/// subscriber connection dropped): its leaving finds its ticket gone and the grant untaken, and
+/// takes the grant back, rather than leaving the lock held by nobody until the grant's ttl.
+#[tokio::test]
+async fn a_waiter_that_leaves_without_its_grants_wake_takes_the_grant_back() {
+    let server = RedisServer::start();
+    let (a, b) = (store(&server), store(&server));
+    let held = frozen(&a).create_lock("lostwake");
+    held.acquire().await.unwrap();
+    let (key, watcher) = registered(&b, "lostwake", TTL).await;
+    let ticket = queue(&server, &b, "lostwake").remove(0);
+    assert!(
+        ticket.ends_with(&format!(":{}", TTL.as_millis())),
+        "{ticket}"
+    );
+    // What a release's grant writes, with its wake lost: the ticket out, the token in.
+    let token = key.token("redis");
+    let mut conn = sync_conn(&server);
+    let _: i64 = conn.del("lostwake").unwrap();
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query(&mut conn).unwrap();
+    let at_ms = secs * 1000 + micros / 1000;
+    let score = at_ms + 30_000;
+    let _: () = redis::pipe()
+        .zrem(b.internal_key("queue:lostwake"), &ticket)
+        .zadd("lostwake", &token, score)
+        .zadd("lostwake", "__write__", score)
+        .set(
+            b.internal_key(&format!("rec:lostwake:{token}")),
+            format!("{{\"v\":1,\"at_ms\":{at_ms},\"fence\":9,\"g\":1}}"),
+        )
+        .query(&mut conn)
+        .unwrap();
+    drop(watcher);
+    until("the untaken grant is taken back", || {
+        sync_conn(&server).zcard::<_, i64>("lostwake").unwrap() == 0
+    })
+    .await;
+    assert_eq!(record(&server, &b, "lostwake", &token), "");
+}

@@ -31,7 +31,7 @@ pub(super) struct Grant {
 impl Grant {
     /// The grant's entry's score on the server: its lease's end, in ms.
     pub(super) fn score(&self) -> u64 {
-        self.at_us / 1000 + self.ttl_ms
+        (self.at_us / 1000).saturating_add(self.ttl_ms)
     }
 }
 
@@ -90,6 +90,9 @@ struct State {
     anchor: Option<(Instant, u64)>,
     /// A grant that arrived and was not taken in yet.
     offered: Option<Grant>,
+    /// Whether the offered grant may be taken in without asking the server: not after the wake
+    /// channel dropped (a save may have re-saved it meanwhile without telling this waiter).
+    trusted: bool,
     /// The fencing token of the waiter's last admitted save: a grant at or below it was taken
     /// in by a save that crossed its wake (the save found the grant and re-saved it).
     admitted: u64,
@@ -121,7 +124,19 @@ impl Grants {
             return false;
         }
         st.offered = Some(grant);
+        st.trusted = true;
         true
+    }
+
+    /// The wake channel dropped: an offered grant is only taken back, never taken in (saves
+    /// made meanwhile went without a ticket, and may have re-saved and released it).
+    pub(super) fn distrust(&self) {
+        lock(&self.state).trusted = false;
+    }
+
+    /// The highest token the waiter took in or was admitted with.
+    pub(super) fn last_admitted(&self) -> u64 {
+        lock(&self.state).admitted
     }
 
     /// The grant nobody took in, if any (the waiter is gone: the store takes it back).
@@ -129,15 +144,20 @@ impl Grants {
         lock(&self.state).offered.take()
     }
 
-    /// Takes the grant in for a save made at `now`: the grant and when the lease it gives ends
-    /// on the waiter's clock. `None` (the grant stays, for the save to re-save it on the server)
-    /// without a grant, without a refusal known to precede it, or when less than half the ttl
-    /// would be left (the waiter waited long since its last refusal).
-    pub(super) fn take_in(&self, now: Instant) -> Option<(Grant, Instant)> {
+    /// Takes the grant in for a save made at `now` for `ttl_ms`: the grant and when the lease it
+    /// gives ends on the waiter's clock. `None` (the grant stays, for the save to re-save it on
+    /// the server) without a trusted grant for that ttl, without a refusal known to precede it,
+    /// when the refusal came more than a ttl before the grant (the two server times would
+    /// measure a long wait, with whatever drift it had), or when less than half the ttl would be
+    /// left.
+    pub(super) fn take_in(&self, now: Instant, ttl_ms: u64) -> Option<(Grant, Instant)> {
         let mut st = lock(&self.state);
-        let grant = st.offered.as_ref()?;
-        let (sent, at_us) = st.anchor?;
+        let grant = st.offered.as_ref().filter(|g| g.ttl_ms == ttl_ms)?;
+        let (sent, at_us) = st.anchor.filter(|_| st.trusted)?;
         let since_refusal = grant.at_us.checked_sub(at_us)?;
+        if since_refusal / 1000 > grant.ttl_ms {
+            return None;
+        }
         // The score is the grant's ms, rounded down, plus the ttl: up to 1 ms earlier.
         let lease = Duration::from_millis(grant.ttl_ms).checked_sub(Duration::from_millis(1))?;
         let ends = sent
@@ -154,7 +174,12 @@ impl Grants {
 
 /// The suffix of a write ticket that accepts a grant for `ttl`.
 pub(super) fn ticket_suffix(ttl: Duration) -> String {
-    format!(":{}", ttl.as_millis().max(1))
+    format!(":{}", ttl_ms(ttl))
+}
+
+/// `ttl` in whole ms, as a ticket says it (at least 1).
+pub(super) fn ttl_ms(ttl: Duration) -> u64 {
+    u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1)
 }
 
 #[cfg(test)]
@@ -217,15 +242,15 @@ mod tests {
         let sent = Instant::now();
         // No refusal known: the save goes to the server.
         g.offer(grant(7, 5_000_000));
-        assert_eq!(g.take_in(sent), None);
+        assert_eq!(g.take_in(sent, 10_000), None);
         // Refused at 4 s on the server's clock, granted at 5 s: the lease ends 1 s + ttl after
         // the refused save was sent, less the rounding's ms.
         g.refused(sent, 4_000_000);
-        let (taken, ends) = g.take_in(sent).unwrap();
+        let (taken, ends) = g.take_in(sent, 10_000).unwrap();
         assert_eq!(taken.fence, 7);
         assert_eq!(ends, sent + Duration::from_millis(1_000 + 10_000 - 1));
         // Spent: neither taken in again nor taken back.
-        assert_eq!(g.take_in(sent), None);
+        assert_eq!(g.take_in(sent, 10_000), None);
         assert_eq!(g.take(), None);
         assert!(!g.offer(grant(7, 5_000_000)), "a spent grant came again");
     }
@@ -237,12 +262,39 @@ mod tests {
         g.refused(sent, 4_000_000);
         g.offer(grant(9, 5_000_000));
         // 6 s after the refused save was sent: 5 s of the 11 s are left, under half the ttl.
-        assert_eq!(g.take_in(sent + Duration::from_secs(6)), None);
+        assert_eq!(g.take_in(sent + Duration::from_secs(6), 10_000), None);
         // A refusal after the grant (another clock after a fail-over): not comparable.
         g.refused(sent, 6_000_000);
-        assert_eq!(g.take_in(sent), None);
+        assert_eq!(g.take_in(sent, 10_000), None);
         // The grant stays for the store to take back if the waiter goes.
         assert_eq!(g.take().map(|g| g.fence), Some(9));
+    }
+
+    #[test]
+    fn a_grant_is_taken_in_only_for_its_ttl_while_trusted_and_soon_after_the_refusal() {
+        let g = Grants::default();
+        let sent = Instant::now();
+        g.refused(sent, 4_000_000);
+        g.offer(grant(9, 5_000_000));
+        assert_eq!(g.take_in(sent, 2_000), None, "asked for another ttl");
+        g.distrust();
+        assert_eq!(
+            g.take_in(sent, 10_000),
+            None,
+            "the wake channel dropped since"
+        );
+        assert_eq!(g.take().map(|g| g.fence), Some(9), "it is still given back");
+        // A refusal more than a ttl before the grant: the server's clock measured a long wait.
+        g.refused(sent, 4_000_000);
+        g.offer(grant(10, 4_000_000 + 10_001_000));
+        assert_eq!(g.take_in(sent, 10_000), None);
+        // A huge ttl in a forged wake neither overflows nor panics.
+        let mut odd = grant(11, u64::MAX);
+        odd.ttl_ms = u64::MAX;
+        assert_eq!(odd.score(), u64::MAX);
+        g.offer(odd);
+        assert_eq!(g.take_in(sent, 10_000), None, "not the ttl asked for");
+        let _ = g.take_in(sent, u64::MAX);
     }
 
     #[test]

@@ -16,9 +16,10 @@ use crate::logging::TARGET;
 const TRIES: u32 = 5;
 
 /// Takes a waiter that left out of `lock_key`'s queue, waking whoever that lets in (it may
-/// have been woken, and kept the others out meanwhile); in the background, tried again on a
-/// failure. Outside a runtime nothing is sent: its wake will be passed on.
-pub(super) fn leave_queue(store: &RedisStore, lock_key: &str, ticket: String) {
+/// have been woken, and kept the others out meanwhile), and a grant above `taken` (the last
+/// token it took in) that a release gave it with a wake it never got; in the background, tried
+/// again on a failure. Outside a runtime nothing is sent: its wake will be passed on.
+pub(super) fn leave_queue(store: &RedisStore, lock_key: &str, ticket: String, taken: u64) {
     if ticket.starts_with('s') {
         if tokio::runtime::Handle::try_current().is_ok() {
             store.semaphore_leave(lock_key, ticket);
@@ -29,7 +30,7 @@ pub(super) fn leave_queue(store: &RedisStore, lock_key: &str, ticket: String) {
         store,
         lock_key,
         |s| &s.leave,
-        (ticket, 0),
+        (ticket, taken),
         TRIES,
         "cannot take a waiter that left out of the queue; its store passes on the wakes that find it gone",
     );

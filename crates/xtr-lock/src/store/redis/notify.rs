@@ -259,13 +259,27 @@ impl Notifier {
         if admitted {
             *lock(&ticket.waiter.queued) = None;
         } else if ticket.waiter.watchers.load(Ordering::Relaxed) == 0 {
-            leave_queue(store, &ticket.waiter.lock_key, ticket.text.clone());
+            let taken = ticket.waiter.grants.last_admitted();
+            leave_queue(store, &ticket.waiter.lock_key, ticket.text.clone(), taken);
         }
         let live = self.state().live(self.sharded, &ticket.waiter.lock_key);
         ticket
             .waiter
             .announced
             .store(!admitted && announced && live, Ordering::Relaxed);
+    }
+
+    /// A save of `key`'s holder on `lock_key` that carried no ticket was admitted with `fence`:
+    /// a grant the holder's registered waiter was offered up to it is spent.
+    pub(super) fn admitted_unticketed(&self, lock_key: &str, key: &Key, fence: u64) {
+        let st = self.state();
+        if st.by_holder.is_empty() {
+            return;
+        }
+        let holder = (lock_key.to_owned(), key.token(super::KIND));
+        if let Some(waiter) = st.by_holder.get(&holder) {
+            waiter.grants.admitted(fence);
+        }
     }
 
     /// Makes sure the wake channel is subscribed on a live connection.
@@ -495,6 +509,7 @@ pub(super) fn disconnected(st: &mut State) {
     st.observed.clear();
     for waiter in st.by_seq.values() {
         waiter.announced.store(false, Ordering::Relaxed);
+        waiter.grants.distrust();
         waiter.wake.notify_one();
     }
 }
@@ -532,7 +547,8 @@ impl Drop for WatchGuard {
         if let Some(grant) = granted {
             revoke(&store, &self.waiter.lock_key, grant);
         } else if let Some(ticket) = ticket {
-            leave_queue(&store, &self.waiter.lock_key, ticket);
+            let taken = self.waiter.grants.last_admitted();
+            leave_queue(&store, &self.waiter.lock_key, ticket, taken);
         }
     }
 }

@@ -142,6 +142,25 @@ local function wake_next(key, qkey, now, gone, rkey, fkey)
     if string.sub(first, 1, 1) == 'r' then return wake_next(key, qkey, now, gone, rkey, fkey) end
   end
 end
+-- A grant to `token` of the lock `KEYS[1]` that may not have been taken in: its record (at
+-- the key `KEYS[3]`, a record of this lock, names with the token replaced) still says granted
+-- (a save rewrites it) and the token holds. The record, its key and the entry's score; or nil.
+local function untaken_grant(token)
+  local rkey = string.sub(KEYS[3], 1, -45) .. token
+  local rec = redis.call('GET', rkey)
+  if not (rec and string.find(rec, '"g":1', 1, true)) then return nil end
+  local score = redis.call('ZSCORE', KEYS[1], token)
+  if not score then return nil end
+  return rec, rkey, score
+end
+-- Takes a grant back as a release would: the entry and its record go, the next waiter is woken
+-- (or granted the lock).
+local function take_back(token, rkey)
+  redis.call('ZREM', KEYS[1], token, '__write__')
+  redis.call('DEL', rkey)
+  observed(KEYS[1])
+  wake_next(KEYS[1], KEYS[2], now_ms(), false, KEYS[3], KEYS[4])
+end
 -- The tickets queued before the caller (at most 1000): all of them for a newcomer (`ARGV[4]`
 -- empty), else those ranked before its ticket, or, if it is not queued, those whose wait
 -- began before its own (`ARGV[5]`).
@@ -188,10 +207,18 @@ return 1
 "#;
 
 /// A waiter leaves the queue without getting in (`ARGV[4]`, its ticket); whoever that lets
-/// in is woken (it may have been woken itself, and kept the others out meanwhile).
+/// in is woken (it may have been woken itself, and kept the others out meanwhile). If its
+/// ticket is gone and asked for grants, a release may have granted it the lock with a wake that
+/// never reached it (a dropped subscriber connection): a grant above the last token its waiter
+/// took in (`ARGV[5]`) is taken back.
 pub(super) const LEAVE: &str = r#"
 if redis.call('ZREM', KEYS[2], ARGV[4], twin(ARGV[4]) or ARGV[4]) > 0 then
   wake_next(KEYS[1], KEYS[2], now_ms(), false, KEYS[3], KEYS[4])
+elseif string.find(ARGV[4], ':%d+$') then
+  local token = string.sub(ARGV[4], 2, 45)
+  local rec, rkey = untaken_grant(token)
+  local fence = rec and tonumber(string.match(rec, '"fence":(%d+)'))
+  if fence and fence > tonumber(ARGV[5]) then take_back(token, rkey) end
 end
 return 1
 "#;
@@ -202,16 +229,8 @@ return 1
 /// is removed as a release removes it, and the next waiter is woken (or granted the lock).
 /// Replies 1 if it took the grant back, else 0.
 pub(super) const REVOKE: &str = r#"
-local key, token = KEYS[1], ARGV[4]
-local rkey = string.sub(KEYS[3], 1, -45) .. token
-local rec = redis.call('GET', rkey)
-local score = redis.call('ZSCORE', key, token)
-if not (rec and string.find(rec, '"g":1', 1, true) and score and tonumber(score) == tonumber(ARGV[5])) then
-  return 0
-end
-redis.call('ZREM', key, token, '__write__')
-redis.call('DEL', rkey)
-observed(key)
-wake_next(key, KEYS[2], now_ms(), false, KEYS[3], KEYS[4])
+local rec, rkey, score = untaken_grant(ARGV[4])
+if not (rec and tonumber(score) == tonumber(ARGV[5])) then return 0 end
+take_back(ARGV[4], rkey)
 return 1
 "#;

@@ -39,7 +39,13 @@ impl RedisStore {
         let ticket = self.inner.notifier.ticket(&lock_key, key, mode, grant_ttl);
         if let Some(ticket) = ticket.as_ref().filter(|_| mode == Mode::Write) {
             // A release granted this waiter the lock: it holds without a trip of its own.
-            if let Some((grant, ends)) = ticket.grants().take_in(key.clock().now()) {
+            let take_in = || {
+                let ttl_ms = super::grant::ttl_ms(ttl);
+                ticket.grants().take_in(key.clock().now(), ttl_ms)
+            };
+            // Not when the save must write what a grant cannot (metadata set since the ticket).
+            let allowed = self.grants_allowed(key) == Some(true);
+            if let Some((grant, ends)) = take_in().filter(|_| allowed) {
                 key.reduce_deadline(ends);
                 self.inner.notifier.answered(self, ticket, true, false);
                 return self
@@ -57,6 +63,13 @@ impl RedisStore {
             self.eval_durable(script, key, Some(ttl), call).await?;
         let at = |i: usize| reply.get(i).copied().unwrap_or(0);
         let (granted, value, kept, announced) = (at(0), at(1), at(2), at(3));
+        if ticket.is_none() && granted == 1 {
+            // A waiter's save sent without a ticket (its wake channel down) spends its grant.
+            let fence = u64::try_from(value).unwrap_or(0);
+            self.inner
+                .notifier
+                .admitted_unticketed(&lock_key, key, fence);
+        }
         if let Some(ticket) = &ticket {
             match granted {
                 1 => ticket.grants().admitted(u64::try_from(value).unwrap_or(0)),

@@ -63,6 +63,68 @@ pub(super) fn revoke(store: &RedisStore, lock_key: &str, grant: super::grant::Gr
     );
 }
 
+/// How long a holder's operation waits for its own clean-ups (a leaving, a grant taken back)
+/// to reach the server: about their tries' span.
+const SETTLE_WAIT: Duration = Duration::from_secs(5);
+
+impl RedisStore {
+    /// Waits until no clean-up of `key`'s holder (its leaving, a grant taken back) is under way
+    /// in the background, for at most [`SETTLE_WAIT`]: an operation of the holder that follows
+    /// a dropped acquire sees the store as that acquire left it (a grant its waiter never took
+    /// in is gone), as it does the `Lock`'s own clean-ups.
+    pub(super) async fn settled(&self, key: &Key) {
+        let pending = {
+            let st = self.inner.notifier.state();
+            if st.settling.is_empty() {
+                return;
+            }
+            let holder = (self.key_for(key.resource()), key.token(super::KIND));
+            match st.settling.get(&holder) {
+                Some((_, done)) => {
+                    let done = done.clone();
+                    // Registered before the state lock goes: its `notify_waiters` cannot be missed.
+                    Box::pin(async move { done.notified_owned().await })
+                }
+                None => return,
+            }
+        };
+        let _ = tokio::time::timeout(SETTLE_WAIT, pending).await;
+    }
+}
+
+/// A clean-up of one holder under way (see [`RedisStore::settled`]); its end wakes whoever
+/// waits for it.
+struct Settling {
+    store: RedisStore,
+    holder: (String, String),
+}
+
+impl Settling {
+    fn begin(store: &RedisStore, lock_key: &str, token: &str) -> Self {
+        let holder = (lock_key.to_owned(), token.to_owned());
+        let mut st = store.inner.notifier.state();
+        st.settling.entry(holder.clone()).or_default().0 += 1;
+        drop(st);
+        Settling {
+            store: store.clone(),
+            holder,
+        }
+    }
+}
+
+impl Drop for Settling {
+    fn drop(&mut self) {
+        let mut st = self.store.inner.notifier.state();
+        if let Some((count, done)) = st.settling.get_mut(&self.holder) {
+            *count -= 1;
+            if *count == 0 {
+                done.notify_waiters();
+                st.settling.remove(&self.holder);
+            }
+        }
+    }
+}
+
 /// Runs the queue script `pick` chooses for `lock_key` with `(ARGV[4], ARGV[5])`, in the
 /// background, up to `tries` times (pausing 100 ms, doubling, between them).
 fn in_background(
@@ -80,7 +142,15 @@ fn in_background(
         return;
     };
     let (store, key) = (store.clone(), Key::new(resource));
+    // The holder's token: a ticket's (after its mode) or a grant's.
+    let token = if arg.len() == 44 {
+        &arg[..]
+    } else {
+        arg.get(1..45).unwrap_or("")
+    };
+    let settling = Settling::begin(&store, lock_key, token);
     runtime.spawn(async move {
+        let _settling = settling;
         let mut pause = Duration::from_millis(100);
         for tried in 1..=tries {
             let sent: crate::Result<i64> = store

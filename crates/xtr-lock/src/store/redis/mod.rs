@@ -440,6 +440,7 @@ impl Store for RedisStore {
         if key.permits().is_some() {
             return self.semaphore_put_off(key, ttl).await;
         }
+        self.settled(key).await;
         key.reduce_lifetime(ttl);
         let call = self.call_for(key, Keys::Lock, None);
         let (code, confirmed): (i64, bool) = self
@@ -463,6 +464,7 @@ impl Store for RedisStore {
         if key.permits().is_some() {
             return self.semaphore_put_off(key, after).await.map(Some);
         }
+        self.settled(key).await;
         let scripts = &self.inner.scripts;
         let code: i64 = self
             .eval(&scripts.release_after, key, Some(after), Keys::Queue, None)
@@ -475,6 +477,7 @@ impl Store for RedisStore {
         if key.permits().is_some() {
             return self.semaphore_delete(key).await;
         }
+        self.settled(key).await;
         let removed: i64 = self
             .eval(&self.inner.scripts.delete, key, None, Keys::Queue, None)
             .await?;
@@ -487,6 +490,7 @@ impl Store for RedisStore {
         if key.permits().is_some() {
             return self.semaphore_exists(key).await;
         }
+        self.settled(key).await;
         let scripts = &self.inner.scripts;
         let code = self
             .read_only_script(&scripts.exists, &scripts.exists_legacy, key, || Call {

@@ -57,6 +57,10 @@ pub(super) struct State {
     subscribed: bool,
     /// A cluster's subscriber state (see `sharded.rs`).
     pub(super) shards: super::shards::Shards,
+    /// Clean-ups under way in the background that can take a grant back, per (lock key,
+    /// token): how many, and what wakes the holder's operations that wait for them (see
+    /// `leaving.rs`).
+    pub(super) settling: HashMap<(String, String), (usize, Arc<Notify>)>,
     /// The lock keys observers are told about on this connection (see `observers.rs`).
     pub(super) observed: super::observers::Observed,
     /// The task reading the subscriber connection (aborted by `close`).

@@ -28,6 +28,7 @@ impl RedisStore {
         mode: Mode,
     ) -> Result<Saved> {
         let ttl = self.ttl(key, ttl)?;
+        self.settled(key).await;
         // The local deadline is never later than the server's: shortened before the trip.
         key.reduce_lifetime(ttl);
         let script = match mode {

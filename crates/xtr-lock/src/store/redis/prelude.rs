@@ -2,13 +2,6 @@
 //! `local function` is a closure made anew), so a script carries only the helpers it calls,
 //! directly or through other helpers, in their order.
 
-use super::scripts::PRELUDE;
-
-/// Every helper a lock's script may call: the shared ones, then the wait queue's.
-pub(super) fn all_helpers() -> String {
-    format!("{PRELUDE}{}", super::queue::QUEUE_PRELUDE)
-}
-
 /// The helpers of `prelude` that `body` calls, directly or through other helpers, in their
 /// order.
 pub(super) fn prelude_from(prelude: &str, body: &str) -> String {

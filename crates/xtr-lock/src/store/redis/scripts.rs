@@ -458,7 +458,12 @@ fn script(flags: &str, body: &str) -> redis::Script {
 /// The helpers of [`PRELUDE`] and the queue's that `body` calls, directly or through other
 /// helpers, in their order.
 fn prelude_for(body: &str) -> String {
-    super::prelude::prelude_from(&super::prelude::all_helpers(), body)
+    super::prelude::prelude_from(&all_helpers(), body)
+}
+
+/// Every helper a lock's script may call: the shared ones, then the wait queue's.
+pub(super) fn all_helpers() -> String {
+    format!("{PRELUDE}{}", super::queue::QUEUE_PRELUDE)
 }
 
 #[cfg(test)]

@@ -253,7 +253,7 @@ pub(super) struct SemScripts {
 
 impl SemScripts {
     pub(super) fn new() -> Self {
-        let prelude = format!("{}{SEM_PRELUDE}", super::prelude::all_helpers());
+        let prelude = format!("{}{SEM_PRELUDE}", super::scripts::all_helpers());
         let body = |b: &str| format!("{}{b}", super::prelude::prelude_from(&prelude, b));
         SemScripts {
             save: redis::Script::new(&body(SAVE)),
@@ -272,7 +272,7 @@ mod tests {
 
     #[test]
     fn each_semaphore_script_carries_the_helpers_it_calls() {
-        let prelude = format!("{}{SEM_PRELUDE}", super::super::prelude::all_helpers());
+        let prelude = format!("{}{SEM_PRELUDE}", super::super::scripts::all_helpers());
         let delete = super::super::prelude::prelude_from(&prelude, DELETE);
         for helper in [
             "sem_wake",

@@ -423,3 +423,36 @@ async fn a_waiter_that_leaves_without_its_grants_wake_takes_the_grant_back() {
     .await;
     assert_eq!(record(&server, &b, "lostwake", &token), "");
 }
+
+/// Found rereading the change: a save that may not take a grant in (metadata set since the
+/// ticket) still took the offer out of the waiter before sending its re-save; when that save
+/// failed (here the server refuses writes: out of memory) and the waiter gave up, its leaving
+/// no longer counted the grant as untaken, and the lock stayed held by nobody until the grant's
+/// ttl. The offer now stays until a save really spends it.
+#[tokio::test]
+async fn a_grant_whose_save_failed_is_taken_back_when_its_waiter_gives_up() {
+    let server = RedisServer::start();
+    let (a, b) = (store(&server), store(&server));
+    let holder = frozen(&a).create_lock("failed");
+    holder.acquire().await.unwrap();
+    let (key, mut watcher) = registered(&b, "failed", TTL).await;
+    key.set_meta(Some(b"late".to_vec())).unwrap();
+    let _ = holder.release().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), &mut watcher)
+        .await
+        .expect("woken: the grant is offered");
+    server.cli(&["CONFIG", "SET", "maxmemory-policy", "noeviction"]);
+    server.cli(&["CONFIG", "SET", "maxmemory", "1"]);
+    let saved = b.save(&key, Some(TTL)).await;
+    server.cli(&["CONFIG", "SET", "maxmemory", "0"]);
+    assert!(saved.is_err(), "the re-save was refused: {saved:?}");
+    assert!(
+        record(&server, &b, "failed", &key.token("redis")).contains("\"g\":1"),
+        "the grant is still untaken on the server"
+    );
+    drop(watcher);
+    until("the grant is taken back", || {
+        sync_conn(&server).zcard::<_, i64>("failed").unwrap() == 0
+    })
+    .await;
+}

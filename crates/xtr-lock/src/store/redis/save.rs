@@ -38,15 +38,13 @@ impl RedisStore {
         let lock_key = self.key_for(key.resource());
         let grant_ttl = self.grants_allowed(key).map(|yes| yes.then_some(ttl));
         let ticket = self.inner.notifier.ticket(&lock_key, key, mode, grant_ttl);
-        if let Some(ticket) = ticket.as_ref().filter(|_| mode == Mode::Write) {
-            // A release granted this waiter the lock: it holds without a trip of its own.
-            let take_in = || {
-                let ttl_ms = super::grant::ttl_ms(ttl);
-                ticket.grants().take_in(key.clock().now(), ttl_ms)
-            };
-            // Not when the save must write what a grant cannot (metadata set since the ticket).
-            let allowed = self.grants_allowed(key) == Some(true);
-            if let Some((grant, ends)) = take_in().filter(|_| allowed) {
+        // A release granted this waiter the lock: it holds without a trip of its own. Not when
+        // the save must write what a grant cannot (metadata set since the ticket): the grant
+        // then stays offered, for the server to re-save or its leaving to take back.
+        let grantable = mode == Mode::Write && self.grants_allowed(key) == Some(true);
+        if let Some(ticket) = ticket.as_ref().filter(|_| grantable) {
+            let ttl_ms = super::grant::ttl_ms(ttl);
+            if let Some((grant, ends)) = ticket.grants().take_in(key.clock().now(), ttl_ms) {
                 key.reduce_deadline(ends);
                 self.inner.notifier.answered(self, ticket, true, false);
                 return self

@@ -430,6 +430,20 @@ impl Chaos {
         }
     }
 
+    /// Whether holder `i`, whose lock the store no longer has, learns so within 2 s (real
+    /// time). A lock can go between two looks (on pub/sub a subscription whose health check a
+    /// loaded machine answered late is lost), and its loss reaches the holder through its
+    /// monitor, a moment after the store knows.
+    async fn loss_reported(&self, i: usize) -> bool {
+        for _ in 0..100 {
+            if self.holders[i].lock.held_mode().is_none() {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        false
+    }
+
     /// After a round, once dropped calls had time to settle: a holder that believes it holds
     /// does hold per the store, and the store's holders exclude each other.
     async fn quiet_check(&self, round: u64) {
@@ -439,9 +453,9 @@ impl Chaos {
         for (i, holder) in self.holders.iter().enumerate() {
             if let Some(mode) = holder.lock.held_mode() {
                 assert!(
-                    holdings[i].is_held(),
+                    holdings[i].is_held() || self.loss_reported(i).await,
                     "after round {round}: holder {i} believes it holds ({mode:?}) but the store \
-                     says {:?} (XTR_CHAOS_SEED={seed})",
+                     says {:?}, and the holder was not told within 2 s (XTR_CHAOS_SEED={seed})",
                     holdings[i]
                 );
             }

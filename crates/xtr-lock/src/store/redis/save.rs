@@ -36,12 +36,13 @@ impl RedisStore {
             Mode::Read => &self.inner.scripts.save_read,
         };
         let lock_key = self.key_for(key.resource());
-        let grant_ttl = self.grants_allowed(key).map(|yes| yes.then_some(ttl));
+        let allowed = self.grants_allowed(key);
+        let grant_ttl = allowed.map(|yes| yes.then_some(ttl));
         let ticket = self.inner.notifier.ticket(&lock_key, key, mode, grant_ttl);
         // A release granted this waiter the lock: it holds without a trip of its own. Not when
         // the save must write what a grant cannot (metadata set since the ticket): the grant
         // then stays offered, for the server to re-save or its leaving to take back.
-        let grantable = mode == Mode::Write && self.grants_allowed(key) == Some(true);
+        let grantable = mode == Mode::Write && allowed == Some(true);
         if let Some(ticket) = ticket.as_ref().filter(|_| grantable) {
             let ttl_ms = super::grant::ttl_ms(ttl);
             if let Some((grant, ends)) = ticket.grants().take_in(key.clock().now(), ttl_ms) {

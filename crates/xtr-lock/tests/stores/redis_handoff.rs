@@ -21,6 +21,35 @@ fn record(server: &RedisServer, store: &RedisStore, resource: &str, token: &str)
         .unwrap_or_default()
 }
 
+/// Writes what a release's grant of `resource` to `token` writes (the entry with the writer's
+/// marker for 30 s, and the record marked granted with `fence`); returns the server's clock in
+/// µs it is dated from.
+fn plant_grant(
+    server: &RedisServer,
+    store: &RedisStore,
+    resource: &str,
+    token: &str,
+    fence: u64,
+) -> u64 {
+    let mut conn = sync_conn(server);
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query(&mut conn).unwrap();
+    let at_us = secs * 1_000_000 + micros;
+    let score = at_us / 1000 + 30_000;
+    let _: () = redis::pipe()
+        .zadd(resource, token, score)
+        .zadd(resource, "__write__", score)
+        .set(
+            store.internal_key(&format!("rec:{resource}:{token}")),
+            format!(
+                "{{\"v\":1,\"at_ms\":{},\"fence\":{fence},\"g\":1}}",
+                at_us / 1000
+            ),
+        )
+        .query(&mut conn)
+        .unwrap();
+    at_us
+}
+
 /// A waiter registered through the store itself (no `Lock`), its refused save queueing it.
 async fn registered(
     store: &RedisStore,
@@ -161,51 +190,34 @@ async fn a_grant_for_a_waiter_its_store_no_longer_has_is_taken_back() {
     let (_waiting, _watcher) = registered(&b, "elsewhere", TTL).await;
     let ticket = queue(&server, &b, "elsewhere").remove(0);
     let id = &ticket[45..67];
-    // A grant as a release writes it, for a waiter number b never had.
-    let token = format!("{}eHRyLXdha2U=", "Q".repeat(32));
-    let mut conn = sync_conn(&server);
-    let (secs, micros): (u64, u64) = redis::cmd("TIME").query(&mut conn).unwrap();
-    let at_us = secs * 1_000_000 + micros;
-    let score = at_us / 1000 + 30_000;
-    let _: () = redis::pipe()
-        .zadd("orphan", &token, score)
-        .zadd("orphan", "__write__", score)
-        .set(
-            b.internal_key(&format!("rec:orphan:{token}")),
-            format!("{{\"v\":1,\"at_ms\":{},\"fence\":7,\"g\":1}}", at_us / 1000),
-        )
-        .query(&mut conn)
-        .unwrap();
-    let _: i64 = conn
-        .publish(
-            format!("__xtr_lock__:wake:{id}"),
-            format!("{id}999999:30000;7;{at_us};{token} orphan"),
-        )
-        .unwrap();
-    until("the grant is taken back", || {
-        sync_conn(&server).zcard::<_, i64>("orphan").unwrap() == 0
-    })
-    .await;
-    // A holder that re-saved its grant (its record no longer says granted) keeps it.
+    let wake = |payload: String| {
+        let _: i64 = sync_conn(&server)
+            .publish(format!("__xtr_lock__:wake:{id}"), payload)
+            .unwrap();
+    };
+    // A holder that re-saved its grant (its record no longer says granted) keeps it, whatever
+    // wake names its token.
     let kept = Key::new("kept");
     assert!(matches!(
         a.save(&kept, Some(TTL)).await.unwrap(),
         Saved::Acquired(_)
     ));
-    let token = kept.token("redis");
-    let score: f64 = conn.zscore("kept", &token).unwrap();
-    let _: i64 = conn
-        .publish(
-            format!("__xtr_lock__:wake:{id}"),
-            format!(
-                "{id}999998:30000;7;{};{token} kept",
-                (score as u64 - 30_000) * 1000
-            ),
-        )
-        .unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let kept_token = kept.token("redis");
+    let score: f64 = sync_conn(&server).zscore("kept", &kept_token).unwrap();
+    let at_us = (score as u64 - 30_000) * 1000;
+    wake(format!("{id}999998:30000;7;{at_us};{kept_token} kept"));
+    // A grant as a release writes it, for a waiter number b never had: taken back.
+    let token = format!("{}eHRyLXdha2U=", "Q".repeat(32));
+    let at_us = plant_grant(&server, &b, "orphan", &token, 7);
+    wake(format!("{id}999999:30000;7;{at_us};{token} orphan"));
+    until("the grant is taken back", || {
+        sync_conn(&server).zcard::<_, i64>("orphan").unwrap() == 0
+    })
+    .await;
+    // The wakes are read in order, and the holder's next call on b waits for b's clean-ups of
+    // it: the first wake's has run.
     assert!(
-        a.exists(&kept).await.unwrap().is_held(),
+        b.exists(&kept).await.unwrap().is_held(),
         "a held lock was taken back"
     );
 }
@@ -251,8 +263,8 @@ async fn a_waiter_whose_grant_is_too_old_to_believe_saves_it_and_keeps_its_token
     assert_eq!(acquired.fencing_token, Some(fence), "the grant's token");
     assert!(!record(&server, &b, "late", &token).contains("\"g\""));
     assert!(key.remaining_lifetime().unwrap() > TTL / 2);
+    // Its leaving runs in the background; the holder's next call waits for it.
     drop(watcher);
-    tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
         b.exists(&key).await.unwrap().is_held(),
         "the re-saved grant was taken back"
@@ -371,13 +383,22 @@ async fn an_odd_grant_wake_does_not_kill_the_reader() {
     let ticket = queue(&server, &b, "odd").remove(0);
     let id = &ticket[45..67];
     let token = format!("{}eHRyLXdha2U=", "Q".repeat(32));
-    let _: i64 = sync_conn(&server)
-        .publish(
-            format!("__xtr_lock__:wake:{id}"),
-            format!("{id}999999:18446744073709551615;7;18446744073709551615;{token} odd"),
-        )
-        .unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let wake = |payload: String| {
+        let _: i64 = sync_conn(&server)
+            .publish(format!("__xtr_lock__:wake:{id}"), payload)
+            .unwrap();
+    };
+    wake(format!(
+        "{id}999999:18446744073709551615;7;18446744073709551615;{token} odd"
+    ));
+    // The reader lives on: the next wake (a grant for a waiter b never had) is read and taken
+    // back.
+    let at_us = plant_grant(&server, &b, "orphan", &token, 7);
+    wake(format!("{id}999998:30000;7;{at_us};{token} orphan"));
+    until("the reader reads the wake after the odd one", || {
+        sync_conn(&server).zcard::<_, i64>("orphan").unwrap() == 0
+    })
+    .await;
     let _ = held.release().await.unwrap();
     tokio::time::timeout(Duration::from_secs(3), &mut watcher)
         .await
@@ -403,19 +424,10 @@ async fn a_waiter_that_leaves_without_its_grants_wake_takes_the_grant_back() {
     let token = key.token("redis");
     let mut conn = sync_conn(&server);
     let _: i64 = conn.del("lostwake").unwrap();
-    let (secs, micros): (u64, u64) = redis::cmd("TIME").query(&mut conn).unwrap();
-    let at_ms = secs * 1000 + micros / 1000;
-    let score = at_ms + 30_000;
-    let _: () = redis::pipe()
+    let _: i64 = conn
         .zrem(b.internal_key("queue:lostwake"), &ticket)
-        .zadd("lostwake", &token, score)
-        .zadd("lostwake", "__write__", score)
-        .set(
-            b.internal_key(&format!("rec:lostwake:{token}")),
-            format!("{{\"v\":1,\"at_ms\":{at_ms},\"fence\":9,\"g\":1}}"),
-        )
-        .query(&mut conn)
         .unwrap();
+    plant_grant(&server, &b, "lostwake", &token, 9);
     drop(watcher);
     until("the untaken grant is taken back", || {
         sync_conn(&server).zcard::<_, i64>("lostwake").unwrap() == 0

@@ -82,7 +82,7 @@ end
 -- token and a record marked as granted (`rkey`: a record key of this lock, a holder's token
 -- ending it; `fkey`: the fencing counter; both nil where a script only wakes), and the ticket
 -- leaves the queue. Returns the wake's payload (`<ticket tail>;<fence>;<clock µs>;<token>`),
--- or nil: wake it without a grant.
+-- or nil: wake it without a grant. Its callers tell the observers (once, after their writes).
 local function grant(key, qkey, rkey, fkey, t)
   if not fkey or ARGV[1] ~= '' or string.sub(t, 1, 1) ~= 'w' then return nil end
   local ttl = tonumber(string.match(t, ':(%d+)$'))
@@ -97,7 +97,6 @@ local function grant(key, qkey, rkey, fkey, t)
   redis.call('PEXPIREAT', key, score)
   put_record(string.sub(rkey, 1, -45) .. token, false, fence, score, '', true)
   redis.call('ZREM', qkey, t)
-  observed(key)
   return string.format('%s;%d;%d;%s', string.sub(t, 46), fence, at, token)
 end
 -- After a release, a demotion or a waiter's leaving: wakes the first waiting writer if the
@@ -158,8 +157,8 @@ end
 local function take_back(token, rkey)
   redis.call('ZREM', KEYS[1], token, '__write__')
   redis.call('DEL', rkey)
-  observed(KEYS[1])
   wake_next(KEYS[1], KEYS[2], now_ms(), false, KEYS[3], KEYS[4])
+  observed(KEYS[1])
 end
 -- The tickets queued before the caller (at most 1000): all of them for a newcomer (`ARGV[4]`
 -- empty), else those ranked before its ticket, or, if it is not queued, those whose wait
@@ -203,6 +202,7 @@ if ARGV[4] ~= '' then
   end
 end
 wake_next(KEYS[1], KEYS[2], now_ms(), false, KEYS[3], KEYS[4])
+observed(KEYS[1])
 return 1
 "#;
 
@@ -214,6 +214,7 @@ return 1
 pub(super) const LEAVE: &str = r#"
 if redis.call('ZREM', KEYS[2], ARGV[4], twin(ARGV[4]) or ARGV[4]) > 0 then
   wake_next(KEYS[1], KEYS[2], now_ms(), false, KEYS[3], KEYS[4])
+  observed(KEYS[1])
 elseif string.find(ARGV[4], ':%d+$') then
   local token = string.sub(ARGV[4], 2, 45)
   local rec, rkey = untaken_grant(token)
